@@ -1,7 +1,24 @@
 // Package config holds mcp-sandboxd's configuration: the typed structure, its
-// documented defaults, YAML loading with key-path errors, SANDBOXD_* environment
-// overrides and validation. config/mcp-sandboxd.yaml is DefaultYAML verbatim.
+// documented defaults, YAML loading with key-path errors, SANDBOXD_*
+// environment overrides and validation.
+//
+// A configuration is built in three layers, each overriding the one before:
+// Default(), then the YAML file, then the environment. Every problem found on
+// the way is reported at once, each naming the full key path
+// ("sandbox.memory", "network.deny[2]"), in a *ValidationError.
+//
+// config/mcp-sandboxd.yaml in the repository is DefaultYAML verbatim; a test
+// keeps the two, and Default(), from drifting apart.
 package config
+
+import "time"
+
+// DefaultPath is where the daemon looks for its configuration file.
+const DefaultPath = "/etc/mcp-sandboxd/mcp-sandboxd.yaml"
+
+// ToolGroups are the MCP tool groups server.tools may name, in the order the
+// default configuration lists them.
+var ToolGroups = []string{"sandbox", "exec", "files", "run", "images", "autofix", "vm"}
 
 // Config is the whole configuration file.
 type Config struct {
@@ -18,9 +35,9 @@ type Config struct {
 // Server is the `server` section.
 type Server struct {
 	Socket        string   `yaml:"socket"`          // REST API unix socket
-	HTTPAddr      string   `yaml:"http_addr"`       // REST, MCP (/mcp), health, metrics
+	HTTPAddr      string   `yaml:"http_addr"`       // REST, MCP (/mcp), health, metrics; empty: no TCP listener
 	AuthTokenFile string   `yaml:"auth_token_file"` // bearer token for HTTP (all but /healthz)
-	Tools         []string `yaml:"tools"`           // enabled MCP tool groups
+	Tools         []string `yaml:"tools"`           // enabled MCP tool groups, from ToolGroups
 }
 
 // Paths is the `paths` section.
@@ -30,37 +47,38 @@ type Paths struct {
 	RecipesDir string `yaml:"recipes_dir"` // rootfs recipes
 	SeccompDir string `yaml:"seccomp_dir"` // seccomp profiles
 	AgentPath  string `yaml:"agent_path"`  // the static sandbox-agent binary
+	ImagesDir  string `yaml:"images_dir"`  // built images; empty: state_dir/images
 }
 
 // Sandbox is the `sandbox` section: defaults and caps for sandbox limits.
 type Sandbox struct {
-	Memory         ByteSize       `yaml:"memory"`       // default memory limit (no swap)
-	MaxMemory      ByteSize       `yaml:"max_memory"`   // cap on a requested memory limit
-	CPUs           float64        `yaml:"cpus"`         // default CPU quota in cores
-	MaxCPUs        float64        `yaml:"max_cpus"`     // cap
-	Pids           int64          `yaml:"pids"`         // default pids limit
-	MaxPids        int64          `yaml:"max_pids"`     // cap
-	Disk           ByteSize       `yaml:"disk"`         // default writable-layer size
-	MaxDisk        ByteSize       `yaml:"max_disk"`     // cap
-	ExecTimeout    Duration       `yaml:"exec_timeout"` // default per-command timeout
-	MaxExecTimeout Duration       `yaml:"max_exec_timeout"`
-	IdleTimeout    Duration       `yaml:"idle_timeout"`    // terminate after this long ready and unused (0: never)
-	MaxLifetime    Duration       `yaml:"max_lifetime"`    // terminate after this long in any state (0: never)
-	MaxSandboxes   int            `yaml:"max_sandboxes"`   // live (not terminated) sandboxes at once
-	OutputLimit    ByteSize       `yaml:"output_limit"`    // per stream, per command
-	User           int            `yaml:"user"`            // uid (and gid) commands run as
-	SeccompProfile string         `yaml:"seccomp_profile"` // profile name in seccomp_dir, or "unconfined"
-	Pool           map[string]int `yaml:"pool"`            // warm sandboxes per language
-	CgroupParent   string         `yaml:"cgroup_parent"`   // absolute cgroup path of the daemon's parent
+	Memory         ByteSize       `yaml:"memory"`           // default memory limit (no swap)
+	MaxMemory      ByteSize       `yaml:"max_memory"`       // cap on a requested memory limit
+	CPUs           float64        `yaml:"cpus"`             // default CPU quota in cores
+	MaxCPUs        float64        `yaml:"max_cpus"`         // cap
+	Pids           int64          `yaml:"pids"`             // default pids limit
+	MaxPids        int64          `yaml:"max_pids"`         // cap
+	Disk           ByteSize       `yaml:"disk"`             // default writable-layer size
+	MaxDisk        ByteSize       `yaml:"max_disk"`         // cap
+	ExecTimeout    Duration       `yaml:"exec_timeout"`     // default per-command timeout
+	MaxExecTimeout Duration       `yaml:"max_exec_timeout"` // cap
+	IdleTimeout    Duration       `yaml:"idle_timeout"`     // terminate after this long ready and unused (0: never)
+	MaxLifetime    Duration       `yaml:"max_lifetime"`     // terminate after this long in any state (0: never)
+	MaxSandboxes   int            `yaml:"max_sandboxes"`    // live (not terminated) sandboxes at once
+	OutputLimit    ByteSize       `yaml:"output_limit"`     // per stream, per command
+	User           int            `yaml:"user"`             // uid (and gid) commands run as
+	SeccompProfile string         `yaml:"seccomp_profile"`  // profile name in seccomp_dir, or "unconfined"
+	Pool           map[string]int `yaml:"pool"`             // warm sandboxes per language
+	CgroupParent   string         `yaml:"cgroup_parent"`    // absolute cgroup path of the daemon's parent
 }
 
 // Network is the `network` section.
 type Network struct {
-	Bridge      string   `yaml:"bridge"`
-	Subnet      string   `yaml:"subnet"`
+	Bridge      string   `yaml:"bridge"`       // bridge device sandboxes with network access attach to
+	Subnet      string   `yaml:"subnet"`       // IPv4 CIDR of sandbox addresses
 	DefaultMode string   `yaml:"default_mode"` // none | egress | allowlist
 	Deny        []string `yaml:"deny"`         // CIDRs always refused
-	DNS         []string `yaml:"dns"`
+	DNS         []string `yaml:"dns"`          // resolver addresses; empty: the host's
 }
 
 // Images is the `images` section.
@@ -72,27 +90,99 @@ type Images struct {
 
 // Autofix is the `autofix` section.
 type Autofix struct {
-	Provider   string   `yaml:"provider"` // client | anthropic | command
-	MaxRetries int      `yaml:"max_retries"`
-	Timeout    Duration `yaml:"timeout"`
-	Success    string   `yaml:"success"` // exit_zero_and_empty_stderr | exit_zero
-	Model      string   `yaml:"model"`
-	BaseURL    string   `yaml:"base_url"`
-	APIKeyEnv  string   `yaml:"api_key_env"`
-	APIKeyFile string   `yaml:"api_key_file"`
-	Command    []string `yaml:"command"`
+	Provider   string   `yaml:"provider"`     // client | anthropic | command
+	MaxRetries int      `yaml:"max_retries"`  // fix attempts after the first run
+	Timeout    Duration `yaml:"timeout"`      // budget of one autofix loop
+	Success    string   `yaml:"success"`      // exit_zero_and_empty_stderr | exit_zero
+	Model      string   `yaml:"model"`        // anthropic: model; empty: provider default
+	BaseURL    string   `yaml:"base_url"`     // anthropic: API URL; empty: provider default
+	APIKeyEnv  string   `yaml:"api_key_env"`  // anthropic: variable holding the API key
+	APIKeyFile string   `yaml:"api_key_file"` // anthropic: file holding the API key (wins over api_key_env)
+	Command    []string `yaml:"command"`      // command: argv of the fixer program
 }
 
 // VM is the `vm` section.
 type VM struct {
-	QEMU   string            `yaml:"qemu"`
-	Accel  string            `yaml:"accel"` // auto | kvm | tcg
-	Images map[string]string `yaml:"images"`
-	MaxVMs int               `yaml:"max_vms"`
+	QEMU   string            `yaml:"qemu"`    // binary name (looked up in PATH) or absolute path
+	Accel  string            `yaml:"accel"`   // auto | kvm | tcg
+	Images map[string]string `yaml:"images"`  // guest base image per OS
+	MaxVMs int               `yaml:"max_vms"` // VMs at once; 0 disables VMs
 }
 
 // Log is the `log` section.
 type Log struct {
 	Level  string `yaml:"level"`  // debug | info | warn | error
 	Format string `yaml:"format"` // json | text
+}
+
+// Default returns the documented default configuration, the one DefaultYAML
+// spells out. Every call returns a fresh value that the caller may modify.
+// Empty lists and maps are nil, which is also what an empty YAML list or
+// mapping decodes to.
+func Default() *Config {
+	return &Config{
+		Server: Server{
+			Socket:        "/run/mcp-sandboxd/api.sock",
+			HTTPAddr:      "127.0.0.1:7070",
+			AuthTokenFile: "/etc/mcp-sandboxd/token",
+			Tools:         append([]string(nil), ToolGroups...),
+		},
+		Paths: Paths{
+			StateDir:   "/var/lib/mcp-sandboxd",
+			RunDir:     "/run/mcp-sandboxd",
+			RecipesDir: "/usr/share/mcp-sandboxd/rootfs",
+			SeccompDir: "/usr/share/mcp-sandboxd/seccomp-profiles",
+			AgentPath:  "/usr/libexec/mcp-sandboxd/sandbox-agent",
+		},
+		Sandbox: Sandbox{
+			Memory:         512 << 20,
+			MaxMemory:      4 << 30,
+			CPUs:           1,
+			MaxCPUs:        2,
+			Pids:           256,
+			MaxPids:        4096,
+			Disk:           1 << 30,
+			MaxDisk:        8 << 30,
+			ExecTimeout:    Duration(5 * time.Minute),
+			MaxExecTimeout: Duration(time.Hour),
+			IdleTimeout:    Duration(30 * time.Minute),
+			MaxLifetime:    Duration(24 * time.Hour),
+			MaxSandboxes:   32,
+			OutputLimit:    16 << 20,
+			User:           1000,
+			SeccompProfile: "default",
+			CgroupParent:   "/mcp-sandboxd",
+		},
+		Network: Network{
+			Bridge:      "sbx0",
+			Subnet:      "10.88.0.0/16",
+			DefaultMode: "none",
+			Deny: []string{
+				"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", // private
+				"169.254.0.0/16", // link-local, cloud metadata
+				"100.64.0.0/10",  // carrier-grade NAT
+				"127.0.0.0/8",    // the host
+				"fc00::/7", "fe80::/10", "::1/128",
+			},
+		},
+		Images: Images{
+			Suite: "bookworm",
+		},
+		Autofix: Autofix{
+			Provider:   "client",
+			MaxRetries: 5,
+			Timeout:    Duration(300 * time.Second),
+			Success:    "exit_zero_and_empty_stderr",
+			APIKeyEnv:  "ANTHROPIC_API_KEY",
+		},
+		VM: VM{
+			QEMU:   "qemu-system-x86_64",
+			Accel:  "auto",
+			MaxVMs: 2,
+		},
+		Log: Log{
+			Level:  "info",
+			Format: "text",
+		},
+	}
 }

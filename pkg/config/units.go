@@ -2,39 +2,62 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// ByteSize is a size in bytes written in YAML as "512M", "1G", "64KiB", "1048576".
-// Suffixes are binary (K = KiB = 1024).
+// ByteSize is a size in bytes written in YAML as "512M", "1G", "64KiB" or
+// "1048576". Suffixes are binary whatever their spelling (K = KB = KiB = 1024),
+// because every size in this file is a kernel limit and the kernel counts in
+// pages of powers of two; nobody means 10^9 when they write a memory limit.
 type ByteSize int64
 
-// ParseByteSize parses a size as ByteSize documents.
-func ParseByteSize(s string) (ByteSize, error) {
-	t := strings.TrimSpace(s)
-	if t == "" {
-		return 0, fmt.Errorf("empty size")
-	}
-	i := len(t)
-	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
-		i--
-	}
-	num, unit := t[:i], strings.ToUpper(strings.TrimSpace(t[i:]))
-	unit = strings.TrimSuffix(strings.TrimSuffix(unit, "B"), "I")
-	mult := map[string]float64{"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
-	if mult == 0 {
-		return 0, fmt.Errorf("unknown size unit in %q (use K, M, G, T)", s)
-	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || f < 0 {
-		return 0, fmt.Errorf("invalid size %q", s)
-	}
-	return ByteSize(f * mult), nil
+// sizeUnits maps every accepted suffix, lower-cased, to its multiplier.
+var sizeUnits = map[string]int64{
+	"": 1, "b": 1,
+	"k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+	"m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+	"g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+	"t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
 }
 
-// String formats b with the largest exact binary unit.
+// ParseByteSize parses a size as ByteSize documents: a non-negative number,
+// optionally with a fraction ("1.5G"), and an optional unit. Fractions of a
+// byte are dropped.
+func ParseByteSize(s string) (ByteSize, error) {
+	t := strings.TrimSpace(s)
+	i := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	if i < 0 {
+		i = len(t)
+	}
+	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
+	mult, ok := sizeUnits[unit]
+	if num == "" || !ok {
+		return 0, fmt.Errorf("invalid size %q (use K, M, G, T)", s)
+	}
+	// Whole numbers are parsed as integers so that large exact byte counts
+	// keep every digit; only fractions go through float64.
+	if !strings.Contains(num, ".") {
+		n, err := strconv.ParseInt(num, 10, 64)
+		if err != nil || n > math.MaxInt64/mult {
+			return 0, fmt.Errorf("size %q is too large", s)
+		}
+		return ByteSize(n * mult), nil
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil {
+		return 0, fmt.Errorf("invalid size %q (use K, M, G, T)", s)
+	}
+	if f*float64(mult) >= math.MaxInt64 {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return ByteSize(f * float64(mult)), nil
+}
+
+// String formats b with the largest binary unit that divides it exactly, so
+// that String and ParseByteSize round-trip.
 func (b ByteSize) String() string {
 	for _, u := range []struct {
 		s string
@@ -48,6 +71,7 @@ func (b ByteSize) String() string {
 }
 
 // UnmarshalText implements encoding.TextUnmarshaler (YAML and env overrides).
+// b is left unchanged on error.
 func (b *ByteSize) UnmarshalText(p []byte) error {
 	v, err := ParseByteSize(string(p))
 	if err != nil {
@@ -60,13 +84,32 @@ func (b *ByteSize) UnmarshalText(p []byte) error {
 // MarshalText implements encoding.TextMarshaler.
 func (b ByteSize) MarshalText() ([]byte, error) { return []byte(b.String()), nil }
 
-// Duration is a time.Duration written in YAML as "30s", "5m", "1h30m"; "0" means none.
+// Duration is a time.Duration written in YAML as "30s", "5m", "1h30m"; "0"
+// means none. Negative durations are refused: every duration in the
+// configuration is a timeout or a lifetime.
 type Duration time.Duration
 
 // D returns d as a time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
-// UnmarshalText implements encoding.TextUnmarshaler.
+// String formats d like time.Duration without the trailing zero units
+// ("5m", not "5m0s"), and zero as "0".
+func (d Duration) String() string {
+	if d == 0 {
+		return "0"
+	}
+	s := time.Duration(d).String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler. d is left unchanged on
+// error.
 func (d *Duration) UnmarshalText(p []byte) error {
 	s := strings.TrimSpace(string(p))
 	if s == "0" {
@@ -85,9 +128,4 @@ func (d *Duration) UnmarshalText(p []byte) error {
 }
 
 // MarshalText implements encoding.TextMarshaler.
-func (d Duration) MarshalText() ([]byte, error) {
-	if d == 0 {
-		return []byte("0"), nil
-	}
-	return []byte(time.Duration(d).String()), nil
-}
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }

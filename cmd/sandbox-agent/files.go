@@ -1,0 +1,489 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+)
+
+// errAbort marks a failure after which no error frame can be sent: the
+// client has gone, or a response header already promised a payload. The
+// connection is just closed and the client sees it cut short.
+var errAbort = errors.New("response aborted")
+
+// fileService serves file requests confined to a root directory.
+//
+// Security boundary: every path is resolved by the kernel with openat2
+// relative to rootFD under RESOLVE_IN_ROOT, so ".." and absolute symlinks
+// planted by sandboxed code are clamped to the root, and
+// RESOLVE_NO_MAGICLINKS refuses /proc magic links that would jump out of
+// it. Below a resolved directory only single components are used, with
+// O_NOFOLLOW/AT_SYMLINK_NOFOLLOW. Writes and deletes are refused under
+// /proc, /sys, /dev and the agent's socket directory, both by path and by
+// checking the resolved parent directory.
+type fileService struct {
+	rootFD   int
+	sockDir  string
+	sockStat *unix.Stat_t // the socket directory, nil if unknown
+	uid, gid int
+	chown    bool // only root can give files away
+}
+
+func newFileService(root, sockDir string, uid, gid int) (*fileService, error) {
+	fd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open root %s: %w", root, err)
+	}
+	fs := &fileService{rootFD: fd, sockDir: sockDir, uid: uid, gid: gid, chown: os.Geteuid() == 0}
+	var st unix.Stat_t
+	if err := unix.Stat(sockDir, &st); err == nil {
+		fs.sockStat = &st
+	}
+	return fs, nil
+}
+
+func (fs *fileService) close() { unix.Close(fs.rootFD) }
+
+// open resolves p inside the root.
+func (fs *fileService) open(p string, flags uint64, mode uint64) (int, error) {
+	rel := strings.TrimPrefix(p, "/")
+	if rel == "" {
+		rel = "."
+	}
+	how := &unix.OpenHow{
+		Flags:   flags | unix.O_CLOEXEC,
+		Mode:    mode,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	}
+	for {
+		fd, err := unix.Openat2(fs.rootFD, rel, how)
+		// EAGAIN: a concurrent rename raced the lookup; it is safe to retry.
+		if err == unix.EAGAIN || err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return -1, errnoError(p, err)
+		}
+		return fd, nil
+	}
+}
+
+// errnoError maps a system error on p to the agent's taxonomy.
+func errnoError(p string, err error) error {
+	var errno unix.Errno
+	if !errors.As(err, &errno) {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	code := agent.CodeInternal
+	switch errno {
+	case unix.ENOENT:
+		code = agent.CodeNotFound
+	case unix.ENOTDIR, unix.EISDIR, unix.ELOOP, unix.EINVAL, unix.ENAMETOOLONG, unix.EXDEV,
+		unix.EACCES, unix.EPERM, unix.EROFS, unix.ETXTBSY:
+		code = agent.CodeInvalidArgument
+	case unix.EEXIST, unix.ENOTEMPTY, unix.EBUSY:
+		code = agent.CodeConflict
+	case unix.ENOSPC, unix.EDQUOT, unix.EFBIG:
+		code = agent.CodeLimitExceeded
+	default:
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	return agent.Errorf(code, "%s: %v", p, errno)
+}
+
+func (fs *fileService) serve(req *agent.Request, r *bufio.Reader, rp *reply) error {
+	p := req.Path
+	if req.Op == agent.OpWriteFile {
+		if req.Write == nil {
+			return agent.Errorf(agent.CodeInvalidArgument, "write_file without write")
+		}
+		p = req.Write.Path
+	}
+	if err := agent.ValidatePath(p); err != nil {
+		return err
+	}
+	switch req.Op {
+	case agent.OpReadFile:
+		return fs.read(p, req.Offset, req.Max, rp)
+	case agent.OpWriteFile:
+		return fs.write(req.Write, req.Len, r, rp)
+	case agent.OpListFiles:
+		return fs.list(p, req.Recursive, rp)
+	case agent.OpDeleteFile:
+		if err := fs.delete(p, req.Recursive); err != nil {
+			return err
+		}
+		return rp.send(&agent.Frame{Type: agent.FrameResult})
+	default: // agent.OpStat
+		fi, err := fs.stat(p)
+		if err != nil {
+			return err
+		}
+		return rp.send(&agent.Frame{Type: agent.FrameResult, File: fi})
+	}
+}
+
+func fileInfo(p string, st *unix.Stat_t) *agent.FileInfo {
+	fi := &agent.FileInfo{
+		Path:  p,
+		Size:  st.Size,
+		Mode:  st.Mode & 0o7777,
+		MTime: time.Unix(st.Mtim.Unix()).UTC(),
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		fi.Type = agent.TypeFile
+	case unix.S_IFDIR:
+		fi.Type = agent.TypeDir
+	case unix.S_IFLNK:
+		fi.Type = agent.TypeSymlink
+	default:
+		fi.Type = agent.TypeOther
+	}
+	return fi
+}
+
+func (fs *fileService) stat(p string) (*agent.FileInfo, error) {
+	fd, err := fs.open(p, unix.O_PATH|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, errnoError(p, err)
+	}
+	return fileInfo(p, &st), nil
+}
+
+func (fs *fileService) read(p string, offset, limit int64, rp *reply) error {
+	if offset < 0 {
+		return agent.Errorf(agent.CodeInvalidArgument, "negative offset")
+	}
+	if limit <= 0 {
+		limit = agent.DefaultReadFileMax
+	}
+	limit = min(limit, agent.MaxTransferBytes)
+	// O_NONBLOCK: opening a FIFO must not hang; it is refused below.
+	fd, err := fs.open(p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return errnoError(p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return agent.Errorf(agent.CodeInvalidArgument, "%s is not a regular file", p)
+	}
+	n := max(0, min(limit, st.Size-offset))
+	hdr := &agent.Frame{Type: agent.FrameResult, Len: n, Data: &agent.FileData{Path: p, Size: st.Size, Truncated: offset+n < st.Size}}
+	hdr.V = agent.ProtocolVersion
+	_ = rp.c.SetWriteDeadline(time.Now().Add(transferTimeout))
+	if err := agent.WriteHeader(rp.w, hdr); err != nil {
+		return err
+	}
+	// Streamed rather than buffered: the agent's memory is the sandbox's.
+	if _, err := io.CopyN(rp.w, io.NewSectionReader(f, offset, n), n); err != nil {
+		return fmt.Errorf("%w: %s shrank while being read: %w", errAbort, p, err)
+	}
+	return rp.w.Flush()
+}
+
+// checkMutable refuses modifications of the root, of kernel filesystems
+// and of the agent's socket directory, by path.
+func (fs *fileService) checkMutable(p string) error {
+	if p == "/" {
+		return agent.Errorf(agent.CodeInvalidArgument, "refusing to modify /")
+	}
+	for _, pre := range []string{"/proc", "/sys", "/dev", fs.sockDir} {
+		if p == pre || strings.HasPrefix(p, pre+"/") {
+			return agent.Errorf(agent.CodeInvalidArgument, "refusing to modify %s (under %s)", p, pre)
+		}
+	}
+	return nil
+}
+
+// checkDir refuses a resolved parent directory that symlinks led to a
+// kernel filesystem or to the socket directory.
+func (fs *fileService) checkDir(p string, dirfd int) error {
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(dirfd, &sfs); err != nil {
+		return errnoError(p, err)
+	}
+	switch sfs.Type {
+	case unix.PROC_SUPER_MAGIC, unix.SYSFS_MAGIC, unix.DEVPTS_SUPER_MAGIC, unix.CGROUP_SUPER_MAGIC, unix.CGROUP2_SUPER_MAGIC:
+		return agent.Errorf(agent.CodeInvalidArgument, "refusing to modify %s: kernel filesystem", p)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(dirfd, &st); err != nil {
+		return errnoError(p, err)
+	}
+	if fs.sockStat != nil && st.Dev == fs.sockStat.Dev && st.Ino == fs.sockStat.Ino {
+		return agent.Errorf(agent.CodeInvalidArgument, "refusing to modify %s: agent socket directory", p)
+	}
+	return nil
+}
+
+// parent resolves and checks the directory containing p.
+func (fs *fileService) parent(p string, mkdir bool) (int, error) {
+	dir := path.Dir(p)
+	var fd int
+	var err error
+	if mkdir {
+		fd, err = fs.mkdirAll(dir)
+	} else {
+		fd, err = fs.open(dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	}
+	if err != nil {
+		return -1, err
+	}
+	if err := fs.checkDir(p, fd); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// mkdirAll resolves dir, creating missing components owned by the
+// sandbox user, and returns an O_PATH descriptor of it. Each component is
+// looked up from the root again, so symlinks stay confined.
+func (fs *fileService) mkdirAll(dir string) (int, error) {
+	fd, err := fs.open("/", unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return -1, err
+	}
+	cur := "/"
+	for _, name := range strings.Split(strings.TrimPrefix(dir, "/"), "/") {
+		if name == "" {
+			continue
+		}
+		cur = path.Join(cur, name)
+		next, err := fs.open(cur, unix.O_PATH|unix.O_DIRECTORY, 0)
+		if agent.ErrorCode(err) == agent.CodeNotFound {
+			err = unix.Mkdirat(fd, name, 0o755)
+			if err == nil && fs.chown {
+				err = unix.Fchownat(fd, name, fs.uid, fs.gid, unix.AT_SYMLINK_NOFOLLOW)
+			}
+			if err != nil && err != unix.EEXIST {
+				unix.Close(fd)
+				return -1, errnoError(cur, err)
+			}
+			next, err = fs.open(cur, unix.O_PATH|unix.O_DIRECTORY, 0)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return -1, err
+		}
+		fd = next
+	}
+	return fd, nil
+}
+
+func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.Reader, rp *reply) error {
+	p := w.Path
+	switch {
+	case w.Size != payload:
+		return agent.Errorf(agent.CodeInvalidArgument, "size %d does not match payload of %d bytes", w.Size, payload)
+	case payload > agent.MaxTransferBytes:
+		return agent.Errorf(agent.CodeLimitExceeded, "content of %d bytes exceeds %d", payload, agent.MaxTransferBytes)
+	case w.Mode&^0o1777 != 0:
+		return agent.Errorf(agent.CodeInvalidArgument, "mode %o not allowed (no setuid/setgid)", w.Mode)
+	}
+	if err := fs.checkMutable(p); err != nil {
+		return err
+	}
+	dirfd, err := fs.parent(p, w.MkdirParents)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirfd)
+
+	mode := w.Mode
+	if mode == 0 {
+		mode = 0o644
+	}
+	// O_NOFOLLOW: the last component is never followed, so a planted
+	// symlink cannot redirect the write. O_NONBLOCK: a FIFO must not hang
+	// the open; non-regular files are refused below.
+	flags := unix.O_WRONLY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
+	if w.Append {
+		flags |= unix.O_APPEND
+	}
+	created := true
+	fd, err := unix.Openat(dirfd, path.Base(p), flags|unix.O_EXCL, mode)
+	if err == unix.EEXIST {
+		created = false
+		fd, err = unix.Openat(dirfd, path.Base(p), flags, 0)
+	}
+	if err != nil {
+		return errnoError(p, err)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return errnoError(p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return agent.Errorf(agent.CodeInvalidArgument, "%s is not a regular file", p)
+	}
+	if created && fs.chown {
+		if err := unix.Fchown(fd, fs.uid, fs.gid); err != nil {
+			return errnoError(p, err)
+		}
+	}
+	// The umask must not decide the mode of a new file; an existing file
+	// keeps its mode unless one is asked for.
+	if created || w.Mode != 0 {
+		if err := unix.Fchmod(fd, mode); err != nil {
+			return errnoError(p, err)
+		}
+	}
+	if !w.Append {
+		if err := unix.Ftruncate(fd, 0); err != nil {
+			return errnoError(p, err)
+		}
+	}
+	if _, err := io.CopyN(f, r, payload); err != nil {
+		if errors.Is(err, io.EOF) {
+			return agent.Errorf(agent.CodeInvalidArgument, "content ended early: %v", err)
+		}
+		return errnoError(p, err)
+	}
+	if err := unix.Fstat(fd, &st); err != nil {
+		return errnoError(p, err)
+	}
+	return rp.send(&agent.Frame{Type: agent.FrameResult, File: fileInfo(p, &st)})
+}
+
+func (fs *fileService) list(p string, recursive bool, rp *reply) error {
+	fd, err := fs.open(p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if agent.ErrorCode(err) == agent.CodeInvalidArgument { // not a directory
+		fi, serr := fs.stat(p)
+		if serr != nil {
+			return serr
+		}
+		if fi.Type != agent.TypeDir {
+			if err := rp.send(&agent.Frame{Type: agent.FrameEntry, File: fi}); err != nil {
+				return err
+			}
+			return rp.send(&agent.Frame{Type: agent.FrameResult})
+		}
+	}
+	if err != nil {
+		return err
+	}
+	count := 0
+	if err := fs.walk(fd, p, recursive, &count, rp); err != nil {
+		return err
+	}
+	return rp.send(&agent.Frame{Type: agent.FrameResult})
+}
+
+// walk sends an entry per name in the directory fd (which it closes),
+// descending into subdirectories when recursive. Subdirectories are
+// opened by single component with O_NOFOLLOW, so the walk never leaves the
+// tree through a symlink.
+func (fs *fileService) walk(fd int, dir string, recursive bool, count *int, rp *reply) error {
+	f := os.NewFile(uintptr(fd), dir)
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return errnoError(dir, err)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		p := path.Join(dir, name)
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if err == unix.ENOENT {
+				continue // removed since the directory was read
+			}
+			return errnoError(p, err)
+		}
+		if *count++; *count > agent.MaxListEntries {
+			return agent.Errorf(agent.CodeLimitExceeded, "more than %d entries", agent.MaxListEntries)
+		}
+		fi := fileInfo(p, &st)
+		if err := rp.send(&agent.Frame{Type: agent.FrameEntry, File: fi}); err != nil {
+			return err
+		}
+		if recursive && fi.Type == agent.TypeDir {
+			sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return errnoError(p, err)
+			}
+			if err := fs.walk(sub, p, true, count, rp); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (fs *fileService) delete(p string, recursive bool) error {
+	if err := fs.checkMutable(p); err != nil {
+		return err
+	}
+	dirfd, err := fs.parent(p, false)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirfd)
+	name := path.Base(p)
+	err = unix.Unlinkat(dirfd, name, 0)
+	if err == unix.EISDIR {
+		if recursive {
+			if err := removeContents(dirfd, name, p); err != nil {
+				return err
+			}
+		}
+		err = unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+	}
+	if err != nil {
+		return errnoError(p, err)
+	}
+	return nil
+}
+
+// removeContents empties the directory name in dirfd, never following
+// symlinks.
+func removeContents(dirfd int, name, p string) error {
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return errnoError(p, err)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return errnoError(p, err)
+	}
+	for _, n := range names {
+		child := path.Join(p, n)
+		err := unix.Unlinkat(fd, n, 0)
+		if err == unix.EISDIR {
+			if err := removeContents(fd, n, child); err != nil {
+				return err
+			}
+			err = unix.Unlinkat(fd, n, unix.AT_REMOVEDIR)
+		}
+		if err != nil && err != unix.ENOENT {
+			return errnoError(child, err)
+		}
+	}
+	return nil
+}

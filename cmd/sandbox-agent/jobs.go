@@ -1,0 +1,403 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+)
+
+// drainGrace is how long output is still collected after a job's leader
+// has exited. Background processes that keep the pipes open must not keep
+// the job unfinished forever.
+const drainGrace = 300 * time.Millisecond
+
+// Stream indexes into job.streams.
+const (
+	stdoutIdx = 0
+	stderrIdx = 1
+)
+
+var streamNames = [2]string{agent.StreamStdout, agent.StreamStderr}
+
+// jobTable holds every running and retained finished job.
+type jobTable struct {
+	log    *slog.Logger
+	reaper *reaper
+	opts   *options
+
+	mu       sync.Mutex
+	jobs     map[string]*job
+	finished []string // ids of finished jobs, oldest first
+}
+
+func newJobTable(log *slog.Logger, r *reaper, o *options) *jobTable {
+	return &jobTable{log: log, reaper: r, opts: o, jobs: map[string]*job{}}
+}
+
+// job is one command. Its process is the leader of its own session and
+// process group, whose id is pid.
+type job struct {
+	id          string
+	argv        []string
+	tty         bool
+	pid         int
+	startedAt   time.Time
+	outputLimit int64
+	timeout     time.Duration
+	table       *jobTable
+
+	readers     []*os.File    // parent ends of stdout/stderr, or the pty master
+	readersDone chan struct{} // closed when every reader has hit EOF
+	pty         *os.File      // pty master, for resize; nil without tty
+
+	stdinMu sync.Mutex
+	stdin   *os.File // pipe write end or pty master; nil when closed or absent
+
+	mu         sync.Mutex
+	streams    [2]output
+	changed    chan struct{} // closed and replaced whenever output or state changes
+	killCause  string
+	killDetail string
+	timer      *time.Timer
+	exit       *agent.ExitStatus
+}
+
+func newJobID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
+	return "j-" + hex.EncodeToString(b[:])
+}
+
+func (t *jobTable) get(id string) (*job, error) {
+	if err := agent.ValidateJobID(id); err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	j, ok := t.jobs[id]
+	if !ok {
+		return nil, agent.Errorf(agent.CodeNotFound, "job %s not found", id)
+	}
+	return j, nil
+}
+
+func (t *jobTable) add(j *job) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.jobs[j.id] = j
+}
+
+// list returns all jobs, oldest started first.
+func (t *jobTable) list() []*job {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*job, 0, len(t.jobs))
+	for _, j := range t.jobs {
+		out = append(out, j)
+	}
+	slices.SortFunc(out, func(a, b *job) int { return a.startedAt.Compare(b.startedAt) })
+	return out
+}
+
+// counts returns the number of jobs and of running ones.
+func (t *jobTable) counts() (total, running int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.jobs), len(t.jobs) - len(t.finished)
+}
+
+// markFinished records that j finished and drops the oldest finished jobs
+// beyond --max-finished.
+func (t *jobTable) markFinished(j *job) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.finished = append(t.finished, j.id)
+	for len(t.finished) > t.opts.maxFinished {
+		delete(t.jobs, t.finished[0])
+		t.finished = t.finished[1:]
+	}
+}
+
+// forget drops a finished job.
+func (t *jobTable) forget(id string) error {
+	j, err := t.get(id)
+	if err != nil {
+		return err
+	}
+	if j.exitStatus() == nil {
+		return agent.Errorf(agent.CodeConflict, "job %s is still running", id)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.jobs, id)
+	for i, fid := range t.finished {
+		if fid == id {
+			t.finished = append(t.finished[:i], t.finished[i+1:]...)
+			break
+		}
+	}
+	return nil
+}
+
+// killAll kills every running job, for shutdown, and what finished jobs
+// left running in the background. As PID 1 the kernel would do the latter
+// when the agent exits; elsewhere nothing else would.
+func (t *jobTable) killAll() {
+	for _, j := range t.list() {
+		j.kill(agent.CauseKilled, "agent terminated")
+		killSession(j.pid)
+	}
+}
+
+// exitStatus returns the exit status, or nil while the job runs.
+func (j *job) exitStatus() *agent.ExitStatus {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.exit
+}
+
+// broadcast wakes every waiter on j.changed. Callers hold j.mu.
+func (j *job) broadcast() {
+	close(j.changed)
+	j.changed = make(chan struct{})
+}
+
+// appendOutput records output of stream idx, enforcing the output limit.
+func (j *job) appendOutput(idx int, p []byte) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	s := &j.streams[idx]
+	if j.outputLimit > 0 && s.end()+int64(len(p)) > j.outputLimit {
+		p = p[:max(0, j.outputLimit-s.end())]
+		if j.killCause == "" {
+			j.killCause = agent.CauseOutputLimit
+			j.killDetail = fmt.Sprintf("%s exceeded %d bytes", streamNames[idx], j.outputLimit)
+			// Not inline: killing sweeps /proc, and j.mu is held here.
+			go j.killProcesses()
+		}
+	}
+	if len(p) == 0 {
+		return
+	}
+	s.write(p)
+	j.broadcast()
+}
+
+// readLoop copies one output source into the job until EOF.
+func (j *job) readLoop(idx int, f *os.File, wg *sync.WaitGroup) {
+	defer wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			j.appendOutput(idx, buf[:n])
+		}
+		if err != nil {
+			// EOF for pipes; EIO for a pty master once the terminal is
+			// closed; a deadline error after drainGrace.
+			return
+		}
+	}
+}
+
+// kill kills the job's process group and every process left in its
+// session or group, recording cause unless one was recorded already.
+func (j *job) kill(cause, detail string) {
+	j.mu.Lock()
+	if j.exit != nil {
+		j.mu.Unlock()
+		return
+	}
+	if j.killCause == "" {
+		j.killCause, j.killDetail = cause, detail
+	}
+	j.mu.Unlock()
+	j.killProcesses()
+}
+
+// killProcesses SIGKILLs the job's process group and then every process
+// left in its session or group.
+func (j *job) killProcesses() {
+	j.table.reaper.signalGroup(j.pid, unix.SIGKILL)
+	killSession(j.pid)
+}
+
+// onExit is called by the reaper with the leader's wait status.
+func (j *job) onExit(ws unix.WaitStatus) {
+	finishedAt := time.Now()
+	go func() {
+		select {
+		case <-j.readersDone:
+		case <-time.After(drainGrace):
+			for _, f := range j.readers {
+				_ = f.SetReadDeadline(time.Now())
+			}
+			<-j.readersDone
+		}
+		j.finish(ws, finishedAt)
+	}()
+}
+
+// finish records the exit status once output has been drained.
+func (j *job) finish(ws unix.WaitStatus, finishedAt time.Time) {
+	for _, f := range j.readers {
+		f.Close()
+	}
+	j.closeStdin()
+	j.mu.Lock()
+	if j.timer != nil {
+		j.timer.Stop()
+	}
+	e := &agent.ExitStatus{
+		StartedAt:   j.startedAt,
+		FinishedAt:  finishedAt,
+		DurationMS:  finishedAt.Sub(j.startedAt).Milliseconds(),
+		StdoutBytes: j.streams[stdoutIdx].end(),
+		StderrBytes: j.streams[stderrIdx].end(),
+	}
+	switch {
+	case ws.Signaled():
+		e.Cause, e.ExitCode, e.Signal = agent.CauseSignal, 128+int(ws.Signal()), unix.SignalName(ws.Signal())
+	default:
+		e.Cause, e.ExitCode = agent.CauseExited, ws.ExitStatus()
+	}
+	// An output limit truncated the output whatever happened next; a
+	// timeout or kill only counts if our SIGKILL is what ended the job.
+	if j.killCause == agent.CauseOutputLimit || (j.killCause != "" && ws.Signaled() && ws.Signal() == unix.SIGKILL) {
+		e.Cause, e.Detail = j.killCause, j.killDetail
+	}
+	for i := range j.streams {
+		j.streams[i].shrink()
+	}
+	j.exit = e
+	j.broadcast()
+	j.mu.Unlock()
+	j.table.markFinished(j)
+	j.table.log.Info("job finished", "job", j.id, "pid", j.pid, "cause", e.Cause, "exit_code", e.ExitCode, "duration_ms", e.DurationMS)
+}
+
+// writeStdin writes p to the job's stdin.
+func (j *job) writeStdin(p []byte) error {
+	j.stdinMu.Lock()
+	defer j.stdinMu.Unlock()
+	if j.stdin == nil {
+		return agent.Errorf(agent.CodeConflict, "stdin of job %s is closed", j.id)
+	}
+	if _, err := j.stdin.Write(p); err != nil {
+		return agent.Errorf(agent.CodeConflict, "write stdin: %v", err)
+	}
+	return nil
+}
+
+// eofChar is the default VEOF character (^D) of a terminal.
+const eofChar = 0x04
+
+// endInput closes a pipe stdin, or types end-of-file on a terminal (whose
+// master must stay open for output).
+func (j *job) endInput() error {
+	if j.tty {
+		return j.writeStdin([]byte{eofChar})
+	}
+	j.closeStdin()
+	return nil
+}
+
+// closeStdin releases the stdin pipe; the pty master is closed with the
+// readers.
+func (j *job) closeStdin() {
+	j.stdinMu.Lock()
+	defer j.stdinMu.Unlock()
+	if j.stdin != nil && !j.tty {
+		j.stdin.Close()
+	}
+	j.stdin = nil
+}
+
+// resize sets the terminal size of a tty job.
+func (j *job) resize(rows, cols uint16) error {
+	if j.pty == nil {
+		return agent.Errorf(agent.CodeInvalidArgument, "job %s has no terminal", j.id)
+	}
+	if rows == 0 || cols == 0 {
+		return agent.Errorf(agent.CodeInvalidArgument, "terminal size %dx%d", rows, cols)
+	}
+	j.stdinMu.Lock()
+	defer j.stdinMu.Unlock()
+	if j.stdin == nil {
+		return agent.Errorf(agent.CodeConflict, "terminal of job %s is closed", j.id)
+	}
+	if err := unix.IoctlSetWinsize(int(j.pty.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols}); err != nil {
+		return fmt.Errorf("set terminal size: %w", err)
+	}
+	return nil
+}
+
+// signal delivers a signal to the job's process group.
+func (j *job) signal(name string) error {
+	sig, err := parseSignal(name)
+	if err != nil {
+		return err
+	}
+	if j.exitStatus() != nil {
+		return agent.Errorf(agent.CodeConflict, "job %s has finished", j.id)
+	}
+	if sig == unix.SIGKILL {
+		j.kill(agent.CauseKilled, "killed by request")
+		return nil
+	}
+	if !j.table.reaper.signalGroup(j.pid, sig) {
+		return agent.Errorf(agent.CodeConflict, "job %s has exited", j.id)
+	}
+	return nil
+}
+
+// parseSignal accepts "SIGTERM", "TERM" (any case) or a number.
+func parseSignal(s string) (unix.Signal, error) {
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 1 || n > 64 {
+			return 0, agent.Errorf(agent.CodeInvalidArgument, "signal %d out of range", n)
+		}
+		return unix.Signal(n), nil
+	}
+	name := strings.ToUpper(s)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	if sig := unix.SignalNum(name); sig != 0 {
+		return sig, nil
+	}
+	return 0, agent.Errorf(agent.CodeInvalidArgument, "unknown signal %q", s)
+}
+
+// info describes the job.
+func (j *job) info() agent.JobInfo {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	ji := agent.JobInfo{
+		ID: j.id, Argv: j.argv, PID: j.pid, TTY: j.tty, StartedAt: j.startedAt,
+		StdoutBytes: j.streams[stdoutIdx].end(), StderrBytes: j.streams[stderrIdx].end(),
+		State: agent.StateRunning, Exit: j.exit,
+	}
+	if j.exit != nil {
+		ji.State = agent.StateFinished
+	}
+	return ji
+}
+
+// hasInput reports whether the job has a terminal or a stdin still open.
+func (j *job) hasInput() bool {
+	j.stdinMu.Lock()
+	defer j.stdinMu.Unlock()
+	return j.stdin != nil
+}

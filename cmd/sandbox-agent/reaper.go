@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// reaper is the only place that waits for children. As PID 1 the agent
+// inherits every orphan in the sandbox, and a second waiter (os/exec's
+// Wait) would steal statuses from it, so all exits are collected here with
+// wait4(-1) and dispatched to the job owning the pid; the rest are
+// discarded once reaped.
+type reaper struct {
+	log   *slog.Logger
+	sigc  chan os.Signal
+	mu    sync.Mutex // held across fork+register and across each sweep
+	owner map[int]func(unix.WaitStatus)
+}
+
+func newReaper(log *slog.Logger) *reaper {
+	r := &reaper{log: log, sigc: make(chan os.Signal, 1), owner: map[int]func(unix.WaitStatus){}}
+	signal.Notify(r.sigc, syscall.SIGCHLD)
+	return r
+}
+
+// spawn runs start, which forks a child and returns its pid, and registers
+// onExit for that pid. Holding mu makes it impossible for a sweep to reap
+// the child before its owner is known, however fast it exits.
+func (r *reaper) spawn(start func() (int, error), onExit func(unix.WaitStatus)) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pid, err := start()
+	if err != nil {
+		return 0, err
+	}
+	r.owner[pid] = onExit
+	return pid, nil
+}
+
+// run reaps on every SIGCHLD until ctx is done. Signals coalesce, so each
+// wake-up drains every exited child.
+func (r *reaper) run(ctx context.Context) {
+	defer signal.Stop(r.sigc)
+	r.sweep()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.sigc:
+			r.sweep()
+		}
+	}
+}
+
+func (r *reaper) sweep() {
+	type exit struct {
+		fn func(unix.WaitStatus)
+		ws unix.WaitStatus
+	}
+	var exits []exit
+	r.mu.Lock()
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if pid <= 0 || err != nil { // 0: none exited yet; ECHILD: no children
+			break
+		}
+		if fn, ok := r.owner[pid]; ok {
+			delete(r.owner, pid)
+			exits = append(exits, exit{fn, ws})
+		}
+	}
+	r.mu.Unlock()
+	// Dispatch outside the lock: owners may take their own locks.
+	for _, e := range exits {
+		e.fn(e.ws)
+	}
+}
+
+// signalGroup sends sig to the process group led by pid, but only while
+// pid has not been reaped: after that the number may be reused by an
+// unrelated process. It reports whether the signal was sent.
+func (r *reaper) signalGroup(pid int, sig unix.Signal) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.owner[pid]; !ok {
+		return false
+	}
+	return unix.Kill(-pid, sig) == nil
+}

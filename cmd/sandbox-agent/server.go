@@ -1,0 +1,323 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+)
+
+const (
+	// requestTimeout bounds receiving a request header and small payloads.
+	requestTimeout = 30 * time.Second
+	// transferTimeout bounds receiving a file's content.
+	transferTimeout = 10 * time.Minute
+	// writeTimeout bounds sending one frame: a client that stops reading
+	// must not pin a goroutine forever.
+	writeTimeout = 30 * time.Second
+)
+
+// server accepts connections, each carrying exactly one request.
+type server struct {
+	log     *slog.Logger
+	jobs    *jobTable
+	files   *fileService
+	started time.Time
+}
+
+// serve accepts connections until ln is closed.
+func (s *server) serve(ln *net.UnixListener) error {
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			// Out of descriptors or memory: as PID 1 the agent must not
+			// exit (that would kill the sandbox), so back off and retry.
+			s.log.Error("accept failed", "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		go s.handle(c)
+	}
+}
+
+// reply writes frames to one connection.
+type reply struct {
+	c *net.UnixConn
+	w *bufio.Writer
+}
+
+// send writes a frame and its payload and flushes.
+func (rp *reply) send(f *agent.Frame, payloads ...[]byte) error {
+	f.V = agent.ProtocolVersion
+	f.Len = 0
+	for _, p := range payloads {
+		f.Len += int64(len(p))
+	}
+	_ = rp.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if err := agent.WriteHeader(rp.w, f); err != nil {
+		return err
+	}
+	for _, p := range payloads {
+		if _, err := rp.w.Write(p); err != nil {
+			return err
+		}
+	}
+	return rp.w.Flush()
+}
+
+func (s *server) handle(c *net.UnixConn) {
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(requestTimeout))
+	r := bufio.NewReaderSize(c, 64<<10)
+	rp := &reply{c: c, w: bufio.NewWriterSize(c, 64<<10)}
+	op := ""
+	req, err := readRequest(r)
+	if err == nil {
+		op = req.Op
+		err = s.dispatch(req, c, r, rp)
+	}
+	if err == nil {
+		return
+	}
+	if errors.Is(err, errAbort) {
+		s.log.Debug("response aborted", "op", op, "err", err)
+		return
+	}
+	var aerr *agent.Error
+	if !errors.As(err, &aerr) {
+		s.log.Error("request failed", "op", op, "err", err)
+		aerr = agent.Errorf(agent.CodeInternal, "%v", err)
+	}
+	if err := rp.send(&agent.Frame{Type: agent.FrameError, Error: aerr}); err != nil {
+		s.log.Debug("cannot send error", "err", err)
+	}
+}
+
+func readRequest(r *bufio.Reader) (*agent.Request, error) {
+	line, err := agent.ReadLine(r, agent.MaxLineBytes)
+	if err != nil {
+		return nil, agent.Errorf(agent.CodeInvalidArgument, "read request: %v", err)
+	}
+	var req agent.Request
+	if err := json.NewDecoder(bytes.NewReader(line)).Decode(&req); err != nil {
+		return nil, agent.Errorf(agent.CodeInvalidArgument, "decode request: %v", err)
+	}
+	if req.V != agent.ProtocolVersion {
+		return nil, agent.Errorf(agent.CodeInvalidArgument, "protocol version %d not supported (want %d)", req.V, agent.ProtocolVersion)
+	}
+	if req.Len < 0 {
+		return nil, agent.Errorf(agent.CodeInvalidArgument, "negative payload length")
+	}
+	return &req, nil
+}
+
+func (s *server) dispatch(req *agent.Request, c *net.UnixConn, r *bufio.Reader, rp *reply) error {
+	if req.Len > 0 && req.Op != agent.OpStart && req.Op != agent.OpWriteFile {
+		return agent.Errorf(agent.CodeInvalidArgument, "%s takes no payload", req.Op)
+	}
+	switch req.Op {
+	case agent.OpPing:
+		total, running := s.jobs.counts()
+		return rp.send(&agent.Frame{Type: agent.FrameResult, Info: &agent.Info{
+			Version: version, Protocol: agent.ProtocolVersion, PID: os.Getpid(), Started: s.started,
+			UptimeMS: time.Since(s.started).Milliseconds(), Jobs: total, Running: running,
+		}})
+	case agent.OpStart:
+		return s.start(req, r, rp)
+	case agent.OpAttach, agent.OpInteractive:
+		j, err := s.jobs.get(req.JobID)
+		if err != nil {
+			return err
+		}
+		_ = c.SetReadDeadline(time.Time{}) // streams last as long as the job
+		if req.Op == agent.OpAttach {
+			return s.attach(j, req, r, rp)
+		}
+		return s.interactive(j, r, rp)
+	case agent.OpRead:
+		j, err := s.jobs.get(req.JobID)
+		if err != nil {
+			return err
+		}
+		return s.read(j, req, rp)
+	case agent.OpSignal:
+		j, err := s.jobs.get(req.JobID)
+		if err != nil {
+			return err
+		}
+		if err := j.signal(req.Signal); err != nil {
+			return err
+		}
+		return rp.send(&agent.Frame{Type: agent.FrameResult})
+	case agent.OpJobs:
+		for _, j := range s.jobs.list() {
+			ji := j.info()
+			if err := rp.send(&agent.Frame{Type: agent.FrameEntry, Job: &ji}); err != nil {
+				return err
+			}
+		}
+		return rp.send(&agent.Frame{Type: agent.FrameResult})
+	case agent.OpForget:
+		if err := s.jobs.forget(req.JobID); err != nil {
+			return err
+		}
+		return rp.send(&agent.Frame{Type: agent.FrameResult})
+	case agent.OpReadFile, agent.OpWriteFile, agent.OpListFiles, agent.OpDeleteFile, agent.OpStat:
+		if req.Op == agent.OpWriteFile {
+			_ = c.SetReadDeadline(time.Now().Add(transferTimeout))
+		}
+		return s.files.serve(req, r, rp)
+	}
+	return agent.Errorf(agent.CodeInvalidArgument, "unknown op %q", req.Op)
+}
+
+func (s *server) start(req *agent.Request, r *bufio.Reader, rp *reply) error {
+	if req.Exec == nil {
+		return agent.Errorf(agent.CodeInvalidArgument, "start without exec")
+	}
+	if req.Len > agent.MaxStdinBytes {
+		return agent.Errorf(agent.CodeLimitExceeded, "stdin of %d bytes exceeds %d", req.Len, agent.MaxStdinBytes)
+	}
+	stdin := make([]byte, req.Len)
+	if _, err := io.ReadFull(r, stdin); err != nil {
+		return agent.Errorf(agent.CodeInvalidArgument, "read stdin payload: %v", err)
+	}
+	j, err := s.jobs.start(req.Exec, stdin)
+	if err != nil {
+		return err
+	}
+	return rp.send(&agent.Frame{Type: agent.FrameResult, JobID: j.id})
+}
+
+func (s *server) read(j *job, req *agent.Request, rp *reply) error {
+	limit := int(req.Max)
+	if limit <= 0 || limit > agent.MaxReadBytes {
+		limit = agent.MaxReadBytes
+	}
+	j.mu.Lock()
+	out, outOff := j.streams[stdoutIdx].read(req.StdoutOffset, limit)
+	errb, errOff := j.streams[stderrIdx].read(req.StderrOffset, limit)
+	exit := j.exit
+	j.mu.Unlock()
+	rr := &agent.ReadResult{
+		State:        agent.StateRunning,
+		StdoutOffset: outOff, StderrOffset: errOff,
+		StdoutLen: len(out), StderrLen: len(errb),
+		NextStdoutOffset: outOff + int64(len(out)), NextStderrOffset: errOff + int64(len(errb)),
+		Exit: exit,
+	}
+	if exit != nil {
+		rr.State = agent.StateFinished
+	}
+	return rp.send(&agent.Frame{Type: agent.FrameResult, Read: rr}, out, errb)
+}
+
+// attach streams output until the job ends. The client sends nothing
+// after its request, so anything read (normally EOF) means it has gone.
+func (s *server) attach(j *job, req *agent.Request, r *bufio.Reader, rp *reply) error {
+	gone := make(chan struct{})
+	go func() {
+		_, _ = r.ReadByte()
+		close(gone)
+	}()
+	return s.stream(j, [2]int64{req.StdoutOffset, req.StderrOffset}, gone, rp)
+}
+
+// stream sends a job's output from offs as it arrives, then its exit
+// status. It returns early, without error, when gone is closed.
+func (s *server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) error {
+	for {
+		j.mu.Lock()
+		var chunks [2][]byte
+		for i := range chunks {
+			chunks[i], offs[i] = j.streams[i].read(offs[i], agent.MaxChunkBytes)
+		}
+		exit, changed := j.exit, j.changed
+		j.mu.Unlock()
+
+		sent := false
+		for i, data := range chunks {
+			if len(data) == 0 {
+				continue
+			}
+			if err := rp.send(&agent.Frame{Type: agent.FrameOutput, Stream: streamNames[i], Offset: offs[i]}, data); err != nil {
+				return fmt.Errorf("%w: send output: %w", errAbort, err)
+			}
+			offs[i] += int64(len(data))
+			sent = true
+		}
+		if sent {
+			continue
+		}
+		// The exit status is set only after all output was collected, so
+		// nothing can follow it.
+		if exit != nil {
+			return rp.send(&agent.Frame{Type: agent.FrameExit, Exit: exit})
+		}
+		select {
+		case <-changed:
+		case <-gone:
+			return nil
+		}
+	}
+}
+
+// interactive streams output like attach while applying the input frames
+// the client sends.
+func (s *server) interactive(j *job, r *bufio.Reader, rp *reply) error {
+	if !j.hasInput() {
+		return agent.Errorf(agent.CodeConflict, "job %s has neither a terminal nor an open stdin", j.id)
+	}
+	if err := rp.send(&agent.Frame{Type: agent.FrameResult}); err != nil {
+		return err
+	}
+	gone := make(chan struct{})
+	go func() {
+		defer close(gone)
+		if err := s.input(j, r); err != nil && !errors.Is(err, io.EOF) {
+			s.log.Warn("interactive input ended", "job", j.id, "err", err)
+		}
+	}()
+	return s.stream(j, [2]int64{}, gone, rp)
+}
+
+// input applies the client's frames until EOF or a protocol error.
+// Operational failures (stdin already closed, job gone) are logged and do
+// not end the session: the output side still has the exit to deliver.
+func (s *server) input(j *job, r *bufio.Reader) error {
+	for {
+		f, err := agent.ReadFrame(r, agent.MaxChunkBytes)
+		if err != nil {
+			return err
+		}
+		var opErr error
+		switch f.Type {
+		case agent.FrameStdin:
+			buf := make([]byte, f.Len)
+			if _, err := io.ReadFull(r, buf); err != nil {
+				return err
+			}
+			opErr = j.writeStdin(buf)
+		case agent.FrameCloseStdin:
+			opErr = j.endInput()
+		case agent.FrameResize:
+			opErr = j.resize(f.Rows, f.Cols)
+		default:
+			return fmt.Errorf("%w: unexpected %q frame from client", agent.ErrProtocol, f.Type)
+		}
+		if opErr != nil {
+			s.log.Debug("interactive input not applied", "job", j.id, "frame", f.Type, "err", opErr)
+		}
+	}
+}

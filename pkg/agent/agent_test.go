@@ -1,0 +1,958 @@
+package agent_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+)
+
+// agentBin is the sandbox-agent binary built by TestMain.
+var agentBin string
+
+func TestMain(m *testing.M) {
+	// A prebuilt binary lets the compiled test run as a user that cannot
+	// build (go test -c, then run as nobody).
+	if agentBin = os.Getenv("SANDBOX_AGENT_BIN"); agentBin != "" {
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "sandbox-agent-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	agentBin = filepath.Join(dir, "sandbox-agent")
+	build := exec.Command("go", "build", "-o", agentBin, "github.com/sandboxrunner/mcp-sandboxd/cmd/sandbox-agent")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build sandbox-agent:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// requireRoot skips a test that needs root, or fails it under
+// SANDBOXD_INTEGRATION=1 where a skip would hide a broken setup.
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("SANDBOXD_INTEGRATION") == "1" {
+		t.Fatal("test needs root and SANDBOXD_INTEGRATION=1 forbids skipping")
+	}
+	t.Skip("test needs root")
+}
+
+// testAgent is a sandbox-agent running on the host for one test.
+type testAgent struct {
+	*agent.Client
+	root   string
+	socket string
+	pid    int // the agent's pid as seen by the test
+	logs   *bytes.Buffer
+}
+
+// startAgent runs the agent with its file root in a temporary directory,
+// as the current user unless args say otherwise, and stops it (and its
+// jobs) when the test ends.
+func startAgent(t *testing.T, args ...string) *testAgent {
+	return startAgentWrapped(t, nil, args...)
+}
+
+// startAgentWrapped runs the agent through a wrapper command line (like
+// unshare) that forks it and waits for it.
+func startAgentWrapped(t *testing.T, wrapper []string, args ...string) *testAgent {
+	t.Helper()
+	dir := t.TempDir()
+	a := &testAgent{root: filepath.Join(dir, "root"), socket: filepath.Join(dir, "run", "agent.sock"), logs: &bytes.Buffer{}}
+	for _, d := range []string{a.root, filepath.Dir(a.socket)} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(a.root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	argv := append(append(wrapper, agentBin,
+		"--socket", a.socket, "--root", a.root,
+		"--uid", strconv.Itoa(os.Getuid()), "--gid", strconv.Itoa(os.Getgid()),
+	), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stderr = &lockedWriter{w: a.logs}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	a.pid = cmd.Process.Pid
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(a.pid, syscall.SIGTERM)
+		select {
+		case err := <-waited:
+			if err != nil {
+				t.Errorf("agent exit: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			_ = syscall.Kill(a.pid, syscall.SIGKILL)
+			<-waited
+			t.Error("agent did not exit on SIGTERM")
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", a.logs.String())
+		}
+	})
+	a.Client = agent.NewClient(a.socket)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := a.Ping(ctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent not ready: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if wrapper != nil {
+		// The wrapper's only child is the agent.
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", a.pid, a.pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+			t.Fatalf("wrapper children %q: %v", b, err)
+		}
+	}
+	return a
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// output collects attached output per stream, checking offsets are
+// contiguous.
+type output struct {
+	mu             sync.Mutex
+	stdout, stderr bytes.Buffer
+}
+
+func (o *output) add(t *testing.T, start [2]int64) func(agent.Chunk) error {
+	next := map[string]int64{agent.StreamStdout: start[0], agent.StreamStderr: start[1]}
+	return func(c agent.Chunk) error {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if c.Offset != next[c.Stream] {
+			return fmt.Errorf("%s chunk at %d, want %d", c.Stream, c.Offset, next[c.Stream])
+		}
+		next[c.Stream] += int64(len(c.Data))
+		if c.Stream == agent.StreamStdout {
+			o.stdout.Write(c.Data)
+		} else {
+			o.stderr.Write(c.Data)
+		}
+		return nil
+	}
+}
+
+// run starts req and attaches until it ends.
+func run(t *testing.T, c *agent.Client, req agent.ExecRequest) (stdout, stderr string, exit *agent.ExitStatus, id string) {
+	t.Helper()
+	ctx := testCtx(t)
+	id, err := c.Start(ctx, req)
+	if err != nil {
+		t.Fatalf("start %q: %v", req.Argv, err)
+	}
+	var o output
+	exit, err = c.Attach(ctx, id, 0, 0, o.add(t, [2]int64{}))
+	if err != nil {
+		t.Fatalf("attach %q: %v", req.Argv, err)
+	}
+	return o.stdout.String(), o.stderr.String(), exit, id
+}
+
+func sh(script string) agent.ExecRequest {
+	return agent.ExecRequest{Argv: []string{"sh", "-c", script}}
+}
+
+func TestPing(t *testing.T) {
+	a := startAgent(t)
+	info, err := a.Ping(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.PID != a.pid || info.Protocol != agent.ProtocolVersion || info.Version == "" {
+		t.Errorf("info = %+v, want pid %d", info, a.pid)
+	}
+}
+
+func TestExecExitCode(t *testing.T) {
+	a := startAgent(t)
+	stdout, stderr, exit, _ := run(t, a.Client, sh("echo hi; exit 3"))
+	if stdout != "hi\n" || stderr != "" {
+		t.Errorf("stdout %q stderr %q", stdout, stderr)
+	}
+	if exit.Cause != agent.CauseExited || exit.ExitCode != 3 || exit.StdoutBytes != 3 {
+		t.Errorf("exit = %+v", exit)
+	}
+	if exit.FinishedAt.Before(exit.StartedAt) || exit.DurationMS < 0 {
+		t.Errorf("times: %+v", exit)
+	}
+}
+
+func TestStderrSeparated(t *testing.T) {
+	a := startAgent(t)
+	stdout, stderr, exit, _ := run(t, a.Client, sh("echo out; echo err >&2; echo out2"))
+	if stdout != "out\nout2\n" || stderr != "err\n" || exit.ExitCode != 0 {
+		t.Errorf("stdout %q stderr %q exit %+v", stdout, stderr, exit)
+	}
+}
+
+func TestStdin(t *testing.T) {
+	a := startAgent(t)
+	in := bytes.Repeat([]byte("line of input\n"), 10000) // more than a pipe buffer
+	stdout, _, exit, _ := run(t, a.Client, agent.ExecRequest{Argv: []string{"cat"}, Stdin: in})
+	if stdout != string(in) || exit.ExitCode != 0 {
+		t.Errorf("cat returned %d bytes, exit %+v", len(stdout), exit)
+	}
+	// Without stdin the command reads /dev/null and does not hang.
+	stdout, _, exit, _ = run(t, a.Client, agent.ExecRequest{Argv: []string{"cat"}})
+	if stdout != "" || exit.ExitCode != 0 {
+		t.Errorf("cat without stdin: %q %+v", stdout, exit)
+	}
+}
+
+func TestEnvAndCwd(t *testing.T) {
+	a := startAgent(t)
+	dir := t.TempDir()
+	stdout, _, _, _ := run(t, a.Client, agent.ExecRequest{
+		Argv: []string{"sh", "-c", `echo "$FOO|$HOME"; pwd`},
+		Env:  []string{"PATH=/usr/bin:/bin", "FOO=bar baz"},
+		Cwd:  dir,
+	})
+	if want := "bar baz|\n" + dir + "\n"; stdout != want {
+		t.Errorf("got %q, want %q", stdout, want)
+	}
+	stdout, _, _, _ = run(t, a.Client, sh(`echo "$HOME $LANG"`))
+	if stdout != "/home/sandbox C.UTF-8\n" {
+		t.Errorf("default env: %q", stdout)
+	}
+}
+
+func TestStartErrors(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		req  agent.ExecRequest
+		code string
+	}{
+		{agent.ExecRequest{Argv: []string{"no-such-command-xyz"}}, agent.CodeNotFound},
+		{agent.ExecRequest{Argv: []string{"true"}, Cwd: "relative"}, agent.CodeInvalidArgument},
+		{agent.ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"}, agent.CodeInvalidArgument},
+		{agent.ExecRequest{Argv: []string{"true"}, Env: []string{"NOEQUALS"}}, agent.CodeInvalidArgument},
+		{agent.ExecRequest{Argv: []string{"true"}, TTY: &agent.TTYSize{}}, agent.CodeInvalidArgument},
+	} {
+		_, err := a.Start(ctx, tc.req)
+		if agent.ErrorCode(err) != tc.code {
+			t.Errorf("start %+v: err %v, want code %s", tc.req, err, tc.code)
+		}
+	}
+}
+
+// sessionMembers returns the live (non-zombie) processes whose session or
+// process group is sid.
+func sessionMembers(t *testing.T, sid int) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if f[0] != "Z" && (f[2] == strconv.Itoa(sid) || f[3] == strconv.Itoa(sid)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func jobPID(t *testing.T, c *agent.Client, id string) int {
+	t.Helper()
+	jobs, err := c.Jobs(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range jobs {
+		if j.ID == id {
+			return j.PID
+		}
+	}
+	t.Fatalf("job %s not listed", id)
+	return 0
+}
+
+func TestTimeoutKillsWholeGroup(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	id, err := a.Start(ctx, agent.ExecRequest{Argv: []string{"sh", "-c", "sleep 100 & while true; do :; done"}, TimeoutMS: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := jobPID(t, a.Client, id)
+	start := time.Now()
+	exit, err := a.Attach(ctx, id, 0, 0, func(agent.Chunk) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit.Cause != agent.CauseTimeout || exit.Signal != "SIGKILL" || exit.ExitCode != 137 {
+		t.Errorf("exit = %+v", exit)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("timeout took %v", d)
+	}
+	if left := sessionMembers(t, pid); len(left) != 0 {
+		t.Errorf("processes of the job survive: %v", left)
+	}
+}
+
+func TestOutputLimit(t *testing.T) {
+	a := startAgent(t)
+	req := agent.ExecRequest{Argv: []string{"yes"}, OutputLimit: 10000}
+	stdout, _, exit, _ := run(t, a.Client, req)
+	if exit.Cause != agent.CauseOutputLimit || exit.StdoutBytes != 10000 || len(stdout) != 10000 {
+		t.Errorf("got %d bytes, exit %+v", len(stdout), exit)
+	}
+}
+
+func TestSignal(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		sig, cause, name string
+		code             int
+	}{
+		{"SIGKILL", agent.CauseKilled, "SIGKILL", 137},
+		{"TERM", agent.CauseSignal, "SIGTERM", 143},
+		{"2", agent.CauseSignal, "SIGINT", 130},
+	} {
+		id, err := a.Start(ctx, agent.ExecRequest{Argv: []string{"sleep", "100"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Signal(ctx, id, tc.sig); err != nil {
+			t.Fatalf("signal %s: %v", tc.sig, err)
+		}
+		exit, err := a.Attach(ctx, id, 0, 0, func(agent.Chunk) error { return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if exit.Cause != tc.cause || exit.Signal != tc.name || exit.ExitCode != tc.code {
+			t.Errorf("signal %s: exit %+v", tc.sig, exit)
+		}
+		if err := a.Signal(ctx, id, "KILL"); agent.ErrorCode(err) != agent.CodeConflict {
+			t.Errorf("signal to finished job: %v, want conflict", err)
+		}
+	}
+	id, _ := a.Start(ctx, agent.ExecRequest{Argv: []string{"sleep", "100"}})
+	if err := a.Signal(ctx, id, "SIGNOPE"); agent.ErrorCode(err) != agent.CodeInvalidArgument {
+		t.Errorf("unknown signal: %v", err)
+	}
+	if err := a.Signal(ctx, "j-0000000000000000", "KILL"); agent.ErrorCode(err) != agent.CodeNotFound {
+		t.Errorf("unknown job: %v", err)
+	}
+	if err := a.Signal(ctx, "../etc", "KILL"); agent.ErrorCode(err) != agent.CodeInvalidArgument {
+		t.Errorf("malformed job id: %v", err)
+	}
+}
+
+func TestAttachAfterFinishAndFromOffset(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	_, _, _, id := run(t, a.Client, sh("printf abcdef; printf XYZ >&2; exit 7"))
+	var o output
+	exit, err := a.Attach(ctx, id, 0, 0, o.add(t, [2]int64{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.stdout.String() != "abcdef" || o.stderr.String() != "XYZ" || exit.ExitCode != 7 {
+		t.Errorf("full re-attach: %q %q %+v", o.stdout.String(), o.stderr.String(), exit)
+	}
+	var p output
+	if _, err := a.Attach(ctx, id, 4, 1, p.add(t, [2]int64{4, 1})); err != nil {
+		t.Fatal(err)
+	}
+	if p.stdout.String() != "ef" || p.stderr.String() != "YZ" {
+		t.Errorf("attach from offsets: %q %q", p.stdout.String(), p.stderr.String())
+	}
+}
+
+func TestAttachOlderThanRetainedTail(t *testing.T) {
+	a := startAgent(t, "--retain-bytes", "4096")
+	// 20000 bytes: "0000\n" .. "3999\n".
+	id, err := a.Start(testCtx(t), sh(`i=0; while [ $i -lt 4000 ]; do printf '%04d\n' $i; i=$((i+1)); done`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exit, err := a.Attach(testCtx(t), id, 1<<40, 1<<40, func(c agent.Chunk) error { return fmt.Errorf("unexpected chunk at %d", c.Offset) })
+	if err != nil || exit.StdoutBytes != 20000 {
+		t.Fatalf("exit %+v", exit)
+	}
+	var first int64 = -1
+	var got bytes.Buffer
+	_, err = a.Attach(testCtx(t), id, 0, 0, func(c agent.Chunk) error {
+		if first < 0 {
+			first = c.Offset
+		}
+		got.Write(c.Data)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first != 20000-4096 || got.Len() != 4096 || !strings.HasSuffix(got.String(), "3999\n") {
+		t.Errorf("tail starts at %d with %d bytes", first, got.Len())
+	}
+}
+
+func TestConcurrentAttachers(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	id, err := a.Start(ctx, sh("for i in 1 2 3 4 5; do echo $i; sleep 0.1; done"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	outs := make([]output, 3)
+	errs := make([]error, 3)
+	for i := range outs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = a.Attach(ctx, id, 0, 0, outs[i].add(t, [2]int64{}))
+		}()
+	}
+	wg.Wait()
+	for i := range outs {
+		if errs[i] != nil || outs[i].stdout.String() != "1\n2\n3\n4\n5\n" {
+			t.Errorf("attacher %d: %q, %v", i, outs[i].stdout.String(), errs[i])
+		}
+	}
+}
+
+func TestReattachWithNewClient(t *testing.T) {
+	a := startAgent(t)
+	id, err := a.Start(testCtx(t), sh("echo started; sleep 1; echo done; exit 4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A daemon that dies mid-attach: its context ends, the job goes on.
+	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	var early output
+	_, err = a.Attach(short, id, 0, 0, early.add(t, [2]int64{}))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("attach with short deadline: %v", err)
+	}
+	fresh := agent.NewClient(a.socket)
+	var rest output
+	off := int64(early.stdout.Len())
+	exit, err := fresh.Attach(testCtx(t), id, off, 0, rest.add(t, [2]int64{off, 0}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if early.stdout.String()+rest.stdout.String() != "started\ndone\n" || exit.ExitCode != 4 {
+		t.Errorf("output %q + %q, exit %+v", early.stdout.String(), rest.stdout.String(), exit)
+	}
+}
+
+func TestReadPaging(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	id, err := a.Start(ctx, agent.ExecRequest{Argv: []string{"seq", "1", "30000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	var off int64
+	for pages := 0; ; pages++ {
+		r, err := a.Read(ctx, id, off, 0, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.StdoutOffset != off || len(r.Stdout) > 4096 {
+			t.Fatalf("page at %d: offset %d, %d bytes", off, r.StdoutOffset, len(r.Stdout))
+		}
+		got.Write(r.Stdout)
+		off = r.NextStdoutOffset
+		if r.State == agent.StateFinished && len(r.Stdout) == 0 {
+			if r.Exit == nil || r.Exit.ExitCode != 0 || r.Exit.StdoutBytes != off {
+				t.Errorf("final read: %+v", r.Exit)
+			}
+			break
+		}
+		if len(r.Stdout) == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if pages > 10000 {
+			t.Fatal("paging does not end")
+		}
+	}
+	want, _ := exec.Command("seq", "1", "30000").Output()
+	if !bytes.Equal(got.Bytes(), want) {
+		t.Errorf("paged %d bytes, want %d", got.Len(), len(want))
+	}
+}
+
+func TestJobsAndForget(t *testing.T) {
+	a := startAgent(t, "--max-finished", "2")
+	ctx := testCtx(t)
+	var ids []string
+	for range 3 {
+		_, _, _, id := run(t, a.Client, agent.ExecRequest{Argv: []string{"true"}})
+		ids = append(ids, id)
+	}
+	running, err := a.Start(ctx, agent.ExecRequest{Argv: []string{"sleep", "100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := a.Jobs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for _, j := range jobs {
+		states[j.ID] = j.State
+	}
+	// The oldest finished job was dropped to respect --max-finished.
+	want := map[string]string{ids[1]: agent.StateFinished, ids[2]: agent.StateFinished, running: agent.StateRunning}
+	if fmt.Sprint(states) != fmt.Sprint(want) {
+		t.Errorf("jobs %v, want %v", states, want)
+	}
+	if err := a.Forget(ctx, running); agent.ErrorCode(err) != agent.CodeConflict {
+		t.Errorf("forget running job: %v", err)
+	}
+	if err := a.Forget(ctx, ids[2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Read(ctx, ids[2], 0, 0, 0); agent.ErrorCode(err) != agent.CodeNotFound {
+		t.Errorf("read forgotten job: %v", err)
+	}
+}
+
+// readUntil reads session output until it contains want.
+func readUntil(t *testing.T, s *agent.Session, buf *bytes.Buffer, want string) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for !strings.Contains(buf.String(), want) {
+		select {
+		case c, ok := <-s.Output():
+			if !ok {
+				t.Fatalf("output ended before %q; got %q", want, buf.String())
+			}
+			buf.Write(c.Data)
+		case <-timeout:
+			t.Fatalf("no %q in %q", want, buf.String())
+		}
+	}
+}
+
+func TestTTYInteractive(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	id, err := a.Start(ctx, agent.ExecRequest{Argv: []string{"sh"}, TTY: &agent.TTYSize{Rows: 24, Cols: 80}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := a.Interactive(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var buf bytes.Buffer
+	if _, err := s.Write([]byte("tty; stty size; echo mark-$((1+1))\n")); err != nil {
+		t.Fatal(err)
+	}
+	readUntil(t, s, &buf, "mark-2")
+	if !strings.Contains(buf.String(), "/dev/pts/") || !strings.Contains(buf.String(), "24 80") {
+		t.Errorf("tty output %q lacks the pts path or the size", buf.String())
+	}
+	if err := s.Resize(30, 100); err != nil {
+		t.Fatal(err)
+	}
+	buf.Reset()
+	if _, err := s.Write([]byte("stty size; exit 5\n")); err != nil {
+		t.Fatal(err)
+	}
+	readUntil(t, s, &buf, "30 100")
+	for range s.Output() { // drain to the end
+	}
+	exit, err := s.Wait()
+	if err != nil || exit.ExitCode != 5 {
+		t.Errorf("exit %+v, %v", exit, err)
+	}
+}
+
+func TestInteractiveStdinPipe(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	id, err := a.Start(ctx, agent.ExecRequest{Argv: []string{"cat"}, OpenStdin: true, Stdin: []byte("first\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := a.Interactive(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Write([]byte("second\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseStdin(); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	for c := range s.Output() {
+		buf.Write(c.Data)
+	}
+	exit, err := s.Wait()
+	if err != nil || exit.ExitCode != 0 || buf.String() != "first\nsecond\n" {
+		t.Errorf("output %q exit %+v err %v", buf.String(), exit, err)
+	}
+	// A job without input cannot be driven interactively.
+	_, _, _, done := run(t, a.Client, agent.ExecRequest{Argv: []string{"true"}})
+	if _, err := a.Interactive(ctx, done); agent.ErrorCode(err) != agent.CodeConflict {
+		t.Errorf("interactive on finished job: %v", err)
+	}
+}
+
+func TestBackgroundProcessDoesNotHoldJob(t *testing.T) {
+	a := startAgent(t)
+	start := time.Now()
+	stdout, _, exit, _ := run(t, a.Client, sh("sleep 30 & echo done"))
+	if stdout != "done\n" || exit.Cause != agent.CauseExited || exit.ExitCode != 0 {
+		t.Errorf("stdout %q exit %+v", stdout, exit)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("job took %v: the background sleep held it", d)
+	}
+}
+
+func TestAgentTerminationKillsJobs(t *testing.T) {
+	a := startAgent(t)
+	id, err := a.Start(testCtx(t), agent.ExecRequest{Argv: []string{"sleep", "100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, leftover := run(t, a.Client, sh("sleep 100 & exit 0"))
+	sessions := []int{jobPID(t, a.Client, id), jobPID(t, a.Client, leftover)}
+	if err := syscall.Kill(a.pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, sid := range sessions {
+		for len(sessionMembers(t, sid)) != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("processes of session %d survive the agent's SIGTERM", sid)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// t.Cleanup checks that the agent exited with status 0.
+}
+
+func TestReapsOrphansAsPID1(t *testing.T) {
+	requireRoot(t)
+	a := startAgentWrapped(t, []string{"unshare", "--pid", "--fork", "--mount-proc"})
+	ctx := testCtx(t)
+	info, err := a.Ping(ctx)
+	if err != nil || info.PID != 1 {
+		t.Fatalf("agent is not PID 1: %+v, %v", info, err)
+	}
+	// The shells exit at once, orphaning their sleeps to PID 1.
+	for range 5 {
+		run(t, a.Client, sh("sleep 0.2 & exit 0"))
+	}
+	time.Sleep(time.Second)
+	stdout, _, _, _ := run(t, a.Client, sh(`for f in /proc/[0-9]*/stat; do read -r l < "$f" && echo "${l##*) }"; done`))
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("process scan too short: %q", stdout)
+	}
+	for _, l := range lines {
+		if strings.HasPrefix(l, "Z") {
+			t.Errorf("zombie left in the sandbox: %q", l)
+		}
+	}
+}
+
+func TestRunAsUserWithoutCapabilities(t *testing.T) {
+	requireRoot(t)
+	a := startAgent(t, "--uid", "1000", "--gid", "1000")
+	uid := 1000
+	stdout, _, exit, _ := run(t, a.Client, agent.ExecRequest{
+		Argv: []string{"sh", "-c", "id -u; id -g; id -G; grep -E '^Cap(Eff|Prm|Amb)' /proc/self/status; cat /proc/self/oom_score_adj"},
+		UID:  &uid,
+	})
+	want := "1000\n1000\n1000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapAmb:\t0000000000000000\n500\n"
+	if stdout != want || exit.ExitCode != 0 {
+		t.Errorf("got %q, want %q (exit %+v)", stdout, want, exit)
+	}
+	// uid 0 only when asked for explicitly; the default is --uid.
+	stdout, _, _, _ = run(t, a.Client, agent.ExecRequest{Argv: []string{"id", "-u"}})
+	if stdout != "1000\n" {
+		t.Errorf("default uid: %q", stdout)
+	}
+	root := 0
+	stdout, _, _, _ = run(t, a.Client, agent.ExecRequest{Argv: []string{"id", "-u"}, UID: &root})
+	if stdout != "0\n" {
+		t.Errorf("explicit uid 0: %q", stdout)
+	}
+}
+
+func TestFilesOwnedBySandboxUser(t *testing.T) {
+	requireRoot(t)
+	a := startAgent(t, "--uid", "1000", "--gid", "1001")
+	ctx := testCtx(t)
+	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/workspace/new/dir/f.txt", MkdirParents: true}, strings.NewReader("x")); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"workspace", "workspace/new/dir", "workspace/new/dir/f.txt"} {
+		fi, err := os.Stat(filepath.Join(a.root, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if st.Uid != 1000 || st.Gid != 1001 {
+			t.Errorf("%s owned by %d:%d, want 1000:1001", p, st.Uid, st.Gid)
+		}
+	}
+}
+
+func TestFileRoundTrip(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	content := make([]byte, 5<<20)
+	if _, err := rand.Read(content); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/workspace/data.bin", Mode: 0o600, MkdirParents: true}, bytes.NewReader(content))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size != int64(len(content)) || fi.Mode != 0o600 || fi.Type != agent.TypeFile {
+		t.Errorf("write result %+v", fi)
+	}
+	onHost, err := os.ReadFile(filepath.Join(a.root, "workspace", "data.bin"))
+	if err != nil || !bytes.Equal(onHost, content) {
+		t.Fatalf("file on disk differs (%v)", err)
+	}
+	got, err := a.ReadFile(ctx, "/workspace/data.bin", 0, 16<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Data, content) || got.Truncated || got.Size != int64(len(content)) {
+		t.Errorf("read back %d bytes (truncated %v), want %d", len(got.Data), got.Truncated, len(content))
+	}
+	part, err := a.ReadFile(ctx, "/workspace/data.bin", 100, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(part.Data, content[100:1100]) || !part.Truncated {
+		t.Errorf("partial read wrong (truncated %v)", part.Truncated)
+	}
+	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/workspace/data.bin", Append: true}, strings.NewReader("tail")); err != nil {
+		t.Fatal(err)
+	}
+	st, err := a.Stat(ctx, "/workspace/data.bin")
+	if err != nil || st.Size != int64(len(content))+4 || st.Mode != 0o600 {
+		t.Errorf("after append: %+v, %v", st, err)
+	}
+	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/missing/parent/f"}, strings.NewReader("x")); agent.ErrorCode(err) != agent.CodeNotFound {
+		t.Errorf("write without parents: %v", err)
+	}
+}
+
+func TestListAndDelete(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	for _, p := range []string{"/w/a.txt", "/w/sub/b.txt", "/w/sub/deep/c.txt"} {
+		if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: p, MkdirParents: true}, strings.NewReader(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("/etc", filepath.Join(a.root, "w", "link")); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := a.ListFiles(ctx, "/w", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Path+":"+e.Type)
+	}
+	want := "/w/a.txt:file /w/link:symlink /w/sub:dir /w/sub/b.txt:file /w/sub/deep:dir /w/sub/deep/c.txt:file"
+	if strings.Join(got, " ") != want {
+		t.Errorf("list = %v\nwant  %v", got, want)
+	}
+	flat, err := a.ListFiles(ctx, "/w", false)
+	if err != nil || len(flat) != 3 {
+		t.Errorf("flat list %v, %v", flat, err)
+	}
+	if err := a.DeleteFile(ctx, "/w/sub", false); agent.ErrorCode(err) != agent.CodeConflict {
+		t.Errorf("non-recursive delete of a full dir: %v", err)
+	}
+	// Deleting the symlink removes the link, not /etc inside or outside.
+	if err := a.DeleteFile(ctx, "/w/link", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.DeleteFile(ctx, "/w/sub", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Stat(ctx, "/w/sub"); agent.ErrorCode(err) != agent.CodeNotFound {
+		t.Errorf("stat deleted dir: %v", err)
+	}
+	if _, err := os.Stat("/etc/passwd"); err != nil {
+		t.Errorf("host /etc damaged: %v", err)
+	}
+	for _, p := range []string{"/", "/proc/self", "/dev/null", "/sys/kernel"} {
+		if err := a.DeleteFile(ctx, p, true); agent.ErrorCode(err) != agent.CodeInvalidArgument {
+			t.Errorf("delete %s: %v, want invalid_argument", p, err)
+		}
+	}
+}
+
+func TestSymlinkCannotEscapeRoot(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	outside := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(outside, []byte("host secret"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ws := filepath.Join(a.root, "workspace")
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, target := range map[string]string{"abs": outside, "rel": "../../../../../../../../" + outside} {
+		if err := os.Symlink(target, filepath.Join(ws, name)); err != nil {
+			t.Fatal(err)
+		}
+		// Nothing at that path inside the root: the link dangles.
+		if _, err := a.ReadFile(ctx, "/workspace/"+name, 0, 0); agent.ErrorCode(err) != agent.CodeNotFound {
+			t.Errorf("read through %s link: %v, want not_found", name, err)
+		}
+	}
+	// With a decoy at the same path inside the root, the link resolves to it.
+	decoy := filepath.Join(a.root, outside)
+	if err := os.MkdirAll(filepath.Dir(decoy), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(decoy, []byte("inside"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.ReadFile(ctx, "/workspace/abs", 0, 0)
+	if err != nil || string(got.Data) != "inside" {
+		t.Fatalf("read through link: %v, %v", got, err)
+	}
+	// Writes never follow a final symlink, and a symlinked parent stays inside.
+	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/workspace/abs"}, strings.NewReader("pwned")); agent.ErrorCode(err) != agent.CodeInvalidArgument {
+		t.Errorf("write through link: %v", err)
+	}
+	if err := os.Symlink(filepath.Dir(outside), filepath.Join(ws, "dirlink")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/workspace/dirlink/secret"}, strings.NewReader("pwned")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(outside); string(b) != "host secret" {
+		t.Errorf("host file changed to %q", b)
+	}
+	if b, _ := os.ReadFile(decoy); string(b) != "pwned" {
+		t.Errorf("write through dir link landed elsewhere: decoy %q", b)
+	}
+}
+
+func TestPathValidation(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	for _, p := range []string{"workspace/x", "", "/a/../b", "/a\x00b", "/a//b"} {
+		if _, err := a.Stat(ctx, p); agent.ErrorCode(err) != agent.CodeInvalidArgument {
+			t.Errorf("client stat %q: %v", p, err)
+		}
+	}
+	// The agent validates too, whatever the client does.
+	for _, p := range []string{"etc/passwd", "/etc/../etc/passwd", "/a\x00b"} {
+		f := rawRequest(t, a.socket, agent.Request{V: agent.ProtocolVersion, Op: agent.OpStat, Path: p})
+		if f.Type != agent.FrameError || f.Error.Code != agent.CodeInvalidArgument {
+			t.Errorf("agent stat %q: %+v", p, f)
+		}
+	}
+	f := rawRequest(t, a.socket, agent.Request{V: 99, Op: agent.OpPing})
+	if f.Type != agent.FrameError || f.Error.Code != agent.CodeInvalidArgument {
+		t.Errorf("wrong protocol version accepted: %+v", f)
+	}
+}
+
+// rawRequest sends req without the client's validation and returns the
+// first frame of the answer.
+func rawRequest(t *testing.T, socket string, req agent.Request) *agent.Frame {
+	t.Helper()
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := agent.WriteHeader(c, req); err != nil {
+		t.Fatal(err)
+	}
+	f, err := agent.ReadFrame(bufio.NewReader(c), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}

@@ -1,0 +1,178 @@
+package config
+
+// DefaultYAML is the default configuration with every key documented. It is
+// what `mcp-sandboxd config default` prints and, byte for byte, what
+// config/mcp-sandboxd.yaml holds; parsing it gives exactly Default(). Tests
+// enforce both, so a key added to Config must be added here too.
+const DefaultYAML = `# mcp-sandboxd configuration (default path: /etc/mcp-sandboxd/mcp-sandboxd.yaml).
+#
+# Every key is shown with its default value; a key left out keeps its default.
+# Unknown keys and invalid values are errors that name the key.
+#
+# Every key can be overridden from the environment, which wins over this file:
+# SANDBOXD_<SECTION>_<KEY> in upper case. Lists are comma-separated, maps are
+# key=value pairs separated by commas:
+#   SANDBOXD_SERVER_HTTP_ADDR=127.0.0.1:8080
+#   SANDBOXD_SANDBOX_MEMORY=1G
+#   SANDBOXD_NETWORK_DNS=1.1.1.1,9.9.9.9
+#   SANDBOXD_SANDBOX_POOL=python=2,node=1
+#
+# Units. Sizes are bytes with an optional binary suffix: K, M, G, T
+# (1K = 1024; KB and KiB mean the same). Durations are written like 30s, 5m,
+# 1h30m; 0 means "never" where a key says so.
+#
+# Check a file with: mcp-sandboxd config validate FILE
+
+server:
+  # Unix socket of the REST API (used by sandboxctl). No authentication: the
+  # socket's file mode is the access control.
+  socket: /run/mcp-sandboxd/api.sock
+  # TCP address (host:port) serving MCP (/mcp), the REST API, /healthz,
+  # /readyz and /metrics. Empty: no TCP listener.
+  http_addr: 127.0.0.1:7070
+  # File holding the bearer token required on every HTTP request except
+  # /healthz (absolute path). Required when http_addr is set.
+  auth_token_file: /etc/mcp-sandboxd/token
+  # MCP tool groups offered to clients: sandbox, exec, files, run, images,
+  # autofix, vm.
+  tools: [sandbox, exec, files, run, images, autofix, vm]
+
+# Directories and files (absolute paths).
+paths:
+  # Persistent state: the SQLite database, language images, run records.
+  state_dir: /var/lib/mcp-sandboxd
+  # Runtime state, normally on tmpfs: container state, sandbox mounts, the
+  # daemon's lock.
+  run_dir: /run/mcp-sandboxd
+  # Language image recipes, one YAML file per language.
+  recipes_dir: /usr/share/mcp-sandboxd/rootfs
+  # Docker-format seccomp profiles (NAME.json).
+  seccomp_dir: /usr/share/mcp-sandboxd/seccomp-profiles
+  # The static sandbox-agent binary, mounted read-only as PID 1 of every
+  # sandbox.
+  agent_path: /usr/libexec/mcp-sandboxd/sandbox-agent
+  # Built language images (content-addressed, read-only). Empty means
+  # state_dir/images; point several state dirs at one store to share images.
+  images_dir: ""
+
+# Sandbox limits. A client may ask for any value up to the max_* cap; what it
+# does not ask for gets the default.
+sandbox:
+  # Memory limit (size, at least 16M). There is no swap.
+  memory: 512M
+  max_memory: 4G
+  # CPU quota (cores; fractions such as 0.5 allowed).
+  cpus: 1
+  max_cpus: 2
+  # Maximum number of processes and threads (at least 16).
+  pids: 256
+  max_pids: 4096
+  # Size of the writable layer over the read-only image (size, at least 16M).
+  disk: 1G
+  max_disk: 8G
+  # Time limit of one command (duration, at least 1s); on expiry its whole
+  # process group is killed.
+  exec_timeout: 5m
+  max_exec_timeout: 1h
+  # Terminate a sandbox that has been ready with no command running for this
+  # long (duration; 0: never).
+  idle_timeout: 30m
+  # Terminate a sandbox this long after its creation, whatever it is doing
+  # (duration; 0: never).
+  max_lifetime: 24h
+  # Sandboxes that may exist at once, warm ones included and terminated ones
+  # not (count, at least 1).
+  max_sandboxes: 32
+  # Output kept per stream (stdout, stderr) of one command (size, at least
+  # 1K); a command that writes more ends with termination cause output_limit.
+  output_limit: 16M
+  # uid and gid that commands run as inside the sandbox (1 to 65535; never 0).
+  user: 1000
+  # Seccomp profile: a file name in paths.seccomp_dir without ".json", or
+  # "unconfined" to run sandboxes without seccomp (not recommended).
+  seccomp_profile: default
+  # Warm sandboxes kept ready per language (count), e.g. {python: 2, node: 1}.
+  # They count towards max_sandboxes.
+  pool: {}
+  # Parent cgroup of every sandbox (absolute cgroup path, not "/").
+  cgroup_parent: /mcp-sandboxd
+
+network:
+  # Bridge that sandboxes with network access are attached to (interface
+  # name, at most 15 characters).
+  bridge: sbx0
+  # IPv4 subnet of sandbox addresses (CIDR); the bridge takes the first
+  # address.
+  subnet: 10.88.0.0/16
+  # Network of a sandbox that does not ask for one: none (loopback only),
+  # egress (NAT to the outside, minus deny), allowlist (only the hosts given
+  # when the sandbox is created).
+  default_mode: none
+  # Destinations (CIDRs) no sandbox can reach, whatever its mode: private
+  # ranges, link-local (cloud metadata), carrier-grade NAT, the host itself.
+  deny:
+    - 10.0.0.0/8
+    - 172.16.0.0/12
+    - 192.168.0.0/16
+    - 169.254.0.0/16
+    - 100.64.0.0/10
+    - 127.0.0.0/8
+    - fc00::/7
+    - fe80::/10
+    - ::1/128
+  # DNS servers given to sandboxes (IP addresses). Empty: the host's.
+  dns: []
+
+# Language images.
+images:
+  # Debian mirror (http:// or https:// URL) images are built from. Empty: the
+  # mirror in the host's apt sources.
+  mirror: ""
+  # Debian suite for recipes that do not name one.
+  suite: bookworm
+  # Enabled languages (recipe names in paths.recipes_dir). Empty: all.
+  languages: []
+
+# The run, fix, run again loop.
+autofix:
+  # Who writes the fixes: client (the calling MCP client, through
+  # autofix_submit), anthropic (the Anthropic API) or command (a program).
+  provider: client
+  # Fix attempts after the first run (count).
+  max_retries: 5
+  # Time limit of one whole autofix loop, all attempts included (duration).
+  timeout: 300s
+  # When a run counts as fixed: exit_zero_and_empty_stderr or exit_zero.
+  success: exit_zero_and_empty_stderr
+  # anthropic: model name. Empty: the provider's default.
+  model: ""
+  # anthropic: API base URL. Empty: the provider's default.
+  base_url: ""
+  # anthropic: name of the environment variable holding the API key.
+  api_key_env: ANTHROPIC_API_KEY
+  # anthropic: file holding the API key (absolute path); when set it is used
+  # instead of api_key_env.
+  api_key_file: ""
+  # command: the fixer program and its arguments, e.g. [/usr/local/bin/fixer].
+  command: []
+
+# Virtual machines.
+vm:
+  # QEMU system emulator: a program name looked up in PATH, or an absolute
+  # path.
+  qemu: qemu-system-x86_64
+  # Accelerator: kvm, tcg (software emulation, slow) or auto (kvm when
+  # /dev/kvm is usable, else tcg).
+  accel: auto
+  # Guest base image per OS (absolute paths), e.g.
+  # {linux: /var/lib/mcp-sandboxd/vm/linux.qcow2}.
+  images: {}
+  # Virtual machines that may run at once (count; 0 disables VMs).
+  max_vms: 2
+
+log:
+  # Least severe level logged: debug, info, warn or error.
+  level: info
+  # text (for people) or json (one object per line, for log collectors).
+  format: text
+`

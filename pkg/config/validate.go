@@ -1,0 +1,308 @@
+package config
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"net/url"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Smallest accepted limits. Below them a sandbox cannot even start its agent
+// and a shell, and the failure would surface as an obscure OOM kill or
+// EAGAIN from fork instead of a configuration error.
+const (
+	minMemory      ByteSize = 16 << 20
+	minDisk        ByteSize = 16 << 20
+	minPids        int64    = 16
+	minOutputLimit ByteSize = 1 << 10
+	minExecTimeout          = Duration(time.Second)
+)
+
+var (
+	// plainName is a file or recipe name: no path separators, no leading
+	// dot, so it can never escape the directory it is looked up in.
+	plainName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+	envName   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// Validate checks what the types cannot: paths are absolute, defaults lie
+// within their caps, names, addresses and CIDRs parse, enumerations hold one
+// of their values, and settings that depend on each other agree. It reads no
+// files and opens no sockets, so a configuration can be checked on any
+// machine. It returns nil or a *ValidationError listing every problem.
+func (c *Config) Validate() error {
+	var p problems
+	c.Server.validate(&p)
+	c.Paths.validate(&p)
+	c.Sandbox.validate(&p, c.Images.Languages)
+	c.Network.validate(&p)
+	c.Images.validate(&p)
+	c.Autofix.validate(&p)
+	c.VM.validate(&p)
+	c.Log.validate(&p)
+	return p.err()
+}
+
+func (s *Server) validate(p *problems) {
+	p.absPath("server.socket", s.Socket)
+	if s.HTTPAddr != "" {
+		p.hostPort("server.http_addr", s.HTTPAddr)
+		// HTTP is never served without a token (SPEC.md: the bearer token is
+		// required on HTTP except /healthz).
+		if s.AuthTokenFile == "" {
+			p.add("server.auth_token_file", "", "required when server.http_addr is set")
+		}
+	}
+	if s.AuthTokenFile != "" {
+		p.absPath("server.auth_token_file", s.AuthTokenFile)
+	}
+	seen := make(map[string]bool)
+	for i, t := range s.Tools {
+		key := fmt.Sprintf("server.tools[%d]", i)
+		switch {
+		case !slices.Contains(ToolGroups, t):
+			p.add(key, "", "unknown tool group %q%s (use %s)", t, didYouMean(t, ToolGroups), strings.Join(ToolGroups, ", "))
+		case seen[t]:
+			p.add(key, "", "tool group %q listed twice", t)
+		}
+		seen[t] = true
+	}
+}
+
+func (ps *Paths) validate(p *problems) {
+	p.absPath("paths.state_dir", ps.StateDir)
+	p.absPath("paths.run_dir", ps.RunDir)
+	p.absPath("paths.recipes_dir", ps.RecipesDir)
+	p.absPath("paths.seccomp_dir", ps.SeccompDir)
+	p.absPath("paths.agent_path", ps.AgentPath)
+	if ps.ImagesDir != "" {
+		p.absPath("paths.images_dir", ps.ImagesDir)
+	}
+}
+
+func (s *Sandbox) validate(p *problems, languages []string) {
+	limit(p, "sandbox.memory", s.Memory, s.MaxMemory, minMemory)
+	if !(s.CPUs > 0) { // also catches NaN
+		p.add("sandbox.cpus", "", "must be greater than 0, got %v", s.CPUs)
+	} else if s.CPUs > s.MaxCPUs {
+		p.add("sandbox.cpus", "", "%v exceeds sandbox.max_cpus %v", s.CPUs, s.MaxCPUs)
+	}
+	limit(p, "sandbox.pids", s.Pids, s.MaxPids, minPids)
+	limit(p, "sandbox.disk", s.Disk, s.MaxDisk, minDisk)
+	limit(p, "sandbox.exec_timeout", s.ExecTimeout, s.MaxExecTimeout, minExecTimeout)
+	if s.IdleTimeout < 0 {
+		p.add("sandbox.idle_timeout", "", "must not be negative (0 means never)")
+	}
+	if s.MaxLifetime < 0 {
+		p.add("sandbox.max_lifetime", "", "must not be negative (0 means never)")
+	}
+	if s.MaxSandboxes < 1 {
+		p.add("sandbox.max_sandboxes", "", "must be at least 1, got %d", s.MaxSandboxes)
+	}
+	if s.OutputLimit < minOutputLimit {
+		p.add("sandbox.output_limit", "", "%v is below the minimum of %v", s.OutputLimit, minOutputLimit)
+	}
+	// Root inside the sandbox is refused even though a user namespace would
+	// contain it: commands have no business being uid 0, and uid 0 makes
+	// every file in the image writable to them.
+	if s.User < 1 || s.User > 65535 {
+		p.add("sandbox.user", "", "must be a uid from 1 to 65535, got %d", s.User)
+	}
+	if s.SeccompProfile != "unconfined" && !plainName.MatchString(s.SeccompProfile) {
+		p.add("sandbox.seccomp_profile", "", "invalid profile name %q (a file name in paths.seccomp_dir without .json, or \"unconfined\")", s.SeccompProfile)
+	}
+	warm := 0
+	for _, lang := range slices.Sorted(maps.Keys(s.Pool)) {
+		key, n := "sandbox.pool."+lang, s.Pool[lang]
+		switch {
+		case !plainName.MatchString(lang):
+			p.add(key, "", "invalid language name %q", lang)
+		case len(languages) > 0 && !slices.Contains(languages, lang):
+			p.add(key, "", "language %q is not enabled in images.languages", lang)
+		case n < 0:
+			p.add(key, "", "must not be negative, got %d", n)
+		}
+		warm += max(n, 0)
+	}
+	if warm > s.MaxSandboxes && s.MaxSandboxes >= 1 {
+		p.add("sandbox.pool", "", "%d warm sandboxes exceed sandbox.max_sandboxes %d", warm, s.MaxSandboxes)
+	}
+	switch {
+	case !path.IsAbs(s.CgroupParent):
+		p.add("sandbox.cgroup_parent", "", "must be an absolute cgroup path, got %q", s.CgroupParent)
+	case s.CgroupParent == "/":
+		p.add("sandbox.cgroup_parent", "", "must not be the root cgroup")
+	case path.Clean(s.CgroupParent) != s.CgroupParent:
+		p.add("sandbox.cgroup_parent", "", "%q is not a clean path (did you mean %q?)", s.CgroupParent, path.Clean(s.CgroupParent))
+	}
+}
+
+// limit checks a default against its floor and against its cap, whose key is
+// the default's with "max_" in front of the last element.
+func limit[T cmp.Ordered](p *problems, key string, def, capValue, floor T) {
+	i := strings.LastIndexByte(key, '.')
+	capKey := key[:i+1] + "max_" + key[i+1:]
+	switch {
+	case def < floor:
+		p.add(key, "", "%v is below the minimum of %v", def, floor)
+	case def > capValue:
+		p.add(key, "", "%v exceeds %s %v", def, capKey, capValue)
+	}
+}
+
+func (n *Network) validate(p *problems) {
+	// Linux interface names: at most IFNAMSIZ-1 bytes, no '/', ':' or spaces
+	// (dev_valid_name in the kernel).
+	if n.Bridge == "" || len(n.Bridge) > 15 || n.Bridge == "." || n.Bridge == ".." ||
+		strings.ContainsAny(n.Bridge, "/: \t\n") {
+		p.add("network.bridge", "", "invalid interface name %q (1 to 15 characters, no '/', ':' or spaces)", n.Bridge)
+	}
+	if pfx, ok := p.cidr("network.subnet", n.Subnet); ok {
+		switch {
+		case !pfx.Addr().Is4():
+			p.add("network.subnet", "", "must be an IPv4 CIDR, got %q", n.Subnet)
+		case pfx.Bits() > 30: // the bridge's address and at least one sandbox
+			p.add("network.subnet", "", "%q is too small (use a /30 or larger)", n.Subnet)
+		}
+	}
+	p.oneOf("network.default_mode", n.DefaultMode, "none", "egress", "allowlist")
+	for i, d := range n.Deny {
+		p.cidr(fmt.Sprintf("network.deny[%d]", i), d)
+	}
+	for i, d := range n.DNS {
+		if _, err := netip.ParseAddr(d); err != nil {
+			p.add(fmt.Sprintf("network.dns[%d]", i), "", "invalid IP address %q", d)
+		}
+	}
+}
+
+func (im *Images) validate(p *problems) {
+	if im.Mirror != "" {
+		p.httpURL("images.mirror", im.Mirror)
+	}
+	if !plainName.MatchString(im.Suite) {
+		p.add("images.suite", "", "invalid suite name %q", im.Suite)
+	}
+	seen := make(map[string]bool)
+	for i, l := range im.Languages {
+		key := fmt.Sprintf("images.languages[%d]", i)
+		switch {
+		case !plainName.MatchString(l):
+			p.add(key, "", "invalid language name %q", l)
+		case seen[l]:
+			p.add(key, "", "language %q listed twice", l)
+		}
+		seen[l] = true
+	}
+}
+
+func (a *Autofix) validate(p *problems) {
+	p.oneOf("autofix.provider", a.Provider, "client", "anthropic", "command")
+	if a.MaxRetries < 0 {
+		p.add("autofix.max_retries", "", "must not be negative, got %d", a.MaxRetries)
+	}
+	if a.Timeout <= 0 {
+		p.add("autofix.timeout", "", "must be greater than 0")
+	}
+	p.oneOf("autofix.success", a.Success, "exit_zero_and_empty_stderr", "exit_zero")
+	if a.BaseURL != "" {
+		p.httpURL("autofix.base_url", a.BaseURL)
+	}
+	if a.APIKeyEnv != "" && !envName.MatchString(a.APIKeyEnv) {
+		p.add("autofix.api_key_env", "", "invalid environment variable name %q", a.APIKeyEnv)
+	}
+	if a.APIKeyFile != "" {
+		p.absPath("autofix.api_key_file", a.APIKeyFile)
+	}
+	switch a.Provider {
+	case "anthropic":
+		if a.APIKeyEnv == "" && a.APIKeyFile == "" {
+			p.add("autofix.api_key_env", "", "required when autofix.provider is anthropic (or set autofix.api_key_file)")
+		}
+	case "command":
+		if len(a.Command) == 0 {
+			p.add("autofix.command", "", "required when autofix.provider is command")
+		}
+	}
+}
+
+func (v *VM) validate(p *problems) {
+	if v.QEMU == "" || (strings.ContainsRune(v.QEMU, '/') && !filepath.IsAbs(v.QEMU)) {
+		p.add("vm.qemu", "", "must be a program name or an absolute path, got %q", v.QEMU)
+	}
+	p.oneOf("vm.accel", v.Accel, "auto", "kvm", "tcg")
+	for _, name := range slices.Sorted(maps.Keys(v.Images)) {
+		key := "vm.images." + name
+		if !plainName.MatchString(name) {
+			p.add(key, "", "invalid OS name %q", name)
+			continue
+		}
+		p.absPath(key, v.Images[name])
+	}
+	if v.MaxVMs < 0 {
+		p.add("vm.max_vms", "", "must not be negative (0 disables VMs), got %d", v.MaxVMs)
+	}
+}
+
+func (l *Log) validate(p *problems) {
+	p.oneOf("log.level", l.Level, "debug", "info", "warn", "error")
+	p.oneOf("log.format", l.Format, "json", "text")
+}
+
+func (p *problems) absPath(key, v string) {
+	switch {
+	case v == "":
+		p.add(key, "", "required (an absolute path)")
+	case !filepath.IsAbs(v):
+		p.add(key, "", "must be an absolute path, got %q", v)
+	}
+}
+
+func (p *problems) oneOf(key, v string, allowed ...string) {
+	if !slices.Contains(allowed, v) {
+		p.add(key, "", "invalid value %q (use %s)", v, strings.Join(allowed, ", "))
+	}
+}
+
+// cidr checks that v is a CIDR without host bits and returns it.
+func (p *problems) cidr(key, v string) (netip.Prefix, bool) {
+	pfx, err := netip.ParsePrefix(v)
+	switch {
+	case err != nil:
+		p.add(key, "", "invalid CIDR %q (e.g. 10.0.0.0/8)", v)
+		return pfx, false
+	case pfx != pfx.Masked():
+		// 10.1.2.3/8 is almost always a typo for 10.0.0.0/8; guessing
+		// either way could open or close more than intended.
+		p.add(key, "", "%q has host bits set (did you mean %q?)", v, pfx.Masked().String())
+		return pfx, false
+	}
+	return pfx, true
+}
+
+func (p *problems) hostPort(key, v string) {
+	_, port, err := net.SplitHostPort(v)
+	if err != nil {
+		p.add(key, "", "invalid address %q (use host:port, e.g. 127.0.0.1:7070)", v)
+		return
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		p.add(key, "", "invalid port %q (use 1 to 65535)", port)
+	}
+}
+
+func (p *problems) httpURL(key, v string) {
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		p.add(key, "", "invalid URL %q (use http:// or https://)", v)
+	}
+}

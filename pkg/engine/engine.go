@@ -1,0 +1,384 @@
+// Package engine is SandboxRunner's one API. Every operation — creating a
+// sandbox, running a command, moving files — is implemented here once and
+// called by every front end: the MCP tools, the REST API and sandboxctl (through
+// REST). The engine validates input (every error names its field and carries a
+// taxonomy code from pkg/errdefs), applies the configured defaults and caps,
+// and delegates to the lifecycle packages below it.
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+)
+
+// Engine wires the stores, the runtime and the sandbox manager together.
+type Engine struct {
+	cfg       *config.Config
+	log       *slog.Logger
+	store     *store.Store
+	images    *image.Store
+	recipes   map[string]*image.Recipe
+	runtime   *runtime.Runtime
+	sandboxes *sandbox.Manager
+	seccomp   seccomp.Support
+	started   time.Time
+}
+
+// New opens the state directory and starts the engine's background work. The
+// caller must hold the state directory's lock (see cmd/mcp-sandboxd).
+func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	e := &Engine{cfg: cfg, log: log, seccomp: seccomp.Check(), started: time.Now()}
+	var err error
+	if e.store, err = store.Open(ctx, filepath.Join(cfg.Paths.StateDir, "state.db")); err != nil {
+		return nil, fmt.Errorf("open state database: %w", err)
+	}
+	cleanup := func() { _ = e.store.Close() }
+	if e.images, err = image.OpenStore(e.imagesDir()); err != nil {
+		cleanup()
+		return nil, fmt.Errorf("open image store: %w", err)
+	}
+	if e.recipes, err = image.LoadRecipes(cfg.Paths.RecipesDir); err != nil {
+		cleanup()
+		return nil, fmt.Errorf("load recipes: %w", err)
+	}
+	if e.runtime, err = runtime.New(filepath.Join(cfg.Paths.RunDir, "runtime"), log); err != nil {
+		cleanup()
+		return nil, err
+	}
+	prof, err := e.loadSeccomp()
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	e.sandboxes, err = sandbox.NewManager(sandbox.Options{
+		Store: e.store, Images: e.images, Runtime: e.runtime, Seccomp: prof,
+		AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, CgroupParent: cfg.Sandbox.CgroupParent,
+		MaxSandboxes: cfg.Sandbox.MaxSandboxes, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
+		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: log,
+	})
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	e.sandboxes.Start()
+	return e, nil
+}
+
+func (e *Engine) imagesDir() string {
+	if e.cfg.Paths.ImagesDir != "" {
+		return e.cfg.Paths.ImagesDir
+	}
+	return filepath.Join(e.cfg.Paths.StateDir, "images")
+}
+
+// loadSeccomp resolves the configured profile. A profile that cannot be
+// enforced is not an error here: sandbox creation refuses instead, and
+// readiness reports why, so an operator can still reach the daemon.
+func (e *Engine) loadSeccomp() (*specs.LinuxSeccomp, error) {
+	name := e.cfg.Sandbox.SeccompProfile
+	if name == seccomp.Unconfined {
+		e.log.Warn("seccomp is turned off by configuration (sandbox.seccomp_profile: unconfined)")
+		return nil, nil
+	}
+	prof, err := seccomp.Load(e.cfg.Paths.SeccompDir, name, runtime.AgentCapabilities)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox.seccomp_profile: %w", err)
+	}
+	if !e.seccomp.OK() {
+		e.log.Error("seccomp cannot be enforced; sandboxes will not start", "reason", e.seccomp.Reason)
+	}
+	return prof, nil
+}
+
+// Close stops background work. Sandboxes keep running; a restarted daemon
+// adopts them.
+func (e *Engine) Close() error {
+	e.sandboxes.Close()
+	return e.store.Close()
+}
+
+// Config returns the engine's configuration.
+func (e *Engine) Config() *config.Config { return e.cfg }
+
+// SeccompSupport reports whether seccomp can be enforced.
+func (e *Engine) SeccompSupport() seccomp.Support { return e.seccomp }
+
+// CreateSandboxRequest is the input of sandbox_create.
+type CreateSandboxRequest struct {
+	Language   string            `json:"language,omitempty"`
+	Image      string            `json:"image,omitempty"`
+	MemoryMB   *int64            `json:"memory_mb,omitempty"`
+	CPUs       *float64          `json:"cpus,omitempty"`
+	Pids       *int64            `json:"pids,omitempty"`
+	DiskMB     *int64            `json:"disk_mb,omitempty"`
+	Network    string            `json:"network,omitempty"`
+	Allow      []string          `json:"allow,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	TTLSeconds *int64            `json:"ttl_seconds,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+}
+
+const mib = 1 << 20
+
+// Minimums below which a sandbox cannot even start its agent.
+const (
+	minMemory = 16 * mib
+	minDisk   = 16 * mib
+	minPids   = 16
+)
+
+// CreateSandbox validates req, applies defaults and caps, and starts a sandbox.
+func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*sandbox.Info, error) {
+	spec, err := e.sandboxSpec(req)
+	if err != nil {
+		return nil, err
+	}
+	if e.cfg.Sandbox.SeccompProfile != seccomp.Unconfined && !e.seccomp.OK() {
+		return nil, errdefs.Unavailablef("seccomp cannot be enforced (%s); refusing to start sandboxes unless sandbox.seccomp_profile is \"unconfined\"", e.seccomp.Reason)
+	}
+	return e.sandboxes.Create(ctx, *spec)
+}
+
+func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
+	sc := e.cfg.Sandbox
+	imageName := req.Image
+	if imageName == "" {
+		imageName = req.Language
+	}
+	if imageName == "" {
+		return nil, errdefs.Invalidf("language: required (one of %s)", strings.Join(e.knownImages(), ", "))
+	}
+	if !e.imageKnown(imageName) {
+		field := "image"
+		if req.Image == "" {
+			field = "language"
+		}
+		return nil, errdefs.Invalidf("%s: unknown image %q (known: %s)", field, imageName, strings.Join(e.knownImages(), ", "))
+	}
+	lang := req.Language
+	if lang == "" {
+		lang = imageName
+	}
+	spec := &sandbox.Spec{
+		Language: lang, Image: imageName, UID: sc.User,
+		Limits: sandbox.Limits{
+			MemoryBytes: int64(sc.Memory), CPUs: sc.CPUs, Pids: sc.Pids, DiskBytes: int64(sc.Disk),
+		},
+		Env: req.Env, Labels: req.Labels,
+	}
+	if req.MemoryMB != nil {
+		if err := checkRange("memory_mb", *req.MemoryMB*mib, minMemory, int64(sc.MaxMemory), mib); err != nil {
+			return nil, err
+		}
+		spec.Limits.MemoryBytes = *req.MemoryMB * mib
+	}
+	if req.DiskMB != nil {
+		if err := checkRange("disk_mb", *req.DiskMB*mib, minDisk, int64(sc.MaxDisk), mib); err != nil {
+			return nil, err
+		}
+		spec.Limits.DiskBytes = *req.DiskMB * mib
+	}
+	if req.Pids != nil {
+		if err := checkRange("pids", *req.Pids, minPids, sc.MaxPids, 1); err != nil {
+			return nil, err
+		}
+		spec.Limits.Pids = *req.Pids
+	}
+	if req.CPUs != nil {
+		c := *req.CPUs
+		if !(c >= 0.01) { // also rejects NaN
+			return nil, errdefs.Invalidf("cpus: must be at least 0.01, got %v", c)
+		}
+		if c > sc.MaxCPUs {
+			return nil, errdefs.Invalidf("cpus: %v exceeds the maximum %v", c, sc.MaxCPUs)
+		}
+		spec.Limits.CPUs = c
+	}
+	switch req.Network {
+	case "", "none":
+		spec.Network = "none"
+	case "egress", "allowlist":
+		return nil, errdefs.Unavailablef("network: mode %q is not available yet; only \"none\"", req.Network)
+	default:
+		return nil, errdefs.Invalidf("network: must be none, egress or allowlist, got %q", req.Network)
+	}
+	if len(req.Allow) > 0 && req.Network != "allowlist" {
+		return nil, errdefs.Invalidf("allow: only valid with network \"allowlist\"")
+	}
+	if req.TTLSeconds != nil {
+		if *req.TTLSeconds <= 0 {
+			return nil, errdefs.Invalidf("ttl_seconds: must be positive, got %d", *req.TTLSeconds)
+		}
+		ttl := time.Duration(*req.TTLSeconds) * time.Second
+		if max := sc.MaxLifetime.D(); max > 0 && ttl > max {
+			return nil, errdefs.Invalidf("ttl_seconds: %d exceeds sandbox.max_lifetime %s", *req.TTLSeconds, max)
+		}
+		spec.TTL = ttl
+	}
+	if err := checkEnv("env", req.Env); err != nil {
+		return nil, err
+	}
+	if err := checkLabels(req.Labels); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+func checkRange(field string, v, min, max, unit int64) error {
+	if v < min {
+		return errdefs.Invalidf("%s: must be at least %d, got %d", field, min/unit, v/unit)
+	}
+	if max > 0 && v > max {
+		return errdefs.Invalidf("%s: %d exceeds the maximum %d", field, v/unit, max/unit)
+	}
+	return nil
+}
+
+func checkEnv(field string, env map[string]string) error {
+	if len(env) > 256 {
+		return errdefs.Invalidf("%s: at most 256 variables", field)
+	}
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || len(k) > 256 {
+			return errdefs.Invalidf("%s: invalid variable name %q", field, k)
+		}
+		if strings.ContainsRune(v, 0) || len(v) > 32<<10 {
+			return errdefs.Invalidf("%s.%s: value contains NUL or exceeds 32 KiB", field, k)
+		}
+	}
+	return nil
+}
+
+func checkLabels(labels map[string]string) error {
+	if len(labels) > 64 {
+		return errdefs.Invalidf("labels: at most 64 labels")
+	}
+	for k, v := range labels {
+		if k == "" || len(k) > 128 || strings.ContainsRune(k, 0) {
+			return errdefs.Invalidf("labels: invalid key %q", k)
+		}
+		if len(v) > 1024 || strings.ContainsRune(v, 0) {
+			return errdefs.Invalidf("labels.%s: value contains NUL or exceeds 1024 bytes", k)
+		}
+	}
+	return nil
+}
+
+func (e *Engine) imageKnown(name string) bool {
+	if _, ok := e.recipes[name]; ok {
+		return true
+	}
+	_, err := e.images.Get(name)
+	return err == nil
+}
+
+func (e *Engine) knownImages() []string {
+	seen := map[string]bool{}
+	for n := range e.recipes {
+		seen[n] = true
+	}
+	if imgs, err := e.images.List(); err == nil {
+		for _, i := range imgs {
+			seen[i.Name] = true
+		}
+	}
+	names := make([]string, 0, len(seen))
+	for n := range seen {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// SandboxDetail is a sandbox with its live usage (sandbox_get).
+type SandboxDetail struct {
+	*sandbox.Info
+	Usage *sandbox.Usage `json:"usage,omitempty"`
+}
+
+// GetSandbox describes a sandbox; live ones include their usage.
+func (e *Engine) GetSandbox(ctx context.Context, id string) (*SandboxDetail, error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	info, err := e.sandboxes.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	d := &SandboxDetail{Info: info}
+	if info.State.Live() && info.State != sandbox.StateCreating {
+		if u, err := e.sandboxes.Usage(ctx, id); err == nil {
+			d.Usage = u
+		}
+	}
+	return d, nil
+}
+
+// ListSandboxes lists sandboxes in state (all live ones when empty; "all" for
+// every state).
+func (e *Engine) ListSandboxes(ctx context.Context, state string) ([]*sandbox.Info, error) {
+	switch {
+	case state == "":
+		return e.sandboxes.List(ctx)
+	case state == "all":
+		return e.sandboxes.List(ctx, sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StateTerminated, sandbox.StateFailed)
+	case sandbox.State(state).Valid():
+		return e.sandboxes.List(ctx, sandbox.State(state))
+	}
+	return nil, errdefs.Invalidf("state: must be one of creating, ready, running, terminated, failed, all; got %q", state)
+}
+
+// TerminateSandbox stops a sandbox and removes every trace of it.
+func (e *Engine) TerminateSandbox(ctx context.Context, id string) (*sandbox.Info, error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	return e.sandboxes.Terminate(ctx, id, "terminated by request")
+}
+
+func checkSandboxID(id string) error {
+	if id == "" {
+		return errdefs.Invalidf("sandbox_id: required")
+	}
+	if len(id) > 64 || strings.ContainsAny(id, "/\x00 ") {
+		return errdefs.Invalidf("sandbox_id: malformed %q", id)
+	}
+	return nil
+}
+
+// EnsureImage builds the image for recipe name unless an image with the
+// recipe's digest exists already.
+func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*image.Image, error) {
+	r, ok := e.recipes[name]
+	if !ok {
+		return nil, errdefs.Invalidf("language: no recipe %q (known: %s)", name, strings.Join(e.knownImages(), ", "))
+	}
+	b := &image.Builder{Store: e.images, Mirror: e.cfg.Images.Mirror, Suite: e.cfg.Images.Suite, Log: log}
+	img, err := b.Ensure(ctx, r)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "build image %s", name)
+	}
+	return img, nil
+}
+
+// Images lists the built images.
+func (e *Engine) Images() ([]*image.Image, error) { return e.images.List() }

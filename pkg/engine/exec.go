@@ -1,0 +1,303 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"math"
+	"path"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+)
+
+// ExecRequest is the input of exec_command.
+type ExecRequest struct {
+	SandboxID      string            `json:"sandbox_id"`
+	Command        string            `json:"command,omitempty"` // run with /bin/sh -c
+	Argv           []string          `json:"argv,omitempty"`
+	Cwd            string            `json:"cwd,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	Stdin          string            `json:"stdin,omitempty"`
+	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty"`
+	// MaxOutputBytes caps each stream in the result (front ends size their
+	// answers with it); 0 means the configured output limit.
+	MaxOutputBytes int64 `json:"-"`
+}
+
+const maxStdin = 16 << 20
+
+// Exec runs a command in a sandbox and waits for it. onOutput, if not nil,
+// receives output as it arrives.
+func (e *Engine) Exec(ctx context.Context, req ExecRequest, onOutput sandbox.OutputFunc) (*sandbox.ExecResult, error) {
+	spec, err := e.execSpec(req)
+	if err != nil {
+		return nil, err
+	}
+	return e.sandboxes.Exec(ctx, req.SandboxID, *spec, onOutput)
+}
+
+func (e *Engine) execSpec(req ExecRequest) (*sandbox.ExecSpec, error) {
+	if err := checkSandboxID(req.SandboxID); err != nil {
+		return nil, err
+	}
+	var argv []string
+	switch {
+	case req.Command != "" && len(req.Argv) > 0:
+		return nil, errdefs.Invalidf("command: give either command or argv, not both")
+	case req.Command != "":
+		if strings.ContainsRune(req.Command, 0) {
+			return nil, errdefs.Invalidf("command: contains a NUL byte")
+		}
+		argv = []string{"/bin/sh", "-c", req.Command}
+	case len(req.Argv) > 0:
+		if req.Argv[0] == "" {
+			return nil, errdefs.Invalidf("argv[0]: empty program name")
+		}
+		for i, a := range req.Argv {
+			if strings.ContainsRune(a, 0) {
+				return nil, errdefs.Invalidf("argv[%d]: contains a NUL byte", i)
+			}
+		}
+		argv = req.Argv
+	default:
+		return nil, errdefs.Invalidf("command: required (or a non-empty argv)")
+	}
+	sc := e.cfg.Sandbox
+	spec := &sandbox.ExecSpec{Argv: argv, Env: req.Env, Timeout: sc.ExecTimeout.D(), MaxResultBytes: req.MaxOutputBytes}
+	if req.Cwd != "" {
+		if err := checkPath("cwd", req.Cwd); err != nil {
+			return nil, err
+		}
+		spec.Cwd = req.Cwd
+	}
+	if err := checkEnv("env", req.Env); err != nil {
+		return nil, err
+	}
+	if len(req.Stdin) > maxStdin {
+		return nil, errdefs.Invalidf("stdin: %d bytes exceeds the maximum %d", len(req.Stdin), maxStdin)
+	}
+	if req.Stdin != "" {
+		spec.Stdin = []byte(req.Stdin)
+	}
+	if req.TimeoutSeconds != nil {
+		t := *req.TimeoutSeconds
+		if !(t > 0) || math.IsInf(t, 0) {
+			return nil, errdefs.Invalidf("timeout_seconds: must be positive, got %v", t)
+		}
+		d := time.Duration(t * float64(time.Second))
+		if max := sc.MaxExecTimeout.D(); max > 0 && d > max {
+			return nil, errdefs.Invalidf("timeout_seconds: %v exceeds the maximum %s", t, max)
+		}
+		spec.Timeout = d
+	}
+	return spec, nil
+}
+
+// checkPath validates a path inside a sandbox: absolute, clean of NULs and
+// within the length limits. ".." components are resolved lexically here and
+// again, against the sandbox's own root, by the agent.
+func checkPath(field, p string) error {
+	switch {
+	case p == "":
+		return errdefs.Invalidf("%s: required", field)
+	case strings.ContainsRune(p, 0):
+		return errdefs.Invalidf("%s: contains a NUL byte", field)
+	case !strings.HasPrefix(p, "/"):
+		return errdefs.Invalidf("%s: must be an absolute path, got %q", field, p)
+	case len(p) > 4096:
+		return errdefs.Invalidf("%s: longer than 4096 bytes", field)
+	}
+	return nil
+}
+
+// FileWriteRequest is the input of file_write.
+type FileWriteRequest struct {
+	SandboxID string `json:"sandbox_id"`
+	Path      string `json:"path"`
+	Content   string `json:"content"`
+	Encoding  string `json:"encoding,omitempty"` // utf-8 (default) or base64
+	Mode      string `json:"mode,omitempty"`     // octal, e.g. "0755"
+	Append    bool   `json:"append,omitempty"`
+}
+
+// FileResult is the outcome of file_write and file_delete.
+type FileResult struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+}
+
+// MaxFileBytes is the largest single file transfer.
+const MaxFileBytes = 256 << 20
+
+// WriteFile writes a file in a sandbox.
+func (e *Engine) WriteFile(ctx context.Context, req FileWriteRequest) (*FileResult, error) {
+	if err := checkSandboxID(req.SandboxID); err != nil {
+		return nil, err
+	}
+	if err := checkPath("path", req.Path); err != nil {
+		return nil, err
+	}
+	var data []byte
+	switch req.Encoding {
+	case "", "utf-8", "utf8":
+		if !utf8.ValidString(req.Content) {
+			return nil, errdefs.Invalidf("content: not valid UTF-8 (use encoding base64)")
+		}
+		data = []byte(req.Content)
+	case "base64":
+		var err error
+		if data, err = base64.StdEncoding.DecodeString(req.Content); err != nil {
+			return nil, errdefs.Invalidf("content: invalid base64: %v", err)
+		}
+	default:
+		return nil, errdefs.Invalidf("encoding: must be utf-8 or base64, got %q", req.Encoding)
+	}
+	mode, err := parseMode(req.Mode)
+	if err != nil {
+		return nil, err
+	}
+	return e.WriteFileFrom(ctx, req.SandboxID, req.Path, mode, req.Append, int64(len(data)), bytes.NewReader(data))
+}
+
+// WriteFileFrom writes size bytes from r to path in a sandbox (uploads).
+func (e *Engine) WriteFileFrom(ctx context.Context, id, p string, mode uint32, appendTo bool, size int64, r interface{ Read([]byte) (int, error) }) (*FileResult, error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	if err := checkPath("path", p); err != nil {
+		return nil, err
+	}
+	if size > MaxFileBytes {
+		return nil, errdefs.Invalidf("content: %d bytes exceeds the maximum %d", size, MaxFileBytes)
+	}
+	fi, err := e.sandboxes.WriteFile(ctx, id, agent.WriteFileRequest{Path: p, Mode: mode, Append: appendTo, Size: size, MkdirParents: true}, r)
+	if err != nil {
+		return nil, err
+	}
+	return &FileResult{Path: fi.Path, Size: fi.Size}, nil
+}
+
+func parseMode(s string) (uint32, error) {
+	if s == "" {
+		return 0o644, nil
+	}
+	var m uint32
+	for _, c := range strings.TrimPrefix(s, "0o") {
+		if c < '0' || c > '7' {
+			return 0, errdefs.Invalidf("mode: must be octal like \"0644\", got %q", s)
+		}
+		m = m*8 + uint32(c-'0')
+		if m > 0o7777 {
+			return 0, errdefs.Invalidf("mode: %q out of range", s)
+		}
+	}
+	return m &^ 0o6000, nil // never setuid/setgid
+}
+
+// FileReadRequest is the input of file_read.
+type FileReadRequest struct {
+	SandboxID string `json:"sandbox_id"`
+	Path      string `json:"path"`
+	Encoding  string `json:"encoding,omitempty"` // utf-8 (default) or base64
+	Offset    int64  `json:"offset,omitempty"`
+	MaxBytes  int64  `json:"max_bytes,omitempty"`
+}
+
+// FileReadResult is the outcome of file_read.
+type FileReadResult struct {
+	Path      string `json:"path"`
+	Content   string `json:"content"`
+	Encoding  string `json:"encoding"`
+	Size      int64  `json:"size"`
+	Truncated bool   `json:"truncated"`
+}
+
+// DefaultReadBytes is file_read's default max_bytes.
+const DefaultReadBytes = 1 << 20
+
+// ReadFile reads (part of) a file in a sandbox. Content that is not valid
+// UTF-8 comes back base64-encoded whatever the requested encoding, and says so.
+func (e *Engine) ReadFile(ctx context.Context, req FileReadRequest) (*FileReadResult, error) {
+	raw, err := e.ReadFileRaw(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	enc := req.Encoding
+	if enc == "" || enc == "utf8" {
+		enc = "utf-8"
+	}
+	res := &FileReadResult{Path: raw.Path, Size: raw.Size, Truncated: raw.Truncated, Encoding: enc}
+	if enc == "utf-8" && utf8.Valid(raw.Data) {
+		res.Content = string(raw.Data)
+	} else {
+		res.Encoding, res.Content = "base64", base64.StdEncoding.EncodeToString(raw.Data)
+	}
+	return res, nil
+}
+
+// ReadFileRaw reads (part of) a file in a sandbox as bytes (downloads).
+func (e *Engine) ReadFileRaw(ctx context.Context, req FileReadRequest) (*agent.FileData, error) {
+	if err := checkSandboxID(req.SandboxID); err != nil {
+		return nil, err
+	}
+	if err := checkPath("path", req.Path); err != nil {
+		return nil, err
+	}
+	switch req.Encoding {
+	case "", "utf-8", "utf8", "base64":
+	default:
+		return nil, errdefs.Invalidf("encoding: must be utf-8 or base64, got %q", req.Encoding)
+	}
+	if req.Offset < 0 {
+		return nil, errdefs.Invalidf("offset: must not be negative")
+	}
+	max := req.MaxBytes
+	switch {
+	case max < 0:
+		return nil, errdefs.Invalidf("max_bytes: must not be negative")
+	case max == 0:
+		max = DefaultReadBytes
+	case max > MaxFileBytes:
+		return nil, errdefs.Invalidf("max_bytes: exceeds the maximum %d", MaxFileBytes)
+	}
+	return e.sandboxes.ReadFile(ctx, req.SandboxID, req.Path, req.Offset, max)
+}
+
+// FileEntry is one file_list entry.
+type FileEntry = agent.FileInfo
+
+// ListFiles lists a directory in a sandbox (default /workspace).
+func (e *Engine) ListFiles(ctx context.Context, id, p string, recursive bool) ([]FileEntry, error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	if p == "" {
+		p = "/workspace"
+	}
+	if err := checkPath("path", p); err != nil {
+		return nil, err
+	}
+	return e.sandboxes.ListFiles(ctx, id, path.Clean(p), recursive)
+}
+
+// DeleteFile deletes a file (or, with recursive, a directory tree) in a sandbox.
+func (e *Engine) DeleteFile(ctx context.Context, id, p string, recursive bool) (*FileResult, error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	if err := checkPath("path", p); err != nil {
+		return nil, err
+	}
+	if path.Clean(p) == "/" {
+		return nil, errdefs.Invalidf("path: refusing to delete /")
+	}
+	if err := e.sandboxes.DeleteFile(ctx, id, p, recursive); err != nil {
+		return nil, err
+	}
+	return &FileResult{Path: p}, nil
+}

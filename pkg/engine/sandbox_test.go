@@ -1,0 +1,542 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func (env *testEnv) create(t *testing.T, req CreateSandboxRequest) *sandbox.Info {
+	t.Helper()
+	if req.Language == "" && req.Image == "" {
+		req.Language = "shell"
+	}
+	info, err := env.CreateSandbox(context.Background(), req)
+	if err != nil {
+		t.Fatalf("create sandbox: %v", err)
+	}
+	return info
+}
+
+func (env *testEnv) sh(t *testing.T, id, script string, timeout ...float64) *sandbox.ExecResult {
+	t.Helper()
+	req := ExecRequest{SandboxID: id, Command: script}
+	if len(timeout) > 0 {
+		req.TimeoutSeconds = &timeout[0]
+	}
+	res, err := env.Exec(context.Background(), req, nil)
+	if err != nil {
+		t.Fatalf("exec %q: %v", script, err)
+	}
+	return res
+}
+
+func TestLifecycle(t *testing.T) {
+	env := newTestEngine(t)
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{})
+	if info.State != sandbox.StateReady {
+		t.Fatalf("state after create = %s, want ready", info.State)
+	}
+	res := env.sh(t, info.ID, "echo hi; exit 3")
+	if res.Stdout != "hi\n" || res.ExitCode != 3 || res.Termination.Cause != sandbox.CauseExited {
+		t.Fatalf("exec = stdout %q exit %d cause %s, want \"hi\\n\" 3 exited", res.Stdout, res.ExitCode, res.Termination.Cause)
+	}
+	if res.Termination.ExitCode == nil || *res.Termination.ExitCode != 3 {
+		t.Errorf("termination.exit_code = %v, want 3", res.Termination.ExitCode)
+	}
+	res = env.sh(t, info.ID, "echo out; echo err >&2")
+	if res.Stdout != "out\n" || res.Stderr != "err\n" {
+		t.Errorf("streams = %q / %q", res.Stdout, res.Stderr)
+	}
+	sbDir := filepath.Join(env.cfg.Paths.RunDir, "sandboxes", info.ID)
+	if _, err := os.Stat(sbDir); err != nil {
+		t.Fatalf("sandbox dir missing while live: %v", err)
+	}
+	if !cgroups.Exists(info.CgroupPath) {
+		t.Fatalf("cgroup %s missing while live", info.CgroupPath)
+	}
+	got, err := env.GetSandbox(ctx, info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Usage == nil || got.Usage.MemoryBytes == 0 || got.Usage.Pids == 0 {
+		t.Errorf("usage not reported: %+v", got.Usage)
+	}
+
+	term, err := env.TerminateSandbox(ctx, info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if term.State != sandbox.StateTerminated || term.TerminatedAt == nil {
+		t.Fatalf("after terminate: %+v", term)
+	}
+	if cgroups.Exists(info.CgroupPath) {
+		t.Errorf("cgroup %s left behind", info.CgroupPath)
+	}
+	if _, err := os.Stat(sbDir); !os.IsNotExist(err) {
+		t.Errorf("sandbox dir left behind: %v", err)
+	}
+	if m := mountsUnder(t, env.cfg.Paths.RunDir); len(m) > 0 {
+		t.Errorf("mounts left behind: %v", m)
+	}
+	if _, err := os.Stat(filepath.Join(env.cfg.Paths.RunDir, "runtime", info.ID)); !os.IsNotExist(err) {
+		t.Errorf("libcontainer state left behind: %v", err)
+	}
+	// Terminate is idempotent.
+	if again, err := env.TerminateSandbox(ctx, info.ID); err != nil || again.State != sandbox.StateTerminated {
+		t.Errorf("second terminate = %v, %v", again, err)
+	}
+
+	// The state machine's path is persisted as events.
+	evs, err := env.store.Events(ctx, info.ID, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var path []string
+	for _, e := range evs {
+		path = append(path, e.To)
+	}
+	want := "creating ready running ready running ready terminated"
+	if strings.Join(path, " ") != want {
+		t.Errorf("events = %v, want %s", path, want)
+	}
+}
+
+func TestIsolation(t *testing.T) {
+	env := newTestEngine(t)
+	info := env.create(t, CreateSandboxRequest{})
+	id := info.ID
+	checks := []struct {
+		name, script, want string
+	}{
+		{"uid", "id -u", "1000"},
+		{"gid", "id -g", "1000"},
+		{"no effective capabilities", "grep CapEff /proc/self/status | cut -f2", "0000000000000000"},
+		{"no ambient capabilities", "grep CapAmb /proc/self/status | cut -f2", "0000000000000000"},
+		{"no_new_privs", "grep NoNewPrivs /proc/self/status | cut -f2", "1"},
+		{"seccomp filter", "grep '^Seccomp:' /proc/self/status | cut -f2", "2"},
+		{"hostname is the id", "hostname", id},
+		{"pid 1 is the agent", "tr '\\0' ' ' </proc/1/cmdline | cut -d' ' -f1", "/.sandboxd/agent"},
+		{"own pid namespace", "ls /proc | grep -c '^[0-9]' | awk '{print ($1 < 10) ? \"few\" : \"many\"}'", "few"},
+		{"root read-only", "touch /rootfile 2>&1 | grep -c 'Read-only file system'", "1"},
+		{"usr read-only", "touch /usr/x 2>&1 | grep -c 'Read-only file system'", "1"},
+		{"workspace writable", "echo a > /workspace/a && cat /workspace/a", "a"},
+		{"tmp writable", "echo b > /tmp/b && cat /tmp/b", "b"},
+		// mount(2) and keyctl(2) through perl's syscall (perl-base is
+		// essential in Debian), so the checks do not depend on which tools
+		// the image ships: the kernel's answer is what matters.
+		{"mount denied", `perl -e 'my ($s, $d, $t) = ("none", "/tmp", "tmpfs"); $r = syscall(165, $s, $d, $t, 0, 0); print $r < 0 ? "denied:" . ($!+0) : "allowed"'`, "denied:1"},
+		{"unshare -U denied", "unshare -U true 2>/dev/null; echo $?", "1"},
+		// keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING): seccomp refuses it.
+		{"keyctl denied", `perl -e '$r = syscall(250, 0, -3, 0); print $r < 0 ? "denied:" . ($!+0) : "allowed"'`, "denied:1"},
+		{"cgroup namespace", "cat /proc/self/cgroup | grep -v ':/$' | wc -l", "0"},
+		{"agent socket unreachable", "ls /.sandboxd/run 2>&1 | grep -c 'Permission denied'", "1"},
+		{"loopback only", "ls /sys/class/net | tr '\\n' ' '", "lo"},
+		{"host processes invisible", fmt.Sprintf("test -e /proc/%d && echo visible || echo hidden", os.Getpid()), "hidden"},
+	}
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
+			res := env.sh(t, id, c.script)
+			if got := strings.TrimSpace(res.Stdout); got != c.want {
+				t.Errorf("%s: got %q (stderr %q, exit %d), want %q", c.script, got, res.Stderr, res.ExitCode, c.want)
+			}
+		})
+	}
+}
+
+func TestMemoryBombOOM(t *testing.T) {
+	env := newTestEngine(t)
+	info := env.create(t, CreateSandboxRequest{MemoryMB: ptr[int64](64)})
+	res := env.sh(t, info.ID, `x=aaaaaaaaaaaaaaaa; while :; do x="$x$x"; done`, 60)
+	if res.Termination.Cause != sandbox.CauseOOM {
+		t.Fatalf("memory bomb: cause %s (%s), exit %d, want oom", res.Termination.Cause, res.Termination.Detail, res.ExitCode)
+	}
+	// The sandbox, and the daemon, carry on.
+	if res := env.sh(t, info.ID, "echo alive"); res.Stdout != "alive\n" {
+		t.Fatalf("after OOM: %q %q", res.Stdout, res.Stderr)
+	}
+	other := env.create(t, CreateSandboxRequest{})
+	if res := env.sh(t, other.ID, "echo ok"); res.Stdout != "ok\n" {
+		t.Fatalf("new sandbox after OOM: %q", res.Stdout)
+	}
+}
+
+func TestForkBombHeldByPidsLimit(t *testing.T) {
+	env := newTestEngine(t)
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{Pids: ptr[int64](32)})
+	pidsNow := func() uint64 {
+		u, err := env.GetSandbox(ctx, info.ID)
+		if err != nil || u.Usage == nil {
+			t.Fatalf("usage: %v", err)
+		}
+		return u.Usage.Pids
+	}
+	// 200 background sleeps: the pids limit refuses most of them and the
+	// shell gives up ("Cannot fork").
+	res := env.sh(t, info.ID, `for i in $(seq 200); do sleep 3 & done; echo all started`, 20)
+	if strings.Contains(res.Stdout, "all started") || !strings.Contains(res.Stderr, "fork") {
+		t.Fatalf("200 forks under pids=32: %+v", res)
+	}
+	if p := pidsNow(); p > 32 || p < 16 {
+		t.Fatalf("pids in use = %d, want the limit of 32 reached, not exceeded", p)
+	}
+	// Once the sleeps end the sandbox is usable again.
+	time.Sleep(3500 * time.Millisecond)
+	if res := env.sh(t, info.ID, "echo alive"); res.Stdout != "alive\n" {
+		t.Fatalf("sandbox unusable after the sleeps ended: %+v", res)
+	}
+	// A classic fork bomb is held at the limit until the sandbox is terminated.
+	env.sh(t, info.ID, `b(){ b|b& }; b`, 3)
+	for i := 0; i < 10; i++ {
+		if p := pidsNow(); p > 32 {
+			t.Fatalf("pids %d over the limit during a fork bomb", p)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if _, err := env.TerminateSandbox(ctx, info.ID); err != nil {
+		t.Fatalf("terminate a fork-bombed sandbox: %v", err)
+	}
+	env.assertNoLeftovers(t)
+}
+
+func TestDiskLimitENOSPC(t *testing.T) {
+	env := newTestEngine(t)
+	info := env.create(t, CreateSandboxRequest{DiskMB: ptr[int64](32)})
+	res := env.sh(t, info.ID, "head -c 64M /dev/zero > /workspace/big; echo rc=$?; ls -s --block-size=1M /workspace/big")
+	if !strings.Contains(res.Stderr, "No space left on device") || !strings.Contains(res.Stdout, "rc=1") {
+		t.Fatalf("writing past the disk limit: stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+	// /tmp shares the same budget.
+	res = env.sh(t, info.ID, "head -c 8M /dev/zero > /tmp/more; echo rc=$?")
+	if !strings.Contains(res.Stdout, "rc=1") {
+		t.Errorf("/tmp write with a full disk: %q %q", res.Stdout, res.Stderr)
+	}
+	res = env.sh(t, info.ID, "rm /workspace/big && head -c 8M /dev/zero > /tmp/more; echo rc=$?")
+	if !strings.Contains(res.Stdout, "rc=0") {
+		t.Errorf("write after freeing space: %q %q", res.Stdout, res.Stderr)
+	}
+}
+
+func TestTimeoutKillsProcessGroup(t *testing.T) {
+	env := newTestEngine(t)
+	info := env.create(t, CreateSandboxRequest{})
+	start := time.Now()
+	res := env.sh(t, info.ID, "sleep 1000 & while true; do :; done", 2)
+	if res.Termination.Cause != sandbox.CauseTimeout {
+		t.Fatalf("cause = %s, want timeout", res.Termination.Cause)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("timeout of 2s took %s", d)
+	}
+	// Nothing of the command survives, not even its background sleep.
+	res = env.sh(t, info.ID, "ps -e -o comm= | grep -c '^sleep$'")
+	if got := strings.TrimSpace(res.Stdout); got != "0" {
+		t.Errorf("sleep processes after timeout: %q", got)
+	}
+	// The cgroup agrees, seen from the host: only the agent is left.
+	procs, err := cgroups.Procs(info.CgroupPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(procs) != 1 {
+		out := env.sh(t, info.ID, "ps -e -o pid,stat,comm")
+		t.Errorf("processes in the sandbox cgroup after timeout = %v, want only the agent:\n%s", procs, out.Stdout)
+	}
+}
+
+func TestCPUQuota(t *testing.T) {
+	env := newTestEngine(t)
+	info := env.create(t, CreateSandboxRequest{CPUs: ptr(0.5)})
+	ctx := context.Background()
+	before, err := env.GetSandbox(ctx, info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res := env.sh(t, info.ID, "while true; do :; done", 4)
+	wall := time.Since(start).Seconds()
+	after, err := env.GetSandbox(ctx, info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Termination.Cause != sandbox.CauseTimeout {
+		t.Fatalf("busy loop: cause %s", res.Termination.Cause)
+	}
+	used := after.Usage.CPUSeconds - before.Usage.CPUSeconds
+	share := used / wall
+	t.Logf("busy loop for %.2fs used %.2f CPU-seconds: %.2f of a core", wall, used, share)
+	if share < 0.35 || share > 0.6 {
+		t.Errorf("CPU share under a 0.5 quota = %.2f, want about 0.5", share)
+	}
+}
+
+func TestConcurrentSandboxes(t *testing.T) {
+	env := newTestEngine(t)
+	ctx := context.Background()
+	const n = 20
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			info, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", MemoryMB: ptr[int64](64)})
+			if err != nil {
+				errs <- fmt.Errorf("create %d: %w", i, err)
+				return
+			}
+			res, err := env.Exec(ctx, ExecRequest{SandboxID: info.ID, Command: fmt.Sprintf("echo %d > /workspace/n; cat /workspace/n; hostname", i)}, nil)
+			if err != nil {
+				errs <- fmt.Errorf("exec %d: %w", i, err)
+			} else if want := fmt.Sprintf("%d\n%s\n", i, info.ID); res.Stdout != want {
+				errs <- fmt.Errorf("sandbox %d: stdout %q, want %q", i, res.Stdout, want)
+			}
+			if _, err := env.TerminateSandbox(ctx, info.ID); err != nil {
+				errs <- fmt.Errorf("terminate %d: %w", i, err)
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	env.assertNoLeftovers(t)
+	live, err := env.ListSandboxes(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(live) != 0 {
+		t.Errorf("%d sandboxes still listed live", len(live))
+	}
+	all, _ := env.ListSandboxes(ctx, "terminated")
+	if len(all) != n {
+		t.Errorf("%d terminated sandboxes recorded, want %d", len(all), n)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	env := newTestEngine(t, func(c *config.Config) { c.Sandbox.MaxSandboxes = 2 })
+	ctx := context.Background()
+	live := env.create(t, CreateSandboxRequest{})
+	dead := env.create(t, CreateSandboxRequest{})
+	if _, err := env.TerminateSandbox(ctx, dead.ID); err != nil {
+		t.Fatal(err)
+	}
+	countBefore, _ := env.store.CountSandboxes(ctx)
+
+	cases := []struct {
+		name string
+		call func() error
+		code errdefs.Code
+		in   string // the message must name this field
+	}{
+		{"unknown image", func() error { _, err := env.CreateSandbox(ctx, CreateSandboxRequest{Image: "nope"}); return err }, errdefs.InvalidArgument, "image"},
+		{"unknown language", func() error { _, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "cobol"}); return err }, errdefs.InvalidArgument, "language"},
+		{"no language", func() error { _, err := env.CreateSandbox(ctx, CreateSandboxRequest{}); return err }, errdefs.InvalidArgument, "language"},
+		{"negative memory", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", MemoryMB: ptr[int64](-5)})
+			return err
+		}, errdefs.InvalidArgument, "memory_mb"},
+		{"memory over cap", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", MemoryMB: ptr[int64](1 << 20)})
+			return err
+		}, errdefs.InvalidArgument, "memory_mb"},
+		{"cpus over cap", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", CPUs: ptr(64.0)})
+			return err
+		}, errdefs.InvalidArgument, "cpus"},
+		{"negative pids", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Pids: ptr[int64](-1)})
+			return err
+		}, errdefs.InvalidArgument, "pids"},
+		{"disk over cap", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", DiskMB: ptr[int64](1 << 30)})
+			return err
+		}, errdefs.InvalidArgument, "disk_mb"},
+		{"bad network", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Network: "bridge"})
+			return err
+		}, errdefs.InvalidArgument, "network"},
+		{"max_sandboxes", func() error {
+			// One live sandbox plus this one would fit, so create one more first.
+			extra, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell"})
+			if err != nil {
+				return fmt.Errorf("unexpected: %w", err)
+			}
+			defer env.TerminateSandbox(ctx, extra.ID)
+			_, err = env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell"})
+			return err
+		}, errdefs.LimitExceeded, "max_sandboxes"},
+		{"exec on terminated", func() error {
+			_, err := env.Exec(ctx, ExecRequest{SandboxID: dead.ID, Command: "true"}, nil)
+			return err
+		}, errdefs.Conflict, "terminated"},
+		{"exec on unknown", func() error {
+			_, err := env.Exec(ctx, ExecRequest{SandboxID: "sb-000000000000", Command: "true"}, nil)
+			return err
+		}, errdefs.NotFound, "sandbox_id"},
+		{"empty argv", func() error {
+			_, err := env.Exec(ctx, ExecRequest{SandboxID: live.ID, Argv: []string{}}, nil)
+			return err
+		}, errdefs.InvalidArgument, "command"},
+		{"empty argv[0]", func() error {
+			_, err := env.Exec(ctx, ExecRequest{SandboxID: live.ID, Argv: []string{""}}, nil)
+			return err
+		}, errdefs.InvalidArgument, "argv[0]"},
+		{"negative timeout", func() error {
+			_, err := env.Exec(ctx, ExecRequest{SandboxID: live.ID, Command: "true", TimeoutSeconds: ptr(-1.0)}, nil)
+			return err
+		}, errdefs.InvalidArgument, "timeout_seconds"},
+		{"relative path", func() error {
+			_, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: live.ID, Path: "workspace/x", Content: "x"})
+			return err
+		}, errdefs.InvalidArgument, "path"},
+		{"NUL in path", func() error {
+			_, err := env.ReadFile(ctx, FileReadRequest{SandboxID: live.ID, Path: "/workspace/a\x00b"})
+			return err
+		}, errdefs.InvalidArgument, "path"},
+		{"relative cwd", func() error {
+			_, err := env.Exec(ctx, ExecRequest{SandboxID: live.ID, Command: "true", Cwd: "tmp"}, nil)
+			return err
+		}, errdefs.InvalidArgument, "cwd"},
+		{"read missing file", func() error {
+			_, err := env.ReadFile(ctx, FileReadRequest{SandboxID: live.ID, Path: "/workspace/missing"})
+			return err
+		}, errdefs.NotFound, ""},
+		{"file on terminated", func() error {
+			_, err := env.ListFiles(ctx, dead.ID, "/workspace", false)
+			return err
+		}, errdefs.Conflict, "terminated"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.call()
+			if got := errdefs.CodeOf(err); got != c.code {
+				t.Fatalf("code = %q (%v), want %q", got, err, c.code)
+			}
+			if !strings.Contains(errdefs.MessageOf(err), c.in) {
+				t.Errorf("message %q does not name %q", errdefs.MessageOf(err), c.in)
+			}
+		})
+	}
+	// Nothing changed: the same sandboxes, the live one still usable.
+	countAfter, _ := env.store.CountSandboxes(ctx)
+	if countAfter != countBefore+1 { // +1: the extra sandbox of the max_sandboxes case
+		t.Errorf("sandbox records %d -> %d, want only the extra one added", countBefore, countAfter)
+	}
+	if res := env.sh(t, live.ID, "ls /workspace | wc -l"); strings.TrimSpace(res.Stdout) != "2" {
+		t.Errorf("workspace of the live sandbox changed: %q", res.Stdout)
+	}
+}
+
+func TestFiles(t *testing.T) {
+	env := newTestEngine(t)
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{})
+	w, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: info.ID, Path: "/workspace/src/main.sh", Content: "echo from file\n", Mode: "0755"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Size != 15 {
+		t.Errorf("size = %d", w.Size)
+	}
+	res := env.sh(t, info.ID, "/workspace/src/main.sh; stat -c '%u %a' /workspace/src/main.sh")
+	if res.Stdout != "from file\n1000 755\n" {
+		t.Errorf("run written file: %q %q", res.Stdout, res.Stderr)
+	}
+	r, err := env.ReadFile(ctx, FileReadRequest{SandboxID: info.ID, Path: "/workspace/src/main.sh"})
+	if err != nil || r.Content != "echo from file\n" || r.Encoding != "utf-8" {
+		t.Fatalf("read back = %+v, %v", r, err)
+	}
+	env.sh(t, info.ID, "printf '\\377\\376' > /workspace/bin.dat")
+	r, err = env.ReadFile(ctx, FileReadRequest{SandboxID: info.ID, Path: "/workspace/bin.dat"})
+	if err != nil || r.Encoding != "base64" || r.Content != "//4=" {
+		t.Errorf("binary read = %+v, %v", r, err)
+	}
+	// A symlink planted inside the sandbox resolves inside it, never on the host.
+	env.sh(t, info.ID, "ln -s /etc/hostname /workspace/link")
+	r, err = env.ReadFile(ctx, FileReadRequest{SandboxID: info.ID, Path: "/workspace/link"})
+	if err != nil || r.Content != info.ID+"\n" {
+		t.Errorf("symlink read = %+v, %v; want the sandbox's own /etc/hostname", r, err)
+	}
+	list, err := env.ListFiles(ctx, info.ID, "/workspace", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range list {
+		names = append(names, e.Path)
+	}
+	for _, want := range []string{"/workspace/src", "/workspace/src/main.sh", "/workspace/bin.dat", "/workspace/link"} {
+		if !strings.Contains(strings.Join(names, " "), want) {
+			t.Errorf("list misses %s: %v", want, names)
+		}
+	}
+	if _, err := env.DeleteFile(ctx, info.ID, "/workspace/src", true); err != nil {
+		t.Fatal(err)
+	}
+	if res := env.sh(t, info.ID, "test -e /workspace/src && echo present || echo gone"); res.Stdout != "gone\n" {
+		t.Errorf("after delete: %q", res.Stdout)
+	}
+	if _, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: info.ID, Path: "/etc/passwd", Content: "x"}); err == nil {
+		t.Error("writing to the read-only root succeeded")
+	}
+}
+
+func TestIdleTimeoutReaper(t *testing.T) {
+	env := newTestEngine(t, func(c *config.Config) { c.Sandbox.IdleTimeout = config.Duration(time.Second) })
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{})
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		got, err := env.GetSandbox(ctx, info.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == sandbox.StateTerminated {
+			if !strings.Contains(got.Reason, "idle") {
+				t.Errorf("termination reason %q does not mention idleness", got.Reason)
+			}
+			env.assertNoLeftovers(t)
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatal("idle sandbox was not reaped within 15s")
+}
+
+func TestTTLReaper(t *testing.T) {
+	env := newTestEngine(t)
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{TTLSeconds: ptr[int64](1)})
+	if info.ExpiresAt == nil {
+		t.Fatal("no expires_at for a sandbox with a TTL")
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		got, _ := env.GetSandbox(ctx, info.ID)
+		if got.State == sandbox.StateTerminated {
+			if !strings.Contains(got.Reason, "lifetime") {
+				t.Errorf("reason %q", got.Reason)
+			}
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatal("sandbox outlived its TTL")
+}

@@ -1,0 +1,243 @@
+package image
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+)
+
+// Layers are the host paths of one sandbox's file systems. Everything the
+// sandbox can write (the overlay's upper layer, the workspace and /tmp) sits
+// on one tmpfs whose size is the sandbox's disk limit, so filling it fails
+// with ENOSPC inside that sandbox and nowhere else.
+//
+// Pages of that tmpfs are charged to the memory cgroup of the process that
+// writes them, so a sandbox's files also count against its memory limit.
+type Layers struct {
+	// Rootfs is the overlay of the image (lower, read-only) and the
+	// sandbox's upper layer. The runtime mounts it read-only as /.
+	Rootfs string
+	// Workspace is bind-mounted at /workspace.
+	Workspace string
+	// Tmp is bind-mounted at /tmp.
+	Tmp string
+
+	dir string
+}
+
+// Names below a layers directory.
+const (
+	layersDisk   = "disk"
+	layersRootfs = "rootfs"
+)
+
+// bytesPerInode bounds the tmpfs's inode count by its size. Inodes cost
+// kernel memory that a size limit alone does not bound (empty files take no
+// blocks); one per KiB of disk is far more than real workloads use.
+const (
+	bytesPerInode = 1024
+	minInodes     = 4096
+)
+
+// unmountAttempts and unmountBackoff bound how long Release waits for a
+// busy mount (a process that has not quite exited) before it detaches it.
+const (
+	unmountAttempts = 10
+	unmountBackoff  = 50 * time.Millisecond
+)
+
+// PrepareLayers creates the writable layers of one sandbox in dir, which
+// must not exist yet: a tmpfs of diskBytes at dir/disk holding
+// upper/, work/, workspace/ and tmp/, and the overlay of img.Rootfs and
+// upper/ at dir/rootfs. The workspace belongs to uid:gid; its input/ and
+// output/ take the mode and owner of the image's /workspace/input and
+// /workspace/output. On error nothing is left mounted and dir is removed.
+func PrepareLayers(img *Image, dir string, diskBytes int64, uid, gid int) (_ *Layers, err error) {
+	if diskBytes <= 0 {
+		return nil, fmt.Errorf("prepare layers: disk size %d must be positive", diskBytes)
+	}
+	dir, err = filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("prepare layers: %w", err)
+	}
+	// Overlay mount options separate layers with ':' and options with ','.
+	for _, p := range []string{img.Rootfs, dir} {
+		if strings.ContainsAny(p, ",:\\\n") {
+			return nil, fmt.Errorf("prepare layers: path %q contains a character overlayfs options cannot carry", p)
+		}
+	}
+	if fi, err := os.Stat(img.Rootfs); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("prepare layers: image %s rootfs %q: not a directory (%w)", img.Name, img.Rootfs, err)
+	}
+	disk := filepath.Join(dir, layersDisk)
+	l := &Layers{
+		Rootfs:    filepath.Join(dir, layersRootfs),
+		Workspace: filepath.Join(disk, "workspace"),
+		Tmp:       filepath.Join(disk, "tmp"),
+		dir:       dir,
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, fmt.Errorf("prepare layers: %w", err)
+	}
+	// A fresh directory, never an existing one: the cleanup below removes
+	// dir, which must not take another sandbox's layers with it. 0700: only
+	// root on the host walks to the mounts below; the runtime bind-mounts
+	// them into the container from here.
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("prepare layers: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			if rerr := ReleaseDir(dir); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("clean up: %w", rerr))
+			}
+		}
+	}()
+	for _, d := range []string{disk, l.Rootfs} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, fmt.Errorf("prepare layers: %w", err)
+		}
+	}
+
+	inodes := max(diskBytes/bytesPerInode, minInodes)
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755", diskBytes, inodes)
+	if err := unix.Mount("tmpfs", disk, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return nil, fmt.Errorf("prepare layers: mount tmpfs on %s: %w", disk, err)
+	}
+	upper, work := filepath.Join(disk, "upper"), filepath.Join(disk, "work")
+	for _, d := range []string{upper, work} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return nil, fmt.Errorf("prepare layers: %w", err)
+		}
+	}
+	if err := makeDir(l.Tmp, os.ModePerm|os.ModeSticky, 0, 0); err != nil {
+		return nil, fmt.Errorf("prepare layers: %w", err)
+	}
+	if err := makeDir(l.Workspace, 0o755, uid, gid); err != nil {
+		return nil, fmt.Errorf("prepare layers: %w", err)
+	}
+	for _, sub := range []string{"input", "output"} {
+		mode, owner, group := os.FileMode(0o755), uid, gid
+		if fi, err := os.Lstat(filepath.Join(img.Rootfs, WorkspaceDir, sub)); err == nil && fi.IsDir() {
+			st := fi.Sys().(*syscall.Stat_t)
+			mode, owner, group = fi.Mode()&(os.ModePerm|os.ModeSticky|os.ModeSetgid), int(st.Uid), int(st.Gid)
+		}
+		if err := makeDir(filepath.Join(l.Workspace, sub), mode, owner, group); err != nil {
+			return nil, fmt.Errorf("prepare layers: %w", err)
+		}
+	}
+
+	// nosuid and nodev carry over to the runtime's bind mount of the
+	// rootfs: setuid binaries of the image (su, mount, ...) stay inert even
+	// if a sandbox process somehow kept the privilege to use them.
+	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", img.Rootfs, upper, work)
+	if err := unix.Mount("overlay", l.Rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl); err != nil {
+		return nil, fmt.Errorf("prepare layers: mount overlay on %s: %w", l.Rootfs, err)
+	}
+	return l, nil
+}
+
+// Release unmounts the layers and removes their directory. It is
+// idempotent.
+func (l *Layers) Release() error { return ReleaseDir(l.dir) }
+
+// ReleaseDir unmounts whatever is mounted below dir (the overlay before the
+// tmpfs under it) and removes dir. It is what Release does, for callers
+// that only know the directory, such as garbage collection after a crash.
+// A directory that does not exist is already released.
+func ReleaseDir(dir string) error {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("release layers: %w", err)
+	}
+	if err := unmountAll(dir); err != nil {
+		return fmt.Errorf("release layers: %w", err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("release layers: %w", err)
+	}
+	return nil
+}
+
+// DiskUsage returns the bytes used on the tmpfs of the layers in dir.
+func DiskUsage(dir string) (int64, error) {
+	disk := filepath.Join(dir, layersDisk)
+	var st unix.Statfs_t
+	if err := unix.Statfs(disk, &st); err != nil {
+		return 0, fmt.Errorf("disk usage: %w", err)
+	}
+	// Unmounted, disk/ would report the usage of the host's file system.
+	if st.Type != unix.TMPFS_MAGIC {
+		return 0, fmt.Errorf("disk usage: %s is not a mounted tmpfs", disk)
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize, nil
+}
+
+// makeDir creates dir with exactly mode and owner, whatever the umask.
+func makeDir(dir string, mode os.FileMode, uid, gid int) error {
+	if err := os.Mkdir(dir, mode); err != nil {
+		return err
+	}
+	if err := os.Lchown(dir, uid, gid); err != nil {
+		return err
+	}
+	return os.Chmod(dir, mode)
+}
+
+// unmountAll unmounts every mount at or below dir, deepest first, so that
+// dir can then be deleted without reaching into a mounted file system.
+func unmountAll(dir string) error {
+	// mountinfo lists resolved paths.
+	resolved, err := filepath.EvalSymlinks(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(resolved))
+	if err != nil {
+		return fmt.Errorf("read mount table: %w", err)
+	}
+	// Deepest first; a path mounted several times appears once per mount
+	// and is unmounted as often.
+	slices.SortStableFunc(mounts, func(a, b *mountinfo.Info) int {
+		return len(b.Mountpoint) - len(a.Mountpoint)
+	})
+	var errs []error
+	for _, m := range mounts {
+		errs = append(errs, unmount(m.Mountpoint))
+	}
+	return errors.Join(errs...)
+}
+
+// unmount unmounts target, retrying while it is busy. Only as a last resort
+// is it detached (MNT_DETACH): the file system then lives on, invisible,
+// until its last user goes, which is worth a log line.
+func unmount(target string) error {
+	var err error
+	for range unmountAttempts {
+		err = unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
+		if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil // unmounted, or no longer a mount point
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("unmount %s: %w", target, err)
+		}
+		time.Sleep(unmountBackoff)
+	}
+	slog.Warn("detaching busy mount", "path", target, "reason", err.Error())
+	if derr := unix.Unmount(target, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); derr != nil && !errors.Is(derr, unix.EINVAL) {
+		return fmt.Errorf("detach %s: %w", target, derr)
+	}
+	return nil
+}

@@ -1,0 +1,107 @@
+package image
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
+
+// fakeImage stores an image record for name without building anything.
+func fakeImage(t *testing.T, s *Store, name, seed string, current bool) string {
+	t.Helper()
+	sum := sha256.Sum256([]byte(seed))
+	digest := hex.EncodeToString(sum[:])
+	dir := filepath.Join(s.dir, digest)
+	if err := os.MkdirAll(filepath.Join(dir, rootfsDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	img := &Image{Name: name, Digest: digest, BuiltAt: time.Unix(1700000000, 0).UTC(), Env: map[string]string{"K": "V"}}
+	if err := writeImage(dir, img); err != nil {
+		t.Fatal(err)
+	}
+	if current {
+		if err := s.setCurrent(name, digest); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return digest
+}
+
+func TestStore(t *testing.T) {
+	s, err := OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Get("shell")
+	if !errors.Is(err, ErrNotFound) || errdefs.CodeOf(err) != errdefs.NotFound {
+		t.Fatalf("Get on an empty store: %v", err)
+	}
+	old := fakeImage(t, s, "shell", "old", true)
+	cur := fakeImage(t, s, "shell", "new", true)
+	py := fakeImage(t, s, "python", "py", true)
+
+	img, err := s.Get("shell")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Digest != cur || img.Rootfs != filepath.Join(s.dir, cur, "rootfs") || img.Env["K"] != "V" {
+		t.Fatalf("Get(shell) = %+v", img)
+	}
+	list, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 || list[0].Name != "python" || list[1].Name != "shell" {
+		t.Fatalf("List = %v", list)
+	}
+	for _, bad := range []string{"../etc", "", "Shell"} {
+		if _, err := s.Get(bad); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Get(%q): %v", bad, err)
+		}
+	}
+
+	if err := s.Remove("shell"); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{old, cur} {
+		if _, err := os.Stat(filepath.Join(s.dir, d)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("Remove(shell) left %s: %v", d, err)
+		}
+	}
+	if _, err := s.Get("shell"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get after Remove: %v", err)
+	}
+	if img, err := s.Get("python"); err != nil || img.Digest != py {
+		t.Errorf("Remove(shell) touched python: %v", err)
+	}
+	if err := s.Remove("shell"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second Remove: %v", err)
+	}
+	entries, _ := filepath.Glob(filepath.Join(s.dir, ".trash-*"))
+	if len(entries) > 0 {
+		t.Errorf("Remove left %v", entries)
+	}
+}
+
+func TestStoreDanglingLink(t *testing.T) {
+	s, err := OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := fakeImage(t, s, "shell", "x", true)
+	if err := os.RemoveAll(filepath.Join(s.dir, d)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get("shell"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get with a dangling link: %v", err)
+	}
+	if list, err := s.List(); err != nil || len(list) != 0 {
+		t.Errorf("List with a dangling link: %v, %v", list, err)
+	}
+}

@@ -1,0 +1,480 @@
+// Package runtime runs sandboxes as containers through runc's libcontainer,
+// in-process: it turns a sandbox description into an OCI runtime spec, then a
+// libcontainer config, starts the sandbox's PID 1 (sandbox-agent) and tears
+// everything down again.
+//
+// Security boundaries enforced here (each one tested in pkg/engine):
+//   - namespaces: mount, PID, IPC, UTS, network (loopback only unless a
+//     network is attached later) and cgroup; the host's processes, hostname
+//     and cgroup tree are invisible;
+//   - the image rootfs is mounted read-only; only /workspace and /tmp (on the
+//     sandbox's size-limited tmpfs) and the agent's socket directory are writable;
+//   - runc's masked and read-only /proc and /sys paths, a minimal /dev;
+//   - no_new_privs, a seccomp filter, and a capability set restricted to what
+//     the agent needs to switch to the sandbox user and manage its files; the
+//     commands it spawns as the sandbox user have none;
+//   - cgroup limits (memory without swap, CPU quota, pids, block I/O) at an
+//     absolute path under the daemon's cgroup parent.
+//
+// libcontainer re-executes the calling binary with the argument "init" to set
+// up each container; every binary that imports this package must call
+// MaybeInit first thing (the daemon's main package does it in init()).
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/opencontainers/cgroups"
+	_ "github.com/opencontainers/cgroups/devices" // device rules for v1 and v2 (required since runc 1.2)
+	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
+	_ "github.com/opencontainers/runc/libcontainer/nsenter" // cgo constructor that runs before the Go runtime in "init"
+	"github.com/opencontainers/runc/libcontainer/specconv"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// MaybeInit turns the current process into a container's init when
+// libcontainer re-executed it for that purpose, and never returns then.
+// Otherwise it returns at once. The environment guard makes sure a user typing
+// "mcp-sandboxd init" cannot trigger it.
+func MaybeInit() {
+	if len(os.Args) > 1 && os.Args[1] == "init" && os.Getenv("_LIBCONTAINER_INITPIPE") != "" {
+		libcontainer.Init() // never returns
+	}
+}
+
+// AgentCapabilities is the capability set of the sandbox's PID 1 (the agent):
+// enough to start commands as the sandbox user, deliver signals to them and
+// manage files on their behalf. Commands switch to a non-zero uid, which
+// clears every capability, so they run with none.
+var AgentCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETUID", "CAP_SETGID", "CAP_KILL",
+}
+
+// Limits are the cgroup limits of one sandbox. Zero means unlimited.
+type Limits struct {
+	MemoryBytes int64   // memory limit; swap is not allowed on top of it
+	CPUs        float64 // CPU quota in cores (0.5 = half a core)
+	Pids        int64   // maximum number of tasks
+	IOReadBPS   uint64  // block I/O read throttle on IODevice, bytes/s
+	IOWriteBPS  uint64  // block I/O write throttle on IODevice, bytes/s
+	IODevice    string  // "major:minor" of the throttled block device
+}
+
+// Bind is a bind mount from the host into the sandbox.
+type Bind struct {
+	Source      string // host path
+	Destination string // path inside the sandbox
+	ReadOnly    bool
+	NoExec      bool
+}
+
+// Spec describes one sandbox to start.
+type Spec struct {
+	ID         string // libcontainer id; also the hostname
+	Rootfs     string // host path of the sandbox's root (the overlay's merged dir)
+	Binds      []Bind
+	CgroupPath string // absolute cgroup path
+	Limits     Limits
+	Seccomp    *specs.LinuxSeccomp // nil: unconfined (must be explicit in config)
+	InitArgs   []string            // PID 1's argv, inside the sandbox
+	InitEnv    []string
+	InitLog    string // host file receiving PID 1's stdout and stderr
+	Labels     map[string]string
+}
+
+// Runtime starts and stops sandboxes, keeping libcontainer's state under Root
+// (on tmpfs, so a reboot forgets containers that no longer exist).
+type Runtime struct {
+	Root string
+	log  *slog.Logger
+
+	mu        sync.Mutex
+	instances map[string]*Instance
+}
+
+// New returns a Runtime whose libcontainer state lives in root.
+func New(root string, log *slog.Logger) (*Runtime, error) {
+	if !filepath.IsAbs(root) {
+		return nil, fmt.Errorf("runtime state root %q is not absolute", root)
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, fmt.Errorf("create runtime state root: %w", err)
+	}
+	routeLogrus(log)
+	return &Runtime{Root: root, log: log, instances: map[string]*Instance{}}, nil
+}
+
+// Instance is a started (or adopted) sandbox init process.
+type Instance struct {
+	ID        string
+	Pid       int
+	StartTime uint64 // of the init process, in clock ticks since boot (detects PID reuse)
+	Cgroups   map[string]string
+
+	ct      *libcontainer.Container
+	process *libcontainer.Process // nil when adopted after a daemon restart
+	done    chan struct{}
+	exitMu  sync.Mutex
+	exit    string // how init ended, once done is closed
+}
+
+// Done is closed when the sandbox's init process has exited.
+func (i *Instance) Done() <-chan struct{} { return i.done }
+
+// ExitDescription says how init ended ("exit status 1", "signal: killed"),
+// valid once Done is closed; empty when unknown (adopted instances).
+func (i *Instance) ExitDescription() string {
+	i.exitMu.Lock()
+	defer i.exitMu.Unlock()
+	return i.exit
+}
+
+// BuildSpec converts s into the OCI runtime spec libcontainer will run. It is
+// exported so the benchmark can hand the same spec to the runc CLI.
+func BuildSpec(s *Spec) *specs.Spec {
+	spec := specconv.Example()
+	spec.Root = &specs.Root{Path: s.Rootfs, Readonly: true}
+	spec.Hostname = s.ID
+	caps := append([]string(nil), AgentCapabilities...)
+	spec.Process = &specs.Process{
+		Args:            s.InitArgs,
+		Env:             s.InitEnv,
+		Cwd:             "/",
+		NoNewPrivileges: true,
+		Capabilities: &specs.LinuxCapabilities{
+			Bounding: caps, Effective: caps, Permitted: caps,
+		},
+		Rlimits: []specs.POSIXRlimit{
+			{Type: "RLIMIT_NOFILE", Hard: 4096, Soft: 4096},
+			{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
+		},
+	}
+	for _, b := range s.Binds {
+		opts := []string{"rbind", "nosuid", "nodev"}
+		if b.ReadOnly {
+			opts = append(opts, "ro")
+		} else {
+			opts = append(opts, "rw")
+		}
+		if b.NoExec {
+			opts = append(opts, "noexec")
+		}
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: b.Destination, Type: "bind", Source: b.Source, Options: opts})
+	}
+	// runc's current default masks (Example's list predates some of them).
+	spec.Linux.MaskedPaths = append(spec.Linux.MaskedPaths,
+		"/proc/interrupts", "/proc/sched_debug", "/sys/devices/virtual/powercap", "/proc/kallsyms")
+	spec.Linux.CgroupsPath = s.CgroupPath
+	hasCgroupNS := false
+	for _, ns := range spec.Linux.Namespaces {
+		hasCgroupNS = hasCgroupNS || ns.Type == specs.CgroupNamespace
+	}
+	if !hasCgroupNS {
+		// specconv.Example adds it only on unified hosts; on v1/hybrid we want
+		// the sandbox to see its own cgroup as "/" too.
+		spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.CgroupNamespace})
+	}
+	spec.Linux.Resources.Memory, spec.Linux.Resources.CPU, spec.Linux.Resources.Pids = resources(s.Limits)
+	if s.Limits.IODevice != "" && (s.Limits.IOReadBPS > 0 || s.Limits.IOWriteBPS > 0) {
+		var maj, min int64
+		if _, err := fmt.Sscanf(s.Limits.IODevice, "%d:%d", &maj, &min); err == nil {
+			bio := &specs.LinuxBlockIO{}
+			if s.Limits.IOReadBPS > 0 {
+				bio.ThrottleReadBpsDevice = []specs.LinuxThrottleDevice{{LinuxBlockIODevice: specs.LinuxBlockIODevice{Major: maj, Minor: min}, Rate: s.Limits.IOReadBPS}}
+			}
+			if s.Limits.IOWriteBPS > 0 {
+				bio.ThrottleWriteBpsDevice = []specs.LinuxThrottleDevice{{LinuxBlockIODevice: specs.LinuxBlockIODevice{Major: maj, Minor: min}, Rate: s.Limits.IOWriteBPS}}
+			}
+			spec.Linux.Resources.BlockIO = bio
+		}
+	}
+	spec.Linux.Seccomp = s.Seccomp
+	if len(s.Labels) > 0 {
+		spec.Annotations = s.Labels
+	}
+	return spec
+}
+
+func resources(l Limits) (*specs.LinuxMemory, *specs.LinuxCPU, *specs.LinuxPids) {
+	var mem *specs.LinuxMemory
+	if l.MemoryBytes > 0 {
+		limit := l.MemoryBytes
+		mem = &specs.LinuxMemory{Limit: &limit}
+		if swapAccounting() {
+			// OCI swap is memory+swap (v1 semantics): equal to the limit means no swap.
+			swap := l.MemoryBytes
+			mem.Swap = &swap
+		}
+		zero := uint64(0)
+		mem.Swappiness = &zero
+		if cgroups.IsCgroup2UnifiedMode() {
+			mem.Swappiness = nil // not a v2 knob
+		}
+	}
+	var cpu *specs.LinuxCPU
+	if l.CPUs > 0 {
+		period := uint64(100000)
+		quota := int64(l.CPUs * float64(period))
+		cpu = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	var pids *specs.LinuxPids
+	if l.Pids > 0 {
+		pids = &specs.LinuxPids{Limit: &l.Pids}
+	}
+	return mem, cpu, pids
+}
+
+// swapAccounting reports whether the kernel accounts swap per cgroup; setting a
+// memory+swap limit fails otherwise (and then there is no swap to limit).
+func swapAccounting() bool {
+	if cgroups.IsCgroup2UnifiedMode() {
+		_, err := os.Stat("/sys/fs/cgroup/memory.swap.max")
+		if err == nil {
+			return true
+		}
+		// The root cgroup has no memory.swap.max; look at any child instead.
+		matches, _ := filepath.Glob("/sys/fs/cgroup/*/memory.swap.max")
+		return len(matches) > 0
+	}
+	_, err := os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
+	return err == nil
+}
+
+// Start creates the container and runs its init. On error nothing is left
+// behind: no libcontainer state, no cgroup.
+func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
+	if len(s.InitArgs) == 0 {
+		return nil, errors.New("runtime: empty init argv")
+	}
+	spec := BuildSpec(s)
+	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
+		CgroupName:   s.ID,
+		Spec:         spec,
+		NoNewKeyring: true, // keyctl is denied anyway; do not leak the session keyring
+	})
+	if err != nil {
+		return nil, fmt.Errorf("build container config: %w", err)
+	}
+	cfg.Labels = append(cfg.Labels, "owner=mcp-sandboxd")
+
+	logf, err := os.OpenFile(s.InitLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND|unix.O_CLOEXEC, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("open init log: %w", err)
+	}
+	// The child holds its own copy of the descriptor; ours is not needed after Run.
+	defer logf.Close()
+
+	ct, err := libcontainer.Create(r.Root, s.ID, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create container: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = ct.Signal(unix.SIGKILL)
+			if derr := ct.Destroy(); derr != nil {
+				r.log.Warn("destroy after failed start", "sandbox", s.ID, "err", derr)
+			}
+		}
+	}()
+	nnp := true
+	proc := &libcontainer.Process{
+		Args:            s.InitArgs,
+		Env:             s.InitEnv,
+		Cwd:             "/",
+		UID:             0,
+		GID:             0,
+		Stdout:          logf,
+		Stderr:          logf,
+		Init:            true,
+		NoNewPrivileges: &nnp,
+		Capabilities: &configs.Capabilities{
+			Bounding: spec.Process.Capabilities.Bounding, Effective: spec.Process.Capabilities.Effective,
+			Permitted: spec.Process.Capabilities.Permitted,
+		},
+		Rlimits: []configs.Rlimit{
+			{Type: unix.RLIMIT_NOFILE, Hard: 4096, Soft: 4096},
+			{Type: unix.RLIMIT_CORE, Hard: 0, Soft: 0},
+		},
+	}
+	if err := ct.Run(proc); err != nil {
+		return nil, fmt.Errorf("start sandbox init: %w", err)
+	}
+	st, err := ct.State()
+	if err != nil {
+		_, _ = proc.Wait()
+		return nil, fmt.Errorf("read container state: %w", err)
+	}
+	inst := &Instance{
+		ID: s.ID, Pid: st.InitProcessPid, StartTime: st.InitProcessStartTime, Cgroups: st.CgroupPaths,
+		ct: ct, process: proc, done: make(chan struct{}),
+	}
+	go func() {
+		// We are init's parent (libcontainer uses CLONE_PARENT), so we must reap it.
+		ps, err := proc.Wait()
+		inst.exitMu.Lock()
+		switch {
+		case ps != nil:
+			inst.exit = ps.String()
+		case err != nil:
+			inst.exit = err.Error()
+		}
+		inst.exitMu.Unlock()
+		close(inst.done)
+	}()
+	r.mu.Lock()
+	r.instances[s.ID] = inst
+	r.mu.Unlock()
+	return inst, nil
+}
+
+// Adopt re-attaches to a sandbox started by an earlier daemon process. It
+// fails with an error wrapping libcontainer.ErrNotExist when there is no state,
+// and returns ErrNotRunning (with the container still loaded for Destroy) when
+// init is gone.
+func (r *Runtime) Adopt(id string) (*Instance, error) {
+	ct, err := libcontainer.Load(r.Root, id)
+	if err != nil {
+		return nil, err
+	}
+	st, err := ct.State()
+	if err != nil {
+		return nil, fmt.Errorf("read container state: %w", err)
+	}
+	inst := &Instance{ID: id, Pid: st.InitProcessPid, StartTime: st.InitProcessStartTime, Cgroups: st.CgroupPaths, ct: ct, done: make(chan struct{})}
+	r.mu.Lock()
+	r.instances[id] = inst
+	r.mu.Unlock()
+	status, err := ct.Status()
+	if err != nil || status == libcontainer.Stopped {
+		close(inst.done)
+		return inst, ErrNotRunning
+	}
+	// Not our child any more: watch init through a pidfd. Load has already
+	// checked init's start time, so the pid is not a recycled one.
+	pidfd, err := unix.PidfdOpen(inst.Pid, 0)
+	if err != nil {
+		close(inst.done)
+		return inst, ErrNotRunning
+	}
+	go func() {
+		defer unix.Close(pidfd)
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		for {
+			_, err := unix.Poll(fds, -1)
+			if err == nil || !errors.Is(err, unix.EINTR) {
+				break
+			}
+		}
+		close(inst.done)
+	}()
+	return inst, nil
+}
+
+// ErrNotRunning is returned by Adopt when the sandbox's init has exited.
+var ErrNotRunning = errors.New("sandbox init is not running")
+
+// Instance returns the running instance with id, if this Runtime knows it.
+func (r *Runtime) Instance(id string) (*Instance, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i, ok := r.instances[id]
+	return i, ok
+}
+
+// Destroy kills the sandbox's every process and removes its cgroups and
+// libcontainer state. It is idempotent: a sandbox without state is gone already.
+func (r *Runtime) Destroy(id string, grace time.Duration) error {
+	r.mu.Lock()
+	inst := r.instances[id]
+	r.mu.Unlock()
+	var ct *libcontainer.Container
+	if inst != nil {
+		ct = inst.ct
+	} else {
+		var err error
+		ct, err = libcontainer.Load(r.Root, id)
+		if errors.Is(err, libcontainer.ErrNotExist) {
+			// A start that died before state.json was written leaves only the
+			// directory behind (runc delete does the same).
+			return os.RemoveAll(filepath.Join(r.Root, id))
+		}
+		if err != nil {
+			return fmt.Errorf("load container %s: %w", id, err)
+		}
+	}
+	if grace > 0 {
+		if err := ct.Signal(unix.SIGTERM); err == nil {
+			waitStopped(ct, inst, grace)
+		}
+	}
+	// With a private PID namespace, killing init makes the kernel kill the rest.
+	if err := ct.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+		r.log.Debug("kill sandbox init", "sandbox", id, "err", err)
+	}
+	if !waitStopped(ct, inst, 10*time.Second) {
+		return fmt.Errorf("sandbox %s: init still running 10s after SIGKILL", id)
+	}
+	if err := ct.Destroy(); err != nil {
+		return fmt.Errorf("destroy container %s: %w", id, err)
+	}
+	r.mu.Lock()
+	delete(r.instances, id)
+	r.mu.Unlock()
+	return nil
+}
+
+func waitStopped(ct *libcontainer.Container, inst *Instance, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	if inst != nil && inst.process != nil {
+		// Our child: the reaping goroutine closes done once it is gone.
+		select {
+		case <-inst.done:
+			return true
+		case <-time.After(d):
+			return false
+		}
+	}
+	for {
+		if st, err := ct.Status(); err != nil || st == libcontainer.Stopped {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// List returns the ids of every container in the state root, including
+// half-created ones without state.json.
+func (r *Runtime) List() ([]string, error) {
+	ents, err := os.ReadDir(r.Root)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range ents {
+		if e.IsDir() {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+// Signal sends sig to the sandbox's init.
+func (r *Runtime) Signal(id string, sig syscall.Signal) error {
+	inst, ok := r.Instance(id)
+	if !ok {
+		return fmt.Errorf("sandbox %s: not known to the runtime", id)
+	}
+	return inst.ct.Signal(sig)
+}

@@ -1,0 +1,359 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+)
+
+// Termination causes (SPEC.md "Termination causes").
+const (
+	CauseExited      = "exited"
+	CauseTimeout     = "timeout"
+	CauseOOM         = "oom"
+	CauseOutputLimit = "output_limit"
+	CauseSignal      = "signal"
+	CauseKilled      = "killed"
+	CauseLost        = "lost"
+)
+
+// ExecSpec is a command to run in a sandbox, already validated.
+type ExecSpec struct {
+	Argv    []string
+	Env     map[string]string // on top of the image's and the sandbox's environment
+	Cwd     string            // default /workspace
+	Stdin   []byte
+	Timeout time.Duration // 0: none
+	// MaxResultBytes caps how much of each stream the result carries; 0 means
+	// the output limit. The command itself may write up to the output limit.
+	MaxResultBytes int64
+	UID            *int // default: the sandbox user
+}
+
+// Termination says how a command ended.
+type Termination struct {
+	Cause    string `json:"cause"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+}
+
+// ExecResult is the outcome of a command.
+type ExecResult struct {
+	JobID           string      `json:"job_id,omitempty"`
+	ExitCode        int         `json:"exit_code"`
+	Stdout          string      `json:"stdout"`
+	Stderr          string      `json:"stderr"`
+	StdoutTruncated bool        `json:"stdout_truncated"`
+	StderrTruncated bool        `json:"stderr_truncated"`
+	StdoutBytes     int64       `json:"stdout_bytes"`
+	StderrBytes     int64       `json:"stderr_bytes"`
+	DurationMS      int64       `json:"duration_ms"`
+	Termination     Termination `json:"termination"`
+}
+
+// OutputFunc receives output as it arrives ("stdout" or "stderr").
+type OutputFunc func(stream string, data []byte)
+
+// beginCommand marks a command as in flight (ready → running on the first).
+func (m *Manager) beginCommand(ctx context.Context, sb *Sandbox) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.terminating || !(sb.state == StateReady || sb.state == StateRunning) {
+		return errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
+	}
+	if sb.running == 0 {
+		if err := m.transitionLocked(ctx, sb, StateRunning, "command started"); err != nil {
+			return err
+		}
+	}
+	sb.running++
+	sb.lastActive = m.opt.Now()
+	return nil
+}
+
+func (sb *Sandbox) stateNameLocked() string {
+	if sb.terminating {
+		return "terminating"
+	}
+	return string(sb.state)
+}
+
+// endCommand marks a command as finished (running → ready on the last).
+func (m *Manager) endCommand(sb *Sandbox) {
+	ctx := context.Background()
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	sb.running--
+	now := m.opt.Now()
+	sb.lastActive = now
+	if sb.running == 0 && sb.state == StateRunning && !sb.terminating {
+		if err := m.transitionLocked(ctx, sb, StateReady, "commands finished", func(r *store.SandboxRecord) {
+			r.LastActiveAt = now.UTC()
+		}); err != nil {
+			m.log.Error("sandbox back to ready", "sandbox", sb.ID, "err", err)
+		}
+	}
+}
+
+// touch records activity that is not a command (file access).
+func (m *Manager) touch(sb *Sandbox) {
+	sb.mu.Lock()
+	sb.lastActive = m.opt.Now()
+	sb.mu.Unlock()
+}
+
+// env builds a command's environment: defaults, then the image's, the
+// sandbox's and the request's variables, later ones winning.
+func (sb *Sandbox) env(extra map[string]string) []string {
+	vars := map[string]string{
+		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME": "/home/sandbox", "USER": "sandbox", "LANG": "C.UTF-8", "HOSTNAME": sb.ID,
+	}
+	for _, layer := range []map[string]string{sb.imageEnv, sb.spec.Env, extra} {
+		for k, v := range layer {
+			vars[k] = v
+		}
+	}
+	out := make([]string, 0, len(vars))
+	for k, v := range vars {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Exec runs a command in sandbox id and waits for it. onOutput, if not nil,
+// sees the output as it comes.
+func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput OutputFunc) (*ExecResult, error) {
+	sb, err := m.lookup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.beginCommand(ctx, sb); err != nil {
+		return nil, err
+	}
+	defer m.endCommand(sb)
+
+	oomBefore, _ := cgroups.OOMKills(sb.cgroupPath)
+	cwd := spec.Cwd
+	if cwd == "" {
+		cwd = "/workspace"
+	}
+	req := agent.ExecRequest{
+		Argv: spec.Argv, Env: sb.env(spec.Env), Cwd: cwd, Stdin: spec.Stdin,
+		TimeoutMS: spec.Timeout.Milliseconds(), OutputLimit: m.opt.OutputLimit, UID: spec.UID, GID: spec.UID,
+	}
+	start := time.Now()
+	jobID, err := sb.agent.Start(ctx, req)
+	if err != nil {
+		return nil, m.agentError(sb, err, "start command")
+	}
+	limit := spec.MaxResultBytes
+	if limit <= 0 || (m.opt.OutputLimit > 0 && limit > m.opt.OutputLimit) {
+		limit = m.opt.OutputLimit
+	}
+	stdout, stderr := newCapBuffer(limit), newCapBuffer(limit)
+	exit, err := sb.agent.Attach(ctx, jobID, 0, 0, func(c agent.Chunk) error {
+		switch c.Stream {
+		case "stdout":
+			stdout.Write(c.Data)
+		case "stderr":
+			stderr.Write(c.Data)
+		default:
+			return fmt.Errorf("agent sent unknown stream %q", c.Stream)
+		}
+		if onOutput != nil {
+			onOutput(c.Stream, c.Data)
+		}
+		return nil
+	})
+	res := &ExecResult{
+		JobID: jobID, Stdout: stdout.String(), Stderr: stderr.String(),
+		StdoutTruncated: stdout.Truncated(), StderrTruncated: stderr.Truncated(),
+		StdoutBytes: stdout.Total(), StderrBytes: stderr.Total(),
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			// The caller went away: do not leave the command running unseen.
+			kctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = sb.agent.Signal(kctx, jobID, "SIGKILL")
+			cancel()
+			return nil, errdefs.Wrap(errdefs.Unavailable, ctx.Err(), "command cancelled")
+		}
+		res.DurationMS = time.Since(start).Milliseconds()
+		res.ExitCode = -1
+		res.Termination = m.lostTermination(sb, oomBefore, err)
+		return res, nil
+	}
+	res.DurationMS = exit.DurationMS
+	res.ExitCode = exit.ExitCode
+	res.Termination = m.termination(sb, exit, oomBefore)
+	// The outcome is delivered; the agent need not keep it.
+	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = sb.agent.Forget(fctx, jobID)
+	cancel()
+	return res, nil
+}
+
+// termination turns the agent's report (untrusted) into a Termination,
+// attributing SIGKILLs to the OOM killer when the cgroup's counter moved.
+func (m *Manager) termination(sb *Sandbox, exit *agent.ExitStatus, oomBefore uint64) Termination {
+	code := exit.ExitCode
+	t := Termination{Cause: exit.Cause, Signal: exit.Signal, Detail: exit.Detail}
+	switch exit.Cause {
+	case CauseExited:
+		t.ExitCode = &code
+	case CauseSignal, CauseTimeout, CauseOutputLimit, CauseKilled:
+	default:
+		t = Termination{Cause: CauseLost, Detail: fmt.Sprintf("agent reported unknown cause %.40q", exit.Cause)}
+	}
+	if exit.Signal == "SIGKILL" && (t.Cause == CauseSignal || t.Cause == CauseKilled) {
+		if n, err := cgroups.OOMKills(sb.cgroupPath); err == nil && n > oomBefore {
+			t.Cause, t.Detail = CauseOOM, fmt.Sprintf("killed by the OOM killer (memory limit %d bytes)", sb.spec.Limits.MemoryBytes)
+		}
+	}
+	if t.Cause == CauseSignal || t.Cause == CauseKilled {
+		sb.mu.Lock()
+		if sb.terminating {
+			t.Cause, t.Detail = CauseKilled, "sandbox terminated"
+		}
+		sb.mu.Unlock()
+	}
+	return t
+}
+
+// lostTermination explains a command whose outcome the agent could not report.
+func (m *Manager) lostTermination(sb *Sandbox, oomBefore uint64, err error) Termination {
+	sb.mu.Lock()
+	terminating := sb.terminating
+	sb.mu.Unlock()
+	if n, cerr := cgroups.OOMKills(sb.cgroupPath); cerr == nil && n > oomBefore {
+		return Termination{Cause: CauseOOM, Detail: "the OOM killer ended the sandbox"}
+	}
+	if terminating {
+		return Termination{Cause: CauseKilled, Detail: "sandbox terminated"}
+	}
+	return Termination{Cause: CauseLost, Detail: err.Error()}
+}
+
+// agentError maps a failed agent call onto the taxonomy.
+func (m *Manager) agentError(sb *Sandbox, err error, what string) error {
+	var ae *agent.Error
+	if errors.As(err, &ae) {
+		code := errdefs.Code(ae.Code)
+		switch code {
+		case errdefs.InvalidArgument, errdefs.NotFound, errdefs.Conflict, errdefs.LimitExceeded:
+			return errdefs.Wrap(code, err, "%s", ae.Message)
+		}
+		return errdefs.Wrap(errdefs.Internal, err, "%s: %s", what, ae.Message)
+	}
+	sb.mu.Lock()
+	terminating := sb.terminating
+	sb.mu.Unlock()
+	if terminating {
+		return errdefs.Conflictf("sandbox %s was terminated", sb.ID)
+	}
+	return errdefs.Wrap(errdefs.Unavailable, err, "%s: sandbox agent unreachable", what)
+}
+
+// capBuffer keeps the first max bytes written to it and counts the rest.
+type capBuffer struct {
+	max   int64
+	buf   strings.Builder
+	total int64
+}
+
+func newCapBuffer(max int64) *capBuffer { return &capBuffer{max: max} }
+
+func (c *capBuffer) Write(p []byte) {
+	c.total += int64(len(p))
+	if room := c.max - int64(c.buf.Len()); c.max <= 0 || room > 0 {
+		if c.max > 0 && int64(len(p)) > room {
+			p = p[:room]
+		}
+		c.buf.Write(p)
+	}
+}
+
+func (c *capBuffer) String() string  { return c.buf.String() }
+func (c *capBuffer) Total() int64    { return c.total }
+func (c *capBuffer) Truncated() bool { return c.total > int64(c.buf.Len()) }
+
+// ReadFile reads up to max bytes at offset of path in sandbox id.
+func (m *Manager) ReadFile(ctx context.Context, id, path string, offset, max int64) (*agent.FileData, error) {
+	sb, err := m.live(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	m.touch(sb)
+	d, err := sb.agent.ReadFile(ctx, path, offset, max)
+	if err != nil {
+		return nil, m.agentError(sb, err, "read file")
+	}
+	return d, nil
+}
+
+// WriteFile writes content to a file in sandbox id.
+func (m *Manager) WriteFile(ctx context.Context, id string, req agent.WriteFileRequest, content io.Reader) (*agent.FileInfo, error) {
+	sb, err := m.live(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	m.touch(sb)
+	fi, err := sb.agent.WriteFile(ctx, req, content)
+	if err != nil {
+		return nil, m.agentError(sb, err, "write file")
+	}
+	return fi, nil
+}
+
+// ListFiles lists path in sandbox id.
+func (m *Manager) ListFiles(ctx context.Context, id, path string, recursive bool) ([]agent.FileInfo, error) {
+	sb, err := m.live(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	m.touch(sb)
+	l, err := sb.agent.ListFiles(ctx, path, recursive)
+	if err != nil {
+		return nil, m.agentError(sb, err, "list files")
+	}
+	return l, nil
+}
+
+// DeleteFile deletes path in sandbox id.
+func (m *Manager) DeleteFile(ctx context.Context, id, path string, recursive bool) error {
+	sb, err := m.live(ctx, id)
+	if err != nil {
+		return err
+	}
+	m.touch(sb)
+	if err := sb.agent.DeleteFile(ctx, path, recursive); err != nil {
+		return m.agentError(sb, err, "delete file")
+	}
+	return nil
+}
+
+// live returns sandbox id if it accepts work (ready or running).
+func (m *Manager) live(ctx context.Context, id string) (*Sandbox, error) {
+	sb, err := m.lookup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.terminating || !(sb.state == StateReady || sb.state == StateRunning) {
+		return nil, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
+	}
+	return sb, nil
+}

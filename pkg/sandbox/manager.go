@@ -1,0 +1,649 @@
+// Package sandbox owns the lifecycle of sandboxes: creation from an image,
+// the state machine (creating → ready ⇄ running → terminated, and failed),
+// commands and files through each sandbox's agent, limits enforcement by the
+// reaper, and the removal of every trace on termination.
+//
+// Every state change is checked against the transition table, persisted in
+// SQLite with an event row (pkg/store), and only then visible to callers. The
+// Manager is safe for concurrent use; each sandbox has its own lock, so slow
+// work on one sandbox never blocks another.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+)
+
+// Paths inside every sandbox where the daemon mounts the agent.
+const (
+	agentBinaryInside = "/.sandboxd/agent"
+	agentRunInside    = "/.sandboxd/run"
+	agentSocketName   = "agent.sock"
+)
+
+// Limits are a sandbox's resource limits, already validated and capped.
+type Limits struct {
+	MemoryBytes int64   `json:"memory_bytes"`
+	CPUs        float64 `json:"cpus"`
+	Pids        int64   `json:"pids"`
+	DiskBytes   int64   `json:"disk_bytes"`
+}
+
+// Spec is what a sandbox is created from. It is persisted as JSON.
+type Spec struct {
+	Language string            `json:"language"`
+	Image    string            `json:"image"`
+	Limits   Limits            `json:"limits"`
+	Network  string            `json:"network"`
+	Env      map[string]string `json:"env,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	TTL      time.Duration     `json:"ttl,omitempty"` // 0: the configured max lifetime
+	UID      int               `json:"uid"`
+}
+
+// Info is the externally visible description of a sandbox.
+type Info struct {
+	ID           string            `json:"sandbox_id"`
+	State        State             `json:"state"`
+	Language     string            `json:"language"`
+	Image        string            `json:"image"`
+	ImageDigest  string            `json:"image_digest,omitempty"`
+	Limits       Limits            `json:"limits"`
+	Network      string            `json:"network"`
+	Env          map[string]string `json:"env,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	CgroupPath   string            `json:"cgroup_path,omitempty"`
+	CreatedAt    time.Time         `json:"created_at"`
+	UpdatedAt    time.Time         `json:"updated_at"`
+	LastActiveAt time.Time         `json:"last_active_at"`
+	ExpiresAt    *time.Time        `json:"expires_at,omitempty"`
+	TerminatedAt *time.Time        `json:"terminated_at,omitempty"`
+	Reason       string            `json:"termination_reason,omitempty"`
+}
+
+// Options configure a Manager.
+type Options struct {
+	Store         *store.Store
+	Images        *image.Store
+	Runtime       *runtime.Runtime
+	Seccomp       *specs.LinuxSeccomp // nil only when seccomp is explicitly off
+	AgentPath     string              // host path of the static sandbox-agent binary
+	RunDir        string              // per-sandbox mounts and sockets live in RunDir/sandboxes
+	CgroupParent  string
+	MaxSandboxes  int
+	IdleTimeout   time.Duration // 0: never
+	MaxLifetime   time.Duration // 0: never
+	OutputLimit   int64         // per stream per command
+	ReapInterval  time.Duration // how often the reaper looks; default 1s
+	AgentStartup  time.Duration // how long the agent may take to answer; default 15s
+	Log           *slog.Logger
+	Now           func() time.Time
+}
+
+// Manager creates, tracks and destroys sandboxes.
+type Manager struct {
+	opt Options
+	log *slog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*Sandbox // live sandboxes (creating, ready, running)
+	creating  int                 // reservations against MaxSandboxes
+
+	stopReaper context.CancelFunc
+	reaperDone chan struct{}
+}
+
+// Sandbox is one live sandbox.
+type Sandbox struct {
+	ID   string
+	spec Spec
+	dir  string // RunDir/sandboxes/<id>
+
+	mu          sync.Mutex
+	state       State
+	createdAt   time.Time
+	lastActive  time.Time
+	running     int // commands in flight
+	terminating bool
+	imageEnv    map[string]string
+	digest      string
+	cgroupPath  string
+	layers      *image.Layers
+	inst        *runtime.Instance
+	agent       *agent.Client
+}
+
+// NewManager returns a Manager. Call Start to run the reaper.
+func NewManager(opt Options) (*Manager, error) {
+	if opt.Store == nil || opt.Images == nil || opt.Runtime == nil {
+		return nil, errors.New("sandbox: store, images and runtime are required")
+	}
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.ReapInterval <= 0 {
+		opt.ReapInterval = time.Second
+	}
+	if opt.AgentStartup <= 0 {
+		opt.AgentStartup = 15 * time.Second
+	}
+	if _, err := os.Stat(opt.AgentPath); err != nil {
+		return nil, fmt.Errorf("sandbox agent binary: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(opt.RunDir, "sandboxes"), 0o700); err != nil {
+		return nil, fmt.Errorf("create sandbox run dir: %w", err)
+	}
+	if err := cgroups.EnsureParent(opt.CgroupParent); err != nil {
+		return nil, err
+	}
+	return &Manager{opt: opt, log: opt.Log, sandboxes: map[string]*Sandbox{}}, nil
+}
+
+// Start runs the reaper that enforces idle timeouts and lifetimes until Close.
+func (m *Manager) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	m.stopReaper = cancel
+	m.reaperDone = make(chan struct{})
+	go m.reap(ctx)
+}
+
+// Close stops the reaper. Sandboxes keep running: they outlive the daemon.
+func (m *Manager) Close() {
+	if m.stopReaper != nil {
+		m.stopReaper()
+		<-m.reaperDone
+		m.stopReaper = nil
+	}
+}
+
+func newID() string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return "sb-" + hex.EncodeToString(b[:])
+}
+
+// Create starts a sandbox and returns once it is ready (or failed).
+func (m *Manager) Create(ctx context.Context, spec Spec) (*Info, error) {
+	img, err := m.opt.Images.Get(spec.Image)
+	if errors.Is(err, image.ErrNotFound) {
+		return nil, errdefs.Unavailablef("image %q is not built (sandboxctl images build %s)", spec.Image, spec.Image)
+	}
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "look up image %q", spec.Image)
+	}
+
+	m.mu.Lock()
+	if m.opt.MaxSandboxes > 0 && len(m.sandboxes)+m.creating >= m.opt.MaxSandboxes {
+		m.mu.Unlock()
+		return nil, errdefs.LimitExceededf("max_sandboxes (%d) live sandboxes already exist", m.opt.MaxSandboxes)
+	}
+	m.creating++
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.creating--
+		m.mu.Unlock()
+	}()
+
+	now := m.opt.Now().UTC()
+	sb := &Sandbox{
+		ID: newID(), spec: spec, state: StateCreating, createdAt: now, lastActive: now,
+		imageEnv: img.Env, digest: img.Digest,
+	}
+	sb.dir = filepath.Join(m.opt.RunDir, "sandboxes", sb.ID)
+	sb.cgroupPath = filepath.Join(m.opt.CgroupParent, sb.ID)
+	specJSON, err := json.Marshal(spec)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "encode sandbox spec")
+	}
+	rec := &store.SandboxRecord{
+		ID: sb.ID, State: string(StateCreating), Language: spec.Language, Image: spec.Image,
+		ImageDigest: img.Digest, Spec: specJSON, CgroupPath: sb.cgroupPath,
+		CreatedAt: now, UpdatedAt: now, LastActiveAt: now,
+	}
+	if err := m.opt.Store.InsertSandbox(ctx, rec); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "record sandbox")
+	}
+	m.mu.Lock()
+	m.sandboxes[sb.ID] = sb
+	m.mu.Unlock()
+
+	if err := m.boot(ctx, sb, img); err != nil {
+		m.log.Warn("sandbox failed to start", "sandbox", sb.ID, "err", err)
+		m.teardown(sb)
+		m.forget(sb.ID)
+		if terr := m.transition(context.WithoutCancel(ctx), sb, StateFailed, err.Error()); terr != nil {
+			m.log.Error("record failed sandbox", "sandbox", sb.ID, "err", terr)
+		}
+		if errdefs.CodeOf(err) == errdefs.Internal {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "sandbox %s failed to start", sb.ID)
+		}
+		return nil, err
+	}
+	go m.watchInit(sb)
+	return m.Get(ctx, sb.ID)
+}
+
+// boot prepares the layers, starts the container and waits for the agent.
+func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error {
+	agentDir := filepath.Join(sb.dir, "agent")
+	if err := os.MkdirAll(agentDir, 0o700); err != nil {
+		return fmt.Errorf("create agent dir: %w", err)
+	}
+	layers, err := image.PrepareLayers(img, filepath.Join(sb.dir, "layers"), sb.spec.Limits.DiskBytes, sb.spec.UID, sb.spec.UID)
+	if err != nil {
+		return fmt.Errorf("prepare filesystem: %w", err)
+	}
+	sb.mu.Lock()
+	sb.layers = layers
+	sb.mu.Unlock()
+	if err := writeIdentity(layers.Rootfs, sb.ID); err != nil {
+		return err
+	}
+	uid := strconv.Itoa(sb.spec.UID)
+	inst, err := m.opt.Runtime.Start(&runtime.Spec{
+		ID:     sb.ID,
+		Rootfs: layers.Rootfs,
+		Binds: []runtime.Bind{
+			{Source: layers.Workspace, Destination: "/workspace"},
+			{Source: layers.Tmp, Destination: "/tmp"},
+			{Source: m.opt.AgentPath, Destination: agentBinaryInside, ReadOnly: true},
+			{Source: agentDir, Destination: agentRunInside, NoExec: true},
+		},
+		CgroupPath: sb.cgroupPath,
+		Limits: runtime.Limits{
+			MemoryBytes: sb.spec.Limits.MemoryBytes, CPUs: sb.spec.Limits.CPUs, Pids: sb.spec.Limits.Pids,
+		},
+		Seccomp:  m.opt.Seccomp,
+		InitArgs: []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid},
+		InitEnv:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		InitLog:  filepath.Join(sb.dir, "agent.log"),
+		Labels:   map[string]string{"sandboxd.id": sb.ID},
+	})
+	if err != nil {
+		return err
+	}
+	client := agent.NewClient(filepath.Join(agentDir, agentSocketName))
+	sb.mu.Lock()
+	sb.inst, sb.agent = inst, client
+	sb.mu.Unlock()
+	if err := waitAgent(ctx, client, inst, m.opt.AgentStartup); err != nil {
+		return fmt.Errorf("%w (agent log: %s)", err, tail(filepath.Join(sb.dir, "agent.log"), 512))
+	}
+	return m.transition(ctx, sb, StateReady, "agent ready", func(r *store.SandboxRecord) {
+		r.InitPID, r.InitStartTime = inst.Pid, inst.StartTime
+	})
+}
+
+// writeIdentity gives the sandbox a hosts file naming itself. The rootfs is the
+// overlay's merged dir, so the write lands in the sandbox's own upper layer.
+func writeIdentity(rootfs, id string) error {
+	hosts := "127.0.0.1\tlocalhost " + id + "\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+	if err := os.WriteFile(filepath.Join(rootfs, "etc/hosts"), []byte(hosts), 0o644); err != nil {
+		return fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "etc/hostname"), []byte(id+"\n"), 0o644); err != nil {
+		return fmt.Errorf("write /etc/hostname: %w", err)
+	}
+	return nil
+}
+
+func waitAgent(ctx context.Context, c *agent.Client, inst *runtime.Instance, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	delay := 2 * time.Millisecond
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+		_, err := c.Ping(pctx)
+		pcancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-inst.Done():
+			return fmt.Errorf("sandbox init exited during start (%s)", inst.ExitDescription())
+		case <-ctx.Done():
+			return fmt.Errorf("agent did not answer within %s: %w", limit, err)
+		case <-time.After(delay):
+		}
+		if delay < 50*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+func tail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return "unavailable"
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return "unavailable"
+	}
+	off := st.Size() - n
+	if off < 0 {
+		off = 0
+	}
+	buf := make([]byte, st.Size()-off)
+	_, _ = f.ReadAt(buf, off)
+	return string(buf)
+}
+
+// transition moves sb to state `to`, checked against the table and persisted
+// with an event, under sb.mu.
+func (m *Manager) transition(ctx context.Context, sb *Sandbox, to State, reason string, mutate ...func(*store.SandboxRecord)) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return m.transitionLocked(ctx, sb, to, reason, mutate...)
+}
+
+func (m *Manager) transitionLocked(ctx context.Context, sb *Sandbox, to State, reason string, mutate ...func(*store.SandboxRecord)) error {
+	from := sb.state
+	if !CanTransition(from, to) {
+		err := &ErrIllegalTransition{From: from, To: to}
+		m.log.Error("refused sandbox transition", "sandbox", sb.ID, "from", from, "to", to, "reason", reason)
+		return errdefs.Wrap(errdefs.Internal, err, "sandbox %s cannot go from %s to %s", sb.ID, from, to)
+	}
+	err := m.opt.Store.Transition(ctx, sb.ID, string(from), string(to), reason, func(r *store.SandboxRecord) {
+		if to == StateTerminated || to == StateFailed {
+			r.TerminationReason = reason
+		}
+		for _, f := range mutate {
+			f(r)
+		}
+	})
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "persist sandbox %s transition %s -> %s", sb.ID, from, to)
+	}
+	sb.state = to
+	m.log.Debug("sandbox transition", "sandbox", sb.ID, "from", from, "to", to, "reason", reason)
+	return nil
+}
+
+// watchInit terminates the sandbox when its init (the agent) dies on its own.
+func (m *Manager) watchInit(sb *Sandbox) {
+	sb.mu.Lock()
+	inst := sb.inst
+	sb.mu.Unlock()
+	if inst == nil {
+		return
+	}
+	<-inst.Done()
+	sb.mu.Lock()
+	terminating := sb.terminating
+	sb.mu.Unlock()
+	if terminating {
+		return
+	}
+	reason := "sandbox init exited"
+	if d := inst.ExitDescription(); d != "" {
+		reason += " (" + d + ")"
+	}
+	if n, err := cgroups.OOMKills(sb.cgroupPath); err == nil && n > 0 {
+		reason += "; the OOM killer fired in the sandbox"
+	}
+	if _, err := m.Terminate(context.Background(), sb.ID, reason); err != nil && !errdefs.Is(err, errdefs.NotFound) {
+		m.log.Error("terminate sandbox after init exit", "sandbox", sb.ID, "err", err)
+	}
+}
+
+// lookup returns the live sandbox id, or a not_found / conflict error that
+// names what is wrong.
+func (m *Manager) lookup(ctx context.Context, id string) (*Sandbox, error) {
+	m.mu.Lock()
+	sb := m.sandboxes[id]
+	m.mu.Unlock()
+	if sb != nil {
+		return sb, nil
+	}
+	rec, err := m.opt.Store.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errdefs.NotFoundf("sandbox_id: no sandbox %q", id)
+	}
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "look up sandbox %s", id)
+	}
+	return nil, errdefs.Conflictf("sandbox %s is %s", id, rec.State)
+}
+
+func (m *Manager) forget(id string) {
+	m.mu.Lock()
+	delete(m.sandboxes, id)
+	m.mu.Unlock()
+}
+
+// Get describes sandbox id, live or not.
+func (m *Manager) Get(ctx context.Context, id string) (*Info, error) {
+	rec, err := m.opt.Store.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errdefs.NotFoundf("sandbox_id: no sandbox %q", id)
+	}
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "look up sandbox %s", id)
+	}
+	return m.info(rec), nil
+}
+
+// List describes the sandboxes in the given states (all live ones when
+// states is empty; terminated and failed ones only when asked for).
+func (m *Manager) List(ctx context.Context, states ...State) ([]*Info, error) {
+	f := store.ListFilter{}
+	for _, s := range states {
+		f.States = append(f.States, string(s))
+		if !s.Live() {
+			f.IncludeTerminated = true
+		}
+	}
+	if len(states) == 0 {
+		f.States = []string{string(StateCreating), string(StateReady), string(StateRunning)}
+	}
+	recs, err := m.opt.Store.ListSandboxes(ctx, f)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "list sandboxes")
+	}
+	out := make([]*Info, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, m.info(r))
+	}
+	return out, nil
+}
+
+func (m *Manager) info(r *store.SandboxRecord) *Info {
+	var spec Spec
+	_ = json.Unmarshal(r.Spec, &spec) // written by us; a decode error leaves zero limits
+	in := &Info{
+		ID: r.ID, State: State(r.State), Language: r.Language, Image: r.Image, ImageDigest: r.ImageDigest,
+		Limits: spec.Limits, Network: spec.Network, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
+		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason,
+	}
+	if life := m.lifetime(spec); life > 0 && in.State.Live() {
+		exp := r.CreatedAt.Add(life)
+		in.ExpiresAt = &exp
+	}
+	return in
+}
+
+func (m *Manager) lifetime(spec Spec) time.Duration {
+	if spec.TTL > 0 && (m.opt.MaxLifetime == 0 || spec.TTL < m.opt.MaxLifetime) {
+		return spec.TTL
+	}
+	return m.opt.MaxLifetime
+}
+
+// Terminate stops sandbox id and removes every trace of it: processes,
+// cgroups, mounts, state directories. Terminating a terminated sandbox is a
+// no-op that returns its description.
+func (m *Manager) Terminate(ctx context.Context, id, reason string) (*Info, error) {
+	m.mu.Lock()
+	sb := m.sandboxes[id]
+	m.mu.Unlock()
+	if sb == nil {
+		return m.Get(ctx, id) // not live: already terminated or failed, or not_found
+	}
+	sb.mu.Lock()
+	if sb.terminating {
+		sb.mu.Unlock()
+		return m.waitGone(ctx, id)
+	}
+	sb.terminating = true
+	sb.mu.Unlock()
+
+	m.teardown(sb)
+	m.forget(id)
+	if reason == "" {
+		reason = "terminated by request"
+	}
+	if err := m.transition(context.WithoutCancel(ctx), sb, StateTerminated, reason); err != nil {
+		return nil, err
+	}
+	return m.Get(ctx, id)
+}
+
+func (m *Manager) waitGone(ctx context.Context, id string) (*Info, error) {
+	for {
+		m.mu.Lock()
+		_, live := m.sandboxes[id]
+		m.mu.Unlock()
+		if !live {
+			return m.Get(ctx, id)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errdefs.Wrap(errdefs.Unavailable, ctx.Err(), "sandbox %s is still terminating", id)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// teardown kills the sandbox and releases its container, cgroups and mounts.
+// Errors are logged, not returned: every step runs regardless, and what fails
+// here is found again by garbage collection.
+func (m *Manager) teardown(sb *Sandbox) {
+	sb.mu.Lock()
+	sb.terminating = true
+	layers := sb.layers
+	sb.mu.Unlock()
+	if err := m.opt.Runtime.Destroy(sb.ID, 0); err != nil {
+		m.log.Error("destroy sandbox container", "sandbox", sb.ID, "err", err)
+	}
+	if cgroups.Exists(sb.cgroupPath) {
+		if err := cgroups.Remove(sb.cgroupPath); err != nil {
+			m.log.Error("remove sandbox cgroup", "sandbox", sb.ID, "err", err)
+		}
+	}
+	if layers != nil {
+		if err := layers.Release(); err != nil {
+			m.log.Error("release sandbox filesystem", "sandbox", sb.ID, "err", err)
+		}
+	} else if err := image.ReleaseDir(filepath.Join(sb.dir, "layers")); err != nil {
+		m.log.Error("release sandbox filesystem", "sandbox", sb.ID, "err", err)
+	}
+	if err := os.RemoveAll(sb.dir); err != nil {
+		m.log.Error("remove sandbox dir", "sandbox", sb.ID, "err", err)
+	}
+}
+
+// reap terminates sandboxes past their idle timeout or lifetime.
+func (m *Manager) reap(ctx context.Context) {
+	defer close(m.reaperDone)
+	t := time.NewTicker(m.opt.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := m.opt.Now()
+		m.mu.Lock()
+		var victims []*Sandbox
+		var reasons []string
+		for _, sb := range m.sandboxes {
+			sb.mu.Lock()
+			life := m.lifetime(sb.spec)
+			switch {
+			case sb.state == StateCreating || sb.terminating:
+			case life > 0 && now.Sub(sb.createdAt) >= life:
+				victims, reasons = append(victims, sb), append(reasons, fmt.Sprintf("lifetime of %s reached", life))
+			case m.opt.IdleTimeout > 0 && sb.state == StateReady && now.Sub(sb.lastActive) >= m.opt.IdleTimeout:
+				victims, reasons = append(victims, sb), append(reasons, fmt.Sprintf("idle for %s", m.opt.IdleTimeout))
+			}
+			sb.mu.Unlock()
+		}
+		m.mu.Unlock()
+		for i, sb := range victims {
+			m.log.Info("reaping sandbox", "sandbox", sb.ID, "reason", reasons[i])
+			if _, err := m.Terminate(ctx, sb.ID, reasons[i]); err != nil {
+				m.log.Error("reap sandbox", "sandbox", sb.ID, "err", err)
+			}
+		}
+	}
+}
+
+// Usage is a sandbox's current resource usage.
+type Usage struct {
+	cgroups.Usage
+	DiskBytes int64 `json:"disk_bytes"`
+}
+
+// Usage reads the live usage of sandbox id from its cgroup and filesystem.
+func (m *Manager) Usage(ctx context.Context, id string) (*Usage, error) {
+	sb, err := m.lookup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	u, err := cgroups.ReadUsage(sb.cgroupPath)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "read usage of %s", id)
+	}
+	out := &Usage{Usage: u}
+	sb.mu.Lock()
+	layers := sb.layers
+	sb.mu.Unlock()
+	if layers != nil {
+		if d, err := image.DiskUsage(filepath.Join(sb.dir, "layers")); err == nil {
+			out.DiskBytes = d
+		}
+	}
+	return out, nil
+}
+
+// IDs returns the ids of the live sandboxes, sorted.
+func (m *Manager) IDs() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ids := make([]string, 0, len(m.sandboxes))
+	for id := range m.sandboxes {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}

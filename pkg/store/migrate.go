@@ -1,0 +1,106 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// migration is one numbered step of the schema. Migrations are append-only:
+// once released, a migration is never edited or reordered, because databases
+// in the field have already applied it; a change is a new migration. Each
+// runs in its own transaction together with its schema_migrations row, so a
+// crash leaves the database at one version or the next, never between.
+type migration struct {
+	version     int
+	description string
+	sql         string
+}
+
+// migrations is the schema history, version 1 first, numbered without gaps
+// (a test checks). Run records (v2) and artifacts (v3) are appended here when
+// the packages that own them need tables.
+var migrations = []migration{
+	{
+		version:     1,
+		description: "sandboxes and their state-change events",
+		sql: `
+CREATE TABLE sandboxes (
+	id                 TEXT PRIMARY KEY,
+	state              TEXT NOT NULL,
+	language           TEXT NOT NULL DEFAULT '',
+	image              TEXT NOT NULL DEFAULT '',
+	image_digest       TEXT NOT NULL DEFAULT '',
+	spec               TEXT CHECK (spec IS NULL OR json_valid(spec)), -- opaque to the store
+	cgroup_path        TEXT NOT NULL DEFAULT '',
+	init_pid           INTEGER NOT NULL DEFAULT 0,
+	init_start_time    INTEGER NOT NULL DEFAULT 0, -- /proc/PID/stat starttime, against PID reuse
+	created_at         INTEGER NOT NULL,           -- Unix nanoseconds, as every *_at column
+	updated_at         INTEGER NOT NULL,
+	last_active_at     INTEGER NOT NULL,
+	terminated_at      INTEGER,                    -- NULL while the sandbox lives
+	termination_reason TEXT NOT NULL DEFAULT ''
+) STRICT;
+
+CREATE INDEX sandboxes_by_state ON sandboxes (state);
+CREATE INDEX sandboxes_by_created_at ON sandboxes (created_at);
+CREATE INDEX sandboxes_by_terminated_at ON sandboxes (terminated_at) WHERE terminated_at IS NOT NULL;
+
+-- AUTOINCREMENT so that an event id is never reused after retention deletes
+-- rows: clients resume event streams from the last id they saw.
+CREATE TABLE sandbox_events (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+	at         INTEGER NOT NULL,
+	from_state TEXT NOT NULL, -- '' for the creation event
+	to_state   TEXT NOT NULL,
+	reason     TEXT NOT NULL DEFAULT ''
+) STRICT;
+
+CREATE INDEX sandbox_events_by_sandbox ON sandbox_events (sandbox_id, id);
+`,
+	},
+}
+
+// migrate brings the schema to the latest version in migrations.
+func (s *Store) migrate(ctx context.Context) error {
+	if _, err := s.w.ExecContext(ctx, `
+CREATE TABLE IF NOT EXISTS schema_migrations (
+	version    INTEGER PRIMARY KEY,
+	applied_at INTEGER NOT NULL
+) STRICT`); err != nil {
+		return fmt.Errorf("create schema_migrations: %w", err)
+	}
+	latest := migrations[len(migrations)-1].version
+	for _, m := range migrations {
+		err := s.write(ctx, func(tx *sql.Tx) error {
+			// Read the version inside the transaction: it holds the write
+			// lock, so another process migrating the same file at the same
+			// moment cannot apply a step twice.
+			var current int
+			if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM schema_migrations").Scan(&current); err != nil {
+				return fmt.Errorf("read schema version: %w", err)
+			}
+			if current > latest {
+				return fmt.Errorf("%w: the database is at version %d, this build knows up to %d; upgrade mcp-sandboxd",
+					ErrSchemaTooNew, current, latest)
+			}
+			if current >= m.version {
+				return nil
+			}
+			if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+				return fmt.Errorf("migration %d (%s): %w", m.version, m.description, err)
+			}
+			if _, err := tx.ExecContext(ctx, "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
+				m.version, nanos(time.Now())); err != nil {
+				return fmt.Errorf("record migration %d: %w", m.version, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
