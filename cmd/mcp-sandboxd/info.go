@@ -90,4 +90,3 @@ func configCmd() *cobra.Command {
 	})
 	return cmd
 }
-

@@ -83,21 +83,21 @@ type Info struct {
 
 // Options configure a Manager.
 type Options struct {
-	Store         *store.Store
-	Images        *image.Store
-	Runtime       *runtime.Runtime
-	Seccomp       *specs.LinuxSeccomp // nil only when seccomp is explicitly off
-	AgentPath     string              // host path of the static sandbox-agent binary
-	RunDir        string              // per-sandbox mounts and sockets live in RunDir/sandboxes
-	CgroupParent  string
-	MaxSandboxes  int
-	IdleTimeout   time.Duration // 0: never
-	MaxLifetime   time.Duration // 0: never
-	OutputLimit   int64         // per stream per command
-	ReapInterval  time.Duration // how often the reaper looks; default 1s
-	AgentStartup  time.Duration // how long the agent may take to answer; default 15s
-	Log           *slog.Logger
-	Now           func() time.Time
+	Store        *store.Store
+	Images       *image.Store
+	Runtime      *runtime.Runtime
+	Seccomp      *specs.LinuxSeccomp // nil only when seccomp is explicitly off
+	AgentPath    string              // host path of the static sandbox-agent binary
+	RunDir       string              // per-sandbox mounts and sockets live in RunDir/sandboxes
+	CgroupParent string
+	MaxSandboxes int
+	IdleTimeout  time.Duration // 0: never
+	MaxLifetime  time.Duration // 0: never
+	OutputLimit  int64         // per stream per command
+	ReapInterval time.Duration // how often the reaper looks; default 1s
+	AgentStartup time.Duration // how long the agent may take to answer; default 15s
+	Log          *slog.Logger
+	Now          func() time.Time
 }
 
 // Manager creates, tracks and destroys sandboxes.
