@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"os"
 	"time"
 )
+
+func byteReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
 
 // DefaultDialTimeout bounds connecting to the agent's socket.
 const DefaultDialTimeout = 5 * time.Second

@@ -1,13 +1,10 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"sync"
 )
-
-func byteReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
 
 // Session is an interactive connection to a job started with a TTY or with
 // OpenStdin: input and resize requests flow to the agent while output

@@ -37,6 +37,7 @@ type Engine struct {
 	runtime   *runtime.Runtime
 	sandboxes *sandbox.Manager
 	seccomp   seccomp.Support
+	metrics   *metrics
 	started   time.Time
 }
 
@@ -47,6 +48,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		log = slog.Default()
 	}
 	e := &Engine{cfg: cfg, log: log, seccomp: seccomp.Check(), started: time.Now()}
+	e.metrics = newMetrics(e)
 	var err error
 	if e.store, err = store.Open(ctx, filepath.Join(cfg.Paths.StateDir, "state.db")); err != nil {
 		return nil, fmt.Errorf("open state database: %w", err)
@@ -74,10 +76,23 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, CgroupParent: cfg.Sandbox.CgroupParent,
 		MaxSandboxes: cfg.Sandbox.MaxSandboxes, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: log,
+		OnTransition: func(_ string, _, to sandbox.State, _ string) {
+			e.metrics.terminations.WithLabelValues(string(to)).Inc()
+		},
 	})
 	if err != nil {
 		cleanup()
 		return nil, err
+	}
+	rep, err := e.sandboxes.Reconcile(ctx)
+	if err != nil {
+		cleanup()
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	log.Info("reconciled state", "adopted", len(rep.Adopted), "terminated", len(rep.Terminated),
+		"removed", len(rep.Removed), "errors", len(rep.Errors))
+	for _, msg := range rep.Errors {
+		log.Error("reconcile", "err", msg)
 	}
 	e.sandboxes.Start()
 	return e, nil
@@ -153,9 +168,21 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 		return nil, err
 	}
 	if e.cfg.Sandbox.SeccompProfile != seccomp.Unconfined && !e.seccomp.OK() {
+		e.metrics.created.WithLabelValues("rejected").Inc()
 		return nil, errdefs.Unavailablef("seccomp cannot be enforced (%s); refusing to start sandboxes unless sandbox.seccomp_profile is \"unconfined\"", e.seccomp.Reason)
 	}
-	return e.sandboxes.Create(ctx, *spec)
+	start := time.Now()
+	info, err := e.sandboxes.Create(ctx, *spec)
+	switch {
+	case err == nil:
+		e.metrics.created.WithLabelValues("ready").Inc()
+		e.metrics.createTime.Observe(time.Since(start).Seconds())
+	case errdefs.CodeOf(err) == errdefs.Internal:
+		e.metrics.created.WithLabelValues("failed").Inc()
+	default:
+		e.metrics.created.WithLabelValues("rejected").Inc()
+	}
+	return info, err
 }
 
 func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"io"
 	"math"
 	"path"
 	"strings"
@@ -38,7 +39,126 @@ func (e *Engine) Exec(ctx context.Context, req ExecRequest, onOutput sandbox.Out
 	if err != nil {
 		return nil, err
 	}
-	return e.sandboxes.Exec(ctx, req.SandboxID, *spec, onOutput)
+	res, err := e.sandboxes.Exec(ctx, req.SandboxID, *spec, onOutput)
+	if err == nil {
+		e.metrics.execTime.Observe(float64(res.DurationMS) / 1000)
+		e.metrics.causes.WithLabelValues(res.Termination.Cause).Inc()
+	}
+	return res, err
+}
+
+// StartJob runs a command in the background (exec_command with background:
+// true) and returns its job id at once.
+func (e *Engine) StartJob(ctx context.Context, req ExecRequest) (string, error) {
+	spec, err := e.execSpec(req)
+	if err != nil {
+		return "", err
+	}
+	return e.sandboxes.StartJob(ctx, req.SandboxID, *spec)
+}
+
+// JobStatusRequest is the input of job_status.
+type JobStatusRequest struct {
+	SandboxID    string `json:"sandbox_id"`
+	JobID        string `json:"job_id"`
+	StdoutOffset int64  `json:"stdout_offset,omitempty"`
+	StderrOffset int64  `json:"stderr_offset,omitempty"`
+	MaxBytes     int    `json:"max_bytes,omitempty"` // per stream; default 64 KiB
+}
+
+// JobStatus pages a job's output from the given offsets and reports its
+// outcome once it has finished.
+func (e *Engine) JobStatus(ctx context.Context, req JobStatusRequest) (*sandbox.JobStatus, error) {
+	if err := checkSandboxID(req.SandboxID); err != nil {
+		return nil, err
+	}
+	if err := checkJobID(req.JobID); err != nil {
+		return nil, err
+	}
+	if req.StdoutOffset < 0 || req.StderrOffset < 0 {
+		return nil, errdefs.Invalidf("stdout_offset/stderr_offset: must not be negative")
+	}
+	max := req.MaxBytes
+	switch {
+	case max < 0:
+		return nil, errdefs.Invalidf("max_bytes: must not be negative")
+	case max == 0:
+		max = 64 << 10
+	case max > 16<<20:
+		return nil, errdefs.Invalidf("max_bytes: exceeds the maximum %d", 16<<20)
+	}
+	return e.sandboxes.JobStatus(ctx, req.SandboxID, req.JobID, req.StdoutOffset, req.StderrOffset, max)
+}
+
+// KillJob signals a job's process group (default SIGKILL).
+func (e *Engine) KillJob(ctx context.Context, id, jobID, signal string) error {
+	if err := checkSandboxID(id); err != nil {
+		return err
+	}
+	if err := checkJobID(jobID); err != nil {
+		return err
+	}
+	if signal != "" && !validSignal(signal) {
+		return errdefs.Invalidf("signal: unknown signal %q (use e.g. SIGTERM, SIGKILL, SIGINT)", signal)
+	}
+	return e.sandboxes.KillJob(ctx, id, jobID, signal)
+}
+
+func validSignal(s string) bool {
+	switch strings.TrimPrefix(strings.ToUpper(s), "SIG") {
+	case "HUP", "INT", "QUIT", "KILL", "USR1", "USR2", "TERM", "CONT", "STOP", "TSTP", "ALRM":
+		return true
+	}
+	return false
+}
+
+func checkJobID(id string) error {
+	if id == "" {
+		return errdefs.Invalidf("job_id: required")
+	}
+	if len(id) > 64 || strings.ContainsAny(id, "/\x00 ") {
+		return errdefs.Invalidf("job_id: malformed %q", id)
+	}
+	return nil
+}
+
+// TerminalRequest opens an interactive command on a pseudo-terminal.
+type TerminalRequest struct {
+	SandboxID string            `json:"sandbox_id"`
+	Command   string            `json:"command,omitempty"`
+	Argv      []string          `json:"argv,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	Rows      uint16            `json:"rows,omitempty"`
+	Cols      uint16            `json:"cols,omitempty"`
+}
+
+// OpenTerminal starts an interactive command (default: a login-less bash) on
+// a new pseudo-terminal in a sandbox.
+func (e *Engine) OpenTerminal(ctx context.Context, req TerminalRequest) (*sandbox.Terminal, error) {
+	if req.Command == "" && len(req.Argv) == 0 {
+		req.Argv = []string{"/bin/bash", "-i"}
+	}
+	spec, err := e.execSpec(ExecRequest{SandboxID: req.SandboxID, Command: req.Command, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd})
+	if err != nil {
+		return nil, err
+	}
+	rows, cols := req.Rows, req.Cols
+	if rows == 0 {
+		rows = 24
+	}
+	if cols == 0 {
+		cols = 80
+	}
+	return e.sandboxes.OpenTerminal(ctx, req.SandboxID, sandbox.TerminalSpec{Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd, Rows: rows, Cols: cols})
+}
+
+// ListJobs lists the commands a sandbox's agent knows about.
+func (e *Engine) ListJobs(ctx context.Context, id string) ([]agent.JobInfo, error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	return e.sandboxes.Jobs(ctx, id)
 }
 
 func (e *Engine) execSpec(req ExecRequest) (*sandbox.ExecSpec, error) {
@@ -165,7 +285,7 @@ func (e *Engine) WriteFile(ctx context.Context, req FileWriteRequest) (*FileResu
 }
 
 // WriteFileFrom writes size bytes from r to path in a sandbox (uploads).
-func (e *Engine) WriteFileFrom(ctx context.Context, id, p string, mode uint32, appendTo bool, size int64, r interface{ Read([]byte) (int, error) }) (*FileResult, error) {
+func (e *Engine) WriteFileFrom(ctx context.Context, id, p string, mode uint32, appendTo bool, size int64, r io.Reader) (*FileResult, error) {
 	if err := checkSandboxID(id); err != nil {
 		return nil, err
 	}

@@ -119,7 +119,7 @@ func (sb *Sandbox) env(extra map[string]string) []string {
 		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME": "/home/sandbox", "USER": "sandbox", "LANG": "C.UTF-8", "HOSTNAME": sb.ID,
 	}
-	for _, layer := range []map[string]string{sb.imageEnv, sb.spec.Env, extra} {
+	for _, layer := range []map[string]string{sb.spec.ImageEnv, sb.spec.Env, extra} {
 		for k, v := range layer {
 			vars[k] = v
 		}
@@ -144,20 +144,12 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	}
 	defer m.endCommand(sb)
 
-	oomBefore, _ := cgroups.OOMKills(sb.cgroupPath)
-	cwd := spec.Cwd
-	if cwd == "" {
-		cwd = "/workspace"
-	}
-	req := agent.ExecRequest{
-		Argv: spec.Argv, Env: sb.env(spec.Env), Cwd: cwd, Stdin: spec.Stdin,
-		TimeoutMS: spec.Timeout.Milliseconds(), OutputLimit: m.opt.OutputLimit, UID: spec.UID, GID: spec.UID,
-	}
 	start := time.Now()
-	jobID, err := sb.agent.Start(ctx, req)
+	jobID, err := m.startCommand(ctx, sb, spec, nil)
 	if err != nil {
-		return nil, m.agentError(sb, err, "start command")
+		return nil, err
 	}
+	oomBefore := sb.jobMeta(jobID).oomBefore
 	limit := spec.MaxResultBytes
 	if limit <= 0 || (m.opt.OutputLimit > 0 && limit > m.opt.OutputLimit) {
 		limit = m.opt.OutputLimit
@@ -175,6 +167,7 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 		if onOutput != nil {
 			onOutput(c.Stream, c.Data)
 		}
+		m.publishOutput(sb, jobID, c)
 		return nil
 	})
 	res := &ExecResult{
@@ -198,10 +191,13 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	res.DurationMS = exit.DurationMS
 	res.ExitCode = exit.ExitCode
 	res.Termination = m.termination(sb, exit, oomBefore)
-	// The outcome is delivered; the agent need not keep it.
+	// The outcome is delivered; neither the agent nor we need keep it.
 	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = sb.agent.Forget(fctx, jobID)
 	cancel()
+	sb.mu.Lock()
+	delete(sb.jobs, jobID)
+	sb.mu.Unlock()
 	return res, nil
 }
 

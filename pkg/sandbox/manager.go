@@ -59,6 +59,9 @@ type Spec struct {
 	Labels   map[string]string `json:"labels,omitempty"`
 	TTL      time.Duration     `json:"ttl,omitempty"` // 0: the configured max lifetime
 	UID      int               `json:"uid"`
+	// ImageEnv is the image's environment, kept so that a restarted daemon
+	// runs commands exactly as before even if the image was rebuilt since.
+	ImageEnv map[string]string `json:"image_env,omitempty"`
 }
 
 // Info is the externally visible description of a sandbox.
@@ -98,6 +101,9 @@ type Options struct {
 	AgentStartup time.Duration // how long the agent may take to answer; default 15s
 	Log          *slog.Logger
 	Now          func() time.Time
+	// OnTransition, if set, is called after every persisted transition
+	// (metrics). It runs under the sandbox's lock and must not block.
+	OnTransition func(id string, from, to State, reason string)
 }
 
 // Manager creates, tracks and destroys sandboxes.
@@ -108,6 +114,8 @@ type Manager struct {
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox // live sandboxes (creating, ready, running)
 	creating  int                 // reservations against MaxSandboxes
+
+	events bus
 
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}
@@ -125,12 +133,12 @@ type Sandbox struct {
 	lastActive  time.Time
 	running     int // commands in flight
 	terminating bool
-	imageEnv    map[string]string
 	digest      string
 	cgroupPath  string
 	layers      *image.Layers
 	inst        *runtime.Instance
 	agent       *agent.Client
+	jobs        map[string]jobMeta
 }
 
 // NewManager returns a Manager. Call Start to run the reaper.
@@ -210,10 +218,10 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (*Info, error) {
 		m.mu.Unlock()
 	}()
 
+	spec.ImageEnv = img.Env
 	now := m.opt.Now().UTC()
 	sb := &Sandbox{
-		ID: newID(), spec: spec, state: StateCreating, createdAt: now, lastActive: now,
-		imageEnv: img.Env, digest: img.Digest,
+		ID: newID(), spec: spec, state: StateCreating, createdAt: now, lastActive: now, digest: img.Digest,
 	}
 	sb.dir = filepath.Join(m.opt.RunDir, "sandboxes", sb.ID)
 	sb.cgroupPath = filepath.Join(m.opt.CgroupParent, sb.ID)
@@ -384,6 +392,10 @@ func (m *Manager) transitionLocked(ctx context.Context, sb *Sandbox, to State, r
 	}
 	sb.state = to
 	m.log.Debug("sandbox transition", "sandbox", sb.ID, "from", from, "to", to, "reason", reason)
+	m.events.publish(Event{Type: "state", SandboxID: sb.ID, From: string(from), To: string(to), Reason: reason})
+	if m.opt.OnTransition != nil {
+		m.opt.OnTransition(sb.ID, from, to, reason)
+	}
 	return nil
 }
 

@@ -1,0 +1,120 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
+)
+
+// Check is one readiness check (/readyz).
+type Check struct {
+	Name     string `json:"name"`
+	Status   string `json:"status"` // ok | degraded | failed
+	Reason   string `json:"reason,omitempty"`
+	Required bool   `json:"required"`
+}
+
+// Check statuses.
+const (
+	CheckOK       = "ok"
+	CheckDegraded = "degraded"
+	CheckFailed   = "failed"
+)
+
+func check(name string, required bool, err error) Check {
+	if err != nil {
+		return Check{Name: name, Status: CheckFailed, Reason: err.Error(), Required: required}
+	}
+	return Check{Name: name, Status: CheckOK, Required: required}
+}
+
+// Readiness runs every readiness check. The daemon is ready when every
+// required check is ok.
+func (e *Engine) Readiness(ctx context.Context) []Check {
+	checks := []Check{
+		check("store", true, e.store.Ping(ctx)),
+		check("cgroups", true, cgroups.CheckParent(e.cfg.Sandbox.CgroupParent)),
+	}
+	switch {
+	case e.cfg.Sandbox.SeccompProfile == seccomp.Unconfined:
+		checks = append(checks, Check{Name: "seccomp", Status: CheckDegraded, Reason: "turned off by sandbox.seccomp_profile: unconfined", Required: true})
+	case !e.seccomp.OK():
+		checks = append(checks, Check{Name: "seccomp", Status: CheckFailed, Reason: e.seccomp.Reason, Required: true})
+	default:
+		checks = append(checks, Check{Name: "seccomp", Status: CheckOK, Required: true})
+	}
+	imgs, err := e.images.List()
+	if err == nil && len(imgs) == 0 {
+		err = fmt.Errorf("no image is built (sandboxctl images build shell)")
+	}
+	checks = append(checks, check("images", true, err))
+	_, err = os.Stat(e.cfg.Paths.AgentPath)
+	checks = append(checks, check("agent", true, err))
+	checks = append(checks,
+		Check{Name: "network", Status: CheckDegraded, Reason: "only network mode none is available", Required: false},
+		Check{Name: "vm", Status: CheckDegraded, Reason: "no VM backend configured", Required: false},
+	)
+	return checks
+}
+
+// Ready reports whether every required check passes.
+func Ready(checks []Check) bool {
+	for _, c := range checks {
+		if c.Required && c.Status == CheckFailed {
+			return false
+		}
+	}
+	return true
+}
+
+// Uptime is how long the engine has been running.
+func (e *Engine) Uptime() time.Duration { return time.Since(e.started) }
+
+// Status is the daemon's summary (sandboxctl status).
+type Status struct {
+	Version    string         `json:"version"`
+	Commit     string         `json:"commit"`
+	UptimeS    float64        `json:"uptime_s"`
+	Cgroups    string         `json:"cgroups"`
+	Seccomp    bool           `json:"seccomp"`
+	Ready      bool           `json:"ready"`
+	Sandboxes  map[string]int `json:"sandboxes"`
+	MaxSandbox int            `json:"max_sandboxes"`
+	Checks     []Check        `json:"checks"`
+}
+
+// Status summarises the daemon.
+func (e *Engine) Status(ctx context.Context) (*Status, error) {
+	checks := e.Readiness(ctx)
+	st := &Status{
+		Version: version.Version, Commit: version.Commit, UptimeS: e.Uptime().Seconds(),
+		Cgroups: string(cgroups.HostMode()), Seccomp: e.seccomp.OK() && e.cfg.Sandbox.SeccompProfile != seccomp.Unconfined,
+		Ready: Ready(checks), Sandboxes: map[string]int{}, MaxSandbox: e.cfg.Sandbox.MaxSandboxes, Checks: checks,
+	}
+	for _, s := range []sandbox.State{sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StateTerminated, sandbox.StateFailed} {
+		n, err := e.store.CountSandboxes(ctx, string(s))
+		if err != nil {
+			return nil, err
+		}
+		st.Sandboxes[string(s)] = n
+	}
+	return st, nil
+}
+
+// GC removes leftovers (containers, cgroups, mounts, directories) that belong
+// to no live sandbox.
+func (e *Engine) GC(ctx context.Context) (*sandbox.GCReport, error) {
+	return e.sandboxes.GC(ctx), nil
+}
+
+// SubscribeEvents streams state changes and output of sandbox id ("" for all)
+// until ctx ends.
+func (e *Engine) SubscribeEvents(ctx context.Context, id string) <-chan sandbox.Event {
+	return e.sandboxes.Subscribe(ctx, id)
+}

@@ -1,0 +1,260 @@
+package sandbox
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
+)
+
+// jobMeta is what the daemon remembers about a command it started; the agent
+// keeps the rest (output, exit status) so it survives a daemon restart.
+type jobMeta struct {
+	oomBefore uint64
+}
+
+// startCommand starts spec in sb through the agent after beginCommand; the
+// caller owns one endCommand.
+func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, tty *agent.TTYSize) (string, error) {
+	oomBefore, _ := cgroups.OOMKills(sb.cgroupPath)
+	cwd := spec.Cwd
+	if cwd == "" {
+		cwd = "/workspace"
+	}
+	gid := spec.UID
+	req := agent.ExecRequest{
+		Argv: spec.Argv, Env: sb.env(spec.Env), Cwd: cwd, Stdin: spec.Stdin,
+		TimeoutMS: spec.Timeout.Milliseconds(), OutputLimit: m.opt.OutputLimit, UID: spec.UID, GID: gid, TTY: tty,
+	}
+	jobID, err := sb.agent.Start(ctx, req)
+	if err != nil {
+		return "", m.agentError(sb, err, "start command")
+	}
+	sb.mu.Lock()
+	if sb.jobs == nil {
+		sb.jobs = map[string]jobMeta{}
+	}
+	sb.jobs[jobID] = jobMeta{oomBefore: oomBefore}
+	sb.mu.Unlock()
+	return jobID, nil
+}
+
+func (sb *Sandbox) jobMeta(jobID string) jobMeta {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.jobs[jobID]
+}
+
+// publishOutput forwards output to event subscribers, if there are any.
+func (m *Manager) publishOutput(sb *Sandbox, jobID string, c agent.Chunk) {
+	if m.events.active() {
+		m.events.publish(Event{Type: "output", SandboxID: sb.ID, JobID: jobID, Stream: c.Stream, Data: string(c.Data)})
+	}
+}
+
+// StartJob starts a command in the background and returns its job id at
+// once; JobStatus pages its output and reports its outcome.
+func (m *Manager) StartJob(ctx context.Context, id string, spec ExecSpec) (string, error) {
+	sb, err := m.lookup(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	if err := m.beginCommand(ctx, sb); err != nil {
+		return "", err
+	}
+	jobID, err := m.startCommand(ctx, sb, spec, nil)
+	if err != nil {
+		m.endCommand(sb)
+		return "", err
+	}
+	go m.watchJob(sb, jobID, 0, 0)
+	return jobID, nil
+}
+
+// watchJob follows a job until it ends (publishing its output) and then
+// releases its hold on the running state.
+func (m *Manager) watchJob(sb *Sandbox, jobID string, stdoutOff, stderrOff int64) {
+	defer m.endCommand(sb)
+	_, err := sb.agent.Attach(context.Background(), jobID, stdoutOff, stderrOff, func(c agent.Chunk) error {
+		m.publishOutput(sb, jobID, c)
+		return nil
+	})
+	if err != nil {
+		sb.mu.Lock()
+		terminating := sb.terminating
+		sb.mu.Unlock()
+		if !terminating {
+			m.log.Warn("lost track of a background job", "sandbox", sb.ID, "job", jobID, "err", err)
+		}
+	}
+}
+
+// JobStatus is a background job's state and output since given offsets.
+type JobStatus struct {
+	JobID            string       `json:"job_id"`
+	State            string       `json:"state"` // running | finished
+	Stdout           string       `json:"stdout"`
+	Stderr           string       `json:"stderr"`
+	StdoutOffset     int64        `json:"stdout_offset"`
+	StderrOffset     int64        `json:"stderr_offset"`
+	NextStdoutOffset int64        `json:"next_stdout_offset"`
+	NextStderrOffset int64        `json:"next_stderr_offset"`
+	ExitCode         *int         `json:"exit_code,omitempty"`
+	Termination      *Termination `json:"termination,omitempty"`
+	DurationMS       int64        `json:"duration_ms,omitempty"`
+}
+
+// JobStatus reads up to max bytes per stream of a job's output after the
+// given offsets, without waiting.
+func (m *Manager) JobStatus(ctx context.Context, id, jobID string, stdoutOff, stderrOff int64, max int) (*JobStatus, error) {
+	sb, err := m.live(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	r, err := sb.agent.Read(ctx, jobID, stdoutOff, stderrOff, max)
+	if err != nil {
+		return nil, m.agentError(sb, err, "read job")
+	}
+	st := &JobStatus{
+		JobID: jobID, State: "running", Stdout: string(r.Stdout), Stderr: string(r.Stderr),
+		StdoutOffset: r.StdoutOffset, StderrOffset: r.StderrOffset,
+		NextStdoutOffset: r.NextStdoutOffset, NextStderrOffset: r.NextStderrOffset,
+	}
+	if r.Exit != nil {
+		st.State = "finished"
+		t := m.termination(sb, r.Exit, sb.jobMeta(jobID).oomBefore)
+		code := r.Exit.ExitCode
+		st.ExitCode, st.Termination, st.DurationMS = &code, &t, r.Exit.DurationMS
+	}
+	return st, nil
+}
+
+// KillJob sends signal (default SIGKILL) to a job's process group.
+func (m *Manager) KillJob(ctx context.Context, id, jobID, signal string) error {
+	sb, err := m.live(ctx, id)
+	if err != nil {
+		return err
+	}
+	if signal == "" {
+		signal = "SIGKILL"
+	}
+	if err := sb.agent.Signal(ctx, jobID, signal); err != nil {
+		return m.agentError(sb, err, "signal job")
+	}
+	return nil
+}
+
+// Jobs lists the commands the sandbox's agent knows about.
+func (m *Manager) Jobs(ctx context.Context, id string) ([]agent.JobInfo, error) {
+	sb, err := m.live(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	jobs, err := sb.agent.Jobs(ctx)
+	if err != nil {
+		return nil, m.agentError(sb, err, "list jobs")
+	}
+	return jobs, nil
+}
+
+// TerminalSpec is an interactive command on a pseudo-terminal.
+type TerminalSpec struct {
+	Argv       []string
+	Env        map[string]string
+	Cwd        string
+	Rows, Cols uint16
+}
+
+// Terminal is an interactive command on a pseudo-terminal in a sandbox.
+type Terminal struct {
+	m       *Manager
+	sb      *Sandbox
+	JobID   string
+	sess    *agent.Session
+	out     chan []byte
+	started time.Time
+	endOnce sync.Once
+}
+
+// OpenTerminal starts spec on a new pseudo-terminal in sandbox id.
+func (m *Manager) OpenTerminal(ctx context.Context, id string, spec TerminalSpec) (*Terminal, error) {
+	sb, err := m.lookup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.beginCommand(ctx, sb); err != nil {
+		return nil, err
+	}
+	env := map[string]string{"TERM": "xterm-256color"}
+	for k, v := range spec.Env {
+		env[k] = v
+	}
+	jobID, err := m.startCommand(ctx, sb, ExecSpec{Argv: spec.Argv, Env: env, Cwd: spec.Cwd}, &agent.TTYSize{Rows: spec.Rows, Cols: spec.Cols})
+	if err != nil {
+		m.endCommand(sb)
+		return nil, err
+	}
+	// The session outlives this call's context: it lasts as long as the terminal.
+	sess, err := sb.agent.Interactive(context.WithoutCancel(ctx), jobID)
+	if err != nil {
+		kctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = sb.agent.Signal(kctx, jobID, "SIGKILL")
+		cancel()
+		m.endCommand(sb)
+		return nil, m.agentError(sb, err, "attach terminal")
+	}
+	t := &Terminal{m: m, sb: sb, JobID: jobID, sess: sess, out: make(chan []byte, 16), started: time.Now()}
+	go func() {
+		defer close(t.out)
+		for c := range sess.Output() {
+			m.publishOutput(sb, jobID, c)
+			t.out <- c.Data
+		}
+	}()
+	return t, nil
+}
+
+// Output delivers what the terminal prints; it is closed when the command ends.
+func (t *Terminal) Output() <-chan []byte { return t.out }
+
+// Write sends keyboard input.
+func (t *Terminal) Write(p []byte) (int, error) { return t.sess.Write(p) }
+
+// Resize changes the terminal's size.
+func (t *Terminal) Resize(rows, cols uint16) error {
+	if err := t.sess.Resize(rows, cols); err != nil {
+		return t.m.agentError(t.sb, err, "resize terminal")
+	}
+	return nil
+}
+
+// Wait blocks until the command ends (Output must be drained) and returns
+// its outcome; the output itself went through Output.
+func (t *Terminal) Wait() (*ExecResult, error) {
+	exit, err := t.sess.Wait()
+	t.end()
+	if err != nil {
+		return &ExecResult{JobID: t.JobID, ExitCode: -1, DurationMS: time.Since(t.started).Milliseconds(),
+			Termination: t.m.lostTermination(t.sb, t.sb.jobMeta(t.JobID).oomBefore, err)}, nil
+	}
+	return &ExecResult{JobID: t.JobID, ExitCode: exit.ExitCode, DurationMS: exit.DurationMS,
+		StdoutBytes: exit.StdoutBytes, Termination: t.m.termination(t.sb, exit, t.sb.jobMeta(t.JobID).oomBefore)}, nil
+}
+
+// Close ends the terminal, killing its command if it is still running.
+func (t *Terminal) Close() error {
+	kctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if st, err := t.sb.agent.Read(kctx, t.JobID, 0, 0, 0); err == nil && st.Exit == nil {
+		_ = t.sb.agent.Signal(kctx, t.JobID, "SIGKILL")
+	}
+	err := t.sess.Close()
+	t.end()
+	return err
+}
+
+func (t *Terminal) end() {
+	t.endOnce.Do(func() { t.m.endCommand(t.sb) })
+}
