@@ -2,5 +2,5 @@ package main
 
 import "github.com/spf13/cobra"
 
-// extraCommands are the daemon's long-running commands (serve, stdio).
-func extraCommands() []*cobra.Command { return nil }
+// extraCommands are the daemon's long-running commands.
+func extraCommands() []*cobra.Command { return []*cobra.Command{serveCmd(), imagesCmd()} }

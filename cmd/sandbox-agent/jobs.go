@@ -19,7 +19,8 @@ import (
 
 // drainGrace is how long output is still collected after a job's leader
 // has exited. Background processes that keep the pipes open must not keep
-// the job unfinished forever.
+// the job unfinished forever; what they write after that is not collected
+// (they keep running until killed or the agent terminates).
 const drainGrace = 300 * time.Millisecond
 
 // Stream indexes into job.streams.

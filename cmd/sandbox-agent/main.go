@@ -36,6 +36,9 @@ func main() {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(log, os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // usage was printed
+		}
 		log.Error("sandbox-agent failed", "err", err)
 		os.Exit(1)
 	}

@@ -27,6 +27,7 @@ type Config struct {
 	Sandbox Sandbox `yaml:"sandbox"`
 	Network Network `yaml:"network"`
 	Images  Images  `yaml:"images"`
+	Runs    Runs    `yaml:"runs"`
 	Autofix Autofix `yaml:"autofix"`
 	VM      VM      `yaml:"vm"`
 	Log     Log     `yaml:"log"`
@@ -86,6 +87,14 @@ type Images struct {
 	Mirror    string   `yaml:"mirror"`    // Debian mirror; empty: the host's apt sources
 	Suite     string   `yaml:"suite"`     // default suite for recipes that name none
 	Languages []string `yaml:"languages"` // enabled recipes; empty: all
+}
+
+// Runs is the `runs` section: run records (SPEC.md "Run records").
+type Runs struct {
+	Dir          string   `yaml:"dir"`            // where records go; empty: state_dir/runs
+	MaxAge       Duration `yaml:"max_age"`        // delete records older than this (0: never)
+	MaxTotalSize ByteSize `yaml:"max_total_size"` // delete the oldest records beyond this total (0: no limit)
+	LogCap       ByteSize `yaml:"log_cap"`        // bytes kept per stream in stdout.log / stderr.log
 }
 
 // Autofix is the `autofix` section.
@@ -167,6 +176,11 @@ func Default() *Config {
 		},
 		Images: Images{
 			Suite: "bookworm",
+		},
+		Runs: Runs{
+			MaxAge:       Duration(720 * time.Hour),
+			MaxTotalSize: 10 << 30,
+			LogCap:       64 << 20,
 		},
 		Autofix: Autofix{
 			Provider:   "client",

@@ -133,6 +133,20 @@ images:
   # Enabled languages (recipe names in paths.recipes_dir). Empty: all.
   languages: []
 
+# Run records: one directory per run_code (and autofix) call, with the code,
+# the full logs, the sandbox's description, metadata and output files.
+runs:
+  # Directory of the records (absolute path). Empty: state_dir/runs.
+  dir: ""
+  # Records older than this are deleted (duration; 0: never).
+  max_age: 720h
+  # When the records together exceed this size the oldest are deleted (size;
+  # 0: no limit).
+  max_total_size: 10G
+  # Output kept per stream in a record's stdout.log and stderr.log (size, at
+  # least 1K), however little of it the caller's answer carries.
+  log_cap: 64M
+
 # The run, fix, run again loop.
 autofix:
   # Who writes the fixes: client (the calling MCP client, through

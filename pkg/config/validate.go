@@ -46,6 +46,7 @@ func (c *Config) Validate() error {
 	c.Sandbox.validate(&p, c.Images.Languages)
 	c.Network.validate(&p)
 	c.Images.validate(&p)
+	c.Runs.validate(&p)
 	c.Autofix.validate(&p)
 	c.VM.validate(&p)
 	c.Log.validate(&p)
@@ -202,6 +203,18 @@ func (im *Images) validate(p *problems) {
 			p.add(key, "", "language %q listed twice", l)
 		}
 		seen[l] = true
+	}
+}
+
+func (r *Runs) validate(p *problems) {
+	if r.Dir != "" {
+		p.absPath("runs.dir", r.Dir)
+	}
+	if r.MaxAge < 0 {
+		p.add("runs.max_age", "", "must not be negative (0 means never)")
+	}
+	if r.LogCap < minOutputLimit {
+		p.add("runs.log_cap", "", "%v is below the minimum of %v", r.LogCap, minOutputLimit)
 	}
 }
 

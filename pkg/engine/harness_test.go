@@ -128,7 +128,7 @@ type testEnv struct {
 	cfg *config.Config
 }
 
-func newTestEngine(t *testing.T, tweak ...func(*config.Config)) *testEnv {
+func newTestEngine(t testing.TB, tweak ...func(*config.Config)) *testEnv {
 	t.Helper()
 	requireRoot(t)
 	ensureShellImage(t)
@@ -173,7 +173,7 @@ func newTestEngine(t *testing.T, tweak ...func(*config.Config)) *testEnv {
 }
 
 // testWriter sends log lines to t.Log, dropping them once the test is over.
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Helper()
@@ -183,7 +183,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 // assertNoLeftovers checks that no sandbox of this engine left a cgroup, a
 // mount, a libcontainer state dir or a sandbox dir behind.
-func (env *testEnv) assertNoLeftovers(t *testing.T) {
+func (env *testEnv) assertNoLeftovers(t testing.TB) {
 	t.Helper()
 	for _, id := range env.sandboxes.IDs() {
 		t.Errorf("sandbox %s still live", id)
@@ -222,7 +222,7 @@ func mountsUnder(t testing.TB, dir string) []string {
 	return out
 }
 
-func removeCgroupParent(t *testing.T, parent string) {
+func removeCgroupParent(t testing.TB, parent string) {
 	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", strings.TrimPrefix(parent, "/")))
 	dirs = append(dirs, filepath.Join("/sys/fs/cgroup", strings.TrimPrefix(parent, "/")))
 	for _, d := range dirs {

@@ -73,6 +73,10 @@ func Ready(checks []Check) bool {
 	return true
 }
 
+// Healthy reports whether the engine can still do its work (the state store
+// answers); the systemd watchdog is fed only while it does.
+func (e *Engine) Healthy(ctx context.Context) error { return e.store.Ping(ctx) }
+
 // Uptime is how long the engine has been running.
 func (e *Engine) Uptime() time.Duration { return time.Since(e.started) }
 

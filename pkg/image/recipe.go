@@ -40,6 +40,10 @@ type Recipe struct {
 	// compile, lint, test, extensions, ...), each a list of strings. Their
 	// meaning belongs to the language layer; the image only carries them.
 	Commands map[string][]string `yaml:"commands" json:"commands"`
+	// Dependencies are the language's package managers: how to install what
+	// a manifest file lists and how to add named packages. Their meaning,
+	// like that of Commands, belongs to the language layer (pkg/lang).
+	Dependencies []Dependency `yaml:"dependencies" json:"dependencies,omitempty"`
 	// Setup lines run as root in the chroot, in one `sh -eu` script, after
 	// the packages are installed and before the files, the user and the
 	// sandbox layout are put in place. /proc is mounted and apt works.
@@ -60,6 +64,26 @@ type FileSpec struct {
 	// Mode is the file's permission mode; absent (or 0) means 0644. The
 	// file is owned by root.
 	Mode FileMode `yaml:"mode" json:"mode"`
+}
+
+// Dependency is one package manager of a language image.
+type Dependency struct {
+	// Manager names it (pip, npm, go, cargo, ...).
+	Manager string `yaml:"manager" json:"manager"`
+	// Manifest is the file (relative to the workspace) whose presence asks
+	// for Install, e.g. requirements.txt.
+	Manifest string `yaml:"manifest" json:"manifest,omitempty"`
+	// Install installs what Manifest lists.
+	Install []string `yaml:"install" json:"install,omitempty"`
+	// Add installs named packages ({packages} stands for them).
+	Add []string `yaml:"add" json:"add,omitempty"`
+	// OfflineEnv is added to the environment of Install and Add when the
+	// sandbox has no network, so that the manager fails fast instead of
+	// retrying, and succeeds from local sources.
+	OfflineEnv map[string]string `yaml:"offline_env" json:"offline_env,omitempty"`
+	// OfflineErrors are output fragments that, from a sandbox without
+	// network, mean the manager needed the network.
+	OfflineErrors []string `yaml:"offline_errors" json:"offline_errors,omitempty"`
 }
 
 // UserSpec is the unprivileged account commands run as inside the image.
@@ -320,6 +344,30 @@ func (r *Recipe) problems() []string {
 		}
 		if len(r.Commands[k]) == 0 {
 			add("commands.%s: must be a non-empty list of strings", k)
+		}
+	}
+	managers := map[string]bool{}
+	for i, d := range r.Dependencies {
+		switch {
+		case !commandRE.MatchString(d.Manager):
+			add("dependencies[%d].manager: %q must be a lower-case word", i, d.Manager)
+		case managers[d.Manager]:
+			add("dependencies[%d].manager: %q is listed twice", i, d.Manager)
+		}
+		managers[d.Manager] = true
+		if d.Manifest != "" && (path.IsAbs(d.Manifest) || !filepath.IsLocal(d.Manifest)) {
+			add("dependencies[%d].manifest: %q must be a relative path", i, d.Manifest)
+		}
+		if d.Manifest != "" && len(d.Install) == 0 {
+			add("dependencies[%d].install: required with a manifest", i)
+		}
+		if len(d.Install) == 0 && len(d.Add) == 0 {
+			add("dependencies[%d]: needs install or add", i)
+		}
+		for _, k := range sortedKeys(d.OfflineEnv) {
+			if !envKeyRE.MatchString(k) {
+				add("dependencies[%d].offline_env.%s: not a valid environment variable name", i, k)
+			}
 		}
 	}
 	for i, line := range r.Setup {

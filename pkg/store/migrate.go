@@ -61,6 +61,32 @@ CREATE TABLE sandbox_events (
 CREATE INDEX sandbox_events_by_sandbox ON sandbox_events (sandbox_id, id);
 `,
 	},
+	{
+		version:     2,
+		description: "run records",
+		sql: `
+-- One row per run record directory (pkg/runs); the directory holds the
+-- logs and files, the row what listing and retention need.
+CREATE TABLE runs (
+	id          TEXT PRIMARY KEY,           -- <YYYYMMDD_HHMMSS>_<4 hex>, the directory name
+	kind        TEXT NOT NULL DEFAULT 'run', -- run | autofix
+	language    TEXT NOT NULL DEFAULT '',
+	sandbox_id  TEXT NOT NULL DEFAULT '',   -- no foreign key: runs outlive sandbox rows
+	image       TEXT NOT NULL DEFAULT '',
+	started_at  INTEGER NOT NULL,
+	ended_at    INTEGER NOT NULL DEFAULT 0,
+	duration_ms INTEGER NOT NULL DEFAULT 0,
+	exit_code   INTEGER NOT NULL DEFAULT 0,
+	success     INTEGER NOT NULL DEFAULT 0,
+	termination TEXT NOT NULL DEFAULT '',
+	size_bytes  INTEGER NOT NULL DEFAULT 0, -- the directory's size, for retention
+	metadata    TEXT CHECK (metadata IS NULL OR json_valid(metadata))
+) STRICT;
+
+CREATE INDEX runs_by_started_at ON runs (started_at);
+CREATE INDEX runs_by_language ON runs (language, started_at);
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/api"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
+)
+
+// drainTimeout bounds how long SIGTERM waits for in-flight requests.
+const drainTimeout = 30 * time.Second
+
+func serveCmd() *cobra.Command {
+	var cfgPath string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the daemon: REST API on the unix socket and HTTP, health and metrics",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(cfgPath)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			log := newLogger(cfg.Log, os.Stderr)
+			return serve(cmd.Context(), cfg, log)
+		},
+	}
+	cmd.Flags().StringVar(&cfgPath, "config", config.DefaultPath, "configuration file (missing default file: built-in defaults)")
+	return cmd
+}
+
+// loadConfig reads path; the default path may be absent (then the documented
+// defaults apply, with environment overrides), an explicit one may not.
+func loadConfig(path string) (*config.Config, error) {
+	if path == config.DefaultPath {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return config.Parse(nil)
+		}
+	}
+	return config.Load(path)
+}
+
+func newLogger(c config.Log, w *os.File) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.Level)) // validated by config
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// lockStateDir takes the state directory's exclusive lock, so that two
+// daemons (or a daemon and an in-process stdio server) never share state.
+// The lock is released when the process exits, however it exits.
+func lockStateDir(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	path := filepath.Join(dir, "lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock file: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			holder, _ := os.ReadFile(path)
+			return nil, fmt.Errorf("state directory %s is in use by another mcp-sandboxd (pid %s)", dir, strings.TrimSpace(string(holder)))
+		}
+		return nil, fmt.Errorf("lock state dir: %w", err)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(fmt.Sprintf("%d\n", os.Getpid())), 0)
+	return f, nil
+}
+
+// readToken reads the HTTP bearer token, creating a random one (0600) on
+// first start so that HTTP is never served without authentication.
+func readToken(path string, log *slog.Logger) (string, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		b := make([]byte, 24)
+		if _, err := rand.Read(b); err != nil {
+			return "", err
+		}
+		tok := hex.EncodeToString(b)
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return "", fmt.Errorf("server.auth_token_file: %w", err)
+		}
+		if err := os.WriteFile(path, []byte(tok+"\n"), 0o600); err != nil {
+			return "", fmt.Errorf("server.auth_token_file: %w", err)
+		}
+		log.Info("created a new HTTP bearer token", "file", path)
+		return tok, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("server.auth_token_file: %w", err)
+	}
+	tok := strings.TrimSpace(string(data))
+	if len(tok) < 16 {
+		return "", fmt.Errorf("server.auth_token_file: %s holds a token shorter than 16 characters", path)
+	}
+	return tok, nil
+}
+
+// listenUnix listens on the API socket with mode 0660: the file mode is the
+// access control of the unauthenticated socket.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("server.socket: %w", err)
+	}
+	// A socket file left by a crashed daemon; we hold the state lock, so no
+	// live daemon of ours owns it.
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("server.socket: remove stale socket: %w", err)
+	}
+	old := unix.Umask(0o117)
+	l, err := net.Listen("unix", path)
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("server.socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("server.socket: %w", err)
+	}
+	return l, nil
+}
+
+func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	lock, err := lockStateDir(cfg.Paths.StateDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	eng, err := engine.New(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+
+	var servers []*http.Server
+	errc := make(chan error, 2)
+	start := func(l net.Listener, h http.Handler, what string) {
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		servers = append(servers, srv)
+		go func() {
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("%s: %w", what, err)
+			}
+		}()
+		log.Info("serving", "api", what, "addr", l.Addr().String())
+	}
+
+	ul, err := listenUnix(cfg.Server.Socket)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(cfg.Server.Socket)
+	start(ul, api.NewHandler(eng, api.Options{Log: log}), "unix")
+
+	if cfg.Server.HTTPAddr != "" {
+		token, err := readToken(cfg.Server.AuthTokenFile, log)
+		if err != nil {
+			return err
+		}
+		tl, err := net.Listen("tcp", cfg.Server.HTTPAddr)
+		if err != nil {
+			return fmt.Errorf("server.http_addr: %w", err)
+		}
+		start(tl, httpHandler(eng, token, log), "http")
+	}
+
+	// Only now can clients connect: tell systemd (Type=notify).
+	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+		log.Warn("sd_notify READY", "err", err)
+	}
+	if iv, err := daemon.SdWatchdogEnabled(false); err == nil && iv > 0 {
+		go watchdog(ctx, eng, iv/2, log)
+	}
+	log.Info("mcp-sandboxd ready", "version", version.Version, "socket", cfg.Server.Socket, "http", cfg.Server.HTTPAddr)
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		log.Error("server failed", "err", err)
+		_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+		return err
+	}
+	log.Info("shutting down: draining requests; sandboxes keep running")
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	for _, srv := range servers {
+		if err := srv.Shutdown(dctx); err != nil {
+			log.Warn("drain", "err", err)
+		}
+	}
+	return nil
+}
+
+// httpHandler is everything served on server.http_addr, behind the token.
+func httpHandler(eng *engine.Engine, token string, log *slog.Logger) http.Handler {
+	return api.NewHandler(eng, api.Options{Token: token, Log: log})
+}
+
+// watchdog pings systemd while the engine's store answers, so a wedged
+// daemon is restarted (WatchdogSec in the unit).
+func watchdog(ctx context.Context, eng *engine.Engine, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, every)
+		err := eng.Healthy(cctx)
+		cancel()
+		if err != nil {
+			log.Error("watchdog: withholding the ping", "err", err)
+			continue
+		}
+		if _, err := daemon.SdNotify(false, daemon.SdNotifyWatchdog); err != nil {
+			log.Warn("sd_notify WATCHDOG", "err", err)
+		}
+	}
+}

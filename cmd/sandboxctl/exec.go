@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
+)
+
+// maxStdin is the daemon's limit on a command's stdin (engine.maxStdin).
+const maxStdin = 16 << 20
+
+type execOptions struct {
+	interactive, tty bool
+	timeout          time.Duration
+	env              []string
+	cwd              string
+}
+
+func execCmd(g *globals) *cobra.Command {
+	var o execOptions
+	cmd := &cobra.Command{
+		Use:   "exec [-it] [--timeout D] [--env K=V] [--cwd DIR] ID -- CMD ARGS...",
+		Short: "Run a command in a sandbox and exit with its exit code",
+		Long: `Run a command in a sandbox, streaming its stdout and stderr, and exit with
+its exit code (128+N when killed by signal N). -i sends this process's stdin
+to the command; -it runs it on a pseudo-terminal attached to this one.`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, argv := args[0], args[1:]
+			if argv[0] == "--" {
+				argv = argv[1:]
+			}
+			if len(argv) == 0 {
+				return usagef("exec: missing command after the sandbox ID")
+			}
+			env, err := parseKV("env", o.env)
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if o.tty {
+				return execTTY(cmd.Context(), g, c, id, argv, env, o)
+			}
+			return execStream(cmd.Context(), g, c, id, argv, env, o)
+		},
+	}
+	f := cmd.Flags()
+	// Flags after the ID belong to the command: exec ID ls -la.
+	f.SetInterspersed(false)
+	f.BoolVarP(&o.interactive, "interactive", "i", false, "send stdin to the command")
+	f.BoolVarP(&o.tty, "tty", "t", false, "run on a pseudo-terminal (needs -i and a terminal)")
+	f.DurationVar(&o.timeout, "timeout", 0, "kill the command after this long (default: the daemon's)")
+	f.StringArrayVarP(&o.env, "env", "e", nil, "environment variable NAME=VALUE (repeatable)")
+	f.StringVarP(&o.cwd, "cwd", "w", "", "working directory (default /workspace)")
+	return cmd
+}
+
+// execStream runs the command through the NDJSON exec stream.
+func execStream(ctx context.Context, g *globals, c *client.Client, id string, argv []string, env map[string]string, o execOptions) error {
+	req := client.ExecRequest{Argv: argv, Env: env, Cwd: o.cwd}
+	if o.timeout != 0 {
+		if o.timeout < 0 {
+			return usagef("--timeout: must be positive, got %s", o.timeout)
+		}
+		t := o.timeout.Seconds()
+		req.TimeoutSeconds = &t
+	}
+	if o.interactive {
+		in, err := io.ReadAll(io.LimitReader(os.Stdin, maxStdin+1))
+		if err != nil {
+			return fmt.Errorf("read stdin: %w", err)
+		}
+		switch {
+		case len(in) > maxStdin:
+			return usagef("exec -i: stdin exceeds %d bytes; upload it with cp instead", maxStdin)
+		case !utf8.Valid(in):
+			// The API carries stdin as a JSON string, which cannot hold
+			// arbitrary bytes.
+			return usagef("exec -i: stdin is not UTF-8 text; upload binary input with cp instead")
+		}
+		req.Stdin = string(in)
+	}
+	var onOutput client.OutputFunc
+	if !g.json {
+		onOutput = func(stream string, data []byte) {
+			if stream == "stderr" {
+				_, _ = g.stderr.Write(data)
+			} else {
+				_, _ = g.stdout.Write(data)
+			}
+		}
+	}
+	res, err := c.Exec(ctx, id, req, onOutput)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		if err := g.printJSON(res); err != nil {
+			return err
+		}
+	}
+	return &exitStatus{code: commandExitCode(res)}
+}
+
+// commandExitCode is the status sandboxctl exits with for a finished command:
+// its own code, which the agent already reports as 128+N for signal N; an
+// outcome the daemon lost (-1) is a plain failure.
+func commandExitCode(res *client.ExecResult) int {
+	if res.ExitCode < 0 || res.ExitCode > 255 {
+		return exitFailed
+	}
+	return res.ExitCode
+}
+
+// execTTY runs the command on a pseudo-terminal over the terminal WebSocket,
+// with the local terminal in raw mode for the duration.
+func execTTY(ctx context.Context, g *globals, c *client.Client, id string, argv []string, env map[string]string, o execOptions) error {
+	switch {
+	case !o.interactive:
+		return usagef("exec: -t needs -i")
+	case o.timeout != 0:
+		return usagef("exec: --timeout does not apply to -t sessions")
+	case !term.IsTerminal(int(os.Stdin.Fd())):
+		return usagef("exec -it: stdin is not a terminal")
+	}
+	req := client.TerminalRequest{Argv: argv, Env: env, Cwd: o.cwd}
+	if cols, rows, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+		req.Rows, req.Cols = uint16(rows), uint16(cols)
+	}
+	t, err := c.OpenTerminal(ctx, id, req)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	state, err := term.MakeRaw(int(os.Stdin.Fd()))
+	if err != nil {
+		return fmt.Errorf("raw terminal: %w", err)
+	}
+	// Restored before any message is printed, whatever happens next.
+	restore := func() { _ = term.Restore(int(os.Stdin.Fd()), state) }
+	defer restore()
+
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, syscall.SIGWINCH)
+	defer signal.Stop(winch)
+	go func() {
+		for range winch {
+			if cols, rows, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+				_ = t.Resize(uint16(rows), uint16(cols))
+			}
+		}
+	}()
+	// In raw mode Ctrl-C reaches the remote command as a byte; only a
+	// signal from outside (SIGTERM) ends the session from here.
+	go func() {
+		<-ctx.Done()
+		_ = t.Close()
+	}()
+	// The stdin copier may stay blocked in Read after the command ends; the
+	// process exits right after, so it is not waited for.
+	go func() { _, _ = io.Copy(t, os.Stdin) }()
+
+	for chunk := range t.Output() {
+		_, _ = g.stdout.Write(chunk)
+	}
+	res, err := t.Wait()
+	restore()
+	if err != nil {
+		if ctx.Err() != nil {
+			return errors.New("interrupted")
+		}
+		return err
+	}
+	if g.json {
+		if err := g.printJSON(res); err != nil {
+			return err
+		}
+	}
+	return &exitStatus{code: commandExitCode(res)}
+}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func imagesCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "images",
+		Short: "Language images",
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the built images",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			imgs, err := c.Images(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(imgs)
+			}
+			now := time.Now()
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tBUILT\tSUITE\tPACKAGES")
+			for _, im := range imgs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", im.Name, shortDigest(im.Digest), humanBytes(im.SizeBytes),
+					ago(now, im.BuiltAt), im.Suite, len(im.Packages))
+			}
+			return tw.Flush()
+		},
+	})
+	return cmd
+}
+
+// shortDigest shortens "sha256:abcdef..." to 12 hex digits, like docker.
+func shortDigest(d string) string {
+	d = strings.TrimPrefix(d, "sha256:")
+	if len(d) > 12 {
+		d = d[:12]
+	}
+	return d
+}
+
+func gcCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "gc",
+		Short: "Reclaim orphaned cgroups, mounts, network devices and state directories",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			rep, err := c.GC(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				err = g.printJSON(rep)
+			} else {
+				for _, r := range rep.Removed {
+					fmt.Fprintln(g.stdout, "removed", r)
+				}
+				fmt.Fprintf(g.stdout, "%d removed, %d errors\n", len(rep.Removed), len(rep.Errors))
+				for _, e := range rep.Errors {
+					fmt.Fprintln(g.stderr, "error:", e)
+				}
+			}
+			if err == nil && len(rep.Errors) > 0 {
+				return &exitStatus{code: exitFailed}
+			}
+			return err
+		},
+	}
+}

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
+)
+
+func psCmd(g *globals) *cobra.Command {
+	var (
+		all   bool
+		state string
+	)
+	cmd := &cobra.Command{
+		Use:   "ps",
+		Short: "List live sandboxes (--all: also terminated and failed ones)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if all && state != "" {
+				return usagef("ps: --all and --state are exclusive")
+			}
+			if all {
+				state = "all"
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			l, err := c.ListSandboxes(cmd.Context(), state)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(l)
+			}
+			return printSandboxes(g, l)
+		},
+	}
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "include terminated and failed sandboxes")
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state (creating, ready, running, terminated, failed)")
+	return cmd
+}
+
+func printSandboxes(g *globals, l []client.Sandbox) error {
+	now := time.Now()
+	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SANDBOX ID\tLANGUAGE\tSTATE\tCREATED\tMEMORY\tCPUS\tPIDS\tDISK\tNETWORK\tLABELS")
+	for _, s := range l {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%g\t%d\t%s\t%s\t%s\n", s.ID, s.Language, s.State, ago(now, s.CreatedAt),
+			humanBytes(s.Limits.MemoryBytes), s.Limits.CPUs, s.Limits.Pids, humanBytes(s.Limits.DiskBytes), s.Network, labels(s.Labels))
+	}
+	return tw.Flush()
+}
+
+func labels(m map[string]string) string {
+	if len(m) == 0 {
+		return ""
+	}
+	l := make([]string, 0, len(m))
+	for k, v := range m {
+		l = append(l, k+"="+v)
+	}
+	sort.Strings(l)
+	return strings.Join(l, ",")
+}
+
+func inspectCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect ID",
+		Short: "Describe a sandbox and its live usage (JSON)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			d, err := c.GetSandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			// Like docker inspect: JSON is the human format too.
+			return g.printJSON(d)
+		},
+	}
+}
+
+func createCmd(g *globals) *cobra.Command {
+	var (
+		req                  client.CreateSandboxRequest
+		memory, disk         string
+		cpus                 float64
+		pids                 int64
+		ttl                  time.Duration
+		envFlags, labelFlags []string
+	)
+	cmd := &cobra.Command{
+		Use:   "create --lang L [flags]",
+		Short: "Create a sandbox and print its ID",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f := cmd.Flags()
+			if f.Changed("memory") {
+				mb, err := parseMB("memory", memory)
+				if err != nil {
+					return err
+				}
+				req.MemoryMB = &mb
+			}
+			if f.Changed("disk") {
+				mb, err := parseMB("disk", disk)
+				if err != nil {
+					return err
+				}
+				req.DiskMB = &mb
+			}
+			if f.Changed("cpus") {
+				req.CPUs = &cpus
+			}
+			if f.Changed("pids") {
+				req.Pids = &pids
+			}
+			if f.Changed("ttl") {
+				s, err := seconds("ttl", ttl)
+				if err != nil {
+					return err
+				}
+				req.TTLSeconds = &s
+			}
+			var err error
+			if req.Env, err = parseKV("env", envFlags); err != nil {
+				return err
+			}
+			if req.Labels, err = parseKV("label", labelFlags); err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			s, err := c.CreateSandbox(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(s)
+			}
+			fmt.Fprintln(g.stdout, s.ID)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&req.Language, "lang", "l", "", "language (image) of the sandbox")
+	f.StringVar(&req.Image, "image", "", "image, when it differs from the language")
+	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512M or 1G (default: the daemon's)")
+	f.StringVar(&disk, "disk", "", "disk limit for /workspace and other writes, e.g. 1G")
+	f.Float64Var(&cpus, "cpus", 0, "CPU limit in cores, e.g. 0.5")
+	f.Int64Var(&pids, "pids", 0, "process limit")
+	f.StringVar(&req.Network, "network", "", "network mode: none, egress or allowlist")
+	f.StringArrayVar(&req.Allow, "allow", nil, "host or CIDR reachable with --network allowlist (repeatable)")
+	f.StringArrayVarP(&envFlags, "env", "e", nil, "environment variable NAME=VALUE (repeatable)")
+	f.StringArrayVar(&labelFlags, "label", nil, "label NAME=VALUE (repeatable)")
+	f.DurationVar(&ttl, "ttl", 0, "lifetime after which the sandbox is terminated, e.g. 30m")
+	return cmd
+}
+
+func rmCmd(g *globals) *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "rm [-f] ID...",
+		Short: "Terminate sandboxes (-f: even while a command runs)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var first error
+			for _, id := range args {
+				if err := removeSandbox(cmd, c, id, force); err != nil {
+					if errors.Is(err, client.ErrUnreachable) {
+						return err
+					}
+					fmt.Fprintf(g.stderr, "sandboxctl: rm %s: %v\n", id, err)
+					if first == nil {
+						first = err
+					}
+					continue
+				}
+				fmt.Fprintln(g.stdout, id)
+			}
+			if first != nil {
+				// Already reported; keep only the first failure's exit code.
+				return &exitStatus{code: exitCode(first)}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "terminate even when a command is running")
+	return cmd
+}
+
+// removeSandbox terminates id. Like docker rm, it refuses a sandbox that is
+// running a command unless forced.
+func removeSandbox(cmd *cobra.Command, c *client.Client, id string, force bool) error {
+	if !force {
+		d, err := c.GetSandbox(cmd.Context(), id)
+		if err != nil {
+			return err
+		}
+		if d.State == "running" {
+			return errors.New("a command is running; use -f to terminate anyway")
+		}
+	}
+	_, err := c.TerminateSandbox(cmd.Context(), id)
+	return err
+}

@@ -1,0 +1,278 @@
+// Package api serves SandboxRunner's REST API (SPEC.md "REST API"): JSON
+// resources over pkg/engine, NDJSON streams for command output, WebSockets
+// for terminals and events, and the /healthz, /readyz and /metrics endpoints.
+//
+// Handlers are thin adapters: they decode the request, call one engine
+// method and encode its answer. The engine validates every field and returns
+// errors from the pkg/errdefs taxonomy, which writeError maps to HTTP in one
+// place. The same handler serves the daemon's unix socket (no token: the
+// socket's file mode is the access control) and its TCP address (bearer
+// token on every route but /healthz).
+package api
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
+
+// DefaultMaxBodyBytes caps JSON request bodies unless Options say otherwise.
+const DefaultMaxBodyBytes = 1 << 20
+
+// CodeUnauthenticated is the error code of a request without a valid bearer
+// token. It is not an engine error, so it is not part of errdefs' taxonomy.
+const CodeUnauthenticated errdefs.Code = "unauthenticated"
+
+// Options configure the handler.
+type Options struct {
+	// Token is the bearer token required on every route but /healthz; empty
+	// means no authentication (the unix socket).
+	Token string
+	// Log receives one debug line per request and the details of internal
+	// errors; nil means slog.Default().
+	Log *slog.Logger
+	// MaxBodyBytes caps JSON request bodies (default DefaultMaxBodyBytes).
+	// File uploads are capped by engine.MaxFileBytes instead.
+	MaxBodyBytes int64
+}
+
+type server struct {
+	e   *engine.Engine
+	opt Options
+	log *slog.Logger
+}
+
+// NewHandler returns the REST API over e.
+func NewHandler(e *engine.Engine, opt Options) http.Handler {
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	if opt.MaxBodyBytes <= 0 {
+		opt.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	s := &server{e: e, opt: opt, log: opt.Log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(e.MetricsRegistry(), promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(opt.Log.Handler(), slog.LevelWarn),
+	}))
+	mux.HandleFunc("GET /v1/status", s.status)
+	mux.HandleFunc("GET /v1/images", s.images)
+	mux.HandleFunc("POST /v1/gc", s.gc)
+	mux.HandleFunc("GET /v1/events", s.events)
+	mux.HandleFunc("POST /v1/sandboxes", s.createSandbox)
+	mux.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
+	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.terminateSandbox)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", s.exec)
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", s.writeFile)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files", s.readFile)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/files", s.deleteFile)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/terminal", s.terminal)
+	// Authentication wraps the mux, so an unauthenticated request reaches no
+	// handler at all.
+	return s.logRequests(s.authenticate(mux))
+}
+
+// authenticate refuses requests without the bearer token, except /healthz
+// (liveness probes carry no secrets).
+func (s *server) authenticate(next http.Handler) http.Handler {
+	if s.opt.Token == "" {
+		return next
+	}
+	want := []byte(s.opt.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		// ConstantTimeCompare leaks only the token's length, not its content.
+		if strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare([]byte(tok), want) == 1 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-sandboxd"`)
+		writeJSON(w, http.StatusUnauthorized, errorResponse{Error: errorBody{
+			Code: string(CodeUnauthenticated), Message: "missing or invalid bearer token",
+		}})
+	})
+}
+
+// statusRecorder remembers the status a handler sent, for the request log.
+// Unwrap lets http.ResponseController and the WebSocket upgrade reach the
+// underlying writer's Flush and Hijack.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(p)
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func (s *server) logRequests(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w}
+		next.ServeHTTP(rec, r)
+		s.log.Debug("api request", "method", r.Method, "path", r.URL.Path, "status", rec.status,
+			"duration", time.Since(start))
+	})
+}
+
+type errorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+type errorResponse struct {
+	Error errorBody `json:"error"`
+}
+
+func errorBodyOf(err error) errorBody {
+	return errorBody{Code: string(errdefs.CodeOf(err)), Message: errdefs.MessageOf(err)}
+}
+
+// writeError is the one place where errors become HTTP responses. Internal
+// errors are logged with their cause, which the client never sees.
+func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	status := errdefs.HTTPStatus(errdefs.CodeOf(err))
+	if status >= http.StatusInternalServerError {
+		s.log.Error("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeJSON(w, status, errorResponse{Error: errorBodyOf(err)})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	// The status is sent; a failed write means the client went away.
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// decodeJSON reads one JSON object from the body into v, refusing unknown
+// fields, trailing data and bodies over the size cap, with messages that
+// name the problem.
+func (s *server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.opt.MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return bodyError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if err == nil {
+			return errdefs.Invalidf("body: unexpected data after the JSON object")
+		}
+		return bodyError(err)
+	}
+	return nil
+}
+
+func bodyError(err error) error {
+	var (
+		tooLarge *http.MaxBytesError
+		syntax   *json.SyntaxError
+		typ      *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &tooLarge):
+		return errdefs.Wrap(errdefs.InvalidArgument, err, "body: larger than %d bytes", tooLarge.Limit)
+	case errors.Is(err, io.EOF):
+		return errdefs.Invalidf("body: empty; want a JSON object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return errdefs.Wrap(errdefs.InvalidArgument, err, "body: truncated JSON")
+	case errors.As(err, &syntax):
+		return errdefs.Wrap(errdefs.InvalidArgument, err, "body: malformed JSON at byte %d: %v", syntax.Offset, syntax)
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			field = "body"
+		}
+		return errdefs.Wrap(errdefs.InvalidArgument, err, "%s: want %s, got JSON %s", field, typ.Type, typ.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		// encoding/json has no typed error for unknown fields.
+		return errdefs.Wrap(errdefs.InvalidArgument, err, "body: %s", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	return errdefs.Wrap(errdefs.InvalidArgument, err, "body: %v", err)
+}
+
+// queryBool parses an optional boolean query parameter.
+func queryBool(r *http.Request, name string) (bool, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, errdefs.Invalidf("%s: want true or false, got %q", name, v)
+	}
+	return b, nil
+}
+
+// queryInt parses an optional integer query parameter of the given bit size.
+func queryInt(r *http.Request, name string, bits int) (int64, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, bits)
+	if err != nil {
+		return 0, errdefs.Invalidf("%s: want an integer, got %q", name, v)
+	}
+	return n, nil
+}
+
+// queryUint16 parses an optional unsigned 16-bit query parameter.
+func queryUint16(r *http.Request, name string) (uint16, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(v, 10, 16)
+	if err != nil {
+		return 0, errdefs.Invalidf("%s: want an integer from 0 to 65535, got %q", name, v)
+	}
+	return uint16(n), nil
+}
+
+// queryEnv parses repeated env=K=V query parameters.
+func queryEnv(r *http.Request) (map[string]string, error) {
+	vals := r.URL.Query()["env"]
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	env := make(map[string]string, len(vals))
+	for _, kv := range vals {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, errdefs.Invalidf("env: want NAME=VALUE, got %q", kv)
+		}
+		env[k] = v
+	}
+	return env, nil
+}

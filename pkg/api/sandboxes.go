@@ -1,0 +1,187 @@
+package api
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"unicode/utf8"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+)
+
+func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var req engine.CreateSandboxRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	info, err := s.e.CreateSandbox(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, info)
+}
+
+type sandboxList struct {
+	Sandboxes []*sandbox.Info `json:"sandboxes"`
+}
+
+func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	l, err := s.e.ListSandboxes(r.Context(), r.URL.Query().Get("state"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sandboxList{Sandboxes: nonNil(l)})
+}
+
+func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	d, err := s.e.GetSandbox(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (s *server) terminateSandbox(w http.ResponseWriter, r *http.Request) {
+	info, err := s.e.TerminateSandbox(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+// exec runs a command and streams its output as NDJSON. The status line is
+// sent with the first line of output, so that errors the engine reports
+// before the command produced anything (unknown sandbox, invalid request)
+// still get their own HTTP status; after that, an error can only be a last
+// {"error": ...} line.
+func (s *server) exec(w http.ResponseWriter, r *http.Request) {
+	var req engine.ExecRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	id := r.PathValue("id")
+	if req.SandboxID != "" && req.SandboxID != id {
+		s.writeError(w, r, errdefs.Invalidf("sandbox_id: %q in the body contradicts %q in the path", req.SandboxID, id))
+		return
+	}
+	req.SandboxID = id
+	st := &execStream{w: w, rc: http.NewResponseController(w)}
+	// Cancelling the request (the client went away) kills the command.
+	res, err := s.e.Exec(r.Context(), req, st.output)
+	if err != nil {
+		if !st.started {
+			s.writeError(w, r, err)
+			return
+		}
+		if errdefs.CodeOf(err) == errdefs.Internal {
+			s.log.Error("exec failed", "sandbox", id, "err", err)
+		}
+		body := errorBodyOf(err)
+		st.send(execLine{Error: &body})
+		return
+	}
+	st.flush()
+	st.send(execLine{Exit: &exitResult{ExecResult: res}})
+}
+
+// execLine is one line of the exec stream (client.ExecLine on the other side).
+type execLine struct {
+	Stream   string      `json:"stream,omitempty"`
+	Data     string      `json:"data,omitempty"`
+	Encoding string      `json:"encoding,omitempty"`
+	Exit     *exitResult `json:"exit,omitempty"`
+	Error    *errorBody  `json:"error,omitempty"`
+}
+
+// exitResult is an ExecResult without its output, which went out in the
+// stream lines already: the empty fields below shadow the embedded ones.
+type exitResult struct {
+	*sandbox.ExecResult
+	Stdout string `json:"stdout,omitempty"`
+	Stderr string `json:"stderr,omitempty"`
+}
+
+// execStream writes the exec NDJSON stream. Output chunks are cut anywhere,
+// also inside a multi-byte character: the incomplete tail of a chunk is held
+// back until the next chunk of its stream completes it, so that text stays
+// text; output that is not UTF-8 at all goes out base64-encoded, byte-exact.
+type execStream struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	started bool
+	pending map[string][]byte
+}
+
+func (st *execStream) output(stream string, data []byte) {
+	if p := st.pending[stream]; len(p) > 0 {
+		data = append(p, data...)
+		st.pending[stream] = nil
+	}
+	if n := incompleteRune(data); n > 0 {
+		if st.pending == nil {
+			st.pending = map[string][]byte{}
+		}
+		st.pending[stream] = append([]byte(nil), data[len(data)-n:]...)
+		data = data[:len(data)-n]
+	}
+	st.chunk(stream, data)
+}
+
+// flush sends what output is held back at the end of the command.
+func (st *execStream) flush() {
+	for _, stream := range []string{"stdout", "stderr"} {
+		st.chunk(stream, st.pending[stream])
+	}
+	st.pending = nil
+}
+
+func (st *execStream) chunk(stream string, data []byte) {
+	switch {
+	case len(data) == 0:
+	case utf8.Valid(data):
+		st.send(execLine{Stream: stream, Data: string(data)})
+	default:
+		st.send(execLine{Stream: stream, Data: base64.StdEncoding.EncodeToString(data), Encoding: "base64"})
+	}
+}
+
+func (st *execStream) send(l execLine) {
+	if !st.started {
+		st.started = true
+		st.w.Header().Set("Content-Type", "application/x-ndjson")
+		st.w.Header().Set("X-Content-Type-Options", "nosniff")
+		st.w.WriteHeader(http.StatusOK)
+	}
+	b, err := json.Marshal(l)
+	if err != nil {
+		panic(err) // strings, numbers and bools only: cannot fail
+	}
+	// Write errors mean the client went away; the request's context is
+	// cancelled then, which ends the command.
+	if _, err := st.w.Write(append(b, '\n')); err == nil {
+		_ = st.rc.Flush()
+	}
+}
+
+// incompleteRune returns the length of the UTF-8 sequence that p ends in the
+// middle of (0 when p ends on a character boundary).
+func incompleteRune(p []byte) int {
+	for n := 1; n < utf8.UTFMax && n <= len(p); n++ {
+		b := p[len(p)-n]
+		if utf8.RuneStart(b) {
+			if b >= utf8.RuneSelf && !utf8.FullRune(p[len(p)-n:]) {
+				return n
+			}
+			return 0
+		}
+	}
+	return 0
+}

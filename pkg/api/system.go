@@ -1,0 +1,74 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
+)
+
+type health struct {
+	Status  string  `json:"status"`
+	Version string  `json:"version"`
+	UptimeS float64 `json:"uptime_s"`
+}
+
+// healthz answers while the process serves (liveness); readiness is /readyz.
+func (s *server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, health{Status: "ok", Version: version.Version, UptimeS: s.e.Uptime().Seconds()})
+}
+
+type readiness struct {
+	Status string         `json:"status"`
+	Checks []engine.Check `json:"checks"`
+}
+
+// readyz runs the engine's readiness checks: 503 while a required one fails.
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	checks := s.e.Readiness(r.Context())
+	if engine.Ready(checks) {
+		writeJSON(w, http.StatusOK, readiness{Status: "ready", Checks: checks})
+		return
+	}
+	writeJSON(w, http.StatusServiceUnavailable, readiness{Status: "not_ready", Checks: checks})
+}
+
+func (s *server) status(w http.ResponseWriter, r *http.Request) {
+	st, err := s.e.Status(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+type imageList struct {
+	Images []*image.Image `json:"images"`
+}
+
+func (s *server) images(w http.ResponseWriter, r *http.Request) {
+	imgs, err := s.e.Images()
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, imageList{Images: nonNil(imgs)})
+}
+
+func (s *server) gc(w http.ResponseWriter, r *http.Request) {
+	rep, err := s.e.GC(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// nonNil makes empty lists encode as [] rather than null.
+func nonNil[T any](l []T) []T {
+	if l == nil {
+		return []T{}
+	}
+	return l
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `make run`: run mcp-sandboxd in the foreground with a development config
+# whose state lives in ./dev-state (the run dir and socket in /run). Builds the
+# shell image on first use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+state="$repo/dev-state"
+run=/run/mcp-sandboxd-dev
+cfg="$state/mcp-sandboxd.yaml"
+mkdir -p "$state"
+
+if [[ $EUID -ne 0 ]]; then
+	echo "make run: mcp-sandboxd needs root (namespaces, cgroups, mounts)" >&2
+	exit 1
+fi
+
+if [[ ! -e "$cfg" ]]; then
+	cat >"$cfg" <<YAML
+# Development configuration written by scripts/dev-run.sh; edit freely.
+server:
+  socket: $run/api.sock
+  http_addr: 127.0.0.1:7070
+  auth_token_file: $state/token
+paths:
+  state_dir: $state/state
+  run_dir: $run
+  recipes_dir: $repo/rootfs
+  seccomp_dir: $repo/seccomp-profiles
+  agent_path: $repo/bin/sandbox-agent
+sandbox:
+  cgroup_parent: /mcp-sandboxd-dev
+log:
+  level: info
+  format: text
+YAML
+fi
+
+bin/mcp-sandboxd config validate "$cfg" >/dev/null
+echo "==> building the shell image if needed (first time: about a minute)"
+bin/mcp-sandboxd images build --config "$cfg" shell
+
+http=$(sed -n 's/^  http_addr: *//p' "$cfg")
+sock=$(sed -n 's/^  socket: *//p' "$cfg")
+cat <<MSG
+==> starting mcp-sandboxd serve --config $cfg
+    REST socket : $sock
+    HTTP        : http://$http  (MCP at /mcp, /healthz, /readyz, /metrics)
+    token       : $state/token (created on first start)
+    try         : bin/sandboxctl --socket $sock exec \$(bin/sandboxctl --socket $sock create --lang shell) -- uname -a
+MSG
+exec bin/mcp-sandboxd serve --config "$cfg"

@@ -1,0 +1,451 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var idRe = regexp.MustCompile(`^sb-[0-9a-f]{12}$`)
+
+func (d *daemon) create(args ...string) string {
+	d.t.Helper()
+	id := strings.TrimSpace(d.mustCtl(append([]string{"create", "--lang", "shell"}, args...)...))
+	if !idRe.MatchString(id) {
+		d.t.Fatalf("create printed %q, want a sandbox id", id)
+	}
+	return id
+}
+
+func TestCLIRoundTrip(t *testing.T) {
+	d := newDaemon(t)
+	d.start()
+	id := d.create()
+
+	out, errOut, code := d.ctl("exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+	if out != "out\n" || errOut != "err\n" || code != 7 {
+		t.Fatalf("exec: stdout %q stderr %q exit %d; want out/err/7", out, errOut, code)
+	}
+	// --json gives the result object with the output and the termination.
+	out, _, code = d.ctl("exec", "--json", id, "--", "sh", "-c", "echo hi; exit 3")
+	var res struct {
+		ExitCode    int    `json:"exit_code"`
+		Stdout      string `json:"stdout"`
+		Termination struct {
+			Cause string `json:"cause"`
+		} `json:"termination"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || code != 3 || res.ExitCode != 3 || res.Stdout != "hi\n" || res.Termination.Cause != "exited" {
+		t.Errorf("exec --json: %q (exit %d, err %v)", out, code, err)
+	}
+
+	// cp round-trips 5 MiB of random bytes, both directions, byte for byte.
+	src := filepath.Join(t.TempDir(), "blob")
+	blob := make([]byte, 5<<20)
+	_, _ = rand.Read(blob)
+	if err := os.WriteFile(src, blob, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.mustCtl("cp", src, id+":/workspace/blob")
+	if out := d.mustCtl("exec", id, "--", "sh", "-c", "stat -c %s /workspace/blob"); strings.TrimSpace(out) != strconv.Itoa(len(blob)) {
+		t.Errorf("size inside = %q", out)
+	}
+	back := filepath.Join(t.TempDir(), "back")
+	d.mustCtl("cp", id+":/workspace/blob", back)
+	got, err := os.ReadFile(back)
+	if err != nil || !bytes.Equal(got, blob) {
+		t.Fatalf("cp round trip differs (err %v, %d bytes)", err, len(got))
+	}
+
+	// inspect and ps see it; rm leaves nothing behind.
+	if out := d.mustCtl("inspect", id); !strings.Contains(out, id) {
+		t.Errorf("inspect: %q", out)
+	}
+	if out := d.mustCtl("ps"); !strings.Contains(out, id) {
+		t.Errorf("ps does not list %s: %q", id, out)
+	}
+	d.mustCtl("rm", id)
+	d.assertNoLeftovers()
+	if _, _, code := d.ctl("exec", id, "--", "true"); code == 0 {
+		t.Error("exec on a removed sandbox succeeded")
+	}
+	if _, _, code := d.ctl("inspect", "sb-000000000000"); code != 3 {
+		t.Errorf("inspect unknown: exit %d, want 3", code)
+	}
+}
+
+func TestInteractivePTY(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Fatal("tmux is required (scripts/install-deps.sh installs it)")
+	}
+	d := newDaemon(t)
+	d.start()
+	id := d.create()
+	session := "sbx-" + randHex(3)
+	ctl := filepath.Join(d.bin, "sandboxctl")
+	cmd := fmt.Sprintf("%s --socket %s exec -it %s -- sh; echo EXIT=$?; sleep 30", ctl, d.socket, id)
+	if out, err := exec.Command("tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", cmd).CombinedOutput(); err != nil {
+		t.Fatalf("tmux: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("tmux", "kill-session", "-t", session).Run() })
+	send := func(keys string) {
+		if out, err := exec.Command("tmux", "send-keys", "-t", session, keys, "Enter").CombinedOutput(); err != nil {
+			t.Fatalf("send-keys: %v %s", err, out)
+		}
+	}
+	waitFor := func(re *regexp.Regexp) string {
+		t.Helper()
+		var screen string
+		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			out, _ := exec.Command("tmux", "capture-pane", "-p", "-t", session).Output()
+			if screen = string(out); re.MatchString(screen) {
+				return screen
+			}
+		}
+		t.Fatalf("screen never matched %s:\n%s", re, screen)
+		return ""
+	}
+	send("tty")
+	waitFor(regexp.MustCompile(`/dev/pts/\d+`))
+	send("stty size")
+	waitFor(regexp.MustCompile(`(?m)^24 80\s*$`))
+	if out, err := exec.Command("tmux", "resize-window", "-t", session, "-x", "100", "-y", "50").CombinedOutput(); err != nil {
+		t.Fatalf("resize-window: %v %s", err, out)
+	}
+	time.Sleep(300 * time.Millisecond) // SIGWINCH → resize message → TIOCSWINSZ
+	send("stty size")
+	waitFor(regexp.MustCompile(`(?m)^50 100\s*$`))
+	send("exit 4")
+	waitFor(regexp.MustCompile(`EXIT=4`))
+}
+
+func TestCrashAndRestart(t *testing.T) {
+	d := newDaemon(t)
+	d.start()
+	idle := d.create()
+	busy := d.create()
+	doomed := d.create()
+
+	// A command in flight when the daemon dies: its output and exit code must
+	// still be readable afterwards.
+	inflight := exec.Command(filepath.Join(d.bin, "sandboxctl"), "--socket", d.socket, "exec", busy, "--", "sh", "-c", "sleep 3; echo done")
+	if err := inflight.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer inflight.Wait() //nolint:errcheck // it fails when the daemon dies; that is the point
+	waitState(t, d, busy, "running")
+
+	d.crash()
+	// While the daemon is down, doomed's init dies.
+	agentPid := initPid(t, d, doomed)
+	if err := syscall.Kill(agentPid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill init of %s: %v", doomed, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+
+	d.start()
+	if s := sandboxState(t, d, idle); s != "ready" {
+		t.Errorf("idle sandbox after restart: %s, want ready", s)
+	}
+	if s := sandboxState(t, d, busy); s != "running" && s != "ready" {
+		t.Errorf("busy sandbox after restart: %s", s)
+	}
+	if s := sandboxState(t, d, doomed); s != "terminated" {
+		t.Errorf("sandbox whose init died: %s, want terminated", s)
+	}
+	// The in-flight command finishes; its output and exit code are readable.
+	waitState(t, d, busy, "ready")
+	out := d.mustCtl("jobs", "--json", busy)
+	var jobs []struct {
+		ID    string `json:"id"`
+		State string `json:"state"`
+		Exit  *struct {
+			ExitCode int    `json:"exit_code"`
+			Cause    string `json:"cause"`
+		} `json:"exit"`
+	}
+	if err := json.Unmarshal([]byte(out), &jobs); err != nil || len(jobs) != 1 || jobs[0].Exit == nil {
+		t.Fatalf("jobs after restart: %q (%v)", out, err)
+	}
+	if jobs[0].Exit.ExitCode != 0 || jobs[0].Exit.Cause != "exited" {
+		t.Errorf("job outcome after restart: %+v", jobs[0].Exit)
+	}
+	logs := d.mustCtl("logs", busy, jobs[0].ID)
+	if logs != "done\n" {
+		t.Errorf("job output after restart: %q, want done", logs)
+	}
+	// Everything still works, and nothing was lost or duplicated: exactly two
+	// live sandboxes, each with its cgroup and its two mounts.
+	if out := d.mustCtl("exec", idle, "--", "echo", "still here"); out != "still here\n" {
+		t.Errorf("exec in the adopted sandbox: %q", out)
+	}
+	cgs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", strings.TrimPrefix(d.cgroup, "/"), "sb-*"))
+	if len(cgs) != 2 {
+		t.Errorf("sandbox cgroups after restart: %v, want 2", cgs)
+	}
+	if m := mountsUnder(filepath.Join(d.runDir, "sandboxes", doomed)); len(m) != 0 {
+		t.Errorf("mounts of the dead sandbox left: %v", m)
+	}
+	for _, id := range []string{idle, busy} {
+		if m := mountsUnder(filepath.Join(d.runDir, "sandboxes", id)); len(m) != 2 {
+			t.Errorf("mounts of %s after restart: %v, want overlay and tmpfs", id, m)
+		}
+	}
+}
+
+func sandboxState(t *testing.T, d *daemon, id string) string {
+	t.Helper()
+	out := d.mustCtl("inspect", "--json", id)
+	var s struct {
+		State string `json:"state"`
+	}
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatalf("inspect --json: %q: %v", out, err)
+	}
+	return s.State
+}
+
+func waitState(t *testing.T, d *daemon, id, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if sandboxState(t, d, id) == want {
+			return
+		}
+	}
+	t.Fatalf("%s never reached %s (now %s)", id, want, sandboxState(t, d, id))
+}
+
+// initPid finds the sandbox's init (the agent) from its cgroup.
+func initPid(t *testing.T, d *daemon, id string) int {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", strings.TrimPrefix(d.cgroup, "/"), id, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(data)) {
+		pid, _ := strconv.Atoi(f)
+		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.HasPrefix(string(cmd), "/.sandboxd/agent") {
+			return pid
+		}
+	}
+	t.Fatalf("no agent in %s's cgroup: %q", id, data)
+	return 0
+}
+
+func TestReadinessAndMetrics(t *testing.T) {
+	d := newDaemon(t)
+	d.start()
+	id := d.create()
+	d.mustCtl("rm", id)
+	d.create()
+
+	res, err := d.unixGet("/readyz")
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("readyz: %v %v", res, err)
+	}
+	if _, _, code := d.ctl("health"); code != 0 {
+		t.Errorf("health while ready: exit %d", code)
+	}
+	metrics, _ := d.unixGet("/metrics")
+	body, _ := io.ReadAll(metrics.Body)
+	if !regexp.MustCompile(`sandboxd_sandboxes_created_total\{outcome="ready"\} 2\b`).Match(body) {
+		t.Errorf("metrics do not count the 2 created sandboxes:\n%s", grepLines(body, "sandboxd_"))
+	}
+	if !regexp.MustCompile(`sandboxd_sandboxes\{state="terminated"\} 1\b`).Match(body) {
+		t.Errorf("metrics do not show 1 terminated sandbox:\n%s", grepLines(body, "sandboxd_sandboxes"))
+	}
+
+	// Make the cgroup parent unusable: terminate what lives in it and remove it.
+	out, _, _ := d.ctl("ps", "--json")
+	var list struct {
+		Sandboxes []struct {
+			ID string `json:"sandbox_id"`
+		} `json:"sandboxes"`
+	}
+	_ = json.Unmarshal([]byte(out), &list)
+	for _, s := range list.Sandboxes {
+		d.mustCtl("rm", s.ID)
+	}
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", strings.TrimPrefix(d.cgroup, "/")))
+	for _, dir := range dirs {
+		if err := os.Remove(dir); err != nil {
+			t.Fatalf("remove %s: %v", dir, err)
+		}
+	}
+	res, _ = d.unixGet("/readyz")
+	rb, _ := io.ReadAll(res.Body)
+	if res.StatusCode != 503 || !strings.Contains(string(rb), `"cgroups"`) {
+		t.Errorf("readyz with the cgroup parent gone: %d %s", res.StatusCode, rb)
+	}
+	if _, _, code := d.ctl("health"); code != 5 {
+		t.Errorf("health while not ready: exit %d, want 5", code)
+	}
+}
+
+func grepLines(b []byte, sub string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func TestHTTPAuthAndErrors(t *testing.T) {
+	d := newDaemon(t)
+	d.start()
+	base := "http://" + d.httpAddr
+	do := func(method, path, token, body string) (int, string) {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if code, _ := do("GET", "/healthz", "", ""); code != 200 {
+		t.Errorf("healthz without token: %d", code)
+	}
+	if code, body := do("POST", "/v1/sandboxes", "", `{"language":"shell"}`); code != 401 {
+		t.Errorf("create without token: %d %s", code, body)
+	}
+	if code, _ := do("POST", "/v1/sandboxes", "wrong-token-wrong-token", `{"language":"shell"}`); code != 401 {
+		t.Errorf("create with a wrong token: %d", code)
+	}
+	if out := d.mustCtl("ps", "--all", "--json"); strings.Contains(out, "sb-") {
+		t.Errorf("an unauthenticated request created a sandbox: %s", out)
+	}
+	tok := d.token()
+	for _, c := range []struct {
+		name, method, path, body string
+		status                   int
+		code                     string
+	}{
+		{"malformed JSON", "POST", "/v1/sandboxes", `{"language":`, 400, "invalid_argument"},
+		{"unknown field", "POST", "/v1/sandboxes", `{"language":"shell","colour":"blue"}`, 400, "invalid_argument"},
+		{"oversized body", "POST", "/v1/sandboxes", `{"language":"shell","labels":{"x":"` + strings.Repeat("a", 2<<20) + `"}}`, 400, "invalid_argument"},
+		{"unknown sandbox", "GET", "/v1/sandboxes/sb-000000000000", "", 404, "not_found"},
+		{"unknown language", "POST", "/v1/sandboxes", `{"language":"cobol"}`, 400, "invalid_argument"},
+	} {
+		status, body := do(c.method, c.path, tok, c.body)
+		if status != c.status || !strings.Contains(body, `"code":"`+c.code+`"`) {
+			t.Errorf("%s: %d %.200s; want %d with code %s", c.name, status, body, c.status, c.code)
+		}
+	}
+	status, body := do("POST", "/v1/sandboxes", tok, `{"language":"shell"}`)
+	if status != 201 || !strings.Contains(body, `"state":"ready"`) {
+		t.Errorf("create with token: %d %s", status, body)
+	}
+}
+
+func TestSecondDaemonRefused(t *testing.T) {
+	d := newDaemon(t)
+	d.start()
+	out, err := exec.Command(filepath.Join(d.bin, "mcp-sandboxd"), "serve", "--config", d.cfgPath).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "in use by another mcp-sandboxd") {
+		t.Errorf("second daemon on the same state dir: err %v, output %s", err, out)
+	}
+}
+
+func TestSystemdNotify(t *testing.T) {
+	d := newDaemon(t)
+	sockPath := filepath.Join(t.TempDir(), "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sockPath, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	d.extraEnv = []string{"NOTIFY_SOCKET=" + sockPath}
+
+	ready := make(chan bool, 1)
+	stopping := make(chan struct{}, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, _, err := conn.ReadFromUnix(buf)
+			if err != nil {
+				return
+			}
+			msg := string(buf[:n])
+			if strings.Contains(msg, "READY=1") {
+				// At the moment READY=1 arrives, the API must already accept connections.
+				c, err := net.Dial("unix", d.socket)
+				if err == nil {
+					c.Close()
+				}
+				ready <- err == nil
+			}
+			if strings.Contains(msg, "STOPPING=1") {
+				stopping <- struct{}{}
+			}
+		}
+	}()
+	d.start()
+	select {
+	case ok := <-ready:
+		if !ok {
+			t.Fatal("READY=1 arrived before the API socket accepted connections")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no READY=1 on NOTIFY_SOCKET")
+	}
+	if err := d.stop(); err != nil {
+		t.Fatalf("SIGTERM: daemon exited with %v, want 0", err)
+	}
+	select {
+	case <-stopping:
+	case <-time.After(5 * time.Second):
+		t.Error("no STOPPING=1 on SIGTERM")
+	}
+}
+
+func TestSystemdUnitVerifies(t *testing.T) {
+	requireRoot(t)
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Fatal("systemd-analyze is required")
+	}
+	b := bins(t)
+	unit, err := os.ReadFile(filepath.Join(repoRoot, "config", "mcp-sandboxd.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// verify checks that ExecStart's binary exists: point it at the built one.
+	text := strings.ReplaceAll(string(unit), "/usr/local/bin/mcp-sandboxd", filepath.Join(b, "mcp-sandboxd"))
+	path := filepath.Join(t.TempDir(), "mcp-sandboxd.service")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("systemd-analyze", "verify", path).CombinedOutput()
+	var problems []string
+	for _, l := range strings.Split(string(out), "\n") {
+		// verify also lints units this one refers to (network-online.target …)
+		// on a host that may not boot with systemd; only our file counts.
+		if strings.Contains(l, "mcp-sandboxd.service") {
+			problems = append(problems, l)
+		}
+	}
+	if err != nil || len(problems) > 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
