@@ -86,4 +86,3 @@ func imagesCmd() *cobra.Command {
 	cmd.AddCommand(build, ls)
 	return cmd
 }
-

@@ -149,8 +149,8 @@ func newRuncBundle(b *testing.B, env *testEnv, args []string) runcBundle {
 			{Source: agentDir, Destination: "/.sandboxd/run", NoExec: true},
 		},
 		CgroupPath: filepath.Join(env.cfg.Sandbox.CgroupParent, "runc-bench-"+randHex(3)),
-		Limits: runtime.Limits{MemoryBytes: int64(env.cfg.Sandbox.Memory), CPUs: env.cfg.Sandbox.CPUs, Pids: env.cfg.Sandbox.Pids},
-		Seccomp: prof, InitArgs: args, InitEnv: []string{"PATH=/usr/bin:/bin"},
+		Limits:     runtime.Limits{MemoryBytes: int64(env.cfg.Sandbox.Memory), CPUs: env.cfg.Sandbox.CPUs, Pids: env.cfg.Sandbox.Pids},
+		Seccomp:    prof, InitArgs: args, InitEnv: []string{"PATH=/usr/bin:/bin"},
 	})
 	data, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {

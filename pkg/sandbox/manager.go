@@ -287,15 +287,15 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 		Limits: runtime.Limits{
 			MemoryBytes: sb.spec.Limits.MemoryBytes, CPUs: sb.spec.Limits.CPUs, Pids: sb.spec.Limits.Pids,
 		},
-		Seccomp:  m.opt.Seccomp,
+		Seccomp: m.opt.Seccomp,
 		// Finished jobs are kept (for job_status and re-attach after a daemon
 		// restart) with up to 1 MiB of output tail each, charged to the
 		// sandbox's memory: bound how many.
 		InitArgs: []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid,
 			"--retain-bytes", "1048576", "--max-finished", "32"},
-		InitEnv:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		InitLog:  filepath.Join(sb.dir, "agent.log"),
-		Labels:   map[string]string{"sandboxd.id": sb.ID},
+		InitEnv: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		InitLog: filepath.Join(sb.dir, "agent.log"),
+		Labels:  map[string]string{"sandboxd.id": sb.ID},
 	})
 	if err != nil {
 		return err

@@ -448,4 +448,3 @@ func TestSystemdUnitVerifies(t *testing.T) {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }
-
