@@ -92,7 +92,7 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 	root.AddCommand(
 		statusCmd(g), healthCmd(g),
 		psCmd(g), inspectCmd(g), createCmd(g), rmCmd(g),
-		execCmd(g), cpCmd(g),
+		execCmd(g), cpCmd(g), jobsCmd(g), logsCmd(g),
 		imagesCmd(g), gcCmd(g),
 	)
 	return root, g

@@ -39,6 +39,7 @@ type Engine struct {
 	seccomp   seccomp.Support
 	metrics   *metrics
 	started   time.Time
+	runState  // run records (run.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -81,6 +82,10 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		},
 	})
 	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	if err := e.initRuns(); err != nil {
 		cleanup()
 		return nil, err
 	}

@@ -269,15 +269,8 @@ func TestReadinessAndMetrics(t *testing.T) {
 	}
 
 	// Make the cgroup parent unusable: terminate what lives in it and remove it.
-	out, _, _ := d.ctl("ps", "--json")
-	var list struct {
-		Sandboxes []struct {
-			ID string `json:"sandbox_id"`
-		} `json:"sandboxes"`
-	}
-	_ = json.Unmarshal([]byte(out), &list)
-	for _, s := range list.Sandboxes {
-		d.mustCtl("rm", s.ID)
+	for _, id := range d.liveIDs() {
+		d.mustCtl("rm", id)
 	}
 	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", strings.TrimPrefix(d.cgroup, "/")))
 	for _, dir := range dirs {

@@ -245,15 +245,8 @@ func (d *daemon) cleanup() {
 	}
 	// Terminate whatever the test left, then stop the daemon and check that
 	// no sandbox left anything behind.
-	out, _, _ := d.ctl("ps", "--json")
-	var list struct {
-		Sandboxes []struct {
-			ID string `json:"sandbox_id"`
-		} `json:"sandboxes"`
-	}
-	_ = json.Unmarshal([]byte(out), &list)
-	for _, s := range list.Sandboxes {
-		d.ctl("rm", "-f", s.ID)
+	for _, id := range d.liveIDs() {
+		d.ctl("rm", "-f", id)
 	}
 	if err := d.stop(); err != nil {
 		t.Errorf("daemon stop: %v\n%s", err, d.log())
@@ -301,6 +294,22 @@ func mountsUnder(dir string) []string {
 		}
 	}
 	return out
+}
+
+// liveIDs lists the live sandboxes (sandboxctl ps --json).
+func (d *daemon) liveIDs() []string {
+	out, _, code := d.ctl("ps", "--json")
+	var list []struct {
+		ID string `json:"sandbox_id"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil || code != 0 {
+		d.t.Errorf("sandboxctl ps --json: exit %d, %v: %q", code, err, out)
+	}
+	ids := make([]string, 0, len(list))
+	for _, s := range list {
+		ids = append(ids, s.ID)
+	}
+	return ids
 }
 
 // ctl runs sandboxctl against the daemon's socket.

@@ -1,0 +1,91 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
+
+type jobStarted struct {
+	JobID string `json:"job_id"`
+}
+
+// startJob runs a command in the background (exec_command with background: true).
+func (s *server) startJob(w http.ResponseWriter, r *http.Request) {
+	var req engine.ExecRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	id := r.PathValue("id")
+	if req.SandboxID != "" && req.SandboxID != id {
+		s.writeError(w, r, errdefs.Invalidf("sandbox_id: %q in the body contradicts %q in the path", req.SandboxID, id))
+		return
+	}
+	req.SandboxID = id
+	jobID, err := s.e.StartJob(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, jobStarted{JobID: jobID})
+}
+
+type jobList struct {
+	Jobs []agent.JobInfo `json:"jobs"`
+}
+
+func (s *server) listJobs(w http.ResponseWriter, r *http.Request) {
+	jobs, err := s.e.ListJobs(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, jobList{Jobs: nonNil(jobs)})
+}
+
+// jobStatus pages a job's output: ?stdout_offset=&stderr_offset=&max_bytes=.
+func (s *server) jobStatus(w http.ResponseWriter, r *http.Request) {
+	req := engine.JobStatusRequest{SandboxID: r.PathValue("id"), JobID: r.PathValue("job")}
+	var err error
+	if req.StdoutOffset, err = queryInt(r, "stdout_offset", 64); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if req.StderrOffset, err = queryInt(r, "stderr_offset", 64); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	max, err := queryInt(r, "max_bytes", 32)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	req.MaxBytes = int(max)
+	st, err := s.e.JobStatus(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+type jobKilled struct {
+	JobID  string `json:"job_id"`
+	Signal string `json:"signal"`
+}
+
+// killJob signals a job: ?signal=SIGTERM (default SIGKILL).
+func (s *server) killJob(w http.ResponseWriter, r *http.Request) {
+	sig := r.URL.Query().Get("signal")
+	if err := s.e.KillJob(r.Context(), r.PathValue("id"), r.PathValue("job"), sig); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if sig == "" {
+		sig = "SIGKILL"
+	}
+	writeJSON(w, http.StatusOK, jobKilled{JobID: r.PathValue("job"), Signal: sig})
+}
