@@ -10,7 +10,13 @@ set -euo pipefail
 #   runc                       baseline for the lifecycle benchmark (never used by the daemon)
 #   iproute2 tmux              integration tests: network namespaces, a real terminal for PTY tests
 #   ca-certificates            HTTPS for apt inside image builds
-packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates)
+#   systemd                    systemd-analyze verify of the unit in the tests
+packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd)
+# The MCP black-box tests drive the server with the official TypeScript SDK:
+# Node.js from Debian unless a node is already on PATH.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+	packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
