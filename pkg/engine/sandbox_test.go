@@ -540,3 +540,64 @@ func TestTTLReaper(t *testing.T) {
 	}
 	t.Fatal("sandbox outlived its TTL")
 }
+
+// TestConcurrentExecAndTerminate races commands on one sandbox against its
+// termination: every call ends with a result or a taxonomy error, the state
+// machine never takes an illegal step, and nothing is left behind.
+func TestConcurrentExecAndTerminate(t *testing.T) {
+	env := newTestEngine(t)
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for i := 0; i < 30; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			time.Sleep(time.Duration(i%10) * 20 * time.Millisecond)
+			res, err := env.Exec(ctx, ExecRequest{SandboxID: info.ID, Command: "sleep 0.1; echo ok"}, nil)
+			switch {
+			case err != nil:
+				if c := errdefs.CodeOf(err); c != errdefs.Conflict && c != errdefs.Unavailable {
+					errs <- fmt.Errorf("exec %d: unexpected error %v", i, err)
+				}
+			case res.Termination.Cause == sandbox.CauseExited:
+				if res.Stdout != "ok\n" {
+					errs <- fmt.Errorf("exec %d: stdout %q", i, res.Stdout)
+				}
+			case res.Termination.Cause != sandbox.CauseKilled:
+				errs <- fmt.Errorf("exec %d: cause %s (%s)", i, res.Termination.Cause, res.Termination.Detail)
+			}
+		}(i)
+	}
+	time.Sleep(100 * time.Millisecond)
+	for i := 0; i < 3; i++ { // concurrent terminates are idempotent
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := env.TerminateSandbox(ctx, info.ID); err != nil {
+				errs <- fmt.Errorf("terminate: %w", err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	got, err := env.GetSandbox(ctx, info.ID)
+	if err != nil || got.State != sandbox.StateTerminated {
+		t.Fatalf("final state %v, %v", got, err)
+	}
+	evs, err := env.store.Events(ctx, info.ID, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(evs); i++ {
+		from, to := sandbox.State(evs[i].From), sandbox.State(evs[i].To)
+		if evs[i-1].To != evs[i].From || !sandbox.CanTransition(from, to) {
+			t.Errorf("event %d: %s -> %s after %s", i, from, to, evs[i-1].To)
+		}
+	}
+	env.assertNoLeftovers(t)
+}

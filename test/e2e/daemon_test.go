@@ -441,3 +441,47 @@ func TestSystemdUnitVerifies(t *testing.T) {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }
+
+// TestSeccompRequired runs a daemon built without seccomp support: it must
+// refuse to start sandboxes and say why in readiness, until the config turns
+// seccomp off explicitly.
+func TestSeccompRequired(t *testing.T) {
+	d := newDaemon(t)
+	d.daemonBin = filepath.Join(t.TempDir(), "mcp-sandboxd-noseccomp")
+	build := exec.Command("go", "build", "-o", d.daemonBin, "./cmd/mcp-sandboxd") // no -tags seccomp
+	build.Dir = repoRoot
+	build.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build without seccomp: %v\n%s", err, out)
+	}
+	d.start()
+	_, errOut, code := d.ctl("create", "--lang", "shell")
+	if code == 0 || !strings.Contains(errOut, "seccomp") {
+		t.Errorf("create without seccomp support: exit %d, %q; want a refusal naming seccomp", code, errOut)
+	}
+	if ids := d.liveIDs(); len(ids) != 0 {
+		t.Errorf("sandboxes exist after the refusal: %v", ids)
+	}
+	res, _ := d.unixGet("/readyz")
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != 503 || !regexp.MustCompile(`"name":"seccomp","status":"failed"`).Match(body) {
+		t.Errorf("readyz without seccomp: %d %s", res.StatusCode, body)
+	}
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Turned off explicitly, sandboxes start, without a filter, and
+	// readiness reports the degradation.
+	d.extraEnv = []string{"SANDBOXD_SANDBOX_SECCOMP_PROFILE=unconfined"}
+	d.start()
+	id := d.create()
+	if out := d.mustCtl("exec", id, "--", "sh", "-c", "grep '^Seccomp:' /proc/self/status | cut -f2"); out != "0\n" {
+		t.Errorf("Seccomp field with seccomp off: %q, want 0", out)
+	}
+	res, _ = d.unixGet("/readyz")
+	body, _ = io.ReadAll(res.Body)
+	if !regexp.MustCompile(`"name":"seccomp","status":"degraded"`).Match(body) {
+		t.Errorf("readyz with seccomp off: %s", body)
+	}
+}

@@ -118,6 +118,7 @@ type daemon struct {
 	cmd        *exec.Cmd
 	exited     chan struct{}
 	extraEnv   []string
+	daemonBin  string // overrides bin/mcp-sandboxd
 	exitErr    error
 	notifyPath string
 }
@@ -177,7 +178,11 @@ func (d *daemon) start() {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	d.cmd = exec.Command(filepath.Join(d.bin, "mcp-sandboxd"), "serve", "--config", d.cfgPath)
+	daemonBin := filepath.Join(d.bin, "mcp-sandboxd")
+	if d.daemonBin != "" {
+		daemonBin = d.daemonBin
+	}
+	d.cmd = exec.Command(daemonBin, "serve", "--config", d.cfgPath)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.Env = append(os.Environ(), d.extraEnv...)
 	// Its own process group, so that killing it never reaches the test.
