@@ -89,7 +89,7 @@ func TestLifecycle(t *testing.T) {
 	if _, err := os.Stat(sbDir); !os.IsNotExist(err) {
 		t.Errorf("sandbox dir left behind: %v", err)
 	}
-	if m := mountsUnder(t, env.cfg.Paths.RunDir); len(m) > 0 {
+	if m := mountsUnder(env.cfg.Paths.RunDir); len(m) > 0 {
 		t.Errorf("mounts left behind: %v", m)
 	}
 	if _, err := os.Stat(filepath.Join(env.cfg.Paths.RunDir, "runtime", info.ID)); !os.IsNotExist(err) {

@@ -1,3 +1,5 @@
+// Package e2e drives the real binaries — mcp-sandboxd serve, sandboxctl — the
+// way an administrator does, and checks what the kernel was left with.
 package e2e
 
 import (
@@ -17,30 +19,32 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 )
 
 var idRe = regexp.MustCompile(`^sb-[0-9a-f]{12}$`)
 
-func (d *daemon) create(args ...string) string {
-	d.t.Helper()
-	id := strings.TrimSpace(d.mustCtl(append([]string{"create", "--lang", "shell"}, args...)...))
+func createSandbox(d *testenv.Daemon, args ...string) string {
+	d.T.Helper()
+	id := strings.TrimSpace(d.MustCtl(append([]string{"create", "--lang", "shell"}, args...)...))
 	if !idRe.MatchString(id) {
-		d.t.Fatalf("create printed %q, want a sandbox id", id)
+		d.T.Fatalf("create printed %q, want a sandbox id", id)
 	}
 	return id
 }
 
 func TestCLIRoundTrip(t *testing.T) {
-	d := newDaemon(t)
-	d.start()
-	id := d.create()
+	d := testenv.NewDaemon(t)
+	d.Start()
+	id := createSandbox(d)
 
-	out, errOut, code := d.ctl("exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+	out, errOut, code := d.Ctl("exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
 	if out != "out\n" || errOut != "err\n" || code != 7 {
 		t.Fatalf("exec: stdout %q stderr %q exit %d; want out/err/7", out, errOut, code)
 	}
 	// --json gives the result object with the output and the termination.
-	out, _, code = d.ctl("exec", "--json", id, "--", "sh", "-c", "echo hi; exit 3")
+	out, _, code = d.Ctl("exec", "--json", id, "--", "sh", "-c", "echo hi; exit 3")
 	var res struct {
 		ExitCode    int    `json:"exit_code"`
 		Stdout      string `json:"stdout"`
@@ -59,30 +63,30 @@ func TestCLIRoundTrip(t *testing.T) {
 	if err := os.WriteFile(src, blob, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d.mustCtl("cp", src, id+":/workspace/blob")
-	if out := d.mustCtl("exec", id, "--", "sh", "-c", "stat -c %s /workspace/blob"); strings.TrimSpace(out) != strconv.Itoa(len(blob)) {
+	d.MustCtl("cp", src, id+":/workspace/blob")
+	if out := d.MustCtl("exec", id, "--", "sh", "-c", "stat -c %s /workspace/blob"); strings.TrimSpace(out) != strconv.Itoa(len(blob)) {
 		t.Errorf("size inside = %q", out)
 	}
 	back := filepath.Join(t.TempDir(), "back")
-	d.mustCtl("cp", id+":/workspace/blob", back)
+	d.MustCtl("cp", id+":/workspace/blob", back)
 	got, err := os.ReadFile(back)
 	if err != nil || !bytes.Equal(got, blob) {
 		t.Fatalf("cp round trip differs (err %v, %d bytes)", err, len(got))
 	}
 
 	// inspect and ps see it; rm leaves nothing behind.
-	if out := d.mustCtl("inspect", id); !strings.Contains(out, id) {
+	if out := d.MustCtl("inspect", id); !strings.Contains(out, id) {
 		t.Errorf("inspect: %q", out)
 	}
-	if out := d.mustCtl("ps"); !strings.Contains(out, id) {
+	if out := d.MustCtl("ps"); !strings.Contains(out, id) {
 		t.Errorf("ps does not list %s: %q", id, out)
 	}
-	d.mustCtl("rm", id)
-	d.assertNoLeftovers()
-	if _, _, code := d.ctl("exec", id, "--", "true"); code == 0 {
+	d.MustCtl("rm", id)
+	testenv.AssertNoLeftovers(t, d.Config)
+	if _, _, code := d.Ctl("exec", id, "--", "true"); code == 0 {
 		t.Error("exec on a removed sandbox succeeded")
 	}
-	if _, _, code := d.ctl("inspect", "sb-000000000000"); code != 3 {
+	if _, _, code := d.Ctl("inspect", "sb-000000000000"); code != 3 {
 		t.Errorf("inspect unknown: exit %d, want 3", code)
 	}
 }
@@ -91,12 +95,12 @@ func TestInteractivePTY(t *testing.T) {
 	if _, err := exec.LookPath("tmux"); err != nil {
 		t.Fatal("tmux is required (scripts/install-deps.sh installs it)")
 	}
-	d := newDaemon(t)
-	d.start()
-	id := d.create()
-	session := "sbx-" + randHex(3)
-	ctl := filepath.Join(d.bin, "sandboxctl")
-	cmd := fmt.Sprintf("%s --socket %s exec -it %s -- sh; echo EXIT=$?; sleep 30", ctl, d.socket, id)
+	d := testenv.NewDaemon(t)
+	d.Start()
+	id := createSandbox(d)
+	session := "sbx-" + testenv.RandHex(3)
+	ctl := filepath.Join(d.Bin, "sandboxctl")
+	cmd := fmt.Sprintf("%s --socket %s exec -it %s -- sh; echo EXIT=$?; sleep 30", ctl, d.Socket, id)
 	if out, err := exec.Command("tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", cmd).CombinedOutput(); err != nil {
 		t.Fatalf("tmux: %v %s", err, out)
 	}
@@ -133,22 +137,22 @@ func TestInteractivePTY(t *testing.T) {
 }
 
 func TestCrashAndRestart(t *testing.T) {
-	d := newDaemon(t)
-	d.start()
-	idle := d.create()
-	busy := d.create()
-	doomed := d.create()
+	d := testenv.NewDaemon(t)
+	d.Start()
+	idle := createSandbox(d)
+	busy := createSandbox(d)
+	doomed := createSandbox(d)
 
 	// A command in flight when the daemon dies: its output and exit code must
 	// still be readable afterwards.
-	inflight := exec.Command(filepath.Join(d.bin, "sandboxctl"), "--socket", d.socket, "exec", busy, "--", "sh", "-c", "sleep 3; echo done")
+	inflight := exec.Command(filepath.Join(d.Bin, "sandboxctl"), "--socket", d.Socket, "exec", busy, "--", "sh", "-c", "sleep 3; echo done")
 	if err := inflight.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer inflight.Wait() //nolint:errcheck // it fails when the daemon dies; that is the point
 	waitState(t, d, busy, "running")
 
-	d.crash()
+	d.Crash()
 	// While the daemon is down, doomed's init dies.
 	agentPid := initPid(t, d, doomed)
 	if err := syscall.Kill(agentPid, syscall.SIGKILL); err != nil {
@@ -156,7 +160,7 @@ func TestCrashAndRestart(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond)
 
-	d.start()
+	d.Start()
 	if s := sandboxState(t, d, idle); s != "ready" {
 		t.Errorf("idle sandbox after restart: %s, want ready", s)
 	}
@@ -168,7 +172,7 @@ func TestCrashAndRestart(t *testing.T) {
 	}
 	// The in-flight command finishes; its output and exit code are readable.
 	waitState(t, d, busy, "ready")
-	out := d.mustCtl("jobs", "--json", busy)
+	out := d.MustCtl("jobs", "--json", busy)
 	var jobs []struct {
 		ID    string `json:"id"`
 		State string `json:"state"`
@@ -183,32 +187,32 @@ func TestCrashAndRestart(t *testing.T) {
 	if jobs[0].Exit.ExitCode != 0 || jobs[0].Exit.Cause != "exited" {
 		t.Errorf("job outcome after restart: %+v", jobs[0].Exit)
 	}
-	logs := d.mustCtl("logs", busy, jobs[0].ID)
+	logs := d.MustCtl("logs", busy, jobs[0].ID)
 	if logs != "done\n" {
 		t.Errorf("job output after restart: %q, want done", logs)
 	}
 	// Everything still works, and nothing was lost or duplicated: exactly two
 	// live sandboxes, each with its cgroup and its two mounts.
-	if out := d.mustCtl("exec", idle, "--", "echo", "still here"); out != "still here\n" {
+	if out := d.MustCtl("exec", idle, "--", "echo", "still here"); out != "still here\n" {
 		t.Errorf("exec in the adopted sandbox: %q", out)
 	}
-	cgs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", strings.TrimPrefix(d.cgroup, "/"), "sb-*"))
+	cgs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", strings.TrimPrefix(d.Config.Sandbox.CgroupParent, "/"), "sb-*"))
 	if len(cgs) != 2 {
 		t.Errorf("sandbox cgroups after restart: %v, want 2", cgs)
 	}
-	if m := mountsUnder(filepath.Join(d.runDir, "sandboxes", doomed)); len(m) != 0 {
+	if m := testenv.MountsUnder(filepath.Join(d.Config.Paths.RunDir, "sandboxes", doomed)); len(m) != 0 {
 		t.Errorf("mounts of the dead sandbox left: %v", m)
 	}
 	for _, id := range []string{idle, busy} {
-		if m := mountsUnder(filepath.Join(d.runDir, "sandboxes", id)); len(m) != 2 {
+		if m := testenv.MountsUnder(filepath.Join(d.Config.Paths.RunDir, "sandboxes", id)); len(m) != 2 {
 			t.Errorf("mounts of %s after restart: %v, want overlay and tmpfs", id, m)
 		}
 	}
 }
 
-func sandboxState(t *testing.T, d *daemon, id string) string {
+func sandboxState(t *testing.T, d *testenv.Daemon, id string) string {
 	t.Helper()
-	out := d.mustCtl("inspect", "--json", id)
+	out := d.MustCtl("inspect", "--json", id)
 	var s struct {
 		State string `json:"state"`
 	}
@@ -218,7 +222,7 @@ func sandboxState(t *testing.T, d *daemon, id string) string {
 	return s.State
 }
 
-func waitState(t *testing.T, d *daemon, id, want string) {
+func waitState(t *testing.T, d *testenv.Daemon, id, want string) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if sandboxState(t, d, id) == want {
@@ -229,9 +233,9 @@ func waitState(t *testing.T, d *daemon, id, want string) {
 }
 
 // initPid finds the sandbox's init (the agent) from its cgroup.
-func initPid(t *testing.T, d *daemon, id string) int {
+func initPid(t *testing.T, d *testenv.Daemon, id string) int {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", strings.TrimPrefix(d.cgroup, "/"), id, "cgroup.procs"))
+	data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", strings.TrimPrefix(d.Config.Sandbox.CgroupParent, "/"), id, "cgroup.procs"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,20 +250,20 @@ func initPid(t *testing.T, d *daemon, id string) int {
 }
 
 func TestReadinessAndMetrics(t *testing.T) {
-	d := newDaemon(t)
-	d.start()
-	id := d.create()
-	d.mustCtl("rm", id)
-	d.create()
+	d := testenv.NewDaemon(t)
+	d.Start()
+	id := createSandbox(d)
+	d.MustCtl("rm", id)
+	createSandbox(d)
 
-	res, err := d.unixGet("/readyz")
+	res, err := d.UnixGet("/readyz")
 	if err != nil || res.StatusCode != 200 {
 		t.Fatalf("readyz: %v %v", res, err)
 	}
-	if _, _, code := d.ctl("health"); code != 0 {
+	if _, _, code := d.Ctl("health"); code != 0 {
 		t.Errorf("health while ready: exit %d", code)
 	}
-	metrics, _ := d.unixGet("/metrics")
+	metrics, _ := d.UnixGet("/metrics")
 	body, _ := io.ReadAll(metrics.Body)
 	if !regexp.MustCompile(`sandboxd_sandboxes_created_total\{outcome="ready"\} 2\b`).Match(body) {
 		t.Errorf("metrics do not count the 2 created sandboxes:\n%s", grepLines(body, "sandboxd_"))
@@ -269,21 +273,21 @@ func TestReadinessAndMetrics(t *testing.T) {
 	}
 
 	// Make the cgroup parent unusable: terminate what lives in it and remove it.
-	for _, id := range d.liveIDs() {
-		d.mustCtl("rm", id)
+	for _, id := range d.LiveIDs() {
+		d.MustCtl("rm", id)
 	}
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", strings.TrimPrefix(d.cgroup, "/")))
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", strings.TrimPrefix(d.Config.Sandbox.CgroupParent, "/")))
 	for _, dir := range dirs {
 		if err := os.Remove(dir); err != nil {
 			t.Fatalf("remove %s: %v", dir, err)
 		}
 	}
-	res, _ = d.unixGet("/readyz")
+	res, _ = d.UnixGet("/readyz")
 	rb, _ := io.ReadAll(res.Body)
 	if res.StatusCode != 503 || !strings.Contains(string(rb), `"cgroups"`) {
 		t.Errorf("readyz with the cgroup parent gone: %d %s", res.StatusCode, rb)
 	}
-	if _, _, code := d.ctl("health"); code != 5 {
+	if _, _, code := d.Ctl("health"); code != 5 {
 		t.Errorf("health while not ready: exit %d, want 5", code)
 	}
 }
@@ -299,9 +303,9 @@ func grepLines(b []byte, sub string) string {
 }
 
 func TestHTTPAuthAndErrors(t *testing.T) {
-	d := newDaemon(t)
-	d.start()
-	base := "http://" + d.httpAddr
+	d := testenv.NewDaemon(t)
+	d.Start()
+	base := "http://" + d.HTTPAddr
 	do := func(method, path, token, body string) (int, string) {
 		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
 		if token != "" {
@@ -325,10 +329,10 @@ func TestHTTPAuthAndErrors(t *testing.T) {
 	if code, _ := do("POST", "/v1/sandboxes", "wrong-token-wrong-token", `{"language":"shell"}`); code != 401 {
 		t.Errorf("create with a wrong token: %d", code)
 	}
-	if out := d.mustCtl("ps", "--all", "--json"); strings.Contains(out, "sb-") {
+	if out := d.MustCtl("ps", "--all", "--json"); strings.Contains(out, "sb-") {
 		t.Errorf("an unauthenticated request created a sandbox: %s", out)
 	}
-	tok := d.token()
+	tok := d.Token()
 	for _, c := range []struct {
 		name, method, path, body string
 		status                   int
@@ -352,23 +356,23 @@ func TestHTTPAuthAndErrors(t *testing.T) {
 }
 
 func TestSecondDaemonRefused(t *testing.T) {
-	d := newDaemon(t)
-	d.start()
-	out, err := exec.Command(filepath.Join(d.bin, "mcp-sandboxd"), "serve", "--config", d.cfgPath).CombinedOutput()
+	d := testenv.NewDaemon(t)
+	d.Start()
+	out, err := exec.Command(filepath.Join(d.Bin, "mcp-sandboxd"), "serve", "--config", d.CfgPath).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "in use by another mcp-sandboxd") {
 		t.Errorf("second daemon on the same state dir: err %v, output %s", err, out)
 	}
 }
 
 func TestSystemdNotify(t *testing.T) {
-	d := newDaemon(t)
+	d := testenv.NewDaemon(t)
 	sockPath := filepath.Join(t.TempDir(), "notify.sock")
 	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sockPath, Net: "unixgram"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	d.extraEnv = []string{"NOTIFY_SOCKET=" + sockPath}
+	d.ExtraEnv = []string{"NOTIFY_SOCKET=" + sockPath}
 
 	ready := make(chan bool, 1)
 	stopping := make(chan struct{}, 1)
@@ -382,7 +386,7 @@ func TestSystemdNotify(t *testing.T) {
 			msg := string(buf[:n])
 			if strings.Contains(msg, "READY=1") {
 				// At the moment READY=1 arrives, the API must already accept connections.
-				c, err := net.Dial("unix", d.socket)
+				c, err := net.Dial("unix", d.Socket)
 				if err == nil {
 					c.Close()
 				}
@@ -393,7 +397,7 @@ func TestSystemdNotify(t *testing.T) {
 			}
 		}
 	}()
-	d.start()
+	d.Start()
 	select {
 	case ok := <-ready:
 		if !ok {
@@ -402,7 +406,7 @@ func TestSystemdNotify(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no READY=1 on NOTIFY_SOCKET")
 	}
-	if err := d.stop(); err != nil {
+	if err := d.Stop(); err != nil {
 		t.Fatalf("SIGTERM: daemon exited with %v, want 0", err)
 	}
 	select {
@@ -413,12 +417,12 @@ func TestSystemdNotify(t *testing.T) {
 }
 
 func TestSystemdUnitVerifies(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	if _, err := exec.LookPath("systemd-analyze"); err != nil {
 		t.Fatal("systemd-analyze is required")
 	}
-	b := bins(t)
-	unit, err := os.ReadFile(filepath.Join(repoRoot, "config", "mcp-sandboxd.service"))
+	b := testenv.BinDir(t)
+	unit, err := os.ReadFile(filepath.Join(testenv.RepoRoot, "config", "mcp-sandboxd.service"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,40 +450,40 @@ func TestSystemdUnitVerifies(t *testing.T) {
 // refuse to start sandboxes and say why in readiness, until the config turns
 // seccomp off explicitly.
 func TestSeccompRequired(t *testing.T) {
-	d := newDaemon(t)
-	d.daemonBin = filepath.Join(t.TempDir(), "mcp-sandboxd-noseccomp")
-	build := exec.Command("go", "build", "-o", d.daemonBin, "./cmd/mcp-sandboxd") // no -tags seccomp
-	build.Dir = repoRoot
+	d := testenv.NewDaemon(t)
+	d.DaemonBin = filepath.Join(t.TempDir(), "mcp-sandboxd-noseccomp")
+	build := exec.Command("go", "build", "-o", d.DaemonBin, "./cmd/mcp-sandboxd") // no -tags seccomp
+	build.Dir = testenv.RepoRoot
 	build.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build without seccomp: %v\n%s", err, out)
 	}
-	d.start()
-	_, errOut, code := d.ctl("create", "--lang", "shell")
+	d.Start()
+	_, errOut, code := d.Ctl("create", "--lang", "shell")
 	if code == 0 || !strings.Contains(errOut, "seccomp") {
 		t.Errorf("create without seccomp support: exit %d, %q; want a refusal naming seccomp", code, errOut)
 	}
-	if ids := d.liveIDs(); len(ids) != 0 {
+	if ids := d.LiveIDs(); len(ids) != 0 {
 		t.Errorf("sandboxes exist after the refusal: %v", ids)
 	}
-	res, _ := d.unixGet("/readyz")
+	res, _ := d.UnixGet("/readyz")
 	body, _ := io.ReadAll(res.Body)
 	if res.StatusCode != 503 || !regexp.MustCompile(`"name":"seccomp","status":"failed"`).Match(body) {
 		t.Errorf("readyz without seccomp: %d %s", res.StatusCode, body)
 	}
-	if err := d.stop(); err != nil {
+	if err := d.Stop(); err != nil {
 		t.Fatal(err)
 	}
 
 	// Turned off explicitly, sandboxes start, without a filter, and
 	// readiness reports the degradation.
-	d.extraEnv = []string{"SANDBOXD_SANDBOX_SECCOMP_PROFILE=unconfined"}
-	d.start()
-	id := d.create()
-	if out := d.mustCtl("exec", id, "--", "sh", "-c", "grep '^Seccomp:' /proc/self/status | cut -f2"); out != "0\n" {
+	d.ExtraEnv = []string{"SANDBOXD_SANDBOX_SECCOMP_PROFILE=unconfined"}
+	d.Start()
+	id := createSandbox(d)
+	if out := d.MustCtl("exec", id, "--", "sh", "-c", "grep '^Seccomp:' /proc/self/status | cut -f2"); out != "0\n" {
 		t.Errorf("Seccomp field with seccomp off: %q, want 0", out)
 	}
-	res, _ = d.unixGet("/readyz")
+	res, _ = d.UnixGet("/readyz")
 	body, _ = io.ReadAll(res.Body)
 	if !regexp.MustCompile(`"name":"seccomp","status":"degraded"`).Match(body) {
 		t.Errorf("readyz with seccomp off: %s", body)

@@ -1,0 +1,250 @@
+// Package testenv builds the real environments SandboxRunner's integration
+// tests run in: the root requirement, the static agent and the daemon
+// binaries, the shared content-addressed image cache, private engine
+// configurations (own state and run dirs, own cgroup parent), a daemon process
+// for black-box tests, and the checks that nothing was left behind.
+//
+// It is imported only by tests; nothing in it runs in the daemon.
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+)
+
+// RepoRoot is the repository's top directory.
+var RepoRoot = func() string {
+	_, file, _, _ := goruntime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}()
+
+// RequireRoot skips a test that needs root, unless SANDBOXD_INTEGRATION=1
+// (make test), under which a skip would hide a failure.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("SANDBOXD_INTEGRATION") == "1" {
+		t.Fatal("integration test needs root (SANDBOXD_INTEGRATION=1 forbids skipping)")
+	}
+	t.Skip("integration test needs root")
+}
+
+// RandHex returns n random bytes in hex.
+func RandHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+var (
+	binOnce sync.Once
+	binDir  string
+	binErr  error
+)
+
+// BinDir returns a directory holding mcp-sandboxd, sandboxctl and
+// sandbox-agent: $SANDBOXD_BIN_DIR (make test builds them) or a build made
+// once per test binary, with the Makefile's flags.
+func BinDir(t testing.TB) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if d := os.Getenv("SANDBOXD_BIN_DIR"); d != "" {
+			binDir = d
+			return
+		}
+		if binDir, binErr = os.MkdirTemp("", "sbx-bin-"); binErr != nil {
+			return
+		}
+		for _, b := range []struct{ name, cgo, tags string }{
+			{"mcp-sandboxd", "1", "seccomp"}, {"sandboxctl", "0", ""}, {"sandbox-agent", "0", ""},
+		} {
+			args := []string{"build", "-o", filepath.Join(binDir, b.name)}
+			if b.tags != "" {
+				args = append(args, "-tags", b.tags)
+			}
+			cmd := exec.Command("go", append(args, "./cmd/"+b.name)...)
+			cmd.Dir = RepoRoot
+			cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				binErr = fmt.Errorf("build %s: %v\n%s", b.name, err, out)
+				return
+			}
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binDir
+}
+
+// AgentPath returns the static sandbox-agent: $SANDBOXD_AGENT or the one in BinDir.
+func AgentPath(t testing.TB) string {
+	if p := os.Getenv("SANDBOXD_AGENT"); p != "" {
+		return p
+	}
+	return filepath.Join(BinDir(t), "sandbox-agent")
+}
+
+// ImagesDir is the image cache shared across test runs and packages: images
+// are content-addressed, so an unchanged recipe is reused and a changed one
+// rebuilt.
+func ImagesDir() string {
+	if d := os.Getenv("SANDBOXD_TEST_IMAGES"); d != "" {
+		return d
+	}
+	return "/var/tmp/mcp-sandboxd-test-images"
+}
+
+type imageResult struct {
+	once sync.Once
+	err  error
+}
+
+var images sync.Map // recipe name → *imageResult
+
+// EnsureImages builds the named recipes' images into ImagesDir unless they
+// are up to date, once per name per test binary.
+func EnsureImages(t testing.TB, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		v, _ := images.LoadOrStore(name, &imageResult{})
+		res := v.(*imageResult)
+		res.once.Do(func() { res.err = buildImage(name) })
+		if res.err != nil {
+			t.Fatalf("build image %s: %v", name, res.err)
+		}
+	}
+}
+
+func buildImage(name string) error {
+	st, err := image.OpenStore(ImagesDir())
+	if err != nil {
+		return err
+	}
+	r, err := image.LoadRecipe(filepath.Join(RepoRoot, "rootfs", name+".yaml"))
+	if err != nil {
+		return err
+	}
+	b := &image.Builder{Store: st, Suite: config.Default().Images.Suite, Log: io.Discard}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	_, err = b.Ensure(ctx, r)
+	return err
+}
+
+// Config returns the default configuration on private state: a temp state
+// dir, a run dir under /run (unix socket paths are limited to 108 bytes), a
+// unique cgroup parent, the shared image cache, the repository's recipes and
+// seccomp profiles, and the test agent. The run dir and cgroup parent are
+// removed when the test ends, after every cleanup registered later.
+func Config(t testing.TB, prefix string) *config.Config {
+	t.Helper()
+	RequireRoot(t)
+	runDir, err := os.MkdirTemp("/run", "sbx"+prefix+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.Paths.StateDir = t.TempDir()
+	cfg.Paths.RunDir = runDir
+	cfg.Paths.ImagesDir = ImagesDir()
+	cfg.Paths.RecipesDir = filepath.Join(RepoRoot, "rootfs")
+	cfg.Paths.SeccompDir = filepath.Join(RepoRoot, "seccomp-profiles")
+	cfg.Paths.AgentPath = AgentPath(t)
+	cfg.Sandbox.CgroupParent = "/mcp-sandboxd-" + prefix + "-" + RandHex(4)
+	cfg.Sandbox.Memory = 256 << 20
+	cfg.Sandbox.Disk = 128 << 20
+	t.Cleanup(func() {
+		RemoveCgroupParent(t, cfg.Sandbox.CgroupParent)
+		_ = os.RemoveAll(runDir)
+	})
+	return cfg
+}
+
+// Logger logs to t.Log at info level.
+func Logger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(logWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type logWriter struct{ t testing.TB }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// MountsUnder lists the mount points below dir.
+func MountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fields := strings.Fields(sc.Text()); len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
+			out = append(out, fields[4])
+		}
+	}
+	return out
+}
+
+// CgroupDirs lists cgroup path p in every mounted hierarchy where it exists.
+func CgroupDirs(p string) []string {
+	rel := strings.TrimPrefix(p, "/")
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", rel))
+	if st, err := os.Stat(filepath.Join("/sys/fs/cgroup", rel)); err == nil && st.IsDir() {
+		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", rel))
+	}
+	return dirs
+}
+
+// RemoveCgroupParent removes a test's (by now empty) cgroup parent.
+func RemoveCgroupParent(t testing.TB, parent string) {
+	for _, d := range CgroupDirs(parent) {
+		if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
+			t.Errorf("remove cgroup parent %s: %v", d, err)
+		}
+	}
+}
+
+// AssertNoLeftovers fails t if any sandbox of cfg left a cgroup, a mount, a
+// libcontainer state dir or a sandbox dir behind.
+func AssertNoLeftovers(t testing.TB, cfg *config.Config) {
+	t.Helper()
+	for _, dir := range CgroupDirs(cfg.Sandbox.CgroupParent) {
+		sbs, _ := filepath.Glob(filepath.Join(dir, "sb-*"))
+		for _, s := range sbs {
+			t.Errorf("leftover cgroup %s", s)
+		}
+	}
+	for _, m := range MountsUnder(cfg.Paths.RunDir) {
+		t.Errorf("leftover mount %s", m)
+	}
+	for _, sub := range []string{"runtime", "sandboxes"} {
+		ents, _ := os.ReadDir(filepath.Join(cfg.Paths.RunDir, sub))
+		for _, e := range ents {
+			t.Errorf("leftover %s/%s", sub, e.Name())
+		}
+	}
+}
