@@ -18,6 +18,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
@@ -342,10 +343,7 @@ func (e *Engine) knownImages() []string {
 }
 
 // SandboxDetail is a sandbox with its live usage (sandbox_get).
-type SandboxDetail struct {
-	*sandbox.Info
-	Usage *sandbox.Usage `json:"usage,omitempty"`
-}
+type SandboxDetail = apitypes.SandboxDetail
 
 // GetSandbox describes a sandbox; live ones include their usage.
 func (e *Engine) GetSandbox(ctx context.Context, id string) (*SandboxDetail, error) {
@@ -356,7 +354,7 @@ func (e *Engine) GetSandbox(ctx context.Context, id string) (*SandboxDetail, err
 	if err != nil {
 		return nil, err
 	}
-	d := &SandboxDetail{Info: info}
+	d := &SandboxDetail{Sandbox: *info}
 	if info.State.Live() && info.State != sandbox.StateCreating {
 		if u, err := e.sandboxes.Usage(ctx, id); err == nil {
 			d.Usage = u

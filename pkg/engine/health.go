@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
@@ -13,18 +14,13 @@ import (
 )
 
 // Check is one readiness check (/readyz).
-type Check struct {
-	Name     string `json:"name"`
-	Status   string `json:"status"` // ok | degraded | failed
-	Reason   string `json:"reason,omitempty"`
-	Required bool   `json:"required"`
-}
+type Check = apitypes.Check
 
 // Check statuses.
 const (
-	CheckOK       = "ok"
-	CheckDegraded = "degraded"
-	CheckFailed   = "failed"
+	CheckOK       = apitypes.CheckOK
+	CheckDegraded = apitypes.CheckDegraded
+	CheckFailed   = apitypes.CheckFailed
 )
 
 func check(name string, required bool, err error) Check {
@@ -81,17 +77,7 @@ func (e *Engine) Healthy(ctx context.Context) error { return e.store.Ping(ctx) }
 func (e *Engine) Uptime() time.Duration { return time.Since(e.started) }
 
 // Status is the daemon's summary (sandboxctl status).
-type Status struct {
-	Version    string         `json:"version"`
-	Commit     string         `json:"commit"`
-	UptimeS    float64        `json:"uptime_s"`
-	Cgroups    string         `json:"cgroups"`
-	Seccomp    bool           `json:"seccomp"`
-	Ready      bool           `json:"ready"`
-	Sandboxes  map[string]int `json:"sandboxes"`
-	MaxSandbox int            `json:"max_sandboxes"`
-	Checks     []Check        `json:"checks"`
-}
+type Status = apitypes.Status
 
 // Status summarises the daemon.
 func (e *Engine) Status(ctx context.Context) (*Status, error) {
@@ -99,7 +85,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 	st := &Status{
 		Version: version.Version, Commit: version.Commit, UptimeS: e.Uptime().Seconds(),
 		Cgroups: string(cgroups.HostMode()), Seccomp: e.seccomp.OK() && e.cfg.Sandbox.SeccompProfile != seccomp.Unconfined,
-		Ready: Ready(checks), Sandboxes: map[string]int{}, MaxSandbox: e.cfg.Sandbox.MaxSandboxes, Checks: checks,
+		Ready: Ready(checks), Sandboxes: map[string]int{}, MaxSandboxes: e.cfg.Sandbox.MaxSandboxes, Checks: checks,
 	}
 	for _, s := range []sandbox.State{sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StateTerminated, sandbox.StateFailed} {
 		n, err := e.store.CountSandboxes(ctx, string(s))

@@ -4,23 +4,13 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
 
 // Event is a state change or a piece of command output, as published to
 // subscribers (REST /v1/events).
-type Event struct {
-	Seq       int64     `json:"seq"`
-	Time      time.Time `json:"time"`
-	Type      string    `json:"type"` // "state", "output" or "dropped"
-	SandboxID string    `json:"sandbox_id,omitempty"`
-	From      string    `json:"from,omitempty"`
-	To        string    `json:"to,omitempty"`
-	Reason    string    `json:"reason,omitempty"`
-	JobID     string    `json:"job_id,omitempty"`
-	Stream    string    `json:"stream,omitempty"`
-	Data      string    `json:"data,omitempty"`
-	Dropped   int       `json:"dropped,omitempty"` // events this subscriber missed (type "dropped")
-}
+type Event = apitypes.Event
 
 // subscriberBuffer is how many events a subscriber may lag behind before it
 // starts losing them; a slow reader must never slow sandboxes down.

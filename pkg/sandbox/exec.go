@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
@@ -17,13 +18,13 @@ import (
 
 // Termination causes (SPEC.md "Termination causes").
 const (
-	CauseExited      = "exited"
-	CauseTimeout     = "timeout"
-	CauseOOM         = "oom"
-	CauseOutputLimit = "output_limit"
-	CauseSignal      = "signal"
-	CauseKilled      = "killed"
-	CauseLost        = "lost"
+	CauseExited      = apitypes.CauseExited
+	CauseTimeout     = apitypes.CauseTimeout
+	CauseOOM         = apitypes.CauseOOM
+	CauseOutputLimit = apitypes.CauseOutputLimit
+	CauseSignal      = apitypes.CauseSignal
+	CauseKilled      = apitypes.CauseKilled
+	CauseLost        = apitypes.CauseLost
 )
 
 // ExecSpec is a command to run in a sandbox, already validated.
@@ -40,26 +41,10 @@ type ExecSpec struct {
 }
 
 // Termination says how a command ended.
-type Termination struct {
-	Cause    string `json:"cause"`
-	ExitCode *int   `json:"exit_code,omitempty"`
-	Signal   string `json:"signal,omitempty"`
-	Detail   string `json:"detail,omitempty"`
-}
+type Termination = apitypes.Termination
 
 // ExecResult is the outcome of a command.
-type ExecResult struct {
-	JobID           string      `json:"job_id,omitempty"`
-	ExitCode        int         `json:"exit_code"`
-	Stdout          string      `json:"stdout"`
-	Stderr          string      `json:"stderr"`
-	StdoutTruncated bool        `json:"stdout_truncated"`
-	StderrTruncated bool        `json:"stderr_truncated"`
-	StdoutBytes     int64       `json:"stdout_bytes"`
-	StderrBytes     int64       `json:"stderr_bytes"`
-	DurationMS      int64       `json:"duration_ms"`
-	Termination     Termination `json:"termination"`
-}
+type ExecResult = apitypes.ExecResult
 
 // OutputFunc receives output as it arrives ("stdout" or "stderr").
 type OutputFunc func(stream string, data []byte)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 )
 
@@ -92,19 +93,7 @@ func (m *Manager) watchJob(sb *Sandbox, jobID string, stdoutOff, stderrOff int64
 }
 
 // JobStatus is a background job's state and output since given offsets.
-type JobStatus struct {
-	JobID            string       `json:"job_id"`
-	State            string       `json:"state"` // running | finished
-	Stdout           string       `json:"stdout"`
-	Stderr           string       `json:"stderr"`
-	StdoutOffset     int64        `json:"stdout_offset"`
-	StderrOffset     int64        `json:"stderr_offset"`
-	NextStdoutOffset int64        `json:"next_stdout_offset"`
-	NextStderrOffset int64        `json:"next_stderr_offset"`
-	ExitCode         *int         `json:"exit_code,omitempty"`
-	Termination      *Termination `json:"termination,omitempty"`
-	DurationMS       int64        `json:"duration_ms,omitempty"`
-}
+type JobStatus = apitypes.JobStatus
 
 // JobStatus reads up to max bytes per stream of a job's output after the
 // given offsets, without waiting.

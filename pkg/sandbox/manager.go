@@ -27,6 +27,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
@@ -42,12 +43,7 @@ const (
 )
 
 // Limits are a sandbox's resource limits, already validated and capped.
-type Limits struct {
-	MemoryBytes int64   `json:"memory_bytes"`
-	CPUs        float64 `json:"cpus"`
-	Pids        int64   `json:"pids"`
-	DiskBytes   int64   `json:"disk_bytes"`
-}
+type Limits = apitypes.Limits
 
 // Spec is what a sandbox is created from. It is persisted as JSON.
 type Spec struct {
@@ -65,24 +61,7 @@ type Spec struct {
 }
 
 // Info is the externally visible description of a sandbox.
-type Info struct {
-	ID           string            `json:"sandbox_id"`
-	State        State             `json:"state"`
-	Language     string            `json:"language"`
-	Image        string            `json:"image"`
-	ImageDigest  string            `json:"image_digest,omitempty"`
-	Limits       Limits            `json:"limits"`
-	Network      string            `json:"network"`
-	Env          map[string]string `json:"env,omitempty"`
-	Labels       map[string]string `json:"labels,omitempty"`
-	CgroupPath   string            `json:"cgroup_path,omitempty"`
-	CreatedAt    time.Time         `json:"created_at"`
-	UpdatedAt    time.Time         `json:"updated_at"`
-	LastActiveAt time.Time         `json:"last_active_at"`
-	ExpiresAt    *time.Time        `json:"expires_at,omitempty"`
-	TerminatedAt *time.Time        `json:"terminated_at,omitempty"`
-	Reason       string            `json:"termination_reason,omitempty"`
-}
+type Info = apitypes.Sandbox
 
 // Options configure a Manager.
 type Options struct {
@@ -625,10 +604,7 @@ func (m *Manager) reap(ctx context.Context) {
 }
 
 // Usage is a sandbox's current resource usage.
-type Usage struct {
-	cgroups.Usage
-	DiskBytes int64 `json:"disk_bytes"`
-}
+type Usage = apitypes.Usage
 
 // Usage reads the live usage of sandbox id from its cgroup and filesystem.
 func (m *Manager) Usage(ctx context.Context, id string) (*Usage, error) {
@@ -640,7 +616,10 @@ func (m *Manager) Usage(ctx context.Context, id string) (*Usage, error) {
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "read usage of %s", id)
 	}
-	out := &Usage{Usage: u}
+	out := &Usage{
+		MemoryBytes: u.MemoryBytes, MemoryMaxBytes: u.MemoryMaxBytes, CPUSeconds: u.CPUSeconds,
+		Pids: u.Pids, OOMKills: u.OOMKills, CPUThrottledSec: u.CPUThrottledSec,
+	}
 	sb.mu.Lock()
 	layers := sb.layers
 	sb.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
@@ -20,18 +21,13 @@ import (
 )
 
 // GCReport lists what reconciliation or garbage collection did.
-type GCReport struct {
-	Adopted    []string `json:"adopted,omitempty"`    // live sandboxes taken over from an earlier daemon
-	Terminated []string `json:"terminated,omitempty"` // recorded live, found dead
-	Removed    []string `json:"removed,omitempty"`    // leftovers that belonged to no live sandbox
-	Errors     []string `json:"errors,omitempty"`
-}
+type GCReport = apitypes.GCReport
 
-func (r *GCReport) removed(format string, args ...any) {
+func reportRemoved(r *GCReport, format string, args ...any) {
 	r.Removed = append(r.Removed, fmt.Sprintf(format, args...))
 }
 
-func (r *GCReport) fail(format string, args ...any) {
+func reportError(r *GCReport, format string, args ...any) {
 	r.Errors = append(r.Errors, fmt.Sprintf(format, args...))
 }
 
@@ -82,7 +78,7 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 			to = StateFailed
 		}
 		if err := m.transition(ctx, sb, to, reason); err != nil {
-			rep.fail("%s: %v", sb.ID, err)
+			reportError(rep, "%s: %v", sb.ID, err)
 			return
 		}
 		rep.Terminated = append(rep.Terminated, sb.ID)
@@ -137,7 +133,7 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 		err = m.transition(ctx, sb, StateReady, "commands finished while the daemon was down")
 	}
 	if err != nil {
-		rep.fail("%s: %v", sb.ID, err)
+		reportError(rep, "%s: %v", sb.ID, err)
 	}
 	go m.watchInit(sb)
 	rep.Adopted = append(rep.Adopted, sb.ID)
@@ -162,23 +158,23 @@ func (m *Manager) collect(rep *GCReport) {
 	orphan := func(name string) bool { return strings.HasPrefix(name, "sb-") && !live[name] }
 
 	if ids, err := m.opt.Runtime.List(); err != nil {
-		rep.fail("list runtime state: %v", err)
+		reportError(rep, "list runtime state: %v", err)
 	} else {
 		for _, id := range ids {
 			if !orphan(id) {
 				continue
 			}
 			if err := m.opt.Runtime.Destroy(id, 0); err != nil {
-				rep.fail("destroy orphan container %s: %v", id, err)
+				reportError(rep, "destroy orphan container %s: %v", id, err)
 				continue
 			}
-			rep.removed("container %s (processes killed, libcontainer state removed)", id)
+			reportRemoved(rep, "container %s (processes killed, libcontainer state removed)", id)
 			m.log.Info("gc: removed orphan container", "sandbox", id)
 		}
 	}
 	sbRoot := filepath.Join(m.opt.RunDir, "sandboxes")
 	if ents, err := os.ReadDir(sbRoot); err != nil && !os.IsNotExist(err) {
-		rep.fail("list sandbox dirs: %v", err)
+		reportError(rep, "list sandbox dirs: %v", err)
 	} else {
 		for _, e := range ents {
 			if !orphan(e.Name()) {
@@ -186,19 +182,19 @@ func (m *Manager) collect(rep *GCReport) {
 			}
 			dir := filepath.Join(sbRoot, e.Name())
 			if err := image.ReleaseDir(filepath.Join(dir, "layers")); err != nil {
-				rep.fail("unmount %s: %v", dir, err)
+				reportError(rep, "unmount %s: %v", dir, err)
 				continue
 			}
 			if err := os.RemoveAll(dir); err != nil {
-				rep.fail("remove %s: %v", dir, err)
+				reportError(rep, "remove %s: %v", dir, err)
 				continue
 			}
-			rep.removed("sandbox dir %s (mounts released)", dir)
+			reportRemoved(rep, "sandbox dir %s (mounts released)", dir)
 			m.log.Info("gc: removed orphan sandbox dir", "dir", dir)
 		}
 	}
 	if names, err := cgroups.Children(m.opt.CgroupParent); err != nil {
-		rep.fail("list cgroups: %v", err)
+		reportError(rep, "list cgroups: %v", err)
 	} else {
 		for _, name := range names {
 			if !orphan(name) {
@@ -206,10 +202,10 @@ func (m *Manager) collect(rep *GCReport) {
 			}
 			p := filepath.Join(m.opt.CgroupParent, name)
 			if err := cgroups.Remove(p); err != nil {
-				rep.fail("remove cgroup %s: %v", p, err)
+				reportError(rep, "remove cgroup %s: %v", p, err)
 				continue
 			}
-			rep.removed("cgroup %s", p)
+			reportRemoved(rep, "cgroup %s", p)
 			m.log.Info("gc: removed orphan cgroup", "cgroup", p)
 		}
 	}

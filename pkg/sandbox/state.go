@@ -1,17 +1,21 @@
 package sandbox
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+)
 
 // State is a sandbox's lifecycle state (SPEC.md "Sandbox states").
-type State string
+type State = apitypes.State
 
 // The states. running means at least one command is executing.
 const (
-	StateCreating   State = "creating"
-	StateReady      State = "ready"
-	StateRunning    State = "running"
-	StateTerminated State = "terminated"
-	StateFailed     State = "failed"
+	StateCreating   = apitypes.StateCreating
+	StateReady      = apitypes.StateReady
+	StateRunning    = apitypes.StateRunning
+	StateTerminated = apitypes.StateTerminated
+	StateFailed     = apitypes.StateFailed
 )
 
 // transitions is the state machine of ARCHITECTURE.md:
@@ -35,18 +39,6 @@ func CanTransition(from, to State) bool {
 		if s == to {
 			return true
 		}
-	}
-	return false
-}
-
-// Live reports whether s is a state in which the sandbox holds resources.
-func (s State) Live() bool { return s == StateCreating || s == StateReady || s == StateRunning }
-
-// Valid reports whether s is one of the defined states.
-func (s State) Valid() bool {
-	switch s {
-	case StateCreating, StateReady, StateRunning, StateTerminated, StateFailed:
-		return true
 	}
 	return false
 }

@@ -5,47 +5,16 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
 
 // JobInfo describes a command a sandbox's agent knows about.
-type JobInfo struct {
-	ID          string    `json:"id"`
-	Argv        []string  `json:"argv"`
-	PID         int       `json:"pid"`
-	State       string    `json:"state"`
-	TTY         bool      `json:"tty,omitempty"`
-	StartedAt   time.Time `json:"started_at"`
-	StdoutBytes int64     `json:"stdout_bytes"`
-	StderrBytes int64     `json:"stderr_bytes"`
-	Exit        *JobExit  `json:"exit,omitempty"`
-}
-
-// JobExit is how a job ended, as the agent reports it.
-type JobExit struct {
-	Cause      string    `json:"cause"`
-	ExitCode   int       `json:"exit_code"`
-	Signal     string    `json:"signal,omitempty"`
-	Detail     string    `json:"detail,omitempty"`
-	StartedAt  time.Time `json:"started_at"`
-	FinishedAt time.Time `json:"finished_at"`
-	DurationMS int64     `json:"duration_ms"`
-}
+type JobInfo = agent.JobInfo
 
 // JobStatus is a job's state and a page of its output.
-type JobStatus struct {
-	JobID            string       `json:"job_id"`
-	State            string       `json:"state"`
-	Stdout           string       `json:"stdout"`
-	Stderr           string       `json:"stderr"`
-	StdoutOffset     int64        `json:"stdout_offset"`
-	StderrOffset     int64        `json:"stderr_offset"`
-	NextStdoutOffset int64        `json:"next_stdout_offset"`
-	NextStderrOffset int64        `json:"next_stderr_offset"`
-	ExitCode         *int         `json:"exit_code,omitempty"`
-	Termination      *Termination `json:"termination,omitempty"`
-	DurationMS       int64        `json:"duration_ms,omitempty"`
-}
+type JobStatus = apitypes.JobStatus
 
 // StartJob runs a command in the background and returns its job id.
 func (c *Client) StartJob(ctx context.Context, id string, req ExecRequest) (string, error) {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 )
 
@@ -32,12 +34,7 @@ type Health struct {
 }
 
 // Check is one readiness check.
-type Check struct {
-	Name     string `json:"name"`
-	Status   string `json:"status"` // ok | degraded | failed
-	Reason   string `json:"reason,omitempty"`
-	Required bool   `json:"required"`
-}
+type Check = apitypes.Check
 
 // Readiness is the body of GET /readyz (status 200 or 503).
 type Readiness struct {
@@ -52,62 +49,19 @@ const (
 )
 
 // Status is the body of GET /v1/status.
-type Status struct {
-	Version      string         `json:"version"`
-	Commit       string         `json:"commit"`
-	UptimeS      float64        `json:"uptime_s"`
-	Cgroups      string         `json:"cgroups"`
-	Seccomp      bool           `json:"seccomp"`
-	Ready        bool           `json:"ready"`
-	Sandboxes    map[string]int `json:"sandboxes"`
-	MaxSandboxes int            `json:"max_sandboxes"`
-	Checks       []Check        `json:"checks"`
-}
+type Status = apitypes.Status
 
 // Limits are a sandbox's resource limits.
-type Limits struct {
-	MemoryBytes int64   `json:"memory_bytes"`
-	CPUs        float64 `json:"cpus"`
-	Pids        int64   `json:"pids"`
-	DiskBytes   int64   `json:"disk_bytes"`
-}
+type Limits = apitypes.Limits
 
 // Sandbox describes a sandbox.
-type Sandbox struct {
-	ID           string            `json:"sandbox_id"`
-	State        string            `json:"state"`
-	Language     string            `json:"language"`
-	Image        string            `json:"image"`
-	ImageDigest  string            `json:"image_digest,omitempty"`
-	Limits       Limits            `json:"limits"`
-	Network      string            `json:"network"`
-	Env          map[string]string `json:"env,omitempty"`
-	Labels       map[string]string `json:"labels,omitempty"`
-	CgroupPath   string            `json:"cgroup_path,omitempty"`
-	CreatedAt    time.Time         `json:"created_at"`
-	UpdatedAt    time.Time         `json:"updated_at"`
-	LastActiveAt time.Time         `json:"last_active_at"`
-	ExpiresAt    *time.Time        `json:"expires_at,omitempty"`
-	TerminatedAt *time.Time        `json:"terminated_at,omitempty"`
-	Reason       string            `json:"termination_reason,omitempty"`
-}
+type Sandbox = apitypes.Sandbox
 
 // Usage is a live sandbox's resource usage.
-type Usage struct {
-	MemoryBytes     uint64  `json:"memory_bytes"`
-	MemoryMaxBytes  uint64  `json:"memory_max_bytes,omitempty"`
-	CPUSeconds      float64 `json:"cpu_seconds"`
-	Pids            uint64  `json:"pids"`
-	OOMKills        uint64  `json:"oom_kills"`
-	CPUThrottledSec float64 `json:"cpu_throttled_seconds,omitempty"`
-	DiskBytes       int64   `json:"disk_bytes"`
-}
+type Usage = apitypes.Usage
 
 // SandboxDetail is a sandbox with its live usage (GET /v1/sandboxes/{id}).
-type SandboxDetail struct {
-	Sandbox
-	Usage *Usage `json:"usage,omitempty"`
-}
+type SandboxDetail = apitypes.SandboxDetail
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes. Nil pointers take
 // the daemon's defaults.
@@ -137,27 +91,11 @@ type ExecRequest struct {
 }
 
 // Termination says how a command ended (SPEC.md "Termination causes").
-type Termination struct {
-	Cause    string `json:"cause"`
-	ExitCode *int   `json:"exit_code,omitempty"`
-	Signal   string `json:"signal,omitempty"`
-	Detail   string `json:"detail,omitempty"`
-}
+type Termination = apitypes.Termination
 
 // ExecResult is the outcome of a command. Over REST the output arrives as
 // stream lines first; Client.Exec collects it into Stdout and Stderr.
-type ExecResult struct {
-	JobID           string      `json:"job_id,omitempty"`
-	ExitCode        int         `json:"exit_code"`
-	Stdout          string      `json:"stdout"`
-	Stderr          string      `json:"stderr"`
-	StdoutTruncated bool        `json:"stdout_truncated"`
-	StderrTruncated bool        `json:"stderr_truncated"`
-	StdoutBytes     int64       `json:"stdout_bytes"`
-	StderrBytes     int64       `json:"stderr_bytes"`
-	DurationMS      int64       `json:"duration_ms"`
-	Termination     Termination `json:"termination"`
-}
+type ExecResult = apitypes.ExecResult
 
 // ExecLine is one line of the exec NDJSON stream: output (Stream and Data),
 // the final outcome (Exit, whose stdout and stderr are empty because the
@@ -236,19 +174,7 @@ const (
 
 // Event is a sandbox state change or a piece of command output
 // (GET /v1/events).
-type Event struct {
-	Seq       int64     `json:"seq"`
-	Time      time.Time `json:"time"`
-	Type      string    `json:"type"` // state | output | dropped
-	SandboxID string    `json:"sandbox_id,omitempty"`
-	From      string    `json:"from,omitempty"`
-	To        string    `json:"to,omitempty"`
-	Reason    string    `json:"reason,omitempty"`
-	JobID     string    `json:"job_id,omitempty"`
-	Stream    string    `json:"stream,omitempty"`
-	Data      string    `json:"data,omitempty"`
-	Dropped   int       `json:"dropped,omitempty"`
-}
+type Event = apitypes.Event
 
 // Image is a built language image.
 type Image struct {
@@ -263,9 +189,4 @@ type Image struct {
 }
 
 // GCReport lists what garbage collection removed and what it could not.
-type GCReport struct {
-	Adopted    []string `json:"adopted,omitempty"`
-	Terminated []string `json:"terminated,omitempty"`
-	Removed    []string `json:"removed,omitempty"`
-	Errors     []string `json:"errors,omitempty"`
-}
+type GCReport = apitypes.GCReport
