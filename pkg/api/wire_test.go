@@ -42,9 +42,6 @@ func TestWireCompatibility(t *testing.T) {
 		{"terminal exit", &terminalMessage{Type: "exit", ExitCode: &code, Termination: &result.Termination,
 			Error: &errorBody{Code: "c", Message: "m"}}, &client.TerminalMessage{}},
 		// Requests go the other way.
-		{"create request", &client.CreateSandboxRequest{Language: "l", Image: "i", MemoryMB: &mb, CPUs: &cpus, Pids: &mb,
-			DiskMB: &mb, Network: "none", Allow: []string{"h"}, Env: map[string]string{"A": "1"}, TTLSeconds: &ttl,
-			Labels: map[string]string{"l": "v"}}, &engine.CreateSandboxRequest{}},
 		{"exec request", &client.ExecRequest{Command: "c", Cwd: "/w", Env: map[string]string{"A": "1"}, Stdin: "in",
 			TimeoutSeconds: &timeout}, &engine.ExecRequest{}},
 		{"resize", &client.TerminalMessage{Type: "resize", Rows: 50, Cols: 100}, &terminalMessage{}},

@@ -41,6 +41,22 @@ type Limits struct {
 	DiskBytes   int64   `json:"disk_bytes"`
 }
 
+// CreateSandboxRequest is the input of sandbox_create (POST /v1/sandboxes).
+// Nil pointers and empty strings take the configured defaults.
+type CreateSandboxRequest struct {
+	Language   string            `json:"language,omitempty"`
+	Image      string            `json:"image,omitempty"`
+	MemoryMB   *int64            `json:"memory_mb,omitempty"`
+	CPUs       *float64          `json:"cpus,omitempty"`
+	Pids       *int64            `json:"pids,omitempty"`
+	DiskMB     *int64            `json:"disk_mb,omitempty"`
+	Network    string            `json:"network,omitempty"` // none | egress | allowlist
+	Allow      []string          `json:"allow,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	TTLSeconds *int64            `json:"ttl_seconds,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+}
+
 // Sandbox describes a sandbox, live or not.
 type Sandbox struct {
 	ID           string            `json:"sandbox_id"`

@@ -144,19 +144,7 @@ func (e *Engine) Config() *config.Config { return e.cfg }
 func (e *Engine) SeccompSupport() seccomp.Support { return e.seccomp }
 
 // CreateSandboxRequest is the input of sandbox_create.
-type CreateSandboxRequest struct {
-	Language   string            `json:"language,omitempty"`
-	Image      string            `json:"image,omitempty"`
-	MemoryMB   *int64            `json:"memory_mb,omitempty"`
-	CPUs       *float64          `json:"cpus,omitempty"`
-	Pids       *int64            `json:"pids,omitempty"`
-	DiskMB     *int64            `json:"disk_mb,omitempty"`
-	Network    string            `json:"network,omitempty"`
-	Allow      []string          `json:"allow,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	TTLSeconds *int64            `json:"ttl_seconds,omitempty"`
-	Labels     map[string]string `json:"labels,omitempty"`
-}
+type CreateSandboxRequest = apitypes.CreateSandboxRequest
 
 const mib = 1 << 20
 

@@ -63,21 +63,8 @@ type Usage = apitypes.Usage
 // SandboxDetail is a sandbox with its live usage (GET /v1/sandboxes/{id}).
 type SandboxDetail = apitypes.SandboxDetail
 
-// CreateSandboxRequest is the body of POST /v1/sandboxes. Nil pointers take
-// the daemon's defaults.
-type CreateSandboxRequest struct {
-	Language   string            `json:"language,omitempty"`
-	Image      string            `json:"image,omitempty"`
-	MemoryMB   *int64            `json:"memory_mb,omitempty"`
-	CPUs       *float64          `json:"cpus,omitempty"`
-	Pids       *int64            `json:"pids,omitempty"`
-	DiskMB     *int64            `json:"disk_mb,omitempty"`
-	Network    string            `json:"network,omitempty"`
-	Allow      []string          `json:"allow,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	TTLSeconds *int64            `json:"ttl_seconds,omitempty"`
-	Labels     map[string]string `json:"labels,omitempty"`
-}
+// CreateSandboxRequest is the body of POST /v1/sandboxes.
+type CreateSandboxRequest = apitypes.CreateSandboxRequest
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec. Give Command (run
 // with /bin/sh -c) or Argv.
