@@ -26,7 +26,6 @@ func TestWireCompatibility(t *testing.T) {
 		StdoutBytes: 1, StderrBytes: 2, DurationMS: 4,
 		Termination: sandbox.Termination{Cause: "exited", ExitCode: &code, Signal: "SIGX", Detail: "d"},
 	}
-	mb, cpus, ttl := int64(512), 0.5, int64(60)
 	timeout := 1.5
 	for _, tc := range []struct {
 		name     string
