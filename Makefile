@@ -25,9 +25,11 @@ build: deps
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/sandbox-agent ./cmd/sandbox-agent
 
 # Integration tests need root; SANDBOXD_INTEGRATION=1 turns their skip into a failure.
+# -p 1: packages one at a time, so that timing-sensitive checks (the CPU quota
+# test) do not compete with another package's sandboxes for the two cores.
 test: build
 	SANDBOXD_INTEGRATION=1 SANDBOXD_AGENT=$(CURDIR)/bin/sandbox-agent SANDBOXD_BIN_DIR=$(CURDIR)/bin \
-		CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -timeout $(TEST_TIMEOUT) ./...
+		CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
 
 test-unit:
 	CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -short ./...

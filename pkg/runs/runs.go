@@ -157,6 +157,9 @@ func (r *Record) WriteSnapshot(sub string, files map[string][]byte) error {
 		base = filepath.Join(base, sub)
 	}
 	for name, data := range files {
+		if err := safeRel(name); err != nil {
+			return err
+		}
 		if err := r.WriteFile(filepath.Join(base, name), data); err != nil {
 			return err
 		}
@@ -439,6 +442,9 @@ func dirSize(dir string) (int64, error) {
 	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
 		}
 		fi, err := d.Info()
 		if err != nil {
