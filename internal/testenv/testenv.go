@@ -34,17 +34,20 @@ var RepoRoot = func() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }()
 
-// RequireRoot skips a test that needs root, unless SANDBOXD_INTEGRATION=1
-// (make test), under which a skip would hide a failure.
+// RequireRoot marks an integration test: it needs root, and `go test -short`
+// (make test-unit) skips it. Under SANDBOXD_INTEGRATION=1 (make test) a skip
+// would hide a failure, so the test fails instead.
 func RequireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("SANDBOXD_INTEGRATION") == "1" {
+	integration := os.Getenv("SANDBOXD_INTEGRATION") == "1"
+	switch {
+	case os.Geteuid() != 0 && integration:
 		t.Fatal("integration test needs root (SANDBOXD_INTEGRATION=1 forbids skipping)")
+	case os.Geteuid() != 0:
+		t.Skip("integration test needs root")
+	case testing.Short() && !integration:
+		t.Skip("integration test skipped in -short mode")
 	}
-	t.Skip("integration test needs root")
 }
 
 // RandHex returns n random bytes in hex.
