@@ -65,9 +65,17 @@ type job struct {
 	stdinMu sync.Mutex
 	stdin   *os.File // pipe write end or pty master; nil when closed or absent
 
-	mu         sync.Mutex
-	streams    [2]output
-	changed    chan struct{} // closed and replaced whenever output or state changes
+	mu      sync.Mutex
+	streams [2]output
+	changed chan struct{} // closed and replaced whenever output or state changes
+	// followers are the attached readers' positions. While one of them is
+	// about to lose output (it is further behind than the retained tail),
+	// the job stops reading its pipes, so the program blocks on write the
+	// way it would on a slow terminal: an attached daemon sees every byte.
+	// With nobody attached (say the daemon is restarting) output is never
+	// held back and only the tail is kept.
+	followers  map[*follower]struct{}
+	consumed   chan struct{} // closed and replaced whenever a follower advances or leaves
 	killCause  string
 	killDetail string
 	timer      *time.Timer
@@ -174,10 +182,57 @@ func (j *job) broadcast() {
 	j.changed = make(chan struct{})
 }
 
-// appendOutput records output of stream idx, enforcing the output limit.
+// follower is one attached reader's position in each stream.
+type follower struct{ offs [2]int64 }
+
+// follow registers an attached reader starting at offs. Callers hold j.mu.
+func (j *job) follow(offs [2]int64) *follower {
+	f := &follower{offs: offs}
+	if j.followers == nil {
+		j.followers = map[*follower]struct{}{}
+	}
+	j.followers[f] = struct{}{}
+	return f
+}
+
+// advance records that f has consumed up to offs (or, with gone, left) and
+// wakes a writer waiting for it. Callers hold j.mu.
+func (j *job) advance(f *follower, offs [2]int64, gone bool) {
+	f.offs = offs
+	if gone {
+		delete(j.followers, f)
+	}
+	if j.consumed != nil {
+		close(j.consumed)
+	}
+	j.consumed = make(chan struct{})
+}
+
+// followerBehind reports whether writing up to newEnd on stream idx would
+// drop output a follower has not read yet. Callers hold j.mu.
+func (j *job) followerBehind(idx int, newEnd int64) bool {
+	for f := range j.followers {
+		if f.offs[idx] < newEnd-int64(j.streams[idx].retain) {
+			return true
+		}
+	}
+	return false
+}
+
+// appendOutput records output of stream idx, enforcing the output limit
+// and holding the writer back while an attached reader would lose output.
 func (j *job) appendOutput(idx int, p []byte) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	for j.followerBehind(idx, j.streams[idx].end()+int64(len(p))) && j.exit == nil {
+		if j.consumed == nil {
+			j.consumed = make(chan struct{})
+		}
+		wait := j.consumed
+		j.mu.Unlock()
+		<-wait
+		j.mu.Lock()
+	}
 	s := &j.streams[idx]
 	if j.outputLimit > 0 && s.end()+int64(len(p)) > j.outputLimit {
 		p = p[:max(0, j.outputLimit-s.end())]

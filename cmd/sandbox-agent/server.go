@@ -237,6 +237,14 @@ func (s *server) attach(j *job, req *agent.Request, r *bufio.Reader, rp *reply) 
 // stream sends a job's output from offs as it arrives, then its exit
 // status. It returns early, without error, when gone is closed.
 func (s *server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) error {
+	j.mu.Lock()
+	f := j.follow(offs)
+	j.mu.Unlock()
+	defer func() {
+		j.mu.Lock()
+		j.advance(f, offs, true)
+		j.mu.Unlock()
+	}()
 	for {
 		j.mu.Lock()
 		var chunks [2][]byte
@@ -258,6 +266,9 @@ func (s *server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) 
 			sent = true
 		}
 		if sent {
+			j.mu.Lock()
+			j.advance(f, offs, false)
+			j.mu.Unlock()
 			continue
 		}
 		// The exit status is set only after all output was collected, so
