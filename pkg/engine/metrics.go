@@ -19,6 +19,7 @@ type metrics struct {
 	created      *prometheus.CounterVec
 	terminations *prometheus.CounterVec
 	causes       *prometheus.CounterVec
+	runs         *prometheus.CounterVec
 }
 
 // latencyBuckets span a warm exec (~1 ms) to a slow image-backed create (~30 s).
@@ -47,9 +48,13 @@ func newMetrics(e *Engine) *metrics {
 			Namespace: "sandboxd", Name: "command_terminations_total",
 			Help: "Finished commands by termination cause.",
 		}, []string{"cause"}),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "sandboxd", Name: "runs_total",
+			Help: "run_code calls by language and outcome (success, failure: a step failed, error: no result).",
+		}, []string{"language", "outcome"}),
 	}
 	m.registry.MustRegister(
-		m.createTime, m.execTime, m.created, m.terminations, m.causes,
+		m.createTime, m.execTime, m.created, m.terminations, m.causes, m.runs,
 		&stateCollector{e: e, desc: prometheus.NewDesc("sandboxd_sandboxes", "Sandboxes by state.", []string{"state"}, nil)},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

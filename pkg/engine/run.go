@@ -357,6 +357,14 @@ func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandb
 	if err := r.finish(context.WithoutCancel(ctx), res, runErr); err != nil && runErr == nil {
 		e.log.Error("write run record", "run", rec.ID, "err", err)
 	}
+	outcome := "error"
+	switch {
+	case runErr == nil && res.Success:
+		outcome = "success"
+	case runErr == nil:
+		outcome = "failure"
+	}
+	e.metrics.runs.WithLabelValues(h.Name, outcome).Inc()
 	if runErr != nil {
 		return nil, runErr
 	}
