@@ -41,6 +41,43 @@ func imagesCmd(g *globals) *cobra.Command {
 			return tw.Flush()
 		},
 	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "build LANG...",
+		Short: "Build language images unless they are up to date (the log streams as it builds)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			for _, name := range args {
+				img, err := c.BuildImage(cmd.Context(), name, func(line string) { fmt.Fprintln(g.stderr, line) })
+				if err != nil {
+					return fmt.Errorf("build %s: %w", name, err)
+				}
+				fmt.Fprintf(g.stdout, "%s\t%s\n", img.Name, shortDigest(img.Digest))
+			}
+			return nil
+		},
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "rm LANG...",
+		Short: "Remove language images (refused while a sandbox uses one)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			for _, name := range args {
+				if err := c.RemoveImage(cmd.Context(), name); err != nil {
+					return fmt.Errorf("rm %s: %w", name, err)
+				}
+				fmt.Fprintln(g.stdout, name)
+			}
+			return nil
+		},
+	})
 	return cmd
 }
 

@@ -27,7 +27,7 @@ func jobsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if g.json {
-				return g.printJSON(nonNilJobs(jobs))
+				return g.printJSON(emptyIfNil(jobs))
 			}
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "JOB\tSTATE\tEXIT\tSTARTED\tCOMMAND")
@@ -44,7 +44,8 @@ func jobsCmd(g *globals) *cobra.Command {
 	}
 }
 
-func nonNilJobs[T any](s []T) []T {
+// emptyIfNil makes an empty list print as [] rather than null in --json.
+func emptyIfNil[T any](s []T) []T {
 	if s == nil {
 		return []T{}
 	}

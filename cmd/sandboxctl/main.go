@@ -93,6 +93,7 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 		statusCmd(g), healthCmd(g),
 		psCmd(g), inspectCmd(g), createCmd(g), rmCmd(g),
 		execCmd(g), cpCmd(g), jobsCmd(g), logsCmd(g),
+		runCmd(g), runsCmd(g), languagesCmd(g),
 		imagesCmd(g), gcCmd(g),
 	)
 	return root, g

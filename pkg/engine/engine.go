@@ -8,6 +8,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -400,3 +401,27 @@ func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*
 
 // Images lists the built images.
 func (e *Engine) Images() ([]*image.Image, error) { return e.images.List() }
+
+// RemoveImage deletes the built images of recipe name. An image in use by a
+// live sandbox is refused: it is the lower layer of that sandbox's root.
+func (e *Engine) RemoveImage(ctx context.Context, name string) error {
+	if name == "" || strings.ContainsAny(name, "/\x00") {
+		return errdefs.Invalidf("name: malformed image name %q", name)
+	}
+	if _, err := e.images.Get(name); errors.Is(err, image.ErrNotFound) {
+		return errdefs.NotFoundf("name: no built image %q", name)
+	}
+	live, err := e.sandboxes.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, sb := range live {
+		if sb.Image == name {
+			return errdefs.Conflictf("image %s is in use by sandbox %s", name, sb.ID)
+		}
+	}
+	if err := e.images.Remove(name); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "remove image %s", name)
+	}
+	return nil
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
@@ -85,63 +86,14 @@ func (e *Engine) runStore() (*runs.Store, error) {
 }
 
 // RunCodeRequest is the input of run_code.
-type RunCodeRequest struct {
-	Language string `json:"language"`
-	// Code is the main file's content; Files are more files (or all of
-	// them), by path relative to /workspace (or absolute under it).
-	Code  string            `json:"code,omitempty"`
-	Files map[string]string `json:"files,omitempty"`
-	// Entrypoint names the file to run among Files (default: the
-	// language's entrypoint, or the only source file).
-	Entrypoint     string            `json:"entrypoint,omitempty"`
-	Args           []string          `json:"args,omitempty"`
-	Stdin          string            `json:"stdin,omitempty"`
-	Env            map[string]string `json:"env,omitempty"`
-	SandboxID      string            `json:"sandbox_id,omitempty"`
-	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty"`
-	// Install runs the dependency installers for the manifests among the
-	// files (requirements.txt, package.json, go.mod, Cargo.toml); default true.
-	Install *bool  `json:"install,omitempty"`
-	Network string `json:"network,omitempty"`
-	// Limits of the ephemeral sandbox (ignored with SandboxID).
-	MemoryMB *int64 `json:"memory_mb,omitempty"`
-	DiskMB   *int64 `json:"disk_mb,omitempty"`
-	// MaxOutputBytes caps each stream in the result; 0 means the configured
-	// output limit. The run record keeps up to runs.log_cap regardless.
-	MaxOutputBytes int64 `json:"-"`
-}
+type RunCodeRequest = apitypes.RunCodeRequest
 
 // RunStep is the outcome of one step of a run.
-type RunStep struct {
-	Name            string              `json:"name"`
-	ExitCode        int                 `json:"exit_code"`
-	Stdout          string              `json:"stdout"`
-	Stderr          string              `json:"stderr"`
-	StdoutTruncated bool                `json:"stdout_truncated,omitempty"`
-	StderrTruncated bool                `json:"stderr_truncated,omitempty"`
-	Termination     sandbox.Termination `json:"termination"`
-	DurationMS      int64               `json:"duration_ms"`
-}
+type RunStep = apitypes.RunStep
 
 // RunResult is the outcome of run_code: the steps, and at the top level the
 // last step that ran (the run step, or the one that failed).
-type RunResult struct {
-	RunID           string              `json:"run_id"`
-	SandboxID       string              `json:"sandbox_id"`
-	Language        string              `json:"language"`
-	Success         bool                `json:"success"`
-	Steps           []RunStep           `json:"steps"`
-	ExitCode        int                 `json:"exit_code"`
-	Stdout          string              `json:"stdout"`
-	Stderr          string              `json:"stderr"`
-	StdoutTruncated bool                `json:"stdout_truncated"`
-	StderrTruncated bool                `json:"stderr_truncated"`
-	Termination     sandbox.Termination `json:"termination"`
-	DurationMS      int64               `json:"duration_ms"`
-	// OutputFiles lists what the program left in /workspace/output (kept
-	// in the run record's output/).
-	OutputFiles []string `json:"output_files,omitempty"`
-}
+type RunResult = apitypes.RunResult
 
 // handler returns the language handler of an enabled language.
 func (e *Engine) handler(field, name string) (*lang.Handler, *image.Recipe, error) {
@@ -814,18 +766,7 @@ func (e *Engine) PackagesInstall(ctx context.Context, req PackagesInstallRequest
 }
 
 // LanguageInfo is one entry of languages_list.
-type LanguageInfo struct {
-	Name        string   `json:"name"`
-	Version     string   `json:"version"`
-	Image       string   `json:"image"`
-	ImageReady  bool     `json:"image_ready"`
-	Extensions  []string `json:"extensions"`
-	Entrypoint  string   `json:"entrypoint"`
-	Tasks       []string `json:"tasks"`
-	Managers    []string `json:"managers,omitempty"`
-	Compiled    bool     `json:"compiled"`
-	Description string   `json:"description,omitempty"`
-}
+type LanguageInfo = apitypes.LanguageInfo
 
 // Languages lists the enabled languages. An image is ready when it is
 // built from the current recipe; the version is that of the recipe's first
@@ -894,11 +835,7 @@ func (e *Engine) GetRun(ctx context.Context, id string, maxLog int64) (*runs.Run
 }
 
 // RunFilter selects run records (run_list).
-type RunFilter struct {
-	Limit    int    `json:"limit,omitempty"` // default 50, at most 1000
-	Language string `json:"language,omitempty"`
-	Success  *bool  `json:"success,omitempty"`
-}
+type RunFilter = apitypes.RunFilter
 
 // ListRuns lists run records, newest first.
 func (e *Engine) ListRuns(ctx context.Context, f RunFilter) ([]runs.Metadata, error) {

@@ -33,6 +33,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
@@ -213,65 +214,16 @@ func (r *Record) Close() error {
 }
 
 // Termination is how the run ended, as metadata.json spells it.
-type Termination struct {
-	Cause    string `json:"cause"`
-	ExitCode *int   `json:"exitCode,omitempty"`
-	Signal   string `json:"signal,omitempty"`
-	Detail   string `json:"detail,omitempty"`
-}
+type Termination = apitypes.RunTermination
 
 // Step is one step of a run in metadata.json.
-type Step struct {
-	Name            string      `json:"name"`
-	Argv            []string    `json:"argv,omitempty"`
-	ExitCode        int         `json:"exitCode"`
-	DurationMS      int64       `json:"durationMs"`
-	Termination     Termination `json:"termination"`
-	StdoutBytes     int64       `json:"stdoutBytes"`
-	StderrBytes     int64       `json:"stderrBytes"`
-	StdoutTruncated bool        `json:"stdoutTruncated"`
-	StderrTruncated bool        `json:"stderrTruncated"`
-}
+type Step = apitypes.RunStepRecord
 
 // Metadata is metadata.json: the fields SPEC.md names first, then more.
-type Metadata struct {
-	RunID       string      `json:"runId"`
-	Language    string      `json:"language"`
-	StartTime   time.Time   `json:"startTime"`
-	EndTime     time.Time   `json:"endTime"`
-	DurationMS  int64       `json:"durationMs"`
-	ExitCode    int         `json:"exitCode"`
-	Attempts    int         `json:"attempts"`
-	Success     bool        `json:"success"`
-	Image       string      `json:"image"`
-	SandboxID   string      `json:"sandboxId"`
-	Termination Termination `json:"termination"`
-
-	Kind        string   `json:"kind"` // run | autofix
-	ImageDigest string   `json:"imageDigest,omitempty"`
-	Ephemeral   bool     `json:"ephemeral"`
-	Entrypoint  string   `json:"entrypoint,omitempty"`
-	Args        []string `json:"args,omitempty"`
-	Files       []string `json:"files,omitempty"`
-	Steps       []Step   `json:"steps"`
-	// Bytes the steps wrote per stream, and whether the logs hold less
-	// (the log cap).
-	StdoutBytes  int64  `json:"stdoutBytes"`
-	StderrBytes  int64  `json:"stderrBytes"`
-	StdoutLogged int64  `json:"stdoutLogged"`
-	StderrLogged int64  `json:"stderrLogged"`
-	OutputFiles  int    `json:"outputFiles"`
-	Error        string `json:"error,omitempty"`
-}
+type Metadata = apitypes.RunMetadata
 
 // FixedAttempt is one entry of fixed_attempts.json.
-type FixedAttempt struct {
-	Attempt    int    `json:"attempt"`
-	Error      string `json:"error"`
-	Fix        string `json:"fix"`
-	ExitCode   int    `json:"exit_code"`
-	DurationMS int64  `json:"duration_ms"`
-}
+type FixedAttempt = apitypes.FixedAttempt
 
 // Finish closes the logs, writes metadata.json (filling in the logged byte
 // counts), indexes the record and applies retention. fixed_attempts.json is
@@ -317,15 +269,7 @@ func (s *Store) Finish(ctx context.Context, r *Record, m *Metadata) error {
 }
 
 // Run is a stored run: its metadata and (the start of) its logs.
-type Run struct {
-	Metadata        Metadata       `json:"metadata"`
-	Stdout          string         `json:"stdout"`
-	Stderr          string         `json:"stderr"`
-	StdoutTruncated bool           `json:"stdout_truncated"`
-	StderrTruncated bool           `json:"stderr_truncated"`
-	Attempts        []FixedAttempt `json:"attempts"`
-	Dir             string         `json:"dir"`
-}
+type Run = apitypes.RunRecord
 
 // Get reads run id with up to maxLog bytes of each log.
 func (s *Store) Get(ctx context.Context, id string, maxLog int64) (*Run, error) {

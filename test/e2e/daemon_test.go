@@ -489,3 +489,54 @@ func TestSeccompRequired(t *testing.T) {
 		t.Errorf("readyz with seccomp off: %s", body)
 	}
 }
+
+// TestRunCLI drives run_code through sandboxctl: a one-shot run, its record,
+// and the image commands.
+func TestRunCLI(t *testing.T) {
+	d := testenv.NewDaemon(t, "python")
+	d.Start()
+	dir := t.TempDir()
+	main := filepath.Join(dir, "main.py")
+	lib := filepath.Join(dir, "greet.py")
+	if err := os.WriteFile(main, []byte("import sys, greet\nprint(greet.hello(sys.argv[1]))\nsys.exit(3)\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lib, []byte("def hello(n):\n    return 'hello ' + n\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := d.Ctl("run", "--lang", "python", "--arg", "world", main, lib)
+	if out != "hello world\n" || code != 3 {
+		t.Fatalf("run: stdout %q, exit %d, stderr %q", out, code, errOut)
+	}
+	runID := regexp.MustCompile(`--- run (\S+)`).FindStringSubmatch(errOut)
+	if runID == nil {
+		t.Fatalf("run printed no run id: %q", errOut)
+	}
+	if ls := d.MustCtl("runs", "ls"); !strings.Contains(ls, runID[1]) {
+		t.Errorf("runs ls misses %s:\n%s", runID[1], ls)
+	}
+	show := d.MustCtl("runs", "show", runID[1])
+	if !strings.Contains(show, "hello world") || !strings.Contains(show, "exit 3") {
+		t.Errorf("runs show:\n%s", show)
+	}
+	if _, errOut, code := d.Ctl("run", "--lang", "cobol", main); code != 2 || !strings.Contains(errOut, "language") {
+		t.Errorf("run with an unknown language: exit %d %q", code, errOut)
+	}
+	if ids := d.LiveIDs(); len(ids) != 0 {
+		t.Errorf("ephemeral runs left sandboxes: %v", ids)
+	}
+
+	// images: ls shows the built ones, build of an up-to-date recipe is a
+	// no-op, rm of an image in use is refused.
+	if ls := d.MustCtl("images", "ls"); !strings.Contains(ls, "python") || !strings.Contains(ls, "shell") {
+		t.Errorf("images ls:\n%s", ls)
+	}
+	d.MustCtl("images", "build", "shell")
+	id := createSandbox(d)
+	if _, errOut, code := d.Ctl("images", "rm", "shell"); code != 1 || !strings.Contains(errOut, id) {
+		t.Errorf("images rm of an image in use: exit %d %q", code, errOut)
+	}
+	if out := d.MustCtl("languages"); !regexp.MustCompile(`(?m)^python\s+\S+\s+true`).MatchString(out) {
+		t.Errorf("languages:\n%s", out)
+	}
+}

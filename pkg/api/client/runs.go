@@ -1,0 +1,121 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
+
+// Run types: the shared definitions of pkg/apitypes.
+type (
+	// RunCodeRequest is the body of POST /v1/run (run_code).
+	RunCodeRequest = apitypes.RunCodeRequest
+	// RunResult is the outcome of run_code.
+	RunResult = apitypes.RunResult
+	// RunMetadata is a run record's metadata.json.
+	RunMetadata = apitypes.RunMetadata
+	// RunRecord is a stored run with the start of its logs.
+	RunRecord = apitypes.RunRecord
+	// LanguageInfo is one entry of languages_list.
+	LanguageInfo = apitypes.LanguageInfo
+	// RunFilter selects run records.
+	RunFilter = apitypes.RunFilter
+)
+
+// RunCode runs code in a sandbox (an ephemeral one unless SandboxID is set).
+func (c *Client) RunCode(ctx context.Context, req RunCodeRequest) (*RunResult, error) {
+	var res RunResult
+	if err := c.doJSON(ctx, http.MethodPost, "/v1/run", nil, req, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// Runs lists run records, newest first.
+func (c *Client) Runs(ctx context.Context, f RunFilter) ([]RunMetadata, error) {
+	q := url.Values{}
+	if f.Limit > 0 {
+		q.Set("limit", strconv.Itoa(f.Limit))
+	}
+	if f.Language != "" {
+		q.Set("language", f.Language)
+	}
+	if f.Success != nil {
+		q.Set("success", strconv.FormatBool(*f.Success))
+	}
+	var l struct {
+		Runs []RunMetadata `json:"runs"`
+	}
+	return l.Runs, c.doJSON(ctx, http.MethodGet, "/v1/runs", q, nil, &l)
+}
+
+// Run reads a run record with up to maxLog bytes of each log (0: the daemon's default).
+func (c *Client) Run(ctx context.Context, id string, maxLog int64) (*RunRecord, error) {
+	q := url.Values{}
+	if maxLog > 0 {
+		q.Set("max_bytes", strconv.FormatInt(maxLog, 10))
+	}
+	var r RunRecord
+	if err := c.doJSON(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(id), q, nil, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Languages lists the enabled languages and whether their images are built.
+func (c *Client) Languages(ctx context.Context) ([]LanguageInfo, error) {
+	var l struct {
+		Languages []LanguageInfo `json:"languages"`
+	}
+	return l.Languages, c.doJSON(ctx, http.MethodGet, "/v1/languages", nil, nil, &l)
+}
+
+// BuildImage builds recipe name's image unless it is up to date; log
+// receives the build log line by line as it happens.
+func (c *Client) BuildImage(ctx context.Context, name string, log func(line string)) (*Image, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/v1/images/"+url.PathEscape(name)+"/build", nil), nil)
+	if err != nil {
+		return nil, fmt.Errorf("build request: %w", err)
+	}
+	resp, err := c.do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		var line struct {
+			Log   string     `json:"log"`
+			Image *Image     `json:"image"`
+			Error *ErrorBody `json:"error"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			return nil, fmt.Errorf("decode build stream: %w", err)
+		}
+		switch {
+		case line.Error != nil:
+			return nil, &errdefs.Error{Code: errdefs.Code(line.Error.Code), Message: line.Error.Message}
+		case line.Image != nil:
+			return line.Image, nil
+		case log != nil:
+			log(line.Log)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read build stream: %w", err)
+	}
+	return nil, fmt.Errorf("build stream ended without a result")
+}
+
+// RemoveImage deletes recipe name's built images.
+func (c *Client) RemoveImage(ctx context.Context, name string) error {
+	return c.doJSON(ctx, http.MethodDelete, "/v1/images/"+url.PathEscape(name), nil, nil, nil)
+}

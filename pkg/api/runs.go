@@ -1,0 +1,142 @@
+package api
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
+)
+
+// runCode is run_code: POST /v1/run with an engine.RunCodeRequest.
+func (s *server) runCode(w http.ResponseWriter, r *http.Request) {
+	var req engine.RunCodeRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	res, err := s.e.RunCode(r.Context(), req, nil)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+type runList struct {
+	Runs []runs.Metadata `json:"runs"`
+}
+
+// listRuns is run_list: GET /v1/runs?limit=&language=&success=.
+func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := engine.RunFilter{Language: q.Get("language")}
+	limit, err := queryInt(r, "limit", 32)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	f.Limit = int(limit)
+	if v := q.Get("success"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			s.writeError(w, r, errdefs.Invalidf("success: want true or false, got %q", v))
+			return
+		}
+		f.Success = &b
+	}
+	l, err := s.e.ListRuns(r.Context(), f)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, runList{Runs: nonNil(l)})
+}
+
+// getRun is run_get: GET /v1/runs/{id}?max_bytes= (of each log; default 64 KiB).
+func (s *server) getRun(w http.ResponseWriter, r *http.Request) {
+	max, err := queryInt(r, "max_bytes", 64)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if max == 0 {
+		max = 64 << 10
+	}
+	run, err := s.e.GetRun(r.Context(), r.PathValue("id"), max)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, run)
+}
+
+type languageList struct {
+	Languages []engine.LanguageInfo `json:"languages"`
+}
+
+// languages is languages_list: GET /v1/languages.
+func (s *server) languages(w http.ResponseWriter, r *http.Request) {
+	l, err := s.e.Languages(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, languageList{Languages: nonNil(l)})
+}
+
+// buildLine is one line of the image build stream: a line of the build log,
+// then the built image, or an error that ended the build.
+type buildLine struct {
+	Log   string       `json:"log,omitempty"`
+	Image *image.Image `json:"image,omitempty"`
+	Error *errorBody   `json:"error,omitempty"`
+}
+
+// buildImage builds (if out of date) the image of recipe {name}, streaming
+// its log as NDJSON; the whole log is also kept in the image store.
+func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	pr, pw := io.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			_ = enc.Encode(buildLine{Log: sc.Text()})
+			_ = rc.Flush()
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	img, err := s.e.EnsureImage(r.Context(), r.PathValue("name"), pw)
+	pw.Close()
+	<-done
+	if err != nil {
+		s.log.Error("image build failed", "image", r.PathValue("name"), "err", err)
+		eb := errorBodyOf(err)
+		_ = enc.Encode(buildLine{Error: &eb})
+		return
+	}
+	_ = enc.Encode(buildLine{Image: img})
+}
+
+type imageRemoved struct {
+	Name string `json:"name"`
+}
+
+// removeImage deletes the built images of recipe {name}.
+func (s *server) removeImage(w http.ResponseWriter, r *http.Request) {
+	if err := s.e.RemoveImage(r.Context(), r.PathValue("name")); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, imageRemoved{Name: r.PathValue("name")})
+}

@@ -1,0 +1,157 @@
+package apitypes
+
+import "time"
+
+// The objects of run_code, run records and languages_list.
+
+// RunCodeRequest is the input of run_code.
+type RunCodeRequest struct {
+	Language string `json:"language"`
+	// Code is the main file's content; Files are more files (or all of
+	// them), by path relative to /workspace (or absolute under it).
+	Code  string            `json:"code,omitempty"`
+	Files map[string]string `json:"files,omitempty"`
+	// Entrypoint names the file to run among Files (default: the
+	// language's entrypoint, or the only source file).
+	Entrypoint     string            `json:"entrypoint,omitempty"`
+	Args           []string          `json:"args,omitempty"`
+	Stdin          string            `json:"stdin,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	SandboxID      string            `json:"sandbox_id,omitempty"`
+	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty"`
+	// Install runs the dependency installers for the manifests among the
+	// files (requirements.txt, package.json, go.mod, Cargo.toml); default true.
+	Install *bool  `json:"install,omitempty"`
+	Network string `json:"network,omitempty"`
+	// Limits of the ephemeral sandbox (ignored with SandboxID).
+	MemoryMB *int64 `json:"memory_mb,omitempty"`
+	DiskMB   *int64 `json:"disk_mb,omitempty"`
+	// MaxOutputBytes caps each stream in the result; 0 means the configured
+	// output limit. The run record keeps up to runs.log_cap regardless.
+	MaxOutputBytes int64 `json:"-"`
+}
+
+// RunStep is the outcome of one step of a run.
+type RunStep struct {
+	Name            string      `json:"name"`
+	ExitCode        int         `json:"exit_code"`
+	Stdout          string      `json:"stdout"`
+	Stderr          string      `json:"stderr"`
+	StdoutTruncated bool        `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool        `json:"stderr_truncated,omitempty"`
+	Termination     Termination `json:"termination"`
+	DurationMS      int64       `json:"duration_ms"`
+}
+
+// RunResult is the outcome of run_code: the steps, and at the top level the
+// last step that ran (the run step, or the one that failed).
+type RunResult struct {
+	RunID           string      `json:"run_id"`
+	SandboxID       string      `json:"sandbox_id"`
+	Language        string      `json:"language"`
+	Success         bool        `json:"success"`
+	Steps           []RunStep   `json:"steps"`
+	ExitCode        int         `json:"exit_code"`
+	Stdout          string      `json:"stdout"`
+	Stderr          string      `json:"stderr"`
+	StdoutTruncated bool        `json:"stdout_truncated"`
+	StderrTruncated bool        `json:"stderr_truncated"`
+	Termination     Termination `json:"termination"`
+	DurationMS      int64       `json:"duration_ms"`
+	// OutputFiles lists what the program left in /workspace/output (kept
+	// in the run record's output/).
+	OutputFiles []string `json:"output_files,omitempty"`
+}
+
+// LanguageInfo is one entry of languages_list.
+type LanguageInfo struct {
+	Name        string   `json:"name"`
+	Version     string   `json:"version"`
+	Image       string   `json:"image"`
+	ImageReady  bool     `json:"image_ready"`
+	Extensions  []string `json:"extensions"`
+	Entrypoint  string   `json:"entrypoint"`
+	Tasks       []string `json:"tasks"`
+	Managers    []string `json:"managers,omitempty"`
+	Compiled    bool     `json:"compiled"`
+	Description string   `json:"description,omitempty"`
+}
+
+// RunFilter selects run records (run_list).
+type RunFilter struct {
+	Limit    int    `json:"limit,omitempty"` // default 50, at most 1000
+	Language string `json:"language,omitempty"`
+	Success  *bool  `json:"success,omitempty"`
+}
+
+// RunTermination is how a run ended, as metadata.json spells it.
+type RunTermination struct {
+	Cause    string `json:"cause"`
+	ExitCode *int   `json:"exitCode,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+}
+
+// RunStepRecord is one step of a run in metadata.json.
+type RunStepRecord struct {
+	Name            string         `json:"name"`
+	Argv            []string       `json:"argv,omitempty"`
+	ExitCode        int            `json:"exitCode"`
+	DurationMS      int64          `json:"durationMs"`
+	Termination     RunTermination `json:"termination"`
+	StdoutBytes     int64          `json:"stdoutBytes"`
+	StderrBytes     int64          `json:"stderrBytes"`
+	StdoutTruncated bool           `json:"stdoutTruncated"`
+	StderrTruncated bool           `json:"stderrTruncated"`
+}
+
+// RunMetadata is metadata.json: the fields SPEC.md names first, then more.
+type RunMetadata struct {
+	RunID       string         `json:"runId"`
+	Language    string         `json:"language"`
+	StartTime   time.Time      `json:"startTime"`
+	EndTime     time.Time      `json:"endTime"`
+	DurationMS  int64          `json:"durationMs"`
+	ExitCode    int            `json:"exitCode"`
+	Attempts    int            `json:"attempts"`
+	Success     bool           `json:"success"`
+	Image       string         `json:"image"`
+	SandboxID   string         `json:"sandboxId"`
+	Termination RunTermination `json:"termination"`
+
+	Kind        string          `json:"kind"` // run | autofix
+	ImageDigest string          `json:"imageDigest,omitempty"`
+	Ephemeral   bool            `json:"ephemeral"`
+	Entrypoint  string          `json:"entrypoint,omitempty"`
+	Args        []string        `json:"args,omitempty"`
+	Files       []string        `json:"files,omitempty"`
+	Steps       []RunStepRecord `json:"steps"`
+	// Bytes the steps wrote per stream, and whether the logs hold less
+	// (the log cap).
+	StdoutBytes  int64  `json:"stdoutBytes"`
+	StderrBytes  int64  `json:"stderrBytes"`
+	StdoutLogged int64  `json:"stdoutLogged"`
+	StderrLogged int64  `json:"stderrLogged"`
+	OutputFiles  int    `json:"outputFiles"`
+	Error        string `json:"error,omitempty"`
+}
+
+// FixedAttempt is one entry of fixed_attempts.json.
+type FixedAttempt struct {
+	Attempt    int    `json:"attempt"`
+	Error      string `json:"error"`
+	Fix        string `json:"fix"`
+	ExitCode   int    `json:"exit_code"`
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// RunRecord is a stored run: its metadata and (the start of) its logs.
+type RunRecord struct {
+	Metadata        RunMetadata    `json:"metadata"`
+	Stdout          string         `json:"stdout"`
+	Stderr          string         `json:"stderr"`
+	StdoutTruncated bool           `json:"stdout_truncated"`
+	StderrTruncated bool           `json:"stderr_truncated"`
+	Attempts        []FixedAttempt `json:"attempts"`
+	Dir             string         `json:"dir"`
+}
