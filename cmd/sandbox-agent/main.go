@@ -23,15 +23,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 	"golang.org/x/sys/unix"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 func main() {
 	if len(os.Args) == 2 && os.Args[1] == "version" {
-		fmt.Println("sandbox-agent", version)
+		fmt.Println("sandbox-agent", version.Version)
 		return
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -120,7 +118,7 @@ func run(log *slog.Logger, args []string) error {
 		ln.Close()
 		return fmt.Errorf("chmod socket: %w", err)
 	}
-	log.Info("sandbox-agent listening", "socket", o.socket, "root", o.root, "pid", os.Getpid(), "version", version)
+	log.Info("sandbox-agent listening", "socket", o.socket, "root", o.root, "pid", os.Getpid(), "version", version.Version)
 
 	srv := &server{log: log, jobs: jobs, files: files, started: time.Now()}
 	errc := make(chan error, 1)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
 const (
@@ -130,7 +131,7 @@ func (s *server) dispatch(req *agent.Request, c *net.UnixConn, r *bufio.Reader, 
 	case agent.OpPing:
 		total, running := s.jobs.counts()
 		return rp.send(&agent.Frame{Type: agent.FrameResult, Info: &agent.Info{
-			Version: version, Protocol: agent.ProtocolVersion, PID: os.Getpid(), Started: s.started,
+			Version: version.Version, Protocol: agent.ProtocolVersion, PID: os.Getpid(), Started: s.started,
 			UptimeMS: time.Since(s.started).Milliseconds(), Jobs: total, Running: running,
 		}})
 	case agent.OpStart:
