@@ -20,6 +20,7 @@ import (
 	"github.com/containerd/cgroups/v3/cgroup1"
 	"github.com/containerd/cgroups/v3/cgroup2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // Root is where cgroup hierarchies are mounted.
@@ -348,4 +349,38 @@ func checkPath(p string) error {
 		return fmt.Errorf("cgroup path %q must be absolute, clean and not the root", p)
 	}
 	return nil
+}
+
+// BlockDeviceOf returns "major:minor" of the whole disk that holds path, the
+// device block I/O throttles apply to (a partition's requests are accounted
+// to its disk's queue).
+func BlockDeviceOf(path string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", path, err)
+	}
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	sys, err := filepath.EvalSymlinks(filepath.Join("/sys/dev/block", dev))
+	if err != nil {
+		return "", fmt.Errorf("%s is not on a block device (%s): %w", path, dev, err)
+	}
+	if _, err := os.Stat(filepath.Join(sys, "partition")); err == nil {
+		parent, err := os.ReadFile(filepath.Join(filepath.Dir(sys), "dev"))
+		if err != nil {
+			return "", fmt.Errorf("disk of partition %s: %w", dev, err)
+		}
+		dev = strings.TrimSpace(string(parent))
+	}
+	return dev, nil
+}
+
+// IOControllerAvailable reports whether block I/O can be throttled here: the
+// v1 blkio hierarchy, or io in the v2 root's controllers.
+func IOControllerAvailable() bool {
+	if HostMode() == ModeUnified {
+		data, err := os.ReadFile(filepath.Join(Root, "cgroup.controllers"))
+		return err == nil && strings.Contains(" "+string(data)+" ", " io ")
+	}
+	_, err := os.Stat(filepath.Join(Root, "blkio"))
+	return err == nil
 }

@@ -71,6 +71,8 @@ type Sandbox struct {
 	SeccompProfile string         `yaml:"seccomp_profile"`  // profile name in seccomp_dir, or "unconfined"
 	Pool           map[string]int `yaml:"pool"`             // warm sandboxes per language
 	CgroupParent   string         `yaml:"cgroup_parent"`    // absolute cgroup path of the daemon's parent
+	IOReadBPS      ByteSize       `yaml:"io_read_bps"`      // block I/O read throttle per sandbox, bytes/s (0: none)
+	IOWriteBPS     ByteSize       `yaml:"io_write_bps"`     // block I/O write throttle per sandbox, bytes/s (0: none)
 }
 
 // Network is the `network` section.

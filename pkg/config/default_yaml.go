@@ -96,6 +96,13 @@ sandbox:
   pool: {}
   # Parent cgroup of every sandbox (absolute cgroup path, not "/").
   cgroup_parent: /mcp-sandboxd
+  # Block I/O read throttle per sandbox, in bytes per second (size; 0: none),
+  # on the block device that holds the images: reads of the image layers.
+  # Applied where the io (v2) or blkio (v1) controller exists.
+  io_read_bps: 0
+  # Block I/O write throttle on the same device (size; 0: none). A sandbox's
+  # own files live on its tmpfs, bounded by its disk and memory limits.
+  io_write_bps: 0
 
 network:
   # Bridge that sandboxes with network access are attached to (interface

@@ -20,6 +20,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
@@ -79,6 +80,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, CgroupParent: cfg.Sandbox.CgroupParent,
 		MaxSandboxes: cfg.Sandbox.MaxSandboxes, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: log,
+		IO: e.ioLimits(),
 		OnTransition: func(_ string, _, to sandbox.State, _ string) {
 			e.metrics.terminations.WithLabelValues(string(to)).Inc()
 		},
@@ -103,6 +105,25 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	}
 	e.sandboxes.Start()
 	return e, nil
+}
+
+// ioLimits resolves the configured block I/O throttles to the disk that holds
+// the images. Without an I/O controller they are skipped with a warning.
+func (e *Engine) ioLimits() sandbox.IOLimits {
+	sc := e.cfg.Sandbox
+	if sc.IOReadBPS == 0 && sc.IOWriteBPS == 0 {
+		return sandbox.IOLimits{}
+	}
+	if !cgroups.IOControllerAvailable() {
+		e.log.Warn("sandbox.io_read_bps/io_write_bps ignored: no block I/O controller on this host")
+		return sandbox.IOLimits{}
+	}
+	dev, err := cgroups.BlockDeviceOf(e.imagesDir())
+	if err != nil {
+		e.log.Warn("sandbox.io_read_bps/io_write_bps ignored", "err", err)
+		return sandbox.IOLimits{}
+	}
+	return sandbox.IOLimits{Device: dev, ReadBPS: uint64(sc.IOReadBPS), WriteBPS: uint64(sc.IOWriteBPS)}
 }
 
 func (e *Engine) imagesDir() string {

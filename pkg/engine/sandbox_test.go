@@ -601,3 +601,38 @@ func TestConcurrentExecAndTerminate(t *testing.T) {
 	}
 	env.assertNoLeftovers(t)
 }
+
+// TestIOThrottle checks that configured block I/O throttles reach the
+// kernel for the disk that holds the images.
+func TestIOThrottle(t *testing.T) {
+	env := newTestEngine(t, func(c *config.Config) {
+		c.Sandbox.IOReadBPS = 8 << 20
+		c.Sandbox.IOWriteBPS = 4 << 20
+	})
+	if !cgroups.IOControllerAvailable() {
+		t.Fatal("no block I/O controller on this host")
+	}
+	dev, err := cgroups.BlockDeviceOf(env.cfg.Paths.ImagesDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := env.create(t, CreateSandboxRequest{})
+	var got string
+	if cgroups.HostMode() == cgroups.ModeUnified {
+		b, _ := os.ReadFile(filepath.Join(cgroups.Root, info.CgroupPath, "io.max"))
+		got = string(b)
+		if !strings.Contains(got, dev+" rbps=8388608 wbps=4194304") {
+			t.Errorf("io.max = %q, want rbps/wbps on %s", got, dev)
+		}
+	} else {
+		for file, want := range map[string]string{
+			"blkio.throttle.read_bps_device":  dev + " 8388608",
+			"blkio.throttle.write_bps_device": dev + " 4194304",
+		} {
+			b, _ := os.ReadFile(filepath.Join(cgroups.Root, "blkio", info.CgroupPath, file))
+			if strings.TrimSpace(string(b)) != want {
+				t.Errorf("%s = %q, want %q", file, b, want)
+			}
+		}
+	}
+}

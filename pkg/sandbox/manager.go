@@ -76,6 +76,7 @@ type Options struct {
 	IdleTimeout  time.Duration // 0: never
 	MaxLifetime  time.Duration // 0: never
 	OutputLimit  int64         // per stream per command
+	IO           IOLimits      // block I/O throttles of every sandbox
 	ReapInterval time.Duration // how often the reaper looks; default 1s
 	AgentStartup time.Duration // how long the agent may take to answer; default 15s
 	Log          *slog.Logger
@@ -83,6 +84,13 @@ type Options struct {
 	// OnTransition, if set, is called after every persisted transition
 	// (metrics). It runs under the sandbox's lock and must not block.
 	OnTransition func(id string, from, to State, reason string)
+}
+
+// IOLimits throttle a sandbox's block I/O on one device; zero rates are none.
+type IOLimits struct {
+	Device   string // "major:minor"
+	ReadBPS  uint64
+	WriteBPS uint64
 }
 
 // Manager creates, tracks and destroys sandboxes.
@@ -265,6 +273,7 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 		CgroupPath: sb.cgroupPath,
 		Limits: runtime.Limits{
 			MemoryBytes: sb.spec.Limits.MemoryBytes, CPUs: sb.spec.Limits.CPUs, Pids: sb.spec.Limits.Pids,
+			IODevice: m.opt.IO.Device, IOReadBPS: m.opt.IO.ReadBPS, IOWriteBPS: m.opt.IO.WriteBPS,
 		},
 		Seccomp: m.opt.Seccomp,
 		// Finished jobs are kept (for job_status and re-attach after a daemon
