@@ -297,14 +297,16 @@ func (s *server) interactive(j *job, r *bufio.Reader, rp *reply) error {
 	gone := make(chan struct{})
 	go func() {
 		defer close(gone)
-		if err := s.input(j, r); err != nil && !errors.Is(err, io.EOF) {
+		// input returns only when the client's side ends: EOF is the normal end.
+		if err := s.input(j, r); !errors.Is(err, io.EOF) {
 			s.log.Warn("interactive input ended", "job", j.id, "err", err)
 		}
 	}()
 	return s.stream(j, [2]int64{}, gone, rp)
 }
 
-// input applies the client's frames until EOF or a protocol error.
+// input applies the client's frames until EOF or a protocol error; it never
+// returns nil.
 // Operational failures (stdin already closed, job gone) are logged and do
 // not end the session: the output side still has the exit to deliver.
 func (s *server) input(j *job, r *bufio.Reader) error {

@@ -512,7 +512,7 @@ func (r *codeRun) step(ctx context.Context, res *RunResult, name string, argv []
 }
 
 func recordTermination(t sandbox.Termination) runs.Termination {
-	return runs.Termination{Cause: t.Cause, ExitCode: t.ExitCode, Signal: t.Signal, Detail: t.Detail}
+	return runs.Termination(t) // same fields; metadata.json spells them in camelCase
 }
 
 // collectOutput copies /workspace/output into the record, up to
