@@ -43,13 +43,16 @@ run: build
 	@scripts/dev-run.sh
 
 fmt:
-	gofmt -w cmd pkg
+	gofmt -w cmd pkg internal test
 
 vet:
 	CGO_ENABLED=1 $(GO) vet -tags $(TAGS) ./...
 
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 lint: vet
-	@out=$$(gofmt -l cmd pkg); if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l cmd pkg internal test); if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	CGO_ENABLED=1 $(GO) run $(STATICCHECK) -tags $(TAGS) ./...
 
 install: build
 	install -D -m 0755 bin/mcp-sandboxd $(DESTDIR)$(PREFIX)/bin/mcp-sandboxd
