@@ -80,7 +80,14 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, CgroupParent: cfg.Sandbox.CgroupParent,
 		MaxSandboxes: cfg.Sandbox.MaxSandboxes, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: log,
-		IO: e.ioLimits(),
+		IO: e.ioLimits(), Pool: cfg.Sandbox.Pool,
+		PoolSpec: func(image string) (sandbox.Spec, error) {
+			spec, err := e.sandboxSpec(CreateSandboxRequest{Language: image})
+			if err != nil {
+				return sandbox.Spec{}, err
+			}
+			return *spec, nil
+		},
 		OnTransition: func(_ string, _, to sandbox.State, _ string) {
 			e.metrics.terminations.WithLabelValues(string(to)).Inc()
 		},

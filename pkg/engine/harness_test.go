@@ -46,6 +46,7 @@ func newTestEngine(t testing.TB, tweak ...func(*config.Config)) *testEnv {
 	env := &testEnv{Engine: e, cfg: cfg}
 	t.Cleanup(func() {
 		ctx := context.Background()
+		e.sandboxes.Close() // no reaping or pool refills while we clean up
 		for _, id := range e.sandboxes.IDs() {
 			if _, err := e.TerminateSandbox(ctx, id); err != nil {
 				t.Errorf("cleanup: terminate %s: %v", id, err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -634,5 +635,62 @@ func TestIOThrottle(t *testing.T) {
 				t.Errorf("%s = %q, want %q", file, b, want)
 			}
 		}
+	}
+}
+
+// TestWarmPool: with sandbox.pool set, default requests get a warm sandbox
+// at once (with their own environment and labels), custom ones a new
+// sandbox, and the pool refills.
+func TestWarmPool(t *testing.T) {
+	env := newTestEngine(t, func(c *config.Config) { c.Sandbox.Pool = map[string]int{"shell": 2} })
+	ctx := context.Background()
+	warm := func() []string {
+		var ids []string
+		l, err := env.ListSandboxes(ctx, "ready")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range l {
+			if s.Labels[sandbox.PoolLabel] == "warm" {
+				ids = append(ids, s.ID)
+			}
+		}
+		return ids
+	}
+	waitWarm := func(n int) []string {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if ids := warm(); len(ids) == n {
+				return ids
+			}
+		}
+		t.Fatalf("the pool never reached %d warm sandboxes (has %v)", n, warm())
+		return nil
+	}
+	pool := waitWarm(2)
+
+	info := env.create(t, CreateSandboxRequest{Env: map[string]string{"GREETING": "hi"}, Labels: map[string]string{"owner": "test"}})
+	if !slices.Contains(pool, info.ID) {
+		t.Fatalf("a default request got %s, not one of the warm %v", info.ID, pool)
+	}
+	if info.Labels["owner"] != "test" || info.Labels[sandbox.PoolLabel] != "" {
+		t.Errorf("claimed sandbox labels = %v", info.Labels)
+	}
+	if res := env.sh(t, info.ID, "echo $GREETING"); res.Stdout != "hi\n" {
+		t.Errorf("claimed sandbox env: %q", res.Stdout)
+	}
+	// The pool refills behind the claim.
+	for _, id := range waitWarm(2) {
+		if id == info.ID {
+			t.Errorf("claimed sandbox %s is still in the pool", id)
+		}
+	}
+	// A request with its own limits gets a sandbox of its own.
+	custom := env.create(t, CreateSandboxRequest{MemoryMB: ptr[int64](64)})
+	if slices.Contains(warm(), custom.ID) || slices.Contains(pool, custom.ID) {
+		t.Errorf("a custom request got a warm sandbox %s", custom.ID)
+	}
+	if custom.Limits.MemoryBytes != 64<<20 {
+		t.Errorf("custom sandbox limits %+v", custom.Limits)
 	}
 }

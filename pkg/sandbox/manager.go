@@ -77,6 +77,10 @@ type Options struct {
 	MaxLifetime  time.Duration // 0: never
 	OutputLimit  int64         // per stream per command
 	IO           IOLimits      // block I/O throttles of every sandbox
+	// Pool is the number of warm sandboxes to keep per image, started from
+	// PoolSpec(image), the spec a default request for it gets.
+	Pool         map[string]int
+	PoolSpec     func(image string) (Spec, error)
 	ReapInterval time.Duration // how often the reaper looks; default 1s
 	AgentStartup time.Duration // how long the agent may take to answer; default 15s
 	Log          *slog.Logger
@@ -106,6 +110,8 @@ type Manager struct {
 
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}
+	poolDone   chan struct{}
+	poolPoke   chan struct{}
 }
 
 // Sandbox is one live sandbox.
@@ -126,6 +132,7 @@ type Sandbox struct {
 	inst        *runtime.Instance
 	agent       *agent.Client
 	jobs        map[string]jobMeta
+	pooled      bool // a warm sandbox no request has claimed yet
 }
 
 // NewManager returns a Manager. Call Start to run the reaper.
@@ -154,22 +161,26 @@ func NewManager(opt Options) (*Manager, error) {
 	if err := cgroups.EnsureParent(opt.CgroupParent); err != nil {
 		return nil, err
 	}
-	return &Manager{opt: opt, log: opt.Log, sandboxes: map[string]*Sandbox{}}, nil
+	return &Manager{opt: opt, log: opt.Log, sandboxes: map[string]*Sandbox{}, poolPoke: make(chan struct{}, 1)}, nil
 }
 
-// Start runs the reaper that enforces idle timeouts and lifetimes until Close.
+// Start runs the background work until Close: the reaper that enforces idle
+// timeouts and lifetimes, and the warm pool's filler.
 func (m *Manager) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	m.stopReaper = cancel
-	m.reaperDone = make(chan struct{})
+	m.reaperDone, m.poolDone = make(chan struct{}), make(chan struct{})
 	go m.reap(ctx)
+	go m.fillPool(ctx)
 }
 
-// Close stops the reaper. Sandboxes keep running: they outlive the daemon.
+// Close stops the background work. Sandboxes keep running: they outlive the
+// daemon, warm ones included.
 func (m *Manager) Close() {
 	if m.stopReaper != nil {
 		m.stopReaper()
 		<-m.reaperDone
+		<-m.poolDone
 		m.stopReaper = nil
 	}
 }
@@ -182,8 +193,17 @@ func newID() string {
 	return "sb-" + hex.EncodeToString(b[:])
 }
 
-// Create starts a sandbox and returns once it is ready (or failed).
+// Create returns a ready sandbox for spec: a warm one from the pool when one
+// fits, else a new one, started before Create returns (or failed).
 func (m *Manager) Create(ctx context.Context, spec Spec) (*Info, error) {
+	if info, err := m.claim(ctx, spec); err != nil || info != nil {
+		return info, err
+	}
+	return m.create(ctx, spec)
+}
+
+// create starts a new sandbox.
+func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 	img, err := m.opt.Images.Get(spec.Image)
 	if errors.Is(err, image.ErrNotFound) {
 		return nil, errdefs.Unavailablef("image %q is not built (sandboxctl images build %s)", spec.Image, spec.Image)
@@ -594,7 +614,7 @@ func (m *Manager) reap(ctx context.Context) {
 			sb.mu.Lock()
 			life := m.lifetime(sb.spec)
 			switch {
-			case sb.state == StateCreating || sb.terminating:
+			case sb.state == StateCreating || sb.terminating || sb.pooled:
 			case life > 0 && now.Sub(sb.createdAt) >= life:
 				victims, reasons = append(victims, sb), append(reasons, fmt.Sprintf("lifetime of %s reached", life))
 			case m.opt.IdleTimeout > 0 && sb.state == StateReady && now.Sub(sb.lastActive) >= m.opt.IdleTimeout:

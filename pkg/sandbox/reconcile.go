@@ -65,7 +65,8 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 	sb := &Sandbox{
 		ID: rec.ID, spec: spec, state: State(rec.State), createdAt: rec.CreatedAt, lastActive: rec.LastActiveAt,
 		digest: rec.ImageDigest, cgroupPath: rec.CgroupPath,
-		dir: filepath.Join(m.opt.RunDir, "sandboxes", rec.ID),
+		dir:    filepath.Join(m.opt.RunDir, "sandboxes", rec.ID),
+		pooled: isWarm(spec),
 	}
 	if sb.cgroupPath == "" {
 		sb.cgroupPath = filepath.Join(m.opt.CgroupParent, rec.ID)

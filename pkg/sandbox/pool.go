@@ -1,0 +1,167 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"reflect"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+)
+
+// The warm pool keeps sandbox.pool[image] ready sandboxes per image, started
+// from the spec a default request gets. A create request that a warm sandbox
+// satisfies (same image, limits, network and user) takes one instead of
+// starting a container, and the pool refills in the background. Warm
+// sandboxes count towards max_sandboxes, are never reaped for idleness, and
+// carry the label PoolLabel until they are claimed.
+
+// PoolLabel marks a warm sandbox that no request has claimed yet.
+const PoolLabel = "sandboxd.pool"
+
+// poolRetry is how long the pool waits after failing to start a sandbox
+// (an image not built yet, say) before it tries that image again.
+const poolRetry = 30 * time.Second
+
+// poolable reports whether a warm sandbox of spec.Image can serve spec.
+func (m *Manager) poolable(spec Spec) (Spec, bool) {
+	if m.opt.Pool[spec.Image] <= 0 || m.opt.PoolSpec == nil {
+		return Spec{}, false
+	}
+	tmpl, err := m.opt.PoolSpec(spec.Image)
+	if err != nil {
+		return Spec{}, false
+	}
+	return tmpl, spec.Limits == tmpl.Limits && spec.Network == tmpl.Network && spec.UID == tmpl.UID
+}
+
+// claim hands a warm sandbox to a request, giving it the request's identity
+// (language, environment, labels, lifetime from now). It returns nil when
+// none is free.
+func (m *Manager) claim(ctx context.Context, spec Spec) (*Info, error) {
+	if _, ok := m.poolable(spec); !ok {
+		return nil, nil
+	}
+	var sb *Sandbox
+	m.mu.Lock()
+	for _, c := range m.sandboxes {
+		c.mu.Lock()
+		free := c.pooled && !c.terminating && c.state == StateReady && c.spec.Image == spec.Image
+		if free {
+			c.pooled = false
+		}
+		c.mu.Unlock()
+		if free {
+			sb = c
+			break
+		}
+	}
+	m.mu.Unlock()
+	if sb == nil {
+		return nil, nil
+	}
+	m.pokePool()
+
+	now := m.opt.Now().UTC()
+	sb.mu.Lock()
+	imageEnv := sb.spec.ImageEnv
+	sb.spec = spec
+	sb.spec.ImageEnv = imageEnv
+	sb.createdAt, sb.lastActive = now, now
+	specJSON, err := json.Marshal(sb.spec)
+	sb.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	err = m.opt.Store.UpdateSandbox(ctx, sb.ID, func(r *store.SandboxRecord) {
+		r.Spec, r.Language, r.CreatedAt, r.LastActiveAt = specJSON, spec.Language, now, now
+	})
+	if err != nil {
+		return nil, err
+	}
+	m.log.Debug("claimed a warm sandbox", "sandbox", sb.ID, "image", spec.Image)
+	return m.Get(ctx, sb.ID)
+}
+
+// pokePool asks the pool to refill now rather than at its next tick.
+func (m *Manager) pokePool() {
+	select {
+	case m.poolPoke <- struct{}{}:
+	default:
+	}
+}
+
+// fillPool keeps the pool at its configured size until ctx ends.
+func (m *Manager) fillPool(ctx context.Context) {
+	defer close(m.poolDone)
+	if len(m.opt.Pool) == 0 {
+		return
+	}
+	failedAt := map[string]time.Time{}
+	t := time.NewTicker(m.opt.ReapInterval)
+	defer t.Stop()
+	for {
+		for img, want := range m.opt.Pool {
+			if ctx.Err() != nil {
+				return
+			}
+			if time.Since(failedAt[img]) < poolRetry || m.warm(img) >= want {
+				continue
+			}
+			if err := m.startWarm(ctx, img); err != nil {
+				if ctx.Err() == nil {
+					m.log.Warn("warm pool: cannot start a sandbox", "image", img, "err", err, "retry_in", poolRetry)
+				}
+				failedAt[img] = time.Now()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-m.poolPoke:
+		}
+	}
+}
+
+// warm counts the unclaimed warm sandboxes of img.
+func (m *Manager) warm(img string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, sb := range m.sandboxes {
+		sb.mu.Lock()
+		if sb.pooled && sb.spec.Image == img && !sb.terminating {
+			n++
+		}
+		sb.mu.Unlock()
+	}
+	return n
+}
+
+// startWarm starts one warm sandbox of img.
+func (m *Manager) startWarm(ctx context.Context, img string) error {
+	spec, err := m.opt.PoolSpec(img)
+	if err != nil {
+		return err
+	}
+	spec.Labels = map[string]string{PoolLabel: "warm"}
+	info, err := m.create(ctx, spec)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	sb := m.sandboxes[info.ID]
+	m.mu.Unlock()
+	if sb != nil {
+		sb.mu.Lock()
+		sb.pooled = true
+		sb.mu.Unlock()
+	}
+	return nil
+}
+
+// isWarm reports whether a recorded spec is that of an unclaimed warm sandbox.
+func isWarm(spec Spec) bool {
+	return reflect.DeepEqual(spec.Labels, map[string]string{PoolLabel: "warm"})
+}
