@@ -118,39 +118,62 @@ func ImagesDir() string {
 
 type imageResult struct {
 	once sync.Once
+	img  *image.Image
 	err  error
 }
 
-var images sync.Map // recipe name → *imageResult
+var (
+	images sync.Map // recipe name → *imageResult
+	// buildSlots lets at most two image builds run at once: each is an
+	// mmdebstrap run, and the machine has two cores.
+	buildSlots = make(chan struct{}, 2)
+)
 
 // EnsureImages builds the named recipes' images into ImagesDir unless they
-// are up to date, once per name per test binary.
-func EnsureImages(t testing.TB, names ...string) {
+// are up to date — once per name per test binary, at most two at a time —
+// and returns them; it fails t if any cannot be built.
+func EnsureImages(t testing.TB, names ...string) map[string]*image.Image {
 	t.Helper()
-	for _, name := range names {
+	var wg sync.WaitGroup
+	results := make([]*imageResult, len(names))
+	for i, name := range names {
 		v, _ := images.LoadOrStore(name, &imageResult{})
 		res := v.(*imageResult)
-		res.once.Do(func() { res.err = buildImage(name) })
-		if res.err != nil {
-			t.Fatalf("build image %s: %v", name, res.err)
-		}
+		results[i] = res
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res.once.Do(func() {
+				buildSlots <- struct{}{}
+				defer func() { <-buildSlots }()
+				res.img, res.err = buildImage(name)
+			})
+		}()
 	}
+	wg.Wait()
+	out := make(map[string]*image.Image, len(names))
+	for i, name := range names {
+		if results[i].err != nil {
+			t.Fatalf("build image %s: %v", name, results[i].err)
+		}
+		out[name] = results[i].img
+	}
+	return out
 }
 
-func buildImage(name string) error {
+func buildImage(name string) (*image.Image, error) {
 	st, err := image.OpenStore(ImagesDir())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	r, err := image.LoadRecipe(filepath.Join(RepoRoot, "rootfs", name+".yaml"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	b := &image.Builder{Store: st, Suite: config.Default().Images.Suite, Log: io.Discard}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	_, err = b.Ensure(ctx, r)
-	return err
+	return b.Ensure(ctx, r)
 }
 
 // Config returns the default configuration on private state: a temp state

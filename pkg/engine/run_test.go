@@ -13,13 +13,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
@@ -27,66 +26,8 @@ import (
 // allLanguages are the languages of issue 4.
 var allLanguages = []string{"python", "javascript", "typescript", "go", "rust", "java", "c", "cpp", "csharp", "shell"}
 
-var (
-	langImagesMu sync.Mutex
-	langImages   = map[string]*langImage{}
-	// langBuildSlots lets at most two image builds run at once.
-	langBuildSlots = make(chan struct{}, 2)
-)
-
-type langImage struct {
-	once sync.Once
-	img  *image.Image
-	err  error
-}
-
-// ensureImages builds the named language images into the shared test cache
-// (once per test binary and name, at most two at a time) and fails t if any
-// cannot be built. Unchanged recipes are not rebuilt.
-func ensureImages(t testing.TB, names ...string) map[string]*image.Image {
-	t.Helper()
-	st, err := image.OpenStore(testImagesDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	for _, name := range names {
-		langImagesMu.Lock()
-		li := langImages[name]
-		if li == nil {
-			li = &langImage{}
-			langImages[name] = li
-		}
-		langImagesMu.Unlock()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			li.once.Do(func() {
-				langBuildSlots <- struct{}{}
-				defer func() { <-langBuildSlots }()
-				r, err := image.LoadRecipe(filepath.Join(repoRoot, "rootfs", name+".yaml"))
-				if err != nil {
-					li.err = err
-					return
-				}
-				b := &image.Builder{Store: st, Suite: "bookworm", Log: io.Discard}
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-				defer cancel()
-				li.img, li.err = b.Ensure(ctx, r)
-			})
-		}()
-	}
-	wg.Wait()
-	out := map[string]*image.Image{}
-	for _, name := range names {
-		li := langImages[name]
-		if li.err != nil {
-			t.Fatalf("build image %s: %v", name, li.err)
-		}
-		out[name] = li.img
-	}
-	return out
-}
+// ensureImages builds language images into the shared test cache.
+var ensureImages = testenv.EnsureImages
 
 // newRunEngine is a test engine with the language images built and limits
 // the compiled toolchains fit in.
