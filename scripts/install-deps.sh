@@ -38,3 +38,8 @@ fi
 
 cd "$(dirname "$0")/.."
 go mod download
+
+# The MCP TypeScript SDK for the black-box tests (pinned by test/mcp/package-lock.json).
+if [[ ! -e test/mcp/node_modules/@modelcontextprotocol/sdk/package.json || test/mcp/package-lock.json -nt test/mcp/node_modules/.package-lock.json ]]; then
+	(cd test/mcp && npm ci --no-audit --no-fund --loglevel=error)
+fi

@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/mcpserver"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -181,7 +182,10 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer os.Remove(cfg.Server.Socket)
-	start(ul, api.NewHandler(eng, api.Options{Log: log}), "unix")
+	// MCP is served on both listeners: behind the token on TCP, and on the
+	// socket for `mcp-sandboxd stdio`, which bridges to it.
+	mcpH := mcpserver.NewHandler(eng, mcpserver.Options{Log: log}) // the rest from cfg.Server
+	start(ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH}), "unix")
 
 	if cfg.Server.HTTPAddr != "" {
 		token, err := readToken(cfg.Server.AuthTokenFile, log)
@@ -192,7 +196,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("server.http_addr: %w", err)
 		}
-		start(tl, httpHandler(eng, token, log), "http")
+		start(tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH}), "http")
 	}
 
 	// Only now can clients connect: tell systemd (Type=notify).
@@ -221,11 +225,6 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		}
 	}
 	return nil
-}
-
-// httpHandler is everything served on server.http_addr, behind the token.
-func httpHandler(eng *engine.Engine, token string, log *slog.Logger) http.Handler {
-	return api.NewHandler(eng, api.Options{Token: token, Log: log})
 }
 
 // watchdog pings systemd while the engine's store answers, so a wedged

@@ -45,6 +45,9 @@ type Options struct {
 	// MaxBodyBytes caps JSON request bodies (default DefaultMaxBodyBytes).
 	// File uploads are capped by engine.MaxFileBytes instead.
 	MaxBodyBytes int64
+	// MCP, if not nil, is the MCP endpoint (pkg/mcpserver.NewHandler),
+	// served at /mcp behind the same authentication as everything else.
+	MCP http.Handler
 }
 
 type server struct {
@@ -91,6 +94,9 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs", s.listJobs)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs/{job}", s.jobStatus)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/jobs/{job}", s.killJob)
+	if opt.MCP != nil {
+		mux.Handle("/mcp", opt.MCP)
+	}
 	// Authentication wraps the mux, so an unauthenticated request reaches no
 	// handler at all.
 	return s.logRequests(s.authenticate(mux))

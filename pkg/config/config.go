@@ -39,7 +39,19 @@ type Server struct {
 	HTTPAddr      string   `yaml:"http_addr"`       // REST, MCP (/mcp), health, metrics; empty: no TCP listener
 	AuthTokenFile string   `yaml:"auth_token_file"` // bearer token for HTTP (all but /healthz)
 	Tools         []string `yaml:"tools"`           // enabled MCP tool groups, from ToolGroups
+	// MCPMaxResultBytes caps one MCP tool result (structured and text parts
+	// together); longer output is cut with a marker saying where the rest is.
+	MCPMaxResultBytes ByteSize `yaml:"mcp_max_result_bytes"`
+	// MCPOnSessionEnd is what happens to the sandboxes an MCP session
+	// created when the session ends: keep or terminate.
+	MCPOnSessionEnd string `yaml:"mcp_on_session_end"`
 }
+
+// What server.mcp_on_session_end may say.
+const (
+	SessionEndKeep      = "keep"
+	SessionEndTerminate = "terminate"
+)
 
 // Paths is the `paths` section.
 type Paths struct {
@@ -137,6 +149,9 @@ func Default() *Config {
 			HTTPAddr:      "127.0.0.1:7070",
 			AuthTokenFile: "/etc/mcp-sandboxd/token",
 			Tools:         append([]string(nil), ToolGroups...),
+
+			MCPMaxResultBytes: 48 << 10,
+			MCPOnSessionEnd:   SessionEndKeep,
 		},
 		Paths: Paths{
 			StateDir:   "/var/lib/mcp-sandboxd",

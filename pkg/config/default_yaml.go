@@ -36,6 +36,15 @@ server:
   # MCP tool groups offered to clients: sandbox, exec, files, run, images,
   # autofix, vm.
   tools: [sandbox, exec, files, run, images, autofix, vm]
+  # Largest MCP tool result (structured and text parts together). Longer
+  # command output is cut in the middle with a marker saying where the rest
+  # is (the run record, a file, job_status offsets). The default keeps a
+  # result well under Claude Code's 25,000-token limit (MAX_MCP_OUTPUT_TOKENS).
+  mcp_max_result_bytes: 48K
+  # What happens to the sandboxes an MCP session created when the session
+  # ends (stdio client exits, HTTP session deleted or idle for an hour):
+  # keep (they live on until their idle_timeout / ttl) or terminate.
+  mcp_on_session_end: keep
 
 # Directories and files (absolute paths).
 paths:

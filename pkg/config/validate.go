@@ -24,6 +24,7 @@ const (
 	minDisk        ByteSize = 16 << 20
 	minPids        int64    = 16
 	minOutputLimit ByteSize = 1 << 10
+	minMCPResult   ByteSize = 4 << 10
 	minExecTimeout          = Duration(time.Second)
 )
 
@@ -66,6 +67,10 @@ func (s *Server) validate(p *problems) {
 	if s.AuthTokenFile != "" {
 		p.absPath("server.auth_token_file", s.AuthTokenFile)
 	}
+	if s.MCPMaxResultBytes < minMCPResult {
+		p.add("server.mcp_max_result_bytes", "", "%v is below the minimum of %v", s.MCPMaxResultBytes, minMCPResult)
+	}
+	p.oneOf("server.mcp_on_session_end", s.MCPOnSessionEnd, SessionEndKeep, SessionEndTerminate)
 	seen := make(map[string]bool)
 	for i, t := range s.Tools {
 		key := fmt.Sprintf("server.tools[%d]", i)

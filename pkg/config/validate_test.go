@@ -181,12 +181,12 @@ func TestValidate(t *testing.T) {
 		{
 			name: "images",
 			modify: func(c *Config) {
-				c.Images.Mirror = "deb.debian.org/debian"
+				c.Images.Mirror = "mirror.example/debian"
 				c.Images.Suite = "book worm"
 				c.Images.Languages = []string{"python", "python", "../x"}
 			},
 			want: []FieldError{
-				{Key: "images.mirror", Message: `invalid URL "deb.debian.org/debian" (use http:// or https://)`},
+				{Key: "images.mirror", Message: `invalid URL "mirror.example/debian" (use http:// or https://)`},
 				{Key: "images.suite", Message: `invalid suite name "book worm"`},
 				{Key: "images.languages[1]", Message: `language "python" listed twice`},
 				{Key: "images.languages[2]", Message: `invalid language name "../x"`},

@@ -218,10 +218,13 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 		return nil, errdefs.LimitExceededf("max_sandboxes (%d) live sandboxes already exist", m.opt.MaxSandboxes)
 	}
 	m.creating++
+	reserved := true
 	m.mu.Unlock()
 	defer func() {
 		m.mu.Lock()
-		m.creating--
+		if reserved {
+			m.creating--
+		}
 		m.mu.Unlock()
 	}()
 
@@ -246,6 +249,8 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 	}
 	m.mu.Lock()
 	m.sandboxes[sb.ID] = sb
+	m.creating-- // the sandbox itself now counts against max_sandboxes
+	reserved = false
 	m.mu.Unlock()
 
 	if err := m.boot(ctx, sb, img); err != nil {

@@ -1,0 +1,167 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
+)
+
+// The test binary is also every sandbox's container init: libcontainer
+// re-executes it with "init".
+func TestMain(m *testing.M) {
+	runtime.MaybeInit()
+	os.Exit(m.Run())
+}
+
+// newEngine is an engine on private state with the shell, python and c
+// images; every sandbox is terminated and leftovers checked at the end.
+func newEngine(t *testing.T, tweak ...func(*config.Config)) *engine.Engine {
+	t.Helper()
+	cfg := testenv.Config(t, "mcp")
+	testenv.EnsureImages(t, "shell", "python", "c")
+	for _, f := range tweak {
+		f(cfg)
+	}
+	e, err := engine.New(context.Background(), cfg, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		list, err := e.ListSandboxes(ctx, "")
+		if err != nil {
+			t.Error(err)
+		}
+		for _, sb := range list {
+			if _, err := e.TerminateSandbox(ctx, sb.ID); err != nil {
+				t.Errorf("cleanup: terminate %s: %v", sb.ID, err)
+			}
+		}
+		_ = e.Close()
+		testenv.AssertNoLeftovers(t, cfg)
+	})
+	return e
+}
+
+// mcpClient is an initialized in-process client that records the
+// notifications it receives.
+type mcpClient struct {
+	*client.Client
+	t *testing.T
+
+	mu     sync.Mutex
+	notifs []mcp.JSONRPCNotification
+}
+
+func newClient(t *testing.T, e *engine.Engine, opt Options) *mcpClient {
+	t.Helper()
+	if opt.Log == nil {
+		opt.Log = testenv.Logger(t)
+	}
+	c, err := client.NewInProcessClient(NewServer(e, opt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc := &mcpClient{Client: c, t: t}
+	c.OnNotification(func(n mcp.JSONRPCNotification) {
+		mc.mu.Lock()
+		mc.notifs = append(mc.notifs, n)
+		mc.mu.Unlock()
+	})
+	ctx := context.Background()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	init := mcp.InitializeRequest{}
+	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+	init.Params.ClientInfo = mcp.Implementation{Name: "mcpserver-test", Version: "0"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return mc
+}
+
+// call calls a tool; a protocol error fails the test.
+func (c *mcpClient) call(name string, args any, meta *mcp.Meta) *mcp.CallToolResult {
+	c.t.Helper()
+	req := mcp.CallToolRequest{}
+	req.Params.Name = name
+	req.Params.Arguments = args
+	req.Params.Meta = meta
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := c.CallTool(ctx, req)
+	if err != nil {
+		c.t.Fatalf("%s: protocol error: %v", name, err)
+	}
+	return res
+}
+
+// ok calls a tool that must succeed and decodes its structured content.
+func ok[T any](c *mcpClient, name string, args any) T {
+	c.t.Helper()
+	res := c.call(name, args, nil)
+	if res.IsError {
+		c.t.Fatalf("%s(%v): error result %s", name, args, text(res))
+	}
+	var out T
+	decodeStructured(c.t, res, &out)
+	return out
+}
+
+func decodeStructured(t *testing.T, res *mcp.CallToolResult, v any) {
+	t.Helper()
+	b, err := json.Marshal(res.StructuredContent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("structured content %s: %v", b, err)
+	}
+}
+
+// errCode returns the taxonomy code of an error result ("" when the call
+// succeeded), checking that both parts carry it.
+func errCode(t *testing.T, res *mcp.CallToolResult) (string, string) {
+	t.Helper()
+	if !res.IsError {
+		return "", ""
+	}
+	if res.StructuredContent != nil {
+		t.Errorf("error result with structured content %v (clients validate it against the output schema)", res.StructuredContent)
+	}
+	var body struct {
+		Error errorBody `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(text(res)), &body); err != nil || body.Error.Code == "" {
+		t.Errorf("text part %q does not carry the error: %v", text(res), err)
+	}
+	return body.Error.Code, body.Error.Message
+}
+
+func text(res *mcp.CallToolResult) string {
+	for _, c := range res.Content {
+		if tc, ok := c.(mcp.TextContent); ok {
+			return tc.Text
+		}
+	}
+	return ""
+}
+
+func (c *mcpClient) notifications() []mcp.JSONRPCNotification {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]mcp.JSONRPCNotification(nil), c.notifs...)
+}

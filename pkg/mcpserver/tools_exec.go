@@ -1,0 +1,217 @@
+package mcpserver
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+)
+
+type execIn struct {
+	SandboxID      string            `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
+	Command        string            `json:"command,omitempty" jsonschema_description:"Shell command line, run with /bin/sh -c. Give command or argv."`
+	Argv           []string          `json:"argv,omitempty" jsonschema_description:"Program and arguments, run without a shell. Give command or argv."`
+	Cwd            string            `json:"cwd,omitempty" jsonschema_description:"Working directory (absolute; default /workspace)."`
+	Env            map[string]string `json:"env,omitempty" jsonschema_description:"Extra environment variables."`
+	Stdin          string            `json:"stdin,omitempty" jsonschema_description:"Text written to the command's standard input."`
+	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty" jsonschema_description:"Kill the command (its whole process group) after this many seconds."`
+	Background     bool              `json:"background,omitempty" jsonschema_description:"Start the command and return its job_id at once; follow it with job_status. Use for anything that may outlast your tool-call timeout (builds, test suites, servers)."`
+}
+
+// execOut is the outcome of a command (exec_command, run_task,
+// packages_install); with background only job_id and state are set.
+type execOut struct {
+	JobID           string                `json:"job_id,omitempty"`
+	State           string                `json:"state"` // finished | running
+	ExitCode        *int                  `json:"exit_code,omitempty"`
+	Stdout          string                `json:"stdout"`
+	Stderr          string                `json:"stderr"`
+	StdoutTruncated bool                  `json:"stdout_truncated"`
+	StderrTruncated bool                  `json:"stderr_truncated"`
+	StdoutBytes     int64                 `json:"stdout_bytes"`
+	StderrBytes     int64                 `json:"stderr_bytes"`
+	DurationMS      int64                 `json:"duration_ms"`
+	Termination     *apitypes.Termination `json:"termination,omitempty"`
+	// Note says where cut output went, when it was cut.
+	Note string `json:"note,omitempty"`
+}
+
+type jobStatusIn struct {
+	SandboxID    string `json:"sandbox_id" jsonschema_description:"Id of the sandbox the job runs in."`
+	JobID        string `json:"job_id" jsonschema_description:"Job id from exec_command with background: true."`
+	StdoutOffset int64  `json:"stdout_offset,omitempty" jsonschema_description:"Byte offset in stdout to read from: 0 first, then next_stdout_offset of the previous answer."`
+	StderrOffset int64  `json:"stderr_offset,omitempty" jsonschema_description:"Byte offset in stderr to read from: 0 first, then next_stderr_offset of the previous answer."`
+}
+
+type jobStatusOut struct {
+	apitypes.JobStatus
+	// More is set when output past the next offsets is already there: call
+	// again with the next offsets without waiting.
+	More bool `json:"more"`
+}
+
+type jobKillIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of the sandbox the job runs in."`
+	JobID     string `json:"job_id" jsonschema_description:"Job id from exec_command with background: true."`
+	Signal    string `json:"signal,omitempty" jsonschema_description:"Signal name, e.g. SIGTERM, SIGINT; default SIGKILL."`
+}
+
+type jobKillOut struct {
+	JobID  string `json:"job_id"`
+	Signal string `json:"signal"`
+	State  string `json:"state"` // running | finished
+}
+
+func (s *srv) addExecTools() {
+	addTool[execIn, execOut](s, "exec_command", "Run a command in a sandbox",
+		joinLines(
+			"Run a command in a sandbox and wait for it: exit_code, stdout, stderr, duration and how it ended (termination.cause: exited, timeout, oom, output_limit, signal, killed).",
+			"Prerequisite: a live sandbox_id from sandbox_create. The command runs in /workspace as an unprivileged user; no network unless the sandbox has it.",
+			fmt.Sprintf("Limits: %s; output over %s per stream is dropped (stdout_truncated). Output longer than this tool's result size is cut in the middle with a marker (redirect to a file and use file_read for all of it).", s.limits(), s.cfg.Sandbox.OutputLimit),
+			"With a progress token, output is sent as progress notifications while the command runs. With background: true the call returns a job_id at once: poll job_status with the offsets it returns until state is finished, job_kill to stop it.",
+		),
+		annotations{destructive: true},
+		func(ctx context.Context, c *call, in *execIn) (*result, error) {
+			req := engine.ExecRequest{SandboxID: in.SandboxID, Command: in.Command, Argv: in.Argv, Cwd: in.Cwd,
+				Env: in.Env, Stdin: in.Stdin, TimeoutSeconds: in.TimeoutSeconds}
+			if in.Background {
+				id, err := s.e.StartJob(ctx, req)
+				if err != nil {
+					return nil, err
+				}
+				out := execOut{JobID: id, State: "running"}
+				return &result{structured: out, text: fmt.Sprintf("started job %s in sandbox %s; poll job_status {sandbox_id: %q, job_id: %q, stdout_offset: 0, stderr_offset: 0}", id, in.SandboxID, in.SandboxID, id)}, nil
+			}
+			p := c.newProgress(ctx)
+			res, err := s.e.Exec(ctx, req, p.outputFunc())
+			p.stop()
+			if err != nil {
+				return nil, err
+			}
+			return s.execResult(res, "the full output is not kept: redirect it to a file in the sandbox and read that with file_read, or use background: true and page it with job_status"), nil
+		})
+
+	addTool[jobStatusIn, jobStatusOut](s, "job_status", "Follow a background job",
+		joinLines(
+			"Report a background job's state (running or finished) and the output it wrote since the given offsets, with the offsets to pass next time; once finished, its exit_code and termination.",
+			"Prerequisite: a job_id from exec_command with background: true. Start at offsets 0 and pass next_stdout_offset/next_stderr_offset back; when more is true, call again at once, else wait a few seconds between calls while it runs. Each answer carries a bounded page of output.",
+		),
+		annotations{readOnly: true, idempotent: true},
+		func(ctx context.Context, c *call, in *jobStatusIn) (*result, error) {
+			page := s.opt.MaxResultBytes / 5
+			for {
+				st, err := s.e.JobStatus(ctx, engine.JobStatusRequest{SandboxID: in.SandboxID, JobID: in.JobID,
+					StdoutOffset: in.StdoutOffset, StderrOffset: in.StderrOffset, MaxBytes: page})
+				if err != nil {
+					return nil, err
+				}
+				out := jobStatusOut{JobStatus: *st}
+				// Never split a UTF-8 sequence between two pages.
+				if n := incompleteTail(out.Stdout); n > 0 && len(out.Stdout) > n {
+					out.Stdout, out.NextStdoutOffset = out.Stdout[:len(out.Stdout)-n], out.NextStdoutOffset-int64(n)
+				}
+				if n := incompleteTail(out.Stderr); n > 0 && len(out.Stderr) > n {
+					out.Stderr, out.NextStderrOffset = out.Stderr[:len(out.Stderr)-n], out.NextStderrOffset-int64(n)
+				}
+				out.More = len(st.Stdout) >= page || len(st.Stderr) >= page
+				r := &result{structured: out, text: jobText(&out)}
+				if resultSize(r) <= s.opt.MaxResultBytes || page <= 512 {
+					return r, nil
+				}
+				page /= 2
+			}
+		})
+
+	addTool[jobKillIn, jobKillOut](s, "job_kill", "Stop a background job",
+		"Send a signal (default SIGKILL) to a background job's whole process group and report its state. Prerequisite: a job_id from exec_command with background: true. Its output stays readable with job_status.",
+		annotations{destructive: true, idempotent: true},
+		func(ctx context.Context, c *call, in *jobKillIn) (*result, error) {
+			if err := s.e.KillJob(ctx, in.SandboxID, in.JobID, in.Signal); err != nil {
+				return nil, err
+			}
+			sig := in.Signal
+			if sig == "" {
+				sig = "SIGKILL"
+			}
+			out := jobKillOut{JobID: in.JobID, Signal: sig, State: "running"}
+			// Give the job a moment to die, so the answer says finished.
+			for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				st, err := s.e.JobStatus(ctx, engine.JobStatusRequest{SandboxID: in.SandboxID, JobID: in.JobID, MaxBytes: 1})
+				if err != nil {
+					return nil, err
+				}
+				if out.State = st.State; st.State != "running" {
+					break
+				}
+			}
+			return &result{structured: out, text: fmt.Sprintf("sent %s to job %s: %s", sig, in.JobID, out.State)}, nil
+		})
+}
+
+// execResult shapes a command's outcome into the result budget; where says
+// where the full output is when it had to be cut.
+func (s *srv) execResult(res *apitypes.ExecResult, where string) *result {
+	return s.fit(func(limit int) *result {
+		lo, le := split(limit, len(res.Stdout), len(res.Stderr))
+		stdout, cutOut := cut(res.Stdout, lo, where)
+		stderr, cutErr := cut(res.Stderr, le, where)
+		code := res.ExitCode
+		term := res.Termination
+		out := execOut{JobID: res.JobID, State: "finished", ExitCode: &code, Stdout: stdout, Stderr: stderr,
+			StdoutTruncated: res.StdoutTruncated || cutOut, StderrTruncated: res.StderrTruncated || cutErr,
+			StdoutBytes: res.StdoutBytes, StderrBytes: res.StderrBytes, DurationMS: res.DurationMS, Termination: &term}
+		if cutOut || cutErr {
+			out.Note = "output cut to fit the result; " + where
+		}
+		// The job is gone once a synchronous command finished.
+		out.JobID = ""
+		return &result{structured: out, text: outputText(termText(code, term, res.DurationMS), stdout, stderr)}
+	})
+}
+
+func termText(code int, t apitypes.Termination, ms int64) string {
+	s := fmt.Sprintf("exit code %d (%s", code, t.Cause)
+	if t.Signal != "" {
+		s += " " + t.Signal
+	}
+	if t.Detail != "" {
+		s += ": " + t.Detail
+	}
+	return s + fmt.Sprintf(") in %d ms", ms)
+}
+
+func outputText(head, stdout, stderr string) string {
+	var b strings.Builder
+	b.WriteString(head)
+	b.WriteString("\n")
+	if stdout != "" {
+		b.WriteString("--- stdout ---\n")
+		b.WriteString(stdout)
+		if !strings.HasSuffix(stdout, "\n") {
+			b.WriteString("\n")
+		}
+	}
+	if stderr != "" {
+		b.WriteString("--- stderr ---\n")
+		b.WriteString(stderr)
+		if !strings.HasSuffix(stderr, "\n") {
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}
+
+func jobText(st *jobStatusOut) string {
+	head := fmt.Sprintf("job %s: %s", st.JobID, st.State)
+	if st.ExitCode != nil && st.Termination != nil {
+		head += "; " + termText(*st.ExitCode, *st.Termination, st.DurationMS)
+	}
+	head += fmt.Sprintf("\nnext offsets: stdout_offset %d, stderr_offset %d", st.NextStdoutOffset, st.NextStderrOffset)
+	if st.More {
+		head += " (more output is waiting)"
+	}
+	return outputText(head, st.Stdout, st.Stderr)
+}

@@ -1,0 +1,166 @@
+package mcpserver
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+)
+
+type fileWriteIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
+	Path      string `json:"path" jsonschema_description:"Absolute path in the sandbox, normally under /workspace. Parent directories are created."`
+	Content   string `json:"content" jsonschema_description:"The file's content: text, or base64 with encoding base64."`
+	Encoding  string `json:"encoding,omitempty" jsonschema_description:"Encoding of content: utf-8 (default) or base64 (for binary files)." jsonschema:"enum=utf-8,enum=base64"`
+	Mode      string `json:"mode,omitempty" jsonschema_description:"Octal permission bits, e.g. 0755 for a script; default 0644."`
+	Append    bool   `json:"append,omitempty" jsonschema_description:"Append to the file instead of replacing it."`
+}
+
+type fileOut struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+}
+
+type fileReadIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
+	Path      string `json:"path" jsonschema_description:"Absolute path of a file in the sandbox."`
+	Encoding  string `json:"encoding,omitempty" jsonschema_description:"utf-8 (default) or base64. Content that is not valid UTF-8 comes back as base64 whatever is asked, and encoding says so." jsonschema:"enum=utf-8,enum=base64"`
+	Offset    int64  `json:"offset,omitempty" jsonschema_description:"Byte offset to start reading at (to page through a large file)."`
+	MaxBytes  int64  `json:"max_bytes,omitempty" jsonschema_description:"Most bytes to return; capped so that the answer fits a tool result."`
+}
+
+type fileReadOut struct {
+	Path      string `json:"path"`
+	Content   string `json:"content"`
+	Encoding  string `json:"encoding"`
+	Size      int64  `json:"size"`
+	Offset    int64  `json:"offset"`
+	Truncated bool   `json:"truncated"`
+	// NextOffset is where the next read should start when truncated.
+	NextOffset int64 `json:"next_offset,omitempty"`
+}
+
+type fileListIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
+	Path      string `json:"path,omitempty" jsonschema_description:"Absolute path of a directory; default /workspace."`
+	Recursive bool   `json:"recursive,omitempty" jsonschema_description:"List the whole tree under path."`
+}
+
+type fileListOut struct {
+	Entries []engine.FileEntry `json:"entries"`
+	Total   int                `json:"total"`
+	// Truncated is set when the list was cut to fit the result.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+type fileDeleteIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
+	Path      string `json:"path" jsonschema_description:"Absolute path of the file or directory to delete."`
+	Recursive bool   `json:"recursive,omitempty" jsonschema_description:"Delete a directory and everything under it."`
+}
+
+type fileDeleteOut struct {
+	Path string `json:"path"`
+}
+
+func (s *srv) addFileTools() {
+	addTool[fileWriteIn, fileOut](s, "file_write", "Write a file in a sandbox",
+		fmt.Sprintf("Write (or append to) a file in a sandbox, creating parent directories; returns its path and size. Prerequisite: a live sandbox_id from sandbox_create. Paths are absolute and resolve inside the sandbox; the root filesystem outside /workspace, /tmp and the home directory is read-only. At most %d MiB per call.", engine.MaxFileBytes>>20),
+		annotations{destructive: true, idempotent: true},
+		func(ctx context.Context, c *call, in *fileWriteIn) (*result, error) {
+			res, err := s.e.WriteFile(ctx, engine.FileWriteRequest{SandboxID: in.SandboxID, Path: in.Path, Content: in.Content,
+				Encoding: in.Encoding, Mode: in.Mode, Append: in.Append})
+			if err != nil {
+				return nil, err
+			}
+			out := fileOut{Path: res.Path, Size: res.Size}
+			return &result{structured: out, text: fmt.Sprintf("wrote %s (%d bytes)", out.Path, out.Size)}, nil
+		})
+
+	addTool[fileReadIn, fileReadOut](s, "file_read", "Read a file in a sandbox",
+		"Read a file in a sandbox. Prerequisite: a live sandbox_id. A file larger than one tool result is returned in pages: truncated is true and next_offset is where to continue (pass it as offset).",
+		annotations{readOnly: true, idempotent: true},
+		func(ctx context.Context, c *call, in *fileReadIn) (*result, error) {
+			// The content appears in both parts of the result.
+			page := int64(s.opt.MaxResultBytes/2 - 1024)
+			if in.Encoding == "base64" {
+				page = page * 3 / 4
+			}
+			if in.MaxBytes > 0 && in.MaxBytes < page {
+				page = in.MaxBytes
+			}
+			for {
+				req := engine.FileReadRequest{SandboxID: in.SandboxID, Path: in.Path, Encoding: in.Encoding, Offset: in.Offset, MaxBytes: page}
+				raw, err := s.e.ReadFile(ctx, req)
+				if err != nil {
+					return nil, err
+				}
+				out := fileReadOut{Path: raw.Path, Content: raw.Content, Encoding: raw.Encoding, Size: raw.Size, Offset: in.Offset}
+				n := int64(len(raw.Content))
+				if raw.Encoding == "base64" {
+					n = int64(len(raw.Content)) / 4 * 3
+					if strings.HasSuffix(raw.Content, "==") {
+						n -= 2
+					} else if strings.HasSuffix(raw.Content, "=") {
+						n--
+					}
+				}
+				if in.Offset+n < raw.Size {
+					out.Truncated, out.NextOffset = true, in.Offset+n
+				}
+				head := fmt.Sprintf("%s: %d bytes, %s", out.Path, out.Size, out.Encoding)
+				if out.Truncated {
+					head += fmt.Sprintf("; bytes %d to %d shown, continue at offset %d", in.Offset, out.NextOffset, out.NextOffset)
+				}
+				r := &result{structured: out, text: head + "\n" + out.Content}
+				if resultSize(r) <= s.opt.MaxResultBytes || page <= 512 {
+					return r, nil
+				}
+				page /= 2
+			}
+		})
+
+	addTool[fileListIn, fileListOut](s, "file_list", "List files in a sandbox",
+		"List a directory in a sandbox (default /workspace), or with recursive the whole tree: path, type, size, mode, mtime of each entry. Prerequisite: a live sandbox_id. A list too long for one result is cut (truncated: true): list a subdirectory instead.",
+		annotations{readOnly: true, idempotent: true},
+		func(ctx context.Context, c *call, in *fileListIn) (*result, error) {
+			entries, err := s.e.ListFiles(ctx, in.SandboxID, in.Path, in.Recursive)
+			if err != nil {
+				return nil, err
+			}
+			return s.fit(func(limit int) *result {
+				out := fileListOut{Entries: []engine.FileEntry{}, Total: len(entries)}
+				var text strings.Builder
+				size := 0
+				for _, fe := range entries {
+					line := fmt.Sprintf("%s %o %8d %s\n", fe.Type, fe.Mode, fe.Size, fe.Path)
+					size += 2*len(fe.Path) + 120
+					if size > limit {
+						out.Truncated = true
+						break
+					}
+					out.Entries = append(out.Entries, fe)
+					text.WriteString(line)
+				}
+				if out.Truncated {
+					fmt.Fprintf(&text, "[list cut at %d of %d entries to fit the result; list a subdirectory]\n", len(out.Entries), len(entries))
+				}
+				if len(entries) == 0 {
+					text.WriteString("(empty)\n")
+				}
+				return &result{structured: out, text: text.String()}
+			}), nil
+		})
+
+	addTool[fileDeleteIn, fileDeleteOut](s, "file_delete", "Delete a file in a sandbox",
+		"Delete a file, or with recursive a directory tree, in a sandbox. Prerequisite: a live sandbox_id. Deleting / is refused.",
+		annotations{destructive: true, idempotent: false},
+		func(ctx context.Context, c *call, in *fileDeleteIn) (*result, error) {
+			res, err := s.e.DeleteFile(ctx, in.SandboxID, in.Path, in.Recursive)
+			if err != nil {
+				return nil, err
+			}
+			return &result{structured: fileDeleteOut{Path: res.Path}, text: "deleted " + res.Path}, nil
+		})
+}

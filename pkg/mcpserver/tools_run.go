@@ -1,0 +1,230 @@
+package mcpserver
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+)
+
+type runCodeIn struct {
+	Language       string            `json:"language" jsonschema_description:"Language (see languages_list), e.g. python, c, node."`
+	Code           string            `json:"code,omitempty" jsonschema_description:"Source of the main file. Give code, files, or both."`
+	Files          map[string]string `json:"files,omitempty" jsonschema_description:"More files (or all of them): path relative to /workspace -> content. Dependency manifests among them (requirements.txt, package.json, go.mod, Cargo.toml) are installed first."`
+	Entrypoint     string            `json:"entrypoint,omitempty" jsonschema_description:"The file to run among files (default: the language's entrypoint, or the only source file)."`
+	Args           []string          `json:"args,omitempty" jsonschema_description:"Command-line arguments of the program."`
+	Stdin          string            `json:"stdin,omitempty" jsonschema_description:"Text written to the program's standard input."`
+	Env            map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every step."`
+	SandboxID      string            `json:"sandbox_id,omitempty" jsonschema_description:"Run in this live sandbox (its language must match; files written there stay). Default: a fresh sandbox, removed afterwards."`
+	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty" jsonschema_description:"Time limit of the whole run (install, compile and run together)."`
+	Install        *bool             `json:"install,omitempty" jsonschema_description:"Install dependencies found in the files (default true)."`
+	Network        string            `json:"network,omitempty" jsonschema_description:"Network of the fresh sandbox: none (default)." jsonschema:"enum=none,enum=egress,enum=allowlist"`
+	MemoryMB       *int64            `json:"memory_mb,omitempty" jsonschema_description:"Memory limit of the fresh sandbox in MiB."`
+	DiskMB         *int64            `json:"disk_mb,omitempty" jsonschema_description:"Disk limit of the fresh sandbox in MiB."`
+}
+
+type runCodeOut struct {
+	apitypes.RunResult
+	// Note says where cut output went, when it was cut.
+	Note string `json:"note,omitempty"`
+}
+
+type runTaskIn struct {
+	SandboxID      string            `json:"sandbox_id" jsonschema_description:"Id of a live sandbox whose language has the task (languages_list shows the tasks)."`
+	Task           string            `json:"task" jsonschema_description:"lint, build or test." jsonschema:"enum=lint,enum=build,enum=test"`
+	Path           string            `json:"path,omitempty" jsonschema_description:"Target of the task, relative to /workspace or absolute under it; default /workspace."`
+	Env            map[string]string `json:"env,omitempty" jsonschema_description:"Extra environment variables."`
+	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty" jsonschema_description:"Time limit of the task."`
+}
+
+type packagesIn struct {
+	SandboxID      string   `json:"sandbox_id" jsonschema_description:"Id of a live sandbox."`
+	Manager        string   `json:"manager" jsonschema_description:"Package manager of the sandbox's language (languages_list: managers), e.g. pip, npm, cargo, go."`
+	Packages       []string `json:"packages" jsonschema_description:"Package names or paths of local package files in the sandbox."`
+	TimeoutSeconds *float64 `json:"timeout_seconds,omitempty" jsonschema_description:"Time limit of the installation."`
+}
+
+type runGetIn struct {
+	RunID string `json:"run_id" jsonschema_description:"Run id from run_code or run_list."`
+}
+
+type runGetOut struct {
+	apitypes.RunRecord
+	Note string `json:"note,omitempty"`
+}
+
+type runListIn struct {
+	Limit    int    `json:"limit,omitempty" jsonschema_description:"Most runs to list, newest first (default 50, at most 1000)."`
+	Language string `json:"language,omitempty" jsonschema_description:"Only runs of this language."`
+	Success  *bool  `json:"success,omitempty" jsonschema_description:"Only successful (true) or failed (false) runs."`
+}
+
+type runListOut struct {
+	Runs      []apitypes.RunMetadata `json:"runs"`
+	Truncated bool                   `json:"truncated,omitempty"`
+}
+
+func (s *srv) addRunTools() {
+	addTool[runCodeIn, runCodeOut](s, "run_code", "Run code",
+		joinLines(
+			"Run a program: write the files into a sandbox, install dependencies found in them, compile (compiled languages) and run. Returns run_id, sandbox_id, success, every step (install/compile/run) with exit_code, stdout, stderr, termination and duration, and at the top level the last step that ran (the run step, or the step that failed, e.g. a compile error).",
+			"Prerequisite: a language from languages_list. Without sandbox_id a fresh sandbox (no network) is created and removed afterwards; with sandbox_id the files stay in that sandbox's /workspace. Files the program writes to /workspace/output are kept in the run record (output_files).",
+			fmt.Sprintf("Limits: %s for the whole run. Output longer than this tool's result size is cut in the middle; the run record keeps it (run_get). With a progress token, output is sent as progress notifications while the run goes on.", s.limits()),
+		),
+		annotations{destructive: true},
+		func(ctx context.Context, c *call, in *runCodeIn) (*result, error) {
+			p := c.newProgress(ctx)
+			res, err := s.e.RunCode(ctx, engine.RunCodeRequest{Language: in.Language, Code: in.Code, Files: in.Files,
+				Entrypoint: in.Entrypoint, Args: in.Args, Stdin: in.Stdin, Env: in.Env, SandboxID: in.SandboxID,
+				TimeoutSeconds: in.TimeoutSeconds, Install: in.Install, Network: in.Network, MemoryMB: in.MemoryMB, DiskMB: in.DiskMB}, p.outputFunc())
+			p.stop()
+			if err != nil {
+				return nil, err
+			}
+			return s.runResult(res), nil
+		})
+
+	addTool[runTaskIn, execOut](s, "run_task", "Lint, build or test",
+		joinLines(
+			"Run the sandbox language's configured lint, build or test command on /workspace (or on path) and wait for it; returns like exec_command.",
+			fmt.Sprintf("Prerequisite: a live sandbox_id whose language has the task (languages_list: tasks), with the files written there (file_write or run_code {sandbox_id}). Limits: %s.", s.limits()),
+		),
+		annotations{destructive: true},
+		func(ctx context.Context, c *call, in *runTaskIn) (*result, error) {
+			res, err := s.e.RunTask(ctx, engine.RunTaskRequest{SandboxID: in.SandboxID, Task: in.Task, Path: in.Path,
+				Env: in.Env, TimeoutSeconds: in.TimeoutSeconds})
+			if err != nil {
+				return nil, err
+			}
+			return s.execResult(res, "the full output is not kept: run the task's command with exec_command, redirected to a file"), nil
+		})
+
+	addTool[packagesIn, execOut](s, "packages_install", "Install packages",
+		joinLines(
+			"Install packages into a sandbox with one of its language's package managers (languages_list: managers); returns the installer's outcome like exec_command.",
+			"Prerequisite: a live sandbox_id. A sandbox without network can only install from local files in the sandbox (a wheel, a tarball, a vendor directory); a manager that needs the network fails with code unavailable.",
+		),
+		annotations{destructive: true, idempotent: true},
+		func(ctx context.Context, c *call, in *packagesIn) (*result, error) {
+			res, err := s.e.PackagesInstall(ctx, engine.PackagesInstallRequest{SandboxID: in.SandboxID, Manager: in.Manager,
+				Packages: in.Packages, TimeoutSeconds: in.TimeoutSeconds})
+			if err != nil {
+				return nil, err
+			}
+			return s.execResult(res, "the full output is not kept"), nil
+		})
+
+	addTool[runGetIn, runGetOut](s, "run_get", "Show a run record",
+		"Show a run record: its metadata (language, steps, exit code, termination, duration, files), the start of its stdout and stderr logs and, for autofix runs, the attempts. Long logs are cut; the record's directory (dir) holds them whole.",
+		annotations{readOnly: true, idempotent: true},
+		func(ctx context.Context, c *call, in *runGetIn) (*result, error) {
+			rec, err := s.e.GetRun(ctx, in.RunID, int64(s.opt.MaxResultBytes))
+			if err != nil {
+				return nil, err
+			}
+			if rec.Attempts == nil {
+				rec.Attempts = []apitypes.FixedAttempt{}
+			}
+			return s.fit(func(limit int) *result {
+				out := runGetOut{RunRecord: *rec}
+				lo, le := split(limit, len(rec.Stdout), len(rec.Stderr))
+				var c1, c2 bool
+				out.Stdout, c1 = cut(rec.Stdout, lo, "whole log in "+filepath.Join(rec.Dir, "stdout.log"))
+				out.Stderr, c2 = cut(rec.Stderr, le, "whole log in "+filepath.Join(rec.Dir, "stderr.log"))
+				out.StdoutTruncated = rec.StdoutTruncated || c1
+				out.StderrTruncated = rec.StderrTruncated || c2
+				if c1 || c2 || rec.StdoutTruncated || rec.StderrTruncated {
+					out.Note = "logs cut to fit the result; the whole logs are in " + rec.Dir
+				}
+				m := rec.Metadata
+				head := fmt.Sprintf("run %s: %s, success %v, exit code %d (%s), %d ms, sandbox %s\nrecord: %s", m.RunID, m.Language, m.Success,
+					m.ExitCode, m.Termination.Cause, m.DurationMS, m.SandboxID, rec.Dir)
+				return &result{structured: out, text: outputText(head, out.Stdout, out.Stderr)}
+			}), nil
+		})
+
+	addTool[runListIn, runListOut](s, "run_list", "List run records",
+		"List run records (run_code and autofix runs), newest first: run id, language, start and end time, duration, exit code, success, sandbox. Filter by language and success. Use run_get for one run's output.",
+		annotations{readOnly: true, idempotent: true},
+		func(ctx context.Context, c *call, in *runListIn) (*result, error) {
+			list, err := s.e.ListRuns(ctx, engine.RunFilter{Limit: in.Limit, Language: in.Language, Success: in.Success})
+			if err != nil {
+				return nil, err
+			}
+			return s.fit(func(limit int) *result {
+				out := runListOut{Runs: []apitypes.RunMetadata{}}
+				var text strings.Builder
+				size := 0
+				for _, m := range list {
+					size += 900 + 40*len(m.Files)
+					if size > limit {
+						out.Truncated = true
+						break
+					}
+					out.Runs = append(out.Runs, m)
+					fmt.Fprintf(&text, "%s %-8s success=%v exit=%d %dms %s\n", m.RunID, m.Language, m.Success, m.ExitCode, m.DurationMS, m.StartTime.Format("2006-01-02 15:04:05"))
+				}
+				if out.Truncated {
+					fmt.Fprintf(&text, "[list cut at %d runs to fit the result; ask for a smaller limit]\n", len(out.Runs))
+				}
+				if len(list) == 0 {
+					text.WriteString("no runs\n")
+				}
+				return &result{structured: out, text: text.String()}
+			}), nil
+		})
+}
+
+// runResult shapes run_code's outcome into the result budget: every step's
+// output and the top-level copy are cut alike, pointing at the run record.
+func (s *srv) runResult(res *apitypes.RunResult) *result {
+	where := fmt.Sprintf("the run record keeps it: run_get {run_id: %q}", res.RunID)
+	return s.fit(func(limit int) *result {
+		n := 1 + len(res.Steps)
+		per := limit / n
+		if len(res.Steps) > 0 {
+			// The top level repeats the last step; give the steps before it less.
+			per = limit / 2
+		}
+		out := runCodeOut{RunResult: *res}
+		out.Steps = make([]apitypes.RunStep, len(res.Steps))
+		cutAny := false
+		for i, st := range res.Steps {
+			l := per
+			if i < len(res.Steps)-1 {
+				l = per / max(1, len(res.Steps)-1)
+			}
+			lo, le := split(l, len(st.Stdout), len(st.Stderr))
+			var c1, c2 bool
+			st.Stdout, c1 = cut(st.Stdout, lo, where)
+			st.Stderr, c2 = cut(st.Stderr, le, where)
+			st.StdoutTruncated, st.StderrTruncated = st.StdoutTruncated || c1, st.StderrTruncated || c2
+			cutAny = cutAny || c1 || c2
+			out.Steps[i] = st
+		}
+		lo, le := split(per, len(res.Stdout), len(res.Stderr))
+		var c1, c2 bool
+		out.Stdout, c1 = cut(res.Stdout, lo, where)
+		out.Stderr, c2 = cut(res.Stderr, le, where)
+		out.StdoutTruncated, out.StderrTruncated = res.StdoutTruncated || c1, res.StderrTruncated || c2
+		if cutAny || c1 || c2 {
+			out.Note = "output cut to fit the result; " + where
+		}
+		var head strings.Builder
+		verdict := "succeeded"
+		if !res.Success {
+			verdict = "failed"
+		}
+		fmt.Fprintf(&head, "run %s (%s, sandbox %s) %s in %d ms\n", res.RunID, res.Language, res.SandboxID, verdict, res.DurationMS)
+		for _, st := range res.Steps {
+			fmt.Fprintf(&head, "  %s: %s\n", st.Name, termText(st.ExitCode, st.Termination, st.DurationMS))
+		}
+		if len(res.OutputFiles) > 0 {
+			fmt.Fprintf(&head, "output files: %s\n", strings.Join(res.OutputFiles, ", "))
+		}
+		return &result{structured: out, text: outputText(strings.TrimSuffix(head.String(), "\n"), out.Stdout, out.Stderr)}
+	})
+}

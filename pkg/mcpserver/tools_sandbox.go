@@ -1,0 +1,177 @@
+package mcpserver
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+)
+
+type sandboxCreateIn struct {
+	Language   string            `json:"language,omitempty" jsonschema_description:"Language of the sandbox (see languages_list), e.g. python, c, node. Picks the image of the same name."`
+	Image      string            `json:"image,omitempty" jsonschema_description:"Image to use instead of the language's own (rarely needed)."`
+	MemoryMB   *int64            `json:"memory_mb,omitempty" jsonschema_description:"Memory limit in MiB (no swap). Default from the server configuration."`
+	CPUs       *float64          `json:"cpus,omitempty" jsonschema_description:"CPU limit in cores, e.g. 0.5 or 2."`
+	Pids       *int64            `json:"pids,omitempty" jsonschema_description:"Maximum number of processes and threads."`
+	DiskMB     *int64            `json:"disk_mb,omitempty" jsonschema_description:"Size of the writable layer in MiB."`
+	Network    string            `json:"network,omitempty" jsonschema_description:"Network mode: none (default; no network at all), egress or allowlist." jsonschema:"enum=none,enum=egress,enum=allowlist"`
+	Allow      []string          `json:"allow,omitempty" jsonschema_description:"Hosts or CIDRs reachable with network allowlist."`
+	Env        map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every command in the sandbox."`
+	TTLSeconds *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
+	Labels     map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
+}
+
+// sandboxOut is a sandbox as the tools show it.
+type sandboxOut struct {
+	apitypes.Sandbox
+	Usage *apitypes.Usage `json:"usage,omitempty"`
+}
+
+type sandboxListIn struct {
+	State string `json:"state,omitempty" jsonschema_description:"Only sandboxes in this state; default: the live ones (creating, ready, running); all: every state." jsonschema:"enum=creating,enum=ready,enum=running,enum=terminated,enum=failed,enum=all"`
+}
+
+type sandboxListOut struct {
+	Sandboxes []apitypes.Sandbox `json:"sandboxes"`
+	// Truncated is set when the list was cut to fit the result size.
+	Truncated bool `json:"truncated,omitempty"`
+	Total     int  `json:"total"`
+}
+
+type sandboxIDIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of the sandbox, as sandbox_create returned it (sb-...)."`
+}
+
+type sandboxTerminateOut struct {
+	SandboxID string `json:"sandbox_id"`
+	State     string `json:"state"`
+}
+
+type languagesIn struct{}
+
+type languagesOut struct {
+	Languages []apitypes.LanguageInfo `json:"languages"`
+}
+
+func (s *srv) addSandboxTools() {
+	addTool[sandboxCreateIn, sandboxOut](s, "sandbox_create", "Create a sandbox",
+		joinLines(
+			"Create an isolated Linux sandbox for one language and return its sandbox_id (state ready), for use with exec_command, file_*, run_code {sandbox_id}, run_task and packages_install.",
+			"Prerequisite: a language from languages_list. Files live under /workspace; commands run as an unprivileged user.",
+			fmt.Sprintf("Limits: defaults memory %s, %v CPUs, %d pids, disk %s; at most %d sandboxes at once. Network is none unless asked for. An idle sandbox is terminated after %s, any sandbox after %s.",
+				s.cfg.Sandbox.Memory, s.cfg.Sandbox.CPUs, s.cfg.Sandbox.Pids, s.cfg.Sandbox.Disk, s.cfg.Sandbox.MaxSandboxes, s.cfg.Sandbox.IdleTimeout, s.cfg.Sandbox.MaxLifetime),
+			"For a single program, run_code without sandbox_id is simpler: it creates and removes its own sandbox.",
+		),
+		annotations{},
+		func(ctx context.Context, c *call, in *sandboxCreateIn) (*result, error) {
+			labels := maps.Clone(in.Labels)
+			if c.session != "" {
+				if labels == nil {
+					labels = map[string]string{}
+				}
+				labels[SessionLabel] = c.session
+			}
+			info, err := s.e.CreateSandbox(ctx, engine.CreateSandboxRequest{
+				Language: in.Language, Image: in.Image, MemoryMB: in.MemoryMB, CPUs: in.CPUs, Pids: in.Pids,
+				DiskMB: in.DiskMB, Network: in.Network, Allow: in.Allow, Env: in.Env, TTLSeconds: in.TTLSeconds, Labels: labels,
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &result{structured: sandboxOut{Sandbox: *info}, text: sandboxText(info, nil)}, nil
+		})
+
+	addTool[sandboxListIn, sandboxListOut](s, "sandbox_list", "List sandboxes",
+		"List sandboxes: by default the live ones (creating, ready, running), every one the server holds (created over MCP, REST or sandboxctl). state filters; \"all\" includes terminated and failed ones.",
+		annotations{readOnly: true, idempotent: true},
+		func(ctx context.Context, c *call, in *sandboxListIn) (*result, error) {
+			list, err := s.e.ListSandboxes(ctx, in.State)
+			if err != nil {
+				return nil, err
+			}
+			return s.fit(func(limit int) *result {
+				out := sandboxListOut{Sandboxes: []apitypes.Sandbox{}, Total: len(list)}
+				size := 0
+				var text strings.Builder
+				fmt.Fprintf(&text, "%d sandboxes\n", len(list))
+				for _, sb := range list {
+					line := fmt.Sprintf("%s  %-10s %-8s created %s\n", sb.ID, sb.State, sb.Language, sb.CreatedAt.Format("2006-01-02 15:04:05"))
+					size += 600 + len(line)
+					if size > limit {
+						out.Truncated = true
+						break
+					}
+					out.Sandboxes = append(out.Sandboxes, *sb)
+					text.WriteString(line)
+				}
+				if out.Truncated {
+					fmt.Fprintf(&text, "[list cut at %d of %d to fit the result; filter with state]\n", len(out.Sandboxes), len(list))
+				}
+				return &result{structured: out, text: text.String()}
+			}), nil
+		})
+
+	addTool[sandboxIDIn, sandboxOut](s, "sandbox_get", "Describe a sandbox",
+		"Describe one sandbox: state, language, limits, network, labels, timestamps, and for a live sandbox its current usage (memory_bytes, cpu_seconds, pids, disk_bytes).",
+		annotations{readOnly: true, idempotent: true},
+		func(ctx context.Context, c *call, in *sandboxIDIn) (*result, error) {
+			d, err := s.e.GetSandbox(ctx, in.SandboxID)
+			if err != nil {
+				return nil, err
+			}
+			return &result{structured: sandboxOut{Sandbox: d.Sandbox, Usage: d.Usage}, text: sandboxText(&d.Sandbox, d.Usage)}, nil
+		})
+
+	addTool[sandboxIDIn, sandboxTerminateOut](s, "sandbox_terminate", "Terminate a sandbox",
+		"Terminate a sandbox: kill every process in it and delete its files. It cannot be used afterwards. Terminating a terminated sandbox is a no-op.",
+		annotations{destructive: true, idempotent: true},
+		func(ctx context.Context, c *call, in *sandboxIDIn) (*result, error) {
+			info, err := s.e.TerminateSandbox(ctx, in.SandboxID)
+			if err != nil {
+				return nil, err
+			}
+			out := sandboxTerminateOut{SandboxID: info.ID, State: string(info.State)}
+			return &result{structured: out, text: fmt.Sprintf("sandbox %s is %s", out.SandboxID, out.State)}, nil
+		})
+}
+
+func (s *srv) addLanguagesTool() {
+	addTool[languagesIn, languagesOut](s, "languages_list", "List languages",
+		"List the languages sandboxes and run_code support: name, version, image (and whether it is built: image_ready; an unbuilt image is built on first use, which takes minutes), file extensions, entrypoint, tasks for run_task (lint/build/test) and package managers for packages_install. Call it first.",
+		annotations{readOnly: true, idempotent: true},
+		func(ctx context.Context, c *call, in *languagesIn) (*result, error) {
+			langs, err := s.e.Languages(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if langs == nil {
+				langs = []apitypes.LanguageInfo{}
+			}
+			var text strings.Builder
+			for _, l := range langs {
+				ready := "image ready"
+				if !l.ImageReady {
+					ready = "image not built"
+				}
+				fmt.Fprintf(&text, "%s %s (%s): extensions %s, entrypoint %s, tasks [%s], managers [%s]\n", l.Name, l.Version, ready,
+					strings.Join(l.Extensions, " "), l.Entrypoint, strings.Join(l.Tasks, " "), strings.Join(l.Managers, " "))
+			}
+			return &result{structured: languagesOut{Languages: langs}, text: text.String()}, nil
+		})
+}
+
+func sandboxText(sb *apitypes.Sandbox, u *apitypes.Usage) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "sandbox %s: %s, language %s, image %s, network %s\n", sb.ID, sb.State, sb.Language, sb.Image, sb.Network)
+	fmt.Fprintf(&b, "limits: memory %d MiB, %v CPUs, %d pids, disk %d MiB\n", sb.Limits.MemoryBytes>>20, sb.Limits.CPUs, sb.Limits.Pids, sb.Limits.DiskBytes>>20)
+	if u != nil {
+		fmt.Fprintf(&b, "usage: memory %d bytes, cpu %.2f s, %d pids, disk %d bytes\n", u.MemoryBytes, u.CPUSeconds, u.Pids, u.DiskBytes)
+	}
+	if sb.Reason != "" {
+		fmt.Fprintf(&b, "reason: %s\n", sb.Reason)
+	}
+	return b.String()
+}

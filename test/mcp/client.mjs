@@ -1,0 +1,145 @@
+// Black-box MCP client for mcp_test.go: drives mcp-sandboxd with the official
+// TypeScript SDK (@modelcontextprotocol/sdk) and prints one JSON report on
+// stdout. The SDK validates every tool's output schema and every structured
+// result against it, so a schema the SDK rejects fails here.
+//
+//   node client.mjs <mode> <transport.json> [n]
+//
+// transport.json: {"type":"http","url":...,"token":...} or
+//                 {"type":"stdio","command":...,"args":[...]}
+// modes: scenario | concurrent (n run_code calls at once) | bench (n
+//        sequential run_code print(1) calls, durations in ms)
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+
+const [mode, transportJSON, nArg] = process.argv.slice(2);
+const spec = JSON.parse(transportJSON);
+const n = Number(nArg || 10);
+const errors = [];
+
+function transport() {
+  if (spec.type === "http") {
+    const headers = spec.token ? { Authorization: `Bearer ${spec.token}` } : {};
+    return new StreamableHTTPClientTransport(new URL(spec.url), { requestInit: { headers } });
+  }
+  const t = new StdioClientTransport({ command: spec.command, args: spec.args, stderr: "pipe" });
+  return t;
+}
+
+async function connect() {
+  const client = new Client({ name: "mcp-sandboxd-blackbox", version: "1.0.0" });
+  client.onerror = (e) => errors.push(String(e));
+  const t = transport();
+  await client.connect(t);
+  if (t.stderr) t.stderr.on("data", () => {}); // drained; the test reads the daemon's log instead
+  return client;
+}
+
+const timeout = { timeout: 300_000 };
+
+async function call(client, name, args, extra = {}) {
+  const res = await client.callTool({ name, arguments: args }, undefined, { ...timeout, ...extra });
+  return res;
+}
+
+// ok returns the structured content of a successful call, or throws.
+async function ok(client, name, args, extra) {
+  const res = await call(client, name, args, extra);
+  if (res.isError) throw new Error(`${name}: ${res.content?.[0]?.text}`);
+  return res.structuredContent;
+}
+
+async function scenario() {
+  const client = await connect();
+  const report = { server: client.getServerVersion(), instructions: client.getInstructions() };
+  const { tools } = await client.listTools();
+  report.tools = tools.map((t) => t.name).sort();
+  report.annotations = Object.fromEntries(tools.map((t) => [t.name, t.annotations]));
+
+  report.languages = (await ok(client, "languages_list", {})).languages.map((l) => l.name);
+  const sb = await ok(client, "sandbox_create", { language: "python" });
+  report.sandbox = sb;
+  const id = sb.sandbox_id;
+
+  report.python = await ok(client, "run_code", { language: "python", code: "import sys\nprint('hello from', sys.version_info[0])\n" });
+  report.c = await ok(client, "run_code", { language: "c", code: "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", undefined_var); }\n" });
+
+  report.write = await ok(client, "file_write", { sandbox_id: id, path: "/workspace/notes/a.txt", content: "line one\nline two\n" });
+  report.read = await ok(client, "file_read", { sandbox_id: id, path: "/workspace/notes/a.txt" });
+
+  // A background job polled to completion.
+  const job = await ok(client, "exec_command", { sandbox_id: id, background: true,
+    command: "for i in 1 2 3 4 5 6; do echo step $i; sleep 0.3; done; echo warn >&2; exit 2" });
+  report.job_started = job;
+  let out = "", err = "", so = 0, se = 0, polls = 0, st;
+  for (;;) {
+    st = await ok(client, "job_status", { sandbox_id: id, job_id: job.job_id, stdout_offset: so, stderr_offset: se });
+    polls++;
+    out += st.stdout; err += st.stderr;
+    so = st.next_stdout_offset; se = st.next_stderr_offset;
+    if (st.state === "finished" && !st.more) break;
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  report.job = { stdout: out, stderr: err, polls, exit_code: st.exit_code, termination: st.termination };
+
+  // Progress: a line every 100 ms for 2 s.
+  const progress = [];
+  let resultAt = null;
+  const res = await ok(client, "exec_command", { sandbox_id: id, command: "for i in $(seq 20); do echo tick $i; sleep 0.1; done" },
+    { onprogress: (p) => progress.push({ at: Date.now(), progress: p.progress, message: p.message }), resetTimeoutOnProgress: true });
+  resultAt = Date.now();
+  report.progress = { count: progress.length, before_result: progress.filter((p) => p.at <= resultAt).length,
+    text: progress.map((p) => p.message).join(""), stdout: res.stdout };
+
+  // Errors: isError results with the taxonomy code in the text.
+  const bad = await call(client, "sandbox_get", { sandbox_id: "sb-000000000000" });
+  report.not_found = { isError: bad.isError, text: bad.content[0].text };
+  const missing = await call(client, "file_read", { sandbox_id: id });
+  report.missing = { isError: missing.isError, text: missing.content[0].text };
+
+  report.terminate = await ok(client, "sandbox_terminate", { sandbox_id: id });
+  const after = await call(client, "exec_command", { sandbox_id: id, command: "true" });
+  report.after_terminate = { isError: after.isError, text: after.content[0].text };
+  await client.close();
+  report.errors = errors;
+  return report;
+}
+
+async function concurrent() {
+  const client = await connect();
+  const tag = `${process.pid}-${Math.random().toString(16).slice(2, 8)}`;
+  const results = await Promise.all(Array.from({ length: n }, async (_, i) => {
+    const want = `${tag}:${i}`;
+    const start = Date.now();
+    const r = await ok(client, "run_code", { language: "python", code: `import os\nprint(${JSON.stringify(want)})\nprint(os.environ.get('HOSTNAME'))\n` });
+    const [got, host] = r.stdout.trim().split("\n");
+    return { want, got, ok: r.success && got === want && host === r.sandbox_id, run_id: r.run_id, ms: Date.now() - start };
+  }));
+  await client.close();
+  return { tag, results, errors };
+}
+
+async function bench() {
+  const client = await connect();
+  await ok(client, "run_code", { language: "python", code: "print(1)\n" }); // warm
+  const ms = [];
+  for (let i = 0; i < n; i++) {
+    const start = process.hrtime.bigint();
+    const r = await ok(client, "run_code", { language: "python", code: "print(1)\n" });
+    ms.push(Number(process.hrtime.bigint() - start) / 1e6);
+    if (r.stdout !== "1\n") throw new Error(`bench: stdout ${JSON.stringify(r.stdout)}`);
+  }
+  await client.close();
+  return { ms, errors };
+}
+
+const modes = { scenario, concurrent, bench };
+try {
+  const report = await modes[mode]();
+  process.stdout.write(JSON.stringify(report) + "\n");
+  process.exit(0);
+} catch (e) {
+  process.stdout.write(JSON.stringify({ fatal: String(e && e.stack || e), errors }) + "\n");
+  process.exit(1);
+}

@@ -1,0 +1,407 @@
+// Package mcp drives the built mcp-sandboxd over MCP with a client we did not
+// write — the official TypeScript SDK (@modelcontextprotocol/sdk, installed
+// in node_modules here by `npm ci`) — over streamable HTTP and stdio, the way
+// Claude Code and other MCP clients do.
+package mcp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
+)
+
+// The test binary is also a sandbox's container init (the benchmark runs an
+// engine in-process).
+func TestMain(m *testing.M) {
+	runtime.MaybeInit()
+	os.Exit(m.Run())
+}
+
+var wantTools = []string{
+	"exec_command", "file_delete", "file_list", "file_read", "file_write", "job_kill", "job_status",
+	"languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task",
+	"sandbox_create", "sandbox_get", "sandbox_list", "sandbox_terminate",
+}
+
+// node returns the node binary and checks that the SDK is installed.
+func node(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node is not installed (scripts/install-deps.sh installs it)")
+	}
+	if _, err := os.Stat(filepath.Join(testenv.RepoRoot, "test", "mcp", "node_modules", "@modelcontextprotocol", "sdk", "package.json")); err != nil {
+		t.Fatal("the MCP TypeScript SDK is not installed: run `npm ci` in test/mcp (scripts/install-deps.sh does)")
+	}
+	return bin
+}
+
+// runClient runs client.mjs and decodes its report into v.
+func runClient(t *testing.T, mode string, transport map[string]any, n int, v any) {
+	t.Helper()
+	node(t)
+	if err := runClientErr(mode, transport, n, v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runClientErr is runClient for any goroutine.
+func runClientErr(mode string, transport map[string]any, n int, v any) error {
+	spec, _ := json.Marshal(transport)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "client.mjs", mode, string(spec), strconv.Itoa(n))
+	cmd.Dir = filepath.Join(testenv.RepoRoot, "test", "mcp")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var fatal struct {
+		Fatal  string   `json:"fatal"`
+		Errors []string `json:"errors"`
+	}
+	_ = json.Unmarshal(stdout.Bytes(), &fatal)
+	if err != nil || fatal.Fatal != "" {
+		return fmt.Errorf("node client.mjs %s: %v\n%s\n%v\nstderr: %s", mode, err, fatal.Fatal, fatal.Errors, stderr.String())
+	}
+	if err := json.Unmarshal(stdout.Bytes(), v); err != nil {
+		return fmt.Errorf("client report %.2000q: %v", stdout.String(), err)
+	}
+	return nil
+}
+
+func httpTransport(d *testenv.Daemon) map[string]any {
+	return map[string]any{"type": "http", "url": "http://" + d.HTTPAddr + "/mcp", "token": d.Token()}
+}
+
+func stdioTransport(d *testenv.Daemon) map[string]any {
+	return map[string]any{"type": "stdio", "command": filepath.Join(d.Bin, "mcp-sandboxd"), "args": []string{"stdio", "--config", d.CfgPath}}
+}
+
+type termination struct {
+	Cause string `json:"cause"`
+}
+
+type runResult struct {
+	RunID     string `json:"run_id"`
+	SandboxID string `json:"sandbox_id"`
+	Success   bool   `json:"success"`
+	ExitCode  int    `json:"exit_code"`
+	Stdout    string `json:"stdout"`
+	Stderr    string `json:"stderr"`
+	Steps     []struct {
+		Name     string `json:"name"`
+		ExitCode int    `json:"exit_code"`
+	} `json:"steps"`
+}
+
+type errResult struct {
+	IsError bool   `json:"isError"`
+	Text    string `json:"text"`
+}
+
+type scenarioReport struct {
+	Server struct {
+		Name string `json:"name"`
+	} `json:"server"`
+	Instructions string                    `json:"instructions"`
+	Tools        []string                  `json:"tools"`
+	Annotations  map[string]map[string]any `json:"annotations"`
+	Languages    []string                  `json:"languages"`
+	Sandbox      struct {
+		ID     string            `json:"sandbox_id"`
+		State  string            `json:"state"`
+		Labels map[string]string `json:"labels"`
+	} `json:"sandbox"`
+	Python runResult `json:"python"`
+	C      runResult `json:"c"`
+	Write  struct {
+		Size int `json:"size"`
+	} `json:"write"`
+	Read struct {
+		Content string `json:"content"`
+	} `json:"read"`
+	Job struct {
+		Stdout      string      `json:"stdout"`
+		Stderr      string      `json:"stderr"`
+		Polls       int         `json:"polls"`
+		ExitCode    int         `json:"exit_code"`
+		Termination termination `json:"termination"`
+	} `json:"job"`
+	Progress struct {
+		Count        int    `json:"count"`
+		BeforeResult int    `json:"before_result"`
+		Text         string `json:"text"`
+		Stdout       string `json:"stdout"`
+	} `json:"progress"`
+	NotFound       errResult `json:"not_found"`
+	Missing        errResult `json:"missing"`
+	AfterTerminate errResult `json:"after_terminate"`
+	Terminate      struct {
+		State string `json:"state"`
+	} `json:"terminate"`
+	Errors []string `json:"errors"`
+}
+
+// checkScenario asserts what client.mjs's scenario saw.
+func checkScenario(t *testing.T, r *scenarioReport) {
+	t.Helper()
+	if !slices.Equal(r.Tools, wantTools) {
+		t.Errorf("tools = %v\nwant %v", r.Tools, wantTools)
+	}
+	if r.Server.Name != "mcp-sandboxd" || !strings.Contains(r.Instructions, "languages_list") {
+		t.Errorf("server %q, instructions %q", r.Server.Name, r.Instructions)
+	}
+	if a := r.Annotations["sandbox_list"]; a["readOnlyHint"] != true || a["destructiveHint"] != false {
+		t.Errorf("sandbox_list annotations %v", a)
+	}
+	if a := r.Annotations["sandbox_terminate"]; a["destructiveHint"] != true || a["idempotentHint"] != true {
+		t.Errorf("sandbox_terminate annotations %v", a)
+	}
+	if !slices.Contains(r.Languages, "python") || !slices.Contains(r.Languages, "c") {
+		t.Errorf("languages %v", r.Languages)
+	}
+	if r.Sandbox.State != "ready" || r.Sandbox.Labels["mcp.session"] == "" {
+		t.Errorf("sandbox_create = %+v", r.Sandbox)
+	}
+	if !r.Python.Success || r.Python.Stdout != "hello from 3\n" || r.Python.RunID == "" {
+		t.Errorf("python = %+v", r.Python)
+	}
+	if r.C.Success || len(r.C.Steps) != 1 || r.C.Steps[0].Name != "compile" || r.C.ExitCode == 0 || !strings.Contains(r.C.Stderr, "undefined_var") {
+		t.Errorf("C compile error = %+v", r.C)
+	}
+	if r.Write.Size != 18 || r.Read.Content != "line one\nline two\n" {
+		t.Errorf("file write %+v / read %+v", r.Write, r.Read)
+	}
+	if r.Job.Stdout != "step 1\nstep 2\nstep 3\nstep 4\nstep 5\nstep 6\n" || r.Job.Stderr != "warn\n" || r.Job.ExitCode != 2 ||
+		r.Job.Termination.Cause != "exited" || r.Job.Polls < 2 {
+		t.Errorf("background job = %+v", r.Job)
+	}
+	if r.Progress.BeforeResult < 10 || !strings.Contains(r.Progress.Text, "tick 20\n") || !strings.HasSuffix(r.Progress.Stdout, "tick 20\n") {
+		t.Errorf("progress: %d notifications (%d before the result), text %q", r.Progress.Count, r.Progress.BeforeResult, r.Progress.Text)
+	}
+	if !r.NotFound.IsError || !strings.Contains(r.NotFound.Text, `"code":"not_found"`) {
+		t.Errorf("unknown sandbox: %+v", r.NotFound)
+	}
+	if !r.Missing.IsError || !strings.Contains(r.Missing.Text, `"code":"invalid_argument"`) || !strings.Contains(r.Missing.Text, "path") {
+		t.Errorf("missing path: %+v", r.Missing)
+	}
+	if r.Terminate.State != "terminated" || !r.AfterTerminate.IsError || !strings.Contains(r.AfterTerminate.Text, `"code":"conflict"`) {
+		t.Errorf("terminate %+v, then exec %+v", r.Terminate, r.AfterTerminate)
+	}
+	if len(r.Errors) > 0 {
+		t.Errorf("client errors (e.g. non-protocol bytes on stdout): %v", r.Errors)
+	}
+}
+
+func newDaemon(t *testing.T, tweak ...func(*config.Config)) *testenv.Daemon {
+	d := testenv.NewDaemon(t, "python", "c")
+	if len(tweak) > 0 {
+		for _, f := range tweak {
+			f(d.Config)
+		}
+		data, err := config.Marshal(d.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(d.CfgPath, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.Start()
+	node(t)
+	return d
+}
+
+func TestScenario(t *testing.T) {
+	d := newDaemon(t)
+	t.Run("http", func(t *testing.T) {
+		var r scenarioReport
+		runClient(t, "scenario", httpTransport(d), 0, &r)
+		checkScenario(t, &r)
+	})
+	t.Run("stdio via daemon", func(t *testing.T) {
+		var r scenarioReport
+		runClient(t, "scenario", stdioTransport(d), 0, &r)
+		checkScenario(t, &r)
+	})
+	if ids := d.LiveIDs(); len(ids) != 0 {
+		t.Errorf("sandboxes left: %v", ids)
+	}
+	t.Run("stdio in-process", func(t *testing.T) {
+		if err := d.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		var r scenarioReport
+		runClient(t, "scenario", stdioTransport(d), 0, &r)
+		checkScenario(t, &r)
+		d.Start() // the cleanup wants it
+	})
+}
+
+// TestUnauthorized: HTTP without the bearer token is refused with 401 and
+// does nothing.
+func TestUnauthorized(t *testing.T) {
+	d := newDaemon(t)
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sandbox_create","arguments":{"language":"python"}}}`
+	for name, auth := range map[string]string{"no token": "", "wrong token": "Bearer 0123456789abcdef0123456789abcdef", "basic": "Basic " + d.Token()} {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+d.HTTPAddr+"/mcp", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s: HTTP %d %s", name, res.StatusCode, b)
+		}
+	}
+	// The SDK gets no further either.
+	spec := httpTransport(d)
+	spec["token"] = "not-the-token-at-all"
+	specJSON, _ := json.Marshal(spec)
+	cmd := exec.Command(node(t), "client.mjs", "scenario", string(specJSON))
+	cmd.Dir = filepath.Join(testenv.RepoRoot, "test", "mcp")
+	out, err := cmd.Output()
+	if err == nil || !strings.Contains(string(out), "unauthenticated") {
+		t.Errorf("SDK with a wrong token: %v %s", err, out)
+	}
+	if ids := d.LiveIDs(); len(ids) != 0 {
+		t.Errorf("unauthenticated requests created sandboxes: %v", ids)
+	}
+}
+
+type concurrentReport struct {
+	Tag     string `json:"tag"`
+	Results []struct {
+		Want  string `json:"want"`
+		Got   string `json:"got"`
+		OK    bool   `json:"ok"`
+		RunID string `json:"run_id"`
+	} `json:"results"`
+	Errors []string `json:"errors"`
+}
+
+// TestConcurrentClients: two HTTP clients at once, each with 10 run_code
+// calls in flight together: every answer is its own, none is lost.
+func TestConcurrentClients(t *testing.T) {
+	// 20 ephemeral sandboxes at once; headroom over max_sandboxes because a
+	// sandbox counts twice against it while it starts (pkg/sandbox).
+	d := newDaemon(t, func(c *config.Config) { c.Sandbox.MaxSandboxes = 64 })
+	var wg sync.WaitGroup
+	reports := make([]concurrentReport, 2)
+	errs := make([]error, 2)
+	for i := range reports {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = runClientErr("concurrent", httpTransport(d), 10, &reports[i])
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	runIDs := map[string]bool{}
+	for _, r := range reports {
+		if len(r.Results) != 10 || len(r.Errors) > 0 {
+			t.Errorf("client %s: %d results, errors %v", r.Tag, len(r.Results), r.Errors)
+		}
+		for _, res := range r.Results {
+			if !res.OK || !strings.HasPrefix(res.Got, r.Tag+":") {
+				t.Errorf("client %s: call %s got %q", r.Tag, res.Want, res.Got)
+			}
+			if runIDs[res.RunID] {
+				t.Errorf("run id %s answered twice", res.RunID)
+			}
+			runIDs[res.RunID] = true
+		}
+	}
+	if ids := d.LiveIDs(); len(ids) != 0 {
+		t.Errorf("ephemeral sandboxes left: %v", ids)
+	}
+}
+
+// TestBenchRunCode measures run_code of Python print(1) through MCP over
+// HTTP (the SDK, a daemon) next to the same through the engine API directly
+// (an engine in this process), in the same run. SANDBOXD_MCP_BENCH_N sets
+// the number of calls (default 20; the README's figures use 100).
+func TestBenchRunCode(t *testing.T) {
+	n := 20
+	if v, err := strconv.Atoi(os.Getenv("SANDBOXD_MCP_BENCH_N")); err == nil && v > 0 {
+		n = v
+	}
+	d := newDaemon(t)
+	var viaMCP struct {
+		MS     []float64 `json:"ms"`
+		Errors []string  `json:"errors"`
+	}
+	runClient(t, "bench", httpTransport(d), n, &viaMCP)
+	if err := d.Stop(); err != nil { // one engine at a time on two cores
+		t.Fatal(err)
+	}
+
+	cfg := testenv.Config(t, "mcpb")
+	e, err := engine.New(context.Background(), cfg, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = e.Close()
+		testenv.AssertNoLeftovers(t, cfg)
+	}()
+	ctx := context.Background()
+	req := engine.RunCodeRequest{Language: "python", Code: "print(1)\n"}
+	if _, err := e.RunCode(ctx, req, nil); err != nil { // warm
+		t.Fatal(err)
+	}
+	direct := make([]float64, 0, n)
+	for range n {
+		start := time.Now()
+		res, err := e.RunCode(ctx, req, nil)
+		if err != nil || res.Stdout != "1\n" {
+			t.Fatalf("RunCode: %v %+v", err, res)
+		}
+		direct = append(direct, float64(time.Since(start).Microseconds())/1000)
+	}
+	d.Start()
+	mm, mp := stats(viaMCP.MS)
+	dm, dp := stats(direct)
+	t.Logf("run_code python print(1), %d calls: MCP over HTTP median %.1f ms p95 %.1f ms; engine direct median %.1f ms p95 %.1f ms; MCP/direct median ratio %.2f",
+		n, mm, mp, dm, dp, mm/dm)
+	fmt.Printf("BENCH run_code n=%d mcp_http_median_ms=%.1f mcp_http_p95_ms=%.1f engine_median_ms=%.1f engine_p95_ms=%.1f ratio=%.2f\n", n, mm, mp, dm, dp, mm/dm)
+}
+
+func stats(ms []float64) (median, p95 float64) {
+	s := slices.Clone(ms)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0, 0
+	}
+	return s[len(s)/2], s[min(len(s)-1, (len(s)*95+99)/100-1)]
+}
