@@ -192,3 +192,14 @@ type GCReport struct {
 	Removed    []string `json:"removed,omitempty"`    // leftovers that belonged to no live sandbox
 	Errors     []string `json:"errors,omitempty"`
 }
+
+// Artifact is a tar.gz of a sandbox directory kept by the daemon
+// (files_export), downloadable at /v1/artifacts/{id}.
+type Artifact struct {
+	ID        string    `json:"artifact_id"`
+	SandboxID string    `json:"sandbox_id"`
+	Path      string    `json:"path"`
+	Size      int64     `json:"size"`
+	SHA256    string    `json:"sha256"`
+	CreatedAt time.Time `json:"created_at"`
+}

@@ -110,6 +110,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	for _, msg := range rep.Errors {
 		log.Error("reconcile", "err", msg)
 	}
+	e.pruneArtifacts()
 	e.sandboxes.Start()
 	return e, nil
 }

@@ -64,6 +64,18 @@ type fileDeleteOut struct {
 	Path string `json:"path"`
 }
 
+type filesExportIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
+	Path      string `json:"path,omitempty" jsonschema_description:"Absolute path of the directory to export; default /workspace."`
+}
+
+type filesExportOut struct {
+	ArtifactID   string `json:"artifact_id"`
+	Size         int64  `json:"size"`
+	SHA256       string `json:"sha256"`
+	DownloadPath string `json:"download_path"`
+}
+
 func (s *srv) addFileTools() {
 	addTool[fileWriteIn, fileOut](s, "file_write", "Write a file in a sandbox",
 		fmt.Sprintf("Write (or append to) a file in a sandbox, creating parent directories; returns its path and size. Prerequisite: a live sandbox_id from sandbox_create. Paths are absolute and resolve inside the sandbox; the root filesystem outside /workspace, /tmp and the home directory is read-only. At most %d MiB per call.", engine.MaxFileBytes>>20),
@@ -162,5 +174,18 @@ func (s *srv) addFileTools() {
 				return nil, err
 			}
 			return &result{structured: fileDeleteOut{Path: res.Path}, text: "deleted " + res.Path}, nil
+		})
+
+	addTool[filesExportIn, filesExportOut](s, "files_export", "Export a sandbox directory as tar.gz",
+		"Pack a directory of a sandbox (default /workspace) into a tar.gz that the daemon keeps after the sandbox is gone; returns its artifact_id, size and sha256. Download it over REST (GET /v1/artifacts/{artifact_id}) or with `sandboxctl export`. Prerequisite: a live sandbox_id. The archive is limited by sandbox.output_limit.",
+		annotations{idempotent: false},
+		func(ctx context.Context, c *call, in *filesExportIn) (*result, error) {
+			art, err := s.e.ExportFiles(ctx, in.SandboxID, in.Path)
+			if err != nil {
+				return nil, err
+			}
+			out := filesExportOut{ArtifactID: art.ID, Size: art.Size, SHA256: art.SHA256, DownloadPath: "/v1/artifacts/" + art.ID}
+			return &result{structured: out, text: fmt.Sprintf("exported %s of %s as %s (%d bytes, sha256 %s); download: GET %s",
+				art.Path, art.SandboxID, art.ID, art.Size, art.SHA256, out.DownloadPath)}, nil
 		})
 }

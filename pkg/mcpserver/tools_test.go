@@ -20,7 +20,7 @@ import (
 )
 
 var allTools = []string{
-	"exec_command", "file_delete", "file_list", "file_read", "file_write", "job_kill", "job_status",
+	"exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export", "job_kill", "job_status",
 	"languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task",
 	"sandbox_create", "sandbox_get", "sandbox_list", "sandbox_terminate",
 }
@@ -229,6 +229,13 @@ func TestTools(t *testing.T) {
 				t.Errorf("file_list misses %s: %v", want, paths)
 			}
 		}
+		ex := ok[filesExportOut](c, "files_export", map[string]any{"sandbox_id": id})
+		if ex.Size == 0 || len(ex.SHA256) != 64 || ex.DownloadPath != "/v1/artifacts/"+ex.ArtifactID {
+			t.Errorf("files_export = %+v", ex)
+		}
+		if code, _ := errCode(t, c.call("files_export", map[string]any{"sandbox_id": id, "path": "/workspace/nope"}, nil)); code != "not_found" {
+			t.Errorf("files_export of a missing dir: %q", code)
+		}
 		d := ok[fileDeleteOut](c, "file_delete", map[string]any{"sandbox_id": id, "path": "/workspace/pkg", "recursive": true})
 		if d.Path != "/workspace/pkg" {
 			t.Errorf("file_delete = %+v", d)
@@ -335,6 +342,7 @@ func TestBadInput(t *testing.T) {
 		"file_read":        {"path": "/workspace/x"},
 		"file_list":        {},
 		"file_delete":      {"path": "/workspace/x"},
+		"files_export":     {},
 		"packages_install": {"manager": "pip", "packages": []string{"x"}},
 		"run_code":         {"language": "python", "code": "print(1)"},
 	}

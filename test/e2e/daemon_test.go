@@ -74,6 +74,14 @@ func TestCLIRoundTrip(t *testing.T) {
 		t.Fatalf("cp round trip differs (err %v, %d bytes)", err, len(got))
 	}
 
+	// export packs /workspace into a tar.gz the daemon keeps; sandboxctl
+	// checks its sha256 on download.
+	archive := filepath.Join(t.TempDir(), "ws.tar.gz")
+	d.MustCtl("export", id, "-o", archive)
+	if out, err := exec.Command("tar", "-tzf", archive).CombinedOutput(); err != nil || !strings.Contains(string(out), "./blob") {
+		t.Errorf("exported archive: %v\n%s", err, out)
+	}
+
 	// inspect and ps see it; rm leaves nothing behind.
 	if out := d.MustCtl("inspect", id); !strings.Contains(out, id) {
 		t.Errorf("inspect: %q", out)
