@@ -18,11 +18,9 @@ func TestMain(m *testing.M) {
 }
 
 var (
-	repoRoot      = testenv.RepoRoot
-	requireRoot   = testenv.RequireRoot
-	testImagesDir = testenv.ImagesDir
-	randHex       = testenv.RandHex
-	mountsUnder   = testenv.MountsUnder
+	requireRoot = testenv.RequireRoot
+	randHex     = testenv.RandHex
+	mountsUnder = testenv.MountsUnder
 )
 
 // testEnv is an engine on private state (testenv.Config): its own state and
