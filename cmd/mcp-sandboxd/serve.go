@@ -34,7 +34,7 @@ func serveCmd() *cobra.Command {
 	var cfgPath string
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Run the daemon: REST API on the unix socket and HTTP, health and metrics",
+		Short: "Run the daemon: REST and MCP on the unix socket and HTTP, health and metrics",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(cfgPath)
