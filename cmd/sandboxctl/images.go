@@ -93,7 +93,7 @@ func shortDigest(d string) string {
 func gcCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "gc",
-		Short: "Reclaim orphaned cgroups, mounts, network devices and state directories",
+		Short: "Reclaim orphaned containers, cgroups, mounts and state directories",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
