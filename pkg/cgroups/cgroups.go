@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	cg "github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
@@ -201,7 +202,12 @@ func Remove(p string) error {
 		if _, err := os.Stat(dir); err != nil {
 			continue
 		}
-		killProcs(dir)
+		// SIGKILL is delivered asynchronously: a cgroup can only be removed
+		// once its last task has exited.
+		deadline := time.Now().Add(5 * time.Second)
+		for killProcs(dir) > 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
 		if err := removeTree(dir); err != nil {
 			errs = append(errs, err)
 		}
@@ -209,7 +215,10 @@ func Remove(p string) error {
 	return errors.Join(errs...)
 }
 
-func killProcs(dir string) {
+// killProcs sends SIGKILL to every process in dir and below and returns how
+// many it found.
+func killProcs(dir string) int {
+	n := 0
 	_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
 			return nil
@@ -218,10 +227,12 @@ func killProcs(dir string) {
 		for _, f := range strings.Fields(string(data)) {
 			if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
 				_ = syscallKill(pid)
+				n++
 			}
 		}
 		return nil
 	})
+	return n
 }
 
 // removeTree removes cgroup directories bottom-up (rmdir only: cgroupfs
