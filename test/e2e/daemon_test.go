@@ -380,10 +380,12 @@ func TestSystemdNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	d.ExtraEnv = []string{"NOTIFY_SOCKET=" + sockPath}
+	// A 400 ms watchdog: the daemon must ping every 200 ms.
+	d.ExtraEnv = []string{"NOTIFY_SOCKET=" + sockPath, "WATCHDOG_USEC=400000"}
 
 	ready := make(chan bool, 1)
 	stopping := make(chan struct{}, 1)
+	watchdog := make(chan struct{}, 100)
 	go func() {
 		buf := make([]byte, 4096)
 		for {
@@ -403,6 +405,12 @@ func TestSystemdNotify(t *testing.T) {
 			if strings.Contains(msg, "STOPPING=1") {
 				stopping <- struct{}{}
 			}
+			if strings.Contains(msg, "WATCHDOG=1") {
+				select {
+				case watchdog <- struct{}{}:
+				default:
+				}
+			}
 		}
 	}()
 	d.Start()
@@ -413,6 +421,10 @@ func TestSystemdNotify(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("no READY=1 on NOTIFY_SOCKET")
+	}
+	time.Sleep(time.Second)
+	if n := len(watchdog); n < 3 {
+		t.Errorf("%d WATCHDOG=1 pings in a second with WATCHDOG_USEC=400000, want about 5", n)
 	}
 	if err := d.Stop(); err != nil {
 		t.Fatalf("SIGTERM: daemon exited with %v, want 0", err)
