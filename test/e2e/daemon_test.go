@@ -560,3 +560,28 @@ func TestRunCLI(t *testing.T) {
 		t.Errorf("languages:\n%s", out)
 	}
 }
+
+// TestSigtermDrains: SIGTERM lets a request in flight finish before the
+// daemon exits 0, and the sandbox outlives the daemon.
+func TestSigtermDrains(t *testing.T) {
+	d := testenv.NewDaemon(t)
+	d.Start()
+	id := createSandbox(d)
+	ctl := exec.Command(filepath.Join(d.Bin, "sandboxctl"), "--socket", d.Socket, "exec", id, "--", "sh", "-c", "sleep 2; echo done")
+	var out bytes.Buffer
+	ctl.Stdout = &out
+	if err := ctl.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, d, id, "running")
+	if err := d.Stop(); err != nil {
+		t.Fatalf("daemon exit after SIGTERM: %v", err)
+	}
+	if err := ctl.Wait(); err != nil || out.String() != "done\n" {
+		t.Errorf("the request in flight: %v, stdout %q", err, out.String())
+	}
+	d.Start()
+	if s := sandboxState(t, d, id); s != "ready" {
+		t.Errorf("sandbox after the daemon's restart: %s, want ready", s)
+	}
+}
