@@ -5,7 +5,6 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 type jobStarted struct {
@@ -14,17 +13,11 @@ type jobStarted struct {
 
 // startJob runs a command in the background (exec_command with background: true).
 func (s *server) startJob(w http.ResponseWriter, r *http.Request) {
-	var req engine.ExecRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
+	req, err := s.decodeExec(w, r)
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	id := r.PathValue("id")
-	if req.SandboxID != "" && req.SandboxID != id {
-		s.writeError(w, r, errdefs.Invalidf("sandbox_id: %q in the body contradicts %q in the path", req.SandboxID, id))
-		return
-	}
-	req.SandboxID = id
 	jobID, err := s.e.StartJob(r.Context(), req)
 	if err != nil {
 		s.writeError(w, r, err)

@@ -56,23 +56,31 @@ func (s *server) terminateSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, info)
 }
 
+// decodeExec reads an exec request whose sandbox is the one in the path.
+func (s *server) decodeExec(w http.ResponseWriter, r *http.Request) (engine.ExecRequest, error) {
+	var req engine.ExecRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return req, err
+	}
+	id := r.PathValue("id")
+	if req.SandboxID != "" && req.SandboxID != id {
+		return req, errdefs.Invalidf("sandbox_id: %q in the body contradicts %q in the path", req.SandboxID, id)
+	}
+	req.SandboxID = id
+	return req, nil
+}
+
 // exec runs a command and streams its output as NDJSON. The status line is
 // sent with the first line of output, so that errors the engine reports
 // before the command produced anything (unknown sandbox, invalid request)
 // still get their own HTTP status; after that, an error can only be a last
 // {"error": ...} line.
 func (s *server) exec(w http.ResponseWriter, r *http.Request) {
-	var req engine.ExecRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
+	req, err := s.decodeExec(w, r)
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	id := r.PathValue("id")
-	if req.SandboxID != "" && req.SandboxID != id {
-		s.writeError(w, r, errdefs.Invalidf("sandbox_id: %q in the body contradicts %q in the path", req.SandboxID, id))
-		return
-	}
-	req.SandboxID = id
 	st := &execStream{w: w, rc: http.NewResponseController(w)}
 	// Cancelling the request (the client went away) kills the command.
 	res, err := s.e.Exec(r.Context(), req, st.output)
@@ -82,7 +90,7 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if errdefs.CodeOf(err) == errdefs.Internal {
-			s.log.Error("exec failed", "sandbox", id, "err", err)
+			s.log.Error("exec failed", "sandbox", req.SandboxID, "err", err)
 		}
 		body := errorBodyOf(err)
 		st.send(execLine{Error: &body})

@@ -1,14 +1,9 @@
 package engine
 
 import (
-	"archive/tar"
-	"archive/zip"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -409,52 +404,6 @@ func TestRunCodeBadInput(t *testing.T) {
 	}
 }
 
-// wheel returns a minimal pure-Python wheel of package name.
-func wheel(t *testing.T, name, version, code string) []byte {
-	var buf bytes.Buffer
-	zw := zip.NewWriter(&buf)
-	di := name + "-" + version + ".dist-info/"
-	files := []struct{ name, body string }{
-		{name + "/__init__.py", code},
-		{di + "METADATA", "Metadata-Version: 2.1\nName: " + name + "\nVersion: " + version + "\n"},
-		{di + "WHEEL", "Wheel-Version: 1.0\nGenerator: sandboxd-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"},
-	}
-	var record strings.Builder
-	for _, f := range files {
-		w, err := zw.Create(f.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.WriteString(w, f.body)
-		fmt.Fprintf(&record, "%s,,\n", f.name)
-	}
-	fmt.Fprintf(&record, "%sRECORD,,\n", di)
-	w, _ := zw.Create(di + "RECORD")
-	io.WriteString(w, record.String())
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
-// npmTarball returns an npm package tarball (package/ prefix).
-func npmTarball(t *testing.T, files map[string]string) []byte {
-	var buf bytes.Buffer
-	gz := gzip.NewWriter(&buf)
-	tw := tar.NewWriter(gz)
-	for name, body := range files {
-		if err := tw.WriteHeader(&tar.Header{Name: "package/" + name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)}); err != nil {
-			t.Fatal(err)
-		}
-		io.WriteString(tw, body)
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	gz.Close()
-	return buf.Bytes()
-}
-
 func TestRunCodeDependencies(t *testing.T) {
 	env := newRunEngine(t, []string{"python", "javascript"})
 	ctx := context.Background()
@@ -462,14 +411,14 @@ func TestRunCodeDependencies(t *testing.T) {
 		res := env.runCode(t, RunCodeRequest{Language: "python", Files: map[string]string{
 			"main.py":                                "import hellowheel\nprint(hellowheel.hi())\n",
 			"requirements.txt":                       "--find-links wheels\nhellowheel==0.1\n",
-			"wheels/hellowheel-0.1-py3-none-any.whl": string(wheel(t, "hellowheel", "0.1", "def hi():\n    return 'hi from a wheel'\n")),
+			"wheels/hellowheel-0.1-py3-none-any.whl": string(testenv.Wheel(t, "hellowheel", "0.1", "def hi():\n    return 'hi from a wheel'\n")),
 		}})
 		if res.Stdout != "hi from a wheel\n" || !slices.Equal(stepNames(res), []string{StepInstall, StepRun}) {
 			t.Fatalf("wheel: %s", describe(res))
 		}
 	})
 	t.Run("npm_tarball", func(t *testing.T) {
-		tgz := npmTarball(t, map[string]string{
+		tgz := testenv.NPMTarball(t, map[string]string{
 			"package.json": `{"name": "hello-tgz", "version": "1.0.0", "main": "index.js"}`,
 			"index.js":     "module.exports = () => 'hi from a tarball';\n",
 		})
@@ -505,7 +454,7 @@ func TestRunCodeDependencies(t *testing.T) {
 	})
 	t.Run("packages_install", func(t *testing.T) {
 		info := env.create(t, CreateSandboxRequest{Language: "python"})
-		whl := wheel(t, "localpkg", "1.0", "X = 7\n")
+		whl := testenv.Wheel(t, "localpkg", "1.0", "X = 7\n")
 		if _, err := env.WriteFileFrom(ctx, info.ID, "/workspace/localpkg-1.0-py3-none-any.whl", 0o644, false, int64(len(whl)), bytes.NewReader(whl)); err != nil {
 			t.Fatal(err)
 		}

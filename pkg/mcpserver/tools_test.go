@@ -1,8 +1,6 @@
 package mcpserver
 
 import (
-	"archive/zip"
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 )
@@ -271,7 +270,7 @@ func TestTools(t *testing.T) {
 	})
 
 	t.Run("packages_install", func(t *testing.T) {
-		whl := wheel(t, "localpkg", "1.0", "X = 7\n")
+		whl := testenv.Wheel(t, "localpkg", "1.0", "X = 7\n")
 		ok[fileOut](c, "file_write", map[string]any{"sandbox_id": id, "path": "/workspace/localpkg-1.0-py3-none-any.whl", "content": base64.StdEncoding.EncodeToString(whl), "encoding": "base64"})
 		r := ok[execResult](c, "packages_install", map[string]any{"sandbox_id": id, "manager": "pip", "packages": []string{"./localpkg-1.0-py3-none-any.whl"}})
 		if *r.ExitCode != 0 {
@@ -560,31 +559,4 @@ func TestSessionEnd(t *testing.T) {
 	if d, err := e.GetSandbox(context.Background(), other); err != nil || d.State != "ready" {
 		t.Errorf("another session's sandbox: %+v %v", d, err)
 	}
-}
-
-func wheel(t *testing.T, name, version, code string) []byte {
-	var buf bytes.Buffer
-	zw := zip.NewWriter(&buf)
-	di := name + "-" + version + ".dist-info/"
-	files := []struct{ name, body string }{
-		{name + "/__init__.py", code},
-		{di + "METADATA", "Metadata-Version: 2.1\nName: " + name + "\nVersion: " + version + "\n"},
-		{di + "WHEEL", "Wheel-Version: 1.0\nGenerator: sandboxd-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"},
-	}
-	var record strings.Builder
-	for _, f := range files {
-		w, err := zw.Create(f.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w.Write([]byte(f.body))
-		fmt.Fprintf(&record, "%s,,\n", f.name)
-	}
-	fmt.Fprintf(&record, "%sRECORD,,\n", di)
-	w, _ := zw.Create(di + "RECORD")
-	w.Write([]byte(record.String()))
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
 }

@@ -102,46 +102,21 @@ func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]*RunRecord, error)
 	if f.Limit > 0 {
 		q += fmt.Sprintf(" LIMIT %d", f.Limit)
 	}
-	rows, err := s.r.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("store: list runs: %w", err)
-	}
-	defer rows.Close()
-	var out []*RunRecord
-	for rows.Next() {
-		r, err := scanRun(rows)
-		if err != nil {
-			return nil, fmt.Errorf("store: list runs: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: list runs: %w", err)
-	}
-	return out, nil
+	return queryAll(ctx, s.r, "list runs", scanRun, q, args...)
 }
 
 // RunSizes returns every run's id, start time and size, oldest first: what
 // retention needs to choose what to delete.
 func (s *Store) RunSizes(ctx context.Context) ([]RunSize, error) {
-	rows, err := s.r.QueryContext(ctx, "SELECT id, started_at, size_bytes FROM runs ORDER BY started_at, id")
-	if err != nil {
-		return nil, fmt.Errorf("store: run sizes: %w", err)
-	}
-	defer rows.Close()
-	var out []RunSize
-	for rows.Next() {
+	return queryAll(ctx, s.r, "run sizes", func(row rowScanner) (RunSize, error) {
 		var (
 			r       RunSize
 			started int64
 		)
-		if err := rows.Scan(&r.ID, &started, &r.SizeBytes); err != nil {
-			return nil, fmt.Errorf("store: run sizes: %w", err)
-		}
+		err := row.Scan(&r.ID, &started, &r.SizeBytes)
 		r.StartedAt = fromNanos(started)
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		return r, err
+	}, "SELECT id, started_at, size_bytes FROM runs ORDER BY started_at, id")
 }
 
 // RunSize is one row of RunSizes.
@@ -163,7 +138,7 @@ func (s *Store) DeleteRun(ctx context.Context, id string) error {
 	return nil
 }
 
-func scanRun(row interface{ Scan(...any) error }) (*RunRecord, error) {
+func scanRun(row rowScanner) (*RunRecord, error) {
 	var (
 		r              RunRecord
 		started, ended int64

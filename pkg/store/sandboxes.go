@@ -146,23 +146,8 @@ func (s *Store) ListSandboxes(ctx context.Context, f ListFilter) ([]*SandboxReco
 	case !f.IncludeTerminated:
 		where, args = "WHERE state NOT IN (?, ?)", []any{stateTerminated, stateFailed}
 	}
-	rows, err := s.r.QueryContext(ctx, "SELECT "+sandboxColumns+" FROM sandboxes "+where+" ORDER BY created_at, id", args...)
-	if err != nil {
-		return nil, fmt.Errorf("store: list sandboxes: %w", err)
-	}
-	defer rows.Close()
-	var out []*SandboxRecord
-	for rows.Next() {
-		r, err := scanSandbox(rows)
-		if err != nil {
-			return nil, fmt.Errorf("store: list sandboxes: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: list sandboxes: %w", err)
-	}
-	return out, nil
+	return queryAll(ctx, s.r, "list sandboxes", scanSandbox,
+		"SELECT "+sandboxColumns+" FROM sandboxes "+where+" ORDER BY created_at, id", args...)
 }
 
 // Transition atomically moves sandbox id from state from to state to: if
@@ -245,27 +230,15 @@ func (s *Store) Events(ctx context.Context, sandboxID string, sinceID int64, lim
 		q += " LIMIT ?"
 		args = append(args, limit)
 	}
-	rows, err := s.r.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("store: events: %w", err)
-	}
-	defer rows.Close()
-	var out []Event
-	for rows.Next() {
+	return queryAll(ctx, s.r, "events", func(row rowScanner) (Event, error) {
 		var (
 			e  Event
 			at int64
 		)
-		if err := rows.Scan(&e.ID, &e.SandboxID, &at, &e.From, &e.To, &e.Reason); err != nil {
-			return nil, fmt.Errorf("store: events: %w", err)
-		}
+		err := row.Scan(&e.ID, &e.SandboxID, &at, &e.From, &e.To, &e.Reason)
 		e.At = fromNanos(at)
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: events: %w", err)
-	}
-	return out, nil
+		return e, err
+	}, q, args...)
 }
 
 // CountSandboxes returns how many sandboxes are in any of states, or how
@@ -364,7 +337,7 @@ func sandboxValues(r *SandboxRecord) []any {
 }
 
 // scanSandbox decodes one row of sandboxColumns.
-func scanSandbox(row interface{ Scan(...any) error }) (*SandboxRecord, error) {
+func scanSandbox(row rowScanner) (*SandboxRecord, error) {
 	var (
 		r                            SandboxRecord
 		spec                         []byte
