@@ -31,19 +31,23 @@ import (
 const drainTimeout = 30 * time.Second
 
 func serveCmd() *cobra.Command {
-	var cfgPath string
-	cmd := &cobra.Command{
+	return runtimeCmd(&cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon: REST and MCP on the unix socket and HTTP, health and metrics",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cfgPath)
-			if err != nil {
-				return &exitError{code: 2, err: err}
-			}
-			log := newLogger(cfg.Log, os.Stderr)
-			return serve(cmd.Context(), cfg, log)
-		},
+	}, serve)
+}
+
+// runtimeCmd completes cmd into a command that loads the configuration
+// (--config), logs to stderr as it says, and runs run.
+func runtimeCmd(cmd *cobra.Command, run func(context.Context, *config.Config, *slog.Logger) error) *cobra.Command {
+	var cfgPath string
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		cfg, err := loadConfig(cfgPath)
+		if err != nil {
+			return &exitError{code: 2, err: err}
+		}
+		return run(cmd.Context(), cfg, newLogger(cfg.Log, os.Stderr))
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", config.DefaultPath, "configuration file (missing default file: built-in defaults)")
 	return cmd

@@ -18,8 +18,7 @@ import (
 )
 
 func stdioCmd() *cobra.Command {
-	var cfgPath string
-	cmd := &cobra.Command{
+	return runtimeCmd(&cobra.Command{
 		Use:   "stdio",
 		Short: "Serve MCP over stdin/stdout for one client (through the running daemon, else in-process)",
 		Long: `Serve MCP over stdin/stdout for one client, e.g.
@@ -29,24 +28,10 @@ func stdioCmd() *cobra.Command {
 When a daemon answers on server.socket, the session is carried to the
 daemon's /mcp endpoint; otherwise the engine runs in this process, holding
 the state directory's lock. Logs go to stderr, never to stdout.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(cfgPath)
-			if err != nil {
-				return &exitError{code: 2, err: err}
-			}
-			log := newLogger(cfg.Log, os.Stderr)
-			return serveStdio(cmd.Context(), cfg, log)
-		},
-	}
-	cmd.Flags().StringVar(&cfgPath, "config", config.DefaultPath, "configuration file (missing default file: built-in defaults)")
-	return cmd
+	}, serveStdio)
 }
 
 func serveStdio(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 

@@ -21,10 +21,10 @@ import (
 const maxStdin = 16 << 20
 
 type execOptions struct {
-	interactive, tty bool
-	timeout          time.Duration
-	env              []string
-	cwd              string
+	interactive, tty, detach bool
+	timeout                  time.Duration
+	env                      []string
+	cwd                      string
 }
 
 func execCmd(g *globals) *cobra.Command {
@@ -34,7 +34,8 @@ func execCmd(g *globals) *cobra.Command {
 		Short: "Run a command in a sandbox and exit with its exit code",
 		Long: `Run a command in a sandbox, streaming its stdout and stderr, and exit with
 its exit code (128+N when killed by signal N). -i sends this process's stdin
-to the command; -it runs it on a pseudo-terminal attached to this one.`,
+to the command; -it runs it on a pseudo-terminal attached to this one; -d
+starts it in the background and prints its job id (see jobs, logs, kill).`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, argv := args[0], args[1:]
@@ -52,7 +53,12 @@ to the command; -it runs it on a pseudo-terminal attached to this one.`,
 			if err != nil {
 				return err
 			}
-			if o.tty {
+			switch {
+			case o.detach && (o.tty || o.interactive):
+				return usagef("exec: -d cannot be combined with -i or -t")
+			case o.detach:
+				return execDetached(cmd.Context(), g, c, id, argv, env, o)
+			case o.tty:
 				return execTTY(cmd.Context(), g, c, id, argv, env, o)
 			}
 			return execStream(cmd.Context(), g, c, id, argv, env, o)
@@ -63,21 +69,48 @@ to the command; -it runs it on a pseudo-terminal attached to this one.`,
 	f.SetInterspersed(false)
 	f.BoolVarP(&o.interactive, "interactive", "i", false, "send stdin to the command")
 	f.BoolVarP(&o.tty, "tty", "t", false, "run on a pseudo-terminal (needs -i and a terminal)")
+	f.BoolVarP(&o.detach, "detach", "d", false, "run in the background and print the job id")
 	f.DurationVar(&o.timeout, "timeout", 0, "kill the command after this long (default: the daemon's)")
 	f.StringArrayVarP(&o.env, "env", "e", nil, "environment variable NAME=VALUE (repeatable)")
 	f.StringVarP(&o.cwd, "cwd", "w", "", "working directory (default /workspace)")
 	return cmd
 }
 
-// execStream runs the command through the NDJSON exec stream.
-func execStream(ctx context.Context, g *globals, c *client.Client, id string, argv []string, env map[string]string, o execOptions) error {
+// request builds the exec request the options describe (without stdin).
+func (o execOptions) request(argv []string, env map[string]string) (client.ExecRequest, error) {
 	req := client.ExecRequest{Argv: argv, Env: env, Cwd: o.cwd}
 	if o.timeout != 0 {
 		if o.timeout < 0 {
-			return usagef("--timeout: must be positive, got %s", o.timeout)
+			return req, usagef("--timeout: must be positive, got %s", o.timeout)
 		}
 		t := o.timeout.Seconds()
 		req.TimeoutSeconds = &t
+	}
+	return req, nil
+}
+
+// execDetached starts the command as a background job and prints its id.
+func execDetached(ctx context.Context, g *globals, c *client.Client, id string, argv []string, env map[string]string, o execOptions) error {
+	req, err := o.request(argv, env)
+	if err != nil {
+		return err
+	}
+	job, err := c.StartJob(ctx, id, req)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return g.printJSON(map[string]string{"job_id": job})
+	}
+	fmt.Fprintln(g.stdout, job)
+	return nil
+}
+
+// execStream runs the command through the NDJSON exec stream.
+func execStream(ctx context.Context, g *globals, c *client.Client, id string, argv []string, env map[string]string, o execOptions) error {
+	req, err := o.request(argv, env)
+	if err != nil {
+		return err
 	}
 	if o.interactive {
 		in, err := io.ReadAll(io.LimitReader(os.Stdin, maxStdin+1))

@@ -98,3 +98,26 @@ func logsCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "wait for the job to finish, streaming its output")
 	return cmd
 }
+
+// killCmd signals a job's process group (default SIGKILL).
+func killCmd(g *globals) *cobra.Command {
+	var signal string
+	cmd := &cobra.Command{
+		Use:   "kill [-s SIGNAL] ID JOB",
+		Short: "Send a signal to a sandbox command's process group (default SIGKILL)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.KillJob(cmd.Context(), args[0], args[1], signal); err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, args[1])
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&signal, "signal", "s", "", "signal name, e.g. SIGTERM (default SIGKILL)")
+	return cmd
+}

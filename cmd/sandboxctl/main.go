@@ -92,7 +92,7 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 	root.AddCommand(
 		statusCmd(g), healthCmd(g),
 		psCmd(g), inspectCmd(g), createCmd(g), rmCmd(g),
-		execCmd(g), cpCmd(g), exportCmd(g), jobsCmd(g), logsCmd(g),
+		execCmd(g), cpCmd(g), exportCmd(g), jobsCmd(g), logsCmd(g), killCmd(g),
 		runCmd(g), runsCmd(g), languagesCmd(g),
 		imagesCmd(g), gcCmd(g),
 	)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -231,11 +230,3 @@ func (d *Daemon) Token() string {
 	}
 	return strings.TrimSpace(string(b))
 }
-
-// CgroupDir is the daemon's cgroup parent in hierarchy h ("memory", "pids"…).
-func (d *Daemon) CgroupDir(h string) string {
-	return filepath.Join("/sys/fs/cgroup", h, strings.TrimPrefix(d.Config.Sandbox.CgroupParent, "/"))
-}
-
-// String names the daemon in messages.
-func (d *Daemon) String() string { return fmt.Sprintf("daemon(%s)", d.Socket) }

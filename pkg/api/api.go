@@ -241,15 +241,21 @@ func bodyError(err error) error {
 
 // queryBool parses an optional boolean query parameter.
 func queryBool(r *http.Request, name string) (bool, error) {
+	b, err := queryOptBool(r, name)
+	return b != nil && *b, err
+}
+
+// queryOptBool parses an optional boolean query parameter; nil when absent.
+func queryOptBool(r *http.Request, name string) (*bool, error) {
 	v := r.URL.Query().Get(name)
 	if v == "" {
-		return false, nil
+		return nil, nil
 	}
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		return false, errdefs.Invalidf("%s: want true or false, got %q", name, v)
+		return nil, errdefs.Invalidf("%s: want true or false, got %q", name, v)
 	}
-	return b, nil
+	return &b, nil
 }
 
 // queryInt parses an optional integer query parameter of the given bit size.

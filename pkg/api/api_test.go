@@ -101,6 +101,7 @@ func TestBadRequests(t *testing.T) {
 		{"bad state", "GET", "/v1/sandboxes?state=sleeping", ``, 400, errdefs.InvalidArgument, "state"},
 		{"bad bool", "GET", "/v1/sandboxes/sb-nope/files?path=/x&list=maybe", ``, 400, errdefs.InvalidArgument, "list"},
 		{"bad mode", "PUT", "/v1/sandboxes/sb-nope/files?path=/x&mode=999", `x`, 400, errdefs.InvalidArgument, "mode"},
+		{"setuid mode", "PUT", "/v1/sandboxes/sb-nope/files?path=/x&mode=4755", `x`, 400, errdefs.InvalidArgument, "mode"},
 		{"bad rows", "GET", "/v1/sandboxes/sb-nope/terminal?rows=-1", ``, 400, errdefs.InvalidArgument, "rows"},
 		{"unknown sandbox", "GET", "/v1/sandboxes/sb-nope", ``, 404, errdefs.NotFound, "sb-nope"},
 		{"terminate unknown", "DELETE", "/v1/sandboxes/sb-nope", ``, 404, errdefs.NotFound, "sb-nope"},

@@ -3,7 +3,6 @@ package api
 import (
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -18,18 +17,11 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	var mode uint64
-	if m := r.URL.Query().Get("mode"); m != "" {
-		if mode, err = strconv.ParseUint(strings.TrimPrefix(m, "0o"), 8, 32); err != nil {
-			s.writeError(w, r, errdefs.Invalidf("mode: must be octal like 0644, got %q", m))
-			return
-		}
-	}
 	if r.ContentLength < 0 {
 		s.writeError(w, r, errdefs.Invalidf("Content-Length: required (uploads of unknown length are not supported)"))
 		return
 	}
-	res, err := s.e.WriteFileFrom(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), uint32(mode), appendTo, r.ContentLength, r.Body)
+	res, err := s.e.WriteFileFrom(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.URL.Query().Get("mode"), appendTo, r.ContentLength, r.Body)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"strconv"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
 )
@@ -34,22 +32,17 @@ type runList struct {
 
 // listRuns is run_list: GET /v1/runs?limit=&language=&success=.
 func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	f := engine.RunFilter{Language: q.Get("language")}
 	limit, err := queryInt(r, "limit", 32)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	f.Limit = int(limit)
-	if v := q.Get("success"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			s.writeError(w, r, errdefs.Invalidf("success: want true or false, got %q", v))
-			return
-		}
-		f.Success = &b
+	success, err := queryOptBool(r, "success")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
 	}
+	f := engine.RunFilter{Language: r.URL.Query().Get("language"), Limit: int(limit), Success: success}
 	l, err := s.e.ListRuns(r.Context(), f)
 	if err != nil {
 		s.writeError(w, r, err)

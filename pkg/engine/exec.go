@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -277,19 +278,21 @@ func (e *Engine) WriteFile(ctx context.Context, req FileWriteRequest) (*FileResu
 	default:
 		return nil, errdefs.Invalidf("encoding: must be utf-8 or base64, got %q", req.Encoding)
 	}
-	mode, err := parseMode(req.Mode)
-	if err != nil {
-		return nil, err
-	}
-	return e.WriteFileFrom(ctx, req.SandboxID, req.Path, mode, req.Append, int64(len(data)), bytes.NewReader(data))
+	return e.WriteFileFrom(ctx, req.SandboxID, req.Path, req.Mode, req.Append, int64(len(data)), bytes.NewReader(data))
 }
 
 // WriteFileFrom writes size bytes from r to path in a sandbox (uploads).
-func (e *Engine) WriteFileFrom(ctx context.Context, id, p string, mode uint32, appendTo bool, size int64, r io.Reader) (*FileResult, error) {
+// mode is octal text ("0755"); empty keeps an existing file's mode and gives
+// a new one 0644.
+func (e *Engine) WriteFileFrom(ctx context.Context, id, p, modeText string, appendTo bool, size int64, r io.Reader) (*FileResult, error) {
 	if err := checkSandboxID(id); err != nil {
 		return nil, err
 	}
 	if err := checkPath("path", p); err != nil {
+		return nil, err
+	}
+	mode, err := parseMode(modeText)
+	if err != nil {
 		return nil, err
 	}
 	if size > MaxFileBytes {
@@ -302,21 +305,20 @@ func (e *Engine) WriteFileFrom(ctx context.Context, id, p string, mode uint32, a
 	return &FileResult{Path: fi.Path, Size: fi.Size}, nil
 }
 
+// parseMode parses octal permission bits; "" is 0, the agent's "keep or 0644".
+// Setuid and setgid are refused: nothing in a sandbox may gain privileges.
 func parseMode(s string) (uint32, error) {
 	if s == "" {
-		return 0o644, nil
+		return 0, nil
 	}
-	var m uint32
-	for _, c := range strings.TrimPrefix(s, "0o") {
-		if c < '0' || c > '7' {
-			return 0, errdefs.Invalidf("mode: must be octal like \"0644\", got %q", s)
-		}
-		m = m*8 + uint32(c-'0')
-		if m > 0o7777 {
-			return 0, errdefs.Invalidf("mode: %q out of range", s)
-		}
+	m, err := strconv.ParseUint(strings.TrimPrefix(s, "0o"), 8, 32)
+	switch {
+	case err != nil || m > 0o7777:
+		return 0, errdefs.Invalidf("mode: must be octal permission bits like \"0644\", got %q", s)
+	case m&0o6000 != 0:
+		return 0, errdefs.Invalidf("mode: setuid and setgid bits are not allowed, got %q", s)
 	}
-	return m &^ 0o6000, nil // never setuid/setgid
+	return uint32(m), nil
 }
 
 // FileReadRequest is the input of file_read.

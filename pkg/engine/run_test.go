@@ -455,7 +455,7 @@ func TestRunCodeDependencies(t *testing.T) {
 	t.Run("packages_install", func(t *testing.T) {
 		info := env.create(t, CreateSandboxRequest{Language: "python"})
 		whl := testenv.Wheel(t, "localpkg", "1.0", "X = 7\n")
-		if _, err := env.WriteFileFrom(ctx, info.ID, "/workspace/localpkg-1.0-py3-none-any.whl", 0o644, false, int64(len(whl)), bytes.NewReader(whl)); err != nil {
+		if _, err := env.WriteFileFrom(ctx, info.ID, "/workspace/localpkg-1.0-py3-none-any.whl", "0644", false, int64(len(whl)), bytes.NewReader(whl)); err != nil {
 			t.Fatal(err)
 		}
 		res, err := env.PackagesInstall(ctx, PackagesInstallRequest{SandboxID: info.ID, Manager: "pip", Packages: []string{"./localpkg-1.0-py3-none-any.whl"}})

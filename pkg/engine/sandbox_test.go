@@ -407,6 +407,10 @@ func TestBadInput(t *testing.T) {
 			_, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: live.ID, Path: "workspace/x", Content: "x"})
 			return err
 		}, errdefs.InvalidArgument, "path"},
+		{"setuid mode", func() error {
+			_, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: live.ID, Path: "/workspace/x", Content: "x", Mode: "4755"})
+			return err
+		}, errdefs.InvalidArgument, "mode"},
 		{"NUL in path", func() error {
 			_, err := env.ReadFile(ctx, FileReadRequest{SandboxID: live.ID, Path: "/workspace/a\x00b"})
 			return err

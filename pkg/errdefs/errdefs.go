@@ -59,9 +59,6 @@ func LimitExceededf(format string, args ...any) error { return newf(LimitExceede
 // Unavailablef returns an unavailable error (a dependency is missing or down).
 func Unavailablef(format string, args ...any) error { return newf(Unavailable, format, args...) }
 
-// Internalf returns an internal error.
-func Internalf(format string, args ...any) error { return newf(Internal, format, args...) }
-
 // Wrap attaches code and a client-safe message to cause.
 func Wrap(c Code, cause error, format string, args ...any) error {
 	return &Error{Code: c, Message: fmt.Sprintf(format, args...), Err: cause}

@@ -585,3 +585,49 @@ func TestSigtermDrains(t *testing.T) {
 		t.Errorf("sandbox after the daemon's restart: %s, want ready", s)
 	}
 }
+
+// TestBackgroundJobs: exec -d starts a job, jobs lists it, logs follows it,
+// kill ends another one.
+func TestBackgroundJobs(t *testing.T) {
+	d := testenv.NewDaemon(t)
+	d.Start()
+	id := createSandbox(d)
+	job := strings.TrimSpace(d.MustCtl("exec", "-d", id, "--", "sh", "-c", "echo started; sleep 1; echo finished; exit 4"))
+	if !strings.HasPrefix(job, "j-") {
+		t.Fatalf("exec -d printed %q, want a job id", job)
+	}
+	if out := d.MustCtl("jobs", id); !strings.Contains(out, job) {
+		t.Errorf("jobs does not list %s:\n%s", job, out)
+	}
+	out, _, code := d.Ctl("logs", "-f", id, job)
+	if out != "started\nfinished\n" || code != 4 {
+		t.Errorf("logs -f: %q, exit %d; want both lines and exit 4", out, code)
+	}
+
+	sleeper := strings.TrimSpace(d.MustCtl("exec", "-d", id, "--", "sleep", "600"))
+	d.MustCtl("kill", "-s", "SIGTERM", id, sleeper)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out := d.MustCtl("jobs", "--json", id)
+		var jobs []struct {
+			ID   string `json:"id"`
+			Exit *struct {
+				Cause  string `json:"cause"`
+				Signal string `json:"signal"`
+			} `json:"exit"`
+		}
+		if err := json.Unmarshal([]byte(out), &jobs); err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range jobs {
+			if j.ID == sleeper && j.Exit != nil {
+				if j.Exit.Cause != "signal" || j.Exit.Signal != "SIGTERM" {
+					t.Errorf("killed job ended with %+v, want signal SIGTERM", *j.Exit)
+				}
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("killed job still running:\n%s", out)
+		}
+	}
+}
