@@ -41,4 +41,3 @@ func TestCatalog(t *testing.T) {
 		}
 	}
 }
-
