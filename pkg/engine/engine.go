@@ -25,8 +25,10 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
@@ -39,6 +41,7 @@ type Engine struct {
 	images    *image.Store
 	catalog   *lang.Catalog
 	runtime   *runtime.Runtime
+	ledger    *ledger.Ledger
 	sandboxes *sandbox.Manager
 	seccomp   seccomp.Support
 	metrics   *metrics
@@ -78,12 +81,20 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		cleanup()
 		return nil, err
 	}
+	e.ledger = ledger.New(e.store)
+	backend, err := container.New(container.Options{
+		Runtime: e.runtime, Seccomp: prof, AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir,
+		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
+	}, e.ledger)
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
 	e.sandboxes, err = sandbox.NewManager(sandbox.Options{
-		Store: e.store, Images: e.images, Runtime: e.runtime, Seccomp: prof,
-		AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, CgroupParent: cfg.Sandbox.CgroupParent,
+		Store: e.store, Images: e.images, Backend: backend, Ledger: e.ledger,
 		MaxSandboxes: cfg.Sandbox.MaxSandboxes, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: log,
-		IO: e.ioLimits(), Pool: cfg.Sandbox.Pool,
+		Pool: cfg.Sandbox.Pool,
 		PoolSpec: func(image string) (sandbox.Spec, error) {
 			spec, err := e.sandboxSpec(CreateSandboxRequest{Language: image})
 			if err != nil {
@@ -120,21 +131,21 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 
 // ioLimits resolves the configured block I/O throttles to the disk that holds
 // the images. Without an I/O controller they are skipped with a warning.
-func (e *Engine) ioLimits() sandbox.IOLimits {
+func (e *Engine) ioLimits() container.IOLimits {
 	sc := e.cfg.Sandbox
 	if sc.IOReadBPS == 0 && sc.IOWriteBPS == 0 {
-		return sandbox.IOLimits{}
+		return container.IOLimits{}
 	}
 	if !cgroups.IOControllerAvailable() {
 		e.log.Warn("sandbox.io_read_bps/io_write_bps ignored: no block I/O controller on this host")
-		return sandbox.IOLimits{}
+		return container.IOLimits{}
 	}
 	dev, err := cgroups.BlockDeviceOf(e.imagesDir())
 	if err != nil {
 		e.log.Warn("sandbox.io_read_bps/io_write_bps ignored", "err", err)
-		return sandbox.IOLimits{}
+		return container.IOLimits{}
 	}
-	return sandbox.IOLimits{Device: dev, ReadBPS: uint64(sc.IOReadBPS), WriteBPS: uint64(sc.IOWriteBPS)}
+	return container.IOLimits{Device: dev, ReadBPS: uint64(sc.IOReadBPS), WriteBPS: uint64(sc.IOWriteBPS)}
 }
 
 func (e *Engine) imagesDir() string {
