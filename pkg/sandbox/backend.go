@@ -79,3 +79,11 @@ type Handle interface {
 	// OOMKills counts the OOM killer's kills in the sandbox so far.
 	OOMKills() (uint64, error)
 }
+
+// Network gives a sandbox whose network mode is not "none" its network
+// namespace before the backend starts it: the namespace, its links and
+// addresses and firewall entries, each recorded with rec before it is
+// acquired (released through the ledger like everything else).
+type Network interface {
+	Attach(ctx context.Context, id string, spec Spec, rec ledger.Recorder) (netnsPath string, err error)
+}

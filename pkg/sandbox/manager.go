@@ -56,8 +56,11 @@ type Options struct {
 	Images *image.Store
 	// Backend starts the machines sandboxes run in; Ledger records what
 	// each sandbox holds and releases it (the backend registered its kinds).
-	Backend      Backend
-	Ledger       *ledger.Ledger
+	Backend Backend
+	Ledger  *ledger.Ledger
+	// Network attaches sandboxes with a network mode other than "none";
+	// nil: only "none" can start.
+	Network      Network
 	MaxSandboxes int
 	IdleTimeout  time.Duration // 0: never
 	MaxLifetime  time.Duration // 0: never
@@ -235,7 +238,18 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 
 // boot has the backend start the sandbox and waits for its agent.
 func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error {
-	h, err := m.opt.Backend.Start(ctx, StartRequest{ID: sb.ID, Spec: sb.spec, Image: img}, m.opt.Ledger.For(sb.ID))
+	req := StartRequest{ID: sb.ID, Spec: sb.spec, Image: img}
+	if sb.spec.Network != "" && sb.spec.Network != "none" {
+		if m.opt.Network == nil {
+			return errdefs.Unavailablef("network: mode %q needs the network subsystem, which is not configured", sb.spec.Network)
+		}
+		p, err := m.opt.Network.Attach(ctx, sb.ID, sb.spec, m.opt.Ledger.For(sb.ID))
+		if err != nil {
+			return err
+		}
+		req.NetNSPath = p
+	}
+	h, err := m.opt.Backend.Start(ctx, req, m.opt.Ledger.For(sb.ID))
 	if err != nil {
 		return err
 	}
