@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -214,6 +215,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 	if err := m.opt.Store.InsertSandbox(ctx, rec); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "record sandbox")
 	}
+	crashpoint.Hit(CrashAfterRecord)
 	m.mu.Lock()
 	m.sandboxes[sb.ID] = sb
 	m.creating-- // the sandbox itself now counts against max_sandboxes
@@ -260,11 +262,22 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 	if err := waitAgent(ctx, client, h, m.opt.AgentStartup); err != nil {
 		return err
 	}
+	crashpoint.Hit(CrashAfterAgent)
 	id := h.Identity()
-	return m.transition(ctx, sb, StateReady, "agent ready", func(r *store.SandboxRecord) {
+	err = m.transition(ctx, sb, StateReady, "agent ready", func(r *store.SandboxRecord) {
 		r.InitPID, r.InitStartTime, r.CgroupPath = id.PID, id.StartTime, h.CgroupPath()
 	})
+	crashpoint.Hit(CrashAfterReady)
+	return err
 }
+
+// Crash points (internal/crashpoint) of a sandbox's start, around the
+// backend's own.
+const (
+	CrashAfterRecord = "sandbox.recorded" // the row exists, nothing acquired
+	CrashAfterAgent  = "sandbox.agent"    // the agent answered, state still creating
+	CrashAfterReady  = "sandbox.ready"    // ready: a restart adopts it
+)
 
 func waitAgent(ctx context.Context, c *agent.Client, h Handle, limit time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
