@@ -393,7 +393,7 @@ func checkSandboxID(id string) error {
 
 // EnsureImage builds the image for recipe name unless an image with the
 // recipe's digest exists already.
-func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*image.Image, error) {
+func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error) {
 	r, ok := e.catalog.Recipe(name)
 	if !ok {
 		return nil, errdefs.Invalidf("language: no recipe %q (known: %s)", name, strings.Join(e.knownImages(), ", "))
@@ -403,11 +403,50 @@ func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "build image %s", name)
 	}
-	return img, nil
+	pub := publicImage(img)
+	return &pub, nil
 }
 
 // Images lists the built images.
-func (e *Engine) Images() ([]*image.Image, error) { return e.images.List() }
+func (e *Engine) Images() ([]apitypes.Image, error) {
+	imgs, err := e.images.List()
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "list images")
+	}
+	out := make([]apitypes.Image, len(imgs))
+	for i, im := range imgs {
+		out[i] = publicImage(im)
+	}
+	return out, nil
+}
+
+// publicImage is what clients see of a built image: no host paths.
+func publicImage(im *image.Image) apitypes.Image {
+	return apitypes.Image{Name: im.Name, Digest: im.Digest, BuiltAt: im.BuiltAt, SizeBytes: im.SizeBytes,
+		BuildSeconds: im.BuildSeconds, Suite: im.Suite, Packages: len(im.Packages)}
+}
+
+// TerminateLabeled terminates every live sandbox whose label key has value
+// (an MCP session's sandboxes when it ends) and returns their ids.
+func (e *Engine) TerminateLabeled(ctx context.Context, key, value, reason string) ([]string, error) {
+	live, err := e.sandboxes.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var done []string
+	var errs []error
+	for _, sb := range live {
+		if sb.Labels[key] != value {
+			continue
+		}
+		if _, err := e.sandboxes.Terminate(ctx, sb.ID, reason); err != nil && errdefs.CodeOf(err) != errdefs.NotFound {
+			errs = append(errs, fmt.Errorf("terminate %s: %w", sb.ID, err))
+			continue
+		}
+		done = append(done, sb.ID)
+	}
+	return done, errors.Join(errs...)
+}
 
 // RemoveImage deletes the built images of recipe name. An image in use by a
 // live sandbox is refused: it is the lower layer of that sandbox's root.
