@@ -159,7 +159,12 @@ func exitCode(err error) int {
 	}
 	var e *errdefs.Error
 	if errors.As(err, &e) {
-		return errdefs.ExitCode(e.Code)
+		switch e.Code {
+		case errdefs.InvalidArgument:
+			return exitUsage
+		case errdefs.NotFound:
+			return exitNotFound
+		}
 	}
 	return exitFailed
 }
