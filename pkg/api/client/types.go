@@ -77,7 +77,7 @@ type ExecRequest struct {
 	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty"`
 }
 
-// Termination says how a command ended (SPEC.md "Termination causes").
+// Termination says how a command ended (docs/SPEC.md "Termination causes").
 type Termination = apitypes.Termination
 
 // ExecResult is the outcome of a command. Over REST the output arrives as
