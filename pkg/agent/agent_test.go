@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
@@ -48,19 +49,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// requireRoot skips a test that needs root, or fails it under
-// SANDBOXD_INTEGRATION=1 where a skip would hide a broken setup.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("SANDBOXD_INTEGRATION") == "1" {
-		t.Fatal("test needs root and SANDBOXD_INTEGRATION=1 forbids skipping")
-	}
-	t.Skip("test needs root")
 }
 
 // testAgent is a sandbox-agent running on the host for one test.
@@ -706,7 +694,7 @@ func TestAgentTerminationKillsJobs(t *testing.T) {
 }
 
 func TestReapsOrphansAsPID1(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	a := startAgentWrapped(t, []string{"unshare", "--pid", "--fork", "--mount-proc"})
 	ctx := testCtx(t)
 	info, err := a.Ping(ctx)
@@ -731,7 +719,7 @@ func TestReapsOrphansAsPID1(t *testing.T) {
 }
 
 func TestRunAsUserWithoutCapabilities(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	a := startAgent(t, "--uid", "1000", "--gid", "1000")
 	uid := 1000
 	stdout, _, exit, _ := run(t, a.Client, agent.ExecRequest{
@@ -755,7 +743,7 @@ func TestRunAsUserWithoutCapabilities(t *testing.T) {
 }
 
 func TestFilesOwnedBySandboxUser(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	a := startAgent(t, "--uid", "1000", "--gid", "1001")
 	ctx := testCtx(t)
 	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/workspace/new/dir/f.txt", MkdirParents: true}, strings.NewReader("x")); err != nil {
