@@ -1,5 +1,5 @@
 // Package apitypes defines the JSON objects of SandboxRunner's external
-// contract (SPEC.md): sandboxes, command results, jobs, events, health. The
+// contract (docs/SPEC.md): sandboxes, command results, jobs, events, health. The
 // engine produces them, the REST API and the MCP tools serve them, and the Go
 // client (which must build without cgo, so cannot import the engine) decodes
 // them — one definition for all, so the wire format cannot drift.
@@ -9,7 +9,7 @@ package apitypes
 
 import "time"
 
-// State is a sandbox's lifecycle state (SPEC.md "Sandbox states").
+// State is a sandbox's lifecycle state (docs/SPEC.md "Sandbox states").
 type State string
 
 // The states. running means at least one command is executing.
@@ -94,7 +94,7 @@ type SandboxDetail struct {
 	Usage *Usage `json:"usage,omitempty"`
 }
 
-// Termination causes (SPEC.md "Termination causes").
+// Termination causes (docs/SPEC.md "Termination causes").
 const (
 	CauseExited      = "exited"
 	CauseTimeout     = "timeout"

@@ -105,7 +105,7 @@ type RunStepRecord struct {
 	StderrTruncated bool           `json:"stderrTruncated"`
 }
 
-// RunMetadata is metadata.json: the fields SPEC.md names first, then more.
+// RunMetadata is metadata.json: the fields docs/SPEC.md names first, then more.
 type RunMetadata struct {
 	RunID       string         `json:"runId"`
 	Language    string         `json:"language"`

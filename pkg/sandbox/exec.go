@@ -15,7 +15,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
-// Termination causes (SPEC.md "Termination causes").
+// Termination causes (docs/SPEC.md "Termination causes").
 const (
 	CauseExited      = apitypes.CauseExited
 	CauseTimeout     = apitypes.CauseTimeout
