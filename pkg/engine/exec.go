@@ -5,11 +5,9 @@ import (
 	"context"
 	"encoding/base64"
 	"io"
-	"math"
 	"path"
 	"strconv"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
@@ -179,10 +177,8 @@ func (e *Engine) execSpec(req ExecRequest) (*sandbox.ExecSpec, error) {
 		if req.Argv[0] == "" {
 			return nil, errdefs.Invalidf("argv[0]: empty program name")
 		}
-		for i, a := range req.Argv {
-			if strings.ContainsRune(a, 0) {
-				return nil, errdefs.Invalidf("argv[%d]: contains a NUL byte", i)
-			}
+		if err := checkArgs("argv", req.Argv); err != nil {
+			return nil, err
 		}
 		argv = req.Argv
 	default:
@@ -206,13 +202,9 @@ func (e *Engine) execSpec(req ExecRequest) (*sandbox.ExecSpec, error) {
 		spec.Stdin = []byte(req.Stdin)
 	}
 	if req.TimeoutSeconds != nil {
-		t := *req.TimeoutSeconds
-		if !(t > 0) || math.IsInf(t, 0) {
-			return nil, errdefs.Invalidf("timeout_seconds: must be positive, got %v", t)
-		}
-		d := time.Duration(t * float64(time.Second))
-		if max := sc.MaxExecTimeout.D(); max > 0 && d > max {
-			return nil, errdefs.Invalidf("timeout_seconds: %v exceeds the maximum %s", t, max)
+		d, err := duration("timeout_seconds", *req.TimeoutSeconds, sc.MaxExecTimeout.D())
+		if err != nil {
+			return nil, err
 		}
 		spec.Timeout = d
 	}
