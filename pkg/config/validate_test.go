@@ -205,7 +205,7 @@ func TestValidate(t *testing.T) {
 			want: []FieldError{
 				{Key: "autofix.provider", Message: `invalid value "openai" (use client, sampling, anthropic, command)`},
 				{Key: "autofix.timeout", Message: "must be greater than 0"},
-				{Key: "autofix.success", Message: `invalid value "exit0" (use exit_zero_and_empty_stderr, exit_zero)`},
+				{Key: "autofix.success", Message: `invalid value "exit0" (use exit_zero_and_empty_stderr, exit_zero, tests)`},
 				{Key: "autofix.base_url", Message: `invalid URL "ftp://example.com" (use http:// or https://)`},
 				{Key: "autofix.api_key_env", Message: `invalid environment variable name "MY-KEY"`},
 				{Key: "autofix.api_key_file", Message: `must be an absolute path, got "key.txt"`},
