@@ -101,7 +101,7 @@ func TestValidate(t *testing.T) {
 			},
 			want: []FieldError{
 				{Key: "sandbox.max_sandboxes", Message: "must be at least 1, got 0"},
-				{Key: "autofix.max_retries", Message: "must not be negative, got -1"},
+				{Key: "autofix.max_retries", Message: "must be between 1 and autofix.max_retries_cap (20), got -1"},
 				{Key: "vm.max_vms", Message: "must not be negative (0 disables VMs), got -1"},
 			},
 		},
