@@ -33,17 +33,18 @@ import (
 
 // Engine wires the stores, the runtime and the sandbox manager together.
 type Engine struct {
-	cfg       *config.Config
-	log       *slog.Logger
-	store     *store.Store
-	images    *image.Store
-	catalog   *lang.Catalog
-	runtime   *runtime.Runtime
-	sandboxes *sandbox.Manager
-	seccomp   seccomp.Support
-	metrics   *metrics
-	started   time.Time
-	runState  // run records (run.go)
+	cfg          *config.Config
+	log          *slog.Logger
+	store        *store.Store
+	images       *image.Store
+	catalog      *lang.Catalog
+	runtime      *runtime.Runtime
+	sandboxes    *sandbox.Manager
+	seccomp      seccomp.Support
+	metrics      *metrics
+	started      time.Time
+	runState     // run records (run.go)
+	autofixState // autofix loops (autofix.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
