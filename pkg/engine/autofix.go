@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -554,4 +557,75 @@ func (r *autofixRunner) RunAttempt(ctx context.Context, req autofix.AttemptReque
 		res.Success = stepOK(st)
 	}
 	return res, nil
+}
+
+// maxExportFile caps a file's content in an exported correction.
+const maxExportFile = 1 << 20
+
+// ExportCorrections writes the corrections of every autofix run record,
+// newest run first: for each fix (or refused answer), the code it was
+// given, the error, the fix as a diff and what came of it — a data set of
+// corrections (sandboxctl runs export --format jsonl).
+func (e *Engine) ExportCorrections(ctx context.Context, emit func(apitypes.CorrectionRecord) error) error {
+	rs, err := e.runStore()
+	if err != nil {
+		return err
+	}
+	list, err := rs.List(ctx, store.RunFilter{Kind: "autofix"})
+	if err != nil {
+		return err
+	}
+	for _, m := range list {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		run, err := rs.Get(ctx, m.RunID, 1)
+		if err != nil {
+			continue // pruned meanwhile
+		}
+		for i, fa := range run.Attempts {
+			if fa.Fix == "" && fa.Refused == "" {
+				continue
+			}
+			outcome := "refused"
+			if fa.Fix != "" {
+				outcome = "failed_again"
+				if i+1 < len(run.Attempts) && run.Attempts[i+1].Error == "" && run.Metadata.Success && i+2 == len(run.Attempts) {
+					outcome = "fixed"
+				}
+			}
+			code, err := readSnapshot(filepath.Join(run.Dir, runs.SnapshotDir, fmt.Sprintf("attempt_%d", fa.Attempt)))
+			if err != nil {
+				continue
+			}
+			if err := emit(apitypes.CorrectionRecord{RunID: m.RunID, Attempt: fa.Attempt, Language: m.Language, Code: code,
+				Error: fa.Error, Fix: fa.Fix, Outcome: outcome, Provider: fa.Provider}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readSnapshot reads an attempt's code snapshot: path relative to the
+// snapshot → content (files over maxExportFile are left out).
+func readSnapshot(dir string) (map[string]string, error) {
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil || fi.Size() > maxExportFile {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		out[filepath.ToSlash(rel)] = string(b)
+		return nil
+	})
+	return out, err
 }
