@@ -217,7 +217,7 @@ func TestAutofixAnthropicKeyStaysOut(t *testing.T) {
 		}
 		w.Header().Set("content-type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
-			"content": []any{map[string]any{"type": "text", "text": "```python main.py\nimport os\nprint(sorted(os.environ.items()))\n```\n"}},
+			"content":     []any{map[string]any{"type": "text", "text": "```python main.py\nimport os\nprint(sorted(os.environ.items()))\n```\n"}},
 			"stop_reason": "end_turn", "usage": map[string]any{"input_tokens": 100, "output_tokens": 20}})
 	}))
 	defer fake.Close()
