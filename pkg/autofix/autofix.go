@@ -85,6 +85,11 @@ type Answer struct {
 	Usage *apitypes.TokenUsage
 }
 
+// ErrUseClient, returned (wrapped) by a provider's Fix, hands the fix
+// request to the client: the loop parks at needs_fix as with the client
+// provider.
+var ErrUseClient = errors.New("the client must answer this fix request")
+
 // Provider writes fixes. Fix is called with the loop's remaining time in
 // ctx's deadline and must give up when ctx ends.
 type Provider interface {
@@ -309,6 +314,15 @@ func (l *Loop) drive(ctx context.Context, st *State, deadline time.Time) error {
 		t0 := l.now()
 		ans, err := l.Provider.Fix(ctx, req)
 		providerMS := l.now().Sub(t0).Milliseconds()
+		if errors.Is(err, ErrUseClient) {
+			// The provider cannot answer for this client (sampling over a
+			// protocol without server-initiated requests): the client
+			// answers instead, through autofix_submit.
+			st.Params.Provider = apitypes.ProviderClient
+			st.Pending = req
+			st.Status = apitypes.AutofixNeedsFix
+			return nil
+		}
 		st.FixRequests++
 		if err != nil {
 			if ctx.Err() != nil || !l.now().Before(deadline) {

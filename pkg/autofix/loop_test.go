@@ -323,3 +323,25 @@ func TestLoopTimeoutDuringAttempt(t *testing.T) {
 		t.Fatalf("stop %s after %v", st.StopReason, time.Since(start))
 	}
 }
+
+// clientOnly is a provider that hands every request to the client.
+type clientOnly struct{}
+
+func (clientOnly) Name() string { return "sampling" }
+func (clientOnly) Fix(context.Context, *FixRequest) (*Answer, error) {
+	return nil, fmt.Errorf("sampling: not over this protocol: %w", ErrUseClient)
+}
+
+func TestLoopProviderFallsBackToClient(t *testing.T) {
+	st := newLoopState(t, Files{"main.py": []byte("ERR:x\n")}, Params{Provider: "sampling"}, nil)
+	l := &Loop{Runner: &fakeRunner{}, Provider: clientOnly{}}
+	if err := l.Start(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Status != apitypes.AutofixNeedsFix || st.Params.Provider != apitypes.ProviderClient || st.FixRequests != 0 || st.Pending == nil {
+		t.Fatalf("state: %s provider %s requests %d", st.Status, st.Params.Provider, st.FixRequests)
+	}
+	if err := (&Loop{Runner: &fakeRunner{}}).Submit(context.Background(), st, &Answer{Text: "print(1)"}, "client"); err != nil || st.Status != apitypes.AutofixFixed {
+		t.Fatalf("after submit: %s, %v", st.Status, err)
+	}
+}

@@ -117,12 +117,20 @@ type samplingProvider struct {
 func (p *samplingProvider) Name() string { return apitypes.ProviderSampling }
 
 func (p *samplingProvider) Fix(ctx context.Context, req *autofix.FixRequest) (*autofix.Answer, error) {
+	// Sampling is deprecated from protocol 2026-07-28 on, which has no
+	// server-initiated requests; clients of earlier versions (Claude Code
+	// among them) still sample, and later ones fall back to the client
+	// provider (ErrUseClient).
+	//lint:ignore SA1019 the issue asks for sampling; newer clients fall back to autofix_submit
 	res, err := p.srv.RequestSampling(ctx, mcp.CreateMessageRequest{CreateMessageParams: mcp.CreateMessageParams{
 		Messages: []mcp.SamplingMessage{{Role: mcp.RoleUser, Content: mcp.NewTextContent(req.Prompt())}},
 		SystemPrompt: "You fix programs that fail. Answer only with code: the complete new content of each file you change " +
 			"in a fenced code block whose info string is the language and the file's path, or a unified diff.",
 		MaxTokens: p.maxTokens,
 	}})
+	if errors.Is(err, server.ErrServerInitiatedRequestUnsupported) {
+		return nil, fmt.Errorf("sampling: %w: %w", err, autofix.ErrUseClient)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sampling: %w", err)
 	}
