@@ -25,8 +25,10 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
@@ -39,6 +41,7 @@ type Engine struct {
 	images       *image.Store
 	catalog      *lang.Catalog
 	runtime      *runtime.Runtime
+	ledger       *ledger.Ledger
 	sandboxes    *sandbox.Manager
 	seccomp      seccomp.Support
 	metrics      *metrics
@@ -52,6 +55,9 @@ type Engine struct {
 func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, error) {
 	if log == nil {
 		log = slog.Default()
+	}
+	if err := checkBuilt(cfg); err != nil {
+		return nil, err
 	}
 	e := &Engine{cfg: cfg, log: log, seccomp: seccomp.Check(), started: time.Now()}
 	e.metrics = newMetrics(e)
@@ -79,12 +85,20 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		cleanup()
 		return nil, err
 	}
+	e.ledger = ledger.New(e.store)
+	backend, err := container.New(container.Options{
+		Runtime: e.runtime, Seccomp: prof, AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir,
+		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
+	}, e.ledger)
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
 	e.sandboxes, err = sandbox.NewManager(sandbox.Options{
-		Store: e.store, Images: e.images, Runtime: e.runtime, Seccomp: prof,
-		AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, CgroupParent: cfg.Sandbox.CgroupParent,
+		Store: e.store, Images: e.images, Backend: backend, Ledger: e.ledger,
 		MaxSandboxes: cfg.Sandbox.MaxSandboxes, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: log,
-		IO: e.ioLimits(), Pool: cfg.Sandbox.Pool,
+		Pool: cfg.Sandbox.Pool,
 		PoolSpec: func(image string) (sandbox.Spec, error) {
 			spec, err := e.sandboxSpec(CreateSandboxRequest{Language: image})
 			if err != nil {
@@ -119,23 +133,43 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	return e, nil
 }
 
+// unbuilt names the configuration sections whose subsystems this build does
+// not have yet, and what they are.
+var unbuilt = []struct{ section, what string }{
+	{"network", "network subsystem (sandboxes have loopback only)"},
+	{"autofix", "autofix loop"},
+	{"vm", "VM backend"},
+}
+
+// checkBuilt refuses a configuration that sets what this build would
+// silently ignore: every such key is named.
+func checkBuilt(cfg *config.Config) error {
+	var errs []error
+	for _, u := range unbuilt {
+		for _, key := range cfg.NonDefault(u.section) {
+			errs = append(errs, fmt.Errorf("config: %s: not available yet: this build has no %s; leave it at its default", key, u.what))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // ioLimits resolves the configured block I/O throttles to the disk that holds
 // the images. Without an I/O controller they are skipped with a warning.
-func (e *Engine) ioLimits() sandbox.IOLimits {
+func (e *Engine) ioLimits() container.IOLimits {
 	sc := e.cfg.Sandbox
 	if sc.IOReadBPS == 0 && sc.IOWriteBPS == 0 {
-		return sandbox.IOLimits{}
+		return container.IOLimits{}
 	}
 	if !cgroups.IOControllerAvailable() {
 		e.log.Warn("sandbox.io_read_bps/io_write_bps ignored: no block I/O controller on this host")
-		return sandbox.IOLimits{}
+		return container.IOLimits{}
 	}
 	dev, err := cgroups.BlockDeviceOf(e.imagesDir())
 	if err != nil {
 		e.log.Warn("sandbox.io_read_bps/io_write_bps ignored", "err", err)
-		return sandbox.IOLimits{}
+		return container.IOLimits{}
 	}
-	return sandbox.IOLimits{Device: dev, ReadBPS: uint64(sc.IOReadBPS), WriteBPS: uint64(sc.IOWriteBPS)}
+	return container.IOLimits{Device: dev, ReadBPS: uint64(sc.IOReadBPS), WriteBPS: uint64(sc.IOWriteBPS)}
 }
 
 func (e *Engine) imagesDir() string {
@@ -383,7 +417,7 @@ func checkSandboxID(id string) error {
 
 // EnsureImage builds the image for recipe name unless an image with the
 // recipe's digest exists already.
-func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*image.Image, error) {
+func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error) {
 	r, ok := e.catalog.Recipe(name)
 	if !ok {
 		return nil, errdefs.Invalidf("language: no recipe %q (known: %s)", name, strings.Join(e.knownImages(), ", "))
@@ -393,11 +427,50 @@ func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "build image %s", name)
 	}
-	return img, nil
+	pub := publicImage(img)
+	return &pub, nil
 }
 
 // Images lists the built images.
-func (e *Engine) Images() ([]*image.Image, error) { return e.images.List() }
+func (e *Engine) Images() ([]apitypes.Image, error) {
+	imgs, err := e.images.List()
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "list images")
+	}
+	out := make([]apitypes.Image, len(imgs))
+	for i, im := range imgs {
+		out[i] = publicImage(im)
+	}
+	return out, nil
+}
+
+// publicImage is what clients see of a built image: no host paths.
+func publicImage(im *image.Image) apitypes.Image {
+	return apitypes.Image{Name: im.Name, Digest: im.Digest, BuiltAt: im.BuiltAt, SizeBytes: im.SizeBytes,
+		BuildSeconds: im.BuildSeconds, Suite: im.Suite, Packages: len(im.Packages)}
+}
+
+// TerminateLabeled terminates every live sandbox whose label key has value
+// (an MCP session's sandboxes when it ends) and returns their ids.
+func (e *Engine) TerminateLabeled(ctx context.Context, key, value, reason string) ([]string, error) {
+	live, err := e.sandboxes.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var done []string
+	var errs []error
+	for _, sb := range live {
+		if sb.Labels[key] != value {
+			continue
+		}
+		if _, err := e.sandboxes.Terminate(ctx, sb.ID, reason); err != nil && errdefs.CodeOf(err) != errdefs.NotFound {
+			errs = append(errs, fmt.Errorf("terminate %s: %w", sb.ID, err))
+			continue
+		}
+		done = append(done, sb.ID)
+	}
+	return done, errors.Join(errs...)
+}
 
 // RemoveImage deletes the built images of recipe name. An image in use by a
 // live sandbox is refused: it is the lower layer of that sandbox's root.

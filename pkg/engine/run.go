@@ -154,16 +154,7 @@ func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandb
 }
 
 // RunTaskRequest is the input of run_task.
-type RunTaskRequest struct {
-	SandboxID string `json:"sandbox_id"`
-	Task      string `json:"task"` // lint | build | test
-	// Path is the task's target, relative to /workspace or absolute under
-	// it (default: /workspace itself).
-	Path           string            `json:"path,omitempty"`
-	Env            map[string]string `json:"env,omitempty"`
-	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty"`
-	MaxOutputBytes int64             `json:"-"`
-}
+type RunTaskRequest = apitypes.RunTaskRequest
 
 // sandboxHandler returns a live sandbox and its language's handler.
 func (e *Engine) sandboxHandler(ctx context.Context, id string) (*sandbox.Info, *lang.Handler, error) {
@@ -271,13 +262,7 @@ func (e *Engine) sourcesUnder(ctx context.Context, id string, h *lang.Handler, t
 }
 
 // PackagesInstallRequest is the input of packages_install.
-type PackagesInstallRequest struct {
-	SandboxID      string   `json:"sandbox_id"`
-	Manager        string   `json:"manager"`
-	Packages       []string `json:"packages"`
-	TimeoutSeconds *float64 `json:"timeout_seconds,omitempty"`
-	MaxOutputBytes int64    `json:"-"`
-}
+type PackagesInstallRequest = apitypes.PackagesInstallRequest
 
 // PackagesInstall adds packages to a sandbox with one of its language's
 // package managers. From a sandbox without network only local sources
