@@ -137,7 +137,6 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 // not have yet, and what they are.
 var unbuilt = []struct{ section, what string }{
 	{"network", "network subsystem (sandboxes have loopback only)"},
-	{"autofix", "autofix loop"},
 	{"vm", "VM backend"},
 }
 
