@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -90,6 +91,7 @@ func TestCommandProviderStops(t *testing.T) {
 // fakeMessages is a local stand-in for the Messages API: it checks what
 // the SDK sends, answers 429 with retry-after first, then a fix.
 type fakeMessages struct {
+	mu       sync.Mutex // the handler runs on the server's goroutines
 	t        *testing.T
 	key      string
 	calls    atomic.Int32
@@ -101,6 +103,8 @@ type fakeMessages struct {
 }
 
 func (f *fakeMessages) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	n := f.calls.Add(1)
 	f.times = append(f.times, time.Now())
 	if r.URL.Path != "/v1/messages" || r.Method != http.MethodPost {
@@ -211,8 +215,10 @@ func TestAnthropicProviderErrors(t *testing.T) {
 			w.WriteHeader(503)
 			return
 		}
+		fake.mu.Lock()
 		fake.key = key
 		fake.answer = "print(1)"
+		fake.mu.Unlock()
 		fake.ServeHTTP(w, r)
 	}))
 	defer srv5.Close()

@@ -204,9 +204,14 @@ func TestAutofixClientOverMCPAcrossRestart(t *testing.T) {
 func TestAutofixAnthropicKeyStaysOut(t *testing.T) {
 	testenv.RequireRoot(t)
 	const key = "sk-ant-e2e-4f1c9a7b2e-SECRET"
-	var gotKey, gotVersion string
-	var calls int
+	var (
+		mu                 sync.Mutex // the handler runs on the server's goroutines
+		gotKey, gotVersion string
+		calls              int
+	)
 	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
 		calls++
 		gotKey, gotVersion = r.Header.Get("x-api-key"), r.Header.Get("anthropic-version")
 		if calls == 1 {
@@ -240,6 +245,8 @@ func TestAutofixAnthropicKeyStaysOut(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Attempts != 2 || res.History[0].Tokens == nil || res.History[0].Tokens.InputTokens != 100 {
 		t.Fatalf("result: %v %+v", err, res)
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	if calls != 2 || gotKey != key || gotVersion == "" {
 		t.Fatalf("fake API: %d calls, key ok %v, version %q", calls, gotKey == key, gotVersion)
 	}
