@@ -179,7 +179,7 @@ func runsCmd(g *globals) *cobra.Command {
 	}
 	cmd := &cobra.Command{Use: "runs", Short: "Run records", Args: cobra.NoArgs, RunE: ls.RunE}
 	cmd.Flags().AddFlagSet(ls.Flags())
-	cmd.AddCommand(ls, show)
+	cmd.AddCommand(ls, show, runsExportCmd(g))
 	return cmd
 }
 

@@ -111,6 +111,11 @@ func TestBadRequests(t *testing.T) {
 		{"write unknown", "PUT", "/v1/sandboxes/sb-nope/files?path=/x", `x`, 404, errdefs.NotFound, "sb-nope"},
 		{"delete unknown", "DELETE", "/v1/sandboxes/sb-nope/files?path=/x", ``, 404, errdefs.NotFound, "sb-nope"},
 		{"terminal unknown", "GET", "/v1/sandboxes/sb-nope/terminal", ``, 404, errdefs.NotFound, "sb-nope"},
+		{"autofix max_retries 0", "POST", "/v1/autofix", `{"language":"shell","code":"false","max_retries":0}`, 400, errdefs.InvalidArgument, "max_retries"},
+		{"autofix unknown provider", "POST", "/v1/autofix", `{"language":"shell","code":"false","provider":"gpt"}`, 400, errdefs.InvalidArgument, "provider"},
+		{"autofix unknown", "GET", "/v1/autofix/af-0123456789abcdef", ``, 404, errdefs.NotFound, "af-0123456789abcdef"},
+		{"autofix malformed id", "POST", "/v1/autofix/nope/submit", `{"code":"x"}`, 400, errdefs.InvalidArgument, "autofix_id"},
+		{"export format", "GET", "/v1/runs/export?format=csv", ``, 400, errdefs.InvalidArgument, "format"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := ts.request(t, tc.method, tc.path, strings.NewReader(tc.body), true)

@@ -146,7 +146,7 @@ type JobStatus struct {
 type Event struct {
 	Seq       int64     `json:"seq"`
 	Time      time.Time `json:"time"`
-	Type      string    `json:"type"` // "state", "output" or "dropped"
+	Type      string    `json:"type"` // "state", "output", "fix_attempt" or "dropped"
 	SandboxID string    `json:"sandbox_id,omitempty"`
 	From      string    `json:"from,omitempty"`
 	To        string    `json:"to,omitempty"`
@@ -155,6 +155,8 @@ type Event struct {
 	Stream    string    `json:"stream,omitempty"`
 	Data      string    `json:"data,omitempty"`
 	Dropped   int       `json:"dropped,omitempty"` // events this subscriber missed (type "dropped")
+	// Autofix is an autofix loop's attempt, fix or result (type "fix_attempt").
+	Autofix *AutofixEvent `json:"autofix,omitempty"`
 }
 
 // Check is one readiness check (/readyz).

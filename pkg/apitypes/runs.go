@@ -143,6 +143,12 @@ type FixedAttempt struct {
 	Fix        string `json:"fix"`
 	ExitCode   int    `json:"exit_code"`
 	DurationMS int64  `json:"duration_ms"`
+	// Autofix: who wrote the fix, what it cost, and why it was refused
+	// when it could not be applied (Fix is then empty).
+	Termination string      `json:"termination,omitempty"`
+	Provider    string      `json:"provider,omitempty"`
+	Tokens      *TokenUsage `json:"tokens,omitempty"`
+	Refused     string      `json:"refused,omitempty"`
 }
 
 // RunRecord is a stored run: its metadata and (the start of) its logs.

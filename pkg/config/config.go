@@ -117,15 +117,20 @@ type Runs struct {
 
 // Autofix is the `autofix` section.
 type Autofix struct {
-	Provider   string   `yaml:"provider"`     // client | anthropic | command
-	MaxRetries int      `yaml:"max_retries"`  // fix attempts after the first run
-	Timeout    Duration `yaml:"timeout"`      // budget of one autofix loop
-	Success    string   `yaml:"success"`      // exit_zero_and_empty_stderr | exit_zero
-	Model      string   `yaml:"model"`        // anthropic: model; empty: provider default
-	BaseURL    string   `yaml:"base_url"`     // anthropic: API URL; empty: provider default
-	APIKeyEnv  string   `yaml:"api_key_env"`  // anthropic: variable holding the API key
-	APIKeyFile string   `yaml:"api_key_file"` // anthropic: file holding the API key (wins over api_key_env)
-	Command    []string `yaml:"command"`      // command: argv of the fixer program
+	Provider       string   `yaml:"provider"`        // client | sampling | anthropic | command
+	MaxRetries     int      `yaml:"max_retries"`     // fix requests after the first run
+	MaxRetriesCap  int      `yaml:"max_retries_cap"` // most max_retries a call may ask for
+	Timeout        Duration `yaml:"timeout"`         // budget of one autofix loop
+	MaxTimeout     Duration `yaml:"max_timeout"`     // most timeout_seconds a call may ask for
+	Success        string   `yaml:"success"`         // exit_zero_and_empty_stderr | exit_zero | tests
+	SessionTTL     Duration `yaml:"session_ttl"`     // client: how long a needs_fix session waits for autofix_submit
+	MaxTokens      int      `yaml:"max_tokens"`      // anthropic: max_tokens of each request
+	CommandTimeout Duration `yaml:"command_timeout"` // command: time limit of one call of the fixer program
+	Model          string   `yaml:"model"`           // anthropic: model; empty: provider default
+	BaseURL        string   `yaml:"base_url"`        // anthropic: API URL; empty: provider default
+	APIKeyEnv      string   `yaml:"api_key_env"`     // anthropic: variable holding the API key
+	APIKeyFile     string   `yaml:"api_key_file"`    // anthropic: file holding the API key (wins over api_key_env)
+	Command        []string `yaml:"command"`         // command: argv of the fixer program
 }
 
 // VM is the `vm` section.
@@ -204,11 +209,16 @@ func Default() *Config {
 			LogCap:       64 << 20,
 		},
 		Autofix: Autofix{
-			Provider:   "client",
-			MaxRetries: 5,
-			Timeout:    Duration(300 * time.Second),
-			Success:    "exit_zero_and_empty_stderr",
-			APIKeyEnv:  "ANTHROPIC_API_KEY",
+			Provider:       "client",
+			MaxRetries:     5,
+			MaxRetriesCap:  20,
+			Timeout:        Duration(300 * time.Second),
+			MaxTimeout:     Duration(1800 * time.Second),
+			Success:        "exit_zero_and_empty_stderr",
+			SessionTTL:     Duration(time.Hour),
+			MaxTokens:      8192,
+			CommandTimeout: Duration(120 * time.Second),
+			APIKeyEnv:      "ANTHROPIC_API_KEY",
 		},
 		VM: VM{
 			QEMU:   "qemu-system-x86_64",

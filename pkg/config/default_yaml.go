@@ -165,15 +165,33 @@ runs:
 
 # The run, fix, run again loop.
 autofix:
-  # Who writes the fixes: client (the calling MCP client, through
-  # autofix_submit), anthropic (the Anthropic API) or command (a program).
+  # Who writes the fixes by default: client (the calling MCP client,
+  # through autofix_submit), sampling (the MCP client's model, through
+  # sampling/createMessage; client when the client cannot sample),
+  # anthropic (the Anthropic API) or command (a program). A call may pick
+  # another provider that is configured (anthropic: a key; command: a
+  # command line).
   provider: client
-  # Fix attempts after the first run (count).
+  # Fix requests after the first run (count, 1 to max_retries_cap); a loop
+  # runs the program at most max_retries + 1 times.
   max_retries: 5
-  # Time limit of one whole autofix loop, all attempts included (duration).
+  # Largest max_retries a call may ask for (count, at most 20).
+  max_retries_cap: 20
+  # Time limit of one whole autofix loop, all attempts and fixes included
+  # (duration). The client provider's thinking time does not count.
   timeout: 300s
-  # When a run counts as fixed: exit_zero_and_empty_stderr or exit_zero.
+  # Largest timeout a call may ask for (duration).
+  max_timeout: 1800s
+  # When a run counts as fixed: exit_zero_and_empty_stderr, exit_zero or
+  # tests (the language's test task must pass too).
   success: exit_zero_and_empty_stderr
+  # client: how long a loop waiting for autofix_submit is kept (duration);
+  # then it expires and its sandbox is removed.
+  session_ttl: 1h
+  # anthropic: max_tokens of each request (count).
+  max_tokens: 8192
+  # command: time limit of one call of the fixer program (duration).
+  command_timeout: 120s
   # anthropic: model name. Empty: the provider's default.
   model: ""
   # anthropic: API base URL. Empty: the provider's default.

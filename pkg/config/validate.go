@@ -224,14 +224,29 @@ func (r *Runs) validate(p *problems) {
 }
 
 func (a *Autofix) validate(p *problems) {
-	p.oneOf("autofix.provider", a.Provider, "client", "anthropic", "command")
-	if a.MaxRetries < 0 {
-		p.add("autofix.max_retries", "", "must not be negative, got %d", a.MaxRetries)
+	p.oneOf("autofix.provider", a.Provider, "client", "sampling", "anthropic", "command")
+	if a.MaxRetriesCap < 1 || a.MaxRetriesCap > 20 {
+		p.add("autofix.max_retries_cap", "", "must be between 1 and 20, got %d", a.MaxRetriesCap)
+	}
+	if a.MaxRetries < 1 || a.MaxRetries > a.MaxRetriesCap {
+		p.add("autofix.max_retries", "", "must be between 1 and autofix.max_retries_cap (%d), got %d", a.MaxRetriesCap, a.MaxRetries)
 	}
 	if a.Timeout <= 0 {
 		p.add("autofix.timeout", "", "must be greater than 0")
 	}
-	p.oneOf("autofix.success", a.Success, "exit_zero_and_empty_stderr", "exit_zero")
+	if a.MaxTimeout < a.Timeout {
+		p.add("autofix.max_timeout", "", "must be at least autofix.timeout (%s)", a.Timeout)
+	}
+	if a.SessionTTL <= 0 {
+		p.add("autofix.session_ttl", "", "must be greater than 0")
+	}
+	if a.MaxTokens < 1 {
+		p.add("autofix.max_tokens", "", "must be at least 1, got %d", a.MaxTokens)
+	}
+	if a.CommandTimeout <= 0 {
+		p.add("autofix.command_timeout", "", "must be greater than 0")
+	}
+	p.oneOf("autofix.success", a.Success, "exit_zero_and_empty_stderr", "exit_zero", "tests")
 	if a.BaseURL != "" {
 		p.httpURL("autofix.base_url", a.BaseURL)
 	}

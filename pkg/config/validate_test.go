@@ -101,7 +101,7 @@ func TestValidate(t *testing.T) {
 			},
 			want: []FieldError{
 				{Key: "sandbox.max_sandboxes", Message: "must be at least 1, got 0"},
-				{Key: "autofix.max_retries", Message: "must not be negative, got -1"},
+				{Key: "autofix.max_retries", Message: "must be between 1 and autofix.max_retries_cap (20), got -1"},
 				{Key: "vm.max_vms", Message: "must not be negative (0 disables VMs), got -1"},
 			},
 		},
@@ -203,9 +203,9 @@ func TestValidate(t *testing.T) {
 				c.Autofix.APIKeyFile = "key.txt"
 			},
 			want: []FieldError{
-				{Key: "autofix.provider", Message: `invalid value "openai" (use client, anthropic, command)`},
+				{Key: "autofix.provider", Message: `invalid value "openai" (use client, sampling, anthropic, command)`},
 				{Key: "autofix.timeout", Message: "must be greater than 0"},
-				{Key: "autofix.success", Message: `invalid value "exit0" (use exit_zero_and_empty_stderr, exit_zero)`},
+				{Key: "autofix.success", Message: `invalid value "exit0" (use exit_zero_and_empty_stderr, exit_zero, tests)`},
 				{Key: "autofix.base_url", Message: `invalid URL "ftp://example.com" (use http:// or https://)`},
 				{Key: "autofix.api_key_env", Message: `invalid environment variable name "MY-KEY"`},
 				{Key: "autofix.api_key_file", Message: `must be an absolute path, got "key.txt"`},

@@ -35,18 +35,19 @@ import (
 
 // Engine wires the stores, the runtime and the sandbox manager together.
 type Engine struct {
-	cfg       *config.Config
-	log       *slog.Logger
-	store     *store.Store
-	images    *image.Store
-	catalog   *lang.Catalog
-	runtime   *runtime.Runtime
-	ledger    *ledger.Ledger
-	sandboxes *sandbox.Manager
-	seccomp   seccomp.Support
-	metrics   *metrics
-	started   time.Time
-	runState  // run records (run.go)
+	cfg          *config.Config
+	log          *slog.Logger
+	store        *store.Store
+	images       *image.Store
+	catalog      *lang.Catalog
+	runtime      *runtime.Runtime
+	ledger       *ledger.Ledger
+	sandboxes    *sandbox.Manager
+	seccomp      seccomp.Support
+	metrics      *metrics
+	started      time.Time
+	runState     // run records (run.go)
+	autofixState // autofix loops (autofix.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -136,7 +137,6 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 // not have yet, and what they are.
 var unbuilt = []struct{ section, what string }{
 	{"network", "network subsystem (sandboxes have loopback only)"},
-	{"autofix", "autofix loop"},
 	{"vm", "VM backend"},
 }
 

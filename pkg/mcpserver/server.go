@@ -151,6 +151,9 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 	if enabled("run") {
 		s.addRunTools()
 	}
+	if enabled("autofix") {
+		s.addAutofixTools()
+	}
 	return s
 }
 

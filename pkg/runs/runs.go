@@ -137,6 +137,30 @@ func (s *Store) Create() (*Record, error) {
 	return nil, errors.New("runs: create record: no free id")
 }
 
+// Reopen opens record id again to add to it: an autofix loop waiting for
+// its client's fix between two calls, perhaps across a daemon restart. The
+// logs are appended to (still under the cap); the start time is the
+// record's first.
+func (s *Store) Reopen(id string, startedAt time.Time) (*Record, error) {
+	if !ValidID(id) {
+		return nil, fmt.Errorf("runs: malformed record id %q", id)
+	}
+	dir := filepath.Join(s.dir, id)
+	if _, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("runs: reopen %s: %w", id, err)
+	}
+	r := &Record{ID: id, Dir: dir, StartedAt: startedAt}
+	var err error
+	if r.Stdout, err = openCappedFile(filepath.Join(dir, StdoutLog), s.opt.LogCap, os.O_APPEND); err != nil {
+		return nil, err
+	}
+	if r.Stderr, err = openCappedFile(filepath.Join(dir, StderrLog), s.opt.LogCap, os.O_APPEND); err != nil {
+		r.Stdout.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
 // safeRel checks that name is a clean relative path that stays inside its
 // directory.
 func safeRel(name string) error {
@@ -412,11 +436,26 @@ type CappedFile struct {
 }
 
 func newCappedFile(name string, cap int64) (*CappedFile, error) {
-	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	return openCappedFile(name, cap, os.O_TRUNC)
+}
+
+// openCappedFile opens a log with mode O_TRUNC (a new log) or O_APPEND (to
+// continue one: what it holds counts against the cap).
+func openCappedFile(name string, cap int64, mode int) (*CappedFile, error) {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|mode, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("runs: %w", err)
 	}
-	return &CappedFile{f: f, cap: cap}, nil
+	c := &CappedFile{f: f, cap: cap}
+	if mode&os.O_APPEND != 0 {
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("runs: %w", err)
+		}
+		c.written, c.total = fi.Size(), fi.Size()
+	}
+	return c, nil
 }
 
 // Write keeps what fits under the cap; it never fails, so that a full disk

@@ -112,3 +112,34 @@ func TestPrune(t *testing.T) {
 		}
 	}
 }
+
+// Reopen continues a record: its logs are appended to under the same cap.
+func TestReopen(t *testing.T) {
+	rs, _ := openTest(t, Options{LogCap: 10})
+	r, err := rs.Create()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = r.Stdout.Write([]byte("123456"))
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := rs.Reopen(r.ID, r.StartedAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = r2.Stdout.Write([]byte("7890abc"))
+	if err := r2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(r.Dir, StdoutLog))
+	if string(b) != "1234567890" || r2.Stdout.Written() != 10 {
+		t.Fatalf("log = %q, written %d", b, r2.Stdout.Written())
+	}
+	if _, err := rs.Reopen("20990101_000000_ffff", time.Now()); err == nil {
+		t.Fatal("reopened a record that does not exist")
+	}
+	if _, err := rs.Reopen("../x", time.Now()); err == nil {
+		t.Fatal("reopened a malformed id")
+	}
+}

@@ -108,6 +108,27 @@ CREATE TABLE ledger (
 CREATE INDEX ledger_by_owner ON ledger (owner, seq);
 `,
 	},
+	{
+		version:     4,
+		description: "autofix sessions",
+		sql: `
+-- One row per autofix loop (pkg/autofix): its whole state as JSON, so that
+-- a client-provider session waiting for autofix_submit survives a daemon
+-- restart, and autofix_status can report any loop.
+CREATE TABLE autofix_sessions (
+	id         TEXT PRIMARY KEY,          -- af-<hex>
+	run_id     TEXT NOT NULL DEFAULT '',  -- the run record (no foreign key: retention may drop it first)
+	sandbox_id TEXT NOT NULL DEFAULT '',
+	status     TEXT NOT NULL,             -- running | needs_fix | fixed | failed | expired
+	created_at INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL,
+	expires_at INTEGER NOT NULL DEFAULT 0, -- needs_fix: when an unanswered session expires
+	state      TEXT NOT NULL CHECK (json_valid(state))
+) STRICT;
+
+CREATE INDEX autofix_sessions_by_status ON autofix_sessions (status, expires_at);
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.

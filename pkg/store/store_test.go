@@ -513,3 +513,31 @@ func TestDeleteTerminatedBefore(t *testing.T) {
 		t.Errorf("event id %d reused (last before deletion was %d)", newest, lastEvent[len(lastEvent)-1].ID)
 	}
 }
+
+func TestAutofixSessions(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	now := time.Now()
+	a := &AutofixSession{ID: "af-1", RunID: "r", SandboxID: "sb-1", Status: "needs_fix", CreatedAt: now, UpdatedAt: now,
+		ExpiresAt: now.Add(time.Minute), State: json.RawMessage(`{"x":1}`)}
+	if err := s.PutAutofixSession(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetAutofixSession(ctx, "af-1")
+	if err != nil || got.Status != "needs_fix" || string(got.State) != `{"x":1}` || !got.ExpiresAt.Equal(a.ExpiresAt.UTC()) {
+		t.Fatalf("get = %+v, %v", got, err)
+	}
+	if _, err := s.GetAutofixSession(ctx, "af-2"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("missing session: %v", err)
+	}
+	if l, err := s.ExpiredAutofixSessions(ctx, "needs_fix", now); err != nil || len(l) != 0 {
+		t.Fatalf("expired before expiry: %v, %v", l, err)
+	}
+	if l, err := s.ExpiredAutofixSessions(ctx, "needs_fix", now.Add(2*time.Minute)); err != nil || len(l) != 1 || l[0].ID != "af-1" {
+		t.Fatalf("expired after expiry: %v, %v", l, err)
+	}
+	a.State = json.RawMessage(`not json`)
+	if err := s.PutAutofixSession(ctx, a); err == nil {
+		t.Fatal("invalid state stored")
+	}
+}

@@ -1,0 +1,109 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
+
+type (
+	// AutofixRequest is the body of POST /v1/autofix.
+	AutofixRequest = apitypes.AutofixRequest
+	// AutofixSubmitRequest is the body of POST /v1/autofix/{id}/submit.
+	AutofixSubmitRequest = apitypes.AutofixSubmitRequest
+	// AutofixResult is the answer of the autofix endpoints.
+	AutofixResult = apitypes.AutofixResult
+	// AutofixEvent is a line of the autofix stream.
+	AutofixEvent = apitypes.AutofixEvent
+	// AutofixAttempt is one attempt of a loop.
+	AutofixAttempt = apitypes.AutofixAttempt
+	// CorrectionRecord is one line of `runs export`.
+	CorrectionRecord = apitypes.CorrectionRecord
+)
+
+// autofixLine is a line of the stream: an event, or the error that ended
+// the loop.
+type autofixLine struct {
+	AutofixEvent
+	Error *ErrorBody `json:"error,omitempty"`
+}
+
+// Autofix runs the autofix loop (POST /v1/autofix); onEvent, if not nil,
+// sees each attempt and fix as it happens.
+func (c *Client) Autofix(ctx context.Context, req AutofixRequest, onEvent func(AutofixEvent)) (*AutofixResult, error) {
+	return c.autofixStream(ctx, "/v1/autofix", req, onEvent)
+}
+
+// AutofixSubmit answers a loop waiting at needs_fix (POST
+// /v1/autofix/{id}/submit).
+func (c *Client) AutofixSubmit(ctx context.Context, req AutofixSubmitRequest, onEvent func(AutofixEvent)) (*AutofixResult, error) {
+	return c.autofixStream(ctx, "/v1/autofix/"+url.PathEscape(req.AutofixID)+"/submit", req, onEvent)
+}
+
+// AutofixStatus reports a loop (GET /v1/autofix/{id}).
+func (c *Client) AutofixStatus(ctx context.Context, id string) (*AutofixResult, error) {
+	var out AutofixResult
+	if err := c.doJSON(ctx, http.MethodGet, "/v1/autofix/"+url.PathEscape(id), nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+func (c *Client) autofixStream(ctx context.Context, path string, body any, onEvent func(AutofixEvent)) (*AutofixResult, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("encode request: %w", err)
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(path, nil), bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("build request: %w", err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := c.do(hreq)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var line autofixLine
+		if err := dec.Decode(&line); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, fmt.Errorf("read autofix stream: %w", err)
+		}
+		switch {
+		case line.Error != nil:
+			return nil, &errdefs.Error{Code: errdefs.Code(line.Error.Code), Message: line.Error.Message}
+		case line.Type == "result" && line.Result != nil:
+			return line.Result, nil
+		case onEvent != nil:
+			onEvent(line.AutofixEvent)
+		}
+	}
+}
+
+// ExportCorrections reads the autofix corrections (GET
+// /v1/runs/export?format=jsonl) and copies the JSON lines to w.
+func (c *Client) ExportCorrections(ctx context.Context, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url("/v1/runs/export", url.Values{"format": {"jsonl"}}), nil)
+	if err != nil {
+		return fmt.Errorf("build request: %w", err)
+	}
+	resp, err := c.do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
