@@ -58,6 +58,7 @@ func (s *server) ui(w http.ResponseWriter, r *http.Request) {
 var loginTmpl = template.Must(template.New("login").Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>mcp-sandboxd — log in</title>
 <meta name="viewport" content="width=device-width">
+<link rel="icon" href="data:,">
 <style>
 body{font:15px system-ui,sans-serif;background:#1e1e1e;color:#ddd;display:flex;justify-content:center;margin-top:15vh}
 main{max-width:32em} code{background:#333;padding:1px 4px} input{width:22em;padding:4px}
