@@ -21,7 +21,7 @@ const uiCSP = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-i
 	"font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 
 // loginCSP is the login page's: no script at all.
-const loginCSP = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+const loginCSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
 func securityHeaders(h http.Header, csp string) {
 	h.Set("Content-Security-Policy", csp)
