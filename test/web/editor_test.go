@@ -129,6 +129,24 @@ func TestEditor(t *testing.T) {
 		t.Fatalf("exported archive: main.py = %q (files %v)", files["main.py"], keys(files))
 	}
 
+	// Upload by drag and drop onto the file panel (a synthetic drop event
+	// carrying a File: the page uploads it through the files API).
+	Eval[bool](b, `(() => {
+		const dt = new DataTransfer();
+		dt.items.add(new File(["uploaded by drop\n"], "dropped.txt"));
+		document.getElementById("files-panel").dispatchEvent(new DragEvent("drop", {dataTransfer: dt, bubbles: true, cancelable: true}));
+		return true;
+	})()`)
+	b.WaitFor("the dropped file in the tree", `document.querySelector('#file-tree li[data-path="/workspace/dropped.txt"]') !== null`, 15*time.Second)
+	if got := readFile(t, d, sandboxID, "/workspace/dropped.txt"); got != "uploaded by drop\n" {
+		t.Errorf("dropped.txt in the sandbox = %q", got)
+	}
+
+	// Rebuild: the image build's log streams into the Build panel (the
+	// python image is up to date here, so it ends at once with the image).
+	b.Do("rebuild the image", chromedp.Click(chromedp.ID("rebuild")))
+	b.WaitFor("the build's end", `/\[image python [0-9a-f]{12} ready\]/.test(document.getElementById("build-output").textContent)`, 60*time.Second)
+
 	// The run history lists both runs; opening one shows its code snapshot.
 	b.Do("refresh the runs", chromedp.Click(chromedp.ID("refresh-runs")))
 	b.WaitFor("two runs", `document.querySelectorAll("#runs-list li").length >= 2`, 10*time.Second)

@@ -455,7 +455,7 @@ async function rebuild() {
     const r = await api.buildImage(s.image || s.language);
     await ndjson(r, (l) => {
       if (l.log !== undefined) append('build-output', l.log + '\n');
-      if (l.image) append('build-output', `[image ${l.image.name ?? ''} ${l.image.digest ?? ''} ready]\n`, 'cause ok');
+      if (l.image) append('build-output', `[image ${l.image.name} ${String(l.image.digest).slice(0, 12)} ready]\n`, 'cause ok');
       if (l.error) append('build-output', `[error] ${l.error.code}: ${l.error.message}\n`, 'cause');
     });
   } catch (e) { report(e); } finally { btn.disabled = false; }
