@@ -1,6 +1,7 @@
 package api
 
 import (
+	"compress/gzip"
 	"context"
 	"io"
 	"net/http"
@@ -200,6 +201,22 @@ func TestWebLogin(t *testing.T) {
 	}
 	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || resp.Header.Get("X-Frame-Options") != "DENY" {
 		t.Errorf("editor headers: CSP %q, X-Frame-Options %q", csp, resp.Header.Get("X-Frame-Options"))
+	}
+	if webui.Built() {
+		// Assets go gzipped to clients that take it, plain to the others.
+		zr, zbody := c.do("GET", "/assets/app.js", map[string]string{"Accept-Encoding": "gzip, deflate"})
+		pr, pbody := c.do("GET", "/assets/app.js", map[string]string{"Accept-Encoding": "identity"})
+		if zr.Header.Get("Content-Encoding") != "gzip" || pr.Header.Get("Content-Encoding") != "" ||
+			!strings.HasPrefix(zr.Header.Get("Content-Type"), "text/javascript") || !strings.HasPrefix(pr.Header.Get("Content-Type"), "text/javascript") {
+			t.Errorf("app.js: gzip %q %q, plain %q %q", zr.Header.Get("Content-Encoding"), zr.Header.Get("Content-Type"), pr.Header.Get("Content-Encoding"), pr.Header.Get("Content-Type"))
+		}
+		unz, err := gzip.NewReader(strings.NewReader(zbody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := io.ReadAll(unz); string(b) != pbody || len(pbody) < 100000 {
+			t.Errorf("gunzipped app.js (%d bytes) differs from the plain one (%d bytes)", len(b), len(pbody))
+		}
 	}
 	resp, body = c.do("GET", "/v1/ui/session", nil)
 	if resp.StatusCode != http.StatusOK {

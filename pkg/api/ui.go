@@ -2,7 +2,10 @@ package api
 
 import (
 	"html/template"
+	"io/fs"
+	"mime"
 	"net/http"
+	"path"
 	"strings"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
@@ -52,7 +55,32 @@ func (s *server) ui(w http.ResponseWriter, r *http.Request) {
 	// Asset names carry no content hash: browsers revalidate every time
 	// (cheap on loopback) and never run a stale bundle after an upgrade.
 	w.Header().Set("Cache-Control", "no-cache")
-	http.FileServerFS(webui.Files()).ServeHTTP(w, r)
+	files := webui.Files()
+	// The build stores a gzipped copy of each asset beside it.
+	name := strings.TrimPrefix(path.Clean(r.URL.Path), "/")
+	if strings.HasPrefix(name, "assets/") && !strings.HasSuffix(name, ".gz") {
+		w.Header().Set("Vary", "Accept-Encoding")
+		if _, err := fs.Stat(files, name+".gz"); err == nil && acceptsGzip(r) {
+			if ct := mime.TypeByExtension(path.Ext(name)); ct != "" {
+				w.Header().Set("Content-Type", ct)
+			}
+			w.Header().Set("Content-Encoding", "gzip")
+			http.ServeFileFS(w, r, files, name+".gz")
+			return
+		}
+	}
+	http.FileServerFS(files).ServeHTTP(w, r)
+}
+
+// acceptsGzip says whether the client takes gzip (a q=0 refusal aside).
+func acceptsGzip(r *http.Request) bool {
+	for _, part := range strings.Split(r.Header.Get("Accept-Encoding"), ",") {
+		enc, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if strings.EqualFold(strings.TrimSpace(enc), "gzip") {
+			return strings.ReplaceAll(params, " ", "") != "q=0"
+		}
+	}
+	return false
 }
 
 var loginTmpl = template.Must(template.New("login").Parse(`<!doctype html>

@@ -281,16 +281,20 @@ func keys[V any](m map[string]V) []string {
 	return out
 }
 
-// bundleSize sums the embedded bundle's files.
-func bundleSize(t *testing.T, fsys fs.FS) int64 {
-	var total int64
-	_ = fs.WalkDir(fsys, ".", func(_ string, d fs.DirEntry, err error) error {
+// bundleSize sums the embedded bundle's files: as built, and the gzipped
+// copies the daemon sends to browsers.
+func bundleSize(fsys fs.FS) (plain, gzipped int64) {
+	_ = fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {
 			if fi, err := d.Info(); err == nil {
-				total += fi.Size()
+				if strings.HasSuffix(p, ".gz") {
+					gzipped += fi.Size()
+				} else {
+					plain += fi.Size()
+				}
 			}
 		}
 		return nil
 	})
-	return total
+	return plain, gzipped
 }
