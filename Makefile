@@ -37,9 +37,13 @@ build: deps web
 # Integration tests need root; SANDBOXD_INTEGRATION=1 turns their skip into a failure.
 # -p 1: packages one at a time, so that timing-sensitive checks (the CPU quota
 # test) do not compete with another package's sandboxes for the two cores.
+# Test artifacts (the browser tests' screenshots) stay in test-output/_artifacts/;
+# each test logs its directory.
 test: build
+	@mkdir -p test-output
 	SANDBOXD_INTEGRATION=1 SANDBOXD_AGENT=$(CURDIR)/bin/sandbox-agent SANDBOXD_BIN_DIR=$(CURDIR)/bin \
-		CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
+		CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -p 1 -timeout $(TEST_TIMEOUT) \
+		-artifacts -outputdir=$(CURDIR)/test-output ./...
 
 test-unit:
 	CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -short ./...
@@ -76,4 +80,4 @@ install: build
 	if [[ -e config/mcp-sandboxd.service ]]; then install -D -m 0644 config/mcp-sandboxd.service $(DESTDIR)/lib/systemd/system/mcp-sandboxd.service; fi
 
 clean:
-	rm -rf bin pkg/webui/dist/assets pkg/webui/dist/index.html
+	rm -rf bin test-output pkg/webui/dist/assets pkg/webui/dist/index.html
