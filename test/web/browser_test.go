@@ -7,7 +7,6 @@ package web
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -192,9 +191,4 @@ func (b *Browser) Screenshot(name string) string {
 	}
 	b.t.Logf("screenshot: %s", p)
 	return p
-}
-
-// jsString quotes s as a JavaScript string literal.
-func jsString(s string) string {
-	return fmt.Sprintf("%q", s) // Go's quoting is valid JavaScript for these texts
 }
