@@ -17,6 +17,7 @@ import (
 
 	"github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/cdproto/input"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 )
 
@@ -48,6 +49,16 @@ type Browser struct {
 
 	mu      sync.Mutex
 	console []chromedp.ConsoleMessage
+	answer  string   // what the next prompt() is answered with
+	dialogs []string // messages of the dialogs accepted so far
+}
+
+// Answer sets the text that the page's prompt() dialogs get; every dialog
+// (prompt, confirm, beforeunload) is accepted.
+func (b *Browser) Answer(text string) {
+	b.mu.Lock()
+	b.answer = text
+	b.mu.Unlock()
 }
 
 // Exceptions returns the page's uncaught exceptions so far.
@@ -95,6 +106,20 @@ func newBrowser(t *testing.T) *Browser {
 	}); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
+	// Dialogs: accepted, prompts answered with b.answer.
+	dialogs := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for ev, err := range dialogs {
+			if err != nil {
+				return
+			}
+			b.mu.Lock()
+			answer := b.answer
+			b.dialogs = append(b.dialogs, ev.Message)
+			b.mu.Unlock()
+			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true, PromptText: answer})
+		}
+	}()
 	// The page's console: logged with the test, exceptions fail it.
 	msgs := chromedp.Console(ctx)
 	go func() {

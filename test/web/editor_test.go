@@ -38,7 +38,7 @@ func loginURL(t *testing.T, d *testenv.Daemon) string {
 // echoes; export downloads the workspace; the run history shows the runs.
 // It also measures the first load and the print-to-visible latency.
 func TestEditor(t *testing.T) {
-	d := testenv.NewDaemon(t, "python")
+	d := testenv.NewDaemon(t, "python", "c")
 	d.Start()
 	b := newBrowser(t)
 
@@ -97,12 +97,19 @@ func TestEditor(t *testing.T) {
 	b.Screenshot("editor-run-stdout")
 
 	// A failing program: stderr shows the traceback, the cause and exit code.
+	// This time no Ctrl+S: auto-save writes it after a pause.
+	failing := "print(\"before the error\")\nraise ValueError(\"broken on purpose\")\n"
 	b.Do("replace the code",
 		chromedp.Click(chromedp.CSS("#editor .view-lines")),
 		chromedp.KeyEvent("a", chromedp.KeyModifiers(chromedp.ModifierCtrl)),
-		b.Type("print(\"before the error\")\nraise ValueError(\"broken on purpose\")\n"),
-		chromedp.Click(chromedp.ID("run")),
+		b.Type(failing),
 	)
+	b.WaitFor("the dirty marker", `document.querySelector('.tab.active').classList.contains('dirty')`, 5*time.Second)
+	b.WaitFor("the auto-save", `!document.querySelector('.tab.active').classList.contains('dirty')`, 10*time.Second)
+	if got := readFile(t, d, sandboxID, "/workspace/main.py"); got != failing {
+		t.Fatalf("main.py after auto-save = %q, want %q", got, failing)
+	}
+	b.Do("run", chromedp.Click(chromedp.ID("run")))
 	b.WaitFor("stderr", `document.getElementById("stderr").textContent.includes("ValueError: broken on purpose")`, 60*time.Second)
 	b.WaitFor("the failure's end", `/\[exited, exit code 1/.test(document.getElementById("stderr").textContent)`, 30*time.Second)
 	if !strings.Contains(Eval[string](b, `document.getElementById("stdout").textContent`), "before the error") {
@@ -119,6 +126,13 @@ func TestEditor(t *testing.T) {
 	b.Do("type into the terminal", chromedp.Click(chromedp.CSS("#terminal .xterm-screen")), b.Type("echo term-$((6*7)) && pwd"), chromedp.KeyEvent("\r"))
 	b.WaitFor("the echo", `document.querySelector("#terminal .xterm-rows").textContent.includes("term-42")`, 20*time.Second)
 	b.WaitFor("the working directory", `document.querySelector("#terminal .xterm-rows").textContent.includes("/workspace")`, 10*time.Second)
+	// The PTY has the size xterm.js fitted to the panel (sent as a resize).
+	b.Do("ask the PTY's size", b.Type("stty size"), chromedp.KeyEvent("\r"))
+	rows := Eval[int](b, `document.querySelectorAll("#terminal .xterm-rows > div").length`)
+	b.WaitFor("stty size", `/\n?\s*`+strconv.Itoa(rows)+` [0-9]+/.test(document.querySelector("#terminal .xterm-rows").innerText.split("stty size")[1] || "")`, 10*time.Second)
+	if rows == 24 {
+		t.Errorf("the terminal has the default 24 rows: not fitted to the panel")
+	}
 	b.Screenshot("editor-terminal")
 
 	// Export: the browser downloads the workspace as tar.gz.
@@ -141,6 +155,16 @@ func TestEditor(t *testing.T) {
 	if got := readFile(t, d, sandboxID, "/workspace/dropped.txt"); got != "uploaded by drop\n" {
 		t.Errorf("dropped.txt in the sandbox = %q", got)
 	}
+
+	// Rename and delete in the tree (the page asks with prompt/confirm).
+	b.Answer("/workspace/renamed.txt")
+	Eval[bool](b, `(document.querySelector('#file-tree li[data-path="/workspace/dropped.txt"] .rename').click(), true)`)
+	b.WaitFor("the renamed file", `document.querySelector('#file-tree li[data-path="/workspace/renamed.txt"]') !== null && document.querySelector('#file-tree li[data-path="/workspace/dropped.txt"]') === null`, 15*time.Second)
+	if got := readFile(t, d, sandboxID, "/workspace/renamed.txt"); got != "uploaded by drop\n" {
+		t.Errorf("renamed.txt = %q", got)
+	}
+	Eval[bool](b, `(document.querySelector('#file-tree li[data-path="/workspace/renamed.txt"] .delete').click(), true)`)
+	b.WaitFor("the deleted file to go", `document.querySelector('#file-tree li[data-path="/workspace/renamed.txt"]') === null`, 15*time.Second)
 
 	// Rebuild: the image build's log streams into the Build panel (the
 	// python image is up to date here, so it ends at once with the image).
@@ -167,6 +191,49 @@ func TestEditor(t *testing.T) {
 	b.Do("switch back", chromedp.Click(chromedp.ID("theme")))
 
 	measureLatency(t, b)
+	compiledLanguage(t, b)
+
+	// Terminate the sandboxes from the list.
+	for range 2 {
+		Eval[bool](b, `(document.querySelector("#sandbox-list li .terminate").click(), true)`)
+		time.Sleep(200 * time.Millisecond)
+	}
+	b.WaitFor("the list to empty", `document.querySelectorAll("#sandbox-list li").length === 0`, 30*time.Second)
+	if ids := d.LiveIDs(); len(ids) != 0 {
+		t.Errorf("live sandboxes after terminating them in the page: %v", ids)
+	}
+}
+
+// compiledLanguage: for C, the compiler's output goes to the Build panel,
+// the program's to stdout.
+func compiledLanguage(t *testing.T, b *Browser) {
+	b.Do("create a C sandbox",
+		chromedp.SetValue(chromedp.ID("new-sandbox-lang"), "c"),
+		chromedp.Click(chromedp.ID("create-sandbox")),
+	)
+	b.WaitFor("the C sandbox", `document.getElementById("status-sandbox").textContent.includes("(c)")`, 90*time.Second)
+	b.Do("create main.c",
+		chromedp.Click(chromedp.ID("new-file")),
+		chromedp.SendKeys(chromedp.ID("new-file-name"), "main.c\r"),
+	)
+	b.WaitFor("main.c's tab", `document.querySelector('.tab.active[data-path="/workspace/main.c"]') !== null`, 15*time.Second)
+	b.Do("type C with an error",
+		chromedp.Click(chromedp.CSS("#editor .view-lines")),
+		b.Type("#include <stdio.h>\nint main(void) { printf(\"c says %d\\n\", 6*7) return 0; }\n"),
+		chromedp.Click(chromedp.ID("run")),
+	)
+	b.WaitFor("the compiler error in the Build panel", `document.getElementById("build-pane").classList.contains("active") && /error: expected .;. before .return./.test(document.getElementById("build-output").textContent)`, 60*time.Second)
+	b.Screenshot("editor-compile-error")
+	b.Do("fix it",
+		chromedp.Click(chromedp.CSS("#editor .view-lines")),
+		chromedp.KeyEvent("a", chromedp.KeyModifiers(chromedp.ModifierCtrl)),
+		b.Type("#include <stdio.h>\nint main(void) { printf(\"c says %d\\n\", 6*7); return 0; }\n"),
+		chromedp.Click(chromedp.ID("run")),
+	)
+	b.WaitFor("the C program's output", `document.getElementById("stdout").textContent === "c says 42\n"`, 60*time.Second)
+	if build := Eval[string](b, `document.getElementById("build-output").textContent`); !strings.Contains(build, "$ compile") || !strings.Contains(build, "exit code 0") {
+		t.Errorf("Build panel after a good compile: %q", build)
+	}
 }
 
 // measureLatency runs a program that prints 20 timestamped lines and takes,
