@@ -238,7 +238,6 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		})
 	}
 	want := []byte(s.opt.Token)
-	cop := http.NewCrossOriginProtection()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" || r.URL.Path == "/login" {
 			next.ServeHTTP(w, r)
@@ -251,7 +250,7 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		if sess, ok := s.browserSession(r); ok {
-			if err := browserChecks(cop, r, sess); err != nil {
+			if err := browserChecks(r, sess); err != nil {
 				writeJSON(w, http.StatusForbidden, errorResponse{Error: errorBody{Code: string(CodeForbidden), Message: err.Error()}})
 				return
 			}
@@ -286,9 +285,13 @@ type authError string
 
 func (e authError) Error() string { return string(e) }
 
+// crossOrigin refuses state-changing requests that browsers mark as
+// cross-origin (Sec-Fetch-Site) or whose Origin is not the Host.
+var crossOrigin = http.NewCrossOriginProtection()
+
 // browserChecks are the CSRF and cross-origin defences of cookie-authenticated
 // requests (see the top of this file).
-func browserChecks(cop *http.CrossOriginProtection, r *http.Request, sess uiSession) error {
+func browserChecks(r *http.Request, sess uiSession) error {
 	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		origin := r.Header.Get("Origin")
 		u, err := url.Parse(origin)
@@ -296,7 +299,7 @@ func browserChecks(cop *http.CrossOriginProtection, r *http.Request, sess uiSess
 			return authError("WebSocket from a foreign or missing Origin " + quoteOrEmpty(origin))
 		}
 	}
-	if err := cop.Check(r); err != nil {
+	if err := crossOrigin.Check(r); err != nil {
 		return authError("cross-origin request refused: " + err.Error())
 	}
 	switch r.Method {
@@ -319,15 +322,16 @@ func quoteOrEmpty(s string) string {
 // login redeems a one-time token: GET /login?token= (the URL `sandboxctl ui`
 // prints) or POST /login with a form field token. Success sets the session
 // cookie and redirects to the editor, dropping the token from the address
-// bar; anything else shows the login page.
+// bar; anything else shows the login page (HEAD never consumes a token).
 func (s *server) login(w http.ResponseWriter, r *http.Request) {
 	var tok string
 	switch r.Method {
-	case http.MethodGet, http.MethodHead:
+	case http.MethodGet:
 		tok = r.URL.Query().Get("token")
+	case http.MethodHead:
 	case http.MethodPost:
 		// A form post is state-changing: refuse it from other sites (login CSRF).
-		if err := http.NewCrossOriginProtection().Check(r); err != nil {
+		if err := crossOrigin.Check(r); err != nil {
 			s.loginPage(w, http.StatusForbidden, "Cross-site login refused.")
 			return
 		}
@@ -339,6 +343,10 @@ func (s *server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if tok == "" {
+		if _, ok := s.browserSession(r); ok {
+			http.Redirect(w, r, "/", http.StatusSeeOther) // logged in already
+			return
+		}
 		s.loginPage(w, http.StatusUnauthorized, "")
 		return
 	}

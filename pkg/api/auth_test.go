@@ -188,6 +188,23 @@ func TestWebLogin(t *testing.T) {
 		t.Fatalf("second use of the login URL: %d %s", resp.StatusCode, body)
 	}
 
+	// A logged-in browser at /login goes to the editor; HEAD consumes nothing.
+	if resp, _ := c.do("GET", "/login", nil); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("GET /login with a session: %d, want 303", resp.StatusCode)
+	}
+	l2, err := ts.unix.MintLoginURL(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u2, _ := url.Parse(l2.URL)
+	anon := &browserClient{t: t, base: ts.http.URL}
+	if resp, _ := anon.do("HEAD", u2.RequestURI(), nil); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("HEAD of a login URL: %d, want 401", resp.StatusCode)
+	}
+	if resp, _ := anon.do("GET", u2.RequestURI(), nil); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("GET of a login URL after a HEAD: %d, want 303 (HEAD must not consume it)", resp.StatusCode)
+	}
+
 	// The session reaches the API and the page.
 	if resp, body := c.do("GET", "/v1/status", nil); resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /v1/status with the session: %d %s", resp.StatusCode, body)

@@ -8,6 +8,7 @@ import (
 	"path"
 	"strings"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/webui"
 )
@@ -37,12 +38,12 @@ func securityHeaders(h http.Header, csp string) {
 // ui serves the bundle: / is index.html, the rest its assets.
 func (s *server) ui(w http.ResponseWriter, r *http.Request) {
 	if isAPIPath(r.URL.Path) {
-		writeJSON(w, http.StatusNotFound, errorResponse{Error: errorBody{Code: "not_found", Message: "no such API route: " + r.URL.Path}})
+		writeJSON(w, http.StatusNotFound, errorResponse{Error: errorBody{Code: string(errdefs.NotFound), Message: "no such API route: " + r.URL.Path}})
 		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
-		writeJSON(w, http.StatusMethodNotAllowed, errorResponse{Error: errorBody{Code: "invalid_argument", Message: "method: want GET"}})
+		writeJSON(w, http.StatusMethodNotAllowed, errorResponse{Error: errorBody{Code: string(errdefs.InvalidArgument), Message: "method: want GET"}})
 		return
 	}
 	securityHeaders(w.Header(), uiCSP)
