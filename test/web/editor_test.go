@@ -68,6 +68,7 @@ func TestEditor(t *testing.T) {
 	b.WaitFor("the new sandbox to be selected", `document.querySelector("#sandbox-list li.active .state")?.textContent === "ready"`, 90*time.Second)
 	sandboxID := Eval[string](b, `document.querySelector("#sandbox-list li.active").dataset.id`)
 	b.WaitFor("the status bar to show usage", `/mem .* tasks/.test(document.getElementById("status-usage").textContent)`, 15*time.Second)
+	b.WaitFor("the list to show usage", `/using .* tasks/.test(document.querySelector("#sandbox-list li.active .usage").textContent)`, 15*time.Second)
 
 	// Create main.py in the tree; it opens in a tab.
 	b.Do("create main.py",
@@ -231,8 +232,10 @@ func compiledLanguage(t *testing.T, b *Browser) {
 		chromedp.Click(chromedp.ID("run")),
 	)
 	b.WaitFor("the C program's output", `document.getElementById("stdout").textContent === "c says 42\n"`, 60*time.Second)
-	if build := Eval[string](b, `document.getElementById("build-output").textContent`); !strings.Contains(build, "$ compile") || !strings.Contains(build, "exit code 0") {
-		t.Errorf("Build panel after a good compile: %q", build)
+	// When the result arrives, the Build panel shows the good compile step.
+	b.WaitFor("the compile step in the Build panel", `/\$ compile\n[^]*\[exited, exit code 0/.test(document.getElementById("build-output").textContent)`, 30*time.Second)
+	if out := Eval[string](b, `document.getElementById("stdout").textContent`); out != "c says 42\n" {
+		t.Errorf("stdout after the result: %q", out)
 	}
 }
 

@@ -199,8 +199,9 @@ async function refreshSandboxes() {
         el('span', { class: `state ${s.state}` }, s.state),
         el('span', { class: 'lang' }, s.language || s.image),
         el('span', { class: 'id' }, s.sandbox_id),
-        el('span', { class: 'limits' }, `${fmtBytes(s.limits.memory_bytes)} · ${s.limits.cpus} CPU · net ${s.network}`),
-        el('button', { class: 'terminate', title: 'Terminate' }, '✕'));
+        el('button', { class: 'terminate', title: 'Terminate' }, '✕'),
+        el('span', { class: 'limits' }, `limits ${fmtBytes(s.limits.memory_bytes)} · ${s.limits.cpus} CPU · net ${s.network}`),
+        el('span', { class: 'usage' }));
       li.addEventListener('click', (ev) => {
         if ((ev.target as HTMLElement).classList.contains('terminate')) { ev.stopPropagation(); void terminate(s.sandbox_id); } else void select(s);
       });
@@ -602,6 +603,15 @@ async function pollStatus() {
     d.textContent = `daemon: ${r.status}`;
     d.className = r.status === 'ready' ? 'ok' : 'error';
   } catch { $('status-daemon').textContent = 'daemon: unreachable'; $('status-daemon').className = 'error'; }
+  // Every listed sandbox's usage, in the list (a handful: one GET each).
+  const items = [...document.querySelectorAll<HTMLElement>('#sandbox-list li')].slice(0, 20);
+  await Promise.all(items.map(async (li) => {
+    try {
+      const d = await api.sandbox(li.dataset.id!);
+      const u = li.querySelector('.usage')!;
+      u.textContent = d.usage ? `using ${fmtBytes(d.usage.memory_bytes)} · ${d.usage.cpu_seconds.toFixed(1)} CPU-s · ${d.usage.pids} tasks` : '';
+    } catch { /* gone: the events refresh the list */ }
+  }));
   const s = state.sandbox;
   if (!s) return;
   try {
