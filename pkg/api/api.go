@@ -105,9 +105,8 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	mux.HandleFunc("POST /v1/ui/logout", s.logout)
 	mux.HandleFunc("POST /v1/ui/login-tokens", s.mintLogin)
 	mux.HandleFunc("GET /v1/system", s.system)
-	// "/" and not "GET /": a method in the catch-all would conflict with
-	// /mcp and /login, which take every method.
-	mux.HandleFunc("/", s.ui)
+	mux.HandleFunc("GET /{$}", s.ui)
+	mux.HandleFunc("GET /assets/", s.ui)
 	s.mux = mux
 	// Authentication wraps the mux, so an unauthenticated request reaches no
 	// handler at all.

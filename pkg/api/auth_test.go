@@ -93,8 +93,8 @@ func TestWebAuthentication(t *testing.T) {
 	if len(routes) < 30 {
 		t.Fatalf("found only %d routes in api.go", len(routes))
 	}
-	fill := strings.NewReplacer("{id}", "sb-000000000000", "{name}", "python", "{job}", "job-1")
-	extra := [][]string{{"", "GET", "/index.html"}, {"", "GET", "/assets/app.js"}, {"", "GET", "/assets/editor.worker.js"},
+	fill := strings.NewReplacer("{$}", "", "{id}", "sb-000000000000", "{name}", "python", "{job}", "job-1")
+	extra := [][]string{{"", "GET", "/"}, {"", "GET", "/index.html"}, {"", "GET", "/assets/app.js"}, {"", "GET", "/assets/editor.worker.js"},
 		{"", "GET", "/some/page"}, {"", "POST", "/v1/autofix"}, {"", "GET", "/login"}}
 	for _, r := range append(routes, extra...) {
 		method, path := r[1], fill.Replace(r[2])
@@ -244,6 +244,15 @@ func TestWebLogin(t *testing.T) {
 	_, sys.body = c.do("GET", "/v1/system", nil)
 	if !strings.Contains(sys.body, `"autofix":false`) || !strings.Contains(sys.body, `"terminal":true`) {
 		t.Errorf("GET /v1/system: %s", sys.body)
+	}
+
+	// The page claims only / and /assets/: other paths keep the mux's 404
+	// and 405 answers.
+	if resp, _ := c.do("GET", "/some/page", nil); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /some/page with the session: %d, want 404", resp.StatusCode)
+	}
+	if resp, _ := c.do("DELETE", "/v1/status", map[string]string{CSRFHeader: c.csrf}); resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("DELETE /v1/status with the session: %d, want 405", resp.StatusCode)
 	}
 
 	// State-changing requests: CSRF token and same origin required.

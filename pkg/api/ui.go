@@ -8,7 +8,6 @@ import (
 	"path"
 	"strings"
 
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/webui"
 )
@@ -37,15 +36,6 @@ func securityHeaders(h http.Header, csp string) {
 
 // ui serves the bundle: / is index.html, the rest its assets.
 func (s *server) ui(w http.ResponseWriter, r *http.Request) {
-	if isAPIPath(r.URL.Path) {
-		writeJSON(w, http.StatusNotFound, errorResponse{Error: errorBody{Code: string(errdefs.NotFound), Message: "no such API route: " + r.URL.Path}})
-		return
-	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		writeJSON(w, http.StatusMethodNotAllowed, errorResponse{Error: errorBody{Code: string(errdefs.InvalidArgument), Message: "method: want GET"}})
-		return
-	}
 	securityHeaders(w.Header(), uiCSP)
 	if !webui.Built() {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -139,8 +129,7 @@ func (s *server) system(w http.ResponseWriter, r *http.Request) {
 			panic(err) // constant, valid routes
 		}
 		_, pattern := s.mux.Handler(probe)
-		// The page's catch-all "/" is no API feature.
-		info.Features[name] = pattern != "" && pattern != "/"
+		info.Features[name] = pattern != ""
 	}
 	info.Features["web_editor"] = info.Features["web_editor"] && s.opt.UI != nil && webui.Built()
 	writeJSON(w, http.StatusOK, info)
