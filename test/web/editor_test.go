@@ -2,6 +2,7 @@ package web
 
 import (
 	"archive/tar"
+	"bytes"
 	"compress/gzip"
 	"io"
 	"io/fs"
@@ -191,7 +192,14 @@ func TestEditor(t *testing.T) {
 	b.Screenshot("editor-light")
 	b.Do("switch back", chromedp.Click(chromedp.ID("theme")))
 
+	// A binary file in the workspace survives runs (the page sends only
+	// text files to run_code).
+	blob := []byte{0xff, 0xfe, 0x00, 0x80, 'b', 'i', 'n', 0xc3}
+	putFile(t, d, sandboxID, "/workspace/blob.bin", blob)
 	measureLatency(t, b)
+	if got := readFile(t, d, sandboxID, "/workspace/blob.bin"); got != string(blob) {
+		t.Errorf("blob.bin after a run = %q, want %q", got, blob)
+	}
 	compiledLanguage(t, b)
 
 	// Terminate the sandboxes from the list.
@@ -296,6 +304,22 @@ func readFile(t *testing.T, d *testenv.Daemon, id, path string) string {
 		t.Fatalf("read %s: %s: %s", path, res.Status, b)
 	}
 	return string(b)
+}
+
+// putFile writes a sandbox file over the API with the bearer token.
+func putFile(t *testing.T, d *testenv.Daemon, id, path string, data []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("PUT", "http://"+d.HTTPAddr+"/v1/sandboxes/"+id+"/files?path="+path, bytes.NewReader(data))
+	req.Header.Set("Authorization", "Bearer "+d.Token())
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != 200 {
+		b, _ := io.ReadAll(res.Body)
+		t.Fatalf("write %s: %s: %s", path, res.Status, b)
+	}
 }
 
 // waitDownload waits for a completed download ending in suffix.

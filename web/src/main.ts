@@ -368,7 +368,12 @@ async function upload(files: FileList) {
 function showPane(id: string) {
   for (const b of document.querySelectorAll<HTMLElement>('#bottom-tabs button')) b.classList.toggle('active', b.dataset.pane === id);
   for (const p of document.querySelectorAll('#bottom .pane')) p.classList.toggle('active', p.id === id);
-  if (id === 'terminal-pane') { fit.fit(); term.focus(); }
+  if (id === 'terminal-pane') {
+    fit.fit();
+    // The shell exited (or the connection dropped): start a new one.
+    if (state.sandbox && (!termSocket || termSocket.readyState >= WebSocket.CLOSING)) openTerminal();
+    term.focus();
+  }
 }
 
 function append(id: string, text: string, cls?: string) {
@@ -382,15 +387,25 @@ function terminationLine(r: { exit_code: number; termination: { cause: string; d
   return `\n[${t.cause}${t.signal ? ' ' + t.signal : ''}, exit code ${r.exit_code}, ${ms} ms${t.detail ? ': ' + t.detail : ''}]\n`;
 }
 
-/** The project's files for run_code: every text file under /workspace. */
+// Paths run_code does not need to be sent: outputs, dependencies and build
+// trees (they stay in the sandbox's /workspace as they are).
+const SKIP = /(^|\/)(\.[^/]*|output|node_modules|__pycache__|target|build|dist|vendor)(\/|$)/;
+
+/** The project's files for run_code: the text files under /workspace. The
+ * run uses the same sandbox, so what is left out (binary files, SKIP) is
+ * still there, untouched: run_code's files are text, and sending a binary
+ * file as text would corrupt it. */
 async function projectFiles(): Promise<Record<string, string>> {
   const id = state.sandbox!.sandbox_id;
   const entries = await api.list(id);
   const files: Record<string, string> = {};
-  const wanted = entries.filter((f) => f.type === 'file' && f.size <= 1 << 20 && !f.path.startsWith(`${WS}/output/`) && !/\/\./.test(f.path)).slice(0, 500);
+  const utf8 = new TextDecoder('utf-8', { fatal: true });
+  const wanted = entries.filter((f) => f.type === 'file' && f.size <= 1 << 20 && !SKIP.test(f.path.slice(WS.length + 1))).slice(0, 500);
   await Promise.all(wanted.map(async (f) => {
+    const rel = f.path.slice(WS.length + 1);
     const open = state.tabs.get(f.path);
-    files[f.path.replace(WS + '/', '')] = open ? open.model.getValue() : await (await api.read(id, f.path)).text();
+    if (open) { files[rel] = open.model.getValue(); return; }
+    try { files[rel] = utf8.decode(await (await api.read(id, f.path)).arrayBuffer()); } catch { /* binary: left in place */ }
   }));
   return files;
 }
