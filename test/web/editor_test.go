@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
@@ -70,6 +71,25 @@ func TestEditor(t *testing.T) {
 	sandboxID := Eval[string](b, `document.querySelector("#sandbox-list li.active").dataset.id`)
 	b.WaitFor("the status bar to show usage", `/mem .* tasks/.test(document.getElementById("status-usage").textContent)`, 15*time.Second)
 	b.WaitFor("the list to show usage", `/using .* tasks/.test(document.querySelector("#sandbox-list li.active .usage").textContent)`, 15*time.Second)
+
+	// The list follows sandboxes created and removed elsewhere (events).
+	other := strings.TrimSpace(d.MustCtl("create", "--lang", "shell"))
+	b.WaitFor("the other sandbox in the list", `document.querySelector('#sandbox-list li[data-id="`+other+`"]') !== null`, 15*time.Second)
+	d.MustCtl("rm", other)
+	b.WaitFor("the other sandbox to leave the list", `document.querySelector('#sandbox-list li[data-id="`+other+`"]') === null`, 15*time.Second)
+
+	// The panels are resizable: drag the splitter right of the sidebar.
+	before := Eval[float64](b, `document.getElementById("sidebar").getBoundingClientRect().width`)
+	x := Eval[float64](b, `(r => r.left + r.width / 2)(document.getElementById("split-left").getBoundingClientRect())`)
+	b.Do("drag the splitter",
+		chromedp.MouseEvent(input.DispatchMouseEventTypeMousePressed, x, 300, chromedp.ButtonLeft),
+		chromedp.MouseEvent(input.DispatchMouseEventTypeMouseMoved, x+60, 300, chromedp.ButtonLeft),
+		chromedp.MouseEvent(input.DispatchMouseEventTypeMouseMoved, x+120, 300, chromedp.ButtonLeft),
+		chromedp.MouseEvent(input.DispatchMouseEventTypeMouseReleased, x+120, 300, chromedp.ButtonLeft),
+	)
+	if after := Eval[float64](b, `document.getElementById("sidebar").getBoundingClientRect().width`); after < before+100 || after > before+140 {
+		t.Errorf("sidebar width %v after dragging its splitter 120 px right, was %v", after, before)
+	}
 
 	// Create main.py in the tree; it opens in a tab.
 	b.Do("create main.py",
@@ -156,6 +176,12 @@ func TestEditor(t *testing.T) {
 	b.WaitFor("the dropped file in the tree", `document.querySelector('#file-tree li[data-path="/workspace/dropped.txt"]') !== null`, 15*time.Second)
 	if got := readFile(t, d, sandboxID, "/workspace/dropped.txt"); got != "uploaded by drop\n" {
 		t.Errorf("dropped.txt in the sandbox = %q", got)
+	}
+
+	// Download from the tree.
+	Eval[bool](b, `(document.querySelector('#file-tree li[data-path="/workspace/dropped.txt"] .download').click(), true)`)
+	if got, _ := os.ReadFile(waitDownload(t, b.Downloads, "dropped.txt", 15*time.Second)); string(got) != "uploaded by drop\n" {
+		t.Errorf("downloaded dropped.txt = %q", got)
 	}
 
 	// Rename and delete in the tree (the page asks with prompt/confirm).
