@@ -23,7 +23,7 @@ deps:
 # build, so that a clean clone's binary carries the editor.
 WEB_SRC := $(wildcard web/src/*) web/build.mjs web/package-lock.json web/tsconfig.json
 
-pkg/webui/dist/index.html: $(WEB_SRC)
+pkg/webui/dist/index.html: $(WEB_SRC) | deps
 	cd web && npx --no-install tsc --noEmit -p . && node build.mjs
 
 web: deps pkg/webui/dist/index.html
