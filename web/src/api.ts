@@ -114,7 +114,6 @@ export const api = {
   run: (id: string) => json<RunRecord>('GET', `/v1/runs/${enc(id)}`),
   exportWorkspace: (id: string) => json<Artifact>('POST', `/v1/sandboxes/${enc(id)}/export`),
   buildImage: (name: string) => request('POST', `/v1/images/${enc(name)}/build`),
-  autofix: (req: object) => json<any>('POST', '/v1/autofix', req),
   logout: () => json('POST', '/v1/ui/logout'),
 };
 

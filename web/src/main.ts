@@ -23,7 +23,7 @@ import 'monaco-editor/languages/definitions/ini/register.js';
 import 'monaco-editor/languages/definitions/dockerfile/register.js';
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
-import { api, APIError, initSession, lineData, ndjson, socket, type FileEntry, type RunResult, type Sandbox } from './api';
+import { api, APIError, initSession, lineData, ndjson, request, socket, type FileEntry, type RunResult, type Sandbox } from './api';
 
 // Monaco's one worker (diffs, links), bundled beside app.js.
 (self as any).MonacoEnvironment = { getWorkerUrl: () => '/assets/editor.worker.js' };
@@ -492,18 +492,55 @@ async function exportWorkspace() {
   } catch (e) { report(e); }
 }
 
+/** AutoFix: POST /v1/autofix (the loop runs in a sandbox of its own) and
+ * show its NDJSON events as they come — each attempt, each fix — then the
+ * result; a fixed program's files are written back into this sandbox and
+ * its open tabs. The stream's shape follows the autofix branch's
+ * AutofixEvent ({type: attempt|fix|result|error, attempt, result, error}). */
 async function autofix() {
   const s = state.sandbox;
   if (!s || !state.features.autofix) return;
+  const btn = $<HTMLButtonElement>('autofix');
+  btn.disabled = true;
   try {
     await saveAll();
     const files = await projectFiles();
+    const entry = state.active ? state.active.slice(WS.length + 1) : undefined;
+    for (const id of ['stdout', 'stderr']) $(id).replaceChildren();
+    showPane('output-pane');
     status('autofix running…');
-    const res = await api.autofix({ language: s.language, sandbox_id: s.sandbox_id, files });
+    const r = await request('POST', '/v1/autofix', { language: s.language, files, entrypoint: files[entry ?? ''] !== undefined ? entry : undefined });
+    let result: any = null;
+    await ndjson(r, (l) => {
+      const a = l.attempt;
+      if (l.type === 'attempt' && a) {
+        append('stdout', `attempt ${a.attempt}: ${a.success ? 'success' : 'failed'} (exit ${a.exit_code}, ${a.termination?.cause ?? ''}, ${a.duration_ms} ms)\n`);
+        if (a.error_excerpt) append('stderr', `attempt ${a.attempt}:\n${a.error_excerpt}\n`, 'err');
+      }
+      if (l.type === 'fix' && a) append('stdout', `  fix${a.provider ? ' by ' + a.provider : ''}: ${a.refused ? 'refused: ' + a.refused : a.fix_summary ?? ''}\n`, 'cause');
+      if (l.type === 'result') result = l.result;
+      if (l.type === 'error' && l.error) append('stderr', `[error] ${l.error.code}: ${l.error.message}\n`, 'cause');
+    });
     await refreshRuns();
-    if (res && res.run_id) await openRun(res.run_id);
-    status(`autofix: ${res && res.success ? 'fixed' : 'not fixed'}`, !(res && res.success));
-  } catch (e) { report(e); }
+    if (!result) return;
+    append('stdout', `\n[${result.status}${result.stop_reason ? ': ' + result.stop_reason : ''}, ${result.attempts} attempt(s)]\n`, result.success ? 'cause ok' : 'cause');
+    if (result.success && result.files) await applyFiles(result.files);
+    if (result.run_id) await openRun(result.run_id);
+    status(`autofix: ${result.status}`, !result.success);
+  } catch (e) { report(e); } finally { btn.disabled = !state.sandbox || !state.features.autofix; }
+}
+
+/** Writes files (relative to /workspace) into the sandbox and open tabs. */
+async function applyFiles(files: Record<string, string>) {
+  const s = state.sandbox!;
+  for (const [rel, text] of Object.entries(files)) {
+    const path = `${WS}/${rel}`;
+    const t = state.tabs.get(path);
+    if (t && t.model.getValue() === text) continue;
+    await api.write(s.sandbox_id, path, text);
+    if (t) { t.model.setValue(text); t.saved = t.model.getAlternativeVersionId(); markDirty(t); }
+  }
+  await refreshFiles();
 }
 
 // ---- runs ----
