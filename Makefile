@@ -11,14 +11,24 @@ TAGS := seccomp
 TEST_TIMEOUT ?= 60m
 DEV_CONFIG ?= dev-state/mcp-sandboxd.yaml
 
-.PHONY: all build deps test test-unit bench bench-compare run fmt vet lint install clean
+.PHONY: all build deps web test test-unit bench bench-compare run fmt vet lint install clean
 
 all: build
 
 deps:
 	@scripts/install-deps.sh
 
-build: deps
+# The web editor's bundle (web/ → pkg/webui/dist), embedded by the daemon:
+# type-checked and rebuilt when its sources change. Always before the Go
+# build, so that a clean clone's binary carries the editor.
+WEB_SRC := $(wildcard web/src/*) web/build.mjs web/package-lock.json web/tsconfig.json
+
+pkg/webui/dist/index.html: $(WEB_SRC) | deps
+	cd web && npx --no-install tsc --noEmit -p . && node build.mjs
+
+web: deps pkg/webui/dist/index.html
+
+build: deps web
 	@mkdir -p bin
 	CGO_ENABLED=1 $(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o bin/mcp-sandboxd ./cmd/mcp-sandboxd
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/sandboxctl ./cmd/sandboxctl
@@ -27,9 +37,13 @@ build: deps
 # Integration tests need root; SANDBOXD_INTEGRATION=1 turns their skip into a failure.
 # -p 1: packages one at a time, so that timing-sensitive checks (the CPU quota
 # test) do not compete with another package's sandboxes for the two cores.
+# Test artifacts (the browser tests' screenshots) stay in test-output/_artifacts/;
+# each test logs its directory.
 test: build
+	@mkdir -p test-output
 	SANDBOXD_INTEGRATION=1 SANDBOXD_AGENT=$(CURDIR)/bin/sandbox-agent SANDBOXD_BIN_DIR=$(CURDIR)/bin \
-		CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
+		CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -p 1 -timeout $(TEST_TIMEOUT) \
+		-artifacts -outputdir=$(CURDIR)/test-output ./...
 
 test-unit:
 	CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -short ./...
@@ -75,4 +89,4 @@ install: build
 	if [[ -e config/mcp-sandboxd.service ]]; then install -D -m 0644 config/mcp-sandboxd.service $(DESTDIR)/lib/systemd/system/mcp-sandboxd.service; fi
 
 clean:
-	rm -rf bin
+	rm -rf bin test-output pkg/webui/dist/assets pkg/webui/dist/index.html

@@ -48,5 +48,25 @@ cat <<MSG
     HTTP        : http://$http  (MCP at /mcp, /healthz, /readyz, /metrics)
     token       : $state/token (created on first start)
     try         : bin/sandboxctl --socket $sock exec \$(bin/sandboxctl --socket $sock create --lang shell) -- uname -a
+    web editor  : a one-time login URL follows once the daemon answers (more: bin/sandboxctl --socket $sock ui)
 MSG
-exec bin/mcp-sandboxd serve --config "$cfg"
+bin/mcp-sandboxd serve --config "$cfg" &
+daemon=$!
+# Ctrl-C or SIGTERM reach the daemon, which drains and exits; we wait for it.
+trap 'kill -TERM $daemon 2>/dev/null' INT TERM
+for _ in $(seq 1 600); do
+	if url=$(bin/sandboxctl --socket "$sock" ui 2>/dev/null); then
+		echo "==> web editor: $url"
+		break
+	fi
+	kill -0 $daemon 2>/dev/null || break
+	sleep 0.1
+done
+status=0
+wait $daemon || status=$?
+# A trapped signal interrupts wait: wait again for the daemon's own exit.
+if kill -0 $daemon 2>/dev/null; then
+	status=0
+	wait $daemon || status=$?
+fi
+exit $status

@@ -11,9 +11,11 @@ set -euo pipefail
 #   iproute2 tmux              integration tests: network namespaces, a real terminal for PTY tests
 #   ca-certificates            HTTPS for apt inside image builds
 #   systemd                    systemd-analyze verify of the unit in the tests
-packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd)
-# The MCP black-box tests drive the server with the official TypeScript SDK:
-# Node.js from Debian unless a node is already on PATH.
+#   chromium                   the web editor's browser tests (pkg/webui/browsertest, chromedp)
+packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd chromium)
+# The MCP black-box tests drive the server with the official TypeScript SDK,
+# and the web editor is bundled with esbuild: Node.js from Debian unless a
+# node is already on PATH.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 	packages+=(nodejs npm)
 fi
@@ -42,4 +44,9 @@ go mod download
 # The MCP TypeScript SDK for the black-box tests (pinned by test/mcp/package-lock.json).
 if [[ ! -e test/mcp/node_modules/@modelcontextprotocol/sdk/package.json || test/mcp/package-lock.json -nt test/mcp/node_modules/.package-lock.json ]]; then
 	(cd test/mcp && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# The web editor's build tools and libraries (pinned by web/package-lock.json).
+if [[ ! -e web/node_modules/.package-lock.json || web/package-lock.json -nt web/node_modules/.package-lock.json ]]; then
+	(cd web && npm ci --no-audit --no-fund --loglevel=error)
 fi

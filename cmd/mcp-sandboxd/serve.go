@@ -128,6 +128,23 @@ func readToken(path string, log *slog.Logger) (string, error) {
 	return tok, nil
 }
 
+// uiBaseURL is the web editor's address for login URLs: the HTTP listener,
+// with a wildcard host replaced by loopback (a browser cannot open 0.0.0.0).
+// Empty when there is no HTTP listener.
+func uiBaseURL(httpAddr string) string {
+	if httpAddr == "" {
+		return ""
+	}
+	host, port, err := net.SplitHostPort(httpAddr)
+	if err != nil {
+		return "" // validated by config
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}
+
 // listenUnix listens on the API socket with mode 0660: the file mode is the
 // access control of the unauthenticated socket.
 func listenUnix(path string) (net.Listener, error) {
@@ -189,7 +206,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// MCP is served on both listeners: behind the token on TCP, and on the
 	// socket for `mcp-sandboxd stdio`, which bridges to it.
 	mcpH := mcpserver.NewHandler(eng, mcpserver.Options{Log: log}) // the rest from cfg.Server
-	start(ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH}), "unix")
+	// The web editor's logins and sessions, shared by both listeners:
+	// `sandboxctl ui` mints a login URL on the socket, the browser uses it
+	// over HTTP.
+	ui := api.NewUIAuth(api.UIAuthOptions{BaseURL: uiBaseURL(cfg.Server.HTTPAddr)})
+	start(ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui}), "unix")
 
 	if cfg.Server.HTTPAddr != "" {
 		token, err := readToken(cfg.Server.AuthTokenFile, log)
@@ -200,7 +221,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("server.http_addr: %w", err)
 		}
-		start(tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH}), "http")
+		start(tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH, UI: ui}), "http")
 	}
 
 	// Only now can clients connect: tell systemd (Type=notify).

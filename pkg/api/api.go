@@ -7,11 +7,11 @@
 // errors from the pkg/errdefs taxonomy, which writeError maps to HTTP in one
 // place. The same handler serves the daemon's unix socket (no token: the
 // socket's file mode is the access control) and its TCP address (bearer
-// token on every route but /healthz).
+// token or a web editor session on every route but /healthz: auth.go), and
+// the web editor's page (ui.go).
 package api
 
 import (
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"io"
@@ -45,12 +45,16 @@ type Options struct {
 	// MCP, if not nil, is the MCP endpoint (pkg/mcpserver.NewHandler),
 	// served at /mcp behind the same authentication as everything else.
 	MCP http.Handler
+	// UI, if not nil, holds the web editor's login tokens and sessions
+	// (shared by the daemon's listeners); nil: no browser can log in.
+	UI *UIAuth
 }
 
 type server struct {
 	e   *engine.Engine
 	opt Options
 	log *slog.Logger
+	mux *http.ServeMux // the routes, for GET /v1/system's features
 }
 
 // NewHandler returns the REST API over e.
@@ -100,32 +104,18 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	if opt.MCP != nil {
 		mux.Handle("/mcp", opt.MCP)
 	}
+	// The web editor (auth.go, ui.go).
+	mux.HandleFunc("/login", s.login)
+	mux.HandleFunc("GET /v1/ui/session", s.getUISession)
+	mux.HandleFunc("POST /v1/ui/logout", s.logout)
+	mux.HandleFunc("POST /v1/ui/login-tokens", s.mintLogin)
+	mux.HandleFunc("GET /v1/system", s.system)
+	mux.HandleFunc("GET /{$}", s.ui)
+	mux.HandleFunc("GET /assets/", s.ui)
+	s.mux = mux
 	// Authentication wraps the mux, so an unauthenticated request reaches no
 	// handler at all.
 	return s.logRequests(s.authenticate(mux))
-}
-
-// authenticate refuses requests without the bearer token, except /healthz
-// (liveness probes carry no secrets).
-func (s *server) authenticate(next http.Handler) http.Handler {
-	if s.opt.Token == "" {
-		return next
-	}
-	want := []byte(s.opt.Token)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" {
-			next.ServeHTTP(w, r)
-			return
-		}
-		scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-		// ConstantTimeCompare leaks only the token's length, not its content.
-		if strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare([]byte(tok), want) == 1 {
-			next.ServeHTTP(w, r)
-			return
-		}
-		w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-sandboxd"`)
-		writeJSON(w, http.StatusUnauthorized, errorResponse{Error: errorBodyOf(errdefs.Unauthenticatedf("missing or invalid bearer token"))})
-	})
 }
 
 // statusRecorder remembers the status a handler sent, for the request log.

@@ -54,7 +54,7 @@ func TestAuthentication(t *testing.T) {
 			if h := resp.Header.Get("WWW-Authenticate"); !strings.HasPrefix(h, "Bearer") {
 				t.Errorf("WWW-Authenticate %q", h)
 			}
-			if e := decodeError(t, resp); e.Code != "unauthenticated" || e.Message != "missing or invalid bearer token" {
+			if e := decodeError(t, resp); e.Code != "unauthenticated" || e.Message != "missing or invalid bearer token or session cookie" {
 				t.Errorf("error %+v", e)
 			}
 		})

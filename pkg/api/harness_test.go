@@ -32,7 +32,8 @@ const testToken = "test-token-0123456789abcdef"
 // unix socket without authentication and on TCP behind testToken.
 type testServer struct {
 	engine *engine.Engine
-	http   *httptest.Server // TCP, token required
+	ui     *UIAuth          // web editor logins, shared by both listeners
+	http   *httptest.Server // TCP, token or session required
 	socket string           // unix socket, no token
 	unix   *client.Client
 	tcp    *client.Client
@@ -48,12 +49,15 @@ func newTestServer(t *testing.T) *testServer {
 		t.Fatal(err)
 	}
 	ts := &testServer{engine: e, socket: filepath.Join(cfg.Paths.RunDir, "api.sock")}
-	ts.http = httptest.NewServer(NewHandler(e, Options{Token: testToken, Log: log}))
+	ts.http = httptest.NewUnstartedServer(nil)
+	ts.ui = NewUIAuth(UIAuthOptions{BaseURL: "http://" + ts.http.Listener.Addr().String()})
+	ts.http.Config.Handler = NewHandler(e, Options{Token: testToken, Log: log, UI: ts.ui})
+	ts.http.Start()
 	l, err := net.Listen("unix", ts.socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	unixSrv := &http.Server{Handler: NewHandler(e, Options{Log: log})}
+	unixSrv := &http.Server{Handler: NewHandler(e, Options{Log: log, UI: ts.ui})}
 	go func() { _ = unixSrv.Serve(l) }()
 	if ts.unix, err = client.New(client.Options{Socket: ts.socket}); err != nil {
 		t.Fatal(err)

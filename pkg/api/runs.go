@@ -11,19 +11,42 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
 )
 
-// runCode is run_code: POST /v1/run with an engine.RunCodeRequest.
+// runCode is run_code: POST /v1/run with an engine.RunCodeRequest. With
+// ?stream=true the answer is NDJSON like exec's: the steps' output as
+// {"stream","data"} lines while they run, then one {"result": RunResult}
+// line (or {"error": ...}); errors before any output keep their status.
 func (s *server) runCode(w http.ResponseWriter, r *http.Request) {
 	var req engine.RunCodeRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
+	stream, err := queryBool(r, "stream")
+	if err == nil {
+		err = s.decodeJSON(w, r, &req)
 	}
-	res, err := s.e.RunCode(r.Context(), req, nil)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, res)
+	if !stream {
+		res, err := s.e.RunCode(r.Context(), req, nil)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+		return
+	}
+	st := &execStream{w: w, rc: http.NewResponseController(w)}
+	res, err := s.e.RunCode(r.Context(), req, st.output)
+	if err != nil {
+		if !st.started {
+			s.writeError(w, r, err)
+			return
+		}
+		body := errorBodyOf(err)
+		st.send(execLine{Error: &body})
+		return
+	}
+	st.flush()
+	st.send(execLine{Result: res})
 }
 
 type runList struct {

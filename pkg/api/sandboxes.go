@@ -106,7 +106,9 @@ type execLine struct {
 	Data     string      `json:"data,omitempty"`
 	Encoding string      `json:"encoding,omitempty"`
 	Exit     *exitResult `json:"exit,omitempty"`
-	Error    *errorBody  `json:"error,omitempty"`
+	// Result ends a streamed run_code (POST /v1/run?stream=true).
+	Result *engine.RunResult `json:"result,omitempty"`
+	Error  *errorBody        `json:"error,omitempty"`
 }
 
 // exitResult is an ExecResult without its output, which went out in the

@@ -160,4 +160,10 @@ type RunRecord struct {
 	StderrTruncated bool           `json:"stderr_truncated"`
 	Attempts        []FixedAttempt `json:"attempts"`
 	Dir             string         `json:"dir"`
+	// Code is the code snapshot: text files of code_snapshot/ by path
+	// relative to it (autofix attempts under attempt_<n>/), each up to the
+	// request's log size; CodeTruncated says some were cut or left out
+	// (binary, or over the total cap).
+	Code          map[string]string `json:"code"`
+	CodeTruncated bool              `json:"code_truncated,omitempty"`
 }

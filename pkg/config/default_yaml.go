@@ -28,10 +28,12 @@ server:
   # socket's file mode is the access control.
   socket: /run/mcp-sandboxd/api.sock
   # TCP address (host:port) serving MCP (/mcp), the REST API, /healthz,
-  # /readyz and /metrics. Empty: no TCP listener.
+  # /readyz, /metrics and the web editor (/; log in with the URL that
+  # "sandboxctl ui" prints). Empty: no TCP listener.
   http_addr: 127.0.0.1:7070
   # File holding the bearer token required on every HTTP request except
-  # /healthz (absolute path). Required when http_addr is set.
+  # /healthz and the web editor's login (absolute path; browsers use a
+  # session cookie instead). Required when http_addr is set.
   auth_token_file: /etc/mcp-sandboxd/token
   # MCP tool groups offered to clients: sandbox, exec, files, run, images,
   # autofix, vm.

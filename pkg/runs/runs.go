@@ -32,6 +32,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -316,7 +317,38 @@ func (s *Store) Get(ctx context.Context, id string, maxLog int64) (*Run, error) 
 	if b, err := os.ReadFile(filepath.Join(run.Dir, FixedAttemptsJSON)); err == nil {
 		_ = json.Unmarshal(b, &run.Attempts)
 	}
+	run.Code, run.CodeTruncated = readSnapshot(filepath.Join(run.Dir, SnapshotDir), maxLog)
 	return run, nil
+}
+
+// maxSnapshotRead caps the code snapshot one Get returns, all files together.
+const maxSnapshotRead = 8 << 20
+
+// readSnapshot reads the text files under dir, each up to max bytes, up to
+// maxSnapshotRead in all; truncated says something was cut or skipped.
+func readSnapshot(dir string, max int64) (map[string]string, bool) {
+	files := map[string]string{}
+	truncated := false
+	var total int64
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return nil
+		}
+		text, cut := readHead(p, max)
+		if !utf8.ValidString(text) && !cut || total+int64(len(text)) > maxSnapshotRead {
+			truncated = true // binary, or over the total cap
+			return nil
+		}
+		total += int64(len(text))
+		files[filepath.ToSlash(rel)] = text
+		truncated = truncated || cut
+		return nil
+	})
+	return files, truncated
 }
 
 // List returns the metadata of the runs f selects, newest first.

@@ -1,0 +1,417 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
+
+// Authentication of the TCP listener: the one place that decides who may
+// reach which route. Two kinds of callers are admitted:
+//
+//   - API clients (sandboxctl --url, MCP clients, scripts) with the bearer
+//     token in an Authorization header, on every route;
+//   - browsers of the web editor with a session cookie, obtained by
+//     redeeming a one-time login token at /login (like Jupyter's token URL).
+//
+// Everything else is refused: /v1, /mcp, /metrics and /readyz answer 401
+// JSON, every other path the small login page with status 401, so that none
+// of the editor's code reaches an unauthenticated browser. /healthz (no
+// secrets, for liveness probes) and /login are the only open routes.
+//
+// Security boundary for cookie-authenticated requests, which a browser may
+// send on behalf of any page it shows:
+//
+//   - the cookie is HttpOnly (page scripts cannot read it) and
+//     SameSite=Strict (other sites' requests do not carry it);
+//   - a state-changing request (any method but GET, HEAD, OPTIONS) must pass
+//     http.CrossOriginProtection (Sec-Fetch-Site, else Origin against Host)
+//     and carry the session's CSRF token in the X-CSRF-Token header, which
+//     only a same-origin page can read (from GET /v1/ui/session);
+//   - a WebSocket upgrade must carry an Origin whose host is the request's
+//     Host: WebSockets are not subject to CORS, so a foreign page could
+//     otherwise open one with the user's cookie.
+//
+// Login tokens are single-use and short-lived; sessions expire; both are
+// kept in memory only (a daemon restart logs every browser out) and stored
+// as SHA-256 hashes, so the maps hold nothing a memory dump could replay
+// directly. The unix socket has no authentication at all (its file mode is
+// the access control) and mints login tokens for `sandboxctl ui`.
+
+// Codes of authentication failures. They are not engine errors, so they
+// are not part of errdefs' taxonomy.
+const (
+	// CodeUnauthenticated: no valid bearer token or session cookie.
+	CodeUnauthenticated errdefs.Code = "unauthenticated"
+	// CodeForbidden: authenticated, but the request failed a browser check
+	// (cross-origin, missing CSRF token, foreign WebSocket Origin).
+	CodeForbidden errdefs.Code = "forbidden"
+)
+
+// Names and defaults of the browser session.
+const (
+	// SessionCookie is the name of the web editor's session cookie.
+	SessionCookie = "sandboxd_session"
+	// CSRFHeader carries the session's CSRF token on state-changing requests.
+	CSRFHeader = "X-CSRF-Token"
+	// DefaultLoginTTL is how long an unused login token stays valid.
+	DefaultLoginTTL = 10 * time.Minute
+	// DefaultSessionTTL is how long a browser session lasts after login.
+	DefaultSessionTTL = 12 * time.Hour
+	// maxUIEntries bounds the login tokens and the sessions each, so that a
+	// client minting tokens in a loop cannot grow the daemon's memory.
+	maxUIEntries = 1024
+)
+
+// UIAuthOptions configure NewUIAuth.
+type UIAuthOptions struct {
+	// BaseURL is the editor's address as a browser reaches it (the HTTP
+	// listener, e.g. http://127.0.0.1:7070); login URLs are built on it.
+	// Empty: the daemon has no HTTP listener and mints no login tokens.
+	BaseURL    string
+	LoginTTL   time.Duration // default DefaultLoginTTL
+	SessionTTL time.Duration // default DefaultSessionTTL
+	// Now is the clock (tests); nil means time.Now.
+	Now func() time.Time
+}
+
+// UIAuth holds the web editor's one-time login tokens and browser sessions.
+// One value is shared by the daemon's listeners (Options.UI): `sandboxctl ui`
+// mints a token on the unix socket, the browser redeems it over TCP.
+type UIAuth struct {
+	opt UIAuthOptions
+
+	mu       sync.Mutex
+	logins   map[[32]byte]time.Time // token hash → expiry
+	sessions map[[32]byte]uiSession // session id hash → session
+}
+
+type uiSession struct {
+	expires time.Time
+	csrf    string
+}
+
+// NewUIAuth returns an empty token and session store.
+func NewUIAuth(opt UIAuthOptions) *UIAuth {
+	if opt.LoginTTL <= 0 {
+		opt.LoginTTL = DefaultLoginTTL
+	}
+	if opt.SessionTTL <= 0 {
+		opt.SessionTTL = DefaultSessionTTL
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	opt.BaseURL = strings.TrimSuffix(opt.BaseURL, "/")
+	return &UIAuth{opt: opt, logins: map[[32]byte]time.Time{}, sessions: map[[32]byte]uiSession{}}
+}
+
+// LoginURL is a minted login token and the URL that redeems it.
+type LoginURL struct {
+	URL       string    `json:"url"`
+	Token     string    `json:"token"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// MintLogin creates a one-time login token.
+func (a *UIAuth) MintLogin() (*LoginURL, error) {
+	if a.opt.BaseURL == "" {
+		return nil, errdefs.Unavailablef("web editor: the daemon has no HTTP listener (server.http_addr is empty)")
+	}
+	tok := randomHex()
+	now := a.opt.Now()
+	exp := now.Add(a.opt.LoginTTL)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	prune(a.logins, now, func(t time.Time) time.Time { return t })
+	if len(a.logins) >= maxUIEntries {
+		return nil, errdefs.LimitExceededf("web editor: %d unused login tokens outstanding; wait for them to expire", len(a.logins))
+	}
+	a.logins[sha256.Sum256([]byte(tok))] = exp
+	return &LoginURL{URL: a.opt.BaseURL + "/login?token=" + url.QueryEscape(tok), Token: tok, ExpiresAt: exp}, nil
+}
+
+// redeem consumes a login token and opens a session; ok is false when the
+// token is unknown, used or expired.
+func (a *UIAuth) redeem(tok string) (id string, s uiSession, ok bool) {
+	h := sha256.Sum256([]byte(tok))
+	now := a.opt.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	exp, found := a.logins[h]
+	delete(a.logins, h) // single use, also when expired
+	if !found || !now.Before(exp) {
+		return "", uiSession{}, false
+	}
+	prune(a.sessions, now, func(s uiSession) time.Time { return s.expires })
+	if len(a.sessions) >= maxUIEntries {
+		return "", uiSession{}, false
+	}
+	id = randomHex()
+	s = uiSession{expires: now.Add(a.opt.SessionTTL), csrf: randomHex()}
+	a.sessions[sha256.Sum256([]byte(id))] = s
+	return id, s, true
+}
+
+// session looks a session cookie's value up.
+func (a *UIAuth) session(id string) (uiSession, bool) {
+	h := sha256.Sum256([]byte(id))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, ok := a.sessions[h]
+	if ok && !a.opt.Now().Before(s.expires) {
+		delete(a.sessions, h)
+		return uiSession{}, false
+	}
+	return s, ok
+}
+
+// logout ends a session.
+func (a *UIAuth) logout(id string) {
+	a.mu.Lock()
+	delete(a.sessions, sha256.Sum256([]byte(id)))
+	a.mu.Unlock()
+}
+
+func prune[V any](m map[[32]byte]V, now time.Time, expiry func(V) time.Time) {
+	for k, v := range m {
+		if !now.Before(expiry(v)) {
+			delete(m, k)
+		}
+	}
+}
+
+func randomHex() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b)
+}
+
+// caller says how a request was authenticated.
+type caller int
+
+const (
+	callerSocket  caller = iota // the unix socket: no token configured
+	callerBearer                // Authorization: Bearer
+	callerBrowser               // session cookie
+)
+
+type callerKey struct{}
+
+type callerInfo struct {
+	kind    caller
+	session uiSession
+}
+
+func callerOf(r *http.Request) callerInfo {
+	c, _ := r.Context().Value(callerKey{}).(callerInfo)
+	return c
+}
+
+func withCaller(r *http.Request, c callerInfo) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), callerKey{}, c))
+}
+
+// isAPIPath says whether an unauthenticated request to path gets a JSON 401
+// (API routes) rather than the login page.
+func isAPIPath(path string) bool {
+	return strings.HasPrefix(path, "/v1/") || path == "/v1" || path == "/mcp" || strings.HasPrefix(path, "/mcp/") ||
+		path == "/metrics" || path == "/readyz"
+}
+
+// authenticate admits bearer-token and session-cookie callers as described
+// at the top of this file. With no token configured (the unix socket) every
+// request passes.
+func (s *server) authenticate(next http.Handler) http.Handler {
+	if s.opt.Token == "" {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			next.ServeHTTP(w, withCaller(r, callerInfo{kind: callerSocket}))
+		})
+	}
+	want := []byte(s.opt.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/login" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		// ConstantTimeCompare leaks only the token's length, not its content.
+		if strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare([]byte(tok), want) == 1 {
+			next.ServeHTTP(w, withCaller(r, callerInfo{kind: callerBearer}))
+			return
+		}
+		if sess, ok := s.browserSession(r); ok {
+			if err := browserChecks(r, sess); err != nil {
+				writeJSON(w, http.StatusForbidden, errorResponse{Error: errorBody{Code: string(CodeForbidden), Message: err.Error()}})
+				return
+			}
+			next.ServeHTTP(w, withCaller(r, callerInfo{kind: callerBrowser, session: sess}))
+			return
+		}
+		if isAPIPath(r.URL.Path) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-sandboxd"`)
+			writeJSON(w, http.StatusUnauthorized, errorResponse{Error: errorBody{
+				Code: string(CodeUnauthenticated), Message: "missing or invalid bearer token or session cookie",
+			}})
+			return
+		}
+		s.loginPage(w, http.StatusUnauthorized, "")
+	})
+}
+
+// browserSession returns the session of the request's cookie, if valid.
+func (s *server) browserSession(r *http.Request) (uiSession, bool) {
+	if s.opt.UI == nil {
+		return uiSession{}, false
+	}
+	c, err := r.Cookie(SessionCookie)
+	if err != nil || c.Value == "" {
+		return uiSession{}, false
+	}
+	return s.opt.UI.session(c.Value)
+}
+
+// authError is a refused browser check; its message says which.
+type authError string
+
+func (e authError) Error() string { return string(e) }
+
+// crossOrigin refuses state-changing requests that browsers mark as
+// cross-origin (Sec-Fetch-Site) or whose Origin is not the Host.
+var crossOrigin = http.NewCrossOriginProtection()
+
+// browserChecks are the CSRF and cross-origin defences of cookie-authenticated
+// requests (see the top of this file).
+func browserChecks(r *http.Request, sess uiSession) error {
+	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		origin := r.Header.Get("Origin")
+		u, err := url.Parse(origin)
+		if origin == "" || err != nil || !strings.EqualFold(u.Host, r.Host) {
+			return authError("WebSocket from a foreign or missing Origin " + quoteOrEmpty(origin))
+		}
+	}
+	if err := crossOrigin.Check(r); err != nil {
+		return authError("cross-origin request refused: " + err.Error())
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return nil
+	}
+	if got := r.Header.Get(CSRFHeader); subtle.ConstantTimeCompare([]byte(got), []byte(sess.csrf)) != 1 {
+		return authError("missing or invalid " + CSRFHeader + " header (get it from GET /v1/ui/session)")
+	}
+	return nil
+}
+
+func quoteOrEmpty(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return "\"" + s + "\""
+}
+
+// login redeems a one-time token: GET /login?token= (the URL `sandboxctl ui`
+// prints) or POST /login with a form field token. Success sets the session
+// cookie and redirects to the editor, dropping the token from the address
+// bar; anything else shows the login page (HEAD never consumes a token).
+func (s *server) login(w http.ResponseWriter, r *http.Request) {
+	var tok string
+	switch r.Method {
+	case http.MethodGet:
+		tok = r.URL.Query().Get("token")
+	case http.MethodHead:
+	case http.MethodPost:
+		// A form post is state-changing: refuse it from other sites (login CSRF).
+		if err := crossOrigin.Check(r); err != nil {
+			s.loginPage(w, http.StatusForbidden, "Cross-site login refused.")
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 4096)
+		tok = r.PostFormValue("token")
+	default:
+		w.Header().Set("Allow", "GET, HEAD, POST")
+		writeJSON(w, http.StatusMethodNotAllowed, errorResponse{Error: errorBody{Code: string(errdefs.InvalidArgument), Message: "method: want GET or POST"}})
+		return
+	}
+	if tok == "" {
+		if _, ok := s.browserSession(r); ok {
+			http.Redirect(w, r, "/", http.StatusSeeOther) // logged in already
+			return
+		}
+		s.loginPage(w, http.StatusUnauthorized, "")
+		return
+	}
+	if s.opt.UI == nil {
+		s.loginPage(w, http.StatusServiceUnavailable, "This listener serves no web editor.")
+		return
+	}
+	id, sess, ok := s.opt.UI.redeem(tok)
+	if !ok {
+		s.loginPage(w, http.StatusUnauthorized, "That login link is invalid, used or expired. Run `sandboxctl ui` for a new one.")
+		return
+	}
+	http.SetCookie(w, &http.Cookie{
+		Name: SessionCookie, Value: id, Path: "/", Expires: sess.expires,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+	})
+	w.Header().Set("Cache-Control", "no-store")
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// uiSessionInfo is GET /v1/ui/session: what the page needs of its session.
+type uiSessionInfo struct {
+	CSRFToken string    `json:"csrf_token"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+func (s *server) getUISession(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	if c.kind != callerBrowser {
+		s.writeError(w, r, errdefs.Invalidf("session: this request has no browser session (it used the bearer token or the socket)"))
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, uiSessionInfo{CSRFToken: c.session.csrf, ExpiresAt: c.session.expires})
+}
+
+// logout ends the browser session: POST /v1/ui/logout.
+func (s *server) logout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(SessionCookie); err == nil && s.opt.UI != nil {
+		s.opt.UI.logout(c.Value)
+	}
+	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: "", Path: "/", MaxAge: -1,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	writeJSON(w, http.StatusOK, struct {
+		LoggedOut bool `json:"logged_out"`
+	}{true})
+}
+
+// mintLogin is POST /v1/ui/login-tokens (`sandboxctl ui`): a one-time login
+// URL. A browser session may not mint: a session must not extend itself
+// past its expiry.
+func (s *server) mintLogin(w http.ResponseWriter, r *http.Request) {
+	if callerOf(r).kind == callerBrowser {
+		writeJSON(w, http.StatusForbidden, errorResponse{Error: errorBody{Code: string(CodeForbidden),
+			Message: "login tokens are minted with the bearer token or on the unix socket, not by a browser session"}})
+		return
+	}
+	if s.opt.UI == nil {
+		s.writeError(w, r, errdefs.Unavailablef("web editor: not enabled on this daemon"))
+		return
+	}
+	l, err := s.opt.UI.MintLogin()
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, l)
+}
