@@ -56,6 +56,9 @@ type Options struct {
 	MaxResultBytes int
 	// OnSessionEnd is config.SessionEndKeep or config.SessionEndTerminate.
 	OnSessionEnd string
+	// ProgressInterval is how long a call may stay silent before the
+	// client is told it still runs (server.mcp_progress_interval).
+	ProgressInterval time.Duration
 }
 
 func (o Options) withDefaults(cfg *config.Config) Options {
@@ -70,6 +73,12 @@ func (o Options) withDefaults(cfg *config.Config) Options {
 	}
 	if o.MaxResultBytes < 4<<10 {
 		o.MaxResultBytes = 48 << 10
+	}
+	if o.ProgressInterval <= 0 {
+		o.ProgressInterval = time.Duration(cfg.Server.MCPProgressInterval)
+	}
+	if o.ProgressInterval <= 0 {
+		o.ProgressInterval = 15 * time.Second
 	}
 	if o.OnSessionEnd == "" {
 		o.OnSessionEnd = cfg.Server.MCPOnSessionEnd
@@ -95,17 +104,6 @@ type srv struct {
 	opt Options
 	log *slog.Logger
 	mcp *server.MCPServer
-	// stdioID names the stdio session, which mcp-go calls "stdio" in every
-	// process, uniquely.
-	stdioID string
-}
-
-// sessionID is the id that labels session id's sandboxes.
-func (s *srv) sessionID(id string) string {
-	if id == "stdio" {
-		return s.stdioID
-	}
-	return id
 }
 
 // NewServer returns the MCP server over e with the enabled tool groups.
@@ -116,7 +114,7 @@ func NewServer(e *engine.Engine, opt Options) *server.MCPServer {
 func newSrv(e *engine.Engine, opt Options) *srv {
 	cfg := e.Config()
 	opt = opt.withDefaults(cfg)
-	s := &srv{e: e, cfg: cfg, opt: opt, log: opt.Log, stdioID: "stdio-" + randHex(6)}
+	s := &srv{e: e, cfg: cfg, opt: opt, log: opt.Log}
 	hooks := &server.Hooks{}
 	hooks.AddOnUnregisterSession(func(ctx context.Context, sess server.ClientSession) {
 		s.sessionEnded(ctx, sess.SessionID())
@@ -157,7 +155,6 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 // sessionEnded terminates the sandboxes session id created, when the
 // configuration says so.
 func (s *srv) sessionEnded(ctx context.Context, id string) {
-	id = s.sessionID(id)
 	if id == "" || s.opt.OnSessionEnd != config.SessionEndTerminate {
 		return
 	}
@@ -190,7 +187,7 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 		server.WithStreamableHTTPLogger(s.log),
 		server.WithSessionIdleTTL(sessionIdleTTL),
 	)
-	return flushable(h)
+	return flushable(withRequestStreams(h))
 }
 
 // flushable restores http.Flusher on response writers that middleware
