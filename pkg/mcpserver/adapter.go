@@ -378,6 +378,8 @@ func (p *progressNotifier) flush() bool {
 
 func (p *progressNotifier) send(msg string) {
 	p.seq++
+	// An error means the client is gone or the answer already ended:
+	// nothing to tell anyone.
 	_ = p.stream.event(mcp.JSONRPCNotification{JSONRPC: mcp.JSONRPC_VERSION, Notification: mcp.Notification{
 		Method: string(mcp.MethodNotificationProgress),
 		Params: mcp.NotificationParams{AdditionalFields: map[string]any{
