@@ -347,6 +347,27 @@ func TestConcurrentClients(t *testing.T) {
 	}
 }
 
+// TestProgressBeforeResult: 1,000 calls with a progress token, 8 in flight
+// on one session, over HTTP and over stdio (the bridge): the SDK sees every
+// progress notification of a request before its result, and none for a
+// token it no longer knows.
+func TestProgressBeforeResult(t *testing.T) {
+	d := newDaemon(t)
+	for name, tr := range map[string]map[string]any{"http": httpTransport(d), "stdio": stdioTransport(d)} {
+		t.Run(name, func(t *testing.T) {
+			var r struct {
+				Calls, Notifications, Late, Wrong int
+				Errors                            []string
+			}
+			runClient(t, "progress", tr, 1000, &r)
+			if r.Calls != 1000 || r.Late != 0 || r.Wrong != 0 || len(r.Errors) > 0 || r.Notifications < r.Calls {
+				t.Errorf("%+v", r)
+			}
+			t.Logf("%d calls, %d progress notifications, %d after their result", r.Calls, r.Notifications, r.Late)
+		})
+	}
+}
+
 // TestBenchRunCode measures run_code of Python print(1) through MCP over
 // HTTP (the SDK, a daemon) next to the same through the engine API directly
 // (an engine in this process), in the same run. SANDBOXD_MCP_BENCH_N sets
