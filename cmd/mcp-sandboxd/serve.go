@@ -165,6 +165,19 @@ func listenUnix(sc config.Server, log *slog.Logger) (net.Listener, error) {
 		l.Close()
 		return nil, fmt.Errorf("server.socket_mode: %w", err)
 	}
+	// The group reaches the socket only through its directory, which the
+	// engine may have created 0700 (the run dir): let others search it, not
+	// list it. What is inside keeps its own modes (sandboxes/ is 0700); the
+	// socket's mode stays the access control.
+	if sc.SocketPerm()&0o077 != 0 {
+		dir := filepath.Dir(path)
+		if st, err := os.Stat(dir); err == nil && st.Mode().Perm()&0o011 != 0o011 {
+			if err := os.Chmod(dir, st.Mode().Perm()|0o011); err != nil {
+				l.Close()
+				return nil, fmt.Errorf("server.socket: let the group reach the socket: %w", err)
+			}
+		}
+	}
 	return l, nil
 }
 
