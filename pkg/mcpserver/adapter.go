@@ -275,10 +275,11 @@ type progressNotifier struct {
 	heartbeat time.Duration
 	started   time.Time
 
-	mu      sync.Mutex
-	pending strings.Builder
-	stream_ string // stream of the last pending bytes
-	seq     int
+	mu       sync.Mutex
+	pending  strings.Builder
+	stream_  string // stream of the last pending bytes
+	seq      int
+	lastSent time.Time // of the last notification; loop goroutine only
 	wake    chan struct{}
 	done    chan struct{}
 	stopped chan struct{}
@@ -287,6 +288,15 @@ type progressNotifier struct {
 const (
 	progressCoalesce   = 50 * time.Millisecond
 	progressMaxMessage = 8 << 10
+	// progressSettle is the least time between a request's last progress
+	// notification and its result. Being first on the wire is not enough:
+	// the TypeScript SDK (and Claude Code, built on it) handles a
+	// notification in a microtask but a response at once, so a
+	// notification that reaches it in the same read as the result is
+	// handled after it and fails with "unknown token" (issue 10, measured
+	// in test/mcp TestProgressBeforeResult). A gap lets the client read
+	// them apart.
+	progressSettle = 50 * time.Millisecond
 )
 
 // newProgress returns the call's notifier, or nil when its answer cannot
@@ -336,16 +346,28 @@ func (p *progressNotifier) loop() {
 			select {
 			case <-time.After(progressCoalesce):
 			case <-p.done:
-				p.flush()
+				p.settle()
 				return
 			}
 		case <-beat.C:
 			p.beat()
 			beat.Reset(p.heartbeat)
 		case <-p.done:
-			p.flush()
+			p.settle()
 			return
 		}
+	}
+}
+
+// settle ends the notifier: output still pending is not sent (the result
+// carries it), and the result waits until progressSettle has passed since
+// the last notification.
+func (p *progressNotifier) settle() {
+	if p.lastSent.IsZero() {
+		return
+	}
+	if d := progressSettle - time.Since(p.lastSent); d > 0 {
+		time.Sleep(d)
 	}
 }
 
@@ -378,6 +400,7 @@ func (p *progressNotifier) flush() bool {
 
 func (p *progressNotifier) send(msg string) {
 	p.seq++
+	p.lastSent = time.Now()
 	// An error means the client is gone or the answer already ended:
 	// nothing to tell anyone.
 	_ = p.stream.event(mcp.JSONRPCNotification{JSONRPC: mcp.JSONRPC_VERSION, Notification: mcp.Notification{
@@ -388,8 +411,8 @@ func (p *progressNotifier) send(msg string) {
 	}})
 }
 
-// stop sends what is pending and waits, so that every notification is
-// written before the result.
+// stop ends the notifier and waits for it (see settle), so that every
+// notification is written, and read apart, before the result.
 func (p *progressNotifier) stop() {
 	if p == nil {
 		return

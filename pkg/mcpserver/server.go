@@ -120,6 +120,9 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 		s.sessionEnded(ctx, sess.SessionID())
 	})
 	s.mcp = server.NewMCPServer(Name, version.Version,
+		// Declared honestly: tools, and resources (run record logs, when
+		// the run group is on). No logging to clients, prompts,
+		// completions or subscriptions.
 		server.WithToolCapabilities(false),
 		server.WithRecovery(),
 		server.WithInstructions(instructions),
@@ -148,6 +151,7 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 	}
 	if enabled("run") {
 		s.addRunTools()
+		s.addRunResources()
 	}
 	return s
 }

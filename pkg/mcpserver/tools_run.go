@@ -181,7 +181,7 @@ func (s *srv) addRunTools() {
 // pointing at the run record), the steps before it share a smaller part,
 // and the last step, whose output the top level already is, carries none.
 func (s *srv) runResult(res *apitypes.RunResult) *result {
-	where := fmt.Sprintf("the run record keeps it: run_get {run_id: %q}", res.RunID)
+	where := fmt.Sprintf("the run record keeps it: run_get {run_id: %q}, resource run://%s/stdout.log", res.RunID, res.RunID)
 	return s.fit(func(limit int) *result {
 		out := runCodeOut{RunResult: *res}
 		out.Steps = make([]apitypes.RunStep, len(res.Steps))

@@ -512,6 +512,20 @@ func TestProgressAndSize(t *testing.T) {
 	if len(b) > 16<<10 || !strings.Contains(rr.Stdout, "run_get") || !strings.HasSuffix(rr.Stdout, "100000\n") {
 		t.Errorf("run_code cut: %d bytes, %q", len(b), rr.Note)
 	}
+	// The whole log as a resource (the first MiB; this one is 588895 bytes).
+	rreq := mcp.ReadResourceRequest{}
+	rreq.Params.URI = "run://" + rr.RunID + "/stdout.log"
+	rres, err := c.ReadResource(context.Background(), rreq)
+	if err != nil || len(rres.Contents) != 1 {
+		t.Fatalf("resource %s: %v", rreq.Params.URI, err)
+	}
+	if tc, _ := rres.Contents[0].(mcp.TextResourceContents); len(tc.Text) != 588895 || !strings.HasSuffix(tc.Text, "\n100000\n") {
+		t.Errorf("resource %s: %d bytes", rreq.Params.URI, len(tc.Text))
+	}
+	rreq.Params.URI = "run://" + rr.RunID + "/secret"
+	if _, err := c.ReadResource(context.Background(), rreq); err == nil || !strings.Contains(err.Error(), "uri") {
+		t.Errorf("resource %s: %v", rreq.Params.URI, err)
+	}
 	rec := ok[runGetOut](c, "run_get", map[string]any{"run_id": rr.RunID})
 	if rec.Metadata.StdoutBytes != 588895 || !strings.Contains(rec.Stdout, "stdout.log") {
 		t.Errorf("run_get of a long run: %d bytes, note %q", rec.Metadata.StdoutBytes, rec.Note)

@@ -360,7 +360,9 @@ func TestProgressBeforeResult(t *testing.T) {
 				Errors                            []string
 			}
 			runClient(t, "progress", tr, 1000, &r)
-			if r.Calls != 1000 || r.Late != 0 || r.Wrong != 0 || len(r.Errors) > 0 || r.Notifications < r.Calls {
+			// Output that comes right before the exit travels in the result
+			// only (see progressSettle), so not every call has progress.
+			if r.Calls != 1000 || r.Late != 0 || r.Wrong != 0 || len(r.Errors) > 0 || r.Notifications < r.Calls/4 {
 				t.Errorf("%+v", r)
 			}
 			t.Logf("%d calls, %d progress notifications, %d after their result", r.Calls, r.Notifications, r.Late)
