@@ -33,7 +33,7 @@ daemon, root runs the engine in this process, holding the state directory's
 lock (one such client at a time); anyone else gets a JSON-RPC error on every
 request saying how to start the daemon. Logs go to stderr (warnings and
 errors unless --log-level says otherwise), never to stdout.`,
-	}, func(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	}, func(ctx context.Context, cfg *config.Config, _ *slog.Logger) error {
 		// MCP clients show every stderr line as an error: stdio logs
 		// warnings and errors only, unless --log-level says otherwise.
 		var lvl slog.Level
@@ -41,8 +41,7 @@ errors unless --log-level says otherwise), never to stdout.`,
 			return &exitError{code: 2, err: fmt.Errorf("--log-level: %v", err)}
 		}
 		cfg.Log.Level = level
-		log = newLogger(cfg.Log, os.Stderr)
-		return serveStdio(ctx, cfg, log)
+		return serveStdio(ctx, cfg, newLogger(cfg.Log, os.Stderr))
 	})
 	cmd.Flags().StringVar(&level, "log-level", "warn", "log level on stderr: debug, info, warn, error")
 	return cmd

@@ -280,9 +280,9 @@ type progressNotifier struct {
 	stream_  string // stream of the last pending bytes
 	seq      int
 	lastSent time.Time // of the last notification; loop goroutine only
-	wake    chan struct{}
-	done    chan struct{}
-	stopped chan struct{}
+	wake     chan struct{}
+	done     chan struct{}
+	stopped  chan struct{}
 }
 
 const (

@@ -14,8 +14,6 @@ package mcpserver
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -222,12 +220,6 @@ func (s *srv) limits() string {
 }
 
 func boolp(b bool) *bool { return &b }
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
 
 // quieter logs mcp-go's per-request info lines at debug level.
 type quieter struct{ slog.Handler }
