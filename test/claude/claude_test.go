@@ -331,6 +331,46 @@ func sharedCopy(t *testing.T, path string) string {
 	return dst
 }
 
+// TestStdioSecondClientWithoutDaemon: without a daemon root's first stdio
+// client runs the engine in-process; a second one at the same time gets a
+// JSON-RPC error saying to start the daemon, not a silent death.
+func TestStdioSecondClientWithoutDaemon(t *testing.T) {
+	testenv.RequireRoot(t)
+	solo := testenv.NewDaemon(t)
+	bin := filepath.Join(solo.Bin, "mcp-sandboxd")
+	first := exec.Command(bin, "stdio", "--config", solo.CfgPath)
+	in, err := first.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := first.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { in.Close(); _ = first.Wait() }()
+	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}` + "\n"
+	if _, err := in.Write([]byte(init)); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.Contains(line, `"result"`) {
+		t.Fatalf("first client: %q %v", line, err)
+	}
+
+	second := exec.Command(bin, "stdio", "--config", solo.CfgPath)
+	second.Stdin = strings.NewReader(init)
+	got, err := second.Output()
+	if err != nil {
+		t.Fatalf("second client: %v", err)
+	}
+	if !strings.Contains(string(got), `"error"`) || !strings.Contains(string(got), "one client at a time") || !strings.Contains(string(got), "Start the daemon") {
+		t.Errorf("second client got %q", got)
+	}
+}
+
 func writeConfig(t *testing.T, path string, c *config.Config) {
 	t.Helper()
 	data, err := config.Marshal(c)
