@@ -240,6 +240,7 @@ func TestClaudeCode(t *testing.T) {
 	writeConfig(t, solo.CfgPath, solo.Config)
 
 	bin := filepath.Join(d.Bin, "mcp-sandboxd")
+	clientLog := filepath.Join(t.TempDir(), "claude-to-server.jsonl")
 	userHome := filepath.Join(sharedDir(t), "home")
 	if err := os.Mkdir(userHome, 0o700); err != nil {
 		t.Fatal(err)
@@ -248,7 +249,10 @@ func TestClaudeCode(t *testing.T) {
 		t.Fatal(err)
 	}
 	sessions := []*session{
-		{name: "stdio-daemon", server: map[string]any{"type": "stdio", "command": bin, "args": []string{"stdio", "--config", d.CfgPath}}},
+		// What Claude Code writes to this server is kept (tee), to see which
+		// protocol revision it settled on over stdio.
+		{name: "stdio-daemon", server: map[string]any{"type": "stdio", "command": "/bin/sh",
+			"args": []string{"-c", `tee "$1" | "$2" stdio --config "$3"`, "sh", clientLog, bin, d.CfgPath}}},
 		{name: "stdio-no-daemon", server: map[string]any{"type": "stdio", "command": bin, "args": []string{"stdio", "--config", solo.CfgPath}}},
 		{name: "http", server: map[string]any{"type": "http", "url": "http://" + d.HTTPAddr + "/mcp",
 			"headers": map[string]any{"Authorization": "Bearer ${SANDBOXD_TOKEN}"}},
@@ -257,6 +261,19 @@ func TestClaudeCode(t *testing.T) {
 			server: map[string]any{"type": "stdio", "command": bin, "args": []string{"stdio", "--config", sharedCopy(t, d.CfgPath)}}},
 	}
 	var wg sync.WaitGroup
+	defer func() {
+		// Claude Code first tries 2026-07-28 (no initialize); over stdio it
+		// must not have had to fall back to an initialize handshake.
+		data, err := os.ReadFile(clientLog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := strings.Count(string(data), `"method":"tools/call"`)
+		modern := strings.Count(string(data), `"io.modelcontextprotocol/protocolVersion":"2026-07-28"`)
+		if strings.Contains(string(data), `"method":"initialize"`) || calls < 20 || modern < calls {
+			t.Errorf("stdio: Claude Code sent %d tool calls, %d messages on 2026-07-28, initialize: %v", calls, modern, strings.Contains(string(data), `"method":"initialize"`))
+		}
+	}()
 	for _, s := range sessions {
 		wg.Add(1)
 		go func() {
