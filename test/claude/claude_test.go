@@ -364,17 +364,36 @@ func TestStdioSecondClientWithoutDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var firstErr bytes.Buffer
+	first.Stderr = &firstErr
 	if err := first.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { in.Close(); _ = first.Wait() }()
+	defer func() {
+		in.Close()
+		_ = first.Wait()
+		// stdio logs warnings and errors only: a good session says nothing
+		// (Claude Code shows every stderr line as an error).
+		if firstErr.Len() > 0 {
+			t.Errorf("first client's stderr: %s", firstErr.String())
+		}
+	}()
 	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}` + "\n"
 	if _, err := in.Write([]byte(init)); err != nil {
 		t.Fatal(err)
 	}
-	line, err := bufio.NewReader(out).ReadString('\n')
+	rd := bufio.NewReader(out)
+	line, err := rd.ReadString('\n')
 	if err != nil || !strings.Contains(line, `"result"`) {
 		t.Fatalf("first client: %q %v", line, err)
+	}
+	call := `{"jsonrpc":"2.0","method":"notifications/initialized"}` + "\n" +
+		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"languages_list","arguments":{}}}` + "\n"
+	if _, err := in.Write([]byte(call)); err != nil {
+		t.Fatal(err)
+	}
+	if line, err = rd.ReadString('\n'); err != nil || !strings.Contains(line, `"shell"`) {
+		t.Fatalf("first client: languages_list: %.300q %v", line, err)
 	}
 
 	second := exec.Command(bin, "stdio", "--config", solo.CfgPath)
