@@ -87,6 +87,9 @@ install: build
 	install -D -m 0644 config/mcp-sandboxd.yaml $(DESTDIR)/etc/mcp-sandboxd/mcp-sandboxd.yaml.default
 	test -e $(DESTDIR)/etc/mcp-sandboxd/mcp-sandboxd.yaml || install -m 0644 config/mcp-sandboxd.yaml $(DESTDIR)/etc/mcp-sandboxd/mcp-sandboxd.yaml
 	if [[ -e config/mcp-sandboxd.service ]]; then install -D -m 0644 config/mcp-sandboxd.service $(DESTDIR)/lib/systemd/system/mcp-sandboxd.service; fi
+	# The socket's group (server.socket_group): its members use the daemon
+	# without root. Only on the live system, not into a DESTDIR image.
+	if [[ -z "$(DESTDIR)" ]] && ! getent group mcp-sandboxd >/dev/null; then groupadd --system mcp-sandboxd; fi
 
 clean:
 	rm -rf bin test-output pkg/webui/dist/assets pkg/webui/dist/index.html

@@ -49,4 +49,18 @@ fi
 # The web editor's build tools and libraries (pinned by web/package-lock.json).
 if [[ ! -e web/node_modules/.package-lock.json || web/package-lock.json -nt web/node_modules/.package-lock.json ]]; then
 	(cd web && npm ci --no-audit --no-fund --loglevel=error)
+# Claude Code for the black-box test in test/claude (pinned by its
+# package-lock.json). Its npm package carries the native binary per platform
+# as an optional dependency; the test runs that binary, so the package's own
+# postinstall (which would copy it over a stub) need not run.
+if [[ ! -e test/claude/node_modules/@anthropic-ai/claude-code-linux-x64/claude || test/claude/package-lock.json -nt test/claude/node_modules/.package-lock.json ]]; then
+	(cd test/claude && npm ci --no-audit --no-fund --loglevel=error --ignore-scripts)
+fi
+
+# The official MCP conformance suite (test/conformance, pinned by its
+# package-lock.json) with the Node.js it needs (>= 22), itself pinned as the
+# npm package "node", whose install script (allowed in package.json's
+# allowScripts) fetches the platform's Node binary from the npm registry.
+if [[ ! -x test/conformance/node_modules/.bin/node || test/conformance/package-lock.json -nt test/conformance/node_modules/.package-lock.json ]]; then
+	(cd test/conformance && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -145,9 +147,11 @@ func uiBaseURL(httpAddr string) string {
 	return "http://" + net.JoinHostPort(host, port)
 }
 
-// listenUnix listens on the API socket with mode 0660: the file mode is the
-// access control of the unauthenticated socket.
-func listenUnix(path string) (net.Listener, error) {
+// listenUnix listens on the API socket, owned by root and
+// server.socket_group with server.socket_mode: the file mode is the access
+// control of the unauthenticated socket.
+func listenUnix(sc config.Server, log *slog.Logger) (net.Listener, error) {
+	path := sc.Socket
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("server.socket: %w", err)
 	}
@@ -162,11 +166,47 @@ func listenUnix(path string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server.socket: %w", err)
 	}
-	if err := os.Chmod(path, 0o660); err != nil {
+	// The socket's owner, group and mode are the access control of the
+	// unauthenticated socket API (REST and MCP): root and members of
+	// server.socket_group.
+	if sc.SocketGroup != "" {
+		gid, err := lookupGroup(sc.SocketGroup)
+		if err != nil {
+			log.Warn("server.socket_group: the socket stays root's", "group", sc.SocketGroup, "err", err)
+		} else if err := os.Lchown(path, 0, gid); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("server.socket_group: %w", err)
+		}
+	}
+	if err := os.Chmod(path, sc.SocketPerm()); err != nil {
 		l.Close()
-		return nil, fmt.Errorf("server.socket: %w", err)
+		return nil, fmt.Errorf("server.socket_mode: %w", err)
+	}
+	// The group reaches the socket only through its directory, which the
+	// engine may have created 0700 (the run dir): let others search it, not
+	// list it. What is inside keeps its own modes (sandboxes/ is 0700); the
+	// socket's mode stays the access control.
+	if sc.SocketPerm()&0o077 != 0 {
+		dir := filepath.Dir(path)
+		if st, err := os.Stat(dir); err == nil && st.Mode().Perm()&0o011 != 0o011 {
+			if err := os.Chmod(dir, st.Mode().Perm()|0o011); err != nil {
+				l.Close()
+				return nil, fmt.Errorf("server.socket: let the group reach the socket: %w", err)
+			}
+		}
 	}
 	return l, nil
+}
+
+// lookupGroup resolves a group name (or a numeric gid).
+func lookupGroup(name string) (int, error) {
+	if g, err := user.LookupGroup(name); err == nil {
+		return strconv.Atoi(g.Gid)
+	}
+	if gid, err := strconv.Atoi(name); err == nil {
+		return gid, nil
+	}
+	return 0, fmt.Errorf("no group %q (make install creates it: groupadd --system %s)", name, name)
 }
 
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
@@ -198,7 +238,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		log.Info("serving", "api", what, "addr", l.Addr().String())
 	}
 
-	ul, err := listenUnix(cfg.Server.Socket)
+	ul, err := listenUnix(cfg.Server, log)
 	if err != nil {
 		return err
 	}

@@ -18,17 +18,33 @@ import (
 )
 
 func stdioCmd() *cobra.Command {
-	return runtimeCmd(&cobra.Command{
+	var level string
+	cmd := runtimeCmd(&cobra.Command{
 		Use:   "stdio",
-		Short: "Serve MCP over stdin/stdout for one client (through the running daemon, else in-process)",
+		Short: "Serve MCP over stdin/stdout for one client (through the running daemon, else in-process as root)",
 		Long: `Serve MCP over stdin/stdout for one client, e.g.
 
   claude mcp add sandbox -- mcp-sandboxd stdio
 
 When a daemon answers on server.socket, the session is carried to the
-daemon's /mcp endpoint; otherwise the engine runs in this process, holding
-the state directory's lock. Logs go to stderr, never to stdout.`,
-	}, serveStdio)
+daemon's /mcp endpoint: any number of clients, run by root or by members of
+server.socket_group (make install creates the group mcp-sandboxd). Without a
+daemon, root runs the engine in this process, holding the state directory's
+lock (one such client at a time); anyone else gets a JSON-RPC error on every
+request saying how to start the daemon. Logs go to stderr (warnings and
+errors unless --log-level says otherwise), never to stdout.`,
+	}, func(ctx context.Context, cfg *config.Config, _ *slog.Logger) error {
+		// MCP clients show every stderr line as an error: stdio logs
+		// warnings and errors only, unless --log-level says otherwise.
+		var lvl slog.Level
+		if err := lvl.UnmarshalText([]byte(level)); err != nil {
+			return &exitError{code: 2, err: fmt.Errorf("--log-level: %v", err)}
+		}
+		cfg.Log.Level = level
+		return serveStdio(ctx, cfg, newLogger(cfg.Log, os.Stderr))
+	})
+	cmd.Flags().StringVar(&level, "log-level", "warn", "log level on stderr: debug, info, warn, error")
+	return cmd
 }
 
 func serveStdio(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
@@ -44,19 +60,31 @@ func serveStdio(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	cancel()
 	if err == nil {
 		conn.Close()
-		log.Info("mcp stdio: using the running daemon", "socket", cfg.Server.Socket)
+		log.Debug("mcp stdio: using the running daemon", "socket", cfg.Server.Socket)
 		return mcpserver.Bridge(ctx, dial, os.Stdin, os.Stdout, log)
 	}
-	log.Info("mcp stdio: no daemon answers; running the engine in-process", "socket", cfg.Server.Socket, "reason", err)
-
+	daemonErr := err
+	refuse := func(why string) error {
+		log.Error("mcp stdio: " + why)
+		return mcpserver.Refuse(ctx, os.Stdin, os.Stdout, why)
+	}
+	if os.Geteuid() != 0 {
+		return refuse(fmt.Sprintf("mcp-sandboxd stdio needs the mcp-sandboxd daemon or root: no daemon answers on %s (%v). "+
+			"Start it (sudo systemctl start mcp-sandboxd, or sudo mcp-sandboxd serve) and make sure this user is in the socket's group %q "+
+			"(sudo usermod -aG %s $USER, then log in again), or run this server as root.",
+			cfg.Server.Socket, daemonErr, cfg.Server.SocketGroup, cfg.Server.SocketGroup))
+	}
+	log.Debug("mcp stdio: no daemon answers; running the engine in-process", "socket", cfg.Server.Socket, "reason", daemonErr)
 	lock, err := lockStateDir(cfg.Paths.StateDir)
 	if err != nil {
-		return fmt.Errorf("%w (is a daemon starting? it serves MCP on %s)", err, cfg.Server.Socket)
+		return refuse(fmt.Sprintf("mcp-sandboxd stdio without a daemon serves one client at a time and another one holds %s (%v). "+
+			"Start the daemon (sudo systemctl start mcp-sandboxd, or sudo mcp-sandboxd serve) for any number of clients.",
+			cfg.Paths.StateDir, err))
 	}
 	defer lock.Close()
 	eng, err := engine.New(ctx, cfg, log)
 	if err != nil {
-		return err
+		return refuse(fmt.Sprintf("mcp-sandboxd stdio: cannot start the engine in-process: %v", err))
 	}
 	defer eng.Close()
 	return mcpserver.ServeStdio(ctx, eng, mcpserver.Options{Log: log}, os.Stdin, os.Stdout)

@@ -14,6 +14,8 @@ package config
 import (
 	"reflect"
 	"strings"
+	"os"
+	"strconv"
 	"time"
 )
 
@@ -39,7 +41,12 @@ type Config struct {
 
 // Server is the `server` section.
 type Server struct {
-	Socket        string   `yaml:"socket"`          // REST API unix socket
+	Socket string `yaml:"socket"` // REST API unix socket
+	// SocketGroup owns the socket (read-write for it under SocketMode):
+	// its members may use the daemon without root. Empty: root's group.
+	SocketGroup string `yaml:"socket_group"`
+	// SocketMode is the socket's permission bits, octal ("0660").
+	SocketMode    string   `yaml:"socket_mode"`
 	HTTPAddr      string   `yaml:"http_addr"`       // REST, MCP (/mcp), health, metrics; empty: no TCP listener
 	AuthTokenFile string   `yaml:"auth_token_file"` // bearer token for HTTP (all but /healthz)
 	Tools         []string `yaml:"tools"`           // enabled MCP tool groups, from ToolGroups
@@ -49,6 +56,19 @@ type Server struct {
 	// MCPOnSessionEnd is what happens to the sandboxes an MCP session
 	// created when the session ends: keep or terminate.
 	MCPOnSessionEnd string `yaml:"mcp_on_session_end"`
+	// MCPProgressInterval is how long an MCP tool call may stay silent
+	// before the client is told it still runs (a progress notification
+	// with a progress token, an SSE comment over HTTP without one).
+	MCPProgressInterval Duration `yaml:"mcp_progress_interval"`
+}
+
+// SocketPerm is server.socket_mode as file permission bits.
+func (s Server) SocketPerm() os.FileMode {
+	m, err := strconv.ParseUint(s.SocketMode, 8, 32)
+	if err != nil || s.SocketMode == "" {
+		return 0o660
+	}
+	return os.FileMode(m) & os.ModePerm
 }
 
 // What server.mcp_on_session_end may say.
@@ -155,12 +175,15 @@ func Default() *Config {
 	return &Config{
 		Server: Server{
 			Socket:        "/run/mcp-sandboxd/api.sock",
+			SocketGroup:   "mcp-sandboxd",
+			SocketMode:    "0660",
 			HTTPAddr:      "127.0.0.1:7070",
 			AuthTokenFile: "/etc/mcp-sandboxd/token",
 			Tools:         append([]string(nil), ToolGroups...),
 
-			MCPMaxResultBytes: 48 << 10,
-			MCPOnSessionEnd:   SessionEndKeep,
+			MCPMaxResultBytes:   48 << 10,
+			MCPOnSessionEnd:     SessionEndKeep,
+			MCPProgressInterval: Duration(15 * time.Second),
 		},
 		Paths: Paths{
 			StateDir:   "/var/lib/mcp-sandboxd",

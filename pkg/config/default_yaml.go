@@ -27,6 +27,13 @@ server:
   # Unix socket of the REST API (used by sandboxctl). No authentication: the
   # socket's file mode is the access control.
   socket: /run/mcp-sandboxd/api.sock
+  # Group that owns the socket. Members of the
+  # group use the daemon without root, e.g. "mcp-sandboxd stdio" from their
+  # own Claude Code. "make install" creates the group mcp-sandboxd; when the
+  # group does not exist the socket stays root's (a warning is logged).
+  socket_group: mcp-sandboxd
+  # Permission bits of the socket (octal; root must keep read and write).
+  socket_mode: "0660"
   # TCP address (host:port) serving MCP (/mcp), the REST API, /healthz,
   # /readyz, /metrics and the web editor (/; log in with the URL that
   # "sandboxctl ui" prints). Empty: no TCP listener.
@@ -47,6 +54,11 @@ server:
   # ends (stdio client exits, HTTP session deleted or idle for an hour):
   # keep (they live on until their idle_timeout / ttl) or terminate.
   mcp_on_session_end: keep
+  # How long an MCP tool call may stay silent before the client is told it
+  # still runs: a progress notification when the client gave a progress
+  # token, else (over HTTP) an SSE comment, which is the first byte clients
+  # such as Claude Code wait for.
+  mcp_progress_interval: 15s
 
 # Directories and files (absolute paths).
 paths:

@@ -71,6 +71,14 @@ func (s *Server) validate(p *problems) {
 		p.add("server.mcp_max_result_bytes", "", "%v is below the minimum of %v", s.MCPMaxResultBytes, minMCPResult)
 	}
 	p.oneOf("server.mcp_on_session_end", s.MCPOnSessionEnd, SessionEndKeep, SessionEndTerminate)
+	if m, err := strconv.ParseUint(s.SocketMode, 8, 32); err != nil || m > 0o777 {
+		p.add("server.socket_mode", "", "invalid value %q (want octal permission bits such as \"0660\")", s.SocketMode)
+	} else if m&0o600 != 0o600 {
+		p.add("server.socket_mode", "", "%q: the owner (root) needs read and write", s.SocketMode)
+	}
+	if s.MCPProgressInterval.D() < time.Second || s.MCPProgressInterval.D() > 10*time.Minute {
+		p.add("server.mcp_progress_interval", "", "%v: want between 1s and 10m", s.MCPProgressInterval.D())
+	}
 	seen := make(map[string]bool)
 	for i, t := range s.Tools {
 		key := fmt.Sprintf("server.tools[%d]", i)

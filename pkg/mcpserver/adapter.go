@@ -23,6 +23,9 @@ type call struct {
 	s       *srv
 	req     mcp.CallToolRequest
 	session string // MCP session id; "" when the protocol has none
+	// progress reports on the running call (nil when the answer cannot
+	// carry notifications); stopped before the result is written.
+	progress *progressNotifier
 }
 
 // result is what a handler returns: the structured content and the readable
@@ -47,9 +50,11 @@ func addTool[In, Out any](s *srv, name, title, description string, a annotations
 		}
 		c := &call{s: s, req: req}
 		if sess := server.ClientSessionFromContext(ctx); sess != nil {
-			c.session = s.sessionID(sess.SessionID())
+			c.session = sess.SessionID()
 		}
+		c.progress = c.newProgress(ctx)
 		res, err := fn(ctx, c, &in)
+		c.progress.stop()
 		if err != nil {
 			return s.errorResult(name, err), nil
 		}
@@ -162,21 +167,30 @@ func resultSize(r *result) int {
 	return len(b) + len(t) + 128
 }
 
-// fit builds a result with build(limit), where limit caps each variable
-// string, shrinking limit until the result fits the configured budget.
+// fit builds a result with build(limit), where limit caps the variable
+// strings together, choosing the largest limit whose result fits the
+// configured budget (JSON escaping makes the size hard to predict, so it
+// searches).
 func (s *srv) fit(build func(limit int) *result) *result {
 	budget := s.opt.MaxResultBytes
-	limit := budget / 2
-	var r *result
-	for range 8 {
-		r = build(limit)
-		size := resultSize(r)
-		if size <= budget || limit <= 256 {
-			return r
-		}
-		limit = max(256, int(float64(limit)*float64(budget)/float64(size)*0.9))
+	lo, hi := 256, budget
+	r := build(hi)
+	if resultSize(r) <= budget {
+		return r
 	}
-	return r
+	best := build(lo)
+	for range 12 {
+		if hi-lo <= 256 {
+			break
+		}
+		mid := (lo + hi) / 2
+		if m := build(mid); resultSize(m) <= budget {
+			lo, best = mid, m
+		} else {
+			hi = mid
+		}
+	}
+	return best
 }
 
 // cut shortens s to about limit bytes, keeping its head and its tail around
@@ -245,55 +259,73 @@ func incompleteTail(b string) int {
 	return 0
 }
 
-// progressNotifier sends a tool's output as progress notifications while it
-// runs, when the client gave a progress token. Output is coalesced: at most
-// one notification every progressInterval, each at most progressMaxMessage
-// bytes (older output of a burst is skipped with a marker).
+// progressNotifier keeps a running call's client informed, on the
+// request's own ordered stream (requestStream). With a progress token it
+// sends the tool's output as progress notifications, coalesced to at most
+// one every progressCoalesce and progressMaxMessage bytes each (older output
+// of a burst is skipped with a marker), and, when the call stays silent for
+// the heartbeat interval, a progress notification saying it still runs.
+// Without a token it writes an SSE comment at that interval, so that
+// clients waiting for the first byte of the answer with a deadline do not
+// give up on a silent call. The progress value counts notifications, so it
+// increases with each one as the protocol requires.
 type progressNotifier struct {
-	ctx   context.Context
-	srv   *server.MCPServer
-	token mcp.ProgressToken
+	stream    *requestStream
+	token     mcp.ProgressToken // nil: heartbeats only, as SSE comments
+	heartbeat time.Duration
+	started   time.Time
 
-	mu      sync.Mutex
-	pending strings.Builder
-	stream  string // stream of the last pending bytes
-	skipped int
-	total   int64
-	wake    chan struct{}
-	done    chan struct{}
-	stopped chan struct{}
+	mu       sync.Mutex
+	pending  strings.Builder
+	stream_  string // stream of the last pending bytes
+	seq      int
+	lastSent time.Time // of the last notification; loop goroutine only
+	wake     chan struct{}
+	done     chan struct{}
+	stopped  chan struct{}
 }
 
 const (
-	progressInterval   = 50 * time.Millisecond
+	progressCoalesce   = 50 * time.Millisecond
 	progressMaxMessage = 8 << 10
+	// progressSettle is the least time between a request's last progress
+	// notification and its result. Being first on the wire is not enough:
+	// the TypeScript SDK (and Claude Code, built on it) handles a
+	// notification in a microtask but a response at once, so a
+	// notification that reaches it in the same read as the result is
+	// handled after it and fails with "unknown token" (issue 10, measured
+	// in test/mcp TestProgressBeforeResult). A gap lets the client read
+	// them apart.
+	progressSettle = 50 * time.Millisecond
 )
 
-// newProgress returns a notifier, or nil when the request has no token.
+// newProgress returns the call's notifier, or nil when its answer cannot
+// carry anything before the result.
 func (c *call) newProgress(ctx context.Context) *progressNotifier {
-	meta := c.req.Params.Meta
-	if meta == nil || meta.ProgressToken == nil {
+	rs := streamFrom(ctx)
+	if rs == nil || !rs.accepts {
 		return nil
 	}
-	srv := server.ServerFromContext(ctx)
-	if srv == nil {
-		return nil
-	}
-	p := &progressNotifier{ctx: ctx, srv: srv, token: meta.ProgressToken,
+	p := &progressNotifier{stream: rs, heartbeat: c.s.opt.ProgressInterval, started: time.Now(),
 		wake: make(chan struct{}, 1), done: make(chan struct{}), stopped: make(chan struct{})}
+	if meta := c.req.Params.Meta; meta != nil && meta.ProgressToken != nil {
+		p.token = meta.ProgressToken
+	}
 	go p.loop()
 	return p
 }
 
 // output is a sandbox.OutputFunc.
 func (p *progressNotifier) output(stream string, data []byte) {
+	if p.token == nil {
+		return
+	}
 	p.mu.Lock()
-	if stream != p.stream && stream == "stderr" {
+	if stream != p.stream_ && stream == "stderr" {
 		p.pending.WriteString("[stderr] ")
 	}
-	p.stream = stream
+	p.stream_ = stream
 	p.pending.Write(data)
-	p.total += int64(len(data))
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
@@ -303,50 +335,84 @@ func (p *progressNotifier) output(stream string, data []byte) {
 
 func (p *progressNotifier) loop() {
 	defer close(p.stopped)
+	beat := time.NewTimer(p.heartbeat)
+	defer beat.Stop()
 	for {
 		select {
 		case <-p.wake:
-			p.flush()
+			if p.flush() {
+				beat.Reset(p.heartbeat)
+			}
 			select {
-			case <-time.After(progressInterval):
+			case <-time.After(progressCoalesce):
 			case <-p.done:
-				p.flush()
+				p.settle()
 				return
 			}
+		case <-beat.C:
+			p.beat()
+			beat.Reset(p.heartbeat)
 		case <-p.done:
-			p.flush()
+			p.settle()
 			return
 		}
 	}
 }
 
-func (p *progressNotifier) flush() {
+// settle ends the notifier: output still pending is not sent (the result
+// carries it), and the result waits until progressSettle has passed since
+// the last notification.
+func (p *progressNotifier) settle() {
+	if p.lastSent.IsZero() {
+		return
+	}
+	if d := progressSettle - time.Since(p.lastSent); d > 0 {
+		time.Sleep(d)
+	}
+}
+
+// beat tells the client the call is still running.
+func (p *progressNotifier) beat() {
+	if p.token == nil {
+		_ = p.stream.keepAlive()
+		return
+	}
+	p.send(fmt.Sprintf("[still running after %s]\n", time.Since(p.started).Round(time.Second)))
+}
+
+// flush sends the pending output; it reports whether there was any.
+func (p *progressNotifier) flush() bool {
 	p.mu.Lock()
 	msg := p.pending.String()
 	p.pending.Reset()
-	p.stream = ""
-	total := p.total
+	p.stream_ = ""
 	p.mu.Unlock()
 	if msg == "" {
-		return
+		return false
 	}
 	if len(msg) > progressMaxMessage {
 		keep := validSuffix(msg[len(msg)-progressMaxMessage:])
 		msg = fmt.Sprintf("[... %d bytes not shown ...]\n", len(msg)-len(keep)) + keep
 	}
-	msg = strings.ToValidUTF8(msg, "\uFFFD")
-	err := p.srv.SendNotificationToClient(p.ctx, string(mcp.MethodNotificationProgress), map[string]any{
-		"progressToken": p.token, "progress": total, "message": msg,
-	})
-	if err != nil {
-		p.mu.Lock()
-		p.skipped++
-		p.mu.Unlock()
-	}
+	p.send(strings.ToValidUTF8(msg, "\uFFFD"))
+	return true
 }
 
-// stop sends what is pending and waits, so that every notification goes
-// out before the result.
+func (p *progressNotifier) send(msg string) {
+	p.seq++
+	p.lastSent = time.Now()
+	// An error means the client is gone or the answer already ended:
+	// nothing to tell anyone.
+	_ = p.stream.event(mcp.JSONRPCNotification{JSONRPC: mcp.JSONRPC_VERSION, Notification: mcp.Notification{
+		Method: string(mcp.MethodNotificationProgress),
+		Params: mcp.NotificationParams{AdditionalFields: map[string]any{
+			"progressToken": p.token, "progress": p.seq, "message": msg,
+		}},
+	}})
+}
+
+// stop ends the notifier and waits for it (see settle), so that every
+// notification is written, and read apart, before the result.
 func (p *progressNotifier) stop() {
 	if p == nil {
 		return
@@ -357,7 +423,7 @@ func (p *progressNotifier) stop() {
 
 // outputFunc is the notifier's OutputFunc, or nil without a notifier.
 func (p *progressNotifier) outputFunc() func(string, []byte) {
-	if p == nil {
+	if p == nil || p.token == nil {
 		return nil
 	}
 	return p.output

@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
+	"net/http/httptest"
 	"os"
 	"sync"
 	"testing"
@@ -54,7 +55,7 @@ func newEngine(t *testing.T, tweak ...func(*config.Config)) *engine.Engine {
 	return e
 }
 
-// mcpClient is an initialized in-process client that records the
+// mcpClient is an initialized streamable-HTTP client that records the
 // notifications it receives.
 type mcpClient struct {
 	*client.Client
@@ -69,7 +70,12 @@ func newClient(t *testing.T, e *engine.Engine, opt Options) *mcpClient {
 	if opt.Log == nil {
 		opt.Log = testenv.Logger(t)
 	}
-	c, err := client.NewInProcessClient(NewServer(e, opt))
+	// Over streamable HTTP, as clients meet it: progress travels on the
+	// request's own stream (requestStream), which the in-process transport
+	// does not have.
+	hs := httptest.NewServer(NewHandler(e, opt))
+	t.Cleanup(hs.Close)
+	c, err := client.NewStreamableHttpClient(hs.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +90,7 @@ func newClient(t *testing.T, e *engine.Engine, opt Options) *mcpClient {
 		t.Fatal(err)
 	}
 	init := mcp.InitializeRequest{}
-	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+	init.Params.ProtocolVersion = mcp.LATEST_LEGACY_PROTOCOL_VERSION
 	init.Params.ClientInfo = mcp.Implementation{Name: "mcpserver-test", Version: "0"}
 	if _, err := c.Initialize(ctx, init); err != nil {
 		t.Fatal(err)

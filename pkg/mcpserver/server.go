@@ -14,8 +14,6 @@ package mcpserver
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -56,6 +54,9 @@ type Options struct {
 	MaxResultBytes int
 	// OnSessionEnd is config.SessionEndKeep or config.SessionEndTerminate.
 	OnSessionEnd string
+	// ProgressInterval is how long a call may stay silent before the
+	// client is told it still runs (server.mcp_progress_interval).
+	ProgressInterval time.Duration
 }
 
 func (o Options) withDefaults(cfg *config.Config) Options {
@@ -70,6 +71,12 @@ func (o Options) withDefaults(cfg *config.Config) Options {
 	}
 	if o.MaxResultBytes < 4<<10 {
 		o.MaxResultBytes = 48 << 10
+	}
+	if o.ProgressInterval <= 0 {
+		o.ProgressInterval = time.Duration(cfg.Server.MCPProgressInterval)
+	}
+	if o.ProgressInterval <= 0 {
+		o.ProgressInterval = 15 * time.Second
 	}
 	if o.OnSessionEnd == "" {
 		o.OnSessionEnd = cfg.Server.MCPOnSessionEnd
@@ -95,17 +102,6 @@ type srv struct {
 	opt Options
 	log *slog.Logger
 	mcp *server.MCPServer
-	// stdioID names the stdio session, which mcp-go calls "stdio" in every
-	// process, uniquely.
-	stdioID string
-}
-
-// sessionID is the id that labels session id's sandboxes.
-func (s *srv) sessionID(id string) string {
-	if id == "stdio" {
-		return s.stdioID
-	}
-	return id
 }
 
 // NewServer returns the MCP server over e with the enabled tool groups.
@@ -116,12 +112,15 @@ func NewServer(e *engine.Engine, opt Options) *server.MCPServer {
 func newSrv(e *engine.Engine, opt Options) *srv {
 	cfg := e.Config()
 	opt = opt.withDefaults(cfg)
-	s := &srv{e: e, cfg: cfg, opt: opt, log: opt.Log, stdioID: "stdio-" + randHex(6)}
+	s := &srv{e: e, cfg: cfg, opt: opt, log: opt.Log}
 	hooks := &server.Hooks{}
 	hooks.AddOnUnregisterSession(func(ctx context.Context, sess server.ClientSession) {
 		s.sessionEnded(ctx, sess.SessionID())
 	})
 	s.mcp = server.NewMCPServer(Name, version.Version,
+		// Declared honestly: tools, and resources (run record logs, when
+		// the run group is on). No logging to clients, prompts,
+		// completions or subscriptions.
 		server.WithToolCapabilities(false),
 		server.WithRecovery(),
 		server.WithInstructions(instructions),
@@ -150,6 +149,7 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 	}
 	if enabled("run") {
 		s.addRunTools()
+		s.addRunResources()
 	}
 	if enabled("autofix") {
 		s.addAutofixTools()
@@ -160,7 +160,6 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 // sessionEnded terminates the sandboxes session id created, when the
 // configuration says so.
 func (s *srv) sessionEnded(ctx context.Context, id string) {
-	id = s.sessionID(id)
 	if id == "" || s.opt.OnSessionEnd != config.SessionEndTerminate {
 		return
 	}
@@ -185,7 +184,7 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 		server.WithStreamableHTTPLogger(s.log),
 		server.WithSessionIdleTTL(sessionIdleTTL),
 	)
-	return flushable(h)
+	return flushable(withRequestStreams(h))
 }
 
 // flushable restores http.Flusher on response writers that middleware
@@ -216,12 +215,6 @@ func (s *srv) limits() string {
 }
 
 func boolp(b bool) *bool { return &b }
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
 
 // quieter logs mcp-go's per-request info lines at debug level.
 type quieter struct{ slog.Handler }

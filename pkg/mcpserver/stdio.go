@@ -17,25 +17,105 @@ import (
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
-	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 )
 
 // ServeStdio serves one MCP client on in and out (newline-delimited
 // JSON-RPC) with the engine in this process, until in ends or ctx is done.
-// Nothing but protocol messages is written to out. When it returns the
-// session has ended (see Options.OnSessionEnd).
+// It runs the same streamable-HTTP handler the daemon serves, on an
+// in-memory connection, behind the same Bridge: one code path for every
+// transport, so every protocol revision and the ordering of a request's
+// notifications before its result hold alike. Nothing but protocol
+// messages is written to out. When it returns the session has ended (see
+// Options.OnSessionEnd).
 func ServeStdio(ctx context.Context, e *engine.Engine, opt Options, in io.Reader, out io.Writer) error {
-	s := newSrv(e, opt)
-	st := server.NewStdioServer(s.mcp)
-	st.SetErrorLogger(log.New(slogWriter{s.log}, "", 0))
-	err := st.Listen(ctx, in, out)
-	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
-		return nil
-	}
+	h := NewHandler(e, opt)
+	l := newPipeListener()
+	hs := &http.Server{Handler: h, ErrorLog: log.New(slogWriter{opt.Log}, "", 0), ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = hs.Serve(l) }()
+	err := Bridge(ctx, l.dial, in, out, opt.Log)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = hs.Shutdown(sctx)
+	<-served
 	return err
 }
+
+// pipeListener is a net.Listener whose connections are in-memory pipes.
+type pipeListener struct {
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{conns: make(chan net.Conn), closed: make(chan struct{})}
+}
+
+func (l *pipeListener) dial(ctx context.Context) (net.Conn, error) {
+	c, s := net.Pipe()
+	select {
+	case l.conns <- s:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error { l.once.Do(func() { close(l.closed) }); return nil }
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "in-process" }
+
+// Refuse answers every request read from in with a JSON-RPC error carrying
+// why, until in ends: for `mcp-sandboxd stdio` when it can serve nothing
+// (no daemon and no root), so that the client shows the reason rather
+// than a dead server whose stderr nobody reads.
+func Refuse(ctx context.Context, in io.Reader, out io.Writer, why string) error {
+	r := bufio.NewReaderSize(in, 1<<20)
+	for ctx.Err() == nil {
+		line, err := r.ReadBytes('\n')
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		if json.Unmarshal(bytes.TrimSpace(line), &m) == nil && m.Method != "" && len(m.ID) > 0 && string(m.ID) != "null" {
+			msg, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": m.ID,
+				"error": map[string]any{"code": refusedCode, "message": why}})
+			if _, werr := out.Write(append(msg, '\n')); werr != nil {
+				return werr
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// refusedCode is the JSON-RPC error code of Refuse: the implementation-
+// defined server error range.
+const refusedCode = -32000
 
 type slogWriter struct{ log *slog.Logger }
 
@@ -183,6 +263,26 @@ func (b *bridge) headers(h http.Header, msg json.RawMessage) {
 	}
 	if v != "" {
 		h.Set(mcp.HeaderProtocolVersion, v)
+	}
+	if msg == nil {
+		return
+	}
+	// From 2026-07-28 on, a POST names its method and (tools/call,
+	// resources/read, prompts/get) its target in headers as well, and the
+	// server rejects a request without them (SEP-2243). Older revisions
+	// ignore them.
+	var m struct {
+		Method string          `json:"method"`
+		Params json.RawMessage `json:"params"`
+	}
+	if json.Unmarshal(msg, &m) != nil || m.Method == "" {
+		return
+	}
+	h.Set(mcp.HeaderMethod, m.Method)
+	if name, ok := mcp.ExtractHeaderName(mcp.MCPMethod(m.Method), m.Params); ok {
+		if enc, ok := mcp.EncodeHeaderValue(name); ok {
+			h.Set(mcp.HeaderName, enc)
+		}
 	}
 }
 

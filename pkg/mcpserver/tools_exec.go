@@ -3,7 +3,6 @@ package mcpserver
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
@@ -84,9 +83,7 @@ func (s *srv) addExecTools() {
 				out := execOut{JobID: id, State: "running"}
 				return &result{structured: out, text: fmt.Sprintf("started job %s in sandbox %s; poll job_status {sandbox_id: %q, job_id: %q, stdout_offset: 0, stderr_offset: 0}", id, in.SandboxID, in.SandboxID, id)}, nil
 			}
-			p := c.newProgress(ctx)
-			res, err := s.e.Exec(ctx, req, p.outputFunc())
-			p.stop()
+			res, err := s.e.Exec(ctx, req, c.progress.outputFunc())
 			if err != nil {
 				return nil, err
 			}
@@ -154,7 +151,7 @@ func (s *srv) execResult(res *apitypes.ExecResult, where string) *result {
 		}
 		// The job is gone once a synchronous command finished.
 		out.JobID = ""
-		return &result{structured: out, text: outputText(termText(code, term, res.DurationMS), stdout, stderr)}
+		return &result{structured: out, text: summaryText(termText(code, term, res.DurationMS), res.StdoutBytes, res.StderrBytes)}
 	})
 }
 
@@ -169,25 +166,13 @@ func termText(code int, t apitypes.Termination, ms int64) string {
 	return s + fmt.Sprintf(") in %d ms", ms)
 }
 
-func outputText(head, stdout, stderr string) string {
-	var b strings.Builder
-	b.WriteString(head)
-	b.WriteString("\n")
-	if stdout != "" {
-		b.WriteString("--- stdout ---\n")
-		b.WriteString(stdout)
-		if !strings.HasSuffix(stdout, "\n") {
-			b.WriteString("\n")
-		}
-	}
-	if stderr != "" {
-		b.WriteString("--- stderr ---\n")
-		b.WriteString(stderr)
-		if !strings.HasSuffix(stderr, "\n") {
-			b.WriteString("\n")
-		}
-	}
-	return b.String()
+// summaryText is a result's text part: a short summary, never the output.
+// The output travels once, in the structured content, which is what Claude
+// Code hands the model (it drops the text part of a result that has
+// structured content); repeating it in the text would spend the result
+// budget twice (SPEC.md "MCP tools": one copy of the output per result).
+func summaryText(head string, stdoutBytes, stderrBytes int64) string {
+	return fmt.Sprintf("%s\nstdout %d bytes, stderr %d bytes: see stdout and stderr in the structured content", head, stdoutBytes, stderrBytes)
 }
 
 func jobText(st *jobStatusOut) string {
@@ -199,5 +184,5 @@ func jobText(st *jobStatusOut) string {
 	if st.More {
 		head += " (more output is waiting)"
 	}
-	return outputText(head, st.Stdout, st.Stderr)
+	return summaryText(head, int64(len(st.Stdout)), int64(len(st.Stderr)))
 }

@@ -86,8 +86,8 @@ func (s *srv) addFileTools() {
 		"Read a file in a sandbox. Prerequisite: a live sandbox_id. A file larger than one tool result is returned in pages: truncated is true and next_offset is where to continue (pass it as offset).",
 		annotations{readOnly: true, idempotent: true},
 		func(ctx context.Context, c *call, in *fileReadIn) (*result, error) {
-			// The content appears in both parts of the result.
-			page := int64(s.opt.MaxResultBytes/2 - 1024)
+			// The content travels once, in the structured content.
+			page := int64(s.opt.MaxResultBytes - 2048)
 			if in.Encoding == "base64" {
 				page = page * 3 / 4
 			}
@@ -105,7 +105,7 @@ func (s *srv) addFileTools() {
 				if out.Truncated {
 					head += fmt.Sprintf("; bytes %d to %d shown, continue at offset %d", in.Offset, out.NextOffset, out.NextOffset)
 				}
-				r := &result{structured: out, text: head + "\n" + out.Content}
+				r := &result{structured: out, text: head + "\nthe content is in the structured content (content)"}
 				if resultSize(r) <= s.opt.MaxResultBytes || page <= 512 {
 					return r, nil
 				}

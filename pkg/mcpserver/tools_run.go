@@ -76,11 +76,9 @@ func (s *srv) addRunTools() {
 		),
 		annotations{destructive: true},
 		func(ctx context.Context, c *call, in *runCodeIn) (*result, error) {
-			p := c.newProgress(ctx)
 			res, err := s.e.RunCode(ctx, engine.RunCodeRequest{Language: in.Language, Code: in.Code, Files: in.Files,
 				Entrypoint: in.Entrypoint, Args: in.Args, Stdin: in.Stdin, Env: in.Env, SandboxID: in.SandboxID,
-				TimeoutSeconds: in.TimeoutSeconds, Install: in.Install, Network: in.Network, MemoryMB: in.MemoryMB, DiskMB: in.DiskMB}, p.outputFunc())
-			p.stop()
+				TimeoutSeconds: in.TimeoutSeconds, Install: in.Install, Network: in.Network, MemoryMB: in.MemoryMB, DiskMB: in.DiskMB}, c.progress.outputFunc())
 			if err != nil {
 				return nil, err
 			}
@@ -142,7 +140,7 @@ func (s *srv) addRunTools() {
 				m := rec.Metadata
 				head := fmt.Sprintf("run %s: %s, success %v, exit code %d (%s), %d ms, sandbox %s\nrecord: %s", m.RunID, m.Language, m.Success,
 					m.ExitCode, m.Termination.Cause, m.DurationMS, m.SandboxID, rec.Dir)
-				return &result{structured: out, text: outputText(head, out.Stdout, out.Stderr)}
+				return &result{structured: out, text: summaryText(head, int64(len(rec.Stdout)), int64(len(rec.Stderr)))}
 			}), nil
 		})
 
@@ -178,26 +176,27 @@ func (s *srv) addRunTools() {
 		})
 }
 
-// runResult shapes run_code's outcome into the result budget: every step's
-// output and the top-level copy are cut alike, pointing at the run record.
+// runResult shapes run_code's outcome into the result budget, spending it
+// once: the top level carries the run step's output (cut in the middle,
+// pointing at the run record), the steps before it share a smaller part,
+// and the last step, whose output the top level already is, carries none.
 func (s *srv) runResult(res *apitypes.RunResult) *result {
-	where := fmt.Sprintf("the run record keeps it: run_get {run_id: %q}", res.RunID)
+	where := fmt.Sprintf("the run record keeps it: run_get {run_id: %q}, resource run://%s/stdout.log", res.RunID, res.RunID)
 	return s.fit(func(limit int) *result {
-		n := 1 + len(res.Steps)
-		per := limit / n
-		if len(res.Steps) > 0 {
-			// The top level repeats the last step; give the steps before it less.
-			per = limit / 2
-		}
 		out := runCodeOut{RunResult: *res}
 		out.Steps = make([]apitypes.RunStep, len(res.Steps))
 		cutAny := false
+		earlier := 0
+		if len(res.Steps) > 1 {
+			earlier = limit / 4 / (len(res.Steps) - 1)
+		}
 		for i, st := range res.Steps {
-			l := per
-			if i < len(res.Steps)-1 {
-				l = per / max(1, len(res.Steps)-1)
+			if i == len(res.Steps)-1 {
+				st.Stdout, st.Stderr = "", ""
+				out.Steps[i] = st
+				break
 			}
-			lo, le := split(l, len(st.Stdout), len(st.Stderr))
+			lo, le := split(earlier, len(st.Stdout), len(st.Stderr))
 			var c1, c2 bool
 			st.Stdout, c1 = cut(st.Stdout, lo, where)
 			st.Stderr, c2 = cut(st.Stderr, le, where)
@@ -205,14 +204,19 @@ func (s *srv) runResult(res *apitypes.RunResult) *result {
 			cutAny = cutAny || c1 || c2
 			out.Steps[i] = st
 		}
-		lo, le := split(per, len(res.Stdout), len(res.Stderr))
+		lo, le := split(limit-earlier*max(0, len(res.Steps)-1), len(res.Stdout), len(res.Stderr))
 		var c1, c2 bool
 		out.Stdout, c1 = cut(res.Stdout, lo, where)
 		out.Stderr, c2 = cut(res.Stderr, le, where)
 		out.StdoutTruncated, out.StderrTruncated = res.StdoutTruncated || c1, res.StderrTruncated || c2
-		if cutAny || c1 || c2 {
-			out.Note = "output cut to fit the result; " + where
+		notes := []string{}
+		if len(res.Steps) > 0 {
+			notes = append(notes, "the last step's output is the top-level stdout/stderr")
 		}
+		if cutAny || c1 || c2 {
+			notes = append(notes, "output cut to fit the result; "+where)
+		}
+		out.Note = strings.Join(notes, "; ")
 		var head strings.Builder
 		verdict := "succeeded"
 		if !res.Success {
@@ -225,6 +229,6 @@ func (s *srv) runResult(res *apitypes.RunResult) *result {
 		if len(res.OutputFiles) > 0 {
 			fmt.Fprintf(&head, "output files: %s\n", strings.Join(res.OutputFiles, ", "))
 		}
-		return &result{structured: out, text: outputText(strings.TrimSuffix(head.String(), "\n"), out.Stdout, out.Stderr)}
+		return &result{structured: out, text: summaryText(strings.TrimSuffix(head.String(), "\n"), int64(len(res.Stdout)), int64(len(res.Stderr)))}
 	})
 }

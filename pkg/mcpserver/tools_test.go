@@ -154,7 +154,9 @@ func TestTools(t *testing.T) {
 			t.Errorf("timeout: %+v", r)
 		}
 		res := c.call("exec_command", map[string]any{"sandbox_id": id, "command": "echo hi; exit 1"}, nil)
-		if res.IsError || !strings.Contains(text(res), "exit code 1") || !strings.Contains(text(res), "hi") {
+		var fr execResult
+		decodeStructured(t, res, &fr)
+		if res.IsError || !strings.Contains(text(res), "exit code 1") || fr.Stdout != "hi\n" {
 			t.Errorf("a failing command is a result, not an error: %v %q", res.IsError, text(res))
 		}
 	})
@@ -480,9 +482,27 @@ func TestProgressAndSize(t *testing.T) {
 	if !strings.HasPrefix(r.Stdout, "FIRST\n") || !strings.HasSuffix(r.Stdout, "LAST\n") || !strings.Contains(r.Stdout, "bytes cut here") || !r.StdoutTruncated || r.Note == "" {
 		t.Errorf("cut output: %d bytes, truncated %v, note %q, head %q", len(r.Stdout), r.StdoutTruncated, r.Note, r.Stdout[:min(80, len(r.Stdout))])
 	}
-	if !strings.Contains(text(res), "bytes cut here") || !strings.Contains(r.Stderr, "<LAST>") {
-		t.Errorf("text part %q…", text(res)[:200])
+	// One copy of the output: the text part is a summary, the structured
+	// content carries the output and spends (nearly) the whole budget.
+	if strings.Contains(text(res), "xxxx") || len(text(res)) > 512 || !strings.Contains(r.Stderr, "<LAST>") {
+		t.Errorf("text part %d bytes: %q…", len(text(res)), text(res)[:min(200, len(text(res)))])
 	}
+	if len(r.Stdout) < 12<<10 {
+		t.Errorf("structured stdout carries %d bytes of a 16 KiB budget", len(r.Stdout))
+	}
+
+	// With the default budget (48K), 1 MB of output gives the model at
+	// least 40 KB of it, head and tail around the marker.
+	dc := newClient(t, e, Options{})
+	res = dc.call("exec_command", map[string]any{"sandbox_id": id,
+		"command": "echo FIRST; seq 1 200000 | head -c 1000000; echo; echo LAST"}, nil)
+	b, _ = json.Marshal(res)
+	r = execResult{}
+	decodeStructured(t, res, &r)
+	if len(r.Stdout) < 40<<10 || len(b) > 48<<10 || !strings.HasPrefix(r.Stdout, "FIRST\n") || !strings.HasSuffix(r.Stdout, "LAST\n") || !strings.Contains(r.Stdout, "bytes cut here") {
+		t.Errorf("1 MB output: structured stdout %d bytes, result %d bytes, head %q", len(r.Stdout), len(b), r.Stdout[:min(40, len(r.Stdout))])
+	}
+	t.Logf("1 MB output: %d bytes of it in a %d-byte result", len(r.Stdout), len(b))
 
 	// run_code: the marker points at the run record, which has it all.
 	res = c.call("run_code", map[string]any{"language": "shell", "code": "seq 1 100000\n"}, nil)
@@ -491,6 +511,20 @@ func TestProgressAndSize(t *testing.T) {
 	decodeStructured(t, res, &rr)
 	if len(b) > 16<<10 || !strings.Contains(rr.Stdout, "run_get") || !strings.HasSuffix(rr.Stdout, "100000\n") {
 		t.Errorf("run_code cut: %d bytes, %q", len(b), rr.Note)
+	}
+	// The whole log as a resource (the first MiB; this one is 588895 bytes).
+	rreq := mcp.ReadResourceRequest{}
+	rreq.Params.URI = "run://" + rr.RunID + "/stdout.log"
+	rres, err := c.ReadResource(context.Background(), rreq)
+	if err != nil || len(rres.Contents) != 1 {
+		t.Fatalf("resource %s: %v", rreq.Params.URI, err)
+	}
+	if tc, _ := rres.Contents[0].(mcp.TextResourceContents); len(tc.Text) != 588895 || !strings.HasSuffix(tc.Text, "\n100000\n") {
+		t.Errorf("resource %s: %d bytes", rreq.Params.URI, len(tc.Text))
+	}
+	rreq.Params.URI = "run://" + rr.RunID + "/secret"
+	if _, err := c.ReadResource(context.Background(), rreq); err == nil || !strings.Contains(err.Error(), "uri") {
+		t.Errorf("resource %s: %v", rreq.Params.URI, err)
 	}
 	rec := ok[runGetOut](c, "run_get", map[string]any{"run_id": rr.RunID})
 	if rec.Metadata.StdoutBytes != 588895 || !strings.Contains(rec.Stdout, "stdout.log") {

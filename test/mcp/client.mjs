@@ -8,7 +8,8 @@
 // transport.json: {"type":"http","url":...,"token":...} or
 //                 {"type":"stdio","command":...,"args":[...]}
 // modes: scenario | concurrent (n run_code calls at once) | bench (n
-//        sequential run_code print(1) calls, durations in ms)
+//        sequential run_code print(1) calls, durations in ms) | progress (n
+//        exec_command calls with progress, 8 in flight)
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -134,7 +135,36 @@ async function bench() {
   return { ms, errors };
 }
 
-const modes = { scenario, concurrent, bench };
+// progress: n exec_command calls with a progress token, 8 in flight at a
+// time, on one sandbox; every event gets a sequence number, so that a
+// progress notification written after its request's result shows (the SDK
+// also reports one for an unknown token through onerror).
+async function progress() {
+  const client = await connect();
+  const sb = await ok(client, "sandbox_create", { language: "shell" });
+  let seq = 0, notes = 0, late = 0, wrong = 0;
+  const window = 8;
+  let next = 0;
+  async function worker() {
+    while (next < n) {
+      const i = next++;
+      const seen = [];
+      const res = await ok(client, "exec_command", { sandbox_id: sb.sandbox_id, command: `echo a${i}; echo b${i}` },
+        { onprogress: (p) => { seen.push(++seq); notes++; } });
+      const at = ++seq;
+      late += seen.filter((s) => s > at).length;
+      if (res.stdout !== `a${i}\nb${i}\n`) wrong++;
+      // A notification that arrives after the result is counted where the
+      // SDK drops it: onerror ("unknown token").
+    }
+  }
+  await Promise.all(Array.from({ length: window }, worker));
+  await ok(client, "sandbox_terminate", { sandbox_id: sb.sandbox_id });
+  await client.close();
+  return { calls: n, notifications: notes, late, wrong, errors };
+}
+
+const modes = { scenario, concurrent, bench, progress };
 try {
   const report = await modes[mode]();
   process.stdout.write(JSON.stringify(report) + "\n");

@@ -347,6 +347,29 @@ func TestConcurrentClients(t *testing.T) {
 	}
 }
 
+// TestProgressBeforeResult: 1,000 calls with a progress token, 8 in flight
+// on one session, over HTTP and over stdio (the bridge): the SDK sees every
+// progress notification of a request before its result, and none for a
+// token it no longer knows.
+func TestProgressBeforeResult(t *testing.T) {
+	d := newDaemon(t)
+	for name, tr := range map[string]map[string]any{"http": httpTransport(d), "stdio": stdioTransport(d)} {
+		t.Run(name, func(t *testing.T) {
+			var r struct {
+				Calls, Notifications, Late, Wrong int
+				Errors                            []string
+			}
+			runClient(t, "progress", tr, 1000, &r)
+			// Output that comes right before the exit travels in the result
+			// only (see progressSettle), so not every call has progress.
+			if r.Calls != 1000 || r.Late != 0 || r.Wrong != 0 || len(r.Errors) > 0 || r.Notifications < r.Calls/4 {
+				t.Errorf("%+v", r)
+			}
+			t.Logf("%d calls, %d progress notifications, %d after their result", r.Calls, r.Notifications, r.Late)
+		})
+	}
+}
+
 // BenchmarkRunCode measures run_code of Python print(1), an ephemeral
 // sandbox each call, through MCP over HTTP (the TypeScript SDK against a
 // daemon) and through the engine API directly (an engine in this process),
