@@ -87,6 +87,21 @@ CREATE INDEX runs_by_started_at ON runs (started_at);
 CREATE INDEX runs_by_language ON runs (language, started_at);
 `,
 	},
+	{
+		version:     3,
+		description: "network address leases",
+		sql: `
+-- One IPv4 address of network.subnet per sandbox with network (pkg/network).
+-- The primary key makes handing out an address twice impossible, also
+-- across restarts; no foreign key: a lease of a sandbox whose row is gone
+-- is an orphan that gc removes, not a reason to refuse the delete.
+CREATE TABLE network_leases (
+	ip          TEXT PRIMARY KEY,     -- dotted quad
+	sandbox_id  TEXT NOT NULL UNIQUE,
+	acquired_at INTEGER NOT NULL
+) STRICT;
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.
