@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -111,7 +112,7 @@ func (f *dnsForwarder) serve(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	q := req.Question[0]
 	if !r.allows(q.Name) {
-		f.policy.refusedName(key, dns.CanonicalName(q.Name))
+		f.policy.refusedName(key, strings.TrimSuffix(dns.CanonicalName(q.Name), "."))
 		reply(dns.RcodeNameError)
 		return
 	}

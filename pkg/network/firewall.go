@@ -32,7 +32,7 @@ const (
 	chainToSandbox   = "to_sandbox"
 	chainToHost      = "sandbox_to_host"
 	setDeny          = "deny"
-	mapSandboxes     = "sandboxes" // sandbox address → jump to its chain
+	chainDispatch    = "dispatch" // per sandbox: source address → jump to its chain
 
 	prefixSandboxChain = "sb_"
 	prefixAllowDNS     = "allowdns_" // addresses allowed names resolved to, with timeouts
@@ -125,11 +125,6 @@ func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, de
 	if err := c.AddSet(denySet, intervalElements(deny)); err != nil {
 		return fmt.Errorf("nftables: deny set: %w", err)
 	}
-	vmap := &nftables.Set{Table: t, Name: mapSandboxes, KeyType: nftables.TypeIPAddr,
-		DataType: nftables.TypeVerdict, IsMap: true}
-	if err := c.AddSet(vmap, nil); err != nil {
-		return fmt.Errorf("nftables: sandboxes map: %w", err)
-	}
 
 	accept := nftables.ChainPolicyAccept
 	base := func(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority) *nftables.Chain {
@@ -142,6 +137,7 @@ func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, de
 	from := c.AddChain(&nftables.Chain{Name: chainFromSandbox, Table: t})
 	to := c.AddChain(&nftables.Chain{Name: chainToSandbox, Table: t})
 	toHost := c.AddChain(&nftables.Chain{Name: chainToHost, Table: t})
+	c.AddChain(&nftables.Chain{Name: chainDispatch, Table: t})
 
 	rule := func(ch *nftables.Chain, exprs ...expr.Any) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
@@ -155,7 +151,7 @@ func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, de
 	// from_sandbox: replies of connections the policy let through pass;
 	// IPv6 never leaves (the sandbox has it disabled; this catches any
 	// attempt anyway); sandbox to sandbox through the gateway is refused
-	// (on the bridge itself, ports are isolated); then the verdict map
+	// (on the bridge itself, ports are isolated); then the dispatch chain
 	// sends each source address to its sandbox's chain. An address not in
 	// the map (spoofed, or a sandbox being torn down) is dropped.
 	rule(from, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept))...)
@@ -163,7 +159,7 @@ func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, de
 	rule(from, cat(matchIfname(expr.MetaKeyOIFNAME, f.bridge), verdict(expr.VerdictDrop))...)
 	// Past the IPv6 rule only IPv4 is left (the inet hooks see nothing
 	// else), so the IPv4 header offsets below are safe.
-	rule(from, loadAddr(12), &expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: mapSandboxes, SetID: vmap.ID})
+	rule(from, jump(chainDispatch)...)
 	rule(from, verdict(expr.VerdictDrop)...)
 
 	// to_sandbox: nothing opens a connection into a sandbox; only replies
@@ -223,7 +219,6 @@ func (f *firewall) setSandbox(s sandboxRules) error {
 	allowNet := &nftables.Set{Table: t, Name: prefixAllowNet + s.key, KeyType: nftables.TypeIPAddr, Interval: true}
 	denied := &nftables.Set{Table: t, Name: prefixDenied + s.key, KeyType: nftables.TypeIPAddr,
 		HasTimeout: true, Timeout: deniedTimeout, Dynamic: true, Size: deniedSetSize}
-	vmap := &nftables.Set{Table: t, Name: mapSandboxes, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict, IsMap: true}
 	if fresh {
 		c.AddChain(chain)
 		for _, set := range []*nftables.Set{allowDNS, allowNet, denied} {
@@ -267,11 +262,12 @@ func (f *firewall) setSandbox(s sandboxRules) error {
 	rule(cat([]expr.Any{loadAddr(16), &expr.Dynset{SrcRegKey: 1, SetName: denied.Name, Operation: unix.NFT_DYNSET_OP_ADD},
 		deniedCtr}, verdict(expr.VerdictDrop))...)
 
-	// Adding an existing map element is not an error, so the jump is
-	// (re)declared every time.
-	if err := c.SetAddElements(vmap, []nftables.SetElement{{Key: s.ip.AsSlice(),
-		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: chain.Name}}}); err != nil {
+	// The dispatch rule, once: a replacement keeps the one there.
+	dispatch := &nftables.Chain{Name: chainDispatch, Table: t}
+	if h, err := f.dispatchRule(c, chain.Name); err != nil {
 		return err
+	} else if h == nil {
+		c.AddRule(&nftables.Rule{Table: t, Chain: dispatch, Exprs: cat(matchAddr(12, s.ip), jump(chain.Name))})
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables: rules of sandbox %s: %w", s.key, err)
@@ -290,25 +286,15 @@ func (f *firewall) removeSandbox(key string) error {
 		return err
 	}
 	t := f.table
-	// The map entry first, in its own transaction: once it is gone no
+	// The dispatch rule first, in its own transaction: once it is gone no
 	// packet jumps to the chain, and the chain can be deleted.
-	vmap, err := c.GetSetByName(t, mapSandboxes)
-	if err != nil {
-		return err
-	}
-	elems, err := c.GetSetElements(vmap)
-	if err != nil {
-		return err
-	}
 	chainName := prefixSandboxChain + key
-	var del []nftables.SetElement
-	for _, e := range elems {
-		if e.VerdictData != nil && e.VerdictData.Chain == chainName {
-			del = append(del, nftables.SetElement{Key: e.Key})
-		}
+	r, err := f.dispatchRule(c, chainName)
+	if err != nil {
+		return err
 	}
-	if len(del) > 0 {
-		if err := c.SetDeleteElements(vmap, del); err != nil {
+	if r != nil {
+		if err := c.DelRule(r); err != nil {
 			return err
 		}
 		if err := c.Flush(); err != nil {
@@ -341,6 +327,22 @@ func (f *firewall) removeSandbox(key string) error {
 		return fmt.Errorf("nftables: remove sandbox %s: %w", key, err)
 	}
 	return nil
+}
+
+// dispatchRule finds the rule of the dispatch chain that jumps to chain.
+func (f *firewall) dispatchRule(c *nftables.Conn, chain string) (*nftables.Rule, error) {
+	rules, err := c.GetRules(f.table, &nftables.Chain{Name: chainDispatch, Table: f.table})
+	if err != nil {
+		return nil, fmt.Errorf("nftables: list %s: %w", chainDispatch, err)
+	}
+	for _, r := range rules {
+		for _, e := range r.Exprs {
+			if v, ok := e.(*expr.Verdict); ok && v.Kind == expr.VerdictJump && v.Chain == chain {
+				return r, nil
+			}
+		}
+	}
+	return nil, nil
 }
 
 // sandboxKeys lists the keys of sandboxes that have a chain in the table.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -143,6 +144,20 @@ func connectVeth(host *netlink.Handle, v vethSpec) error {
 	if err := sh.RouteAdd(&netlink.Route{LinkIndex: sl.Attrs().Index, Gw: net.IP(v.gateway.AsSlice()), Scope: netlink.SCOPE_UNIVERSE}); err != nil {
 		return fmt.Errorf("default route in the sandbox: %w", err)
 	}
+	// The kernel activates a link's queue when its link watcher sees the
+	// carrier, which it does at most once a second: until then packets
+	// are dropped, and a sandbox's first connection would lose its SYN
+	// and wait a second for the retransmission. Return only once both
+	// ends and the bridge carry traffic.
+	if err := waitOperUp(host, v.hostName); err != nil {
+		return err
+	}
+	if err := waitOperUp(host, v.bridge.Attrs().Name); err != nil {
+		return err
+	}
+	if err := waitOperUp(sh, sandboxIfname); err != nil {
+		return err
+	}
 	if v.limits.BandwidthBytes > 0 {
 		// Shape both directions: the host end's egress is the sandbox's
 		// download, the sandbox end's its upload (the sandbox has no
@@ -155,6 +170,24 @@ func connectVeth(host *netlink.Handle, v vethSpec) error {
 		}
 	}
 	return nil
+}
+
+// waitOperUp waits until a link's operational state is up.
+func waitOperUp(h *netlink.Handle, name string) error {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("link %s is still %s after 3s", name, l.Attrs().OperState)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // bringUpLoopback sets lo up in a namespace (every sandbox has it, in
@@ -173,15 +206,16 @@ func bringUpLoopback(ns netns.NsHandle) error {
 }
 
 // shape replaces the root qdisc of link with a token bucket of rate bytes
-// per second. The bucket holds 10 ms of traffic but at least 2 MTUs, so
-// full-size packets always fit; the queue holds 50 ms worth, beyond which
-// packets are dropped and TCP backs off.
+// per second. The bucket holds 20 ms of traffic but at least 16 KiB, so
+// full-size packets always fit; the queue holds 200 ms worth, beyond which
+// packets are dropped and TCP backs off (a shorter queue makes TCP back off
+// so often that the link stays well below the rate).
 func shape(h *netlink.Handle, link netlink.Link, rate uint64, mtu int) error {
 	if mtu <= 0 {
 		mtu = 1500
 	}
-	burst := max(uint32(rate/100), uint32(2*mtu), 16<<10)
-	limit := max(uint32(rate/20), burst)
+	burst := max(uint32(rate/50), uint32(2*mtu), 16<<10)
+	limit := max(uint32(rate/5), burst)
 	q := &netlink.Tbf{
 		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT},
 		Rate:       rate,

@@ -254,9 +254,7 @@ func (m *Manager) Attach(ctx context.Context, id string, req Request, rec Record
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil {
-		rec = func(string, string) error { return nil }
-	}
+	rec = orNop(rec)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sb := &sandboxNet{id: id, key: sandboxKey(id), nsPath: m.NetNSPath(id), req: req, rules: r}
@@ -304,8 +302,16 @@ func (m *Manager) attachment(sb *sandboxNet) *Attachment {
 	return a
 }
 
+func orNop(rec Recorder) Recorder {
+	if rec == nil {
+		return func(string, string) error { return nil }
+	}
+	return rec
+}
+
 // connectLocked joins a sandbox to the bridge.
 func (m *Manager) connectLocked(ctx context.Context, sb *sandboxNet, ns netns.NsHandle, rec Recorder) error {
+	rec = orNop(rec)
 	br, err := m.hostUpLocked()
 	if err != nil {
 		return err
@@ -497,8 +503,9 @@ func (m *Manager) ReleaseLease(ctx context.Context, id string) error {
 // SetPolicy changes a running sandbox's mode and allowlist: the sandbox
 // is connected or disconnected as the mode requires, and otherwise its
 // rules are replaced in one nftables transaction. Addresses resolved under
-// the old list stay allowed until their TTL runs out.
-func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) (Status, error) {
+// the old list stay allowed until their TTL runs out. rec is told about
+// pieces acquired when a none sandbox gets connected.
+func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy, rec Recorder) (Status, error) {
 	m.mu.Lock()
 	sb := m.sandboxes[id]
 	if sb == nil {
@@ -521,7 +528,7 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) (Status, e
 			return Status{}, fmt.Errorf("network: open %s: %w", sb.nsPath, err)
 		}
 		sb.rules, sb.req = r, req
-		err = m.connectLocked(ctx, sb, ns, nil)
+		err = m.connectLocked(ctx, sb, ns, rec)
 		ns.Close()
 		if err != nil {
 			sb.rules = &rules{mode: ModeNone}
@@ -623,7 +630,7 @@ func (m *Manager) GC(ctx context.Context, live func(id string) bool) (GCReport, 
 	defer m.mu.Unlock()
 	var rep GCReport
 	var errs []error
-	keep := map[string]bool{}  // veth names and keys of live sandboxes
+	keep := map[string]bool{} // veth names and keys of live sandboxes
 	leases, err := m.leases.ListLeases(ctx)
 	if err != nil {
 		return rep, err
