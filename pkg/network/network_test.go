@@ -3,6 +3,8 @@ package network
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +13,8 @@ import (
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 func attach(t *testing.T, m *Manager, id string, req Request) *Attachment {
@@ -46,6 +50,14 @@ func TestEgressMasqueradeAndDeny(t *testing.T) {
 	}
 	if body != "client="+hostUplinkAddr {
 		t.Fatalf("upstream saw %q, want the host's uplink address (masquerade)", body)
+	}
+
+	// IPv6 is off inside the sandbox.
+	ans, err := netns.GetFromPath(a.NetNSPath)
+	must(t, err)
+	defer ans.Close()
+	if v, err := readSysctl(ans, "net/ipv6/conf/all/disable_ipv6"); err != nil || v != "1" {
+		t.Fatalf("disable_ipv6 in the sandbox = %q (%v), want 1", v, err)
 	}
 
 	// The deny list, wherever the route leads.
@@ -247,4 +259,71 @@ func TestGCAfterCrash(t *testing.T) {
 		t.Fatalf("gc with none live: %+v", rep)
 	}
 	tp.assertHostClean(t, cfg)
+}
+
+func TestBadConfigAndLimits(t *testing.T) {
+	tp := newTopology(t)
+	// The topology routes 198.18.0.0/24 (the uplink) and 10.99.0.0/24.
+	for _, subnet := range []string{"198.18.0.0/16", "10.99.0.0/25"} {
+		cfg := tp.config()
+		cfg.Subnet = netip.MustParsePrefix(subnet)
+		_, err := New(cfg, tp.hostNS, tp.store)
+		if !errdefs.Is(err, errdefs.InvalidArgument) || !strings.HasPrefix(errdefs.MessageOf(err), "network.subnet:") {
+			t.Fatalf("subnet %s overlapping a host route: %v, want invalid_argument naming network.subnet", subnet, err)
+		}
+	}
+	m := tp.manager(t, func(c *Config) { c.MaxBandwidthBytes = 10 << 20; c.MaxConnPerSecond = 100 })
+	ctx := context.Background()
+	for _, c := range []struct {
+		req   Request
+		code  errdefs.Code
+		field string
+	}{
+		{Request{Policy: Policy{Mode: ModeEgress}, Limits: Limits{BandwidthBytes: 20 << 20}}, errdefs.LimitExceeded, "network_bandwidth"},
+		{Request{Policy: Policy{Mode: ModeEgress}, Limits: Limits{BandwidthBytes: 100}}, errdefs.InvalidArgument, "network_bandwidth"},
+		{Request{Policy: Policy{Mode: ModeEgress}, Limits: Limits{ConnPerSecond: 1000}}, errdefs.LimitExceeded, "network_conn_rate"},
+		{Request{Policy: Policy{Mode: ModeNone, Allow: []string{"pkg.example.test"}}}, errdefs.InvalidArgument, "allow"},
+		{Request{Policy: Policy{Mode: ModeAllowlist, Allow: []string{"10.0.0.0/40"}}}, errdefs.InvalidArgument, "allow[0]"},
+		{Request{Policy: Policy{Mode: ModeEgress}, Hostname: "-bad-"}, errdefs.InvalidArgument, "hostname"},
+	} {
+		_, err := m.Attach(ctx, "sb-bad", c.req, nil)
+		if !errdefs.Is(err, c.code) || !strings.HasPrefix(errdefs.MessageOf(err), c.field+":") {
+			t.Errorf("%+v: %v, want %s naming %s", c.req, err, c.code, c.field)
+		}
+	}
+	if _, err := m.Attach(ctx, "../x", Request{}, nil); !errdefs.Is(err, errdefs.InvalidArgument) {
+		t.Errorf("id with a slash: %v", err)
+	}
+	if _, err := m.SetPolicy(ctx, "sb-missing", Policy{Mode: ModeEgress}, nil); !errdefs.Is(err, errdefs.NotFound) {
+		t.Errorf("SetPolicy on an unknown sandbox: %v", err)
+	}
+	// Nothing was created by the refused requests.
+	tp.assertHostClean(t, m.cfg)
+}
+
+// TestConnRateLimit: beyond the new-connection rate, first packets are
+// dropped and counted as denied.
+func TestConnRateLimit(t *testing.T) {
+	tp := newTopology(t)
+	m := tp.manager(t, nil)
+	a := attach(t, m, "sb-rate", Request{Policy: Policy{Mode: ModeEgress}, Limits: Limits{ConnPerSecond: 5}})
+	var ok, failed int
+	must(t, inSandbox(t, a, func() error {
+		for range 20 {
+			c, err := net.DialTimeout("tcp4", upstreamAddr1+":80", 300*time.Millisecond)
+			if err != nil {
+				failed++
+				continue
+			}
+			ok++
+			c.Close()
+		}
+		return nil
+	}))
+	st, err := m.Status("sb-rate")
+	must(t, err)
+	t.Logf("20 connections at 5/s: %d ok, %d failed, counters %+v", ok, failed, st.Counters)
+	if ok < 5 || failed == 0 || st.Counters.Denied == 0 {
+		t.Fatalf("20 connections at 5/s: %d ok, %d failed, counters %+v: want the excess dropped and counted", ok, failed, st.Counters)
+	}
 }

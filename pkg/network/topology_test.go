@@ -377,4 +377,6 @@ func (tp *topology) assertHostClean(t *testing.T, cfg Config) {
 // netDialer dials TCP with a timeout on the calling thread.
 type netDialer struct{ timeout time.Duration }
 
-func (d *netDialer) dial(addr string) (net.Conn, error) { return net.DialTimeout("tcp4", addr, d.timeout) }
+func (d *netDialer) dial(addr string) (net.Conn, error) {
+	return net.DialTimeout("tcp4", addr, d.timeout)
+}
