@@ -123,6 +123,9 @@ func New(cfg Config, hostNS netns.NsHandle, leases *store.Store) (*Manager, erro
 		return nil, errdefs.Invalidf("network.subnet: want an IPv4 CIDR of /30 or larger, got %q", cfg.Subnet)
 	}
 	cfg.Subnet = cfg.Subnet.Masked()
+	if err := checkPresets(cfg.Presets); err != nil {
+		return nil, err
+	}
 	if cfg.RunDir == "" || !filepath.IsAbs(cfg.RunDir) {
 		return nil, errdefs.Invalidf("paths.run_dir: must be an absolute path, got %q", cfg.RunDir)
 	}

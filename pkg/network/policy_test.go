@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
@@ -94,5 +95,26 @@ func TestPackageIndexEnv(t *testing.T) {
 	}
 	if env := (PackageIndexes{}).Env(); len(env) != 0 {
 		t.Fatalf("empty indexes give %v", env)
+	}
+}
+
+func TestFromConfig(t *testing.T) {
+	n := config.Default().Network
+	n.Presets = map[string][]string{"idx": {"pkg.example.test", "*.cdn.example.test", "198.51.100.0/24"}}
+	n.MaxBandwidth, n.Bandwidth = 10<<20, 1<<20
+	c, err := FromConfig(n, "/run/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Subnet != netip.MustParsePrefix(n.Subnet) || len(c.Deny) != len(n.Deny) || c.MaxBandwidthBytes != 10<<20 {
+		t.Fatalf("config = %+v", c)
+	}
+	if l := DefaultLimits(n); l.BandwidthBytes != 1<<20 {
+		t.Fatalf("default limits = %+v", l)
+	}
+	n.Presets["bad"] = []string{"ok.example", "not a host"}
+	_, err = FromConfig(n, "/run/x")
+	if !errdefs.Is(err, errdefs.InvalidArgument) || !strings.HasPrefix(errdefs.MessageOf(err), "network.presets.bad[1]:") {
+		t.Fatalf("bad preset entry: %v", err)
 	}
 }
