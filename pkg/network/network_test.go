@@ -17,7 +17,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
-func attach(t *testing.T, m *Manager, id string, req Request) *Attachment {
+func attach(t testing.TB, m *Manager, id string, req Request) *Attachment {
 	t.Helper()
 	a, err := m.Attach(context.Background(), id, req, nil)
 	if err != nil {

@@ -60,7 +60,7 @@ type topology struct {
 
 // newTopology builds the host and upstream namespaces and starts the
 // upstream servers; everything goes at the end of the test.
-func newTopology(t *testing.T) *topology {
+func newTopology(t testing.TB) *topology {
 	t.Helper()
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
@@ -146,7 +146,7 @@ func must(t testing.TB, err error) {
 
 // serveHTTP answers on every upstream address: "/" with the client's
 // address as the server saw it, "/bytes?n=N" with N bytes.
-func (tp *topology) serveHTTP(t *testing.T) {
+func (tp *topology) serveHTTP(t testing.TB) {
 	var ln net.Listener
 	must(t, inNetNS(tp.upNS, func() error {
 		var err error
@@ -176,7 +176,7 @@ func (tp *topology) serveHTTP(t *testing.T) {
 }
 
 // serveDNS answers testZone with A records, TTL 300, NXDOMAIN otherwise.
-func (tp *topology) serveDNS(t *testing.T) {
+func (tp *topology) serveDNS(t testing.TB) {
 	var pc net.PacketConn
 	must(t, inNetNS(tp.upNS, func() error {
 		var err error
@@ -223,7 +223,7 @@ func (tp *topology) config() Config {
 
 // manager makes a manager on the topology; at the end of the test it
 // checks that the host side is gone.
-func (tp *topology) manager(t *testing.T, mutate func(*Config)) *Manager {
+func (tp *topology) manager(t testing.TB, mutate func(*Config)) *Manager {
 	t.Helper()
 	cfg := tp.config()
 	if mutate != nil {
@@ -242,7 +242,7 @@ func (tp *topology) manager(t *testing.T, mutate func(*Config)) *Manager {
 }
 
 // inSandbox runs fn inside a sandbox's namespace.
-func inSandbox(t *testing.T, a *Attachment, fn func() error) error {
+func inSandbox(t testing.TB, a *Attachment, fn func() error) error {
 	t.Helper()
 	ns, err := netns.GetFromPath(a.NetNSPath)
 	must(t, err)
@@ -252,7 +252,7 @@ func inSandbox(t *testing.T, a *Attachment, fn func() error) error {
 
 // resolve asks the gateway's forwarder for name's A records from inside
 // the sandbox.
-func resolve(t *testing.T, a *Attachment, name string) (rcode int, addrs []string) {
+func resolve(t testing.TB, a *Attachment, name string) (rcode int, addrs []string) {
 	t.Helper()
 	err := inSandbox(t, a, func() error {
 		c := &dns.Client{Net: "udp", Timeout: 3 * time.Second}
@@ -276,7 +276,7 @@ func resolve(t *testing.T, a *Attachment, name string) (rcode int, addrs []strin
 
 // get fetches http://addr/path from inside the sandbox, with the dial
 // bounded by timeout. It returns the body.
-func get(t *testing.T, a *Attachment, addr, path string, timeout time.Duration) (string, error) {
+func get(t testing.TB, a *Attachment, addr, path string, timeout time.Duration) (string, error) {
 	t.Helper()
 	var body string
 	err := inSandbox(t, a, func() error {
@@ -304,7 +304,7 @@ func get(t *testing.T, a *Attachment, addr, path string, timeout time.Duration) 
 // dialFails asserts a TCP connection from the sandbox to addr fails; with
 // wantTimeout the packets must have been dropped (a refusal would mean
 // they reached something).
-func dialFails(t *testing.T, a *Attachment, addr string, wantTimeout bool) {
+func dialFails(t testing.TB, a *Attachment, addr string, wantTimeout bool) {
 	t.Helper()
 	err := inSandbox(t, a, func() error {
 		c, err := net.DialTimeout("tcp4", addr, 700*time.Millisecond)
@@ -323,7 +323,7 @@ func dialFails(t *testing.T, a *Attachment, addr string, wantTimeout bool) {
 }
 
 // listen starts a TCP listener inside ns on addr that accepts and closes.
-func listen(t *testing.T, ns netns.NsHandle, addr string) {
+func listen(t testing.TB, ns netns.NsHandle, addr string) {
 	t.Helper()
 	var ln net.Listener
 	must(t, inNetNS(ns, func() error {
@@ -345,7 +345,7 @@ func listen(t *testing.T, ns netns.NsHandle, addr string) {
 
 // assertHostClean checks that nothing of the manager's is left in the
 // host namespace, the store and the run directory.
-func (tp *topology) assertHostClean(t *testing.T, cfg Config) {
+func (tp *topology) assertHostClean(t testing.TB, cfg Config) {
 	t.Helper()
 	h, err := netlink.NewHandleAt(tp.hostNS)
 	must(t, err)
