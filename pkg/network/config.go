@@ -4,15 +4,23 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"net/url"
 	"slices"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
+// DebianPreset is the preset FromConfig defines when the configuration
+// does not: the host of the Debian mirror images are built from
+// (images.mirror, else the host's apt sources), so that a sandbox can
+// `apt-get` from the same mirror with allow ["@debian"].
+const DebianPreset = "debian"
+
 // FromConfig turns the validated `network` section into a manager
-// configuration; runDir is paths.run_dir.
-func FromConfig(n config.Network, runDir string) (Config, error) {
+// configuration; runDir is paths.run_dir, mirror the Debian mirror URL
+// images are built from ("" if unknown).
+func FromConfig(n config.Network, runDir, mirror string) (Config, error) {
 	subnet, err := netip.ParsePrefix(n.Subnet)
 	if err != nil {
 		return Config{}, errdefs.Invalidf("network.subnet: %v", err)
@@ -38,6 +46,14 @@ func FromConfig(n config.Network, runDir string) (Config, error) {
 			return Config{}, errdefs.Invalidf("network.deny[%d]: %v", i, err)
 		}
 		c.Deny = append(c.Deny, p)
+	}
+	if _, ok := c.Presets[DebianPreset]; !ok && mirror != "" {
+		if u, err := url.Parse(mirror); err == nil && u.Hostname() != "" {
+			if c.Presets == nil {
+				c.Presets = map[string][]string{}
+			}
+			c.Presets[DebianPreset] = []string{u.Hostname()}
+		}
 	}
 	if err := checkPresets(c.Presets); err != nil {
 		return Config{}, err

@@ -124,8 +124,7 @@ func (f *dnsForwarder) serve(w dns.ResponseWriter, req *dns.Msg) {
 		_ = w.WriteMsg(m)
 		return
 	}
-	_, tcp := w.RemoteAddr().(*net.TCPAddr)
-	resp, err := f.exchange(req, tcp)
+	resp, err := f.exchange(req)
 	if err != nil {
 		f.log.Warn("DNS forwarder: upstream failed", "name", q.Name, "err", err)
 		reply(dns.RcodeServerFailure)
@@ -152,6 +151,16 @@ func (f *dnsForwarder) serve(w dns.ResponseWriter, req *dns.Msg) {
 			return
 		}
 	}
+	if _, tcp := w.RemoteAddr().(*net.TCPAddr); !tcp {
+		// The upstream answer may have come over TCP; a UDP client
+		// gets it cut to its buffer size, with TC set, and asks again
+		// over TCP.
+		size := dns.MinMsgSize
+		if o := req.IsEdns0(); o != nil {
+			size = max(size, int(o.UDPSize()))
+		}
+		resp.Truncate(size)
+	}
 	_ = w.WriteMsg(resp)
 }
 
@@ -165,20 +174,17 @@ func dropAAAA(rrs []dns.RR) []dns.RR {
 	return out
 }
 
-// exchange asks the upstream resolvers in turn; a truncated UDP answer is
-// asked again over TCP.
-func (f *dnsForwarder) exchange(req *dns.Msg, tcp bool) (*dns.Msg, error) {
+// exchange asks the upstream resolvers in turn, over UDP, and again over
+// TCP when an answer comes back truncated, whatever transport the sandbox
+// used.
+func (f *dnsForwarder) exchange(req *dns.Msg) (*dns.Msg, error) {
 	if len(f.upstreams) == 0 {
 		return nil, errors.New("no upstream resolver configured")
 	}
 	var errs []error
 	for _, up := range f.upstreams {
-		proto := "udp"
-		if tcp {
-			proto = "tcp"
-		}
-		resp, err := f.exchangeOne(req, proto, up)
-		if err == nil && resp.Truncated && proto == "udp" {
+		resp, err := f.exchangeOne(req, "udp", up)
+		if err == nil && resp.Truncated {
 			resp, err = f.exchangeOne(req, "tcp", up)
 		}
 		if err == nil {

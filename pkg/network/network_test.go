@@ -149,6 +149,26 @@ func TestAllowlist(t *testing.T) {
 			t.Fatalf("GET %s (%s): %v", name, want, err)
 		}
 	}
+	// IPv6 answers are stripped; TCP works like UDP.
+	if resp := query(t, a, "pkg.example.test", dns.TypeAAAA, "udp"); resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 0 {
+		t.Fatalf("AAAA pkg.example.test: %v", resp)
+	}
+	if resp := query(t, a, "pkg.example.test", dns.TypeA, "tcp"); resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+		t.Fatalf("A pkg.example.test over TCP: %v", resp)
+	}
+	// A source that is no sandbox's is refused.
+	must(t, inNetNS(tp.hostNS, func() error {
+		m := new(dns.Msg)
+		m.SetQuestion("pkg.example.test.", dns.TypeA)
+		resp, _, err := (&dns.Client{Timeout: 3 * time.Second}).Exchange(m, net.JoinHostPort(a.Gateway.String(), "53"))
+		if err != nil {
+			return err
+		}
+		if resp.Rcode != dns.RcodeRefused {
+			return fmt.Errorf("query from the host: rcode %d, want REFUSED", resp.Rcode)
+		}
+		return nil
+	}))
 	if rcode, _ := resolve(t, a, "other.example.test"); rcode != dns.RcodeNameError {
 		t.Fatalf("resolve other.example.test: rcode %d, want NXDOMAIN", rcode)
 	}

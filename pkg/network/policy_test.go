@@ -102,9 +102,12 @@ func TestFromConfig(t *testing.T) {
 	n := config.Default().Network
 	n.Presets = map[string][]string{"idx": {"pkg.example.test", "*.cdn.example.test", "198.51.100.0/24"}}
 	n.MaxBandwidth, n.Bandwidth = 10<<20, 1<<20
-	c, err := FromConfig(n, "/run/x")
+	c, err := FromConfig(n, "/run/x", "http://mirror.test/debian")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := c.Presets[DebianPreset]; len(got) != 1 || got[0] != "mirror.test" {
+		t.Fatalf("debian preset from the mirror = %v", got)
 	}
 	if c.Subnet != netip.MustParsePrefix(n.Subnet) || len(c.Deny) != len(n.Deny) || c.MaxBandwidthBytes != 10<<20 {
 		t.Fatalf("config = %+v", c)
@@ -113,7 +116,7 @@ func TestFromConfig(t *testing.T) {
 		t.Fatalf("default limits = %+v", l)
 	}
 	n.Presets["bad"] = []string{"ok.example", "not a host"}
-	_, err = FromConfig(n, "/run/x")
+	_, err = FromConfig(n, "/run/x", "")
 	if !errdefs.Is(err, errdefs.InvalidArgument) || !strings.HasPrefix(errdefs.MessageOf(err), "network.presets.bad[1]:") {
 		t.Fatalf("bad preset entry: %v", err)
 	}

@@ -254,24 +254,29 @@ func inSandbox(t testing.TB, a *Attachment, fn func() error) error {
 // the sandbox.
 func resolve(t testing.TB, a *Attachment, name string) (rcode int, addrs []string) {
 	t.Helper()
+	resp := query(t, a, name, dns.TypeA, "udp")
+	for _, rr := range resp.Answer {
+		if x, ok := rr.(*dns.A); ok {
+			addrs = append(addrs, x.A.String())
+		}
+	}
+	return resp.Rcode, addrs
+}
+
+// query sends one DNS question to the gateway from inside the sandbox.
+func query(t testing.TB, a *Attachment, name string, qtype uint16, proto string) *dns.Msg {
+	t.Helper()
+	var resp *dns.Msg
 	err := inSandbox(t, a, func() error {
-		c := &dns.Client{Net: "udp", Timeout: 3 * time.Second}
+		c := &dns.Client{Net: proto, Timeout: 3 * time.Second}
 		m := new(dns.Msg)
-		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
-		resp, _, err := c.Exchange(m, net.JoinHostPort(a.Gateway.String(), "53"))
-		if err != nil {
-			return err
-		}
-		rcode = resp.Rcode
-		for _, rr := range resp.Answer {
-			if x, ok := rr.(*dns.A); ok {
-				addrs = append(addrs, x.A.String())
-			}
-		}
-		return nil
+		m.SetQuestion(dns.Fqdn(name), qtype)
+		var err error
+		resp, _, err = c.Exchange(m, net.JoinHostPort(a.Gateway.String(), "53"))
+		return err
 	})
 	must(t, err)
-	return rcode, addrs
+	return resp
 }
 
 // get fetches http://addr/path from inside the sandbox, with the dial
