@@ -23,8 +23,9 @@ type dnsPolicy interface {
 	// must return only once they are in the sandbox's set, so that the
 	// sandbox's connection, which follows the answer, passes.
 	allowResolved(key string, addrs map[netip.Addr]time.Duration) error
-	// refusedName records a name the sandbox was not allowed to resolve.
-	refusedName(key, name string)
+	// refusedName records a name the sandbox at src was not allowed to
+	// resolve.
+	refusedName(src netip.Addr, name string)
 }
 
 // dnsForwarder is the resolver sandboxes with network use: it listens on
@@ -112,7 +113,7 @@ func (f *dnsForwarder) serve(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	q := req.Question[0]
 	if !r.allows(q.Name) {
-		f.policy.refusedName(key, strings.TrimSuffix(dns.CanonicalName(q.Name), "."))
+		f.policy.refusedName(src.Addr().Unmap(), strings.TrimSuffix(dns.CanonicalName(q.Name), "."))
 		reply(dns.RcodeNameError)
 		return
 	}

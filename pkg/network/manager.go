@@ -107,8 +107,14 @@ type Manager struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandboxNet
-	byIP      map[netip.Addr]*sandboxNet
 	dns       *dnsForwarder // non-nil while the host side is up
+
+	// dnsMu guards byIP and the rules and refused names of sandboxes,
+	// which the DNS forwarder reads. The forwarder never takes mu: the
+	// host side is stopped under mu, and stopping waits for the
+	// forwarder's handlers.
+	dnsMu sync.RWMutex
+	byIP  map[netip.Addr]*sandboxNet
 }
 
 // New makes a manager whose host side lives in hostNS (the daemon's own
@@ -349,7 +355,9 @@ func (m *Manager) connectLocked(ctx context.Context, sb *sandboxNet, ns netns.Ns
 		return err
 	}
 	sb.ip = ip
+	m.dnsMu.Lock()
 	m.byIP[ip] = sb
+	m.dnsMu.Unlock()
 	return nil
 }
 
@@ -454,12 +462,28 @@ func (m *Manager) hostDownLocked(ctx context.Context) error {
 // disconnectLocked undoes connectLocked; idempotent, and works from the
 // sandbox id alone (after a restart nothing may be in memory).
 func (m *Manager) disconnectLocked(ctx context.Context, id string) error {
-	if sb := m.sandboxes[id]; sb != nil && sb.ip.IsValid() {
-		delete(m.byIP, sb.ip)
-		sb.ip = netip.Addr{}
-	}
+	m.unmapLocked(id)
 	err := errors.Join(m.ReleaseVeth(hostVethName(id)), m.fw.removeSandbox(sandboxKey(id)), m.leases.ReleaseLease(ctx, id))
 	return errors.Join(err, m.hostDownLocked(ctx))
+}
+
+// unmapLocked forgets a sandbox's address for the DNS forwarder.
+func (m *Manager) unmapLocked(id string) {
+	sb := m.sandboxes[id]
+	if sb == nil || !sb.ip.IsValid() {
+		return
+	}
+	m.dnsMu.Lock()
+	delete(m.byIP, sb.ip)
+	m.dnsMu.Unlock()
+	sb.ip = netip.Addr{}
+}
+
+// setRulesLocked replaces a sandbox's request and compiled rules.
+func (m *Manager) setRulesLocked(sb *sandboxNet, r *rules, req Request) {
+	m.dnsMu.Lock()
+	sb.rules, sb.req = r, req
+	m.dnsMu.Unlock()
 }
 
 func (m *Manager) detachLocked(ctx context.Context, id string) error {
@@ -496,10 +520,7 @@ func (m *Manager) ReleaseRules(id string) error { return m.fw.removeSandbox(sand
 func (m *Manager) ReleaseLease(ctx context.Context, id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if sb := m.sandboxes[id]; sb != nil && sb.ip.IsValid() {
-		delete(m.byIP, sb.ip)
-		sb.ip = netip.Addr{}
-	}
+	m.unmapLocked(id)
 	return errors.Join(m.leases.ReleaseLease(ctx, id), m.hostDownLocked(ctx))
 }
 
@@ -530,18 +551,18 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy, rec Record
 			m.mu.Unlock()
 			return Status{}, fmt.Errorf("network: open %s: %w", sb.nsPath, err)
 		}
-		sb.rules, sb.req = r, req
+		m.setRulesLocked(sb, r, req)
 		err = m.connectLocked(ctx, sb, ns, rec)
 		ns.Close()
 		if err != nil {
-			sb.rules = &rules{mode: ModeNone}
-			sb.req.Policy = Policy{Mode: ModeNone}
+			req.Policy = Policy{Mode: ModeNone}
+			m.setRulesLocked(sb, &rules{mode: ModeNone}, req)
 			err = errors.Join(err, m.disconnectLocked(ctx, id))
 			m.mu.Unlock()
 			return Status{}, err
 		}
 	case old != ModeNone && r.mode == ModeNone:
-		sb.rules, sb.req = r, req
+		m.setRulesLocked(sb, r, req)
 		if err := m.disconnectLocked(ctx, id); err != nil {
 			m.mu.Unlock()
 			return Status{}, err
@@ -551,9 +572,9 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy, rec Record
 			m.mu.Unlock()
 			return Status{}, err
 		}
-		sb.rules, sb.req = r, req
+		m.setRulesLocked(sb, r, req)
 	default:
-		sb.rules, sb.req = r, req
+		m.setRulesLocked(sb, r, req)
 	}
 	m.mu.Unlock()
 	return m.Status(id)
@@ -578,7 +599,9 @@ func (m *Manager) Status(id string) (Status, error) {
 		}
 		st.Counters = c
 	}
+	m.dnsMu.RLock()
 	st.Counters.DeniedDestinations = append(st.Counters.DeniedDestinations, sb.refused...)
+	m.dnsMu.RUnlock()
 	if st.Counters.DeniedDestinations == nil {
 		st.Counters.DeniedDestinations = []string{}
 	}
@@ -588,8 +611,8 @@ func (m *Manager) Status(id string) (Status, error) {
 // policyFor, allowResolved and refusedName serve the DNS forwarder.
 
 func (m *Manager) policyFor(src netip.Addr) (string, *rules, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.dnsMu.RLock()
+	defer m.dnsMu.RUnlock()
 	sb := m.byIP[src]
 	if sb == nil {
 		return "", nil, false
@@ -601,18 +624,17 @@ func (m *Manager) allowResolved(key string, addrs map[netip.Addr]time.Duration) 
 	return m.fw.allowAddrs(key, addrs)
 }
 
-func (m *Manager) refusedName(key, name string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, sb := range m.sandboxes {
-		if sb.key != key {
-			continue
-		}
-		sb.refused = slices.DeleteFunc(sb.refused, func(s string) bool { return s == name })
-		sb.refused = append(sb.refused, name)
-		if len(sb.refused) > maxDeniedNames {
-			sb.refused = sb.refused[len(sb.refused)-maxDeniedNames:]
-		}
+func (m *Manager) refusedName(src netip.Addr, name string) {
+	m.dnsMu.Lock()
+	defer m.dnsMu.Unlock()
+	sb := m.byIP[src]
+	if sb == nil {
+		return
+	}
+	sb.refused = slices.DeleteFunc(sb.refused, func(s string) bool { return s == name })
+	sb.refused = append(sb.refused, name)
+	if len(sb.refused) > maxDeniedNames {
+		sb.refused = sb.refused[len(sb.refused)-maxDeniedNames:]
 	}
 }
 
@@ -650,9 +672,7 @@ func (m *Manager) GC(ctx context.Context, live func(id string) bool) (GCReport, 
 		if live(id) {
 			keep[hostVethName(id)], keep[sandboxKey(id)] = true, true
 		} else {
-			if sb := m.sandboxes[id]; sb.ip.IsValid() {
-				delete(m.byIP, sb.ip)
-			}
+			m.unmapLocked(id)
 			delete(m.sandboxes, id)
 		}
 	}

@@ -267,6 +267,19 @@ func TestGCAfterCrash(t *testing.T) {
 	m1.Close() // no Detach
 
 	m2 := tp.manager(t, nil)
+	// The restarted daemon adopts the live sandbox: same address, and its
+	// network works (the forwarder is back, the rules are in place).
+	a, err := m2.Attach(ctx, "sb-crash-0", Request{Policy: Policy{Mode: ModeEgress}}, nil)
+	must(t, err)
+	if a.IP != netip.MustParseAddr("10.88.0.2") {
+		t.Fatalf("adopted sandbox got %s, want its old address 10.88.0.2", a.IP)
+	}
+	if rcode, addrs := resolve(t, a, "pkg.example.test"); rcode != dns.RcodeSuccess || len(addrs) != 1 {
+		t.Fatalf("adopted sandbox resolves: %d %v", rcode, addrs)
+	}
+	if _, err := get(t, a, upstreamAddr1, "/", 3*time.Second); err != nil {
+		t.Fatalf("adopted sandbox: %v", err)
+	}
 	live := func(id string) bool { return id == "sb-crash-0" }
 	rep, err := m2.GC(ctx, live)
 	must(t, err)
