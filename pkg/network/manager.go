@@ -30,9 +30,10 @@ const (
 	KindVeth  = "veth"  // key: the host-side veth name
 )
 
-// Recorder is told about each piece of a sandbox's network right after it
-// is acquired, so that a crash at any point leaves a record of what to
-// release. nil records nothing.
+// Recorder is told about each piece of a sandbox's network before it is
+// acquired (write-ahead, as pkg/ledger wants), so that a crash at any point
+// leaves a record naming everything that may exist; releasing a piece that
+// does not exist succeeds. nil records nothing.
 type Recorder func(kind, key string) error
 
 // Config is the network section as the manager uses it.
@@ -272,11 +273,11 @@ func (m *Manager) Attach(ctx context.Context, id string, req Request, rec Record
 			err = errors.Join(err, m.detachLocked(ctx, id))
 		}
 	}()
-	if err := createNetNS(sb.nsPath); err != nil {
-		return nil, fmt.Errorf("network: namespace of %s: %w", id, err)
-	}
 	if err := rec(KindNetNS, sb.nsPath); err != nil {
 		return nil, err
+	}
+	if err := createNetNS(sb.nsPath); err != nil {
+		return nil, fmt.Errorf("network: namespace of %s: %w", id, err)
 	}
 	ns, err := netns.GetFromPath(sb.nsPath)
 	if err != nil {
@@ -325,12 +326,12 @@ func (m *Manager) connectLocked(ctx context.Context, sb *sandboxNet, ns netns.Ns
 	if err != nil {
 		return err
 	}
+	if err := rec(KindLease, sb.id); err != nil {
+		return err
+	}
 	ipText, err := m.leases.AcquireLease(ctx, sb.id, m.pickAddress)
 	if err != nil {
 		return errdefs.Wrap(errdefs.Unavailable, err, "network: no address for the sandbox")
-	}
-	if err := rec(KindLease, sb.id); err != nil {
-		return err
 	}
 	ip, err := netip.ParseAddr(ipText)
 	if err != nil || !m.cfg.Subnet.Contains(ip) {
@@ -338,21 +339,21 @@ func (m *Manager) connectLocked(ctx context.Context, sb *sandboxNet, ns netns.Ns
 	}
 	// Rules before the link: from its first packet the sandbox's traffic
 	// meets its own chain.
-	if err := m.fw.setSandbox(sandboxRules{key: sb.key, ip: ip, rules: sb.rules, limits: sb.req.Limits}); err != nil {
-		return err
-	}
 	if err := rec(KindNft, sb.id); err != nil {
 		return err
 	}
+	if err := m.fw.setSandbox(sandboxRules{key: sb.key, ip: ip, rules: sb.rules, limits: sb.req.Limits}); err != nil {
+		return err
+	}
 	veth := hostVethName(sb.id)
+	if err := rec(KindVeth, veth); err != nil {
+		return err
+	}
 	if _, err := m.host.LinkByName(veth); err != nil {
 		if err := connectVeth(m.host, vethSpec{hostName: veth, bridge: br, sandbox: ns,
 			addr: netip.PrefixFrom(ip, m.cfg.Subnet.Bits()), gateway: m.gw.Addr(), mtu: m.cfg.MTU, limits: sb.req.Limits}); err != nil {
-			return errors.Join(err, deleteLink(m.host, veth), rec(KindVeth, veth))
+			return errors.Join(err, deleteLink(m.host, veth))
 		}
-	}
-	if err := rec(KindVeth, veth); err != nil {
-		return err
 	}
 	sb.ip = ip
 	m.dnsMu.Lock()
