@@ -67,7 +67,7 @@ func BenchmarkDownload(b *testing.B) {
 	b.Run("host", func(b *testing.B) {
 		b.SetBytes(size)
 		for b.Loop() {
-			if err := inNetNS(tp.hostNS, func() error { return download(b) }); err != nil {
+			if err := InNetNS(tp.hostNS, func() error { return download(b) }); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -53,7 +53,7 @@ func startDNS(ns netns.NsHandle, dialNS netns.NsHandle, gw netip.Addr, upstreams
 	addr := net.JoinHostPort(gw.String(), "53")
 	var pc net.PacketConn
 	var ln net.Listener
-	err := inNetNS(ns, func() error {
+	err := InNetNS(ns, func() error {
 		var err error
 		if pc, err = net.ListenPacket("udp4", addr); err != nil {
 			return err
@@ -206,7 +206,7 @@ func (f *dnsForwarder) exchangeOne(req *dns.Msg, proto, upstream string) (*dns.M
 	}
 	var err error
 	if f.dialNS >= 0 {
-		err = inNetNS(f.dialNS, dial)
+		err = InNetNS(f.dialNS, dial)
 	} else {
 		err = dial()
 	}

@@ -143,7 +143,11 @@ func New(cfg Config, hostNS netns.NsHandle, leases *store.Store) (*Manager, erro
 	m := &Manager{cfg: cfg, hostNS: hostNS, host: h, leases: leases, fw: newFirewall(hostNS, cfg.Bridge),
 		dialNS: hostNS, log: cfg.Log, sandboxes: map[string]*sandboxNet{}, byIP: map[netip.Addr]*sandboxNet{}}
 	m.gw = netip.PrefixFrom(cfg.Subnet.Addr().Next(), cfg.Subnet.Bits())
-	if self, err := netns.Get(); err == nil {
+	// Upstream DNS sockets are made inside hostNS on a dedicated thread,
+	// unless hostNS is the process's own namespace (the daemon's case),
+	// where any thread will do. The process's, not the calling thread's:
+	// later calls run on arbitrary threads.
+	if self, err := netns.GetFromPid(os.Getpid()); err == nil {
 		if self.Equal(hostNS) {
 			m.dialNS = -1
 		}
@@ -276,7 +280,7 @@ func (m *Manager) Attach(ctx context.Context, id string, req Request, rec Record
 	if err := rec(KindNetNS, sb.nsPath); err != nil {
 		return nil, err
 	}
-	if err := createNetNS(sb.nsPath); err != nil {
+	if err := CreateNetNS(sb.nsPath); err != nil {
 		return nil, fmt.Errorf("network: namespace of %s: %w", id, err)
 	}
 	ns, err := netns.GetFromPath(sb.nsPath)
@@ -488,7 +492,7 @@ func (m *Manager) setRulesLocked(sb *sandboxNet, r *rules, req Request) {
 }
 
 func (m *Manager) detachLocked(ctx context.Context, id string) error {
-	err := errors.Join(m.disconnectLocked(ctx, id), releaseNetNS(m.NetNSPath(id)))
+	err := errors.Join(m.disconnectLocked(ctx, id), RemoveNetNS(m.NetNSPath(id)))
 	delete(m.sandboxes, id)
 	return err
 }
@@ -508,7 +512,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 // idempotent.
 
 // ReleaseNetNS unmounts and removes a namespace file.
-func (m *Manager) ReleaseNetNS(path string) error { return releaseNetNS(path) }
+func (m *Manager) ReleaseNetNS(path string) error { return RemoveNetNS(path) }
 
 // ReleaseVeth deletes a host-side veth (its peer goes with it).
 func (m *Manager) ReleaseVeth(name string) error { return deleteLink(m.host, name) }
@@ -700,7 +704,7 @@ func (m *Manager) GC(ctx context.Context, live func(id string) bool) (GCReport, 
 	for _, e := range entries {
 		if !live(e.Name()) {
 			p := filepath.Join(m.cfg.RunDir, "netns", e.Name())
-			errs = append(errs, releaseNetNS(p))
+			errs = append(errs, RemoveNetNS(p))
 			rep.Namespaces = append(rep.Namespaces, p)
 		}
 	}

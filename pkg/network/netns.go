@@ -11,12 +11,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// inNetNS runs fn on an OS thread that has joined ns. The thread is never
+// InNetNS runs fn on an OS thread that has joined ns. The thread is never
 // handed back to the Go scheduler (the goroutine ends with the thread still
 // locked, so the runtime discards it): no other goroutine can ever run in a
 // namespace it did not ask for, even if switching back would fail.
 // Sockets fn creates stay in ns for their whole life.
-func inNetNS(ns netns.NsHandle, fn func() error) error {
+func InNetNS(ns netns.NsHandle, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -29,12 +29,12 @@ func inNetNS(ns netns.NsHandle, fn func() error) error {
 	return <-errc
 }
 
-// createNetNS makes a new network namespace kept alive by a bind mount on
+// CreateNetNS makes a new network namespace kept alive by a bind mount on
 // path (an empty file), like `ip netns add` but at a path of our choosing:
 // the runtime joins it by path, and the namespace outlives every process
-// in it until releaseNetNS. An existing mount at path is kept (adoption
+// in it until RemoveNetNS. An existing mount at path is kept (adoption
 // after a restart).
-func createNetNS(path string) error {
+func CreateNetNS(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
@@ -79,9 +79,9 @@ func isNetNSMount(path string) bool {
 	return st.Type == unix.NSFS_MAGIC
 }
 
-// releaseNetNS unmounts and removes a namespace made by createNetNS; the
+// RemoveNetNS unmounts and removes a namespace made by CreateNetNS; the
 // namespace itself goes when its last process does. Idempotent.
-func releaseNetNS(path string) error {
+func RemoveNetNS(path string) error {
 	for isNetNSMount(path) {
 		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
 			return fmt.Errorf("unmount %s: %w", path, err)
@@ -97,7 +97,7 @@ func releaseNetNS(path string) error {
 // per network namespace) and returns the previous value.
 func writeSysctl(ns netns.NsHandle, name, value string) (old string, err error) {
 	path := filepath.Join("/proc/sys", filepath.FromSlash(name))
-	err = inNetNS(ns, func() error {
+	err = InNetNS(ns, func() error {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return err
@@ -114,7 +114,7 @@ func writeSysctl(ns netns.NsHandle, name, value string) (old string, err error) 
 // readSysctl reads a /proc/sys file as seen from ns.
 func readSysctl(ns netns.NsHandle, name string) (string, error) {
 	var v string
-	err := inNetNS(ns, func() error {
+	err := InNetNS(ns, func() error {
 		b, err := os.ReadFile(filepath.Join("/proc/sys", filepath.FromSlash(name)))
 		v = string(trimNL(b))
 		return err

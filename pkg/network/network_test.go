@@ -73,7 +73,7 @@ func TestEgressMasqueradeAndDeny(t *testing.T) {
 	listen(t, bns, "0.0.0.0:8080")
 	dialFails(t, a, b.IP.String()+":8080", false)
 	// Nothing opens a connection into a sandbox, not even the host.
-	err = inNetNS(tp.hostNS, func() error {
+	err = InNetNS(tp.hostNS, func() error {
 		c, err := (&netDialer{timeout: 700 * time.Millisecond}).dial(b.IP.String() + ":8080")
 		if err == nil {
 			c.Close()
@@ -157,7 +157,7 @@ func TestAllowlist(t *testing.T) {
 		t.Fatalf("A pkg.example.test over TCP: %v", resp)
 	}
 	// A source that is no sandbox's is refused.
-	must(t, inNetNS(tp.hostNS, func() error {
+	must(t, InNetNS(tp.hostNS, func() error {
 		m := new(dns.Msg)
 		m.SetQuestion("pkg.example.test.", dns.TypeA)
 		resp, _, err := (&dns.Client{Timeout: 3 * time.Second}).Exchange(m, net.JoinHostPort(a.Gateway.String(), "53"))

@@ -67,11 +67,11 @@ func newTopology(t testing.TB) *topology {
 	tp := &topology{dir: dir, hostPath: filepath.Join(dir, "host.ns")}
 	upPath := filepath.Join(dir, "upstream.ns")
 	for _, p := range []string{tp.hostPath, upPath} {
-		if err := createNetNS(p); err != nil {
+		if err := CreateNetNS(p); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			if err := releaseNetNS(p); err != nil {
+			if err := RemoveNetNS(p); err != nil {
 				t.Error(err)
 			}
 		})
@@ -148,7 +148,7 @@ func must(t testing.TB, err error) {
 // address as the server saw it, "/bytes?n=N" with N bytes.
 func (tp *topology) serveHTTP(t testing.TB) {
 	var ln net.Listener
-	must(t, inNetNS(tp.upNS, func() error {
+	must(t, InNetNS(tp.upNS, func() error {
 		var err error
 		ln, err = net.Listen("tcp4", ":"+strconv.Itoa(httpPort))
 		return err
@@ -178,7 +178,7 @@ func (tp *topology) serveHTTP(t testing.TB) {
 // serveDNS answers testZone with A records, TTL 300, NXDOMAIN otherwise.
 func (tp *topology) serveDNS(t testing.TB) {
 	var pc net.PacketConn
-	must(t, inNetNS(tp.upNS, func() error {
+	must(t, InNetNS(tp.upNS, func() error {
 		var err error
 		pc, err = net.ListenPacket("udp4", upstreamAddr1+":53")
 		return err
@@ -247,7 +247,7 @@ func inSandbox(t testing.TB, a *Attachment, fn func() error) error {
 	ns, err := netns.GetFromPath(a.NetNSPath)
 	must(t, err)
 	defer ns.Close()
-	return inNetNS(ns, fn)
+	return InNetNS(ns, fn)
 }
 
 // resolve asks the gateway's forwarder for name's A records from inside
@@ -331,7 +331,7 @@ func dialFails(t testing.TB, a *Attachment, addr string, wantTimeout bool) {
 func listen(t testing.TB, ns netns.NsHandle, addr string) {
 	t.Helper()
 	var ln net.Listener
-	must(t, inNetNS(ns, func() error {
+	must(t, InNetNS(ns, func() error {
 		var err error
 		ln, err = net.Listen("tcp4", addr)
 		return err
