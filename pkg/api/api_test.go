@@ -111,6 +111,9 @@ func TestBadRequests(t *testing.T) {
 		{"write unknown", "PUT", "/v1/sandboxes/sb-nope/files?path=/x", `x`, 404, errdefs.NotFound, "sb-nope"},
 		{"delete unknown", "DELETE", "/v1/sandboxes/sb-nope/files?path=/x", ``, 404, errdefs.NotFound, "sb-nope"},
 		{"terminal unknown", "GET", "/v1/sandboxes/sb-nope/terminal", ``, 404, errdefs.NotFound, "sb-nope"},
+		{"network unknown", "GET", "/v1/sandboxes/sb-nope/network", ``, 404, errdefs.NotFound, "sb-nope"},
+		{"network without mode", "PUT", "/v1/sandboxes/sb-nope/network", `{}`, 400, errdefs.InvalidArgument, "mode"},
+		{"network body mismatch", "PUT", "/v1/sandboxes/sb-a/network", `{"sandbox_id":"sb-b","mode":"egress"}`, 400, errdefs.InvalidArgument, "sandbox_id"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := ts.request(t, tc.method, tc.path, strings.NewReader(tc.body), true)
