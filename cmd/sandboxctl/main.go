@@ -94,7 +94,7 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 		psCmd(g), inspectCmd(g), createCmd(g), rmCmd(g),
 		execCmd(g), cpCmd(g), exportCmd(g), jobsCmd(g), logsCmd(g), killCmd(g),
 		runCmd(g), runsCmd(g), languagesCmd(g), autofixCmd(g),
-		imagesCmd(g), gcCmd(g), uiCmd(g),
+		imagesCmd(g), gcCmd(g), uiCmd(g), networkCmd(g),
 	)
 	return root, g
 }

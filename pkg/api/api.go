@@ -96,6 +96,8 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/files", s.deleteFile)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/terminal", s.terminal)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/export", s.exportFiles)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/network", s.sandboxNetwork)
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/network", s.sandboxNetwork)
 	mux.HandleFunc("GET /v1/artifacts/{id}", s.downloadArtifact)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/jobs", s.startJob)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs", s.listJobs)

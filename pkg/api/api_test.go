@@ -116,6 +116,9 @@ func TestBadRequests(t *testing.T) {
 		{"autofix unknown", "GET", "/v1/autofix/af-0123456789abcdef", ``, 404, errdefs.NotFound, "af-0123456789abcdef"},
 		{"autofix malformed id", "POST", "/v1/autofix/nope/submit", `{"code":"x"}`, 400, errdefs.InvalidArgument, "autofix_id"},
 		{"export format", "GET", "/v1/runs/export?format=csv", ``, 400, errdefs.InvalidArgument, "format"},
+		{"network unknown", "GET", "/v1/sandboxes/sb-nope/network", ``, 404, errdefs.NotFound, "sb-nope"},
+		{"network without mode", "PUT", "/v1/sandboxes/sb-nope/network", `{}`, 400, errdefs.InvalidArgument, "mode"},
+		{"network body mismatch", "PUT", "/v1/sandboxes/sb-a/network", `{"sandbox_id":"sb-b","mode":"egress"}`, 400, errdefs.InvalidArgument, "sandbox_id"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := ts.request(t, tc.method, tc.path, strings.NewReader(tc.body), true)

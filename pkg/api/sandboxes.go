@@ -195,3 +195,31 @@ func incompleteRune(p []byte) int {
 	}
 	return 0
 }
+
+// sandboxNetwork reports (GET) or changes (PUT, body {mode, allow}) a
+// sandbox's network policy, with its counters.
+func (s *server) sandboxNetwork(w http.ResponseWriter, r *http.Request) {
+	var req engine.SandboxNetworkRequest
+	if r.Method == http.MethodPut {
+		if err := s.decodeJSON(w, r, &req); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if req.Mode == "" && req.Allow == nil {
+			s.writeError(w, r, errdefs.Invalidf("mode: required (egress or allowlist)"))
+			return
+		}
+	}
+	id := r.PathValue("id")
+	if req.SandboxID != "" && req.SandboxID != id {
+		s.writeError(w, r, errdefs.Invalidf("sandbox_id: %q in the body contradicts %q in the path", req.SandboxID, id))
+		return
+	}
+	req.SandboxID = id
+	st, err := s.e.SandboxNetwork(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}

@@ -66,6 +66,7 @@ type Sandbox struct {
 	ImageDigest  string            `json:"image_digest,omitempty"`
 	Limits       Limits            `json:"limits"`
 	Network      string            `json:"network"`
+	Allow        []string          `json:"allow,omitempty"`
 	Env          map[string]string `json:"env,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
 	CgroupPath   string            `json:"cgroup_path,omitempty"`
@@ -92,6 +93,9 @@ type Usage struct {
 type SandboxDetail struct {
 	Sandbox
 	Usage *Usage `json:"usage,omitempty"`
+	// NetworkStatus is the policy and counters of a live sandbox with
+	// network.
+	NetworkStatus *NetworkStatus `json:"network_status,omitempty"`
 }
 
 // Termination causes (docs/SPEC.md "Termination causes").
@@ -204,4 +208,27 @@ type Artifact struct {
 	Size      int64     `json:"size"`
 	SHA256    string    `json:"sha256"`
 	CreatedAt time.Time `json:"created_at"`
+}
+
+// SandboxNetworkRequest is the input of sandbox_network
+// (PUT /v1/sandboxes/{id}/network): a new mode and/or allowlist for a
+// running sandbox created with network; neither reports the current ones.
+type SandboxNetworkRequest struct {
+	SandboxID string   `json:"sandbox_id" jsonschema_description:"The sandbox."`
+	Mode      string   `json:"mode,omitempty" jsonschema_description:"egress or allowlist (a sandbox created with network none keeps it)." jsonschema:"enum=egress,enum=allowlist"`
+	Allow     []string `json:"allow,omitempty" jsonschema_description:"With mode allowlist: host names, *.domain wildcards, IPv4 CIDRs and @preset names."`
+}
+
+// NetworkStatus is a sandbox's network policy and connection counters.
+type NetworkStatus struct {
+	Mode     string          `json:"mode"`
+	Allow    []string        `json:"allow"`
+	Counters NetworkCounters `json:"counters"`
+}
+
+// NetworkCounters count a sandbox's connection attempts.
+type NetworkCounters struct {
+	Allowed            uint64   `json:"allowed"`
+	Denied             uint64   `json:"denied"`
+	DeniedDestinations []string `json:"denied_destinations"` // recent denied addresses and refused names, bounded
 }

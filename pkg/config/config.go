@@ -118,6 +118,27 @@ type Network struct {
 	DefaultMode string   `yaml:"default_mode"` // none | egress | allowlist
 	Deny        []string `yaml:"deny"`         // CIDRs always refused
 	DNS         []string `yaml:"dns"`          // resolver addresses; empty: the host's
+	MTU         int      `yaml:"mtu"`          // of the bridge and veths; 0: the kernel's default
+	// Bandwidth is a sandbox's default rate in bytes per second in each
+	// direction (0: unlimited); MaxBandwidth caps what a sandbox may ask.
+	Bandwidth    ByteSize `yaml:"bandwidth"`
+	MaxBandwidth ByteSize `yaml:"max_bandwidth"`
+	// ConnRate is a sandbox's default limit of new connections per second
+	// (0: unlimited); MaxConnRate caps what a sandbox may ask.
+	ConnRate    int `yaml:"conn_rate"`
+	MaxConnRate int `yaml:"max_conn_rate"`
+	// Presets are named allowlists, used as "@name" in a sandbox's allow.
+	Presets        map[string][]string `yaml:"presets"`
+	PackageIndexes PackageIndexes      `yaml:"package_indexes"`
+}
+
+// PackageIndexes is `network.package_indexes`: where sandboxes install
+// packages from, passed as the package managers' environment variables.
+// Empty: the managers' own defaults.
+type PackageIndexes struct {
+	PipIndexURL string `yaml:"pip_index_url"` // PIP_INDEX_URL
+	NpmRegistry string `yaml:"npm_registry"`  // NPM_CONFIG_REGISTRY
+	GoProxy     string `yaml:"go_proxy"`      // GOPROXY
 }
 
 // Images is the `images` section.

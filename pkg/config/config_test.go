@@ -65,12 +65,13 @@ func TestDefaultYAMLDocumentsEveryKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	written := map[string]bool{}
-	root := doc.Content[0]
-	for i := 0; i < len(root.Content); i += 2 {
-		section := root.Content[i+1]
+	// walk records the keys of a mapping, descending into nested
+	// sections (network.package_indexes) but not into maps of values.
+	var walk func(prefix string, section *yaml.Node)
+	walk = func(prefix string, section *yaml.Node) {
 		for j := 0; j < len(section.Content); j += 2 {
-			k := section.Content[j]
-			key := root.Content[i].Value + "." + k.Value
+			k, v := section.Content[j], section.Content[j+1]
+			key := prefix + "." + k.Value
 			written[key] = true
 			// A cap shares the comment of the default just above it
 			// (memory, max_memory).
@@ -78,7 +79,14 @@ func TestDefaultYAMLDocumentsEveryKey(t *testing.T) {
 			if k.HeadComment == "" && !isCap {
 				t.Errorf("%s has no comment", key)
 			}
+			if v.Kind == yaml.MappingNode && len(v.Content) > 0 && v.Style != yaml.FlowStyle {
+				walk(key, v)
+			}
 		}
+	}
+	root := doc.Content[0]
+	for i := 0; i < len(root.Content); i += 2 {
+		walk(root.Content[i].Value, root.Content[i+1])
 	}
 	for _, key := range leafKeys(reflect.TypeFor[Config](), "") {
 		if !written[key] {

@@ -150,8 +150,32 @@ network:
     - fc00::/7
     - fe80::/10
     - ::1/128
-  # DNS servers given to sandboxes (IP addresses). Empty: the host's.
+  # Upstream DNS servers of the forwarder on the gateway that sandboxes
+  # resolve through (IP addresses). Empty: the host's /etc/resolv.conf.
   dns: []
+  # MTU of the bridge and the sandboxes' veths. 0: the kernel's default.
+  mtu: 0
+  # Default bandwidth of a sandbox with network, bytes per second in each
+  # direction (size; 0: unlimited), and the most a sandbox may ask for.
+  bandwidth: 0
+  max_bandwidth: 0
+  # Default limit of new connections per second a sandbox opens (0:
+  # unlimited), and the most a sandbox may ask for.
+  conn_rate: 0
+  max_conn_rate: 0
+  # Named allowlists a sandbox's allow list can use as "@name", e.g.
+  # python: [pkgs.example.org, "*.files.example.org"]. Entries are host
+  # names, *.domain wildcards and IPv4 CIDRs.
+  presets: {}
+  # Package indexes and mirrors sandboxes install from, passed as the
+  # package managers' usual environment variables. Empty: their defaults.
+  package_indexes:
+    # pip index URL (PIP_INDEX_URL; an http:// index is also trusted).
+    pip_index_url: ""
+    # npm registry URL (NPM_CONFIG_REGISTRY).
+    npm_registry: ""
+    # Go module proxy (GOPROXY).
+    go_proxy: ""
 
 # Language images.
 images:

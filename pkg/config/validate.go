@@ -197,6 +197,46 @@ func (n *Network) validate(p *problems) {
 			p.add(fmt.Sprintf("network.dns[%d]", i), "", "invalid IP address %q", d)
 		}
 	}
+	if n.MTU != 0 && (n.MTU < 576 || n.MTU > 65535) {
+		p.add("network.mtu", "", "%d is outside 576..65535 (0: the kernel's default)", n.MTU)
+	}
+	const minBandwidth = 8 << 10 // below, a single full-size packet takes most of a second
+	for _, b := range []struct {
+		key string
+		v   ByteSize
+	}{{"network.bandwidth", n.Bandwidth}, {"network.max_bandwidth", n.MaxBandwidth}} {
+		if b.v != 0 && b.v < minBandwidth {
+			p.add(b.key, "", "%v is below the minimum of 8KiB per second (0: unlimited)", b.v)
+		}
+	}
+	if n.MaxBandwidth > 0 && (n.Bandwidth == 0 || n.Bandwidth > n.MaxBandwidth) {
+		p.add("network.bandwidth", "", "%v (0: unlimited) exceeds network.max_bandwidth %v", n.Bandwidth, n.MaxBandwidth)
+	}
+	if n.ConnRate < 0 || n.MaxConnRate < 0 {
+		p.add("network.conn_rate", "", "must not be negative")
+	}
+	if n.MaxConnRate > 0 && (n.ConnRate == 0 || n.ConnRate > n.MaxConnRate) {
+		p.add("network.conn_rate", "", "%d (0: unlimited) exceeds network.max_conn_rate %d", n.ConnRate, n.MaxConnRate)
+	}
+	for _, name := range slices.Sorted(maps.Keys(n.Presets)) {
+		if !plainName.MatchString(name) {
+			p.add("network.presets."+name, "", "invalid preset name %q", name)
+		}
+		for i, e := range n.Presets[name] {
+			if strings.TrimSpace(e) == "" || strings.HasPrefix(e, "@") {
+				p.add(fmt.Sprintf("network.presets.%s[%d]", name, i), "", "want a host name, *.domain or IPv4 CIDR, got %q", e)
+			}
+		}
+	}
+	for _, u := range []struct{ key, v string }{
+		{"network.package_indexes.pip_index_url", n.PackageIndexes.PipIndexURL},
+		{"network.package_indexes.npm_registry", n.PackageIndexes.NpmRegistry},
+		{"network.package_indexes.go_proxy", n.PackageIndexes.GoProxy},
+	} {
+		if u.v != "" {
+			p.httpURL(u.key, u.v)
+		}
+	}
 }
 
 func (im *Images) validate(p *problems) {

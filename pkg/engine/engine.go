@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
@@ -43,6 +44,9 @@ type Engine struct {
 	runtime      *runtime.Runtime
 	ledger       *ledger.Ledger
 	sandboxes    *sandbox.Manager
+	netCfg       network.Config
+	net          *network.Manager // nil if the network subsystem could not start (netErr says why)
+	netErr       error
 	seccomp      seccomp.Support
 	metrics      *metrics
 	started      time.Time
@@ -94,8 +98,12 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		cleanup()
 		return nil, err
 	}
+	var netHook sandbox.Network
+	if e.initNetwork(); e.net != nil {
+		netHook = networkHook{e}
+	}
 	e.sandboxes, err = sandbox.NewManager(sandbox.Options{
-		Store: e.store, Images: e.images, Backend: backend, Ledger: e.ledger,
+		Store: e.store, Images: e.images, Backend: backend, Ledger: e.ledger, Network: netHook,
 		MaxSandboxes: cfg.Sandbox.MaxSandboxes, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: log,
 		Pool: cfg.Sandbox.Pool,
@@ -123,6 +131,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		cleanup()
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
+	e.adoptNetworks(ctx, rep)
 	log.Info("reconciled state", "adopted", len(rep.Adopted), "terminated", len(rep.Terminated),
 		"removed", len(rep.Removed), "errors", len(rep.Errors))
 	for _, msg := range rep.Errors {
@@ -136,7 +145,6 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 // unbuilt names the configuration sections whose subsystems this build does
 // not have yet, and what they are.
 var unbuilt = []struct{ section, what string }{
-	{"network", "network subsystem (sandboxes have loopback only)"},
 	{"vm", "VM backend"},
 }
 
@@ -201,6 +209,9 @@ func (e *Engine) loadSeccomp() (*specs.LinuxSeccomp, error) {
 // adopts them.
 func (e *Engine) Close() error {
 	e.sandboxes.Close()
+	if e.net != nil {
+		e.net.Close() // the network stays; a restarted daemon adopts it
+	}
 	return e.store.Close()
 }
 
@@ -306,6 +317,13 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 	if spec.Network, err = e.networkMode("network", req.Network); err != nil {
 		return nil, err
 	}
+	if spec.Network != NetworkNone {
+		if err := e.net.Validate(e.networkRequest(spec.Network, req.Allow)); err != nil {
+			return nil, err
+		}
+		spec.Allow = req.Allow
+		spec.Env = withPackageIndexes(spec.Env, e.netCfg.PackageIndexes.Env())
+	}
 	if req.TTLSeconds != nil {
 		if spec.TTL, err = wholeSeconds("ttl_seconds", *req.TTLSeconds, sc.MaxLifetime.D()); err != nil {
 			return nil, err
@@ -374,6 +392,11 @@ func (e *Engine) GetSandbox(ctx context.Context, id string) (*SandboxDetail, err
 		return nil, err
 	}
 	d := &SandboxDetail{Sandbox: *info}
+	if info.State.Live() && e.net != nil && info.Network != "" && info.Network != NetworkNone {
+		if st, err := e.networkStatus(id); err == nil {
+			d.NetworkStatus = st
+		}
+	}
 	if info.State.Live() && info.State != sandbox.StateCreating {
 		if u, err := e.sandboxes.Usage(ctx, id); err == nil {
 			d.Usage = u

@@ -52,8 +52,12 @@ func (e *Engine) Readiness(ctx context.Context) []Check {
 	checks = append(checks, check("images", true, err))
 	_, err = os.Stat(e.cfg.Paths.AgentPath)
 	checks = append(checks, check("agent", true, err))
+	if e.net == nil {
+		checks = append(checks, Check{Name: "network", Status: CheckDegraded, Reason: fmt.Sprintf("only network mode none is available: %v", e.netErr), Required: false})
+	} else {
+		checks = append(checks, Check{Name: "network", Status: CheckOK, Required: false})
+	}
 	checks = append(checks,
-		Check{Name: "network", Status: CheckDegraded, Reason: "only network mode none is available", Required: false},
 		Check{Name: "vm", Status: CheckDegraded, Reason: "no VM backend configured", Required: false},
 	)
 	return checks
@@ -100,7 +104,15 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 // GC removes leftovers (containers, cgroups, mounts, directories) that belong
 // to no live sandbox.
 func (e *Engine) GC(ctx context.Context) (*sandbox.GCReport, error) {
-	return e.sandboxes.GC(ctx), nil
+	rep := e.sandboxes.GC(ctx)
+	if e.net != nil {
+		live := map[string]bool{}
+		for _, id := range e.sandboxes.IDs() {
+			live[id] = true
+		}
+		e.networkGC(ctx, rep, func(id string) bool { return live[id] })
+	}
+	return rep, nil
 }
 
 // SubscribeEvents streams state changes and output of sandbox id ("" for all)

@@ -80,7 +80,10 @@ func (e *Engine) networkMode(field, mode string) (string, error) {
 	case "", NetworkNone:
 		return NetworkNone, nil
 	case NetworkEgress, NetworkAllowlist:
-		return "", errdefs.Unavailablef("%s: mode %q is not available yet; only %q", field, mode, NetworkNone)
+		if e.net == nil {
+			return "", errdefs.Unavailablef("%s: mode %q needs the network subsystem, which did not start (%s); only %q works", field, mode, e.netErr, NetworkNone)
+		}
+		return mode, nil
 	default:
 		return "", errdefs.Invalidf("%s: must be %s, %s or %s, got %q", field, NetworkNone, NetworkEgress, NetworkAllowlist, mode)
 	}

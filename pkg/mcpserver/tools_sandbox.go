@@ -27,7 +27,8 @@ type sandboxCreateIn struct {
 // sandboxOut is a sandbox as the tools show it.
 type sandboxOut struct {
 	apitypes.Sandbox
-	Usage *apitypes.Usage `json:"usage,omitempty"`
+	Usage         *apitypes.Usage         `json:"usage,omitempty"`
+	NetworkStatus *apitypes.NetworkStatus `json:"network_status,omitempty"`
 }
 
 type sandboxListIn struct {
@@ -122,7 +123,22 @@ func (s *srv) addSandboxTools() {
 			if err != nil {
 				return nil, err
 			}
-			return &result{structured: sandboxOut{Sandbox: d.Sandbox, Usage: d.Usage}, text: sandboxText(&d.Sandbox, d.Usage)}, nil
+			text := sandboxText(&d.Sandbox, d.Usage)
+			if n := d.NetworkStatus; n != nil {
+				text += networkText(n)
+			}
+			return &result{structured: sandboxOut{Sandbox: d.Sandbox, Usage: d.Usage, NetworkStatus: d.NetworkStatus}, text: text}, nil
+		})
+
+	addTool[apitypes.SandboxNetworkRequest, apitypes.NetworkStatus](s, "sandbox_network", "Show or change a sandbox's network",
+		"Change a running sandbox's network policy without recreating it: mode egress (every public destination) or allowlist (only the names, *.domain wildcards, IPv4 CIDRs and @presets in allow; other names do not resolve). With neither mode nor allow, report the policy. The answer has the counters of allowed and denied connection attempts and the recent denied destinations. A sandbox created with network none keeps it.",
+		annotations{idempotent: true},
+		func(ctx context.Context, c *call, in *apitypes.SandboxNetworkRequest) (*result, error) {
+			st, err := s.e.SandboxNetwork(ctx, *in)
+			if err != nil {
+				return nil, err
+			}
+			return &result{structured: st, text: networkText(st)}, nil
 		})
 
 	addTool[sandboxIDIn, sandboxTerminateOut](s, "sandbox_terminate", "Terminate a sandbox",
@@ -136,6 +152,11 @@ func (s *srv) addSandboxTools() {
 			out := sandboxTerminateOut{SandboxID: info.ID, State: string(info.State)}
 			return &result{structured: out, text: fmt.Sprintf("sandbox %s is %s", out.SandboxID, out.State)}, nil
 		})
+}
+
+func networkText(n *apitypes.NetworkStatus) string {
+	return fmt.Sprintf("network %s, allow [%s]: %d connection attempts allowed, %d denied; recent denied: %s\n",
+		n.Mode, strings.Join(n.Allow, " "), n.Counters.Allowed, n.Counters.Denied, strings.Join(n.Counters.DeniedDestinations, " "))
 }
 
 func (s *srv) addLanguagesTool() {

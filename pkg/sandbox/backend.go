@@ -45,6 +45,8 @@ type StartRequest struct {
 	// NetNSPath is the network namespace to join; empty gives the sandbox
 	// a new one with only loopback.
 	NetNSPath string
+	// ResolvConf, if not nil, is the sandbox's /etc/resolv.conf.
+	ResolvConf []byte
 }
 
 // AdoptRequest identifies a sandbox to re-attach to after a restart.
@@ -85,5 +87,11 @@ type Handle interface {
 // addresses and firewall entries, each recorded with rec before it is
 // acquired (released through the ledger like everything else).
 type Network interface {
-	Attach(ctx context.Context, id string, spec Spec, rec ledger.Recorder) (netnsPath string, err error)
+	Attach(ctx context.Context, id string, spec Spec, rec ledger.Recorder) (NetworkAttachment, error)
+}
+
+// NetworkAttachment is what a sandbox's network gives the backend.
+type NetworkAttachment struct {
+	NetNSPath  string // the namespace to join
+	ResolvConf []byte // the sandbox's /etc/resolv.conf
 }

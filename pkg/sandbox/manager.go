@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -35,14 +36,17 @@ type Limits = apitypes.Limits
 
 // Spec is what a sandbox is created from. It is persisted as JSON.
 type Spec struct {
-	Language string            `json:"language"`
-	Image    string            `json:"image"`
-	Limits   Limits            `json:"limits"`
-	Network  string            `json:"network"`
-	Env      map[string]string `json:"env,omitempty"`
-	Labels   map[string]string `json:"labels,omitempty"`
-	TTL      time.Duration     `json:"ttl,omitempty"` // 0: the configured max lifetime
-	UID      int               `json:"uid"`
+	Language string `json:"language"`
+	Image    string `json:"image"`
+	Limits   Limits `json:"limits"`
+	Network  string `json:"network"`
+	// Allow is the allowlist of network mode allowlist (host names,
+	// *.domain, CIDRs, @preset).
+	Allow  []string          `json:"allow,omitempty"`
+	Env    map[string]string `json:"env,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+	TTL    time.Duration     `json:"ttl,omitempty"` // 0: the configured max lifetime
+	UID    int               `json:"uid"`
 	// ImageEnv is the image's environment, kept so that a restarted daemon
 	// runs commands exactly as before even if the image was rebuilt since.
 	ImageEnv map[string]string `json:"image_env,omitempty"`
@@ -245,11 +249,11 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 		if m.opt.Network == nil {
 			return errdefs.Unavailablef("network: mode %q needs the network subsystem, which is not configured", sb.spec.Network)
 		}
-		p, err := m.opt.Network.Attach(ctx, sb.ID, sb.spec, m.opt.Ledger.For(sb.ID))
+		a, err := m.opt.Network.Attach(ctx, sb.ID, sb.spec, m.opt.Ledger.For(sb.ID))
 		if err != nil {
 			return err
 		}
-		req.NetNSPath = p
+		req.NetNSPath, req.ResolvConf = a.NetNSPath, a.ResolvConf
 	}
 	h, err := m.opt.Backend.Start(ctx, req, m.opt.Ledger.For(sb.ID))
 	if err != nil {
@@ -431,7 +435,7 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 	_ = json.Unmarshal(r.Spec, &spec) // written by us; a decode error leaves zero limits
 	in := &Info{
 		ID: r.ID, State: State(r.State), Language: r.Language, Image: r.Image, ImageDigest: r.ImageDigest,
-		Limits: spec.Limits, Network: spec.Network, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
+		Limits: spec.Limits, Network: spec.Network, Allow: spec.Allow, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason,
 	}
@@ -576,4 +580,22 @@ func (m *Manager) IDs() []string {
 	}
 	sort.Strings(ids)
 	return ids
+}
+
+// SetNetwork records a running sandbox's new network mode and allowlist
+// (the network subsystem has applied them), so that its description and a
+// restarted daemon's adoption use them.
+func (m *Manager) SetNetwork(ctx context.Context, id, mode string, allow []string) error {
+	sb, err := m.live(ctx, id)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	sb.spec.Network, sb.spec.Allow = mode, slices.Clone(allow)
+	specJSON, err := json.Marshal(sb.spec)
+	sb.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return m.opt.Store.UpdateSandbox(ctx, id, func(r *store.SandboxRecord) { r.Spec = specJSON })
 }

@@ -129,6 +129,21 @@ CREATE TABLE autofix_sessions (
 CREATE INDEX autofix_sessions_by_status ON autofix_sessions (status, expires_at);
 `,
 	},
+	{
+		version:     5,
+		description: "network address leases",
+		sql: `
+-- One IPv4 address of network.subnet per sandbox with network (pkg/network).
+-- The primary key makes handing out an address twice impossible, also
+-- across restarts; no foreign key: a lease of a sandbox whose row is gone
+-- is an orphan that gc removes, not a reason to refuse the delete.
+CREATE TABLE network_leases (
+	ip          TEXT PRIMARY KEY,     -- dotted quad
+	sandbox_id  TEXT NOT NULL UNIQUE,
+	acquired_at INTEGER NOT NULL
+) STRICT;
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.

@@ -22,7 +22,7 @@ var layer = map[string]int{
 	"internal/crashpoint": 1,
 
 	"pkg/agent": 2, "pkg/ledger": 2, "pkg/image": 2, "pkg/runtime": 2, "pkg/runs": 2,
-	"pkg/artifacts": 2, "pkg/lang": 2,
+	"pkg/artifacts": 2, "pkg/lang": 2, "pkg/network": 2,
 
 	"pkg/agent/server": 3, "pkg/sandbox": 3,
 

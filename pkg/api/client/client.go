@@ -248,6 +248,16 @@ func (c *Client) TerminateSandbox(ctx context.Context, id string) (*Sandbox, err
 	return &s, c.doJSON(ctx, http.MethodDelete, sandboxPath(id, ""), nil, nil, &s)
 }
 
+// SandboxNetwork changes a sandbox's network mode and allowlist; with
+// neither set it reports them. Either way the answer has the counters.
+func (c *Client) SandboxNetwork(ctx context.Context, req SandboxNetworkRequest) (*NetworkStatus, error) {
+	var st NetworkStatus
+	if req.Mode == "" && req.Allow == nil {
+		return &st, c.doJSON(ctx, http.MethodGet, sandboxPath(req.SandboxID, "/network"), nil, nil, &st)
+	}
+	return &st, c.doJSON(ctx, http.MethodPut, sandboxPath(req.SandboxID, "/network"), nil, req, &st)
+}
+
 // Images lists the built language images.
 func (c *Client) Images(ctx context.Context) ([]Image, error) {
 	var l struct {

@@ -148,3 +148,9 @@ type Image = apitypes.Image
 
 // GCReport lists what garbage collection removed and what it could not.
 type GCReport = apitypes.GCReport
+
+// SandboxNetworkRequest is the body of PUT /v1/sandboxes/{id}/network.
+type SandboxNetworkRequest = apitypes.SandboxNetworkRequest
+
+// NetworkStatus is a sandbox's network policy and counters.
+type NetworkStatus = apitypes.NetworkStatus

@@ -151,6 +151,17 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	if err := writeIdentity(layers.Rootfs, req.ID); err != nil {
 		return nil, err
 	}
+	if req.ResolvConf != nil {
+		// The image's resolv.conf may be a symlink (systemd-resolved
+		// style); replace it rather than write through it.
+		p := filepath.Join(layers.Rootfs, "etc/resolv.conf")
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("write /etc/resolv.conf: %w", err)
+		}
+		if err := os.WriteFile(p, req.ResolvConf, 0o644); err != nil {
+			return nil, fmt.Errorf("write /etc/resolv.conf: %w", err)
+		}
+	}
 
 	cg := b.cgroupPath(req.ID)
 	if err := rec.Record(ctx, ledger.Resource{Kind: KindCgroup, Key: cg}); err != nil {

@@ -1,0 +1,202 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+)
+
+// initNetwork starts the network subsystem with its host side in the
+// network namespace of the calling thread: the daemon's own (tests call
+// New from a thread inside a namespace they made). A failure leaves e.net
+// nil: sandboxes with network are refused naming the reason, readiness
+// reports it, everything else works.
+func (e *Engine) initNetwork() {
+	mirror := e.cfg.Images.Mirror
+	if mirror == "" {
+		mirror, _ = image.HostMirror() // only for the @debian preset
+	}
+	cfg, err := network.FromConfig(e.cfg.Network, e.cfg.Paths.RunDir, mirror)
+	if err != nil {
+		e.netErr = err
+		return
+	}
+	cfg.Log = e.log
+	hostNS, err := netns.Get()
+	if err != nil {
+		e.netErr = fmt.Errorf("network namespace of the daemon: %w", err)
+		return
+	}
+	// The manager keeps the handle for the daemon's life.
+	m, err := network.New(cfg, hostNS, e.store)
+	if err != nil {
+		hostNS.Close()
+		e.netErr = err
+		e.log.Error("network subsystem unavailable; only network mode none works", "err", err)
+		return
+	}
+	e.net, e.netCfg = m, cfg
+	e.ledger.Register(network.KindNetNS, func(_ context.Context, r ledger.Resource) error { return m.ReleaseNetNS(r.Key) })
+	e.ledger.Register(network.KindVeth, func(_ context.Context, r ledger.Resource) error { return m.ReleaseVeth(r.Key) })
+	e.ledger.Register(network.KindNft, func(_ context.Context, r ledger.Resource) error { return m.ReleaseRules(r.Key) })
+	e.ledger.Register(network.KindLease, func(ctx context.Context, r ledger.Resource) error { return m.ReleaseLease(ctx, r.Key) })
+}
+
+// networkRequest is a sandbox's network request with the configured
+// default limits.
+func (e *Engine) networkRequest(mode string, allow []string) network.Request {
+	return network.Request{
+		Policy: network.Policy{Mode: network.Mode(mode), Allow: allow},
+		Limits: network.DefaultLimits(e.cfg.Network),
+	}
+}
+
+// networkHook is the sandbox manager's Network hook.
+type networkHook struct{ e *Engine }
+
+func (h networkHook) Attach(ctx context.Context, id string, spec sandbox.Spec, rec ledger.Recorder) (sandbox.NetworkAttachment, error) {
+	a, err := h.e.net.Attach(ctx, id, h.e.networkRequest(spec.Network, spec.Allow), func(kind, key string) error {
+		return rec.Record(ctx, ledger.Resource{Kind: kind, Key: key})
+	})
+	if err != nil {
+		return sandbox.NetworkAttachment{}, err
+	}
+	return sandbox.NetworkAttachment{NetNSPath: a.NetNSPath, ResolvConf: a.ResolvConf}, nil
+}
+
+// adoptNetworks gives the sandboxes reconciliation adopted their network
+// state back (address, rules, the DNS forwarder), then removes network
+// pieces no live sandbox owns.
+func (e *Engine) adoptNetworks(ctx context.Context, rep *sandbox.GCReport) {
+	if e.net == nil {
+		return
+	}
+	infos, err := e.sandboxes.List(ctx)
+	if err != nil {
+		rep.Errors = append(rep.Errors, fmt.Sprintf("network: list sandboxes: %v", err))
+		return
+	}
+	live := map[string]bool{}
+	for _, in := range infos {
+		if !in.State.Live() {
+			continue
+		}
+		live[in.ID] = true
+		if in.Network == "" || in.Network == NetworkNone {
+			continue
+		}
+		if _, err := e.net.Attach(ctx, in.ID, e.networkRequest(in.Network, in.Allow), nil); err != nil {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("network: adopt %s: %v", in.ID, err))
+		}
+	}
+	e.networkGC(ctx, rep, func(id string) bool { return live[id] })
+}
+
+func (e *Engine) networkGC(ctx context.Context, rep *sandbox.GCReport, live func(string) bool) {
+	nrep, err := e.net.GC(ctx, live)
+	for _, x := range nrep.Leases {
+		rep.Removed = append(rep.Removed, "network lease of "+x)
+	}
+	for _, x := range nrep.Veths {
+		rep.Removed = append(rep.Removed, "veth "+x)
+	}
+	for _, x := range nrep.Rules {
+		rep.Removed = append(rep.Removed, "nftables rules "+x)
+	}
+	for _, x := range nrep.Namespaces {
+		rep.Removed = append(rep.Removed, "network namespace "+x)
+	}
+	if nrep.HostSide {
+		rep.Removed = append(rep.Removed, "network host side (table "+network.TableName+", bridge, ip_forward)")
+	}
+	if err != nil {
+		rep.Errors = append(rep.Errors, fmt.Sprintf("network gc: %v", err))
+	}
+}
+
+// withPackageIndexes adds the package index variables to env without
+// overriding what the client set.
+func withPackageIndexes(env map[string]string, vars []string) map[string]string {
+	if len(vars) == 0 {
+		return env
+	}
+	out := maps.Clone(env)
+	if out == nil {
+		out = map[string]string{}
+	}
+	for _, kv := range vars {
+		k, v, _ := strings.Cut(kv, "=")
+		if _, set := out[k]; !set {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// SandboxNetworkRequest is the input of sandbox_network.
+type SandboxNetworkRequest = apitypes.SandboxNetworkRequest
+
+// SandboxNetwork changes a running sandbox's network mode and allowlist, or
+// with neither given, reports them with the counters.
+func (e *Engine) SandboxNetwork(ctx context.Context, req SandboxNetworkRequest) (*apitypes.NetworkStatus, error) {
+	if err := checkSandboxID(req.SandboxID); err != nil {
+		return nil, err
+	}
+	info, err := e.sandboxes.Get(ctx, req.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	if !info.State.Live() {
+		return nil, errdefs.Conflictf("sandbox_id: sandbox %s is %s", req.SandboxID, info.State)
+	}
+	if info.Network == "" || info.Network == NetworkNone {
+		// Its namespace is the runtime's own, with loopback only.
+		return nil, errdefs.Conflictf("sandbox_id: sandbox %s was created with network none, which cannot change; create it with network egress or allowlist", req.SandboxID)
+	}
+	if e.net == nil {
+		return nil, errdefs.Unavailablef("network: the network subsystem did not start (%s)", e.netErr)
+	}
+	if req.Mode == "" && req.Allow == nil {
+		return e.networkStatus(req.SandboxID)
+	}
+	mode := req.Mode
+	if mode == "" {
+		mode = info.Network
+	}
+	if mode == NetworkNone {
+		return nil, errdefs.Invalidf("mode: a running sandbox can switch between egress and allowlist only")
+	}
+	if _, err := e.networkMode("mode", mode); err != nil {
+		return nil, err
+	}
+	if len(req.Allow) > 0 && mode != NetworkAllowlist {
+		return nil, errdefs.Invalidf("allow: only valid with mode %q", NetworkAllowlist)
+	}
+	if _, err := e.net.SetPolicy(ctx, req.SandboxID, network.Policy{Mode: network.Mode(mode), Allow: req.Allow}, nil); err != nil {
+		return nil, err
+	}
+	if err := e.sandboxes.SetNetwork(ctx, req.SandboxID, mode, req.Allow); err != nil {
+		return nil, err
+	}
+	return e.networkStatus(req.SandboxID)
+}
+
+func (e *Engine) networkStatus(id string) (*apitypes.NetworkStatus, error) {
+	st, err := e.net.Status(id)
+	if err != nil {
+		return nil, err
+	}
+	return &apitypes.NetworkStatus{Mode: string(st.Mode), Allow: st.Allow, Counters: apitypes.NetworkCounters{
+		Allowed: st.Counters.Allowed, Denied: st.Counters.Denied, DeniedDestinations: st.Counters.DeniedDestinations,
+	}}, nil
+}

@@ -1,0 +1,229 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os/exec"
+	goruntime "runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
+)
+
+// netTopology is a "host" namespace, where the engine's network host side
+// lives, joined by a veth to an "upstream" namespace with the test's HTTP
+// and DNS servers (198.18.0.2). Built with ip(8) (tests only); the
+// machine's own namespace is never changed.
+type netTopology struct {
+	host, up string // namespace names under /run/netns
+	hostNS   netns.NsHandle
+}
+
+func newNetTopology(t *testing.T) *netTopology {
+	t.Helper()
+	sfx := randHex(3)
+	tp := &netTopology{host: "sbxh-" + sfx, up: "sbxu-" + sfx}
+	ipc := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	for _, n := range []string{tp.host, tp.up} {
+		ipc("netns", "add", n)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n).Run() })
+		ipc("-n", n, "link", "set", "lo", "up")
+	}
+	ipc("-n", tp.host, "link", "add", "uplink0", "type", "veth", "peer", "name", "down0", "netns", tp.up)
+	ipc("-n", tp.host, "addr", "add", "198.18.0.1/24", "dev", "uplink0")
+	ipc("-n", tp.host, "link", "set", "uplink0", "up")
+	ipc("-n", tp.host, "route", "add", "default", "via", "198.18.0.2")
+	ipc("-n", tp.up, "addr", "add", "198.18.0.2/24", "dev", "down0")
+	ipc("-n", tp.up, "addr", "add", "203.0.113.10/32", "dev", "lo")
+	ipc("-n", tp.up, "link", "set", "down0", "up")
+	var err error
+	if tp.hostNS, err = netns.GetFromName(tp.host); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tp.hostNS.Close() })
+	upNS, err := netns.GetFromName(tp.up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer upNS.Close()
+
+	var ln net.Listener
+	var pc net.PacketConn
+	if err := network.InNetNS(upNS, func() error {
+		var err error
+		if ln, err = net.Listen("tcp4", ":80"); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp4", "198.18.0.2:53")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		fmt.Fprintf(w, "client=%s\n", host)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	zone := map[string]string{"pkg.example.test.": "198.18.0.2", "other.example.test.": "203.0.113.10"}
+	started := make(chan struct{})
+	ds := &dns.Server{PacketConn: pc, NotifyStartedFunc: func() { close(started) }, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0]
+		if ip, ok := zone[strings.ToLower(q.Name)]; !ok {
+			m.Rcode = dns.RcodeNameError
+		} else if q.Qtype == dns.TypeA {
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300}, A: net.ParseIP(ip)})
+		}
+		_ = w.WriteMsg(m)
+	})}
+	go ds.ActivateAndServe()
+	<-started
+	t.Cleanup(func() { ds.Shutdown() })
+	return tp
+}
+
+// newEngineIn starts a test engine whose network host side lives in ns:
+// New runs on this goroutine's thread while it is inside ns.
+func newEngineIn(t *testing.T, ns netns.NsHandle, tweak func(*config.Config)) *testEnv {
+	t.Helper()
+	goruntime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		t.Fatal(err)
+	}
+	env := newTestEngine(t, tweak)
+	if err := netns.Set(orig); err != nil {
+		t.Fatalf("back to the test's namespace: %v", err) // the thread stays locked and dies with the test
+	}
+	goruntime.UnlockOSThread()
+	return env
+}
+
+// fetch runs an HTTP GET with bash's /dev/tcp inside the sandbox (commands
+// run under /bin/sh, which has no /dev/tcp).
+func fetch(host string) string {
+	return fmt.Sprintf(`bash -c 'exec 3<>/dev/tcp/%s/80 && printf "GET / HTTP/1.0\r\nHost: %s\r\n\r\n" >&3 && timeout 5 cat <&3'`, host, host)
+}
+
+func TestNetworkWithContainers(t *testing.T) {
+	requireRoot(t)
+	tp := newNetTopology(t)
+	env := newEngineIn(t, tp.hostNS, func(c *config.Config) {
+		c.Network.DNS = []string{"198.18.0.2"}
+		c.Network.Bridge = "sbxt0"
+		c.Network.Presets = map[string][]string{"testidx": {"pkg.example.test"}}
+		c.Network.PackageIndexes.PipIndexURL = "http://pkg.example.test/simple/"
+	})
+	ctx := context.Background()
+
+	// egress: by name, masqueraded; resolv.conf names the gateway; the
+	// package index reaches the environment.
+	info := env.create(t, CreateSandboxRequest{Network: NetworkEgress})
+	res := env.sh(t, info.ID, "cat /etc/resolv.conf; echo PIP=$PIP_INDEX_URL; "+fetch("pkg.example.test"))
+	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "client=198.18.0.1") ||
+		!strings.Contains(res.Stdout, "nameserver 10.88.0.1") || !strings.Contains(res.Stdout, "PIP=http://pkg.example.test/simple/") {
+		t.Fatalf("egress sandbox: exit %d\n%s\n%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	// The host's address is closed.
+	if res := env.sh(t, info.ID, "timeout 2 bash -c 'exec 3<>/dev/tcp/198.18.0.1/22'"); res.ExitCode == 0 {
+		t.Fatal("egress sandbox reached the host's own address")
+	}
+
+	// A runtime change to an allowlist: the listed name works, another
+	// name does not resolve, a direct address is dropped.
+	st, err := env.SandboxNetwork(ctx, SandboxNetworkRequest{SandboxID: info.ID, Mode: NetworkAllowlist, Allow: []string{"@testidx"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode != NetworkAllowlist || !slices.Equal(st.Allow, []string{"@testidx"}) {
+		t.Fatalf("status after the change: %+v", st)
+	}
+	if res := env.sh(t, info.ID, fetch("pkg.example.test")); res.ExitCode != 0 || !strings.Contains(res.Stdout, "client=") {
+		t.Fatalf("allowed name: exit %d %s %s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if res := env.sh(t, info.ID, "getent hosts other.example.test"); res.ExitCode == 0 {
+		t.Fatalf("other.example.test resolved: %s", res.Stdout)
+	}
+	if res := env.sh(t, info.ID, "timeout 2 bash -c 'exec 3<>/dev/tcp/203.0.113.10/80'"); res.ExitCode == 0 {
+		t.Fatal("direct connection to a non-allowed address succeeded")
+	}
+	d, err := env.GetSandbox(ctx, info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.NetworkStatus == nil || d.NetworkStatus.Counters.Allowed == 0 || d.NetworkStatus.Counters.Denied == 0 ||
+		!slices.Contains(d.NetworkStatus.Counters.DeniedDestinations, "203.0.113.10") ||
+		!slices.Contains(d.NetworkStatus.Counters.DeniedDestinations, "other.example.test") || d.Network != NetworkAllowlist {
+		t.Fatalf("sandbox_get network: %s %+v", d.Network, d.NetworkStatus)
+	}
+
+	// none: loopback only, and it cannot change.
+	none := env.create(t, CreateSandboxRequest{})
+	if res := env.sh(t, none.ID, "ls /sys/class/net"); strings.TrimSpace(res.Stdout) != "lo" {
+		t.Fatalf("none sandbox links: %q", res.Stdout)
+	}
+	if _, err := env.SandboxNetwork(ctx, SandboxNetworkRequest{SandboxID: none.ID, Mode: NetworkEgress}); !errdefs.Is(err, errdefs.Conflict) {
+		t.Fatalf("changing a none sandbox: %v", err)
+	}
+	// Bad input names its field.
+	for _, c := range []struct {
+		req   CreateSandboxRequest
+		field string
+	}{
+		{CreateSandboxRequest{Network: NetworkNone, Allow: []string{"pkg.example.test"}}, "allow"},
+		{CreateSandboxRequest{Network: NetworkAllowlist, Allow: []string{"10.0.0.0/33"}}, "allow[0]"},
+		{CreateSandboxRequest{Network: NetworkAllowlist, Allow: []string{"bad host"}}, "allow[0]"},
+	} {
+		_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Network: c.req.Network, Allow: c.req.Allow})
+		if !errdefs.Is(err, errdefs.InvalidArgument) || !strings.HasPrefix(errdefs.MessageOf(err), c.field) {
+			t.Errorf("%+v: %v, want invalid_argument naming %s", c.req, err, c.field)
+		}
+	}
+
+	// Terminate: nothing of the network is left in the host namespace.
+	for _, id := range []string{info.ID, none.ID} {
+		if _, err := env.TerminateSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := netlink.NewHandleAt(tp.hostNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	links, _ := h.LinkList()
+	for _, l := range links {
+		if n := l.Attrs().Name; strings.HasPrefix(n, network.VethPrefix) || n == "sbxt0" {
+			t.Errorf("link %s left after terminate", n)
+		}
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(int(tp.hostNS)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == network.TableName }) {
+		t.Error("nftables table left after the last sandbox with network")
+	}
+}

@@ -1,0 +1,130 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// InNetNS runs fn on an OS thread that has joined ns. The thread is never
+// handed back to the Go scheduler (the goroutine ends with the thread still
+// locked, so the runtime discards it): no other goroutine can ever run in a
+// namespace it did not ask for, even if switching back would fail.
+// Sockets fn creates stay in ns for their whole life.
+func InNetNS(ns netns.NsHandle, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := netns.Set(ns); err != nil {
+			errc <- fmt.Errorf("join network namespace: %w", err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// CreateNetNS makes a new network namespace kept alive by a bind mount on
+// path (an empty file), like `ip netns add` but at a path of our choosing:
+// the runtime joins it by path, and the namespace outlives every process
+// in it until RemoveNetNS. An existing mount at path is kept (adoption
+// after a restart).
+func CreateNetNS(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	if isNetNSMount(path) {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o444)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		// The thread unshares its network namespace and is never unlocked,
+		// so it dies with the goroutine instead of running other code in
+		// the new namespace.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("unshare network namespace: %w", err)
+			return
+		}
+		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		if err := unix.Mount(src, path, "", unix.MS_BIND, ""); err != nil {
+			errc <- fmt.Errorf("bind-mount network namespace on %s: %w", path, err)
+			return
+		}
+		errc <- nil
+	}()
+	if err := <-errc; err != nil {
+		_ = os.Remove(path)
+		return err
+	}
+	return nil
+}
+
+// isNetNSMount reports whether path is a bind mount of a network namespace.
+func isNetNSMount(path string) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return false
+	}
+	return st.Type == unix.NSFS_MAGIC
+}
+
+// RemoveNetNS unmounts and removes a namespace made by CreateNetNS; the
+// namespace itself goes when its last process does. Idempotent.
+func RemoveNetNS(path string) error {
+	for isNetNSMount(path) {
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("unmount %s: %w", path, err)
+		}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// writeSysctl writes a /proc/sys file as seen from ns (net.* sysctls are
+// per network namespace) and returns the previous value.
+func writeSysctl(ns netns.NsHandle, name, value string) (old string, err error) {
+	path := filepath.Join("/proc/sys", filepath.FromSlash(name))
+	err = InNetNS(ns, func() error {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		old = string(trimNL(b))
+		if old == value {
+			return nil
+		}
+		return os.WriteFile(path, []byte(value), 0o644)
+	})
+	return old, err
+}
+
+// readSysctl reads a /proc/sys file as seen from ns.
+func readSysctl(ns netns.NsHandle, name string) (string, error) {
+	var v string
+	err := InNetNS(ns, func() error {
+		b, err := os.ReadFile(filepath.Join("/proc/sys", filepath.FromSlash(name)))
+		v = string(trimNL(b))
+		return err
+	})
+	return v, err
+}
+
+func trimNL(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
