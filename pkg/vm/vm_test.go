@@ -1,0 +1,305 @@
+package vm_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm/qga"
+)
+
+// VM tests boot real guests under QEMU (TCG on hosts without a working
+// KVM). Boots are the expensive part: each test boots once, and the
+// checks of a running VM share that boot.
+
+// newSpec returns a spec with a short state dir under /run (socket paths)
+// and a private cgroup, both removed when the test ends.
+func newSpec(t *testing.T, g *vm.Guest) vm.Spec {
+	t.Helper()
+	base, err := os.MkdirTemp("/run", "vmt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	// QEMU, after dropping to nobody, must traverse to its shots/ dir.
+	if err := os.Chmod(base, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	parent := "/mcp-sandboxd-vmtest-" + testenv.RandHex(4)
+	t.Cleanup(func() { testenv.RemoveCgroupParent(t, parent) })
+	id := "vm-" + testenv.RandHex(4)
+	return vm.Spec{
+		ID:        id,
+		Dir:       filepath.Join(base, id),
+		Guest:     g,
+		MemoryMiB: 256,
+		CPUs:      1,
+		Cgroup:    parent + "/" + id,
+		RunAs:     "nobody",
+	}
+}
+
+func start(t *testing.T, s vm.Spec) (*vm.VM, time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	v, err := vm.Start(ctx, s)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() { _ = v.Destroy(context.Background()) })
+	if err := v.WaitReady(ctx); err != nil {
+		t.Fatalf("ready: %v", err)
+	}
+	return v, time.Since(t0)
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// sh runs a shell command in the guest through qemu-ga.
+func sh(t *testing.T, v *vm.VM, cmd string) *qga.ExecResult {
+	t.Helper()
+	ctx := ctxT(t, time.Minute)
+	c, err := v.QGA(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, args, _ := qga.ShellCommand("linux", cmd)
+	res, err := c.Exec(ctx, qga.ExecRequest{Path: path, Args: args})
+	if err != nil {
+		t.Fatalf("exec %q: %v", cmd, err)
+	}
+	return res
+}
+
+func TestVMLifecycle(t *testing.T) {
+	testenv.RequireRoot(t)
+	g := testenv.VMGuest(t)
+	accel, reason := vm.DetectAccel(vm.DefaultQEMU, g.Kernel)
+	t.Logf("accelerator %s: %s", accel, reason)
+	s := newSpec(t, g)
+	v, boot := start(t, s)
+	t.Logf("cold boot to ready agent: %v (%s)", boot, v.Accel())
+
+	t.Run("exec", func(t *testing.T) {
+		res := sh(t, v, "uname -r; echo err >&2; exit 3")
+		if got := strings.TrimSpace(string(res.Stdout)); got != g.Release || string(res.Stderr) != "err\n" || res.ExitCode != 3 {
+			t.Fatalf("uname -r: %q / %q / %d, want %q", res.Stdout, res.Stderr, res.ExitCode, g.Release)
+		}
+		// The layout of a container sandbox: user 1000, writable /workspace and /tmp.
+		res = sh(t, v, "id -u sandbox; stat -c %u /workspace; stat -c %a /tmp")
+		if got := string(res.Stdout); got != "1000\n1000\n1777\n" {
+			t.Fatalf("layout: %q", got)
+		}
+	})
+
+	t.Run("stdin", func(t *testing.T) {
+		c, _ := v.QGA(ctxT(t, time.Minute))
+		res, err := c.Exec(ctxT(t, time.Minute), qga.ExecRequest{Path: "/usr/bin/wc", Args: []string{"-c"}, Stdin: []byte("12345")})
+		if err != nil || strings.TrimSpace(string(res.Stdout)) != "5" {
+			t.Fatalf("wc -c: %v %+v", err, res)
+		}
+	})
+
+	t.Run("file 1MiB", func(t *testing.T) {
+		data := make([]byte, 1<<20)
+		rand.Read(data)
+		ctx := ctxT(t, time.Minute)
+		c, _ := v.QGA(ctx)
+		if n, err := c.WriteFile(ctx, "/workspace/blob", bytes.NewReader(data)); err != nil || n != int64(len(data)) {
+			t.Fatalf("write: %d %v", n, err)
+		}
+		got, err := c.ReadFile(ctx, "/workspace/blob", 2<<20)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read back %d bytes, %v", len(got), err)
+		}
+		if res := sh(t, v, "stat -c %s /workspace/blob"); strings.TrimSpace(string(res.Stdout)) != "1048576" {
+			t.Fatalf("guest sees %q", res.Stdout)
+		}
+		var qe *qga.Error
+		if _, err := c.ReadFile(ctx, "/nonexistent", 10); !errorsAs(err, &qe) {
+			t.Fatalf("missing file: %v", err)
+		}
+	})
+
+	t.Run("snapshot restore", func(t *testing.T) {
+		ctx := ctxT(t, 2*time.Minute)
+		if err := v.Snapshot(ctx, "clean"); err != nil {
+			t.Fatal(err)
+		}
+		sh(t, v, "echo x > /workspace/after-snapshot")
+		if res := sh(t, v, "test -e /workspace/after-snapshot"); res.ExitCode != 0 {
+			t.Fatal("file not written")
+		}
+		if err := v.Restore(ctx, "clean"); err != nil {
+			t.Fatal(err)
+		}
+		if res := sh(t, v, "test -e /workspace/after-snapshot"); res.ExitCode != 1 {
+			t.Fatalf("file still there after restore (exit %d)", res.ExitCode)
+		}
+		names, err := v.Snapshots(ctx)
+		if err != nil || len(names) != 1 || names[0] != "clean" {
+			t.Fatalf("snapshots = %v, %v", names, err)
+		}
+		if err := v.Snapshot(ctx, "a/b"); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), "name") {
+			t.Fatalf("name with '/': %v", err)
+		}
+		if err := v.Restore(ctx, "nope"); !errdefs.Is(err, errdefs.NotFound) {
+			t.Fatalf("unknown snapshot: %v", err)
+		}
+		if err := v.DeleteSnapshot(ctx, "clean"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("screenshot", func(t *testing.T) {
+		b, err := v.Screenshot(ctxT(t, time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := png.Decode(bytes.NewReader(b))
+		if err != nil {
+			t.Fatalf("decode: %v", err)
+		}
+		if r := img.Bounds(); r.Dx() < 320 || r.Dy() < 200 {
+			t.Fatalf("screen %v", r)
+		}
+	})
+
+	t.Run("confinement", func(t *testing.T) {
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", v.PID()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(status, []byte("\nSeccomp:\t2")) {
+			t.Error("qemu runs without a seccomp filter")
+		}
+		uid := fieldOf(string(status), "Uid:")
+		if uid == "0" || uid == "" {
+			t.Errorf("qemu runs as uid %q, want nobody", uid)
+		}
+		procs, err := cgroups.Procs(s.Cgroup)
+		if err != nil || !containsInt(procs, v.PID()) {
+			t.Fatalf("qemu pid %d not in cgroup %s: %v %v", v.PID(), s.Cgroup, procs, err)
+		}
+		want := int64(256+256) << 20
+		if got := memoryLimit(t, s.Cgroup); got != want {
+			t.Errorf("memory limit %d, want %d", got, want)
+		}
+	})
+
+	t.Run("adopt", func(t *testing.T) {
+		// What a restarted daemon does: re-attach from the state dir.
+		v.Close()
+		a, err := vm.Adopt(ctxT(t, 30*time.Second), v.Dir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.PID() != v.PID() {
+			t.Fatalf("adopted pid %d, want %d", a.PID(), v.PID())
+		}
+		if res := sh(t, a, "echo adopted"); string(res.Stdout) != "adopted\n" {
+			t.Fatalf("exec through adopted VM: %q", res.Stdout)
+		}
+		dir, pid := v.Dir(), v.PID()
+		if err := a.Destroy(ctxT(t, time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-a.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("adopted VM's Done not closed after destroy")
+		}
+		assertGone(t, dir, pid, s.Cgroup)
+		// Adopting what is gone is not_found.
+		if _, err := vm.Adopt(ctxT(t, 5*time.Second), dir); !errdefs.Is(err, errdefs.NotFound) {
+			t.Fatalf("adopt destroyed VM: %v", err)
+		}
+	})
+}
+
+func errorsAs(err error, target **qga.Error) bool {
+	for e := err; e != nil; {
+		if q, ok := e.(*qga.Error); ok {
+			*target = q
+			return true
+		}
+		u, ok := e.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		e = u.Unwrap()
+	}
+	return false
+}
+
+func fieldOf(status, key string) string {
+	for _, l := range strings.Split(status, "\n") {
+		if strings.HasPrefix(l, key) {
+			if f := strings.Fields(l); len(f) > 1 {
+				return f[1]
+			}
+		}
+	}
+	return ""
+}
+
+func containsInt(list []int, x int) bool {
+	for _, y := range list {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// memoryLimit reads the cgroup's memory limit on v1 (hybrid) or v2.
+func memoryLimit(t *testing.T, cg string) int64 {
+	t.Helper()
+	for _, f := range []string{
+		filepath.Join("/sys/fs/cgroup/memory", cg, "memory.limit_in_bytes"),
+		filepath.Join("/sys/fs/cgroup", cg, "memory.max"),
+	} {
+		if b, err := os.ReadFile(f); err == nil {
+			n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no memory limit file for cgroup %s", cg)
+	return 0
+}
+
+// assertGone checks that a destroyed VM left no QEMU process, socket,
+// overlay or cgroup.
+func assertGone(t *testing.T, dir string, pid int, cg string) {
+	t.Helper()
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && bytes.Contains(b, []byte("qemu")) {
+		t.Errorf("qemu pid %d still running", pid)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("state dir %s still there (sockets, overlay): %v", dir, err)
+	}
+	if cg != "" && cgroups.Exists(cg) {
+		t.Errorf("cgroup %s still there", cg)
+	}
+}
