@@ -18,7 +18,7 @@ const (
 
 // probeTimeout is how long the probe guest gets: under working KVM the
 // kernel prints its banner within a fraction of a second.
-const probeTimeout = 10 * time.Second
+const probeTimeout = 6 * time.Second
 
 var probe struct {
 	once   sync.Once

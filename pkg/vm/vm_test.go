@@ -303,3 +303,65 @@ func assertGone(t *testing.T, dir string, pid int, cg string) {
 		t.Errorf("cgroup %s still there", cg)
 	}
 }
+
+// TestFastStart saves a template from a booted guest and starts a VM from
+// it. SANDBOXD_VM_BOOTS=n (default 1) repeats cold boots and fast starts n
+// times each and logs the medians (docs/notes-vm.md has the figures).
+func TestFastStart(t *testing.T) {
+	testenv.RequireRoot(t)
+	g := testenv.VMGuest(t)
+	n := 1
+	if s := os.Getenv("SANDBOXD_VM_BOOTS"); s != "" {
+		n, _ = strconv.Atoi(s)
+	}
+	var cold, fast []time.Duration
+	var tmpl string
+	for i := range n {
+		s := newSpec(t, g)
+		v, d := start(t, s)
+		cold = append(cold, d)
+		if i == 0 {
+			sh(t, v, "echo from-template > /workspace/marker && sync")
+			tmpl = filepath.Join(t.TempDir(), "template.qcow2")
+			if err := v.SaveTemplate(ctxT(t, time.Minute), tmpl); err != nil {
+				t.Fatal(err)
+			}
+			assertGone(t, s.Dir, v.PID(), s.Cgroup)
+		} else if err := v.Destroy(ctxT(t, time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range n {
+		s := newSpec(t, g)
+		s.FromTemplate = tmpl
+		v, d := start(t, s)
+		fast = append(fast, d)
+		if res := sh(t, v, "cat /workspace/marker; uname -r"); string(res.Stdout) != "from-template\n"+g.Release+"\n" {
+			t.Fatalf("VM from template: %q", res.Stdout)
+		}
+		// The template is shared: the VM writes to its own copy.
+		sh(t, v, "echo mine > /workspace/marker && sync")
+		dir, pid := v.Dir(), v.PID()
+		if err := v.Destroy(ctxT(t, time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		assertGone(t, dir, pid, s.Cgroup)
+	}
+	t.Logf("cold boot to ready agent: median %v of %v", median(cold), cold)
+	t.Logf("start from snapshot to ready agent: median %v of %v", median(fast), fast)
+	if median(fast) >= median(cold) {
+		t.Errorf("starting from the snapshot (%v) is not faster than booting (%v)", median(fast), median(cold))
+	}
+}
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	for i := range s {
+		for j := i + 1; j < len(s); j++ {
+			if s[j] < s[i] {
+				s[i], s[j] = s[j], s[i]
+			}
+		}
+	}
+	return s[len(s)/2]
+}
