@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"image/png"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -364,4 +365,32 @@ func median(d []time.Duration) time.Duration {
 		}
 	}
 	return s[len(s)/2]
+}
+
+// TestFirmwareTPM boots the Linux guest through OVMF (UEFI) with a swtpm
+// TPM 2.0: the plumbing the Windows profile uses.
+func TestFirmwareTPM(t *testing.T) {
+	testenv.RequireRoot(t)
+	g := testenv.VMGuest(t)
+	s := newSpec(t, g)
+	s.Firmware = &vm.Firmware{Code: "/usr/share/OVMF/OVMF_CODE_4M.fd", Vars: "/usr/share/OVMF/OVMF_VARS_4M.fd"}
+	s.TPM = true
+	v, d := start(t, s)
+	t.Logf("UEFI boot with TPM to ready agent: %v", d)
+	res := sh(t, v, "test -d /sys/firmware/efi && echo efi; test -c /dev/tpm0 && echo tpm0; cat /sys/class/tpm/tpm0/tpm_version_major")
+	if got := string(res.Stdout); got != "efi\ntpm0\n2\n" {
+		t.Fatalf("guest sees %q (stderr %q), want efi, tpm0, TPM version 2", got, res.Stderr)
+	}
+	// Snapshots work with UEFI: the variable store is qcow2, not raw.
+	if err := v.Snapshot(ctxT(t, time.Minute), "uefi"); err != nil {
+		t.Fatal(err)
+	}
+	dir, pid := v.Dir(), v.PID()
+	if err := v.Destroy(ctxT(t, time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, dir, pid, s.Cgroup)
+	if out, _ := exec.Command("pgrep", "-f", "swtpm socket --tpm2 --tpmstate dir="+dir).Output(); len(out) > 0 {
+		t.Fatalf("swtpm still running: %s", out)
+	}
 }
