@@ -26,6 +26,8 @@ type Guest struct {
 	Image   string `json:"image"`
 	Digest  string `json:"digest"` // of the image the guest was made from
 	Release string `json:"kernel_release"`
+	// Kernel and Initrd are booted directly; both empty means the disk
+	// boots through the firmware.
 	Kernel  string `json:"-"`
 	Initrd  string `json:"-"`
 	Disk    string `json:"-"`
@@ -33,6 +35,12 @@ type Guest struct {
 	DiskBytes int64     `json:"disk_bytes"`
 	MadeAt    time.Time `json:"made_at"`
 	Seconds   float64   `json:"seconds"`
+}
+
+// DiskGuest is a guest that boots from its disk through its own boot
+// loader: an administrator-prepared image (vm.images.<os>), e.g. Windows.
+func DiskGuest(os, disk string) *Guest {
+	return &Guest{Image: os, Disk: disk}
 }
 
 // guestFormat versions how a guest is made from an image: bump it when

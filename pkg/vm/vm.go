@@ -314,8 +314,10 @@ func (s *Spec) args() []string {
 		"-chardev", "socket,id=qga0,path=" + filepath.Join(d, qgaSocket) + ",server=on,wait=off",
 		"-device", "virtio-serial-pci",
 		"-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
-		"-kernel", s.Guest.Kernel, "-initrd", s.Guest.Initrd,
-		"-append", strings.TrimSpace("console=ttyS0 console=tty0 panic=-1 quiet " + s.KernelArgs),
+	}
+	if s.Guest.Kernel != "" {
+		a = append(a, "-kernel", s.Guest.Kernel, "-initrd", s.Guest.Initrd,
+			"-append", strings.TrimSpace("console=ttyS0 console=tty0 panic=-1 quiet "+s.KernelArgs))
 	}
 	if s.Firmware != nil {
 		if s.Firmware.SecureBoot {
