@@ -121,7 +121,7 @@ func startAgentWrapped(t *testing.T, wrapper []string, args ...string) *testAgen
 			t.Logf("agent log:\n%s", a.logs.String())
 		}
 	})
-	a.Client = agent.NewClient(a.socket)
+	a.Client = agent.NewClient(agent.UnixDialer(a.socket))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -497,7 +497,7 @@ func TestReattachWithNewClient(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("attach with short deadline: %v", err)
 	}
-	fresh := agent.NewClient(a.socket)
+	fresh := agent.NewClient(agent.UnixDialer(a.socket))
 	var rest output
 	off := int64(early.stdout.Len())
 	exit, err := fresh.Attach(testCtx(t), id, off, 0, rest.add(t, [2]int64{off, 0}))

@@ -14,25 +14,37 @@ import (
 
 func byteReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
 
-// DefaultDialTimeout bounds connecting to the agent's socket.
+// DefaultDialTimeout bounds connecting to the agent.
 const DefaultDialTimeout = 5 * time.Second
 
-// Client talks to one sandbox-agent over its unix socket. It keeps no
-// connection between calls, so it is safe for concurrent use and survives
-// agent-side connection loss; a new Client on the same socket sees the same
-// jobs.
+// Dialer opens a new connection to an agent. Each request uses one
+// connection; the transport is the backend's business (a unix socket for a
+// container, a virtio-serial or vsock channel for a VM).
+type Dialer func(ctx context.Context) (net.Conn, error)
+
+// UnixDialer dials the agent listening on the unix socket at path.
+func UnixDialer(path string) Dialer {
+	return func(ctx context.Context) (net.Conn, error) {
+		d := net.Dialer{Timeout: DefaultDialTimeout}
+		nc, err := d.DialContext(ctx, "unix", path)
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", path, err)
+		}
+		return nc, nil
+	}
+}
+
+// Client talks to one sandbox-agent. It keeps no connection between calls,
+// so it is safe for concurrent use and survives agent-side connection loss;
+// a new Client for the same agent sees the same jobs.
 type Client struct {
-	socketPath  string
-	dialTimeout time.Duration
+	dial Dialer
 }
 
-// NewClient returns a client for the agent listening on socketPath.
-func NewClient(socketPath string) *Client {
-	return &Client{socketPath: socketPath, dialTimeout: DefaultDialTimeout}
+// NewClient returns a client that reaches its agent through dial.
+func NewClient(dial Dialer) *Client {
+	return &Client{dial: dial}
 }
-
-// SetDialTimeout changes how long a call waits to connect to the socket.
-func (c *Client) SetDialTimeout(d time.Duration) { c.dialTimeout = d }
 
 // conn is one request's connection.
 type conn struct {
@@ -54,13 +66,12 @@ func (c *Client) do(ctx context.Context, req *Request, payload io.Reader) (*conn
 		return nil, err
 	}
 	req.V = ProtocolVersion
-	d := net.Dialer{Timeout: c.dialTimeout}
-	nc, err := d.DialContext(ctx, "unix", c.socketPath)
+	nc, err := c.dial(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("agent: dial %s: %w", c.socketPath, ctx.Err())
+			return nil, fmt.Errorf("agent: %w: %w", err, ctx.Err())
 		}
-		return nil, fmt.Errorf("%w: dial %s: %w", ErrUnavailable, c.socketPath, err)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)

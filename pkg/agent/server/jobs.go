@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"crypto/rand"
@@ -35,14 +35,14 @@ var streamNames = [2]string{agent.StreamStdout, agent.StreamStderr}
 type jobTable struct {
 	log    *slog.Logger
 	reaper *reaper
-	opts   *options
+	opts   *Options
 
 	mu       sync.Mutex
 	jobs     map[string]*job
 	finished []string // ids of finished jobs, oldest first
 }
 
-func newJobTable(log *slog.Logger, r *reaper, o *options) *jobTable {
+func newJobTable(log *slog.Logger, r *reaper, o *Options) *jobTable {
 	return &jobTable{log: log, reaper: r, opts: o, jobs: map[string]*job{}}
 }
 
@@ -132,7 +132,7 @@ func (t *jobTable) markFinished(j *job) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.finished = append(t.finished, j.id)
-	for len(t.finished) > t.opts.maxFinished {
+	for len(t.finished) > t.opts.MaxFinished {
 		delete(t.jobs, t.finished[0])
 		t.finished = t.finished[1:]
 	}

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"errors"
@@ -88,7 +88,7 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 		changed:     make(chan struct{}),
 	}
 	for i := range j.streams {
-		j.streams[i].retain = t.opts.retainBytes
+		j.streams[i].retain = t.opts.RetainBytes
 	}
 	j.startedAt = time.Now()
 	// j.pid is set under the reaper's lock, so onExit sees it.
@@ -204,7 +204,7 @@ func (t *jobTable) prepare(req *agent.ExecRequest) (argv0 string, env []string, 
 // non-zero uid clears every capability; the supplementary groups are reset
 // to the command's gid so none of the agent's groups leak.
 func (t *jobTable) credential(req *agent.ExecRequest) (*syscall.Credential, error) {
-	uid, gid := t.opts.uid, t.opts.gid
+	uid, gid := t.opts.UID, t.opts.GID
 	if req.UID != nil {
 		uid = *req.UID
 	}
