@@ -15,13 +15,14 @@ import (
 
 var vmGuest struct {
 	once  sync.Once
+	image *image.Image
 	guest *vm.Guest
 	err   error
 }
 
 // VMGuest returns the Linux test guest of the VM backend: the image of
 // rootfs/vm/vm-linux.yaml, built into the shared image cache, made into a
-// bootable guest under ImagesDir()/vm-guests. Both steps are
+// bootable guest with the test agent (AgentPath) under ImagesDir()/vm-guests. Both steps are
 // content-addressed, so an unchanged recipe costs nothing after the first
 // run (the build takes a minute or two, the guest a few seconds).
 func VMGuest(t testing.TB) *vm.Guest {
@@ -47,10 +48,19 @@ func VMGuest(t testing.TB) *vm.Guest {
 			vmGuest.err = err
 			return
 		}
-		vmGuest.guest, vmGuest.err = vm.PrepareGuest(ctx, img, filepath.Join(ImagesDir(), "vm-guests"))
+		vmGuest.image = img
+		vmGuest.guest, vmGuest.err = vm.PrepareGuest(ctx, img, AgentPath(t), filepath.Join(ImagesDir(), "vm-guests"))
 	})
 	if vmGuest.err != nil {
 		t.Fatalf("vm guest: %v", vmGuest.err)
 	}
 	return vmGuest.guest
+}
+
+// VMImage returns the image of the Linux test guest (see VMGuest), what
+// the VM sandbox backend starts sandboxes from.
+func VMImage(t testing.TB) *image.Image {
+	t.Helper()
+	VMGuest(t)
+	return vmGuest.image
 }

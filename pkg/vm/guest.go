@@ -28,9 +28,9 @@ type Guest struct {
 	Release string `json:"kernel_release"`
 	// Kernel and Initrd are booted directly; both empty means the disk
 	// boots through the firmware.
-	Kernel  string `json:"-"`
-	Initrd  string `json:"-"`
-	Disk    string `json:"-"`
+	Kernel string `json:"-"`
+	Initrd string `json:"-"`
+	Disk   string `json:"-"`
 	// DiskBytes is the virtual size of the root disk.
 	DiskBytes int64     `json:"disk_bytes"`
 	MadeAt    time.Time `json:"made_at"`
@@ -46,17 +46,23 @@ func DiskGuest(os, disk string) *Guest {
 // guestFormat versions how a guest is made from an image: bump it when
 // the initramfs or the disk layout changes, so that cached guests are
 // remade.
-const guestFormat = "1"
+const guestFormat = "2"
 
 // guestFreeBytes is the free space of a guest's root disk beyond its
 // tree: what /workspace and packages installed in the guest can use.
 const guestFreeBytes = 1 << 30
 
-// PrepareGuest returns the guest for img, making it under cacheDir unless
-// it exists. Guests are content-addressed by the image digest and the
-// guest format, so an unchanged image is reused across runs.
-func PrepareGuest(ctx context.Context, img *image.Image, cacheDir string) (*Guest, error) {
-	sum := sha256.Sum256([]byte(img.Digest + "\x00" + guestFormat))
+// PrepareGuest returns the guest for img with the sandbox-agent binary at
+// agentPath, making it under cacheDir unless it exists. Guests are
+// content-addressed by the image digest, the agent binary and the guest
+// format, so an unchanged image and agent are reused across runs.
+func PrepareGuest(ctx context.Context, img *image.Image, agentPath, cacheDir string) (*Guest, error) {
+	ab, err := os.ReadFile(agentPath)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox-agent: %w", err)
+	}
+	agentSum := sha256.Sum256(ab)
+	sum := sha256.Sum256([]byte(img.Digest + "\x00" + hex.EncodeToString(agentSum[:]) + "\x00" + guestFormat))
 	key := hex.EncodeToString(sum[:16])
 	dir := filepath.Join(cacheDir, key)
 	if g, err := loadGuest(dir); err == nil {
@@ -71,7 +77,7 @@ func PrepareGuest(ctx context.Context, img *image.Image, cacheDir string) (*Gues
 	}
 	defer os.RemoveAll(tmp)
 	start := time.Now()
-	g, err := makeGuest(ctx, img, tmp)
+	g, err := makeGuest(ctx, img, agentPath, tmp)
 	if err != nil {
 		return nil, fmt.Errorf("make guest from image %s: %w", img.Name, err)
 	}
@@ -112,7 +118,7 @@ func loadGuest(dir string) (*Guest, error) {
 }
 
 // makeGuest builds the guest files in dir.
-func makeGuest(ctx context.Context, img *image.Image, dir string) (*Guest, error) {
+func makeGuest(ctx context.Context, img *image.Image, agentPath, dir string) (*Guest, error) {
 	tree := img.Rootfs
 	kernels, _ := filepath.Glob(filepath.Join(tree, "boot/vmlinuz-*"))
 	if len(kernels) != 1 {
@@ -130,7 +136,7 @@ func makeGuest(ctx context.Context, img *image.Image, dir string) (*Guest, error
 	if err := os.WriteFile(filepath.Join(dir, "vmlinuz"), kb, 0o444); err != nil {
 		return nil, err
 	}
-	if err := writeInitramfs(filepath.Join(dir, "initrd.img"), tree, release); err != nil {
+	if err := writeInitramfs(filepath.Join(dir, "initrd.img"), tree, release, agentPath); err != nil {
 		return nil, fmt.Errorf("initramfs: %w", err)
 	}
 	used := img.SizeBytes // measured by the image builder

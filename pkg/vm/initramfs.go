@@ -11,11 +11,13 @@ import (
 	"strings"
 )
 
-// The initramfs of the Linux guest does one thing: load the virtio modules
-// Debian builds as modules (virtio_pci, virtio_blk, virtio_console and
-// their dependencies; ext4 and the TPM TIS driver are built in), mount the
-// root disk and switch to it. It holds busybox and the modules, both taken
-// from the guest image itself, so that kernel and modules always match.
+// The initramfs of the Linux guest loads the virtio modules Debian builds
+// as modules (virtio_pci, virtio_blk, virtio_console and their
+// dependencies; ext4 and the TPM TIS driver are built in), mounts the root
+// disk, puts the daemon's sandbox-agent on a tmpfs /run in it and switches
+// to it. Busybox and the modules come from the guest image itself, so that
+// kernel and modules always match; the agent comes from the daemon, so
+// that guest and daemon speak the same protocol version.
 
 // bootModules are the modules the guest needs before its root is mounted,
 // dependencies excluded (they are resolved from modules.dep).
@@ -37,6 +39,11 @@ while [ ! -b /dev/vda ]; do
 	sleep 0.01
 done
 mount -t ext4 -o rw,noatime /dev/vda /newroot || fail "mount /dev/vda"
+# The daemon's sandbox-agent, for this boot only: /run of the new root is a
+# tmpfs made here (sandbox-init leaves a mounted /run alone).
+mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /newroot/run || fail "mount /run"
+mkdir -m 700 /newroot/run/sandboxd
+cp /sandbox-agent /newroot/run/sandboxd/agent && chmod 755 /newroot/run/sandboxd/agent || fail "copy agent"
 umount /proc
 umount /dev
 exec switch_root /newroot /sbin/sandbox-init
@@ -102,8 +109,8 @@ func moduleOrder(modDir string, want []string) ([]string, error) {
 }
 
 // writeInitramfs writes a gzip'd newc cpio archive with busybox, the boot
-// modules of the kernel release in tree and /init.
-func writeInitramfs(out, tree, release string) error {
+// modules of the kernel release in tree, the sandbox-agent binary and /init.
+func writeInitramfs(out, tree, release, agentPath string) error {
 	modDir := filepath.Join(tree, "lib/modules", release)
 	order, err := moduleOrder(modDir, bootModules)
 	if err != nil {
@@ -128,6 +135,11 @@ func writeInitramfs(out, tree, release string) error {
 	}
 	w.file("bin/busybox", 0o755, bb)
 	w.file("init", 0o755, []byte(initScript))
+	ab, err := os.ReadFile(agentPath)
+	if err != nil {
+		return fmt.Errorf("sandbox-agent: %w", err)
+	}
+	w.file("sandbox-agent", 0o755, ab)
 	dirs := map[string]bool{}
 	var list []string
 	for _, m := range order {

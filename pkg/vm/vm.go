@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,12 +39,14 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm/qga"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm/vport"
 )
 
 // Files in a VM's state directory.
 const (
 	qmpSocket  = "qmp.sock"
 	qgaSocket  = "qga.sock"
+	agentSock  = "agent.sock"
 	consoleLog = "console.log"
 	qemuLog    = "qemu.log"
 	overlay    = "overlay.qcow2"
@@ -138,13 +141,15 @@ type VM struct {
 	mon  *monitor
 	done chan struct{}
 
-	mu  sync.Mutex
-	qga *qga.Client
+	mu    sync.Mutex
+	qga   *qga.Client
+	agent *vport.Session
 
 	eventsMu sync.Mutex
 	events   []qmp.Event // the last few, for diagnostics
 
 	exitErr error // set before done is closed (started VMs only)
+	started bool  // started by us (not adopted)
 }
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
@@ -169,7 +174,7 @@ func Start(ctx context.Context, s Spec) (_ *VM, err error) {
 	if err := os.Chmod(s.Dir, 0o711); err != nil { // whatever the umask
 		return nil, err
 	}
-	v := &VM{dir: s.Dir, done: make(chan struct{})}
+	v := &VM{dir: s.Dir, done: make(chan struct{}), started: true}
 	v.rec = record{ID: s.ID, Accel: s.Accel, Cgroup: s.Cgroup, Started: time.Now().UTC()}
 	defer func() {
 		if err != nil {
@@ -314,6 +319,8 @@ func (s *Spec) args() []string {
 		"-chardev", "socket,id=qga0,path=" + filepath.Join(d, qgaSocket) + ",server=on,wait=off",
 		"-device", "virtio-serial-pci",
 		"-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
+		"-chardev", "socket,id=agent0,path=" + filepath.Join(d, agentSock) + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent0,name=" + vport.AgentPortName,
 	}
 	if s.Guest.Kernel != "" {
 		a = append(a, "-kernel", s.Guest.Kernel, "-initrd", s.Guest.Initrd,
@@ -431,6 +438,22 @@ func (v *VM) Dir() string   { return v.dir }
 func (v *VM) PID() int      { return v.rec.PID }
 func (v *VM) Accel() string { return v.rec.Accel }
 
+// StartTime is QEMU's start time in clock ticks since boot
+// (/proc/<pid>/stat field 22): with the pid, its identity.
+func (v *VM) StartTime() uint64 { return v.rec.StartTime }
+
+// ExitDescription says how QEMU ended once Done is closed ("" if unknown:
+// an adopted QEMU is not our child, so its status is not ours to read).
+func (v *VM) ExitDescription() string {
+	if !isClosed(v.done) || v.exitErr == nil {
+		if isClosed(v.done) && v.started {
+			return "qemu exited with status 0"
+		}
+		return ""
+	}
+	return "qemu: " + v.exitErr.Error()
+}
+
 // Done is closed when the QEMU process has exited.
 func (v *VM) Done() <-chan struct{} { return v.done }
 
@@ -469,13 +492,30 @@ func (v *VM) QGA(ctx context.Context) (*qga.Client, error) {
 	return c, nil
 }
 
-// resetQGA drops the agent connection (after a restore, or when it broke).
+// DialAgent opens a connection to the guest's sandbox-agent (the protocol
+// of pkg/agent) over the agent's virtio-serial channel: an agent.Dialer.
+func (v *VM) DialAgent(ctx context.Context) (net.Conn, error) {
+	v.mu.Lock()
+	if v.agent == nil {
+		v.agent = vport.NewSession(filepath.Join(v.dir, agentSock))
+	}
+	s := v.agent
+	v.mu.Unlock()
+	return s.Dial(ctx)
+}
+
+// resetQGA drops the guest-agent and sandbox-agent channels (after a
+// restore, or when they broke); they reconnect on next use.
 func (v *VM) resetQGA() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.qga != nil {
 		v.qga.Close()
 		v.qga = nil
+	}
+	if v.agent != nil {
+		v.agent.Close()
+		v.agent = nil
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm"
@@ -111,6 +112,38 @@ func TestVMLifecycle(t *testing.T) {
 		}
 	})
 
+	t.Run("sandbox-agent over virtio-serial", func(t *testing.T) {
+		// The container sandbox's protocol, one yamux stream per request.
+		ctx := ctxT(t, time.Minute)
+		c := agent.NewClient(v.DialAgent)
+		info, err := c.Ping(ctx)
+		if err != nil || info.Protocol != agent.ProtocolVersion {
+			t.Fatalf("ping: %+v %v", info, err)
+		}
+		job, err := c.Start(ctx, agent.ExecRequest{Argv: []string{"/bin/sh", "-c", "uname -r; id -u; pwd"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		st, err := c.Attach(ctx, job, 0, 0, func(ch agent.Chunk) error { out.Write(ch.Data); return nil })
+		if err != nil || st.ExitCode != 0 {
+			t.Fatalf("attach: %+v %v", st, err)
+		}
+		if want := g.Release + "\n1000\n/workspace\n"; out.String() != want {
+			t.Fatalf("agent exec: %q, want %q", out.String(), want)
+		}
+		// Concurrent requests share the channel.
+		errs := make(chan error, 4)
+		for range 4 {
+			go func() { _, err := c.Ping(ctx); errs <- err }()
+		}
+		for range 4 {
+			if err := <-errs; err != nil {
+				t.Fatalf("concurrent ping: %v", err)
+			}
+		}
+	})
+
 	t.Run("stdin", func(t *testing.T) {
 		c, _ := v.QGA(ctxT(t, time.Minute))
 		res, err := c.Exec(ctxT(t, time.Minute), qga.ExecRequest{Path: "/usr/bin/wc", Args: []string{"-c"}, Stdin: []byte("12345")})
@@ -154,6 +187,11 @@ func TestVMLifecycle(t *testing.T) {
 		}
 		if res := sh(t, v, "test -e /workspace/after-snapshot"); res.ExitCode != 1 {
 			t.Fatalf("file still there after restore (exit %d)", res.ExitCode)
+		}
+		// The agent channel's session is from the future of the restored
+		// guest: it must be replaced, not reused.
+		if _, err := agent.NewClient(v.DialAgent).Ping(ctx); err != nil {
+			t.Fatalf("agent after restore: %v", err)
 		}
 		names, err := v.Snapshots(ctx)
 		if err != nil || len(names) != 1 || names[0] != "clean" {
@@ -218,6 +256,9 @@ func TestVMLifecycle(t *testing.T) {
 		}
 		if res := sh(t, a, "echo adopted"); string(res.Stdout) != "adopted\n" {
 			t.Fatalf("exec through adopted VM: %q", res.Stdout)
+		}
+		if _, err := agent.NewClient(a.DialAgent).Ping(ctxT(t, 30*time.Second)); err != nil {
+			t.Fatalf("agent through adopted VM: %v", err)
 		}
 		dir, pid := v.Dir(), v.PID()
 		if err := a.Destroy(ctxT(t, time.Minute)); err != nil {

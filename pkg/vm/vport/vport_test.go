@@ -1,0 +1,78 @@
+package vport
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+)
+
+// chardev simulates QEMU's chardev socket + virtio-serial port: each host
+// dial yields a pipe whose other end the guest's next open gets.
+type chardev struct{ guest chan net.Conn }
+
+func (c *chardev) dial(ctx context.Context) (net.Conn, error) {
+	h, g := net.Pipe()
+	select {
+	case c.guest <- g:
+		return h, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (c *chardev) open() (io.ReadWriteCloser, error) { return <-c.guest, nil }
+
+func TestStreamsSurviveReconnect(t *testing.T) {
+	cd := &chardev{guest: make(chan net.Conn)}
+	l := listen("test", cd.open, slog.New(slog.DiscardHandler))
+	defer l.Close()
+	// An echo agent: one request per connection.
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	h := &Session{path: "test", dial: cd.dial}
+	defer h.Close()
+	roundTrip := func(msg string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := h.Dial(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, len(msg))
+		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != msg {
+			t.Fatalf("echo %q: %q %v", msg, buf, err)
+		}
+	}
+	// Several connections over one session, concurrently.
+	done := make(chan struct{})
+	for i := range 4 {
+		go func() { defer func() { done <- struct{}{} }(); roundTrip(string(rune('a' + i))) }()
+	}
+	for range 4 {
+		<-done
+	}
+	// The host side goes away (daemon restart, restore): a new session works.
+	h.Reset()
+	roundTrip("after reset")
+	h2 := &Session{path: "test", dial: cd.dial}
+	defer h2.Close()
+	h.Close()
+	h = h2
+	roundTrip("new host")
+}
