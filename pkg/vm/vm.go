@@ -666,27 +666,65 @@ func Adopt(ctx context.Context, dir string) (*VM, error) {
 	return v, nil
 }
 
-// Remove cleans up the state directory of a VM whose process is gone (or
-// kills it first when it still runs): for reconciliation and gc.
+// Remove kills the VM whose state directory is dir, if its QEMU (and
+// swtpm) still is the recorded process, waits for it to exit and removes
+// its cgroup and the directory: the ledger's releaser, for terminate,
+// reconciliation and gc. It does not go through QMP, which a live handle
+// may hold (QEMU serves one monitor client at a time): the overlay is
+// discarded anyway, so SIGKILL loses nothing.
 func Remove(ctx context.Context, dir string) error {
-	v, err := Adopt(ctx, dir)
-	if err == nil {
-		return v.Destroy(ctx)
+	b, err := os.ReadFile(filepath.Join(dir, stateFile))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
 	}
-	b, rerr := os.ReadFile(filepath.Join(dir, stateFile))
 	var rec record
-	if rerr == nil && json.Unmarshal(b, &rec) == nil {
-		// The process may live with a wedged QMP: kill it if it is still
-		// the recorded one.
-		_ = killVerified(rec.PID, rec.StartTime)
-		_ = killVerified(rec.TPMPID, rec.TPMStart)
-		if rec.Cgroup != "" {
-			if err := removeCgroup(rec.Cgroup); err != nil {
-				return err
-			}
+	if err == nil {
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return fmt.Errorf("vm state in %s: %w", dir, err)
 		}
 	}
-	return os.RemoveAll(dir)
+	var errs []error
+	for _, p := range []struct {
+		pid   int
+		start uint64
+	}{{rec.PID, rec.StartTime}, {rec.TPMPID, rec.TPMStart}} {
+		if err := killVerified(p.pid, p.start); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := waitGone(ctx, p.pid, p.start); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if rec.Cgroup != "" {
+		if err := removeCgroup(rec.Cgroup); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// waitGone waits until pid is no longer the process started at start (it
+// exited; a zombie counts as gone: its parent reaps it).
+func waitGone(ctx context.Context, pid int, start uint64) error {
+	if pid <= 0 {
+		return nil
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, err := procStartTime(pid); err != nil || st != start {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("pid %d did not exit after SIGKILL", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // procStartTime reads a process's start time (clock ticks since boot,

@@ -71,7 +71,7 @@ func TestBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	t.Cleanup(func() { db.Close() }) // after the releases registered later
 	l := ledger.New(db)
 	runDir, err := os.MkdirTemp("/run", "vmqt-")
 	if err != nil {
@@ -97,7 +97,11 @@ func TestBackend(t *testing.T) {
 
 	start := func(id string) (sandbox.Handle, time.Duration) {
 		t.Helper()
-		t.Cleanup(func() { _, _ = l.Release(context.Background(), id) })
+		t.Cleanup(func() {
+			if out, err := l.Release(context.Background(), id); err != nil {
+				t.Errorf("release %s: %+v %v", id, out, err)
+			}
+		})
 		t0 := time.Now()
 		h, err := b.Start(ctx, sandbox.StartRequest{ID: id, Spec: spec, Image: img}, l.For(id))
 		if err != nil {
@@ -107,7 +111,7 @@ func TestBackend(t *testing.T) {
 		return h, time.Since(t0)
 	}
 	h, d := start("sb-vm1")
-	t.Logf("first VM sandbox (boots the template, then starts from it): %v", d)
+	t.Logf("first VM sandbox (boots and saves the template unless cached, then starts from it): %v", d)
 	if got := run(t, h, "python3", "-c", "import os; print(6*7, os.getuid())"); got != "42 1000\n" {
 		t.Fatalf("python in the guest: %q", got)
 	}
@@ -116,7 +120,7 @@ func TestBackend(t *testing.T) {
 	if got := run(t, h2, "cat", "/proc/sys/kernel/hostname"); got != "sandbox\n" {
 		t.Fatalf("hostname %q", got)
 	}
-	if u, err := h2.Usage(ctx); err != nil || u.MemoryBytes == 0 || u.MemoryMaxBytes != (256+256)<<20 {
+	if u, err := h2.Usage(ctx); err != nil || u.MemoryBytes < 16<<20 || u.Pids == 0 || u.CPUSeconds == 0 {
 		t.Fatalf("usage %+v %v", u, err)
 	}
 	if _, err := b.Start(ctx, sandbox.StartRequest{ID: "sb-net", Spec: spec, Image: img, NetNSPath: "/proc/self/ns/net"}, l.For("sb-net")); !errdefs.Is(err, errdefs.Unavailable) || !strings.Contains(err.Error(), "network") {
