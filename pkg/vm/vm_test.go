@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv/vmenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -93,7 +94,7 @@ func sh(t *testing.T, v *vm.VM, cmd string) *qga.ExecResult {
 
 func TestVMLifecycle(t *testing.T) {
 	testenv.RequireRoot(t)
-	g := testenv.VMGuest(t)
+	g := vmenv.Guest(t)
 	accel, reason := vm.DetectAccel(vm.DefaultQEMU, g.Kernel)
 	t.Logf("accelerator %s: %s", accel, reason)
 	s := newSpec(t, g)
@@ -351,7 +352,7 @@ func assertGone(t *testing.T, dir string, pid int, cg string) {
 // times each and logs the medians (docs/notes-vm.md has the figures).
 func TestFastStart(t *testing.T) {
 	testenv.RequireRoot(t)
-	g := testenv.VMGuest(t)
+	g := vmenv.Guest(t)
 	n := 1
 	if s := os.Getenv("SANDBOXD_VM_BOOTS"); s != "" {
 		n, _ = strconv.Atoi(s)
@@ -412,7 +413,7 @@ func median(d []time.Duration) time.Duration {
 // TPM 2.0: the plumbing the Windows profile uses.
 func TestFirmwareTPM(t *testing.T) {
 	testenv.RequireRoot(t)
-	g := testenv.VMGuest(t)
+	g := vmenv.Guest(t)
 	s := newSpec(t, g)
 	s.Firmware = &vm.Firmware{Code: "/usr/share/OVMF/OVMF_CODE_4M.fd", Vars: "/usr/share/OVMF/OVMF_VARS_4M.fd"}
 	s.TPM = true

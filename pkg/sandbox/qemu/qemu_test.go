@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv/vmenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -65,7 +66,7 @@ func run(t *testing.T, h sandbox.Handle, argv ...string) string {
 // adopt after a "restart", scan, release through the ledger.
 func TestBackend(t *testing.T) {
 	testenv.RequireRoot(t)
-	img := testenv.VMImage(t)
+	img := vmenv.Image(t)
 	ctx := context.Background()
 	db, err := store.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
 	if err != nil {
@@ -84,7 +85,7 @@ func TestBackend(t *testing.T) {
 		testenv.RemoveCgroupParent(t, parent)
 	})
 	b, err := New(Options{
-		AgentPath: testenv.AgentPath(t), RunDir: runDir, GuestCache: filepath.Join(testenv.ImagesDir(), "vm-guests"),
+		AgentPath: testenv.AgentPath(t), RunDir: runDir, GuestCache: vmenv.GuestCache(),
 		CgroupParent: parent, RunAs: "nobody", FastStart: true, Log: testenv.Logger(t),
 	}, l)
 	if err != nil {
