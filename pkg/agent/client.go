@@ -10,6 +10,8 @@ import (
 	"net"
 	"os"
 	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 func byteReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
@@ -92,7 +94,7 @@ func (c *Client) do(ctx context.Context, req *Request, payload io.Reader) (*conn
 		if err != nil {
 			cn.close()
 			if err == io.EOF {
-				return nil, Errorf(CodeInvalidArgument, "payload ended after %d of %d bytes", n, req.Len)
+				return nil, Errorf(errdefs.InvalidArgument, "payload ended after %d of %d bytes", n, req.Len)
 			}
 			return nil, cn.wrap(fmt.Errorf("send payload: %w", err))
 		}
@@ -140,7 +142,7 @@ func (cn *conn) frame(maxLen int64) (*Frame, error) {
 		return nil, cn.wrap(err)
 	}
 	if f.Type == FrameError {
-		if f.Error == nil || !knownCodes[f.Error.Code] {
+		if f.Error == nil || !errdefs.Known(f.Error.Code) {
 			return nil, fmt.Errorf("%w: malformed error frame", ErrProtocol)
 		}
 		if len(f.Error.Message) > 4096 {
@@ -198,10 +200,10 @@ func (c *Client) Ping(ctx context.Context) (*Info, error) {
 // Start starts a job and returns its id without waiting for it.
 func (c *Client) Start(ctx context.Context, req ExecRequest) (string, error) {
 	if len(req.Argv) == 0 {
-		return "", Errorf(CodeInvalidArgument, "empty argv")
+		return "", Errorf(errdefs.InvalidArgument, "empty argv")
 	}
 	if len(req.Stdin) > MaxStdinBytes {
-		return "", Errorf(CodeLimitExceeded, "stdin of %d bytes exceeds %d", len(req.Stdin), MaxStdinBytes)
+		return "", Errorf(errdefs.LimitExceeded, "stdin of %d bytes exceeds %d", len(req.Stdin), MaxStdinBytes)
 	}
 	cn, err := c.do(ctx, &Request{Op: OpStart, Exec: &req, Len: int64(len(req.Stdin))}, byteReader(req.Stdin))
 	if err != nil {
@@ -228,7 +230,7 @@ func (c *Client) Attach(ctx context.Context, jobID string, stdoutOff, stderrOff 
 		return nil, err
 	}
 	if stdoutOff < 0 || stderrOff < 0 {
-		return nil, Errorf(CodeInvalidArgument, "negative offset")
+		return nil, Errorf(errdefs.InvalidArgument, "negative offset")
 	}
 	cn, err := c.do(ctx, &Request{Op: OpAttach, JobID: jobID, StdoutOffset: stdoutOff, StderrOffset: stderrOff}, nil)
 	if err != nil {
@@ -299,7 +301,7 @@ func (c *Client) Read(ctx context.Context, jobID string, stdoutOff, stderrOff in
 		return nil, err
 	}
 	if stdoutOff < 0 || stderrOff < 0 {
-		return nil, Errorf(CodeInvalidArgument, "negative offset")
+		return nil, Errorf(errdefs.InvalidArgument, "negative offset")
 	}
 	if max <= 0 || max > MaxReadBytes {
 		max = MaxReadBytes
@@ -389,7 +391,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, offset, max int64) (
 		return nil, err
 	}
 	if offset < 0 {
-		return nil, Errorf(CodeInvalidArgument, "negative offset")
+		return nil, Errorf(errdefs.InvalidArgument, "negative offset")
 	}
 	if max <= 0 {
 		max = DefaultReadFileMax
@@ -437,7 +439,7 @@ func (c *Client) WriteFile(ctx context.Context, req WriteFileRequest, content io
 		}
 	}
 	if req.Size < 0 || req.Size > MaxTransferBytes {
-		return nil, Errorf(CodeLimitExceeded, "content of %d bytes exceeds %d", req.Size, MaxTransferBytes)
+		return nil, Errorf(errdefs.LimitExceeded, "content of %d bytes exceeds %d", req.Size, MaxTransferBytes)
 	}
 	cn, err := c.do(ctx, &Request{Op: OpWriteFile, Write: &req, Len: req.Size}, content)
 	if err != nil {

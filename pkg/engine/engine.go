@@ -55,6 +55,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	if log == nil {
 		log = slog.Default()
 	}
+	if err := checkBuilt(cfg); err != nil {
+		return nil, err
+	}
 	e := &Engine{cfg: cfg, log: log, seccomp: seccomp.Check(), started: time.Now()}
 	e.metrics = newMetrics(e)
 	var err error
@@ -127,6 +130,26 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	e.pruneArtifacts()
 	e.sandboxes.Start()
 	return e, nil
+}
+
+// unbuilt names the configuration sections whose subsystems this build does
+// not have yet, and what they are.
+var unbuilt = []struct{ section, what string }{
+	{"network", "network subsystem (sandboxes have loopback only)"},
+	{"autofix", "autofix loop"},
+	{"vm", "VM backend"},
+}
+
+// checkBuilt refuses a configuration that sets what this build would
+// silently ignore: every such key is named.
+func checkBuilt(cfg *config.Config) error {
+	var errs []error
+	for _, u := range unbuilt {
+		for _, key := range cfg.NonDefault(u.section) {
+			errs = append(errs, fmt.Errorf("config: %s: not available yet: this build has no %s; leave it at its default", key, u.what))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // ioLimits resolves the configured block I/O throttles to the disk that holds

@@ -28,7 +28,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/opencontainers/cgroups"
@@ -473,13 +472,4 @@ func (r *Runtime) List() ([]string, error) {
 		}
 	}
 	return ids, nil
-}
-
-// Signal sends sig to the sandbox's init.
-func (r *Runtime) Signal(id string, sig syscall.Signal) error {
-	inst, ok := r.Instance(id)
-	if !ok {
-		return fmt.Errorf("sandbox %s: not known to the runtime", id)
-	}
-	return inst.ct.Signal(sig)
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
-// Termination causes (SPEC.md "Termination causes").
+// Termination causes (docs/SPEC.md "Termination causes").
 const (
 	CauseExited      = apitypes.CauseExited
 	CauseTimeout     = apitypes.CauseTimeout
@@ -230,7 +230,7 @@ func (m *Manager) lostTermination(sb *Sandbox, oomBefore uint64, err error) Term
 func (m *Manager) agentError(sb *Sandbox, err error, what string) error {
 	var ae *agent.Error
 	if errors.As(err, &ae) {
-		code := errdefs.Code(ae.Code)
+		code := ae.Code
 		switch code {
 		case errdefs.InvalidArgument, errdefs.NotFound, errdefs.Conflict, errdefs.LimitExceeded:
 			return errdefs.Wrap(code, err, "%s", ae.Message)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -153,7 +154,7 @@ func (s *Server) ServeConn(c net.Conn) {
 	var aerr *agent.Error
 	if !errors.As(err, &aerr) {
 		s.log.Error("request failed", "op", op, "err", err)
-		aerr = agent.Errorf(agent.CodeInternal, "%v", err)
+		aerr = agent.Errorf(errdefs.Internal, "%v", err)
 	}
 	if err := rp.send(&agent.Frame{Type: agent.FrameError, Error: aerr}); err != nil {
 		s.log.Debug("cannot send error", "err", err)
@@ -163,24 +164,24 @@ func (s *Server) ServeConn(c net.Conn) {
 func readRequest(r *bufio.Reader) (*agent.Request, error) {
 	line, err := agent.ReadLine(r, agent.MaxLineBytes)
 	if err != nil {
-		return nil, agent.Errorf(agent.CodeInvalidArgument, "read request: %v", err)
+		return nil, agent.Errorf(errdefs.InvalidArgument, "read request: %v", err)
 	}
 	var req agent.Request
 	if err := json.NewDecoder(bytes.NewReader(line)).Decode(&req); err != nil {
-		return nil, agent.Errorf(agent.CodeInvalidArgument, "decode request: %v", err)
+		return nil, agent.Errorf(errdefs.InvalidArgument, "decode request: %v", err)
 	}
 	if req.V != agent.ProtocolVersion {
-		return nil, agent.Errorf(agent.CodeInvalidArgument, "protocol version %d not supported (want %d)", req.V, agent.ProtocolVersion)
+		return nil, agent.Errorf(errdefs.InvalidArgument, "protocol version %d not supported (want %d)", req.V, agent.ProtocolVersion)
 	}
 	if req.Len < 0 {
-		return nil, agent.Errorf(agent.CodeInvalidArgument, "negative payload length")
+		return nil, agent.Errorf(errdefs.InvalidArgument, "negative payload length")
 	}
 	return &req, nil
 }
 
 func (s *Server) dispatch(req *agent.Request, c net.Conn, r *bufio.Reader, rp *reply) error {
 	if req.Len > 0 && req.Op != agent.OpStart && req.Op != agent.OpWriteFile {
-		return agent.Errorf(agent.CodeInvalidArgument, "%s takes no payload", req.Op)
+		return agent.Errorf(errdefs.InvalidArgument, "%s takes no payload", req.Op)
 	}
 	switch req.Op {
 	case agent.OpPing:
@@ -235,19 +236,19 @@ func (s *Server) dispatch(req *agent.Request, c net.Conn, r *bufio.Reader, rp *r
 		}
 		return s.files.serve(req, r, rp)
 	}
-	return agent.Errorf(agent.CodeInvalidArgument, "unknown op %q", req.Op)
+	return agent.Errorf(errdefs.InvalidArgument, "unknown op %q", req.Op)
 }
 
 func (s *Server) start(req *agent.Request, r *bufio.Reader, rp *reply) error {
 	if req.Exec == nil {
-		return agent.Errorf(agent.CodeInvalidArgument, "start without exec")
+		return agent.Errorf(errdefs.InvalidArgument, "start without exec")
 	}
 	if req.Len > agent.MaxStdinBytes {
-		return agent.Errorf(agent.CodeLimitExceeded, "stdin of %d bytes exceeds %d", req.Len, agent.MaxStdinBytes)
+		return agent.Errorf(errdefs.LimitExceeded, "stdin of %d bytes exceeds %d", req.Len, agent.MaxStdinBytes)
 	}
 	stdin := make([]byte, req.Len)
 	if _, err := io.ReadFull(r, stdin); err != nil {
-		return agent.Errorf(agent.CodeInvalidArgument, "read stdin payload: %v", err)
+		return agent.Errorf(errdefs.InvalidArgument, "read stdin payload: %v", err)
 	}
 	j, err := s.jobs.start(req.Exec, stdin)
 	if err != nil {
@@ -344,7 +345,7 @@ func (s *Server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) 
 // the client sends.
 func (s *Server) interactive(j *job, r *bufio.Reader, rp *reply) error {
 	if !j.hasInput() {
-		return agent.Errorf(agent.CodeConflict, "job %s has neither a terminal nor an open stdin", j.id)
+		return agent.Errorf(errdefs.Conflict, "job %s has neither a terminal nor an open stdin", j.id)
 	}
 	if err := rp.send(&agent.Frame{Type: agent.FrameResult}); err != nil {
 		return err
