@@ -300,3 +300,8 @@ func VM(h sandbox.Handle) *vm.VM {
 	}
 	return nil
 }
+
+// AgentStartup implements sandbox.AgentStarter: a cold boot under TCG on
+// a busy host takes tens of seconds (the first start of a guest also boots
+// its fast-start template inside Start, before this wait).
+func (b *Backend) AgentStartup() time.Duration { return 2 * time.Minute }
