@@ -18,8 +18,8 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"sync"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
@@ -64,7 +64,7 @@ type Options struct {
 	// Backends are further backends a Spec may name (the VM backend).
 	Backend  Backend
 	Backends []Backend
-	Ledger  *ledger.Ledger
+	Ledger   *ledger.Ledger
 	// Network attaches sandboxes with a network mode other than "none";
 	// nil: only "none" can start.
 	Network      Network
