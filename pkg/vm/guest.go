@@ -18,8 +18,8 @@ import (
 )
 
 // Guest is a bootable Linux guest made from an image of the image store:
-// the image's kernel, an initramfs with its virtio modules and a qcow2 root
-// disk holding the image's tree. Its files are read-only once made; VMs
+// the image's kernel, an initramfs with its virtio modules and the agent,
+// and a qcow2 root disk holding the image's tree. Its files are read-only once made; VMs
 // write to their own overlays.
 type Guest struct {
 	Dir     string `json:"-"`
@@ -46,28 +46,52 @@ func DiskGuest(os, disk string) *Guest {
 // guestFormat versions how a guest is made from an image: bump it when
 // the initramfs or the disk layout changes, so that cached guests are
 // remade.
-const guestFormat = "2"
+const guestFormat = "3"
 
 // guestFreeBytes is the free space of a guest's root disk beyond its
 // tree: what /workspace and packages installed in the guest can use.
 const guestFreeBytes = 1 << 30
 
 // PrepareGuest returns the guest for img with the sandbox-agent binary at
-// agentPath, making it under cacheDir unless it exists. Guests are
-// content-addressed by the image digest, the agent binary and the guest
-// format, so an unchanged image and agent are reused across runs.
+// agentPath, making it under cacheDir unless it exists. The disk and the
+// kernel are content-addressed by the image digest and the guest format;
+// the initramfs, which carries the agent, also by the agent binary
+// (initrd-<sha256 prefix>.img beside them), so that a new agent build
+// costs a 4 MB initramfs, not a new root disk.
 func PrepareGuest(ctx context.Context, img *image.Image, agentPath, cacheDir string) (*Guest, error) {
 	ab, err := os.ReadFile(agentPath)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox-agent: %w", err)
 	}
 	agentSum := sha256.Sum256(ab)
-	sum := sha256.Sum256([]byte(img.Digest + "\x00" + hex.EncodeToString(agentSum[:]) + "\x00" + guestFormat))
+	initrdName := "initrd-" + hex.EncodeToString(agentSum[:8]) + ".img"
+	sum := sha256.Sum256([]byte(img.Digest + "\x00" + guestFormat))
 	key := hex.EncodeToString(sum[:16])
 	dir := filepath.Join(cacheDir, key)
-	if g, err := loadGuest(dir); err == nil {
+	g, err := loadGuest(dir)
+	if err != nil {
+		if g, err = makeGuestDir(ctx, img, cacheDir, key); err != nil {
+			return nil, err
+		}
+	}
+	g.Initrd = filepath.Join(dir, initrdName)
+	if _, err := os.Stat(g.Initrd); err == nil {
 		return g, nil
 	}
+	tmp := fmt.Sprintf("%s.tmp-%d", g.Initrd, os.Getpid())
+	defer os.Remove(tmp)
+	if err := writeInitramfs(tmp, img.Rootfs, g.Release, agentPath); err != nil {
+		return nil, fmt.Errorf("initramfs: %w", err)
+	}
+	if err := os.Rename(tmp, g.Initrd); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// makeGuestDir makes the kernel and disk of a guest in cacheDir/key.
+func makeGuestDir(ctx context.Context, img *image.Image, cacheDir, key string) (*Guest, error) {
+	dir := filepath.Join(cacheDir, key)
 	if err := os.MkdirAll(cacheDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -77,7 +101,7 @@ func PrepareGuest(ctx context.Context, img *image.Image, agentPath, cacheDir str
 	}
 	defer os.RemoveAll(tmp)
 	start := time.Now()
-	g, err := makeGuest(ctx, img, agentPath, tmp)
+	g, err := makeGuest(ctx, img, tmp)
 	if err != nil {
 		return nil, fmt.Errorf("make guest from image %s: %w", img.Name, err)
 	}
@@ -107,9 +131,8 @@ func loadGuest(dir string) (*Guest, error) {
 	}
 	g.Dir = dir
 	g.Kernel = filepath.Join(dir, "vmlinuz")
-	g.Initrd = filepath.Join(dir, "initrd.img")
 	g.Disk = filepath.Join(dir, "disk.qcow2")
-	for _, f := range []string{g.Kernel, g.Initrd, g.Disk} {
+	for _, f := range []string{g.Kernel, g.Disk} {
 		if _, err := os.Stat(f); err != nil {
 			return nil, err
 		}
@@ -117,8 +140,8 @@ func loadGuest(dir string) (*Guest, error) {
 	return &g, nil
 }
 
-// makeGuest builds the guest files in dir.
-func makeGuest(ctx context.Context, img *image.Image, agentPath, dir string) (*Guest, error) {
+// makeGuest builds the kernel and the disk of a guest in dir.
+func makeGuest(ctx context.Context, img *image.Image, dir string) (*Guest, error) {
 	tree := img.Rootfs
 	kernels, _ := filepath.Glob(filepath.Join(tree, "boot/vmlinuz-*"))
 	if len(kernels) != 1 {
@@ -135,9 +158,6 @@ func makeGuest(ctx context.Context, img *image.Image, agentPath, dir string) (*G
 	}
 	if err := os.WriteFile(filepath.Join(dir, "vmlinuz"), kb, 0o444); err != nil {
 		return nil, err
-	}
-	if err := writeInitramfs(filepath.Join(dir, "initrd.img"), tree, release, agentPath); err != nil {
-		return nil, fmt.Errorf("initramfs: %w", err)
 	}
 	used := img.SizeBytes // measured by the image builder
 	if used <= 0 {

@@ -218,13 +218,15 @@ func Start(ctx context.Context, s Spec) (_ *VM, err error) {
 	if v.rec.StartTime, err = procStartTime(v.rec.PID); err != nil {
 		return nil, err
 	}
+	// The record first: whoever finds the directory after a crash (Remove)
+	// must be able to find the process.
+	if err := v.writeRecord(); err != nil {
+		return nil, err
+	}
 	if s.Cgroup != "" {
 		if err := placeInCgroup(s.Cgroup, v.rec.PID, s.MemoryMiB, s.CPUs); err != nil {
 			return nil, err
 		}
-	}
-	if err := v.writeRecord(); err != nil {
-		return nil, err
 	}
 	v.mon = newMonitor(filepath.Join(s.Dir, qmpSocket), qmpTimeout, v.onEvent)
 	if err := v.waitQMP(ctx); err != nil {

@@ -180,7 +180,7 @@ func (b *Backend) spec(id string, g *vm.Guest, lim sandbox.Limits) vm.Spec {
 // template returns the fast-start template for guest and the machine of
 // spec, booting one when there is none.
 func (b *Backend) template(ctx context.Context, g *vm.Guest, spec vm.Spec) (string, error) {
-	key := sha256.Sum256(fmt.Appendf(nil, "%s|%d|%d|%s|%s", g.Dir, spec.MemoryMiB, spec.CPUs, spec.Accel, spec.RunAs))
+	key := sha256.Sum256(fmt.Appendf(nil, "%s|%s|%d|%d|%s|%s", g.Dir, g.Initrd, spec.MemoryMiB, spec.CPUs, spec.Accel, spec.RunAs))
 	name := hex.EncodeToString(key[:8])
 	path := filepath.Join(b.opt.GuestCache, "templates", name+".qcow2")
 	b.tmplMu.Lock()

@@ -19,6 +19,7 @@ package vport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -109,6 +110,9 @@ func (l *listener) session() error {
 		return err
 	}
 	defer s.Close()
+	if err := announce(s); err != nil {
+		return err
+	}
 	for {
 		c, err := s.Accept()
 		if err != nil {
@@ -121,6 +125,24 @@ func (l *listener) session() error {
 			return net.ErrClosed
 		}
 	}
+}
+
+// readyLine is what the guest's side of a new session sends on a stream
+// it opens itself, first thing. The host uses a session only after reading
+// it: bytes the host sends earlier might reach the guest's previous session
+// (the disconnect and the new data travel on different virtqueues, so the
+// guest may see the data first), which would break both.
+const readyLine = "vport ready\n"
+
+func announce(s *yamux.Session) error {
+	st, err := s.OpenStream()
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	_ = st.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.WriteString(st, readyLine)
+	return err
 }
 
 func (l *listener) Accept() (net.Conn, error) {
@@ -218,16 +240,74 @@ func (h *Session) session(ctx context.Context) (*yamux.Session, error) {
 	if h.s != nil && !h.s.IsClosed() {
 		return h.s, nil
 	}
+	// A new session is usable once the guest's side announced itself;
+	// the guest may still be on its previous session (it reopens the port
+	// every 200 ms after an EOF), or its announcement may have been dropped
+	// while no host was connected: then hang up and try again.
+	for {
+		s, err := h.newSession(ctx)
+		if err == nil {
+			h.s = s
+			return s, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("agent channel: %w (%w)", ctx.Err(), err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// readyTimeout is how long a new session waits for the guest's
+// announcement before hanging up.
+const readyTimeout = 2 * time.Second
+
+func (h *Session) newSession(ctx context.Context) (*yamux.Session, error) {
 	nc, err := h.dial(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("agent channel: %w", err)
+		return nil, err
 	}
 	s, err := yamux.Client(nc, config())
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	h.s = s
+	type res struct {
+		line string
+		err  error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		st, err := s.AcceptStream()
+		if err != nil {
+			ch <- res{err: err}
+			return
+		}
+		defer st.Close()
+		_ = st.SetReadDeadline(time.Now().Add(readyTimeout))
+		buf := make([]byte, len(readyLine))
+		_, err = io.ReadFull(st, buf)
+		ch <- res{string(buf), err}
+	}()
+	t := time.NewTimer(readyTimeout)
+	defer t.Stop()
+	var r res
+	select {
+	case r = <-ch:
+	case <-t.C:
+		r.err = errors.New("guest side did not announce the session")
+	case <-ctx.Done():
+		r.err = ctx.Err()
+	}
+	if r.err == nil && r.line != readyLine {
+		r.err = fmt.Errorf("unexpected announcement %q", r.line)
+	}
+	if r.err != nil {
+		s.Close()
+		return nil, r.err
+	}
 	return s, nil
 }
 
