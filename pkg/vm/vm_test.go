@@ -174,6 +174,16 @@ func TestVMLifecycle(t *testing.T) {
 		}
 	})
 
+	t.Run("qemu-ga output cap", func(t *testing.T) {
+		// qemu-ga 7.2 keeps 16 MiB per stream and says it dropped the rest.
+		t0 := time.Now()
+		res := sh(t, v, "head -c 17000000 /dev/zero; echo done >&2")
+		if !res.StdoutTruncated || len(res.Stdout) != 16<<20 || res.StderrTruncated || string(res.Stderr) != "done\n" {
+			t.Fatalf("17 MB of output: %d bytes, truncated %v/%v, stderr %q", len(res.Stdout), res.StdoutTruncated, res.StderrTruncated, res.Stderr)
+		}
+		t.Logf("17 MB through guest-exec: %v", time.Since(t0))
+	})
+
 	t.Run("snapshot restore", func(t *testing.T) {
 		ctx := ctxT(t, 2*time.Minute)
 		if err := v.Snapshot(ctx, "clean"); err != nil {
@@ -384,6 +394,20 @@ func TestFastStart(t *testing.T) {
 		}
 		// The template is shared: the VM writes to its own copy.
 		sh(t, v, "echo mine > /workspace/marker && sync")
+		// guest-shutdown through Debian's qemu-ga: the guest powers off and,
+		// with -no-reboot, QEMU exits.
+		c, err := v.QGA(ctxT(t, time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Shutdown(ctxT(t, time.Minute), "powerdown"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-v.Done():
+		case <-time.After(time.Minute):
+			t.Fatalf("qemu still running a minute after guest-shutdown; console: %s", v.Console(1000))
+		}
 		dir, pid := v.Dir(), v.PID()
 		if err := v.Destroy(ctxT(t, time.Minute)); err != nil {
 			t.Fatal(err)
