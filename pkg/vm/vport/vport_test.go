@@ -76,3 +76,52 @@ func TestStreamsSurviveReconnect(t *testing.T) {
 	h = h2
 	roundTrip("new host")
 }
+
+// dropWrites loses what the guest writes, like a port written while no
+// host is connected.
+type dropWrites struct{ net.Conn }
+
+func (d dropWrites) Write(p []byte) (int, error) { return len(p), nil }
+
+func TestLostAnnouncementRedials(t *testing.T) {
+	cd := &chardev{guest: make(chan net.Conn)}
+	first := true
+	open := func() (io.ReadWriteCloser, error) {
+		c := <-cd.guest
+		if first {
+			first = false
+			return dropWrites{c}, nil
+		}
+		return c, nil
+	}
+	l := listen("test", open, slog.New(slog.DiscardHandler))
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	h := &Session{path: "test", dial: cd.dial}
+	defer h.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	c, err := h.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if d := time.Since(t0); d < readyTimeout {
+		t.Fatalf("used the first session (%v) although its announcement was lost", d)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.Write([]byte("x"))
+	buf := make([]byte, 1)
+	if _, err := io.ReadFull(c, buf); err != nil || buf[0] != 'x' {
+		t.Fatalf("echo: %q %v", buf, err)
+	}
+}
