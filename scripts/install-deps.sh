@@ -12,7 +12,14 @@ set -euo pipefail
 #   ca-certificates            HTTPS for apt inside image builds
 #   systemd                    systemd-analyze verify of the unit in the tests
 #   chromium                   the web editor's browser tests (pkg/webui/browsertest, chromedp)
-packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd chromium)
+#   qemu-system-x86 qemu-utils the VM backend (pkg/vm): QEMU and qemu-img for overlays
+#   ovmf swtpm                 UEFI firmware and the TPM 2.0 emulator of the Windows profile
+#                              (tested by booting the Linux guest with them)
+#   e2fsprogs                  mkfs.ext4 -d: the Linux guest's root disk without a loop mount
+# (The Linux guest's kernel, qemu-guest-agent and busybox come from Debian packages
+# installed into the guest image by rootfs/vm/vm-linux.yaml, not on the host.)
+packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd chromium
+	qemu-system-x86 qemu-utils ovmf swtpm e2fsprogs)
 # The MCP black-box tests drive the server with the official TypeScript SDK,
 # and the web editor is bundled with esbuild: Node.js from Debian unless a
 # node is already on PATH.

@@ -1,6 +1,8 @@
 // Command sandbox-agent runs as PID 1 inside every sandbox: it serves the
 // protocol of package agent (pkg/agent/server) on a unix socket bind-mounted
-// from the host.
+// from the host. In a Linux test guest of the VM backend it serves the same
+// protocol over a virtio-serial port instead (--virtio-port; see
+// pkg/vm/vport), started by the guest's init.
 //
 // Security boundary: the socket's directory is root-only, so only the host
 // daemon talks to the agent; sandboxed code (uid 1000) cannot. The rest of
@@ -24,6 +26,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent/server"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm/vport"
 )
 
 func main() {
@@ -42,14 +45,16 @@ func main() {
 }
 
 type options struct {
-	socket string
+	socket     string
+	virtioPort string
 	server.Options
 }
 
 func parseFlags(args []string) (*options, error) {
 	var o options
 	fs := flag.NewFlagSet("sandbox-agent", flag.ContinueOnError)
-	fs.StringVar(&o.socket, "socket", "/.sandboxd/run/agent.sock", "unix socket to listen on")
+	fs.StringVar(&o.socket, "socket", "/.sandboxd/run/agent.sock", "unix socket to listen on (its directory is the agent's private dir)")
+	fs.StringVar(&o.virtioPort, "virtio-port", "", "serve on this virtio-serial port (a VM guest) instead of the socket")
 	fs.StringVar(&o.Root, "root", "/", "directory that file operations are confined to")
 	fs.IntVar(&o.UID, "uid", 1000, "default uid of commands and owner of written files")
 	fs.IntVar(&o.GID, "gid", 1000, "default gid of commands and group of written files")
@@ -92,19 +97,11 @@ func run(log *slog.Logger, args []string) error {
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT)
 
-	if err := os.Remove(o.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove stale socket: %w", err)
-	}
-	ln, err := net.Listen("unix", o.socket)
+	ln, err := listen(o)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
-	// The directory is already root-only; the mode is a second fence.
-	if err := os.Chmod(o.socket, 0o600); err != nil {
-		ln.Close()
-		return fmt.Errorf("chmod socket: %w", err)
-	}
-	log.Info("sandbox-agent listening", "socket", o.socket, "root", o.Root, "pid", os.Getpid(), "version", version.Version)
+	log.Info("sandbox-agent listening", "socket", o.socket, "virtio_port", o.virtioPort, "root", o.Root, "pid", os.Getpid(), "version", version.Version)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -117,4 +114,26 @@ func run(log *slog.Logger, args []string) error {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
 	}
+}
+
+// listen returns the listener of the agent's connections.
+func listen(o *options) (net.Listener, error) {
+	if o.virtioPort != "" {
+		// Only the host (QEMU's chardev, the daemon) is at the other end of
+		// the port; guest processes cannot open it unless root.
+		return vport.Listen(o.virtioPort, slog.Default())
+	}
+	if err := os.Remove(o.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket: %w", err)
+	}
+	ln, err := net.Listen("unix", o.socket)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	// The directory is already root-only; the mode is a second fence.
+	if err := os.Chmod(o.socket, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("chmod socket: %w", err)
+	}
+	return ln, nil
 }

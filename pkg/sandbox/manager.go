@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,6 +51,9 @@ type Spec struct {
 	// ImageEnv is the image's environment, kept so that a restarted daemon
 	// runs commands exactly as before even if the image was rebuilt since.
 	ImageEnv map[string]string `json:"image_env,omitempty"`
+	// Backend names the backend that runs the sandbox ("container", "vm");
+	// empty means Options.Backend.
+	Backend string `json:"backend,omitempty"`
 }
 
 // Info is the externally visible description of a sandbox.
@@ -61,8 +65,10 @@ type Options struct {
 	Images *image.Store
 	// Backend starts the machines sandboxes run in; Ledger records what
 	// each sandbox holds and releases it (the backend registered its kinds).
-	Backend Backend
-	Ledger  *ledger.Ledger
+	// Backends are further backends a Spec may name (the VM backend).
+	Backend  Backend
+	Backends []Backend
+	Ledger   *ledger.Ledger
 	// Network attaches sandboxes with a network mode other than "none";
 	// nil: only "none" can start.
 	Network      Network
@@ -138,6 +144,32 @@ func NewManager(opt Options) (*Manager, error) {
 	return &Manager{opt: opt, log: opt.Log, sandboxes: map[string]*Sandbox{}, poolPoke: make(chan struct{}, 1)}, nil
 }
 
+// backend returns the backend called name ("" is the default one).
+func (m *Manager) backend(name string) (Backend, error) {
+	if name == "" || name == m.opt.Backend.Name() {
+		return m.opt.Backend, nil
+	}
+	names := []string{m.opt.Backend.Name()}
+	for _, b := range m.opt.Backends {
+		if b.Name() == name {
+			return b, nil
+		}
+		names = append(names, b.Name())
+	}
+	return nil, errdefs.Invalidf("backend: %q is not one of %s", name, strings.Join(names, ", "))
+}
+
+// allBackends is the default backend followed by the others.
+func (m *Manager) allBackends() []Backend {
+	return append([]Backend{m.opt.Backend}, m.opt.Backends...)
+}
+
+// AgentStarter is implemented by backends whose agent may need longer than
+// Options.AgentStartup to answer (a VM booting under TCG).
+type AgentStarter interface {
+	AgentStartup() time.Duration
+}
+
 // Start runs the background work until Close: the reaper that enforces idle
 // timeouts and lifetimes, and the warm pool's filler.
 func (m *Manager) Start() {
@@ -178,6 +210,9 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (*Info, error) {
 
 // create starts a new sandbox.
 func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
+	if _, err := m.backend(spec.Backend); err != nil {
+		return nil, err
+	}
 	img, err := m.opt.Images.Get(spec.Image)
 	if errors.Is(err, image.ErrNotFound) {
 		return nil, errdefs.Unavailablef("image %q is not built (sandboxctl images build %s)", spec.Image, spec.Image)
@@ -255,7 +290,11 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 		}
 		req.NetNSPath, req.ResolvConf = a.NetNSPath, a.ResolvConf
 	}
-	h, err := m.opt.Backend.Start(ctx, req, m.opt.Ledger.For(sb.ID))
+	b, err := m.backend(sb.spec.Backend)
+	if err != nil {
+		return err
+	}
+	h, err := b.Start(ctx, req, m.opt.Ledger.For(sb.ID))
 	if err != nil {
 		return err
 	}
@@ -263,7 +302,11 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 	sb.mu.Lock()
 	sb.handle, sb.agent = h, client
 	sb.mu.Unlock()
-	if err := waitAgent(ctx, client, h, m.opt.AgentStartup); err != nil {
+	limit := m.opt.AgentStartup
+	if as, ok := b.(AgentStarter); ok && as.AgentStartup() > limit {
+		limit = as.AgentStartup()
+	}
+	if err := waitAgent(ctx, client, h, limit); err != nil {
 		return err
 	}
 	crashpoint.Hit(CrashAfterAgent)

@@ -81,7 +81,12 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 		reportError(rep, "%s: read ledger: %v", rec.ID, err)
 		return
 	}
-	h, err := m.opt.Backend.Adopt(ctx, AdoptRequest{ID: rec.ID, Spec: spec, Resources: held,
+	b, err := m.backend(spec.Backend)
+	if err != nil {
+		dead(err.Error())
+		return
+	}
+	h, err := b.Adopt(ctx, AdoptRequest{ID: rec.ID, Spec: spec, Resources: held,
 		Identity: Identity{PID: rec.InitPID, StartTime: rec.InitStartTime}})
 	if err != nil {
 		dead(err.Error())
@@ -158,9 +163,15 @@ func (m *Manager) collect(ctx context.Context, rep *GCReport) {
 		live[id] = true
 	}
 	m.mu.Unlock()
-	found, err := m.opt.Backend.Scan(ctx)
-	if err != nil {
-		reportError(rep, "scan %s backend: %v", m.opt.Backend.Name(), err)
+	found := map[string][]ledger.Resource{}
+	for _, b := range m.allBackends() {
+		f, err := b.Scan(ctx)
+		if err != nil {
+			reportError(rep, "scan %s backend: %v", b.Name(), err)
+		}
+		for id, rs := range f {
+			found[id] = append(found[id], rs...)
+		}
 	}
 	owners, err := m.opt.Ledger.Owners(ctx)
 	if err != nil {

@@ -22,11 +22,11 @@ var layer = map[string]int{
 	"internal/crashpoint": 1,
 
 	"pkg/agent": 2, "pkg/ledger": 2, "pkg/image": 2, "pkg/runtime": 2, "pkg/runs": 2,
-	"pkg/artifacts": 2, "pkg/lang": 2, "pkg/network": 2,
+	"pkg/artifacts": 2, "pkg/lang": 2, "pkg/network": 2, "pkg/vm/qga": 2, "pkg/vm/vport": 2,
 
-	"pkg/agent/server": 3, "pkg/sandbox": 3,
+	"pkg/agent/server": 3, "pkg/sandbox": 3, "pkg/vm": 3,
 
-	"pkg/sandbox/container": 4,
+	"pkg/sandbox/container": 4, "pkg/sandbox/qemu": 4,
 
 	"pkg/engine": 5,
 
@@ -35,7 +35,7 @@ var layer = map[string]int{
 	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7,
 
 	// Test harnesses and black-box tests sit above everything.
-	"internal/testenv": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
+	"internal/testenv": 8, "internal/testenv/vmenv": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
 }
 
 // Front ends never import each other's internals: only pkg/apitypes, the
@@ -45,9 +45,9 @@ var forbidden = map[string][]string{
 	"pkg/mcpserver":     {"pkg/api"},
 	"pkg/api":           {"pkg/mcpserver"},
 	"pkg/api/client":    {"pkg/engine", "pkg/sandbox", "pkg/agent", "pkg/runtime", "pkg/store"},
-	"pkg/sandbox":       {"pkg/sandbox/container", "pkg/runtime"},
+	"pkg/sandbox":       {"pkg/sandbox/container", "pkg/runtime", "pkg/sandbox/qemu", "pkg/vm"},
 	"pkg/agent/server":  {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config"},
-	"cmd/sandbox-agent": {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config"},
+	"cmd/sandbox-agent": {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config", "pkg/vm"},
 	"cmd/sandboxctl":    {"pkg/engine", "pkg/sandbox", "pkg/runtime", "pkg/store"},
 }
 

@@ -1,0 +1,307 @@
+// Package qemu is the sandbox backend that runs each sandbox as a QEMU
+// virtual machine (pkg/vm): the Linux test guest booted with the daemon's
+// sandbox-agent, which serves the same protocol as in a container over a
+// virtio-serial channel, so that commands, files and jobs work on a VM as
+// on a container.
+//
+// What one sandbox holds, in acquisition order (each recorded in the ledger
+// before it is acquired, released in reverse):
+//
+//	vm-cgroup  CgroupParent/vms/<id>: QEMU's cgroup with the VM's limits
+//	vm         RunDir/vms/<id>: the QEMU process (pid + start time in
+//	           vm.json), its overlay, sockets, console log and swtpm
+//
+// VM cgroups live under their own "vms" child of the cgroup parent, so that
+// the container backend's scan (children named sb-*) never sees them.
+//
+// Fast start: with Options.FastStart the first sandbox of a guest and
+// machine size boots a template VM, saves its ready snapshot and keeps it
+// under GuestCache/templates; every sandbox then starts from that snapshot.
+//
+// The security boundaries (QEMU's seccomp, -runas, cgroup limits, no guest
+// network) are written down in pkg/vm.
+package qemu
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm"
+)
+
+// Resource kinds of a VM sandbox.
+const (
+	KindCgroup = "vm-cgroup"
+	KindVM     = "vm"
+)
+
+// Options configure the backend.
+type Options struct {
+	QEMU  string // default qemu-system-x86_64
+	Accel string // auto (or empty), kvm, tcg
+	// AgentPath is the static sandbox-agent put into every guest.
+	AgentPath string
+	// RunDir holds the VMs' state dirs (RunDir/vms/<id>); keep it short,
+	// it is part of unix socket paths.
+	RunDir string
+	// GuestCache holds guests made from images and fast-start templates.
+	GuestCache   string
+	CgroupParent string
+	// RunAs is the user QEMU drops to; empty keeps it root.
+	RunAs     string
+	FastStart bool
+	Log       *slog.Logger
+}
+
+// Backend runs sandboxes as VMs.
+type Backend struct {
+	opt Options
+	log *slog.Logger
+
+	tmplMu sync.Mutex // one template boot at a time
+}
+
+var _ sandbox.Backend = (*Backend)(nil)
+
+// New checks the options, prepares the directories and registers the
+// backend's resource kinds with l.
+func New(opt Options, l *ledger.Ledger) (*Backend, error) {
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	if opt.QEMU == "" {
+		opt.QEMU = vm.DefaultQEMU
+	}
+	switch opt.Accel {
+	case "", "auto":
+		opt.Accel = ""
+	case vm.AccelKVM, vm.AccelTCG:
+	default:
+		return nil, errdefs.Invalidf("vm.accel: %q is not auto, kvm or tcg", opt.Accel)
+	}
+	if _, err := os.Stat(opt.AgentPath); err != nil {
+		return nil, fmt.Errorf("sandbox agent binary: %w", err)
+	}
+	for _, d := range []string{filepath.Join(opt.RunDir, "vms"), filepath.Join(opt.GuestCache, "templates")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	// QEMU after -runas must traverse to its VM's shots/ directory.
+	if err := os.Chmod(filepath.Join(opt.RunDir, "vms"), 0o711); err != nil {
+		return nil, err
+	}
+	if err := cgroups.EnsureParent(opt.CgroupParent); err != nil {
+		return nil, err
+	}
+	l.Register(KindVM, func(ctx context.Context, r ledger.Resource) error { return vm.Remove(ctx, r.Key) })
+	l.Register(KindCgroup, func(_ context.Context, r ledger.Resource) error {
+		if !cgroups.Exists(r.Key) {
+			return nil
+		}
+		return cgroups.Remove(r.Key)
+	})
+	return &Backend{opt: opt, log: opt.Log}, nil
+}
+
+// Name implements sandbox.Backend.
+func (b *Backend) Name() string { return "vm" }
+
+func (b *Backend) dir(id string) string { return filepath.Join(b.opt.RunDir, "vms", id) }
+
+func (b *Backend) cgroupPath(id string) string {
+	return filepath.Join(b.opt.CgroupParent, "vms", id)
+}
+
+// Start implements sandbox.Backend: cgroup, then the QEMU process.
+// req.Image must be a VM guest image (one with a kernel and
+// /sbin/sandbox-init, like rootfs/vm/vm-linux.yaml); it is made into a
+// guest once (vm.PrepareGuest).
+func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledger.Recorder) (sandbox.Handle, error) {
+	if req.NetNSPath != "" {
+		return nil, errdefs.Unavailablef("network: VM sandboxes have no network device yet; use network none")
+	}
+	guest, err := vm.PrepareGuest(ctx, req.Image, b.opt.AgentPath, b.opt.GuestCache)
+	if err != nil {
+		return nil, err
+	}
+	spec := b.spec(req.ID, guest, req.Spec.Limits)
+	if b.opt.FastStart {
+		tmpl, err := b.template(ctx, guest, spec)
+		if err != nil {
+			return nil, fmt.Errorf("fast-start template: %w", err)
+		}
+		spec.FromTemplate = tmpl
+	}
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindCgroup, Key: spec.Cgroup}); err != nil {
+		return nil, err
+	}
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindVM, Key: spec.Dir}); err != nil {
+		return nil, err
+	}
+	v, err := vm.Start(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &handle{v: v, cgroup: spec.Cgroup}, nil
+}
+
+// spec is the VM of a sandbox with limits: memory in MiB (at least 128),
+// whole vCPUs (at least one).
+func (b *Backend) spec(id string, g *vm.Guest, lim sandbox.Limits) vm.Spec {
+	mem := int(lim.MemoryBytes >> 20)
+	if mem < 128 {
+		mem = vm.DefaultMemoryMiB
+	}
+	cpus := int(lim.CPUs + 0.999)
+	if cpus < 1 {
+		cpus = 1
+	}
+	return vm.Spec{
+		ID: id, Dir: b.dir(id), Guest: g, MemoryMiB: mem, CPUs: cpus,
+		Accel: b.opt.Accel, QEMU: b.opt.QEMU, Cgroup: b.cgroupPath(id), RunAs: b.opt.RunAs,
+	}
+}
+
+// template returns the fast-start template for guest and the machine of
+// spec, booting one when there is none.
+func (b *Backend) template(ctx context.Context, g *vm.Guest, spec vm.Spec) (string, error) {
+	key := sha256.Sum256(fmt.Appendf(nil, "%s|%s|%d|%d|%s|%s", g.Dir, g.Initrd, spec.MemoryMiB, spec.CPUs, spec.Accel, spec.RunAs))
+	name := hex.EncodeToString(key[:8])
+	path := filepath.Join(b.opt.GuestCache, "templates", name+".qcow2")
+	b.tmplMu.Lock()
+	defer b.tmplMu.Unlock()
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	t := spec
+	t.ID = "tmpl-" + name
+	t.Dir = b.dir(t.ID)
+	t.Cgroup = b.cgroupPath(t.ID)
+	// A template VM left by a crash is removed first.
+	if err := vm.Remove(ctx, t.Dir); err != nil {
+		return "", err
+	}
+	start := time.Now()
+	v, err := vm.Start(ctx, t)
+	if err != nil {
+		return "", err
+	}
+	if err := v.WaitReady(ctx); err != nil {
+		_ = v.Destroy(context.WithoutCancel(ctx))
+		return "", err
+	}
+	if err := v.SaveTemplate(ctx, path); err != nil {
+		_ = v.Destroy(context.WithoutCancel(ctx))
+		return "", err
+	}
+	b.log.Info("vm fast-start template saved", "template", path, "boot_and_save", time.Since(start))
+	return path, nil
+}
+
+// Adopt implements sandbox.Backend: QEMU must be running with the recorded
+// pid and start time and answer on QMP.
+func (b *Backend) Adopt(ctx context.Context, req sandbox.AdoptRequest) (sandbox.Handle, error) {
+	dir, cg := "", ""
+	for _, r := range req.Resources {
+		switch r.Kind {
+		case KindVM:
+			dir = r.Key
+		case KindCgroup:
+			cg = r.Key
+		}
+	}
+	if dir == "" {
+		return nil, errors.New("no vm in the ledger")
+	}
+	v, err := vm.Adopt(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	if id := req.Identity; id.PID != 0 && (id.PID != v.PID() || id.StartTime != v.StartTime()) {
+		v.Close()
+		return nil, fmt.Errorf("qemu pid %d does not match the recorded %d", v.PID(), id.PID)
+	}
+	return &handle{v: v, cgroup: cg}, nil
+}
+
+// Scan implements sandbox.Backend: VM state dirs and VM cgroups.
+func (b *Backend) Scan(ctx context.Context) (map[string][]ledger.Resource, error) {
+	out := map[string][]ledger.Resource{}
+	var errs []error
+	// In acquisition order reversed (Release takes extras in the order
+	// given): the VM before its cgroup.
+	if ents, err := os.ReadDir(filepath.Join(b.opt.RunDir, "vms")); err != nil && !os.IsNotExist(err) {
+		errs = append(errs, err)
+	} else {
+		for _, e := range ents {
+			if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+				out[e.Name()] = append(out[e.Name()], ledger.Resource{Kind: KindVM, Key: b.dir(e.Name())})
+			}
+		}
+	}
+	if names, err := cgroups.Children(filepath.Join(b.opt.CgroupParent, "vms")); err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, n := range names {
+			out[n] = append(out[n], ledger.Resource{Kind: KindCgroup, Key: b.cgroupPath(n)})
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// handle is one VM sandbox.
+type handle struct {
+	v      *vm.VM
+	cgroup string
+}
+
+func (h *handle) Done() <-chan struct{}                      { return h.v.Done() }
+func (h *handle) ExitDescription() string                    { return h.v.ExitDescription() }
+func (h *handle) Dial(ctx context.Context) (net.Conn, error) { return h.v.DialAgent(ctx) }
+func (h *handle) CgroupPath() string                         { return h.cgroup }
+func (h *handle) OOMKills() (uint64, error)                  { return cgroups.OOMKills(h.cgroup) }
+
+func (h *handle) Identity() sandbox.Identity {
+	return sandbox.Identity{PID: h.v.PID(), StartTime: h.v.StartTime()}
+}
+
+// Usage reads QEMU's cgroup: guest RAM the guest touched plus QEMU's own.
+func (h *handle) Usage(ctx context.Context) (*sandbox.Usage, error) {
+	u, err := cgroups.ReadUsage(h.cgroup)
+	if err != nil {
+		return nil, err
+	}
+	return &sandbox.Usage{
+		MemoryBytes: u.MemoryBytes, MemoryMaxBytes: u.MemoryMaxBytes, CPUSeconds: u.CPUSeconds,
+		Pids: u.Pids, OOMKills: u.OOMKills, CPUThrottledSec: u.CPUThrottledSec,
+	}, nil
+}
+
+// VM returns the VM behind a handle of this backend (for VM-only
+// operations: snapshots, screenshots, QGA), or nil.
+func VM(h sandbox.Handle) *vm.VM {
+	if vh, ok := h.(*handle); ok {
+		return vh.v
+	}
+	return nil
+}
+
+// AgentStartup implements sandbox.AgentStarter: a cold boot under TCG on
+// a busy host takes tens of seconds (the first start of a guest also boots
+// its fast-start template inside Start, before this wait).
+func (b *Backend) AgentStartup() time.Duration { return 2 * time.Minute }
