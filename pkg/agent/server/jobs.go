@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -78,7 +79,11 @@ type job struct {
 	followers map[*follower]struct{}
 	// held stands in for the attach the daemon is about to make
 	// (ExecRequest.HoldOutput) until it comes or HoldGrace passes.
-	held       *follower
+	held *follower
+	// awaited mirrors held != nil for the job table, which must not take
+	// j.mu: a finished job the daemon has not attached to yet is not
+	// dropped to make room (its exit status is what the daemon waits for).
+	awaited    atomic.Bool
 	consumed   chan struct{} // closed and replaced whenever a follower advances or leaves
 	killCause  string
 	killDetail string
@@ -131,15 +136,24 @@ func (t *jobTable) counts() (total, running int) {
 }
 
 // markFinished records that j finished and drops the oldest finished jobs
-// beyond --max-finished.
+// beyond --max-finished, sparing those the daemon has yet to attach to: with
+// many commands finishing at once, the oldest could otherwise be gone before
+// the daemon asks how it ended.
 func (t *jobTable) markFinished(j *job) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.finished = append(t.finished, j.id)
-	for len(t.finished) > t.opts.MaxFinished {
-		delete(t.jobs, t.finished[0])
-		t.finished = t.finished[1:]
+	excess := len(t.finished) - t.opts.MaxFinished
+	kept := t.finished[:0]
+	for _, id := range t.finished {
+		if excess > 0 && !t.jobs[id].awaited.Load() {
+			delete(t.jobs, id)
+			excess--
+			continue
+		}
+		kept = append(kept, id)
 	}
+	t.finished = kept
 }
 
 // forget drops a finished job.
@@ -204,6 +218,7 @@ func (j *job) releaseHeld() {
 	if j.held != nil {
 		j.advance(j.held, j.held.offs, true)
 		j.held = nil
+		j.awaited.Store(false)
 	}
 }
 
