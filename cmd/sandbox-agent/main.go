@@ -1,17 +1,15 @@
-// Command sandbox-agent runs as PID 1 inside every sandbox. It reaps
-// zombies, runs commands as jobs that survive daemon restarts, streams their
-// output and serves file operations confined to the sandbox root, all over
-// the protocol of package agent on a unix socket bind-mounted from the host.
+// Command sandbox-agent runs as PID 1 inside every sandbox: it serves the
+// protocol of package agent (pkg/agent/server) on a unix socket bind-mounted
+// from the host.
 //
 // Security boundary: the socket's directory is root-only, so only the host
-// daemon talks to the agent; sandboxed code (uid 1000) cannot. Commands run
-// in their own session without capabilities. File paths resolve with
-// openat2(RESOLVE_IN_ROOT), so symlinks planted by sandboxed code cannot
-// lead the agent outside the root.
+// daemon talks to the agent; sandboxed code (uid 1000) cannot. The rest of
+// the boundary — commands in their own session without capabilities, file
+// paths resolved with openat2(RESOLVE_IN_ROOT) — is enforced in
+// pkg/agent/server.
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,10 +19,11 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
-	"time"
 
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent/server"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
 func main() {
@@ -43,22 +42,19 @@ func main() {
 }
 
 type options struct {
-	socket      string
-	root        string
-	uid, gid    int
-	retainBytes int
-	maxFinished int
+	socket string
+	server.Options
 }
 
 func parseFlags(args []string) (*options, error) {
 	var o options
 	fs := flag.NewFlagSet("sandbox-agent", flag.ContinueOnError)
 	fs.StringVar(&o.socket, "socket", "/.sandboxd/run/agent.sock", "unix socket to listen on")
-	fs.StringVar(&o.root, "root", "/", "directory that file operations are confined to")
-	fs.IntVar(&o.uid, "uid", 1000, "default uid of commands and owner of written files")
-	fs.IntVar(&o.gid, "gid", 1000, "default gid of commands and group of written files")
-	fs.IntVar(&o.retainBytes, "retain-bytes", 1<<20, "output retained per stream of each job")
-	fs.IntVar(&o.maxFinished, "max-finished", 256, "finished jobs kept before the oldest are dropped")
+	fs.StringVar(&o.Root, "root", "/", "directory that file operations are confined to")
+	fs.IntVar(&o.UID, "uid", 1000, "default uid of commands and owner of written files")
+	fs.IntVar(&o.GID, "gid", 1000, "default gid of commands and group of written files")
+	fs.IntVar(&o.RetainBytes, "retain-bytes", 1<<20, "output retained per stream of each job")
+	fs.IntVar(&o.MaxFinished, "max-finished", 256, "finished jobs kept before the oldest are dropped")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -67,13 +63,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	case !filepath.IsAbs(o.socket):
 		return nil, fmt.Errorf("--socket %q is not absolute", o.socket)
-	case o.uid < 0 || o.gid < 0:
-		return nil, errors.New("--uid and --gid must not be negative")
-	case o.retainBytes < 4096:
-		return nil, errors.New("--retain-bytes must be at least 4096")
-	case o.maxFinished < 1:
-		return nil, errors.New("--max-finished must be at least 1")
 	}
+	o.PrivateDir = filepath.Dir(o.socket)
 	return &o, nil
 }
 
@@ -89,27 +80,22 @@ func run(log *slog.Logger, args []string) error {
 			log.Warn("cannot become child subreaper", "err", err)
 		}
 	}
-	// Register for SIGCHLD before any child exists so no exit is missed.
-	reaper := newReaper(log)
-	files, err := newFileService(o.root, filepath.Dir(o.socket), o.uid, o.gid)
+	// The server registers for SIGCHLD before any child exists.
+	srv, err := server.New(log, o.Options)
 	if err != nil {
 		return err
 	}
-	defer files.close()
-	jobs := newJobTable(log, reaper, o)
+	defer srv.Close()
 
 	// The handler stays installed until the process exits: a second
 	// SIGTERM during shutdown must not kill the agent with status 143.
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go reaper.run(ctx)
 
 	if err := os.Remove(o.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove stale socket: %w", err)
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: o.socket, Net: "unix"})
+	ln, err := net.Listen("unix", o.socket)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
@@ -118,16 +104,15 @@ func run(log *slog.Logger, args []string) error {
 		ln.Close()
 		return fmt.Errorf("chmod socket: %w", err)
 	}
-	log.Info("sandbox-agent listening", "socket", o.socket, "root", o.root, "pid", os.Getpid(), "version", version.Version)
+	log.Info("sandbox-agent listening", "socket", o.socket, "root", o.Root, "pid", os.Getpid(), "version", version.Version)
 
-	srv := &server{log: log, jobs: jobs, files: files, started: time.Now()}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.serve(ln) }()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case sig := <-term:
 		log.Info("terminating: killing all jobs", "signal", sig)
 		ln.Close()
-		jobs.killAll()
+		srv.KillAll()
 		return nil
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)

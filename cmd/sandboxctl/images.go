@@ -36,7 +36,7 @@ func imagesCmd(g *globals) *cobra.Command {
 			fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tBUILT\tSUITE\tPACKAGES")
 			for _, im := range imgs {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", im.Name, shortDigest(im.Digest), humanBytes(im.SizeBytes),
-					ago(now, im.BuiltAt), im.Suite, len(im.Packages))
+					ago(now, im.BuiltAt), im.Suite, im.Packages)
 			}
 			return tw.Flush()
 		},

@@ -111,8 +111,12 @@ func killCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := c.KillJob(cmd.Context(), args[0], args[1], signal); err != nil {
+			res, err := c.KillJob(cmd.Context(), args[0], args[1], signal)
+			if err != nil {
 				return err
+			}
+			if g.json {
+				return g.printJSON(res)
 			}
 			fmt.Fprintln(g.stdout, args[1])
 			return nil

@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // agentBin is the sandbox-agent binary built by TestMain.
@@ -47,19 +49,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// requireRoot skips a test that needs root, or fails it under
-// SANDBOXD_INTEGRATION=1 where a skip would hide a broken setup.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("SANDBOXD_INTEGRATION") == "1" {
-		t.Fatal("test needs root and SANDBOXD_INTEGRATION=1 forbids skipping")
-	}
-	t.Skip("test needs root")
 }
 
 // testAgent is a sandbox-agent running on the host for one test.
@@ -121,7 +110,7 @@ func startAgentWrapped(t *testing.T, wrapper []string, args ...string) *testAgen
 			t.Logf("agent log:\n%s", a.logs.String())
 		}
 	})
-	a.Client = agent.NewClient(a.socket)
+	a.Client = agent.NewClient(agent.UnixDialer(a.socket))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -279,13 +268,13 @@ func TestStartErrors(t *testing.T) {
 	ctx := testCtx(t)
 	for _, tc := range []struct {
 		req  agent.ExecRequest
-		code string
+		code errdefs.Code
 	}{
-		{agent.ExecRequest{Argv: []string{"no-such-command-xyz"}}, agent.CodeNotFound},
-		{agent.ExecRequest{Argv: []string{"true"}, Cwd: "relative"}, agent.CodeInvalidArgument},
-		{agent.ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"}, agent.CodeInvalidArgument},
-		{agent.ExecRequest{Argv: []string{"true"}, Env: []string{"NOEQUALS"}}, agent.CodeInvalidArgument},
-		{agent.ExecRequest{Argv: []string{"true"}, TTY: &agent.TTYSize{}}, agent.CodeInvalidArgument},
+		{agent.ExecRequest{Argv: []string{"no-such-command-xyz"}}, errdefs.NotFound},
+		{agent.ExecRequest{Argv: []string{"true"}, Cwd: "relative"}, errdefs.InvalidArgument},
+		{agent.ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"}, errdefs.InvalidArgument},
+		{agent.ExecRequest{Argv: []string{"true"}, Env: []string{"NOEQUALS"}}, errdefs.InvalidArgument},
+		{agent.ExecRequest{Argv: []string{"true"}, TTY: &agent.TTYSize{}}, errdefs.InvalidArgument},
 	} {
 		_, err := a.Start(ctx, tc.req)
 		if agent.ErrorCode(err) != tc.code {
@@ -393,18 +382,18 @@ func TestSignal(t *testing.T) {
 		if exit.Cause != tc.cause || exit.Signal != tc.name || exit.ExitCode != tc.code {
 			t.Errorf("signal %s: exit %+v", tc.sig, exit)
 		}
-		if err := a.Signal(ctx, id, "KILL"); agent.ErrorCode(err) != agent.CodeConflict {
+		if err := a.Signal(ctx, id, "KILL"); agent.ErrorCode(err) != errdefs.Conflict {
 			t.Errorf("signal to finished job: %v, want conflict", err)
 		}
 	}
 	id, _ := a.Start(ctx, agent.ExecRequest{Argv: []string{"sleep", "100"}})
-	if err := a.Signal(ctx, id, "SIGNOPE"); agent.ErrorCode(err) != agent.CodeInvalidArgument {
+	if err := a.Signal(ctx, id, "SIGNOPE"); agent.ErrorCode(err) != errdefs.InvalidArgument {
 		t.Errorf("unknown signal: %v", err)
 	}
-	if err := a.Signal(ctx, "j-0000000000000000", "KILL"); agent.ErrorCode(err) != agent.CodeNotFound {
+	if err := a.Signal(ctx, "j-0000000000000000", "KILL"); agent.ErrorCode(err) != errdefs.NotFound {
 		t.Errorf("unknown job: %v", err)
 	}
-	if err := a.Signal(ctx, "../etc", "KILL"); agent.ErrorCode(err) != agent.CodeInvalidArgument {
+	if err := a.Signal(ctx, "../etc", "KILL"); agent.ErrorCode(err) != errdefs.InvalidArgument {
 		t.Errorf("malformed job id: %v", err)
 	}
 }
@@ -497,7 +486,7 @@ func TestReattachWithNewClient(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("attach with short deadline: %v", err)
 	}
-	fresh := agent.NewClient(a.socket)
+	fresh := agent.NewClient(agent.UnixDialer(a.socket))
 	var rest output
 	off := int64(early.stdout.Len())
 	exit, err := fresh.Attach(testCtx(t), id, off, 0, rest.add(t, [2]int64{off, 0}))
@@ -572,13 +561,13 @@ func TestJobsAndForget(t *testing.T) {
 	if fmt.Sprint(states) != fmt.Sprint(want) {
 		t.Errorf("jobs %v, want %v", states, want)
 	}
-	if err := a.Forget(ctx, running); agent.ErrorCode(err) != agent.CodeConflict {
+	if err := a.Forget(ctx, running); agent.ErrorCode(err) != errdefs.Conflict {
 		t.Errorf("forget running job: %v", err)
 	}
 	if err := a.Forget(ctx, ids[2]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Read(ctx, ids[2], 0, 0, 0); agent.ErrorCode(err) != agent.CodeNotFound {
+	if _, err := a.Read(ctx, ids[2], 0, 0, 0); agent.ErrorCode(err) != errdefs.NotFound {
 		t.Errorf("read forgotten job: %v", err)
 	}
 }
@@ -664,7 +653,7 @@ func TestInteractiveStdinPipe(t *testing.T) {
 	}
 	// A job without input cannot be driven interactively.
 	_, _, _, done := run(t, a.Client, agent.ExecRequest{Argv: []string{"true"}})
-	if _, err := a.Interactive(ctx, done); agent.ErrorCode(err) != agent.CodeConflict {
+	if _, err := a.Interactive(ctx, done); agent.ErrorCode(err) != errdefs.Conflict {
 		t.Errorf("interactive on finished job: %v", err)
 	}
 }
@@ -705,7 +694,7 @@ func TestAgentTerminationKillsJobs(t *testing.T) {
 }
 
 func TestReapsOrphansAsPID1(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	a := startAgentWrapped(t, []string{"unshare", "--pid", "--fork", "--mount-proc"})
 	ctx := testCtx(t)
 	info, err := a.Ping(ctx)
@@ -730,7 +719,7 @@ func TestReapsOrphansAsPID1(t *testing.T) {
 }
 
 func TestRunAsUserWithoutCapabilities(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	a := startAgent(t, "--uid", "1000", "--gid", "1000")
 	uid := 1000
 	stdout, _, exit, _ := run(t, a.Client, agent.ExecRequest{
@@ -754,7 +743,7 @@ func TestRunAsUserWithoutCapabilities(t *testing.T) {
 }
 
 func TestFilesOwnedBySandboxUser(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	a := startAgent(t, "--uid", "1000", "--gid", "1001")
 	ctx := testCtx(t)
 	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/workspace/new/dir/f.txt", MkdirParents: true}, strings.NewReader("x")); err != nil {
@@ -811,7 +800,7 @@ func TestFileRoundTrip(t *testing.T) {
 	if err != nil || st.Size != int64(len(content))+4 || st.Mode != 0o600 {
 		t.Errorf("after append: %+v, %v", st, err)
 	}
-	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/missing/parent/f"}, strings.NewReader("x")); agent.ErrorCode(err) != agent.CodeNotFound {
+	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/missing/parent/f"}, strings.NewReader("x")); agent.ErrorCode(err) != errdefs.NotFound {
 		t.Errorf("write without parents: %v", err)
 	}
 }
@@ -843,7 +832,7 @@ func TestListAndDelete(t *testing.T) {
 	if err != nil || len(flat) != 3 {
 		t.Errorf("flat list %v, %v", flat, err)
 	}
-	if err := a.DeleteFile(ctx, "/w/sub", false); agent.ErrorCode(err) != agent.CodeConflict {
+	if err := a.DeleteFile(ctx, "/w/sub", false); agent.ErrorCode(err) != errdefs.Conflict {
 		t.Errorf("non-recursive delete of a full dir: %v", err)
 	}
 	// Deleting the symlink removes the link, not /etc inside or outside.
@@ -853,14 +842,14 @@ func TestListAndDelete(t *testing.T) {
 	if err := a.DeleteFile(ctx, "/w/sub", true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Stat(ctx, "/w/sub"); agent.ErrorCode(err) != agent.CodeNotFound {
+	if _, err := a.Stat(ctx, "/w/sub"); agent.ErrorCode(err) != errdefs.NotFound {
 		t.Errorf("stat deleted dir: %v", err)
 	}
 	if _, err := os.Stat("/etc/passwd"); err != nil {
 		t.Errorf("host /etc damaged: %v", err)
 	}
 	for _, p := range []string{"/", "/proc/self", "/dev/null", "/sys/kernel"} {
-		if err := a.DeleteFile(ctx, p, true); agent.ErrorCode(err) != agent.CodeInvalidArgument {
+		if err := a.DeleteFile(ctx, p, true); agent.ErrorCode(err) != errdefs.InvalidArgument {
 			t.Errorf("delete %s: %v, want invalid_argument", p, err)
 		}
 	}
@@ -882,7 +871,7 @@ func TestSymlinkCannotEscapeRoot(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Nothing at that path inside the root: the link dangles.
-		if _, err := a.ReadFile(ctx, "/workspace/"+name, 0, 0); agent.ErrorCode(err) != agent.CodeNotFound {
+		if _, err := a.ReadFile(ctx, "/workspace/"+name, 0, 0); agent.ErrorCode(err) != errdefs.NotFound {
 			t.Errorf("read through %s link: %v, want not_found", name, err)
 		}
 	}
@@ -899,7 +888,7 @@ func TestSymlinkCannotEscapeRoot(t *testing.T) {
 		t.Fatalf("read through link: %v, %v", got, err)
 	}
 	// Writes never follow a final symlink, and a symlinked parent stays inside.
-	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/workspace/abs"}, strings.NewReader("pwned")); agent.ErrorCode(err) != agent.CodeInvalidArgument {
+	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/workspace/abs"}, strings.NewReader("pwned")); agent.ErrorCode(err) != errdefs.InvalidArgument {
 		t.Errorf("write through link: %v", err)
 	}
 	if err := os.Symlink(filepath.Dir(outside), filepath.Join(ws, "dirlink")); err != nil {
@@ -920,19 +909,19 @@ func TestPathValidation(t *testing.T) {
 	a := startAgent(t)
 	ctx := testCtx(t)
 	for _, p := range []string{"workspace/x", "", "/a/../b", "/a\x00b", "/a//b"} {
-		if _, err := a.Stat(ctx, p); agent.ErrorCode(err) != agent.CodeInvalidArgument {
+		if _, err := a.Stat(ctx, p); agent.ErrorCode(err) != errdefs.InvalidArgument {
 			t.Errorf("client stat %q: %v", p, err)
 		}
 	}
 	// The agent validates too, whatever the client does.
 	for _, p := range []string{"etc/passwd", "/etc/../etc/passwd", "/a\x00b"} {
 		f := rawRequest(t, a.socket, agent.Request{V: agent.ProtocolVersion, Op: agent.OpStat, Path: p})
-		if f.Type != agent.FrameError || f.Error.Code != agent.CodeInvalidArgument {
+		if f.Type != agent.FrameError || f.Error.Code != errdefs.InvalidArgument {
 			t.Errorf("agent stat %q: %+v", p, f)
 		}
 	}
 	f := rawRequest(t, a.socket, agent.Request{V: 99, Op: agent.OpPing})
-	if f.Type != agent.FrameError || f.Error.Code != agent.CodeInvalidArgument {
+	if f.Type != agent.FrameError || f.Error.Code != errdefs.InvalidArgument {
 		t.Errorf("wrong protocol version accepted: %+v", f)
 	}
 }

@@ -10,29 +10,43 @@ import (
 	"net"
 	"os"
 	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 func byteReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
 
-// DefaultDialTimeout bounds connecting to the agent's socket.
+// DefaultDialTimeout bounds connecting to the agent.
 const DefaultDialTimeout = 5 * time.Second
 
-// Client talks to one sandbox-agent over its unix socket. It keeps no
-// connection between calls, so it is safe for concurrent use and survives
-// agent-side connection loss; a new Client on the same socket sees the same
-// jobs.
+// Dialer opens a new connection to an agent. Each request uses one
+// connection; the transport is the backend's business (a unix socket for a
+// container, a virtio-serial or vsock channel for a VM).
+type Dialer func(ctx context.Context) (net.Conn, error)
+
+// UnixDialer dials the agent listening on the unix socket at path.
+func UnixDialer(path string) Dialer {
+	return func(ctx context.Context) (net.Conn, error) {
+		d := net.Dialer{Timeout: DefaultDialTimeout}
+		nc, err := d.DialContext(ctx, "unix", path)
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", path, err)
+		}
+		return nc, nil
+	}
+}
+
+// Client talks to one sandbox-agent. It keeps no connection between calls,
+// so it is safe for concurrent use and survives agent-side connection loss;
+// a new Client for the same agent sees the same jobs.
 type Client struct {
-	socketPath  string
-	dialTimeout time.Duration
+	dial Dialer
 }
 
-// NewClient returns a client for the agent listening on socketPath.
-func NewClient(socketPath string) *Client {
-	return &Client{socketPath: socketPath, dialTimeout: DefaultDialTimeout}
+// NewClient returns a client that reaches its agent through dial.
+func NewClient(dial Dialer) *Client {
+	return &Client{dial: dial}
 }
-
-// SetDialTimeout changes how long a call waits to connect to the socket.
-func (c *Client) SetDialTimeout(d time.Duration) { c.dialTimeout = d }
 
 // conn is one request's connection.
 type conn struct {
@@ -54,13 +68,12 @@ func (c *Client) do(ctx context.Context, req *Request, payload io.Reader) (*conn
 		return nil, err
 	}
 	req.V = ProtocolVersion
-	d := net.Dialer{Timeout: c.dialTimeout}
-	nc, err := d.DialContext(ctx, "unix", c.socketPath)
+	nc, err := c.dial(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("agent: dial %s: %w", c.socketPath, ctx.Err())
+			return nil, fmt.Errorf("agent: %w: %w", err, ctx.Err())
 		}
-		return nil, fmt.Errorf("%w: dial %s: %w", ErrUnavailable, c.socketPath, err)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)
@@ -81,7 +94,7 @@ func (c *Client) do(ctx context.Context, req *Request, payload io.Reader) (*conn
 		if err != nil {
 			cn.close()
 			if err == io.EOF {
-				return nil, Errorf(CodeInvalidArgument, "payload ended after %d of %d bytes", n, req.Len)
+				return nil, Errorf(errdefs.InvalidArgument, "payload ended after %d of %d bytes", n, req.Len)
 			}
 			return nil, cn.wrap(fmt.Errorf("send payload: %w", err))
 		}
@@ -129,7 +142,7 @@ func (cn *conn) frame(maxLen int64) (*Frame, error) {
 		return nil, cn.wrap(err)
 	}
 	if f.Type == FrameError {
-		if f.Error == nil || !knownCodes[f.Error.Code] {
+		if f.Error == nil || !errdefs.Known(f.Error.Code) {
 			return nil, fmt.Errorf("%w: malformed error frame", ErrProtocol)
 		}
 		if len(f.Error.Message) > 4096 {
@@ -187,10 +200,10 @@ func (c *Client) Ping(ctx context.Context) (*Info, error) {
 // Start starts a job and returns its id without waiting for it.
 func (c *Client) Start(ctx context.Context, req ExecRequest) (string, error) {
 	if len(req.Argv) == 0 {
-		return "", Errorf(CodeInvalidArgument, "empty argv")
+		return "", Errorf(errdefs.InvalidArgument, "empty argv")
 	}
 	if len(req.Stdin) > MaxStdinBytes {
-		return "", Errorf(CodeLimitExceeded, "stdin of %d bytes exceeds %d", len(req.Stdin), MaxStdinBytes)
+		return "", Errorf(errdefs.LimitExceeded, "stdin of %d bytes exceeds %d", len(req.Stdin), MaxStdinBytes)
 	}
 	cn, err := c.do(ctx, &Request{Op: OpStart, Exec: &req, Len: int64(len(req.Stdin))}, byteReader(req.Stdin))
 	if err != nil {
@@ -217,7 +230,7 @@ func (c *Client) Attach(ctx context.Context, jobID string, stdoutOff, stderrOff 
 		return nil, err
 	}
 	if stdoutOff < 0 || stderrOff < 0 {
-		return nil, Errorf(CodeInvalidArgument, "negative offset")
+		return nil, Errorf(errdefs.InvalidArgument, "negative offset")
 	}
 	cn, err := c.do(ctx, &Request{Op: OpAttach, JobID: jobID, StdoutOffset: stdoutOff, StderrOffset: stderrOff}, nil)
 	if err != nil {
@@ -288,7 +301,7 @@ func (c *Client) Read(ctx context.Context, jobID string, stdoutOff, stderrOff in
 		return nil, err
 	}
 	if stdoutOff < 0 || stderrOff < 0 {
-		return nil, Errorf(CodeInvalidArgument, "negative offset")
+		return nil, Errorf(errdefs.InvalidArgument, "negative offset")
 	}
 	if max <= 0 || max > MaxReadBytes {
 		max = MaxReadBytes
@@ -378,7 +391,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, offset, max int64) (
 		return nil, err
 	}
 	if offset < 0 {
-		return nil, Errorf(CodeInvalidArgument, "negative offset")
+		return nil, Errorf(errdefs.InvalidArgument, "negative offset")
 	}
 	if max <= 0 {
 		max = DefaultReadFileMax
@@ -426,7 +439,7 @@ func (c *Client) WriteFile(ctx context.Context, req WriteFileRequest, content io
 		}
 	}
 	if req.Size < 0 || req.Size > MaxTransferBytes {
-		return nil, Errorf(CodeLimitExceeded, "content of %d bytes exceeds %d", req.Size, MaxTransferBytes)
+		return nil, Errorf(errdefs.LimitExceeded, "content of %d bytes exceeds %d", req.Size, MaxTransferBytes)
 	}
 	cn, err := c.do(ctx, &Request{Op: OpWriteFile, Write: &req, Len: req.Size}, content)
 	if err != nil {

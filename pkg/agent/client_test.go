@@ -108,7 +108,7 @@ func TestClientBoundsMaliciousAgent(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := agent.NewClient(fakeAgent(t, tc.reply))
+			c := agent.NewClient(agent.UnixDialer(fakeAgent(t, tc.reply)))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			err := tc.call(ctx, c)
@@ -121,7 +121,7 @@ func TestClientBoundsMaliciousAgent(t *testing.T) {
 
 func TestClientHonoursDeadline(t *testing.T) {
 	// An agent that accepts and never answers.
-	c := agent.NewClient(fakeAgent(t, func(c net.Conn) { time.Sleep(time.Minute) }))
+	c := agent.NewClient(agent.UnixDialer(fakeAgent(t, func(c net.Conn) { time.Sleep(time.Minute) })))
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -132,7 +132,7 @@ func TestClientHonoursDeadline(t *testing.T) {
 }
 
 func TestClientUnavailable(t *testing.T) {
-	c := agent.NewClient(filepath.Join(t.TempDir(), "none.sock"))
+	c := agent.NewClient(agent.UnixDialer(filepath.Join(t.TempDir(), "none.sock")))
 	_, err := c.Ping(context.Background())
 	if !errors.Is(err, agent.ErrUnavailable) {
 		t.Errorf("err = %v, want ErrUnavailable", err)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // Session is an interactive connection to a job started with a TTY or with
@@ -124,7 +126,7 @@ func (s *Session) CloseStdin() error { return s.send(&Frame{Type: FrameCloseStdi
 // Resize changes the size of the job's terminal.
 func (s *Session) Resize(rows, cols uint16) error {
 	if rows == 0 || cols == 0 {
-		return Errorf(CodeInvalidArgument, "terminal size %dx%d", rows, cols)
+		return Errorf(errdefs.InvalidArgument, "terminal size %dx%d", rows, cols)
 	}
 	return s.send(&Frame{Type: FrameResize, Rows: rows, Cols: cols}, nil)
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // ReadLine reads one '\n'-terminated line from r without the terminator,
@@ -42,7 +44,7 @@ func WriteHeader(w io.Writer, v any) error {
 		return fmt.Errorf("encode header: %w", err)
 	}
 	if len(b) > MaxLineBytes {
-		return Errorf(CodeLimitExceeded, "header of %d bytes exceeds %d", len(b), MaxLineBytes)
+		return Errorf(errdefs.LimitExceeded, "header of %d bytes exceeds %d", len(b), MaxLineBytes)
 	}
 	b = append(b, '\n')
 	_, err = w.Write(b)

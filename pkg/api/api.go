@@ -1,4 +1,4 @@
-// Package api serves SandboxRunner's REST API (SPEC.md "REST API"): JSON
+// Package api serves SandboxRunner's REST API (docs/SPEC.md "REST API"): JSON
 // resources over pkg/engine, NDJSON streams for command output, WebSockets
 // for terminals and events, and the /healthz, /readyz and /metrics endpoints.
 //
@@ -23,6 +23,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
@@ -163,11 +164,36 @@ func errorBodyOf(err error) errorBody {
 // writeError is the one place where errors become HTTP responses. Internal
 // errors are logged with their cause, which the client never sees.
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	status := errdefs.HTTPStatus(errdefs.CodeOf(err))
+	status := httpStatus(errdefs.CodeOf(err))
 	if status >= http.StatusInternalServerError {
 		s.log.Error("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeJSON(w, status, errorResponse{Error: errorBodyOf(err)})
+}
+
+// httpStatus maps a taxonomy code to its HTTP status. This is the only such
+// mapping; the Go client inverts it (pkg/api/client).
+func httpStatus(c errdefs.Code) int {
+	switch c {
+	case errdefs.InvalidArgument:
+		return http.StatusBadRequest
+	case errdefs.NotFound:
+		return http.StatusNotFound
+	case errdefs.Conflict:
+		return http.StatusConflict
+	case errdefs.LimitExceeded:
+		return http.StatusTooManyRequests
+	case errdefs.Unavailable:
+		return http.StatusServiceUnavailable
+	case errdefs.Unauthenticated:
+		return http.StatusUnauthorized
+	case errdefs.PermissionDenied:
+		return http.StatusForbidden
+	case "":
+		return http.StatusOK
+	default:
+		return http.StatusInternalServerError
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -196,31 +222,11 @@ func (s *server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error
 }
 
 func bodyError(err error) error {
-	var (
-		tooLarge *http.MaxBytesError
-		syntax   *json.SyntaxError
-		typ      *json.UnmarshalTypeError
-	)
-	switch {
-	case errors.As(err, &tooLarge):
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
 		return errdefs.Wrap(errdefs.InvalidArgument, err, "body: larger than %d bytes", tooLarge.Limit)
-	case errors.Is(err, io.EOF):
-		return errdefs.Invalidf("body: empty; want a JSON object")
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return errdefs.Wrap(errdefs.InvalidArgument, err, "body: truncated JSON")
-	case errors.As(err, &syntax):
-		return errdefs.Wrap(errdefs.InvalidArgument, err, "body: malformed JSON at byte %d: %v", syntax.Offset, syntax)
-	case errors.As(err, &typ):
-		field := typ.Field
-		if field == "" {
-			field = "body"
-		}
-		return errdefs.Wrap(errdefs.InvalidArgument, err, "%s: want %s, got JSON %s", field, typ.Type, typ.Value)
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		// encoding/json has no typed error for unknown fields.
-		return errdefs.Wrap(errdefs.InvalidArgument, err, "body: %s", strings.TrimPrefix(err.Error(), "json: "))
 	}
-	return errdefs.Wrap(errdefs.InvalidArgument, err, "body: %v", err)
+	return apitypes.DecodeError("body", err)
 }
 
 // queryBool parses an optional boolean query parameter.

@@ -3,7 +3,7 @@ package api
 import (
 	"net/http"
 
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 )
 
@@ -27,7 +27,7 @@ func (s *server) startJob(w http.ResponseWriter, r *http.Request) {
 }
 
 type jobList struct {
-	Jobs []agent.JobInfo `json:"jobs"`
+	Jobs []apitypes.JobInfo `json:"jobs"`
 }
 
 func (s *server) listJobs(w http.ResponseWriter, r *http.Request) {
@@ -65,20 +65,14 @@ func (s *server) jobStatus(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
-type jobKilled struct {
-	JobID  string `json:"job_id"`
-	Signal string `json:"signal"`
-}
-
-// killJob signals a job: ?signal=SIGTERM (default SIGKILL).
+// killJob signals a job: ?signal=SIGTERM (default SIGKILL), and says its
+// state after a short wait for it to end.
 func (s *server) killJob(w http.ResponseWriter, r *http.Request) {
-	sig := r.URL.Query().Get("signal")
-	if err := s.e.KillJob(r.Context(), r.PathValue("id"), r.PathValue("job"), sig); err != nil {
+	res, err := s.e.KillJob(r.Context(), apitypes.JobKillRequest{
+		SandboxID: r.PathValue("id"), JobID: r.PathValue("job"), Signal: r.URL.Query().Get("signal")})
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	if sig == "" {
-		sig = "SIGKILL"
-	}
-	writeJSON(w, http.StatusOK, jobKilled{JobID: r.PathValue("job"), Signal: sig})
+	writeJSON(w, http.StatusOK, res)
 }

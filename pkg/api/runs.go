@@ -6,8 +6,8 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
 )
 
@@ -109,9 +109,9 @@ func (s *server) languages(w http.ResponseWriter, r *http.Request) {
 // buildLine is one line of the image build stream: a line of the build log,
 // then the built image, or an error that ended the build.
 type buildLine struct {
-	Log   string       `json:"log,omitempty"`
-	Image *image.Image `json:"image,omitempty"`
-	Error *errorBody   `json:"error,omitempty"`
+	Log   string          `json:"log,omitempty"`
+	Image *apitypes.Image `json:"image,omitempty"`
+	Error *errorBody      `json:"error,omitempty"`
 }
 
 // buildImage builds (if out of date) the image of recipe {name}, streaming

@@ -3,8 +3,8 @@ package api
 import (
 	"net/http"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -44,7 +44,7 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 }
 
 type imageList struct {
-	Images []*image.Image `json:"images"`
+	Images []apitypes.Image `json:"images"`
 }
 
 func (s *server) images(w http.ResponseWriter, r *http.Request) {

@@ -160,8 +160,8 @@ func TestDecodeJSONNamesTheProblem(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{`{"command":"x","argv":["a"]}`, "larger than 16 bytes"},
 		{`{"cmd":"x"}`, `unknown field "cmd"`},
-		{`[1]`, "want engine.ExecRequest"},
-		{`{"argv":"x"}`, "argv: want []string"},
+		{`[1]`, "body: want an object, got JSON array"},
+		{`{"argv":"x"}`, "argv: want an array of string, got JSON string"},
 	} {
 		r := httptest.NewRequest("POST", "/", strings.NewReader(tc.body))
 		var req engine.ExecRequest

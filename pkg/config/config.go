@@ -11,7 +11,11 @@
 // keeps the two, and Default(), from drifting apart.
 package config
 
-import "time"
+import (
+	"reflect"
+	"strings"
+	"time"
+)
 
 // DefaultPath is where the daemon looks for its configuration file.
 const DefaultPath = "/etc/mcp-sandboxd/mcp-sandboxd.yaml"
@@ -103,7 +107,7 @@ type Images struct {
 	Languages []string `yaml:"languages"` // enabled recipes; empty: all
 }
 
-// Runs is the `runs` section: run records (SPEC.md "Run records").
+// Runs is the `runs` section: run records (docs/SPEC.md "Run records").
 type Runs struct {
 	Dir          string   `yaml:"dir"`            // where records go; empty: state_dir/runs
 	MaxAge       Duration `yaml:"max_age"`        // delete records older than this (0: never)
@@ -216,4 +220,25 @@ func Default() *Config {
 			Format: "text",
 		},
 	}
+}
+
+// NonDefault lists the keys ("network.default_mode") of a top-level section
+// whose values differ from the defaults: what a build without the section's
+// subsystem would silently ignore, so the engine refuses them instead.
+func (c *Config) NonDefault(section string) []string {
+	cv, dv := reflect.ValueOf(c).Elem(), reflect.ValueOf(Default()).Elem()
+	var out []string
+	for i := 0; i < cv.NumField(); i++ {
+		if name, _, _ := strings.Cut(cv.Type().Field(i).Tag.Get("yaml"), ","); name != section {
+			continue
+		}
+		sv, sd := cv.Field(i), dv.Field(i)
+		for j := 0; j < sv.NumField(); j++ {
+			key, _, _ := strings.Cut(sv.Type().Field(j).Tag.Get("yaml"), ",")
+			if key != "" && key != "-" && !reflect.DeepEqual(sv.Field(j).Interface(), sd.Field(j).Interface()) {
+				out = append(out, section+"."+key)
+			}
+		}
+	}
+	return out
 }

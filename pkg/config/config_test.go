@@ -555,3 +555,22 @@ func TestDidYouMean(t *testing.T) {
 		}
 	}
 }
+
+func TestNonDefault(t *testing.T) {
+	c := Default()
+	if got := c.NonDefault("network"); len(got) != 0 {
+		t.Fatalf("defaults: %v", got)
+	}
+	c.Network.DefaultMode = "egress"
+	c.Network.Deny = nil
+	c.VM.MaxVMs = 3
+	if got := c.NonDefault("network"); !slices.Equal(got, []string{"network.default_mode", "network.deny"}) {
+		t.Fatalf("NonDefault(network) = %v", got)
+	}
+	if got := c.NonDefault("vm"); !slices.Equal(got, []string{"vm.max_vms"}) {
+		t.Fatalf("NonDefault(vm) = %v", got)
+	}
+	if got := c.NonDefault("nosuchsection"); got != nil {
+		t.Fatalf("NonDefault(nosuchsection) = %v", got)
+	}
+}

@@ -24,8 +24,11 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
@@ -36,8 +39,9 @@ type Engine struct {
 	log       *slog.Logger
 	store     *store.Store
 	images    *image.Store
-	recipes   map[string]*image.Recipe
+	catalog   *lang.Catalog
 	runtime   *runtime.Runtime
+	ledger    *ledger.Ledger
 	sandboxes *sandbox.Manager
 	seccomp   seccomp.Support
 	metrics   *metrics
@@ -51,6 +55,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	if log == nil {
 		log = slog.Default()
 	}
+	if err := checkBuilt(cfg); err != nil {
+		return nil, err
+	}
 	e := &Engine{cfg: cfg, log: log, seccomp: seccomp.Check(), started: time.Now()}
 	e.metrics = newMetrics(e)
 	var err error
@@ -62,10 +69,12 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		cleanup()
 		return nil, fmt.Errorf("open image store: %w", err)
 	}
-	if e.recipes, err = image.LoadRecipes(cfg.Paths.RecipesDir); err != nil {
+	recipes, err := image.LoadRecipes(cfg.Paths.RecipesDir)
+	if err != nil {
 		cleanup()
 		return nil, fmt.Errorf("load recipes: %w", err)
 	}
+	e.catalog = lang.NewCatalog(recipes, cfg.Images.Languages)
 	if e.runtime, err = runtime.New(filepath.Join(cfg.Paths.RunDir, "runtime"), log); err != nil {
 		cleanup()
 		return nil, err
@@ -75,12 +84,20 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		cleanup()
 		return nil, err
 	}
+	e.ledger = ledger.New(e.store)
+	backend, err := container.New(container.Options{
+		Runtime: e.runtime, Seccomp: prof, AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir,
+		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
+	}, e.ledger)
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
 	e.sandboxes, err = sandbox.NewManager(sandbox.Options{
-		Store: e.store, Images: e.images, Runtime: e.runtime, Seccomp: prof,
-		AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, CgroupParent: cfg.Sandbox.CgroupParent,
+		Store: e.store, Images: e.images, Backend: backend, Ledger: e.ledger,
 		MaxSandboxes: cfg.Sandbox.MaxSandboxes, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: log,
-		IO: e.ioLimits(), Pool: cfg.Sandbox.Pool,
+		Pool: cfg.Sandbox.Pool,
 		PoolSpec: func(image string) (sandbox.Spec, error) {
 			spec, err := e.sandboxSpec(CreateSandboxRequest{Language: image})
 			if err != nil {
@@ -115,23 +132,43 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	return e, nil
 }
 
+// unbuilt names the configuration sections whose subsystems this build does
+// not have yet, and what they are.
+var unbuilt = []struct{ section, what string }{
+	{"network", "network subsystem (sandboxes have loopback only)"},
+	{"autofix", "autofix loop"},
+	{"vm", "VM backend"},
+}
+
+// checkBuilt refuses a configuration that sets what this build would
+// silently ignore: every such key is named.
+func checkBuilt(cfg *config.Config) error {
+	var errs []error
+	for _, u := range unbuilt {
+		for _, key := range cfg.NonDefault(u.section) {
+			errs = append(errs, fmt.Errorf("config: %s: not available yet: this build has no %s; leave it at its default", key, u.what))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // ioLimits resolves the configured block I/O throttles to the disk that holds
 // the images. Without an I/O controller they are skipped with a warning.
-func (e *Engine) ioLimits() sandbox.IOLimits {
+func (e *Engine) ioLimits() container.IOLimits {
 	sc := e.cfg.Sandbox
 	if sc.IOReadBPS == 0 && sc.IOWriteBPS == 0 {
-		return sandbox.IOLimits{}
+		return container.IOLimits{}
 	}
 	if !cgroups.IOControllerAvailable() {
 		e.log.Warn("sandbox.io_read_bps/io_write_bps ignored: no block I/O controller on this host")
-		return sandbox.IOLimits{}
+		return container.IOLimits{}
 	}
 	dev, err := cgroups.BlockDeviceOf(e.imagesDir())
 	if err != nil {
 		e.log.Warn("sandbox.io_read_bps/io_write_bps ignored", "err", err)
-		return sandbox.IOLimits{}
+		return container.IOLimits{}
 	}
-	return sandbox.IOLimits{Device: dev, ReadBPS: uint64(sc.IOReadBPS), WriteBPS: uint64(sc.IOWriteBPS)}
+	return container.IOLimits{Device: dev, ReadBPS: uint64(sc.IOReadBPS), WriteBPS: uint64(sc.IOWriteBPS)}
 }
 
 func (e *Engine) imagesDir() string {
@@ -236,17 +273,16 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		},
 		Env: req.Env, Labels: req.Labels,
 	}
+	var err error
 	if req.MemoryMB != nil {
-		if err := checkRange("memory_mb", *req.MemoryMB*mib, minMemory, int64(sc.MaxMemory), mib); err != nil {
+		if spec.Limits.MemoryBytes, err = megabytes("memory_mb", *req.MemoryMB, minMemory, int64(sc.MaxMemory)); err != nil {
 			return nil, err
 		}
-		spec.Limits.MemoryBytes = *req.MemoryMB * mib
 	}
 	if req.DiskMB != nil {
-		if err := checkRange("disk_mb", *req.DiskMB*mib, minDisk, int64(sc.MaxDisk), mib); err != nil {
+		if spec.Limits.DiskBytes, err = megabytes("disk_mb", *req.DiskMB, minDisk, int64(sc.MaxDisk)); err != nil {
 			return nil, err
 		}
-		spec.Limits.DiskBytes = *req.DiskMB * mib
 	}
 	if req.Pids != nil {
 		if err := checkRange("pids", *req.Pids, minPids, sc.MaxPids, 1); err != nil {
@@ -264,26 +300,16 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		}
 		spec.Limits.CPUs = c
 	}
-	switch req.Network {
-	case "", "none":
-		spec.Network = "none"
-	case "egress", "allowlist":
-		return nil, errdefs.Unavailablef("network: mode %q is not available yet; only \"none\"", req.Network)
-	default:
-		return nil, errdefs.Invalidf("network: must be none, egress or allowlist, got %q", req.Network)
+	if len(req.Allow) > 0 && req.Network != NetworkAllowlist {
+		return nil, errdefs.Invalidf("allow: only valid with network %q", NetworkAllowlist)
 	}
-	if len(req.Allow) > 0 && req.Network != "allowlist" {
-		return nil, errdefs.Invalidf("allow: only valid with network \"allowlist\"")
+	if spec.Network, err = e.networkMode("network", req.Network); err != nil {
+		return nil, err
 	}
 	if req.TTLSeconds != nil {
-		if *req.TTLSeconds <= 0 {
-			return nil, errdefs.Invalidf("ttl_seconds: must be positive, got %d", *req.TTLSeconds)
+		if spec.TTL, err = wholeSeconds("ttl_seconds", *req.TTLSeconds, sc.MaxLifetime.D()); err != nil {
+			return nil, err
 		}
-		ttl := time.Duration(*req.TTLSeconds) * time.Second
-		if max := sc.MaxLifetime.D(); max > 0 && ttl > max {
-			return nil, errdefs.Invalidf("ttl_seconds: %d exceeds sandbox.max_lifetime %s", *req.TTLSeconds, max)
-		}
-		spec.TTL = ttl
 	}
 	if err := checkEnv("env", req.Env); err != nil {
 		return nil, err
@@ -292,31 +318,6 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		return nil, err
 	}
 	return spec, nil
-}
-
-func checkRange(field string, v, min, max, unit int64) error {
-	if v < min {
-		return errdefs.Invalidf("%s: must be at least %d, got %d", field, min/unit, v/unit)
-	}
-	if max > 0 && v > max {
-		return errdefs.Invalidf("%s: %d exceeds the maximum %d", field, v/unit, max/unit)
-	}
-	return nil
-}
-
-func checkEnv(field string, env map[string]string) error {
-	if len(env) > 256 {
-		return errdefs.Invalidf("%s: at most 256 variables", field)
-	}
-	for k, v := range env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || len(k) > 256 {
-			return errdefs.Invalidf("%s: invalid variable name %q", field, k)
-		}
-		if strings.ContainsRune(v, 0) || len(v) > 32<<10 {
-			return errdefs.Invalidf("%s.%s: value contains NUL or exceeds 32 KiB", field, k)
-		}
-	}
-	return nil
 }
 
 func checkLabels(labels map[string]string) error {
@@ -335,7 +336,7 @@ func checkLabels(labels map[string]string) error {
 }
 
 func (e *Engine) imageKnown(name string) bool {
-	if _, ok := e.recipes[name]; ok {
+	if _, ok := e.catalog.Recipe(name); ok {
 		return true
 	}
 	_, err := e.images.Get(name)
@@ -344,7 +345,7 @@ func (e *Engine) imageKnown(name string) bool {
 
 func (e *Engine) knownImages() []string {
 	seen := map[string]bool{}
-	for n := range e.recipes {
+	for _, n := range e.catalog.ImageNames() {
 		seen[n] = true
 	}
 	if imgs, err := e.images.List(); err == nil {
@@ -415,8 +416,8 @@ func checkSandboxID(id string) error {
 
 // EnsureImage builds the image for recipe name unless an image with the
 // recipe's digest exists already.
-func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*image.Image, error) {
-	r, ok := e.recipes[name]
+func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error) {
+	r, ok := e.catalog.Recipe(name)
 	if !ok {
 		return nil, errdefs.Invalidf("language: no recipe %q (known: %s)", name, strings.Join(e.knownImages(), ", "))
 	}
@@ -425,11 +426,50 @@ func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "build image %s", name)
 	}
-	return img, nil
+	pub := publicImage(img)
+	return &pub, nil
 }
 
 // Images lists the built images.
-func (e *Engine) Images() ([]*image.Image, error) { return e.images.List() }
+func (e *Engine) Images() ([]apitypes.Image, error) {
+	imgs, err := e.images.List()
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "list images")
+	}
+	out := make([]apitypes.Image, len(imgs))
+	for i, im := range imgs {
+		out[i] = publicImage(im)
+	}
+	return out, nil
+}
+
+// publicImage is what clients see of a built image: no host paths.
+func publicImage(im *image.Image) apitypes.Image {
+	return apitypes.Image{Name: im.Name, Digest: im.Digest, BuiltAt: im.BuiltAt, SizeBytes: im.SizeBytes,
+		BuildSeconds: im.BuildSeconds, Suite: im.Suite, Packages: len(im.Packages)}
+}
+
+// TerminateLabeled terminates every live sandbox whose label key has value
+// (an MCP session's sandboxes when it ends) and returns their ids.
+func (e *Engine) TerminateLabeled(ctx context.Context, key, value, reason string) ([]string, error) {
+	live, err := e.sandboxes.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var done []string
+	var errs []error
+	for _, sb := range live {
+		if sb.Labels[key] != value {
+			continue
+		}
+		if _, err := e.sandboxes.Terminate(ctx, sb.ID, reason); err != nil && errdefs.CodeOf(err) != errdefs.NotFound {
+			errs = append(errs, fmt.Errorf("terminate %s: %w", sb.ID, err))
+			continue
+		}
+		done = append(done, sb.ID)
+	}
+	return done, errors.Join(errs...)
+}
 
 // RemoveImage deletes the built images of recipe name. An image in use by a
 // live sandbox is refused: it is the lower layer of that sandbox's root.

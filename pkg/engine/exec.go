@@ -5,12 +5,13 @@ import (
 	"context"
 	"encoding/base64"
 	"io"
-	"math"
 	"path"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -18,18 +19,7 @@ import (
 )
 
 // ExecRequest is the input of exec_command.
-type ExecRequest struct {
-	SandboxID      string            `json:"sandbox_id"`
-	Command        string            `json:"command,omitempty"` // run with /bin/sh -c
-	Argv           []string          `json:"argv,omitempty"`
-	Cwd            string            `json:"cwd,omitempty"`
-	Env            map[string]string `json:"env,omitempty"`
-	Stdin          string            `json:"stdin,omitempty"`
-	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty"`
-	// MaxOutputBytes caps each stream in the result (front ends size their
-	// answers with it); 0 means the configured output limit.
-	MaxOutputBytes int64 `json:"-"`
-}
+type ExecRequest = apitypes.ExecRequest
 
 const maxStdin = 16 << 20
 
@@ -59,13 +49,7 @@ func (e *Engine) StartJob(ctx context.Context, req ExecRequest) (string, error) 
 }
 
 // JobStatusRequest is the input of job_status.
-type JobStatusRequest struct {
-	SandboxID    string `json:"sandbox_id"`
-	JobID        string `json:"job_id"`
-	StdoutOffset int64  `json:"stdout_offset,omitempty"`
-	StderrOffset int64  `json:"stderr_offset,omitempty"`
-	MaxBytes     int    `json:"max_bytes,omitempty"` // per stream; default 64 KiB
-}
+type JobStatusRequest = apitypes.JobStatusRequest
 
 // JobStatus pages a job's output from the given offsets and reports its
 // outcome once it has finished.
@@ -91,18 +75,47 @@ func (e *Engine) JobStatus(ctx context.Context, req JobStatusRequest) (*sandbox.
 	return e.sandboxes.JobStatus(ctx, req.SandboxID, req.JobID, req.StdoutOffset, req.StderrOffset, max)
 }
 
-// KillJob signals a job's process group (default SIGKILL).
-func (e *Engine) KillJob(ctx context.Context, id, jobID, signal string) error {
-	if err := checkSandboxID(id); err != nil {
-		return err
+// DefaultKillSignal is what job_kill sends when no signal is given.
+const DefaultKillSignal = "SIGKILL"
+
+// killWait is how long KillJob waits for a signalled job to end, so that its
+// answer can say finished.
+const killWait = 2 * time.Second
+
+// KillJob signals a job's process group (default SIGKILL) and waits briefly
+// for it to end; the result says the job's state after the wait.
+func (e *Engine) KillJob(ctx context.Context, req apitypes.JobKillRequest) (*apitypes.JobKillResult, error) {
+	if err := checkSandboxID(req.SandboxID); err != nil {
+		return nil, err
 	}
-	if err := checkJobID(jobID); err != nil {
-		return err
+	if err := checkJobID(req.JobID); err != nil {
+		return nil, err
 	}
-	if signal != "" && !validSignal(signal) {
-		return errdefs.Invalidf("signal: unknown signal %q (use e.g. SIGTERM, SIGKILL, SIGINT)", signal)
+	sig := req.Signal
+	if sig == "" {
+		sig = DefaultKillSignal
 	}
-	return e.sandboxes.KillJob(ctx, id, jobID, signal)
+	if !validSignal(sig) {
+		return nil, errdefs.Invalidf("signal: unknown signal %q (use e.g. SIGTERM, SIGKILL, SIGINT)", sig)
+	}
+	if err := e.sandboxes.KillJob(ctx, req.SandboxID, req.JobID, sig); err != nil {
+		return nil, err
+	}
+	out := &apitypes.JobKillResult{JobID: req.JobID, Signal: sig, State: "running"}
+	for deadline := time.Now().Add(killWait); ; {
+		st, err := e.sandboxes.JobStatus(ctx, req.SandboxID, req.JobID, 0, 0, 1)
+		if err != nil {
+			return nil, err
+		}
+		if out.State = st.State; st.State != "running" || time.Now().After(deadline) {
+			return out, nil
+		}
+		select {
+		case <-ctx.Done():
+			return out, nil
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func validSignal(s string) bool {
@@ -124,15 +137,7 @@ func checkJobID(id string) error {
 }
 
 // TerminalRequest opens an interactive command on a pseudo-terminal.
-type TerminalRequest struct {
-	SandboxID string            `json:"sandbox_id"`
-	Command   string            `json:"command,omitempty"`
-	Argv      []string          `json:"argv,omitempty"`
-	Env       map[string]string `json:"env,omitempty"`
-	Cwd       string            `json:"cwd,omitempty"`
-	Rows      uint16            `json:"rows,omitempty"`
-	Cols      uint16            `json:"cols,omitempty"`
-}
+type TerminalRequest = apitypes.TerminalRequest
 
 // OpenTerminal starts an interactive command (default: a login-less bash) on
 // a new pseudo-terminal in a sandbox.
@@ -155,11 +160,25 @@ func (e *Engine) OpenTerminal(ctx context.Context, req TerminalRequest) (*sandbo
 }
 
 // ListJobs lists the commands a sandbox's agent knows about.
-func (e *Engine) ListJobs(ctx context.Context, id string) ([]agent.JobInfo, error) {
+func (e *Engine) ListJobs(ctx context.Context, id string) ([]apitypes.JobInfo, error) {
 	if err := checkSandboxID(id); err != nil {
 		return nil, err
 	}
-	return e.sandboxes.Jobs(ctx, id)
+	jobs, err := e.sandboxes.Jobs(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]apitypes.JobInfo, len(jobs))
+	for i, j := range jobs {
+		out[i] = apitypes.JobInfo{ID: j.ID, Argv: j.Argv, PID: j.PID, State: j.State, TTY: j.TTY,
+			StartedAt: j.StartedAt, StdoutBytes: j.StdoutBytes, StderrBytes: j.StderrBytes}
+		if x := j.Exit; x != nil {
+			out[i].Exit = &apitypes.JobExit{Cause: x.Cause, ExitCode: x.ExitCode, Signal: x.Signal, Detail: x.Detail,
+				StartedAt: x.StartedAt, FinishedAt: x.FinishedAt, DurationMS: x.DurationMS,
+				StdoutBytes: x.StdoutBytes, StderrBytes: x.StderrBytes}
+		}
+	}
+	return out, nil
 }
 
 func (e *Engine) execSpec(req ExecRequest) (*sandbox.ExecSpec, error) {
@@ -179,10 +198,8 @@ func (e *Engine) execSpec(req ExecRequest) (*sandbox.ExecSpec, error) {
 		if req.Argv[0] == "" {
 			return nil, errdefs.Invalidf("argv[0]: empty program name")
 		}
-		for i, a := range req.Argv {
-			if strings.ContainsRune(a, 0) {
-				return nil, errdefs.Invalidf("argv[%d]: contains a NUL byte", i)
-			}
+		if err := checkArgs("argv", req.Argv); err != nil {
+			return nil, err
 		}
 		argv = req.Argv
 	default:
@@ -206,13 +223,9 @@ func (e *Engine) execSpec(req ExecRequest) (*sandbox.ExecSpec, error) {
 		spec.Stdin = []byte(req.Stdin)
 	}
 	if req.TimeoutSeconds != nil {
-		t := *req.TimeoutSeconds
-		if !(t > 0) || math.IsInf(t, 0) {
-			return nil, errdefs.Invalidf("timeout_seconds: must be positive, got %v", t)
-		}
-		d := time.Duration(t * float64(time.Second))
-		if max := sc.MaxExecTimeout.D(); max > 0 && d > max {
-			return nil, errdefs.Invalidf("timeout_seconds: %v exceeds the maximum %s", t, max)
+		d, err := duration("timeout_seconds", *req.TimeoutSeconds, sc.MaxExecTimeout.D())
+		if err != nil {
+			return nil, err
 		}
 		spec.Timeout = d
 	}
@@ -237,20 +250,10 @@ func checkPath(field, p string) error {
 }
 
 // FileWriteRequest is the input of file_write.
-type FileWriteRequest struct {
-	SandboxID string `json:"sandbox_id"`
-	Path      string `json:"path"`
-	Content   string `json:"content"`
-	Encoding  string `json:"encoding,omitempty"` // utf-8 (default) or base64
-	Mode      string `json:"mode,omitempty"`     // octal, e.g. "0755"
-	Append    bool   `json:"append,omitempty"`
-}
+type FileWriteRequest = apitypes.FileWriteRequest
 
 // FileResult is the outcome of file_write and file_delete.
-type FileResult struct {
-	Path string `json:"path"`
-	Size int64  `json:"size"`
-}
+type FileResult = apitypes.FileResult
 
 // MaxFileBytes is the largest single file transfer.
 const MaxFileBytes = 256 << 20
@@ -322,22 +325,10 @@ func parseMode(s string) (uint32, error) {
 }
 
 // FileReadRequest is the input of file_read.
-type FileReadRequest struct {
-	SandboxID string `json:"sandbox_id"`
-	Path      string `json:"path"`
-	Encoding  string `json:"encoding,omitempty"` // utf-8 (default) or base64
-	Offset    int64  `json:"offset,omitempty"`
-	MaxBytes  int64  `json:"max_bytes,omitempty"`
-}
+type FileReadRequest = apitypes.FileReadRequest
 
 // FileReadResult is the outcome of file_read.
-type FileReadResult struct {
-	Path      string `json:"path"`
-	Content   string `json:"content"`
-	Encoding  string `json:"encoding"`
-	Size      int64  `json:"size"`
-	Truncated bool   `json:"truncated"`
-}
+type FileReadResult = apitypes.FileReadResult
 
 // DefaultReadBytes is file_read's default max_bytes.
 const DefaultReadBytes = 1 << 20
@@ -353,11 +344,14 @@ func (e *Engine) ReadFile(ctx context.Context, req FileReadRequest) (*FileReadRe
 	if enc == "" || enc == "utf8" {
 		enc = "utf-8"
 	}
-	res := &FileReadResult{Path: raw.Path, Size: raw.Size, Truncated: raw.Truncated, Encoding: enc}
+	res := &FileReadResult{Path: raw.Path, Size: raw.Size, Offset: req.Offset, Encoding: enc}
 	if enc == "utf-8" && utf8.Valid(raw.Data) {
 		res.Content = string(raw.Data)
 	} else {
 		res.Encoding, res.Content = "base64", base64.StdEncoding.EncodeToString(raw.Data)
+	}
+	if next := req.Offset + int64(len(raw.Data)); raw.Truncated || next < raw.Size {
+		res.Truncated, res.NextOffset = true, next
 	}
 	return res, nil
 }
@@ -391,7 +385,7 @@ func (e *Engine) ReadFileRaw(ctx context.Context, req FileReadRequest) (*agent.F
 }
 
 // FileEntry is one file_list entry.
-type FileEntry = agent.FileInfo
+type FileEntry = apitypes.FileEntry
 
 // ListFiles lists a directory in a sandbox (default /workspace).
 func (e *Engine) ListFiles(ctx context.Context, id, p string, recursive bool) ([]FileEntry, error) {
@@ -404,7 +398,15 @@ func (e *Engine) ListFiles(ctx context.Context, id, p string, recursive bool) ([
 	if err := checkPath("path", p); err != nil {
 		return nil, err
 	}
-	return e.sandboxes.ListFiles(ctx, id, path.Clean(p), recursive)
+	list, err := e.sandboxes.ListFiles(ctx, id, path.Clean(p), recursive)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]FileEntry, len(list))
+	for i, f := range list {
+		out[i] = FileEntry{Path: f.Path, Type: f.Type, Size: f.Size, Mode: f.Mode, MTime: f.MTime}
+	}
+	return out, nil
 }
 
 // DeleteFile deletes a file (or, with recursive, a directory tree) in a sandbox.

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"path"
@@ -28,8 +27,6 @@ const (
 	MaxRunFiles = 1000
 	// MaxRunFilesBytes caps the files' (and code's) total size.
 	MaxRunFilesBytes = 32 << 20
-	// maxRunArgs caps the program's arguments.
-	maxRunArgs = 1024
 	// maxRecordOutput caps what a record keeps of /workspace/output.
 	maxRecordOutput = 64 << 20
 )
@@ -95,144 +92,13 @@ type RunStep = apitypes.RunStep
 // last step that ran (the run step, or the one that failed).
 type RunResult = apitypes.RunResult
 
-// handler returns the language handler of an enabled language.
-func (e *Engine) handler(field, name string) (*lang.Handler, *image.Recipe, error) {
-	if name == "" {
-		return nil, nil, errdefs.Invalidf("%s: required (one of %s)", field, strings.Join(e.languageNames(), ", "))
-	}
-	r, ok := e.recipes[name]
-	if ok && len(e.cfg.Images.Languages) > 0 && !slices.Contains(e.cfg.Images.Languages, name) {
-		ok = false
-	}
-	if !ok {
-		return nil, nil, errdefs.Invalidf("%s: unknown language %q (known: %s)", field, name, strings.Join(e.languageNames(), ", "))
-	}
-	h, err := lang.New(r)
-	if err != nil {
-		return nil, nil, errdefs.Invalidf("%s: %q is an image, not a language: %v", field, name, err)
-	}
-	return h, r, nil
-}
-
-// languageNames lists the enabled recipes that are languages.
-func (e *Engine) languageNames() []string {
-	var out []string
-	for name, r := range e.recipes {
-		if len(e.cfg.Images.Languages) > 0 && !slices.Contains(e.cfg.Images.Languages, name) {
-			continue
-		}
-		if _, err := lang.New(r); err == nil {
-			out = append(out, name)
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
-// workspaceRel turns a file path of a request (relative to /workspace, or
-// absolute under it) into a clean relative path, or an error naming field.
-func workspaceRel(field, p string) (string, error) {
-	switch {
-	case p == "":
-		return "", errdefs.Invalidf("%s: empty path", field)
-	case strings.ContainsRune(p, 0):
-		return "", errdefs.Invalidf("%s: path contains a NUL byte", field)
-	case len(p) > 1024:
-		return "", errdefs.Invalidf("%s: path longer than 1024 bytes", field)
-	}
-	rel := p
-	if path.IsAbs(p) {
-		c := path.Clean(p)
-		if !strings.HasPrefix(c, lang.Workspace+"/") {
-			return "", errdefs.Invalidf("%s: path %q is outside %s", field, p, lang.Workspace)
-		}
-		rel = strings.TrimPrefix(c, lang.Workspace+"/")
-	}
-	if !filepath.IsLocal(rel) {
-		return "", errdefs.Invalidf("%s: path %q is outside %s", field, p, lang.Workspace)
-	}
-	return path.Clean(rel), nil
-}
-
-// runFiles validates and gathers a request's files, keyed by clean path
-// relative to /workspace, and picks the entrypoint.
-func runFiles(h *lang.Handler, req *RunCodeRequest) (map[string][]byte, string, error) {
-	if req.Code == "" && len(req.Files) == 0 {
-		return nil, "", errdefs.Invalidf("code: required (or files)")
-	}
-	if len(req.Files) > MaxRunFiles {
-		return nil, "", errdefs.LimitExceededf("files: %d files exceed the maximum %d", len(req.Files), MaxRunFiles)
-	}
-	files := make(map[string][]byte, len(req.Files)+1)
-	total := int64(len(req.Code))
-	for p, content := range req.Files {
-		rel, err := workspaceRel("files", p)
-		if err != nil {
-			return nil, "", err
-		}
-		if _, dup := files[rel]; dup {
-			return nil, "", errdefs.Invalidf("files: %q is given twice", p)
-		}
-		total += int64(len(content))
-		files[rel] = []byte(content)
-	}
-	if total > MaxRunFilesBytes {
-		return nil, "", errdefs.LimitExceededf("files: %d bytes of code and files exceed the maximum %d", total, MaxRunFilesBytes)
-	}
-	// A file cannot also be a directory.
-	for rel := range files {
-		for d := path.Dir(rel); d != "."; d = path.Dir(d) {
-			if _, clash := files[d]; clash {
-				return nil, "", errdefs.Invalidf("files: %q is both a file and a directory", d)
-			}
-		}
-	}
-	entry := ""
-	if req.Entrypoint != "" {
-		rel, err := workspaceRel("entrypoint", req.Entrypoint)
-		if err != nil {
-			return nil, "", err
-		}
-		entry = rel
-	}
-	if req.Code != "" {
-		name := entry
-		if name == "" {
-			name = h.FileNameFor(req.Code)
-		}
-		if _, dup := files[name]; dup {
-			return nil, "", errdefs.Invalidf("code: files also has %q, the file code would be written to", name)
-		}
-		files[name] = []byte(req.Code)
-		entry = name
-	}
-	names := make([]string, 0, len(files))
-	for n := range files {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	main, err := h.MainFile(names, entry)
-	if err != nil {
-		return nil, "", errdefs.Invalidf("entrypoint: %v", err)
-	}
-	return files, main, nil
-}
-
 // runBudget is the run's total time limit.
 func (e *Engine) runBudget(field string, secs *float64) (time.Duration, error) {
 	sc := e.cfg.Sandbox
 	if secs == nil {
 		return sc.ExecTimeout.D(), nil
 	}
-	t := *secs
-	if !(t > 0) || t > 1e9 {
-		return 0, errdefs.Invalidf("%s: must be positive, got %v", field, t)
-	}
-	d := time.Duration(t * float64(time.Second))
-	if max := sc.MaxExecTimeout.D(); max > 0 && d > max {
-		return 0, errdefs.Invalidf("%s: %v exceeds the maximum %s", field, t, max)
-	}
-	return d, nil
+	return duration(field, *secs, sc.MaxExecTimeout.D())
 }
 
 // RunCode runs source code: it writes the files into a sandbox (the given
@@ -240,21 +106,16 @@ func (e *Engine) runBudget(field string, secs *float64) (time.Duration, error) {
 // compiles and runs, keeps a run record, and returns the steps' outcomes.
 // onOutput, if not nil, receives every step's output as it arrives.
 func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandbox.OutputFunc) (*RunResult, error) {
-	h, _, err := e.handler("language", req.Language)
+	h, _, err := e.catalog.Handler("language", req.Language)
 	if err != nil {
 		return nil, err
 	}
-	files, main, err := runFiles(h, &req)
+	files, main, err := RunFiles(h, req.Code, req.Files, req.Entrypoint)
 	if err != nil {
 		return nil, err
 	}
-	if len(req.Args) > maxRunArgs {
-		return nil, errdefs.Invalidf("args: %d arguments exceed the maximum %d", len(req.Args), maxRunArgs)
-	}
-	for i, a := range req.Args {
-		if strings.ContainsRune(a, 0) {
-			return nil, errdefs.Invalidf("args[%d]: contains a NUL byte", i)
-		}
+	if err := checkArgs("args", req.Args); err != nil {
+		return nil, err
 	}
 	if len(req.Stdin) > maxStdin {
 		return nil, errdefs.Invalidf("stdin: %d bytes exceeds the maximum %d", len(req.Stdin), maxStdin)
@@ -266,341 +127,34 @@ func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandb
 	if err != nil {
 		return nil, err
 	}
-	switch req.Network {
-	case "", "none":
-	case "egress", "allowlist":
-		return nil, errdefs.Unavailablef("network: mode %q is not available yet; only \"none\"", req.Network)
-	default:
-		return nil, errdefs.Invalidf("network: must be none, egress or allowlist, got %q", req.Network)
-	}
-	var given *sandbox.Info
-	if req.SandboxID != "" {
-		if err := checkSandboxID(req.SandboxID); err != nil {
-			return nil, err
-		}
-		if given, err = e.sandboxes.Get(ctx, req.SandboxID); err != nil {
-			return nil, err
-		}
-		if !(given.State == sandbox.StateReady || given.State == sandbox.StateRunning) {
-			return nil, errdefs.Conflictf("sandbox_id: sandbox %s is %s", given.ID, given.State)
-		}
-		if given.Image != h.Name {
-			return nil, errdefs.Invalidf("sandbox_id: sandbox %s runs the %q image, not %q", given.ID, given.Image, h.Name)
-		}
-	}
-	rs, err := e.runStore()
+	network, err := e.networkMode("network", req.Network)
 	if err != nil {
 		return nil, err
 	}
-
-	rec, err := rs.Create()
+	run, err := e.StartRun(ctx, RunSpec{
+		Handler: h, SandboxID: req.SandboxID, Entrypoint: main, Args: req.Args, Deadline: time.Now().Add(budget),
+		Sandbox: CreateSandboxRequest{Network: network, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB},
+	})
 	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "create run record")
+		return nil, err
 	}
-	r := &codeRun{e: e, h: h, req: &req, rec: rec, files: files, main: main, onOutput: onOutput,
-		deadline: time.Now().Add(budget)}
-	r.meta = runs.Metadata{Language: h.Name, StartTime: rec.StartedAt.UTC(), Image: h.Name, Entrypoint: main,
-		Args: req.Args, Ephemeral: given == nil, Steps: []runs.Step{}}
-	for n := range files {
-		r.meta.Files = append(r.meta.Files, n)
+	var stdin []byte
+	if req.Stdin != "" {
+		stdin = []byte(req.Stdin)
 	}
-	sort.Strings(r.meta.Files)
-	res, runErr := r.run(ctx, given)
-	if err := r.finish(context.WithoutCancel(ctx), res, runErr); err != nil && runErr == nil {
-		e.log.Error("write run record", "run", rec.ID, "err", err)
+	res, runErr := run.Run(ctx, Attempt{Files: files, Main: main, Args: req.Args, Stdin: stdin, Env: req.Env,
+		Install: req.Install == nil || *req.Install, MaxOutputBytes: req.MaxOutputBytes, OnOutput: onOutput})
+	if err := run.Finish(context.WithoutCancel(ctx), res, runErr); err != nil && runErr == nil {
+		e.log.Error("write run record", "run", run.Record.ID, "err", err)
 	}
-	outcome := "error"
-	switch {
-	case runErr == nil && res.Success:
-		outcome = "success"
-	case runErr == nil:
-		outcome = "failure"
-	}
-	e.metrics.runs.WithLabelValues(h.Name, outcome).Inc()
 	if runErr != nil {
 		return nil, runErr
 	}
 	return res, nil
 }
 
-// codeRun is one RunCode call in progress.
-type codeRun struct {
-	e        *Engine
-	h        *lang.Handler
-	req      *RunCodeRequest
-	rec      *runs.Record
-	files    map[string][]byte
-	main     string
-	onOutput sandbox.OutputFunc
-	deadline time.Time
-
-	sb   *sandbox.Info
-	meta runs.Metadata
-}
-
-func (r *codeRun) run(ctx context.Context, given *sandbox.Info) (*RunResult, error) {
-	e := r.e
-	if err := r.rec.WriteSnapshot("", r.files); err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "write code snapshot")
-	}
-	if given != nil {
-		r.sb = given
-	} else {
-		info, err := e.CreateSandbox(ctx, CreateSandboxRequest{
-			Language: r.h.Name, Network: r.req.Network, MemoryMB: r.req.MemoryMB, DiskMB: r.req.DiskMB,
-			Labels: map[string]string{"sandboxd.run": r.rec.ID},
-		})
-		if err != nil {
-			return nil, err
-		}
-		r.sb = info
-		defer func() {
-			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			defer cancel()
-			if _, err := e.TerminateSandbox(tctx, info.ID); err != nil {
-				e.log.Error("terminate ephemeral sandbox", "sandbox", info.ID, "run", r.rec.ID, "err", err)
-			}
-		}()
-	}
-	r.meta.SandboxID, r.meta.ImageDigest = r.sb.ID, r.sb.ImageDigest
-	if err := r.rec.WriteJSON(runs.ContainerInfoJSON, containerInfo(r.sb, given == nil)); err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "write container info")
-	}
-
-	out := buildRoot + "/" + r.rec.ID
-	if err := r.writeFiles(ctx, out); err != nil {
-		return nil, err
-	}
-	if given != nil {
-		defer func() {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			_ = e.sandboxes.DeleteFile(dctx, r.sb.ID, out, true)
-		}()
-	}
-	names := r.meta.Files
-	vars := lang.Vars{File: r.main, Files: r.h.Sources(names), Out: out, Args: r.req.Args}
-	if vars.Args == nil {
-		vars.Args = []string{}
-	}
-	res := &RunResult{RunID: r.rec.ID, SandboxID: r.sb.ID, Language: r.h.Name, Steps: []RunStep{}}
-
-	install := r.req.Install == nil || *r.req.Install
-	if install {
-		for _, d := range r.h.Installs(names) {
-			env := map[string]string{}
-			offline := r.sb.Network == "" || r.sb.Network == "none"
-			if offline {
-				for k, v := range d.OfflineEnv {
-					env[k] = v
-				}
-			}
-			st, err := r.step(ctx, res, StepInstall, lang.Expand(d.Install, vars), env, nil)
-			if err != nil {
-				return nil, err
-			}
-			if !stepOK(st) {
-				if offline && lang.NeededNetwork(d, st.Stdout+st.Stderr) {
-					r.meta.Error = "dependencies need the network"
-					return nil, errdefs.Unavailablef("install: %s could not install the dependencies in %s: they must be fetched over the network and sandbox %s has no network (network: none). Provide them as local files (a wheel directory, an npm tarball, a vendor directory) instead. (run %s)",
-						d.Manager, d.Manifest, r.sb.ID, r.rec.ID)
-				}
-				return res, nil
-			}
-		}
-	}
-	if r.h.Compiled() {
-		st, err := r.step(ctx, res, StepCompile, lang.Expand(r.h.Compile, vars), nil, nil)
-		if err != nil {
-			return nil, err
-		}
-		if !stepOK(st) {
-			return res, nil
-		}
-	}
-	var stdin []byte
-	if r.req.Stdin != "" {
-		stdin = []byte(r.req.Stdin)
-	}
-	if _, err := r.step(ctx, res, StepRun, lang.Expand(r.h.Run, vars), nil, stdin); err != nil {
-		return nil, err
-	}
-	res.Success = true
-	for _, st := range res.Steps {
-		res.Success = res.Success && stepOK(&st)
-	}
-	res.OutputFiles = r.collectOutput(ctx)
-	return res, nil
-}
-
-func stepOK(st *RunStep) bool {
-	return st.Termination.Cause == sandbox.CauseExited && st.ExitCode == 0
-}
-
-// writeFiles puts the files into /workspace and creates the build
-// directory. Files go in sorted order, parents before children.
-func (r *codeRun) writeFiles(ctx context.Context, out string) error {
-	for _, name := range r.meta.Files {
-		data := r.files[name]
-		_, err := r.e.sandboxes.WriteFile(ctx, r.sb.ID, agent.WriteFileRequest{
-			Path: lang.Workspace + "/" + name, Mode: 0o644, Size: int64(len(data)), MkdirParents: true,
-		}, bytes.NewReader(data))
-		if err != nil {
-			return fmt.Errorf("files: write %s: %w", name, err)
-		}
-	}
-	if r.h.Compiled() {
-		_, err := r.e.sandboxes.WriteFile(ctx, r.sb.ID, agent.WriteFileRequest{
-			Path: out + "/.keep", Mode: 0o644, MkdirParents: true,
-		}, bytes.NewReader(nil))
-		if err != nil {
-			return fmt.Errorf("create build directory: %w", err)
-		}
-	}
-	return nil
-}
-
-// step runs one step and records it in res and the metadata. A step the
-// deadline leaves no time for is reported as timed out without running.
-func (r *codeRun) step(ctx context.Context, res *RunResult, name string, argv []string, env map[string]string, stdin []byte) (*RunStep, error) {
-	for k, v := range r.req.Env {
-		if _, set := env[k]; !set {
-			if env == nil {
-				env = map[string]string{}
-			}
-			env[k] = v
-		}
-	}
-	remaining := time.Until(r.deadline)
-	var er *sandbox.ExecResult
-	if remaining < 10*time.Millisecond {
-		er = &sandbox.ExecResult{ExitCode: -1, Termination: sandbox.Termination{Cause: sandbox.CauseTimeout, Detail: "no time left for this step"}}
-	} else {
-		var err error
-		er, err = r.e.sandboxes.Exec(ctx, r.sb.ID, sandbox.ExecSpec{
-			Argv: argv, Env: env, Cwd: lang.Workspace, Stdin: stdin, Timeout: remaining, MaxResultBytes: r.req.MaxOutputBytes,
-		}, func(stream string, data []byte) {
-			if stream == "stdout" {
-				r.rec.Stdout.Write(data)
-			} else {
-				r.rec.Stderr.Write(data)
-			}
-			if r.onOutput != nil {
-				r.onOutput(stream, data)
-			}
-		})
-		if err != nil {
-			return nil, err
-		}
-		r.e.metrics.execTime.Observe(float64(er.DurationMS) / 1000)
-		r.e.metrics.causes.WithLabelValues(er.Termination.Cause).Inc()
-	}
-	st := RunStep{Name: name, ExitCode: er.ExitCode, Stdout: er.Stdout, Stderr: er.Stderr,
-		StdoutTruncated: er.StdoutTruncated, StderrTruncated: er.StderrTruncated,
-		Termination: er.Termination, DurationMS: er.DurationMS}
-	res.Steps = append(res.Steps, st)
-	res.ExitCode, res.Stdout, res.Stderr = st.ExitCode, st.Stdout, st.Stderr
-	res.StdoutTruncated, res.StderrTruncated, res.Termination = st.StdoutTruncated, st.StderrTruncated, st.Termination
-	r.meta.Steps = append(r.meta.Steps, runs.Step{
-		Name: name, Argv: argv, ExitCode: er.ExitCode, DurationMS: er.DurationMS, Termination: recordTermination(er.Termination),
-		StdoutBytes: er.StdoutBytes, StderrBytes: er.StderrBytes,
-		StdoutTruncated: er.StdoutTruncated, StderrTruncated: er.StderrTruncated,
-	})
-	r.meta.StdoutBytes += er.StdoutBytes
-	r.meta.StderrBytes += er.StderrBytes
-	return &res.Steps[len(res.Steps)-1], nil
-}
-
-func recordTermination(t sandbox.Termination) runs.Termination {
-	return runs.Termination(t) // same fields; metadata.json spells them in camelCase
-}
-
-// collectOutput copies /workspace/output into the record, up to
-// maxRecordOutput bytes, and returns the paths it copied.
-func (r *codeRun) collectOutput(ctx context.Context) []string {
-	dir := lang.Workspace + "/output"
-	entries, err := r.e.sandboxes.ListFiles(ctx, r.sb.ID, dir, true)
-	if err != nil {
-		r.e.log.Warn("list run output", "run", r.rec.ID, "err", err)
-		return nil
-	}
-	var (
-		names []string
-		total int64
-	)
-	for _, fi := range entries {
-		if fi.Type != agent.TypeFile {
-			continue
-		}
-		rel := strings.TrimPrefix(strings.TrimPrefix(fi.Path, dir), "/")
-		dest, err := r.rec.OutputPath(rel)
-		if err != nil || total+fi.Size > maxRecordOutput {
-			continue
-		}
-		d, err := r.e.sandboxes.ReadFile(ctx, r.sb.ID, fi.Path, 0, max(fi.Size, 1))
-		if err != nil {
-			continue
-		}
-		if err := r.rec.WriteFile(dest, d.Data); err != nil {
-			continue
-		}
-		total += int64(len(d.Data))
-		names = append(names, rel)
-	}
-	sort.Strings(names)
-	return names
-}
-
-// finish writes metadata.json and indexes the record.
-func (r *codeRun) finish(ctx context.Context, res *RunResult, runErr error) error {
-	end := time.Now()
-	r.meta.EndTime = end.UTC()
-	r.meta.DurationMS = end.Sub(r.rec.StartedAt).Milliseconds()
-	switch {
-	case res != nil:
-		res.DurationMS = r.meta.DurationMS
-		r.meta.ExitCode, r.meta.Success = res.ExitCode, res.Success
-		r.meta.Termination = recordTermination(res.Termination)
-		r.meta.OutputFiles = len(res.OutputFiles)
-		if len(res.Steps) == 0 {
-			r.meta.ExitCode = -1
-		}
-	case runErr != nil:
-		r.meta.ExitCode = -1
-		if n := len(r.meta.Steps); n > 0 {
-			r.meta.ExitCode, r.meta.Termination = r.meta.Steps[n-1].ExitCode, r.meta.Steps[n-1].Termination
-		} else {
-			r.meta.Termination = runs.Termination{Cause: "error"}
-		}
-		if r.meta.Error == "" {
-			r.meta.Error = errdefs.MessageOf(runErr)
-		} else {
-			r.meta.Error += ": " + errdefs.MessageOf(runErr)
-		}
-	}
-	return r.e.runs.Finish(ctx, r.rec, &r.meta)
-}
-
-// containerInfo is container_info.json.
-func containerInfo(sb *sandbox.Info, ephemeral bool) map[string]any {
-	return map[string]any{
-		"sandboxId": sb.ID, "image": sb.Image, "imageDigest": sb.ImageDigest, "language": sb.Language,
-		"limits": sb.Limits, "cgroupPath": sb.CgroupPath, "network": sb.Network, "ephemeral": ephemeral,
-		"createdAt": sb.CreatedAt,
-	}
-}
-
 // RunTaskRequest is the input of run_task.
-type RunTaskRequest struct {
-	SandboxID string `json:"sandbox_id"`
-	Task      string `json:"task"` // lint | build | test
-	// Path is the task's target, relative to /workspace or absolute under
-	// it (default: /workspace itself).
-	Path           string            `json:"path,omitempty"`
-	Env            map[string]string `json:"env,omitempty"`
-	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty"`
-	MaxOutputBytes int64             `json:"-"`
-}
+type RunTaskRequest = apitypes.RunTaskRequest
 
 // sandboxHandler returns a live sandbox and its language's handler.
 func (e *Engine) sandboxHandler(ctx context.Context, id string) (*sandbox.Info, *lang.Handler, error) {
@@ -614,7 +168,7 @@ func (e *Engine) sandboxHandler(ctx context.Context, id string) (*sandbox.Info, 
 	if !(info.State == sandbox.StateReady || info.State == sandbox.StateRunning) {
 		return nil, nil, errdefs.Conflictf("sandbox %s is %s", info.ID, info.State)
 	}
-	r, ok := e.recipes[info.Image]
+	r, ok := e.catalog.Recipe(info.Image)
 	if !ok {
 		return nil, nil, errdefs.Invalidf("sandbox_id: sandbox %s runs image %q, which has no recipe", info.ID, info.Image)
 	}
@@ -644,7 +198,7 @@ func (e *Engine) RunTask(ctx context.Context, req RunTaskRequest) (*sandbox.Exec
 	target := "."
 	if req.Path != "" {
 		if req.Path != lang.Workspace {
-			if target, err = workspaceRel("path", req.Path); err != nil {
+			if target, err = WorkspaceRel("path", req.Path); err != nil {
 				return nil, err
 			}
 		}
@@ -708,13 +262,7 @@ func (e *Engine) sourcesUnder(ctx context.Context, id string, h *lang.Handler, t
 }
 
 // PackagesInstallRequest is the input of packages_install.
-type PackagesInstallRequest struct {
-	SandboxID      string   `json:"sandbox_id"`
-	Manager        string   `json:"manager"`
-	Packages       []string `json:"packages"`
-	TimeoutSeconds *float64 `json:"timeout_seconds,omitempty"`
-	MaxOutputBytes int64    `json:"-"`
-}
+type PackagesInstallRequest = apitypes.PackagesInstallRequest
 
 // PackagesInstall adds packages to a sandbox with one of its language's
 // package managers. From a sandbox without network only local sources
@@ -774,11 +322,11 @@ type LanguageInfo = apitypes.LanguageInfo
 func (e *Engine) Languages(ctx context.Context) ([]LanguageInfo, error) {
 	b := &image.Builder{Store: e.images, Mirror: e.cfg.Images.Mirror, Suite: e.cfg.Images.Suite}
 	var out []LanguageInfo
-	for _, name := range e.languageNames() {
+	for _, name := range e.catalog.Names() {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		r := e.recipes[name]
+		r, _ := e.catalog.Recipe(name)
 		h, err := lang.New(r)
 		if err != nil {
 			continue
@@ -792,33 +340,11 @@ func (e *Engine) Languages(ctx context.Context) ([]LanguageInfo, error) {
 			if want, err := b.Digest(r); err == nil && want == img.Digest {
 				li.ImageReady = true
 			}
-			li.Version = imageVersion(img, r)
+			li.Version = lang.ImageVersion(img, r)
 		}
 		out = append(out, li)
 	}
 	return out, nil
-}
-
-// imageVersion is the Debian version of the first of the recipe's packages
-// (or, for setup-installed toolchains, of the first package named in a
-// setup line) that the image holds.
-func imageVersion(img *image.Image, r *image.Recipe) string {
-	cands := slices.Clone(r.Packages)
-	for _, line := range r.Setup {
-		if i := strings.Index(line, " install "); i >= 0 {
-			for _, f := range strings.Fields(line[i:]) {
-				if !strings.HasPrefix(f, "-") && f != "install" {
-					cands = append([]string{f}, cands...)
-				}
-			}
-		}
-	}
-	for _, p := range cands {
-		if v, ok := img.Packages[p]; ok {
-			return v
-		}
-	}
-	return ""
 }
 
 // GetRun returns a run record with up to maxLog bytes of each log (0: the

@@ -1,33 +1,57 @@
-// Package errdefs is SandboxRunner's error taxonomy. Every error that crosses a
-// package boundary towards a front end (MCP, REST, sandboxctl) carries one of
-// the codes below; front ends map the code once to their own representation
-// (HTTP status, MCP isError payload, process exit code).
+// Package errdefs is SandboxRunner's error taxonomy, after containerd's
+// errdefs module. Every error that crosses a package boundary towards a front
+// end (MCP, REST, sandboxctl) or over the agent protocol carries one of the
+// codes below. The package knows nothing of transports: each front end maps
+// a code to its own representation (HTTP status in pkg/api, exit code in
+// cmd/sandboxctl, isError payload in pkg/mcpserver) beside its own code.
+//
+// Messages are for clients: an error that carries no code is an internal
+// error whose detail goes to the log only (MessageOf says "internal error").
 package errdefs
 
 import (
 	"errors"
 	"fmt"
-	"net/http"
+	"strings"
 )
 
 // Code is one entry of the error taxonomy.
 type Code string
 
-// The taxonomy. Names are part of the external contract (SPEC.md).
+// The taxonomy. Names are part of the external contract (docs/SPEC.md).
 const (
 	InvalidArgument Code = "invalid_argument"
 	NotFound        Code = "not_found"
 	Conflict        Code = "conflict"
 	LimitExceeded   Code = "limit_exceeded"
 	Unavailable     Code = "unavailable"
-	Internal        Code = "internal"
+	Unauthenticated Code = "unauthenticated"
+	// PermissionDenied: authenticated, but this request may not be made
+	// (a browser request failing the web editor's CSRF or Origin checks).
+	PermissionDenied Code = "permission_denied"
+	Internal         Code = "internal"
 )
 
+// Codes lists the taxonomy.
+var Codes = []Code{InvalidArgument, NotFound, Conflict, LimitExceeded, Unavailable, Unauthenticated, PermissionDenied, Internal}
+
+// Known reports whether c is a code of the taxonomy.
+func Known(c Code) bool {
+	for _, k := range Codes {
+		if c == k {
+			return true
+		}
+	}
+	return false
+}
+
 // Error is an error with a taxonomy code. Message is safe to show to a client.
+// Its JSON form is the wire form of the agent protocol and of REST error
+// bodies.
 type Error struct {
-	Code    Code
-	Message string
-	Err     error // optional cause, not shown to clients
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+	Err     error  `json:"-"` // optional cause, not shown to clients
 }
 
 func (e *Error) Error() string {
@@ -40,7 +64,10 @@ func (e *Error) Error() string {
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Err }
 
-func newf(c Code, format string, args ...any) error {
+func newf(c Code, format string, args ...any) error { return New(c, format, args...) }
+
+// New returns an error with code c and a formatted client-safe message.
+func New(c Code, format string, args ...any) *Error {
 	return &Error{Code: c, Message: fmt.Sprintf(format, args...)}
 }
 
@@ -58,6 +85,16 @@ func LimitExceededf(format string, args ...any) error { return newf(LimitExceede
 
 // Unavailablef returns an unavailable error (a dependency is missing or down).
 func Unavailablef(format string, args ...any) error { return newf(Unavailable, format, args...) }
+
+// Unauthenticatedf returns an unauthenticated error (no or a wrong credential).
+func Unauthenticatedf(format string, args ...any) error {
+	return newf(Unauthenticated, format, args...)
+}
+
+// PermissionDeniedf returns a permission_denied error.
+func PermissionDeniedf(format string, args ...any) error {
+	return newf(PermissionDenied, format, args...)
+}
 
 // Wrap attaches code and a client-safe message to cause.
 func Wrap(c Code, cause error, format string, args ...any) error {
@@ -80,68 +117,21 @@ func CodeOf(err error) Code {
 // Is reports whether err carries code c.
 func Is(err error, c Code) bool { return err != nil && CodeOf(err) == c }
 
-// MessageOf returns the client-safe message of err.
+// MessageOf returns the client-safe message of err: the message of its
+// outermost *Error with the context that wrapping added in front of it
+// ("files: write x: " + message). An error of no known class is "internal
+// error": its detail is for the log, not the client.
 func MessageOf(err error) string {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Message
-	}
 	if err == nil {
 		return ""
 	}
-	return err.Error()
-}
-
-// HTTPStatus maps a code to its HTTP status. This is the only such mapping.
-func HTTPStatus(c Code) int {
-	switch c {
-	case InvalidArgument:
-		return http.StatusBadRequest
-	case NotFound:
-		return http.StatusNotFound
-	case Conflict:
-		return http.StatusConflict
-	case LimitExceeded:
-		return http.StatusTooManyRequests
-	case Unavailable:
-		return http.StatusServiceUnavailable
-	case "":
-		return http.StatusOK
-	default:
-		return http.StatusInternalServerError
+	var e *Error
+	if !errors.As(err, &e) {
+		return "internal error"
 	}
-}
-
-// ExitCode maps a code to sandboxctl's exit code (SPEC.md): 2 usage or invalid
-// argument, 3 not found, 1 any other failure. Exit code 4 (daemon unreachable)
-// and 5 (unhealthy) are decided by sandboxctl itself, not by a code.
-func ExitCode(c Code) int {
-	switch c {
-	case "":
-		return 0
-	case InvalidArgument:
-		return 2
-	case NotFound:
-		return 3
-	default:
-		return 1
+	full, inner := err.Error(), e.Error()
+	if i := strings.LastIndex(full, inner); i > 0 {
+		return full[:i] + e.Message
 	}
-}
-
-// FromHTTPStatus is the inverse of HTTPStatus for clients that only see a status.
-func FromHTTPStatus(status int) Code {
-	switch status {
-	case http.StatusBadRequest:
-		return InvalidArgument
-	case http.StatusNotFound:
-		return NotFound
-	case http.StatusConflict:
-		return Conflict
-	case http.StatusTooManyRequests:
-		return LimitExceeded
-	case http.StatusServiceUnavailable:
-		return Unavailable
-	default:
-		return Internal
-	}
+	return e.Message
 }

@@ -1,4 +1,4 @@
-// Package mcpserver serves SandboxRunner's MCP tools (SPEC.md "MCP tools")
+// Package mcpserver serves SandboxRunner's MCP tools (docs/SPEC.md "MCP tools")
 // with github.com/mark3labs/mcp-go, over streamable HTTP (NewHandler), stdio
 // (ServeStdio) and, for `mcp-sandboxd stdio` next to a running daemon, a
 // bridge that carries stdio messages to the daemon's /mcp endpoint (Bridge).
@@ -163,20 +163,12 @@ func (s *srv) sessionEnded(ctx context.Context, id string) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	list, err := s.e.ListSandboxes(ctx, "")
-	if err != nil {
-		s.log.Error("mcp session end: list sandboxes", "session", id, "err", err)
-		return
+	ids, err := s.e.TerminateLabeled(ctx, SessionLabel, id, "its MCP session ended")
+	for _, sb := range ids {
+		s.log.Info("mcp session ended: terminated its sandbox", "session", id, "sandbox", sb)
 	}
-	for _, sb := range list {
-		if sb.Labels[SessionLabel] != id {
-			continue
-		}
-		if _, err := s.e.TerminateSandbox(ctx, sb.ID); err != nil {
-			s.log.Error("mcp session end: terminate", "session", id, "sandbox", sb.ID, "err", err)
-			continue
-		}
-		s.log.Info("mcp session ended: terminated its sandbox", "session", id, "sandbox", sb.ID)
+	if err != nil {
+		s.log.Error("mcp session end: terminate its sandboxes", "session", id, "err", err)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
@@ -129,25 +128,12 @@ func (s *srv) addExecTools() {
 		"Send a signal (default SIGKILL) to a background job's whole process group and report its state. Prerequisite: a job_id from exec_command with background: true. Its output stays readable with job_status.",
 		annotations{destructive: true, idempotent: true},
 		func(ctx context.Context, c *call, in *jobKillIn) (*result, error) {
-			if err := s.e.KillJob(ctx, in.SandboxID, in.JobID, in.Signal); err != nil {
+			res, err := s.e.KillJob(ctx, apitypes.JobKillRequest{SandboxID: in.SandboxID, JobID: in.JobID, Signal: in.Signal})
+			if err != nil {
 				return nil, err
 			}
-			sig := in.Signal
-			if sig == "" {
-				sig = "SIGKILL"
-			}
-			out := jobKillOut{JobID: in.JobID, Signal: sig, State: "running"}
-			// Give the job a moment to die, so the answer says finished.
-			for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-				st, err := s.e.JobStatus(ctx, engine.JobStatusRequest{SandboxID: in.SandboxID, JobID: in.JobID, MaxBytes: 1})
-				if err != nil {
-					return nil, err
-				}
-				if out.State = st.State; st.State != "running" {
-					break
-				}
-			}
-			return &result{structured: out, text: fmt.Sprintf("sent %s to job %s: %s", sig, in.JobID, out.State)}, nil
+			out := jobKillOut{JobID: res.JobID, Signal: res.Signal, State: res.State}
+			return &result{structured: out, text: fmt.Sprintf("sent %s to job %s: %s", res.Signal, res.JobID, res.State)}, nil
 		})
 }
 

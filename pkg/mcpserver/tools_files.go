@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 )
 
@@ -30,16 +31,7 @@ type fileReadIn struct {
 	MaxBytes  int64  `json:"max_bytes,omitempty" jsonschema_description:"Most bytes to return; capped so that the answer fits a tool result."`
 }
 
-type fileReadOut struct {
-	Path      string `json:"path"`
-	Content   string `json:"content"`
-	Encoding  string `json:"encoding"`
-	Size      int64  `json:"size"`
-	Offset    int64  `json:"offset"`
-	Truncated bool   `json:"truncated"`
-	// NextOffset is where the next read should start when truncated.
-	NextOffset int64 `json:"next_offset,omitempty"`
-}
+type fileReadOut = apitypes.FileReadResult
 
 type fileListIn struct {
 	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
@@ -108,19 +100,7 @@ func (s *srv) addFileTools() {
 				if err != nil {
 					return nil, err
 				}
-				out := fileReadOut{Path: raw.Path, Content: raw.Content, Encoding: raw.Encoding, Size: raw.Size, Offset: in.Offset}
-				n := int64(len(raw.Content))
-				if raw.Encoding == "base64" {
-					n = int64(len(raw.Content)) / 4 * 3
-					if strings.HasSuffix(raw.Content, "==") {
-						n -= 2
-					} else if strings.HasSuffix(raw.Content, "=") {
-						n--
-					}
-				}
-				if in.Offset+n < raw.Size {
-					out.Truncated, out.NextOffset = true, in.Offset+n
-				}
+				out := *raw
 				head := fmt.Sprintf("%s: %d bytes, %s", out.Path, out.Size, out.Encoding)
 				if out.Truncated {
 					head += fmt.Sprintf("; bytes %d to %d shown, continue at offset %d", in.Offset, out.NextOffset, out.NextOffset)

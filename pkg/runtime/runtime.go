@@ -28,7 +28,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/opencontainers/cgroups"
@@ -89,6 +88,9 @@ type Spec struct {
 	InitEnv    []string
 	InitLog    string // host file receiving PID 1's stdout and stderr
 	Labels     map[string]string
+	// NetNSPath is a network namespace to join (a bind-mounted nsfs file);
+	// empty gives the sandbox a new namespace with only loopback.
+	NetNSPath string
 }
 
 // Runtime starts and stops sandboxes, keeping libcontainer's state under Root
@@ -174,6 +176,13 @@ func BuildSpec(s *Spec) *specs.Spec {
 	spec.Linux.MaskedPaths = append(spec.Linux.MaskedPaths,
 		"/proc/interrupts", "/proc/sched_debug", "/sys/devices/virtual/powercap", "/proc/kallsyms")
 	spec.Linux.CgroupsPath = s.CgroupPath
+	if s.NetNSPath != "" {
+		for i, ns := range spec.Linux.Namespaces {
+			if ns.Type == specs.NetworkNamespace {
+				spec.Linux.Namespaces[i].Path = s.NetNSPath
+			}
+		}
+	}
 	hasCgroupNS := false
 	for _, ns := range spec.Linux.Namespaces {
 		hasCgroupNS = hasCgroupNS || ns.Type == specs.CgroupNamespace
@@ -392,7 +401,7 @@ func (r *Runtime) Instance(id string) (*Instance, bool) {
 
 // Destroy kills the sandbox's every process and removes its cgroups and
 // libcontainer state. It is idempotent: a sandbox without state is gone already.
-func (r *Runtime) Destroy(id string, grace time.Duration) error {
+func (r *Runtime) Destroy(id string) error {
 	r.mu.Lock()
 	inst := r.instances[id]
 	r.mu.Unlock()
@@ -409,11 +418,6 @@ func (r *Runtime) Destroy(id string, grace time.Duration) error {
 		}
 		if err != nil {
 			return fmt.Errorf("load container %s: %w", id, err)
-		}
-	}
-	if grace > 0 {
-		if err := ct.Signal(unix.SIGTERM); err == nil {
-			waitStopped(ct, inst, grace)
 		}
 	}
 	// With a private PID namespace, killing init makes the kernel kill the rest.
@@ -468,13 +472,4 @@ func (r *Runtime) List() ([]string, error) {
 		}
 	}
 	return ids, nil
-}
-
-// Signal sends sig to the sandbox's init.
-func (r *Runtime) Signal(id string, sig syscall.Signal) error {
-	inst, ok := r.Instance(id)
-	if !ok {
-		return fmt.Errorf("sandbox %s: not known to the runtime", id)
-	}
-	return inst.ct.Signal(sig)
 }

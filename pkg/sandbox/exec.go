@@ -11,12 +11,11 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
-// Termination causes (SPEC.md "Termination causes").
+// Termination causes (docs/SPEC.md "Termination causes").
 const (
 	CauseExited      = apitypes.CauseExited
 	CauseTimeout     = apitypes.CauseTimeout
@@ -199,7 +198,7 @@ func (m *Manager) termination(sb *Sandbox, exit *agent.ExitStatus, oomBefore uin
 		t = Termination{Cause: CauseLost, Detail: fmt.Sprintf("agent reported unknown cause %.40q", exit.Cause)}
 	}
 	if exit.Signal == "SIGKILL" && (t.Cause == CauseSignal || t.Cause == CauseKilled) {
-		if n, err := cgroups.OOMKills(sb.cgroupPath); err == nil && n > oomBefore {
+		if n, err := sb.oomKills(); err == nil && n > oomBefore {
 			t.Cause, t.Detail = CauseOOM, fmt.Sprintf("killed by the OOM killer (memory limit %d bytes)", sb.spec.Limits.MemoryBytes)
 		}
 	}
@@ -218,7 +217,7 @@ func (m *Manager) lostTermination(sb *Sandbox, oomBefore uint64, err error) Term
 	sb.mu.Lock()
 	terminating := sb.terminating
 	sb.mu.Unlock()
-	if n, cerr := cgroups.OOMKills(sb.cgroupPath); cerr == nil && n > oomBefore {
+	if n, cerr := sb.oomKills(); cerr == nil && n > oomBefore {
 		return Termination{Cause: CauseOOM, Detail: "the OOM killer ended the sandbox"}
 	}
 	if terminating {
@@ -231,7 +230,7 @@ func (m *Manager) lostTermination(sb *Sandbox, oomBefore uint64, err error) Term
 func (m *Manager) agentError(sb *Sandbox, err error, what string) error {
 	var ae *agent.Error
 	if errors.As(err, &ae) {
-		code := errdefs.Code(ae.Code)
+		code := ae.Code
 		switch code {
 		case errdefs.InvalidArgument, errdefs.NotFound, errdefs.Conflict, errdefs.LimitExceeded:
 			return errdefs.Wrap(code, err, "%s", ae.Message)
@@ -337,4 +336,15 @@ func (m *Manager) live(ctx context.Context, id string) (*Sandbox, error) {
 		return nil, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
 	}
 	return sb, nil
+}
+
+// oomKills counts the OOM killer's kills in the sandbox so far.
+func (sb *Sandbox) oomKills() (uint64, error) {
+	sb.mu.Lock()
+	h := sb.handle
+	sb.mu.Unlock()
+	if h == nil {
+		return 0, errors.New("sandbox not started")
+	}
+	return h.OOMKills()
 }

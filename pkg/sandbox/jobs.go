@@ -7,7 +7,6 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 )
 
 // jobMeta is what the daemon remembers about a command it started; the agent
@@ -19,7 +18,7 @@ type jobMeta struct {
 // startCommand starts spec in sb through the agent after beginCommand; the
 // caller owns one endCommand.
 func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, tty *agent.TTYSize) (string, error) {
-	oomBefore, _ := cgroups.OOMKills(sb.cgroupPath)
+	oomBefore, _ := sb.oomKills()
 	cwd := spec.Cwd
 	if cwd == "" {
 		cwd = "/workspace"

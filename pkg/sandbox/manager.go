@@ -17,29 +17,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
-
+	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
-)
-
-// Paths inside every sandbox where the daemon mounts the agent.
-const (
-	agentBinaryInside = "/.sandboxd/agent"
-	agentRunInside    = "/.sandboxd/run"
-	agentSocketName   = "agent.sock"
 )
 
 // Limits are a sandbox's resource limits, already validated and capped.
@@ -65,18 +53,19 @@ type Info = apitypes.Sandbox
 
 // Options configure a Manager.
 type Options struct {
-	Store        *store.Store
-	Images       *image.Store
-	Runtime      *runtime.Runtime
-	Seccomp      *specs.LinuxSeccomp // nil only when seccomp is explicitly off
-	AgentPath    string              // host path of the static sandbox-agent binary
-	RunDir       string              // per-sandbox mounts and sockets live in RunDir/sandboxes
-	CgroupParent string
+	Store  *store.Store
+	Images *image.Store
+	// Backend starts the machines sandboxes run in; Ledger records what
+	// each sandbox holds and releases it (the backend registered its kinds).
+	Backend Backend
+	Ledger  *ledger.Ledger
+	// Network attaches sandboxes with a network mode other than "none";
+	// nil: only "none" can start.
+	Network      Network
 	MaxSandboxes int
 	IdleTimeout  time.Duration // 0: never
 	MaxLifetime  time.Duration // 0: never
 	OutputLimit  int64         // per stream per command
-	IO           IOLimits      // block I/O throttles of every sandbox
 	// Pool is the number of warm sandboxes to keep per image, started from
 	// PoolSpec(image), the spec a default request for it gets.
 	Pool         map[string]int
@@ -88,13 +77,6 @@ type Options struct {
 	// OnTransition, if set, is called after every persisted transition
 	// (metrics). It runs under the sandbox's lock and must not block.
 	OnTransition func(id string, from, to State, reason string)
-}
-
-// IOLimits throttle a sandbox's block I/O on one device; zero rates are none.
-type IOLimits struct {
-	Device   string // "major:minor"
-	ReadBPS  uint64
-	WriteBPS uint64
 }
 
 // Manager creates, tracks and destroys sandboxes.
@@ -118,7 +100,6 @@ type Manager struct {
 type Sandbox struct {
 	ID   string
 	spec Spec
-	dir  string // RunDir/sandboxes/<id>
 
 	mu          sync.Mutex
 	state       State
@@ -127,9 +108,7 @@ type Sandbox struct {
 	running     int // commands in flight
 	terminating bool
 	digest      string
-	cgroupPath  string
-	layers      *image.Layers
-	inst        *runtime.Instance
+	handle      Handle // nil until the backend started it
 	agent       *agent.Client
 	jobs        map[string]jobMeta
 	pooled      bool // a warm sandbox no request has claimed yet
@@ -137,8 +116,8 @@ type Sandbox struct {
 
 // NewManager returns a Manager. Call Start to run the reaper.
 func NewManager(opt Options) (*Manager, error) {
-	if opt.Store == nil || opt.Images == nil || opt.Runtime == nil {
-		return nil, errors.New("sandbox: store, images and runtime are required")
+	if opt.Store == nil || opt.Images == nil || opt.Backend == nil || opt.Ledger == nil {
+		return nil, errors.New("sandbox: store, images, backend and ledger are required")
 	}
 	if opt.Log == nil {
 		opt.Log = slog.Default()
@@ -151,15 +130,6 @@ func NewManager(opt Options) (*Manager, error) {
 	}
 	if opt.AgentStartup <= 0 {
 		opt.AgentStartup = 15 * time.Second
-	}
-	if _, err := os.Stat(opt.AgentPath); err != nil {
-		return nil, fmt.Errorf("sandbox agent binary: %w", err)
-	}
-	if err := os.MkdirAll(filepath.Join(opt.RunDir, "sandboxes"), 0o700); err != nil {
-		return nil, fmt.Errorf("create sandbox run dir: %w", err)
-	}
-	if err := cgroups.EnsureParent(opt.CgroupParent); err != nil {
-		return nil, err
 	}
 	return &Manager{opt: opt, log: opt.Log, sandboxes: map[string]*Sandbox{}, poolPoke: make(chan struct{}, 1)}, nil
 }
@@ -233,20 +203,19 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 	sb := &Sandbox{
 		ID: newID(), spec: spec, state: StateCreating, createdAt: now, lastActive: now, digest: img.Digest,
 	}
-	sb.dir = filepath.Join(m.opt.RunDir, "sandboxes", sb.ID)
-	sb.cgroupPath = filepath.Join(m.opt.CgroupParent, sb.ID)
 	specJSON, err := json.Marshal(spec)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "encode sandbox spec")
 	}
 	rec := &store.SandboxRecord{
 		ID: sb.ID, State: string(StateCreating), Language: spec.Language, Image: spec.Image,
-		ImageDigest: img.Digest, Spec: specJSON, CgroupPath: sb.cgroupPath,
+		ImageDigest: img.Digest, Spec: specJSON,
 		CreatedAt: now, UpdatedAt: now, LastActiveAt: now,
 	}
 	if err := m.opt.Store.InsertSandbox(ctx, rec); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "record sandbox")
 	}
+	crashpoint.Hit(CrashAfterRecord)
 	m.mu.Lock()
 	m.sandboxes[sb.ID] = sb
 	m.creating-- // the sandbox itself now counts against max_sandboxes
@@ -255,7 +224,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 
 	if err := m.boot(ctx, sb, img); err != nil {
 		m.log.Warn("sandbox failed to start", "sandbox", sb.ID, "err", err)
-		m.teardown(sb)
+		m.teardown(ctx, sb)
 		m.forget(sb.ID)
 		if terr := m.transition(context.WithoutCancel(ctx), sb, StateFailed, err.Error()); terr != nil {
 			m.log.Error("record failed sandbox", "sandbox", sb.ID, "err", terr)
@@ -269,76 +238,48 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 	return m.Get(ctx, sb.ID)
 }
 
-// boot prepares the layers, starts the container and waits for the agent.
+// boot has the backend start the sandbox and waits for its agent.
 func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error {
-	agentDir := filepath.Join(sb.dir, "agent")
-	if err := os.MkdirAll(agentDir, 0o700); err != nil {
-		return fmt.Errorf("create agent dir: %w", err)
+	req := StartRequest{ID: sb.ID, Spec: sb.spec, Image: img}
+	if sb.spec.Network != "" && sb.spec.Network != "none" {
+		if m.opt.Network == nil {
+			return errdefs.Unavailablef("network: mode %q needs the network subsystem, which is not configured", sb.spec.Network)
+		}
+		p, err := m.opt.Network.Attach(ctx, sb.ID, sb.spec, m.opt.Ledger.For(sb.ID))
+		if err != nil {
+			return err
+		}
+		req.NetNSPath = p
 	}
-	layers, err := image.PrepareLayers(img, filepath.Join(sb.dir, "layers"), sb.spec.Limits.DiskBytes, sb.spec.UID, sb.spec.UID)
-	if err != nil {
-		return fmt.Errorf("prepare filesystem: %w", err)
-	}
-	sb.mu.Lock()
-	sb.layers = layers
-	sb.mu.Unlock()
-	if err := writeIdentity(layers.Rootfs, sb.ID); err != nil {
-		return err
-	}
-	uid := strconv.Itoa(sb.spec.UID)
-	inst, err := m.opt.Runtime.Start(&runtime.Spec{
-		ID:     sb.ID,
-		Rootfs: layers.Rootfs,
-		Binds: []runtime.Bind{
-			{Source: layers.Workspace, Destination: "/workspace"},
-			{Source: layers.Tmp, Destination: "/tmp"},
-			{Source: m.opt.AgentPath, Destination: agentBinaryInside, ReadOnly: true},
-			{Source: agentDir, Destination: agentRunInside, NoExec: true},
-		},
-		CgroupPath: sb.cgroupPath,
-		Limits: runtime.Limits{
-			MemoryBytes: sb.spec.Limits.MemoryBytes, CPUs: sb.spec.Limits.CPUs, Pids: sb.spec.Limits.Pids,
-			IODevice: m.opt.IO.Device, IOReadBPS: m.opt.IO.ReadBPS, IOWriteBPS: m.opt.IO.WriteBPS,
-		},
-		Seccomp: m.opt.Seccomp,
-		// Finished jobs are kept (for job_status and re-attach after a daemon
-		// restart) with up to 1 MiB of output tail each, charged to the
-		// sandbox's memory: bound how many.
-		InitArgs: []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid,
-			"--retain-bytes", "1048576", "--max-finished", "32"},
-		InitEnv: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		InitLog: filepath.Join(sb.dir, "agent.log"),
-		Labels:  map[string]string{"sandboxd.id": sb.ID},
-	})
+	h, err := m.opt.Backend.Start(ctx, req, m.opt.Ledger.For(sb.ID))
 	if err != nil {
 		return err
 	}
-	client := agent.NewClient(filepath.Join(agentDir, agentSocketName))
+	client := agent.NewClient(h.Dial)
 	sb.mu.Lock()
-	sb.inst, sb.agent = inst, client
+	sb.handle, sb.agent = h, client
 	sb.mu.Unlock()
-	if err := waitAgent(ctx, client, inst, m.opt.AgentStartup); err != nil {
-		return fmt.Errorf("%w (agent log: %s)", err, tail(filepath.Join(sb.dir, "agent.log"), 512))
+	if err := waitAgent(ctx, client, h, m.opt.AgentStartup); err != nil {
+		return err
 	}
-	return m.transition(ctx, sb, StateReady, "agent ready", func(r *store.SandboxRecord) {
-		r.InitPID, r.InitStartTime = inst.Pid, inst.StartTime
+	crashpoint.Hit(CrashAfterAgent)
+	id := h.Identity()
+	err = m.transition(ctx, sb, StateReady, "agent ready", func(r *store.SandboxRecord) {
+		r.InitPID, r.InitStartTime, r.CgroupPath = id.PID, id.StartTime, h.CgroupPath()
 	})
+	crashpoint.Hit(CrashAfterReady)
+	return err
 }
 
-// writeIdentity gives the sandbox a hosts file naming itself. The rootfs is the
-// overlay's merged dir, so the write lands in the sandbox's own upper layer.
-func writeIdentity(rootfs, id string) error {
-	hosts := "127.0.0.1\tlocalhost " + id + "\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-	if err := os.WriteFile(filepath.Join(rootfs, "etc/hosts"), []byte(hosts), 0o644); err != nil {
-		return fmt.Errorf("write /etc/hosts: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(rootfs, "etc/hostname"), []byte(id+"\n"), 0o644); err != nil {
-		return fmt.Errorf("write /etc/hostname: %w", err)
-	}
-	return nil
-}
+// Crash points (internal/crashpoint) of a sandbox's start, around the
+// backend's own.
+const (
+	CrashAfterRecord = "sandbox.recorded" // the row exists, nothing acquired
+	CrashAfterAgent  = "sandbox.agent"    // the agent answered, state still creating
+	CrashAfterReady  = "sandbox.ready"    // ready: a restart adopts it
+)
 
-func waitAgent(ctx context.Context, c *agent.Client, inst *runtime.Instance, limit time.Duration) error {
+func waitAgent(ctx context.Context, c *agent.Client, h Handle, limit time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	delay := 2 * time.Millisecond
@@ -350,8 +291,8 @@ func waitAgent(ctx context.Context, c *agent.Client, inst *runtime.Instance, lim
 			return nil
 		}
 		select {
-		case <-inst.Done():
-			return fmt.Errorf("sandbox init exited during start (%s)", inst.ExitDescription())
+		case <-h.Done():
+			return fmt.Errorf("sandbox init exited during start (%s)", h.ExitDescription())
 		case <-ctx.Done():
 			return fmt.Errorf("agent did not answer within %s: %w", limit, err)
 		case <-time.After(delay):
@@ -360,25 +301,6 @@ func waitAgent(ctx context.Context, c *agent.Client, inst *runtime.Instance, lim
 			delay *= 2
 		}
 	}
-}
-
-func tail(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return "unavailable"
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return "unavailable"
-	}
-	off := st.Size() - n
-	if off < 0 {
-		off = 0
-	}
-	buf := make([]byte, st.Size()-off)
-	_, _ = f.ReadAt(buf, off)
-	return string(buf)
 }
 
 // transition moves sb to state `to`, checked against the table and persisted
@@ -419,12 +341,12 @@ func (m *Manager) transitionLocked(ctx context.Context, sb *Sandbox, to State, r
 // watchInit terminates the sandbox when its init (the agent) dies on its own.
 func (m *Manager) watchInit(sb *Sandbox) {
 	sb.mu.Lock()
-	inst := sb.inst
+	h := sb.handle
 	sb.mu.Unlock()
-	if inst == nil {
+	if h == nil {
 		return
 	}
-	<-inst.Done()
+	<-h.Done()
 	sb.mu.Lock()
 	terminating := sb.terminating
 	sb.mu.Unlock()
@@ -432,10 +354,10 @@ func (m *Manager) watchInit(sb *Sandbox) {
 		return
 	}
 	reason := "sandbox init exited"
-	if d := inst.ExitDescription(); d != "" {
+	if d := h.ExitDescription(); d != "" {
 		reason += " (" + d + ")"
 	}
-	if n, err := cgroups.OOMKills(sb.cgroupPath); err == nil && n > 0 {
+	if n, err := h.OOMKills(); err == nil && n > 0 {
 		reason += "; the OOM killer fired in the sandbox"
 	}
 	if _, err := m.Terminate(context.Background(), sb.ID, reason); err != nil && !errdefs.Is(err, errdefs.NotFound) {
@@ -545,7 +467,7 @@ func (m *Manager) Terminate(ctx context.Context, id, reason string) (*Info, erro
 	sb.terminating = true
 	sb.mu.Unlock()
 
-	m.teardown(sb)
+	m.teardown(ctx, sb)
 	m.forget(id)
 	if reason == "" {
 		reason = "terminated by request"
@@ -572,31 +494,16 @@ func (m *Manager) waitGone(ctx context.Context, id string) (*Info, error) {
 	}
 }
 
-// teardown kills the sandbox and releases its container, cgroups and mounts.
-// Errors are logged, not returned: every step runs regardless, and what fails
-// here is found again by garbage collection.
-func (m *Manager) teardown(sb *Sandbox) {
+// teardown releases everything the sandbox holds by walking its ledger:
+// the backend's process (which kills the sandbox), cgroups, mounts, dirs.
+// Errors are logged, not returned: every release runs regardless, and what
+// fails stays in the ledger for garbage collection to retry.
+func (m *Manager) teardown(ctx context.Context, sb *Sandbox) {
 	sb.mu.Lock()
 	sb.terminating = true
-	layers := sb.layers
 	sb.mu.Unlock()
-	if err := m.opt.Runtime.Destroy(sb.ID, 0); err != nil {
-		m.log.Error("destroy sandbox container", "sandbox", sb.ID, "err", err)
-	}
-	if cgroups.Exists(sb.cgroupPath) {
-		if err := cgroups.Remove(sb.cgroupPath); err != nil {
-			m.log.Error("remove sandbox cgroup", "sandbox", sb.ID, "err", err)
-		}
-	}
-	if layers != nil {
-		if err := layers.Release(); err != nil {
-			m.log.Error("release sandbox filesystem", "sandbox", sb.ID, "err", err)
-		}
-	} else if err := image.ReleaseDir(filepath.Join(sb.dir, "layers")); err != nil {
-		m.log.Error("release sandbox filesystem", "sandbox", sb.ID, "err", err)
-	}
-	if err := os.RemoveAll(sb.dir); err != nil {
-		m.log.Error("remove sandbox dir", "sandbox", sb.ID, "err", err)
+	if _, err := m.opt.Ledger.Release(context.WithoutCancel(ctx), sb.ID); err != nil {
+		m.log.Error("release sandbox resources", "sandbox", sb.ID, "err", err)
 	}
 }
 
@@ -640,29 +547,23 @@ func (m *Manager) reap(ctx context.Context) {
 // Usage is a sandbox's current resource usage.
 type Usage = apitypes.Usage
 
-// Usage reads the live usage of sandbox id from its cgroup and filesystem.
+// Usage reads the live usage of sandbox id from its backend.
 func (m *Manager) Usage(ctx context.Context, id string) (*Usage, error) {
 	sb, err := m.lookup(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	u, err := cgroups.ReadUsage(sb.cgroupPath)
+	sb.mu.Lock()
+	h := sb.handle
+	sb.mu.Unlock()
+	if h == nil {
+		return nil, errdefs.Conflictf("sandbox %s is still starting", id)
+	}
+	u, err := h.Usage(ctx)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "read usage of %s", id)
 	}
-	out := &Usage{
-		MemoryBytes: u.MemoryBytes, MemoryMaxBytes: u.MemoryMaxBytes, CPUSeconds: u.CPUSeconds,
-		Pids: u.Pids, OOMKills: u.OOMKills, CPUThrottledSec: u.CPUThrottledSec,
-	}
-	sb.mu.Lock()
-	layers := sb.layers
-	sb.mu.Unlock()
-	if layers != nil {
-		if d, err := image.DiskUsage(filepath.Join(sb.dir, "layers")); err == nil {
-			out.DiskBytes = d
-		}
-	}
-	return out, nil
+	return u, nil
 }
 
 // IDs returns the ids of the live sandboxes, sorted.

@@ -3,20 +3,13 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
+	"sort"
 	"time"
-
-	"github.com/opencontainers/runc/libcontainer"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
@@ -53,7 +46,7 @@ func (m *Manager) Reconcile(ctx context.Context) (*GCReport, error) {
 		}
 		m.reconcileOne(ctx, rec, rep)
 	}
-	m.collect(rep)
+	m.collect(ctx, rep)
 	return rep, nil
 }
 
@@ -64,16 +57,11 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 	}
 	sb := &Sandbox{
 		ID: rec.ID, spec: spec, state: State(rec.State), createdAt: rec.CreatedAt, lastActive: rec.LastActiveAt,
-		digest: rec.ImageDigest, cgroupPath: rec.CgroupPath,
-		dir:    filepath.Join(m.opt.RunDir, "sandboxes", rec.ID),
-		pooled: isWarm(spec),
-	}
-	if sb.cgroupPath == "" {
-		sb.cgroupPath = filepath.Join(m.opt.CgroupParent, rec.ID)
+		digest: rec.ImageDigest, pooled: isWarm(spec),
 	}
 	dead := func(reason string) {
-		m.log.Info("reconcile: sandbox is gone; cleaning up", "sandbox", sb.ID, "reason", reason)
-		m.teardown(sb)
+		m.log.Info("reconcile: sandbox is gone; releasing what it held", "sandbox", sb.ID, "reason", reason)
+		m.release(ctx, sb.ID, rep)
 		to := StateTerminated
 		if sb.state == StateCreating {
 			to = StateFailed
@@ -88,21 +76,18 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 		dead("the daemon stopped while the sandbox was being created")
 		return
 	}
-	inst, err := m.opt.Runtime.Adopt(rec.ID)
-	switch {
-	case errors.Is(err, libcontainer.ErrNotExist) || errors.Is(err, runtime.ErrNotRunning):
-		dead("sandbox init exited while the daemon was down")
-		return
-	case err != nil:
-		dead(fmt.Sprintf("cannot load the container: %v", err))
+	held, err := m.opt.Ledger.Resources(ctx, rec.ID)
+	if err != nil {
+		reportError(rep, "%s: read ledger: %v", rec.ID, err)
 		return
 	}
-	if rec.InitPID != 0 && inst.Pid != rec.InitPID {
-		dead(fmt.Sprintf("init pid %d does not match the recorded %d", inst.Pid, rec.InitPID))
+	h, err := m.opt.Backend.Adopt(ctx, AdoptRequest{ID: rec.ID, Spec: spec, Resources: held,
+		Identity: Identity{PID: rec.InitPID, StartTime: rec.InitStartTime}})
+	if err != nil {
+		dead(err.Error())
 		return
 	}
-	sb.inst = inst
-	sb.agent = agent.NewClient(filepath.Join(sb.dir, "agent", agentSocketName))
+	sb.handle, sb.agent = h, agent.NewClient(h.Dial)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	_, err = sb.agent.Ping(pctx)
 	var jobs []agent.JobInfo
@@ -141,73 +126,62 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 	m.log.Info("reconcile: adopted sandbox", "sandbox", sb.ID, "state", sb.state, "running_commands", running)
 }
 
-// GC removes everything that belongs to no live sandbox: libcontainer state,
-// cgroups, mounts and sandbox directories, as a crash may leave them.
+// release releases what sandbox id holds — its ledger, plus anything of it
+// the backend's scan found — and reports each resource.
+func (m *Manager) release(ctx context.Context, id string, rep *GCReport, found ...ledger.Resource) {
+	done, err := m.opt.Ledger.Release(context.WithoutCancel(ctx), id, found...)
+	for _, r := range done {
+		if r.Err == nil {
+			reportRemoved(rep, "%s: %s", id, r.Resource)
+		}
+	}
+	if err != nil {
+		reportError(rep, "%v", err)
+		m.log.Error("release sandbox resources", "sandbox", id, "err", err)
+	}
+}
+
+// GC releases everything that belongs to no live sandbox: what the ledger
+// still names for dead ones (a release that failed, a crash mid-create) and
+// what the backend finds on the host that no ledger names, as a crash before
+// the ledger existed may leave.
 func (m *Manager) GC(ctx context.Context) *GCReport {
 	rep := &GCReport{}
-	m.collect(rep)
+	m.collect(ctx, rep)
 	return rep
 }
 
-func (m *Manager) collect(rep *GCReport) {
+func (m *Manager) collect(ctx context.Context, rep *GCReport) {
 	m.mu.Lock()
 	live := make(map[string]bool, len(m.sandboxes))
 	for id := range m.sandboxes {
 		live[id] = true
 	}
 	m.mu.Unlock()
-	orphan := func(name string) bool { return strings.HasPrefix(name, "sb-") && !live[name] }
-
-	if ids, err := m.opt.Runtime.List(); err != nil {
-		reportError(rep, "list runtime state: %v", err)
-	} else {
-		for _, id := range ids {
-			if !orphan(id) {
-				continue
-			}
-			if err := m.opt.Runtime.Destroy(id, 0); err != nil {
-				reportError(rep, "destroy orphan container %s: %v", id, err)
-				continue
-			}
-			reportRemoved(rep, "container %s (processes killed, libcontainer state removed)", id)
-			m.log.Info("gc: removed orphan container", "sandbox", id)
+	found, err := m.opt.Backend.Scan(ctx)
+	if err != nil {
+		reportError(rep, "scan %s backend: %v", m.opt.Backend.Name(), err)
+	}
+	owners, err := m.opt.Ledger.Owners(ctx)
+	if err != nil {
+		reportError(rep, "list ledger: %v", err)
+	}
+	ids := map[string]bool{}
+	for id := range found {
+		ids[id] = true
+	}
+	for _, id := range owners {
+		ids[id] = true
+	}
+	sorted := make([]string, 0, len(ids))
+	for id := range ids {
+		if !live[id] {
+			sorted = append(sorted, id)
 		}
 	}
-	sbRoot := filepath.Join(m.opt.RunDir, "sandboxes")
-	if ents, err := os.ReadDir(sbRoot); err != nil && !os.IsNotExist(err) {
-		reportError(rep, "list sandbox dirs: %v", err)
-	} else {
-		for _, e := range ents {
-			if !orphan(e.Name()) {
-				continue
-			}
-			dir := filepath.Join(sbRoot, e.Name())
-			if err := image.ReleaseDir(filepath.Join(dir, "layers")); err != nil {
-				reportError(rep, "unmount %s: %v", dir, err)
-				continue
-			}
-			if err := os.RemoveAll(dir); err != nil {
-				reportError(rep, "remove %s: %v", dir, err)
-				continue
-			}
-			reportRemoved(rep, "sandbox dir %s (mounts released)", dir)
-			m.log.Info("gc: removed orphan sandbox dir", "dir", dir)
-		}
-	}
-	if names, err := cgroups.Children(m.opt.CgroupParent); err != nil {
-		reportError(rep, "list cgroups: %v", err)
-	} else {
-		for _, name := range names {
-			if !orphan(name) {
-				continue
-			}
-			p := filepath.Join(m.opt.CgroupParent, name)
-			if err := cgroups.Remove(p); err != nil {
-				reportError(rep, "remove cgroup %s: %v", p, err)
-				continue
-			}
-			reportRemoved(rep, "cgroup %s", p)
-			m.log.Info("gc: removed orphan cgroup", "cgroup", p)
-		}
+	sort.Strings(sorted)
+	for _, id := range sorted {
+		m.log.Info("gc: releasing what a dead sandbox left", "sandbox", id)
+		m.release(ctx, id, rep, found[id]...)
 	}
 }

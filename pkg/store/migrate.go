@@ -19,8 +19,8 @@ type migration struct {
 }
 
 // migrations is the schema history, version 1 first, numbered without gaps
-// (a test checks). Run records (v2) and artifacts (v3) are appended here when
-// the packages that own them need tables.
+// (a test checks). Run records (v2) and the resource ledger (v3) were appended
+// when the packages that own them needed tables.
 var migrations = []migration{
 	{
 		version:     1,
@@ -85,6 +85,27 @@ CREATE TABLE runs (
 
 CREATE INDEX runs_by_started_at ON runs (started_at);
 CREATE INDEX runs_by_language ON runs (language, started_at);
+`,
+	},
+	{
+		version:     3,
+		description: "resource ledger",
+		sql: `
+-- What each sandbox holds outside the database (pkg/ledger): one row per
+-- resource, written before the resource is acquired and deleted once it is
+-- released, so that after a crash the rows name everything that may exist.
+-- No foreign key: a row must outlive a sandbox row deleted by retention
+-- until the resource is really gone.
+CREATE TABLE ledger (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT, -- acquisition order; release walks it backwards
+	owner      TEXT NOT NULL,                     -- a sandbox id
+	kind       TEXT NOT NULL,                     -- container, cgroup, layers, dir, netns, veth, lease, qemu, ...
+	key        TEXT NOT NULL,                     -- what names the resource: a path, a device, an address
+	data       TEXT CHECK (data IS NULL OR json_valid(data)),
+	created_at INTEGER NOT NULL,
+	UNIQUE (owner, kind, key)
+) STRICT;
+CREATE INDEX ledger_by_owner ON ledger (owner, seq);
 `,
 	},
 }

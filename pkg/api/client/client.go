@@ -138,7 +138,30 @@ func decodeError(resp *http.Response) error {
 	if msg == "" {
 		msg = resp.Status
 	}
-	return &errdefs.Error{Code: errdefs.FromHTTPStatus(resp.StatusCode), Message: msg}
+	return &errdefs.Error{Code: codeOfStatus(resp.StatusCode), Message: msg}
+}
+
+// codeOfStatus inverts the daemon's code → status mapping (pkg/api) for
+// answers that carry only a status.
+func codeOfStatus(status int) errdefs.Code {
+	switch status {
+	case http.StatusBadRequest:
+		return errdefs.InvalidArgument
+	case http.StatusNotFound:
+		return errdefs.NotFound
+	case http.StatusConflict:
+		return errdefs.Conflict
+	case http.StatusTooManyRequests:
+		return errdefs.LimitExceeded
+	case http.StatusServiceUnavailable:
+		return errdefs.Unavailable
+	case http.StatusUnauthorized:
+		return errdefs.Unauthenticated
+	case http.StatusForbidden:
+		return errdefs.PermissionDenied
+	default:
+		return errdefs.Internal
+	}
 }
 
 // doJSON sends in (if not nil) as JSON and decodes the response into out (if

@@ -6,12 +6,11 @@ import (
 	"net/url"
 	"strconv"
 
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
 
 // JobInfo describes a command a sandbox's agent knows about.
-type JobInfo = agent.JobInfo
+type JobInfo = apitypes.JobInfo
 
 // JobStatus is a job's state and a page of its output.
 type JobStatus = apitypes.JobStatus
@@ -53,11 +52,16 @@ func (c *Client) JobStatus(ctx context.Context, id, jobID string, stdoutOff, std
 	return &out, nil
 }
 
-// KillJob signals a job (default SIGKILL).
-func (c *Client) KillJob(ctx context.Context, id, jobID, signal string) error {
+// KillJob signals a job (default SIGKILL) and says its state after a short
+// wait for it to end.
+func (c *Client) KillJob(ctx context.Context, id, jobID, signal string) (*apitypes.JobKillResult, error) {
 	q := url.Values{}
 	if signal != "" {
 		q.Set("signal", signal)
 	}
-	return c.doJSON(ctx, http.MethodDelete, sandboxPath(id, "/jobs/"+url.PathEscape(jobID)), q, nil, nil)
+	var res apitypes.JobKillResult
+	if err := c.doJSON(ctx, http.MethodDelete, sandboxPath(id, "/jobs/"+url.PathEscape(jobID)), q, nil, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
 }

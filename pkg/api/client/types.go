@@ -3,11 +3,8 @@ package client
 import (
 	"encoding/base64"
 	"fmt"
-	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 )
 
 // The types below are the REST API's JSON, as clients see it. The daemon
@@ -67,17 +64,10 @@ type SandboxDetail = apitypes.SandboxDetail
 type CreateSandboxRequest = apitypes.CreateSandboxRequest
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec. Give Command (run
-// with /bin/sh -c) or Argv.
-type ExecRequest struct {
-	Command        string            `json:"command,omitempty"`
-	Argv           []string          `json:"argv,omitempty"`
-	Cwd            string            `json:"cwd,omitempty"`
-	Env            map[string]string `json:"env,omitempty"`
-	Stdin          string            `json:"stdin,omitempty"`
-	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty"`
-}
+// with /bin/sh -c) or Argv; the sandbox is the one in the path.
+type ExecRequest = apitypes.ExecRequest
 
-// Termination says how a command ended (SPEC.md "Termination causes").
+// Termination says how a command ended (docs/SPEC.md "Termination causes").
 type Termination = apitypes.Termination
 
 // ExecResult is the outcome of a command. Over REST the output arrives as
@@ -113,13 +103,10 @@ func (l *ExecLine) decoded() ([]byte, error) {
 }
 
 // FileEntry is one entry of a directory listing.
-type FileEntry = agent.FileInfo
+type FileEntry = apitypes.FileEntry
 
 // FileResult is the outcome of a file upload or deletion.
-type FileResult struct {
-	Path string `json:"path"`
-	Size int64  `json:"size"`
-}
+type FileResult = apitypes.FileResult
 
 // FileData describes a download: the file's total size and whether it goes
 // on past the bytes returned (X-File-Size, X-File-Truncated).
@@ -132,14 +119,7 @@ type FileData struct {
 
 // TerminalRequest opens an interactive command on a pseudo-terminal. Give
 // Command (run with /bin/sh -c) or Argv, or neither for the default shell.
-type TerminalRequest struct {
-	Command string
-	Argv    []string
-	Env     map[string]string
-	Cwd     string
-	Rows    uint16
-	Cols    uint16
-}
+type TerminalRequest = apitypes.TerminalRequest
 
 // TerminalMessage is a JSON text message on the terminal WebSocket: "resize"
 // from the client, "exit" from the server as its last message.
@@ -164,16 +144,7 @@ const (
 type Event = apitypes.Event
 
 // Image is a built language image.
-type Image struct {
-	Name         string            `json:"name"`
-	Digest       string            `json:"digest"`
-	BuiltAt      time.Time         `json:"built_at"`
-	SizeBytes    int64             `json:"size_bytes"`
-	BuildSeconds float64           `json:"build_seconds"`
-	Suite        string            `json:"suite"`
-	Mirror       string            `json:"mirror"`
-	Packages     map[string]string `json:"packages,omitempty"`
-}
+type Image = apitypes.Image
 
 // GCReport lists what garbage collection removed and what it could not.
 type GCReport = apitypes.GCReport

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // errAbort marks a failure after which no error frame can be sent: the
@@ -84,17 +85,17 @@ func errnoError(p string, err error) error {
 	if !errors.As(err, &errno) {
 		return fmt.Errorf("%s: %w", p, err)
 	}
-	code := agent.CodeInternal
+	var code errdefs.Code
 	switch errno {
 	case unix.ENOENT:
-		code = agent.CodeNotFound
+		code = errdefs.NotFound
 	case unix.ENOTDIR, unix.EISDIR, unix.ELOOP, unix.EINVAL, unix.ENAMETOOLONG, unix.EXDEV,
 		unix.EACCES, unix.EPERM, unix.EROFS, unix.ETXTBSY:
-		code = agent.CodeInvalidArgument
+		code = errdefs.InvalidArgument
 	case unix.EEXIST, unix.ENOTEMPTY, unix.EBUSY:
-		code = agent.CodeConflict
+		code = errdefs.Conflict
 	case unix.ENOSPC, unix.EDQUOT, unix.EFBIG:
-		code = agent.CodeLimitExceeded
+		code = errdefs.LimitExceeded
 	default:
 		return fmt.Errorf("%s: %w", p, err)
 	}
@@ -105,7 +106,7 @@ func (fs *fileService) serve(req *agent.Request, r *bufio.Reader, rp *reply) err
 	p := req.Path
 	if req.Op == agent.OpWriteFile {
 		if req.Write == nil {
-			return agent.Errorf(agent.CodeInvalidArgument, "write_file without write")
+			return agent.Errorf(errdefs.InvalidArgument, "write_file without write")
 		}
 		p = req.Write.Path
 	}
@@ -168,7 +169,7 @@ func (fs *fileService) stat(p string) (*agent.FileInfo, error) {
 
 func (fs *fileService) read(p string, offset, limit int64, rp *reply) error {
 	if offset < 0 {
-		return agent.Errorf(agent.CodeInvalidArgument, "negative offset")
+		return agent.Errorf(errdefs.InvalidArgument, "negative offset")
 	}
 	if limit <= 0 {
 		limit = agent.DefaultReadFileMax
@@ -186,7 +187,7 @@ func (fs *fileService) read(p string, offset, limit int64, rp *reply) error {
 		return errnoError(p, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return agent.Errorf(agent.CodeInvalidArgument, "%s is not a regular file", p)
+		return agent.Errorf(errdefs.InvalidArgument, "%s is not a regular file", p)
 	}
 	n := max(0, min(limit, st.Size-offset))
 	hdr := &agent.Frame{Type: agent.FrameResult, Len: n, Data: &agent.FileData{Path: p, Size: st.Size, Truncated: offset+n < st.Size}}
@@ -206,11 +207,11 @@ func (fs *fileService) read(p string, offset, limit int64, rp *reply) error {
 // and of the agent's socket directory, by path.
 func (fs *fileService) checkMutable(p string) error {
 	if p == "/" {
-		return agent.Errorf(agent.CodeInvalidArgument, "refusing to modify /")
+		return agent.Errorf(errdefs.InvalidArgument, "refusing to modify /")
 	}
 	for _, pre := range []string{"/proc", "/sys", "/dev", fs.sockDir} {
 		if p == pre || strings.HasPrefix(p, pre+"/") {
-			return agent.Errorf(agent.CodeInvalidArgument, "refusing to modify %s (under %s)", p, pre)
+			return agent.Errorf(errdefs.InvalidArgument, "refusing to modify %s (under %s)", p, pre)
 		}
 	}
 	return nil
@@ -225,14 +226,14 @@ func (fs *fileService) checkDir(p string, dirfd int) error {
 	}
 	switch sfs.Type {
 	case unix.PROC_SUPER_MAGIC, unix.SYSFS_MAGIC, unix.DEVPTS_SUPER_MAGIC, unix.CGROUP_SUPER_MAGIC, unix.CGROUP2_SUPER_MAGIC:
-		return agent.Errorf(agent.CodeInvalidArgument, "refusing to modify %s: kernel filesystem", p)
+		return agent.Errorf(errdefs.InvalidArgument, "refusing to modify %s: kernel filesystem", p)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(dirfd, &st); err != nil {
 		return errnoError(p, err)
 	}
 	if fs.sockStat != nil && st.Dev == fs.sockStat.Dev && st.Ino == fs.sockStat.Ino {
-		return agent.Errorf(agent.CodeInvalidArgument, "refusing to modify %s: agent socket directory", p)
+		return agent.Errorf(errdefs.InvalidArgument, "refusing to modify %s: agent socket directory", p)
 	}
 	return nil
 }
@@ -272,7 +273,7 @@ func (fs *fileService) mkdirAll(dir string) (int, error) {
 		}
 		cur = path.Join(cur, name)
 		next, err := fs.open(cur, unix.O_PATH|unix.O_DIRECTORY, 0)
-		if agent.ErrorCode(err) == agent.CodeNotFound {
+		if agent.ErrorCode(err) == errdefs.NotFound {
 			err = unix.Mkdirat(fd, name, 0o755)
 			if err == nil && fs.chown {
 				err = unix.Fchownat(fd, name, fs.uid, fs.gid, unix.AT_SYMLINK_NOFOLLOW)
@@ -296,11 +297,11 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 	p := w.Path
 	switch {
 	case w.Size != payload:
-		return agent.Errorf(agent.CodeInvalidArgument, "size %d does not match payload of %d bytes", w.Size, payload)
+		return agent.Errorf(errdefs.InvalidArgument, "size %d does not match payload of %d bytes", w.Size, payload)
 	case payload > agent.MaxTransferBytes:
-		return agent.Errorf(agent.CodeLimitExceeded, "content of %d bytes exceeds %d", payload, agent.MaxTransferBytes)
+		return agent.Errorf(errdefs.LimitExceeded, "content of %d bytes exceeds %d", payload, agent.MaxTransferBytes)
 	case w.Mode&^0o1777 != 0:
-		return agent.Errorf(agent.CodeInvalidArgument, "mode %o not allowed (no setuid/setgid)", w.Mode)
+		return agent.Errorf(errdefs.InvalidArgument, "mode %o not allowed (no setuid/setgid)", w.Mode)
 	}
 	if err := fs.checkMutable(p); err != nil {
 		return err
@@ -338,7 +339,7 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 		return errnoError(p, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return agent.Errorf(agent.CodeInvalidArgument, "%s is not a regular file", p)
+		return agent.Errorf(errdefs.InvalidArgument, "%s is not a regular file", p)
 	}
 	if created && fs.chown {
 		if err := unix.Fchown(fd, fs.uid, fs.gid); err != nil {
@@ -359,7 +360,7 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 	}
 	if _, err := io.CopyN(f, r, payload); err != nil {
 		if errors.Is(err, io.EOF) {
-			return agent.Errorf(agent.CodeInvalidArgument, "content ended early: %v", err)
+			return agent.Errorf(errdefs.InvalidArgument, "content ended early: %v", err)
 		}
 		return errnoError(p, err)
 	}
@@ -371,7 +372,7 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 
 func (fs *fileService) list(p string, recursive bool, rp *reply) error {
 	fd, err := fs.open(p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if agent.ErrorCode(err) == agent.CodeInvalidArgument { // not a directory
+	if agent.ErrorCode(err) == errdefs.InvalidArgument { // not a directory
 		fi, serr := fs.stat(p)
 		if serr != nil {
 			return serr
@@ -415,7 +416,7 @@ func (fs *fileService) walk(fd int, dir string, recursive bool, count *int, rp *
 			return errnoError(p, err)
 		}
 		if *count++; *count > agent.MaxListEntries {
-			return agent.Errorf(agent.CodeLimitExceeded, "more than %d entries", agent.MaxListEntries)
+			return agent.Errorf(errdefs.LimitExceeded, "more than %d entries", agent.MaxListEntries)
 		}
 		fi := fileInfo(p, &st)
 		if err := rp.send(&agent.Frame{Type: agent.FrameEntry, File: fi}); err != nil {

@@ -1,4 +1,4 @@
-package main
+package server
 
 // output is one stream of a job: the absolute number of bytes written so
 // far and a tail of the most recent ones. It is guarded by its job's mutex.

@@ -1,8 +1,9 @@
-package main
+package server
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -26,18 +28,70 @@ const (
 	writeTimeout = 30 * time.Second
 )
 
-// server accepts connections, each carrying exactly one request.
-type server struct {
+// Server serves the agent protocol: jobs, files and terminals of one
+// sandbox, over any stream connection (a unix socket in a container, a
+// virtio-serial port or vsock in a VM). Each connection carries exactly one
+// request.
+type Server struct {
 	log     *slog.Logger
+	reaper  *reaper
 	jobs    *jobTable
 	files   *fileService
 	started time.Time
+	cancel  context.CancelFunc
 }
 
-// serve accepts connections until ln is closed.
-func (s *server) serve(ln *net.UnixListener) error {
+// Options configure a Server.
+type Options struct {
+	// Root is the directory file operations are confined to ("/").
+	Root string
+	// PrivateDir is a directory only the agent may use (its socket's
+	// directory in a container); file operations refuse it.
+	PrivateDir string
+	// UID and GID are the default identity of commands and the owner of
+	// written files.
+	UID, GID int
+	// RetainBytes is the output retained per stream of each job.
+	RetainBytes int
+	// MaxFinished is how many finished jobs are kept before the oldest go.
+	MaxFinished int
+}
+
+// New returns a Server and starts its reaper. Call it before any child
+// process exists so that no exit is missed, and Close it to stop.
+func New(log *slog.Logger, o Options) (*Server, error) {
+	switch {
+	case o.UID < 0 || o.GID < 0:
+		return nil, errors.New("uid and gid must not be negative")
+	case o.RetainBytes < 4096:
+		return nil, errors.New("retain bytes must be at least 4096")
+	case o.MaxFinished < 1:
+		return nil, errors.New("max finished jobs must be at least 1")
+	}
+	r := newReaper(log)
+	files, err := newFileService(o.Root, o.PrivateDir, o.UID, o.GID)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go r.run(ctx)
+	return &Server{log: log, reaper: r, jobs: newJobTable(log, r, &o), files: files, started: time.Now(), cancel: cancel}, nil
+}
+
+// KillAll kills every job (the sandbox is shutting down).
+func (s *Server) KillAll() { s.jobs.killAll() }
+
+// Close releases the file service and stops the reaper.
+func (s *Server) Close() {
+	s.cancel()
+	s.files.close()
+}
+
+// Serve accepts connections until ln is closed and serves each one's
+// request.
+func (s *Server) Serve(ln net.Listener) error {
 	for {
-		c, err := ln.AcceptUnix()
+		c, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
@@ -48,13 +102,13 @@ func (s *server) serve(ln *net.UnixListener) error {
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		go s.handle(c)
+		go s.ServeConn(c)
 	}
 }
 
 // reply writes frames to one connection.
 type reply struct {
-	c *net.UnixConn
+	c net.Conn
 	w *bufio.Writer
 }
 
@@ -77,7 +131,9 @@ func (rp *reply) send(f *agent.Frame, payloads ...[]byte) error {
 	return rp.w.Flush()
 }
 
-func (s *server) handle(c *net.UnixConn) {
+// ServeConn serves the one request that connection c carries, then closes
+// it.
+func (s *Server) ServeConn(c net.Conn) {
 	defer c.Close()
 	_ = c.SetReadDeadline(time.Now().Add(requestTimeout))
 	r := bufio.NewReaderSize(c, 64<<10)
@@ -98,7 +154,7 @@ func (s *server) handle(c *net.UnixConn) {
 	var aerr *agent.Error
 	if !errors.As(err, &aerr) {
 		s.log.Error("request failed", "op", op, "err", err)
-		aerr = agent.Errorf(agent.CodeInternal, "%v", err)
+		aerr = agent.Errorf(errdefs.Internal, "%v", err)
 	}
 	if err := rp.send(&agent.Frame{Type: agent.FrameError, Error: aerr}); err != nil {
 		s.log.Debug("cannot send error", "err", err)
@@ -108,24 +164,24 @@ func (s *server) handle(c *net.UnixConn) {
 func readRequest(r *bufio.Reader) (*agent.Request, error) {
 	line, err := agent.ReadLine(r, agent.MaxLineBytes)
 	if err != nil {
-		return nil, agent.Errorf(agent.CodeInvalidArgument, "read request: %v", err)
+		return nil, agent.Errorf(errdefs.InvalidArgument, "read request: %v", err)
 	}
 	var req agent.Request
 	if err := json.NewDecoder(bytes.NewReader(line)).Decode(&req); err != nil {
-		return nil, agent.Errorf(agent.CodeInvalidArgument, "decode request: %v", err)
+		return nil, agent.Errorf(errdefs.InvalidArgument, "decode request: %v", err)
 	}
 	if req.V != agent.ProtocolVersion {
-		return nil, agent.Errorf(agent.CodeInvalidArgument, "protocol version %d not supported (want %d)", req.V, agent.ProtocolVersion)
+		return nil, agent.Errorf(errdefs.InvalidArgument, "protocol version %d not supported (want %d)", req.V, agent.ProtocolVersion)
 	}
 	if req.Len < 0 {
-		return nil, agent.Errorf(agent.CodeInvalidArgument, "negative payload length")
+		return nil, agent.Errorf(errdefs.InvalidArgument, "negative payload length")
 	}
 	return &req, nil
 }
 
-func (s *server) dispatch(req *agent.Request, c *net.UnixConn, r *bufio.Reader, rp *reply) error {
+func (s *Server) dispatch(req *agent.Request, c net.Conn, r *bufio.Reader, rp *reply) error {
 	if req.Len > 0 && req.Op != agent.OpStart && req.Op != agent.OpWriteFile {
-		return agent.Errorf(agent.CodeInvalidArgument, "%s takes no payload", req.Op)
+		return agent.Errorf(errdefs.InvalidArgument, "%s takes no payload", req.Op)
 	}
 	switch req.Op {
 	case agent.OpPing:
@@ -180,19 +236,19 @@ func (s *server) dispatch(req *agent.Request, c *net.UnixConn, r *bufio.Reader, 
 		}
 		return s.files.serve(req, r, rp)
 	}
-	return agent.Errorf(agent.CodeInvalidArgument, "unknown op %q", req.Op)
+	return agent.Errorf(errdefs.InvalidArgument, "unknown op %q", req.Op)
 }
 
-func (s *server) start(req *agent.Request, r *bufio.Reader, rp *reply) error {
+func (s *Server) start(req *agent.Request, r *bufio.Reader, rp *reply) error {
 	if req.Exec == nil {
-		return agent.Errorf(agent.CodeInvalidArgument, "start without exec")
+		return agent.Errorf(errdefs.InvalidArgument, "start without exec")
 	}
 	if req.Len > agent.MaxStdinBytes {
-		return agent.Errorf(agent.CodeLimitExceeded, "stdin of %d bytes exceeds %d", req.Len, agent.MaxStdinBytes)
+		return agent.Errorf(errdefs.LimitExceeded, "stdin of %d bytes exceeds %d", req.Len, agent.MaxStdinBytes)
 	}
 	stdin := make([]byte, req.Len)
 	if _, err := io.ReadFull(r, stdin); err != nil {
-		return agent.Errorf(agent.CodeInvalidArgument, "read stdin payload: %v", err)
+		return agent.Errorf(errdefs.InvalidArgument, "read stdin payload: %v", err)
 	}
 	j, err := s.jobs.start(req.Exec, stdin)
 	if err != nil {
@@ -201,7 +257,7 @@ func (s *server) start(req *agent.Request, r *bufio.Reader, rp *reply) error {
 	return rp.send(&agent.Frame{Type: agent.FrameResult, JobID: j.id})
 }
 
-func (s *server) read(j *job, req *agent.Request, rp *reply) error {
+func (s *Server) read(j *job, req *agent.Request, rp *reply) error {
 	limit := int(req.Max)
 	if limit <= 0 || limit > agent.MaxReadBytes {
 		limit = agent.MaxReadBytes
@@ -226,7 +282,7 @@ func (s *server) read(j *job, req *agent.Request, rp *reply) error {
 
 // attach streams output until the job ends. The client sends nothing
 // after its request, so anything read (normally EOF) means it has gone.
-func (s *server) attach(j *job, req *agent.Request, r *bufio.Reader, rp *reply) error {
+func (s *Server) attach(j *job, req *agent.Request, r *bufio.Reader, rp *reply) error {
 	gone := make(chan struct{})
 	go func() {
 		_, _ = r.ReadByte()
@@ -237,7 +293,7 @@ func (s *server) attach(j *job, req *agent.Request, r *bufio.Reader, rp *reply) 
 
 // stream sends a job's output from offs as it arrives, then its exit
 // status. It returns early, without error, when gone is closed.
-func (s *server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) error {
+func (s *Server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) error {
 	j.mu.Lock()
 	f := j.follow(offs)
 	j.mu.Unlock()
@@ -287,9 +343,9 @@ func (s *server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) 
 
 // interactive streams output like attach while applying the input frames
 // the client sends.
-func (s *server) interactive(j *job, r *bufio.Reader, rp *reply) error {
+func (s *Server) interactive(j *job, r *bufio.Reader, rp *reply) error {
 	if !j.hasInput() {
-		return agent.Errorf(agent.CodeConflict, "job %s has neither a terminal nor an open stdin", j.id)
+		return agent.Errorf(errdefs.Conflict, "job %s has neither a terminal nor an open stdin", j.id)
 	}
 	if err := rp.send(&agent.Frame{Type: agent.FrameResult}); err != nil {
 		return err
@@ -309,7 +365,7 @@ func (s *server) interactive(j *job, r *bufio.Reader, rp *reply) error {
 // returns nil.
 // Operational failures (stdin already closed, job gone) are logged and do
 // not end the session: the output side still has the exit to deliver.
-func (s *server) input(j *job, r *bufio.Reader) error {
+func (s *Server) input(j *job, r *bufio.Reader) error {
 	for {
 		f, err := agent.ReadFrame(r, agent.MaxChunkBytes)
 		if err != nil {

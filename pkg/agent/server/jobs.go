@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"crypto/rand"
@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // drainGrace is how long output is still collected after a job's leader
@@ -35,14 +36,14 @@ var streamNames = [2]string{agent.StreamStdout, agent.StreamStderr}
 type jobTable struct {
 	log    *slog.Logger
 	reaper *reaper
-	opts   *options
+	opts   *Options
 
 	mu       sync.Mutex
 	jobs     map[string]*job
 	finished []string // ids of finished jobs, oldest first
 }
 
-func newJobTable(log *slog.Logger, r *reaper, o *options) *jobTable {
+func newJobTable(log *slog.Logger, r *reaper, o *Options) *jobTable {
 	return &jobTable{log: log, reaper: r, opts: o, jobs: map[string]*job{}}
 }
 
@@ -96,7 +97,7 @@ func (t *jobTable) get(id string) (*job, error) {
 	defer t.mu.Unlock()
 	j, ok := t.jobs[id]
 	if !ok {
-		return nil, agent.Errorf(agent.CodeNotFound, "job %s not found", id)
+		return nil, agent.Errorf(errdefs.NotFound, "job %s not found", id)
 	}
 	return j, nil
 }
@@ -132,7 +133,7 @@ func (t *jobTable) markFinished(j *job) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.finished = append(t.finished, j.id)
-	for len(t.finished) > t.opts.maxFinished {
+	for len(t.finished) > t.opts.MaxFinished {
 		delete(t.jobs, t.finished[0])
 		t.finished = t.finished[1:]
 	}
@@ -145,7 +146,7 @@ func (t *jobTable) forget(id string) error {
 		return err
 	}
 	if j.exitStatus() == nil {
-		return agent.Errorf(agent.CodeConflict, "job %s is still running", id)
+		return agent.Errorf(errdefs.Conflict, "job %s is still running", id)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -348,10 +349,10 @@ func (j *job) writeStdin(p []byte) error {
 	j.stdinMu.Lock()
 	defer j.stdinMu.Unlock()
 	if j.stdin == nil {
-		return agent.Errorf(agent.CodeConflict, "stdin of job %s is closed", j.id)
+		return agent.Errorf(errdefs.Conflict, "stdin of job %s is closed", j.id)
 	}
 	if _, err := j.stdin.Write(p); err != nil {
-		return agent.Errorf(agent.CodeConflict, "write stdin: %v", err)
+		return agent.Errorf(errdefs.Conflict, "write stdin: %v", err)
 	}
 	return nil
 }
@@ -383,15 +384,15 @@ func (j *job) closeStdin() {
 // resize sets the terminal size of a tty job.
 func (j *job) resize(rows, cols uint16) error {
 	if j.pty == nil {
-		return agent.Errorf(agent.CodeInvalidArgument, "job %s has no terminal", j.id)
+		return agent.Errorf(errdefs.InvalidArgument, "job %s has no terminal", j.id)
 	}
 	if rows == 0 || cols == 0 {
-		return agent.Errorf(agent.CodeInvalidArgument, "terminal size %dx%d", rows, cols)
+		return agent.Errorf(errdefs.InvalidArgument, "terminal size %dx%d", rows, cols)
 	}
 	j.stdinMu.Lock()
 	defer j.stdinMu.Unlock()
 	if j.stdin == nil {
-		return agent.Errorf(agent.CodeConflict, "terminal of job %s is closed", j.id)
+		return agent.Errorf(errdefs.Conflict, "terminal of job %s is closed", j.id)
 	}
 	if err := unix.IoctlSetWinsize(int(j.pty.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols}); err != nil {
 		return fmt.Errorf("set terminal size: %w", err)
@@ -406,14 +407,14 @@ func (j *job) signal(name string) error {
 		return err
 	}
 	if j.exitStatus() != nil {
-		return agent.Errorf(agent.CodeConflict, "job %s has finished", j.id)
+		return agent.Errorf(errdefs.Conflict, "job %s has finished", j.id)
 	}
 	if sig == unix.SIGKILL {
 		j.kill(agent.CauseKilled, "killed by request")
 		return nil
 	}
 	if !j.table.reaper.signalGroup(j.pid, sig) {
-		return agent.Errorf(agent.CodeConflict, "job %s has exited", j.id)
+		return agent.Errorf(errdefs.Conflict, "job %s has exited", j.id)
 	}
 	return nil
 }
@@ -422,7 +423,7 @@ func (j *job) signal(name string) error {
 func parseSignal(s string) (unix.Signal, error) {
 	if n, err := strconv.Atoi(s); err == nil {
 		if n < 1 || n > 64 {
-			return 0, agent.Errorf(agent.CodeInvalidArgument, "signal %d out of range", n)
+			return 0, agent.Errorf(errdefs.InvalidArgument, "signal %d out of range", n)
 		}
 		return unix.Signal(n), nil
 	}
@@ -433,7 +434,7 @@ func parseSignal(s string) (unix.Signal, error) {
 	if sig := unix.SignalNum(name); sig != 0 {
 		return sig, nil
 	}
-	return 0, agent.Errorf(agent.CodeInvalidArgument, "unknown signal %q", s)
+	return 0, agent.Errorf(errdefs.InvalidArgument, "unknown signal %q", s)
 }
 
 // info describes the job.

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"errors"
@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -88,7 +89,7 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 		changed:     make(chan struct{}),
 	}
 	for i := range j.streams {
-		j.streams[i].retain = t.opts.retainBytes
+		j.streams[i].retain = t.opts.RetainBytes
 	}
 	j.startedAt = time.Now()
 	// j.pid is set under the reaper's lock, so onExit sees it.
@@ -145,7 +146,7 @@ func credUID(c *syscall.Credential) int {
 // execError classifies a fork/exec failure.
 func execError(argv0, cwd string, err error) error {
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ENOEXEC) {
-		return agent.Errorf(agent.CodeInvalidArgument, "cannot execute %s in %s: %v", argv0, cwd, err)
+		return agent.Errorf(errdefs.InvalidArgument, "cannot execute %s in %s: %v", argv0, cwd, err)
 	}
 	return fmt.Errorf("start %s: %w", argv0, err)
 }
@@ -154,24 +155,24 @@ func execError(argv0, cwd string, err error) error {
 // directory and credentials.
 func (t *jobTable) prepare(req *agent.ExecRequest) (argv0 string, env []string, cwd string, cred *syscall.Credential, err error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
-		return "", nil, "", nil, agent.Errorf(agent.CodeInvalidArgument, "empty argv")
+		return "", nil, "", nil, agent.Errorf(errdefs.InvalidArgument, "empty argv")
 	}
 	for _, s := range append(append([]string(nil), req.Argv...), req.Env...) {
 		if strings.IndexByte(s, 0) >= 0 {
-			return "", nil, "", nil, agent.Errorf(agent.CodeInvalidArgument, "argv or env contains NUL")
+			return "", nil, "", nil, agent.Errorf(errdefs.InvalidArgument, "argv or env contains NUL")
 		}
 	}
 	if req.TimeoutMS < 0 || req.OutputLimit < 0 {
-		return "", nil, "", nil, agent.Errorf(agent.CodeInvalidArgument, "negative timeout or output limit")
+		return "", nil, "", nil, agent.Errorf(errdefs.InvalidArgument, "negative timeout or output limit")
 	}
 	if req.TTY != nil && (req.TTY.Rows == 0 || req.TTY.Cols == 0) {
-		return "", nil, "", nil, agent.Errorf(agent.CodeInvalidArgument, "terminal size %dx%d", req.TTY.Rows, req.TTY.Cols)
+		return "", nil, "", nil, agent.Errorf(errdefs.InvalidArgument, "terminal size %dx%d", req.TTY.Rows, req.TTY.Cols)
 	}
 
 	env = req.Env
 	for _, kv := range env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return "", nil, "", nil, agent.Errorf(agent.CodeInvalidArgument, "env entry %q is not K=V", kv)
+			return "", nil, "", nil, agent.Errorf(errdefs.InvalidArgument, "env entry %q is not K=V", kv)
 		}
 	}
 	if len(env) == 0 {
@@ -189,7 +190,7 @@ func (t *jobTable) prepare(req *agent.ExecRequest) (argv0 string, env []string, 
 			cwd = "/workspace"
 		}
 	case !path.IsAbs(cwd) || path.Clean(cwd) != cwd:
-		return "", nil, "", nil, agent.Errorf(agent.CodeInvalidArgument, "cwd %q is not an absolute clean path", cwd)
+		return "", nil, "", nil, agent.Errorf(errdefs.InvalidArgument, "cwd %q is not an absolute clean path", cwd)
 	}
 
 	argv0, err = lookPath(req.Argv[0], env)
@@ -204,7 +205,7 @@ func (t *jobTable) prepare(req *agent.ExecRequest) (argv0 string, env []string, 
 // non-zero uid clears every capability; the supplementary groups are reset
 // to the command's gid so none of the agent's groups leak.
 func (t *jobTable) credential(req *agent.ExecRequest) (*syscall.Credential, error) {
-	uid, gid := t.opts.uid, t.opts.gid
+	uid, gid := t.opts.UID, t.opts.GID
 	if req.UID != nil {
 		uid = *req.UID
 	}
@@ -212,12 +213,12 @@ func (t *jobTable) credential(req *agent.ExecRequest) (*syscall.Credential, erro
 		gid = *req.GID
 	}
 	if uid < 0 || gid < 0 || uid > 1<<31-2 || gid > 1<<31-2 {
-		return nil, agent.Errorf(agent.CodeInvalidArgument, "invalid uid/gid %d/%d", uid, gid)
+		return nil, agent.Errorf(errdefs.InvalidArgument, "invalid uid/gid %d/%d", uid, gid)
 	}
 	if os.Geteuid() != 0 {
 		// Unprivileged (tests on the host): only our own identity works.
 		if uid != os.Geteuid() || gid != os.Getegid() {
-			return nil, agent.Errorf(agent.CodeInvalidArgument, "agent is not root: cannot run as %d:%d", uid, gid)
+			return nil, agent.Errorf(errdefs.InvalidArgument, "agent is not root: cannot run as %d:%d", uid, gid)
 		}
 		return nil, nil
 	}
@@ -252,7 +253,7 @@ func lookPath(name string, env []string) (string, error) {
 			return cand, nil
 		}
 	}
-	return "", agent.Errorf(agent.CodeNotFound, "executable %q not found in PATH", name)
+	return "", agent.Errorf(errdefs.NotFound, "executable %q not found in PATH", name)
 }
 
 // openFDs creates the command's stdio: a pseudo-terminal, or pipes for

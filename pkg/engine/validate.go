@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"math"
+	"strings"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
+
+// The validators every entry point shares, so that one kind of input is
+// checked one way whichever tool, endpoint or command carries it. Each error
+// names the request field it is about.
+
+// Network modes of a sandbox.
+const (
+	NetworkNone      = "none"
+	NetworkEgress    = "egress"
+	NetworkAllowlist = "allowlist"
+)
+
+// maxArgs caps a program's argument count.
+const maxArgs = 1024
+
+// duration turns a request's seconds into a duration, refusing what is not
+// a positive finite number, what would overflow, and what exceeds max
+// (0: no maximum).
+func duration(field string, secs float64, max time.Duration) (time.Duration, error) {
+	if !(secs > 0) || math.IsInf(secs, 0) {
+		return 0, errdefs.Invalidf("%s: must be a positive number of seconds, got %v", field, secs)
+	}
+	if secs >= float64(math.MaxInt64)/float64(time.Second) {
+		return 0, errdefs.Invalidf("%s: %v seconds is out of range", field, secs)
+	}
+	d := time.Duration(secs * float64(time.Second))
+	if max > 0 && d > max {
+		return 0, errdefs.Invalidf("%s: %v exceeds the maximum %s", field, secs, max)
+	}
+	return d, nil
+}
+
+// wholeSeconds is duration for integer fields (ttl_seconds).
+func wholeSeconds(field string, secs int64, max time.Duration) (time.Duration, error) {
+	if secs <= 0 {
+		return 0, errdefs.Invalidf("%s: must be positive, got %d", field, secs)
+	}
+	return duration(field, float64(secs), max)
+}
+
+// megabytes turns a request's MiB count into bytes within [min, max] bytes
+// (max 0: no maximum), refusing values whose byte count would overflow.
+func megabytes(field string, mb, min, max int64) (int64, error) {
+	if mb > math.MaxInt64/mib || mb < math.MinInt64/mib {
+		return 0, errdefs.Invalidf("%s: %d MiB is out of range", field, mb)
+	}
+	if err := checkRange(field, mb*mib, min, max, mib); err != nil {
+		return 0, err
+	}
+	return mb * mib, nil
+}
+
+func checkRange(field string, v, min, max, unit int64) error {
+	if v < min {
+		return errdefs.Invalidf("%s: must be at least %d, got %d", field, min/unit, v/unit)
+	}
+	if max > 0 && v > max {
+		return errdefs.Invalidf("%s: %d exceeds the maximum %d", field, v/unit, max/unit)
+	}
+	return nil
+}
+
+// networkMode resolves a request's network mode: empty means the
+// configured default. Only "none" exists until the network subsystem does;
+// the other modes are refused as unavailable rather than silently dropped.
+func (e *Engine) networkMode(field, mode string) (string, error) {
+	if mode == "" {
+		mode = e.cfg.Network.DefaultMode
+	}
+	switch mode {
+	case "", NetworkNone:
+		return NetworkNone, nil
+	case NetworkEgress, NetworkAllowlist:
+		return "", errdefs.Unavailablef("%s: mode %q is not available yet; only %q", field, mode, NetworkNone)
+	default:
+		return "", errdefs.Invalidf("%s: must be %s, %s or %s, got %q", field, NetworkNone, NetworkEgress, NetworkAllowlist, mode)
+	}
+}
+
+// checkArgs validates a program's arguments.
+func checkArgs(field string, args []string) error {
+	if len(args) > maxArgs {
+		return errdefs.Invalidf("%s: %d arguments exceed the maximum %d", field, len(args), maxArgs)
+	}
+	for i, a := range args {
+		if strings.ContainsRune(a, 0) {
+			return errdefs.Invalidf("%s[%d]: contains a NUL byte", field, i)
+		}
+	}
+	return nil
+}
+
+func checkEnv(field string, env map[string]string) error {
+	if len(env) > 256 {
+		return errdefs.Invalidf("%s: at most 256 variables", field)
+	}
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || len(k) > 256 {
+			return errdefs.Invalidf("%s: invalid variable name %q", field, k)
+		}
+		if strings.ContainsRune(v, 0) || len(v) > 32<<10 {
+			return errdefs.Invalidf("%s.%s: value contains NUL or exceeds 32 KiB", field, k)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+// Package ledger keeps, per sandbox, the list of everything it holds outside
+// the database — cgroups, overlay mounts, state directories, the container,
+// and next network namespaces, veth pairs, IP leases, nftables elements,
+// QEMU processes and their sockets — persisted in SQLite as each resource is
+// acquired.
+//
+// Write-ahead: a resource is recorded before it is acquired, so a crash at
+// any point leaves a ledger that names everything that may exist (and
+// possibly one thing that does not yet). Releasing walks an owner's entries
+// in reverse acquisition order and calls the releaser registered for each
+// kind; an entry is deleted once its release succeeded, and releasers treat
+// "already gone" as success. Terminate, start-up reconciliation and garbage
+// collection all release through Release: there is one cleanup routine.
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+)
+
+// Resource is one thing a sandbox holds.
+type Resource struct {
+	// Kind selects the releaser ("container", "cgroup", "layers", "dir", ...).
+	Kind string `json:"kind"`
+	// Key names the resource: a path, a device, an address, an id.
+	Key string `json:"key"`
+	// Data is anything else the releaser needs, as JSON.
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+func (r Resource) String() string { return r.Kind + " " + r.Key }
+
+// Releaser releases one resource. It must succeed when the resource is
+// already gone.
+type Releaser func(ctx context.Context, r Resource) error
+
+// Ledger records resources in the store and releases them.
+type Ledger struct {
+	db *store.Store
+
+	mu        sync.RWMutex
+	releasers map[string]Releaser
+}
+
+// New returns a ledger kept in db.
+func New(db *store.Store) *Ledger {
+	return &Ledger{db: db, releasers: map[string]Releaser{}}
+}
+
+// Register sets the releaser of a kind of resource. Each subsystem registers
+// the kinds it acquires when it is set up.
+func (l *Ledger) Register(kind string, rel Releaser) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.releasers[kind] = rel
+}
+
+// Known reports whether kind has a releaser.
+func (l *Ledger) Known(kind string) bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	_, ok := l.releasers[kind]
+	return ok
+}
+
+// Record notes that owner is about to acquire r. Recording a resource twice
+// is harmless.
+func (l *Ledger) Record(ctx context.Context, owner string, r Resource) error {
+	if !l.Known(r.Kind) {
+		return fmt.Errorf("ledger: no releaser for kind %q", r.Kind)
+	}
+	return l.db.AddLedgerEntry(ctx, &store.LedgerEntry{Owner: owner, Kind: r.Kind, Key: r.Key, Data: r.Data})
+}
+
+// Recorder binds a ledger to one owner: what a backend is handed to record
+// a sandbox's resources with.
+type Recorder struct {
+	l     *Ledger
+	owner string
+}
+
+// For returns the recorder of owner.
+func (l *Ledger) For(owner string) Recorder { return Recorder{l: l, owner: owner} }
+
+// Record notes that the owner is about to acquire r.
+func (r Recorder) Record(ctx context.Context, res Resource) error {
+	return r.l.Record(ctx, r.owner, res)
+}
+
+// Owner is the id the recorder records for.
+func (r Recorder) Owner() string { return r.owner }
+
+// Resources lists owner's resources in acquisition order.
+func (l *Ledger) Resources(ctx context.Context, owner string) ([]Resource, error) {
+	ents, err := l.db.LedgerEntries(ctx, owner)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Resource, len(ents))
+	for i, e := range ents {
+		out[i] = Resource{Kind: e.Kind, Key: e.Key, Data: e.Data}
+	}
+	return out, nil
+}
+
+// Owners lists every owner holding at least one resource.
+func (l *Ledger) Owners(ctx context.Context) ([]string, error) { return l.db.LedgerOwners(ctx) }
+
+// Released is what Release did with one resource.
+type Released struct {
+	Resource Resource
+	Err      error // nil: released and struck from the ledger
+}
+
+// Release releases owner's recorded resources, newest first, and then the
+// extra ones (found on the host by a scan, not recorded), each at most once.
+// Every release is attempted even when an earlier one failed; a failed entry
+// stays in the ledger for the next attempt (gc). The returned error joins
+// the failures.
+func (l *Ledger) Release(ctx context.Context, owner string, extra ...Resource) ([]Released, error) {
+	ents, err := l.db.LedgerEntries(ctx, owner)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		out  []Released
+		errs []error
+		seen = map[[2]string]bool{}
+	)
+	release := func(r Resource) error {
+		l.mu.RLock()
+		rel := l.releasers[r.Kind]
+		l.mu.RUnlock()
+		if rel == nil {
+			return fmt.Errorf("no releaser for kind %q", r.Kind)
+		}
+		return rel(ctx, r)
+	}
+	for i := len(ents) - 1; i >= 0; i-- {
+		e := ents[i]
+		r := Resource{Kind: e.Kind, Key: e.Key, Data: e.Data}
+		seen[[2]string{r.Kind, r.Key}] = true
+		err := release(r)
+		if err == nil {
+			err = l.db.DeleteLedgerEntry(ctx, e.Seq)
+		}
+		if err != nil {
+			err = fmt.Errorf("release %s of %s: %w", r, owner, err)
+			errs = append(errs, err)
+		}
+		out = append(out, Released{Resource: r, Err: err})
+	}
+	for _, r := range extra {
+		if seen[[2]string{r.Kind, r.Key}] {
+			continue
+		}
+		seen[[2]string{r.Kind, r.Key}] = true
+		err := release(r)
+		if err != nil {
+			err = fmt.Errorf("release %s of %s: %w", r, owner, err)
+			errs = append(errs, err)
+		}
+		out = append(out, Released{Resource: r, Err: err})
+	}
+	return out, errors.Join(errs...)
+}

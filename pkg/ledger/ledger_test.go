@@ -1,0 +1,74 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+)
+
+func TestReleaseWalksBackwardsAndKeepsFailures(t *testing.T) {
+	ctx := context.Background()
+	db, err := store.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	l := New(db)
+	var order []string
+	failing := true
+	l.Register("dir", func(_ context.Context, r Resource) error { order = append(order, "dir "+r.Key); return nil })
+	l.Register("mount", func(_ context.Context, r Resource) error {
+		order = append(order, "mount "+r.Key)
+		if failing && r.Key == "busy" {
+			return errors.New("device busy")
+		}
+		return nil
+	})
+	if err := l.Record(ctx, "sb-1", Resource{Kind: "nope", Key: "x"}); err == nil {
+		t.Fatal("recording a kind without a releaser must fail")
+	}
+	rec := l.For("sb-1")
+	for _, r := range []Resource{{Kind: "dir", Key: "/a"}, {Kind: "mount", Key: "busy"}, {Kind: "mount", Key: "/a/m", Data: []byte(`{"x":1}`)}, {Kind: "dir", Key: "/a"}} {
+		if err := rec.Record(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.For("sb-2").Record(ctx, Resource{Kind: "dir", Key: "/b"}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Resources(ctx, "sb-1")
+	if err != nil || len(res) != 3 || string(res[2].Data) != `{"x":1}` {
+		t.Fatalf("Resources = %+v, %v (a duplicate record must keep one row)", res, err)
+	}
+	owners, _ := l.Owners(ctx)
+	if !slices.Equal(owners, []string{"sb-1", "sb-2"}) {
+		t.Fatalf("Owners = %v", owners)
+	}
+
+	// The scan found the dir (recorded) and a cgroup-like extra resource.
+	out, err := l.Release(ctx, "sb-1", Resource{Kind: "dir", Key: "/a"}, Resource{Kind: "dir", Key: "/extra"})
+	if err == nil || len(out) != 4 {
+		t.Fatalf("Release = %+v, %v; want 4 results and the busy mount's error", out, err)
+	}
+	if want := []string{"mount /a/m", "mount busy", "dir /a", "dir /extra"}; !slices.Equal(order, want) {
+		t.Fatalf("release order %v, want %v", order, want)
+	}
+	left, _ := l.Resources(ctx, "sb-1")
+	if len(left) != 1 || left[0].Key != "busy" {
+		t.Fatalf("after a failed release the ledger holds %+v, want only the busy mount", left)
+	}
+	failing = false
+	if _, err := l.Release(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := l.Resources(ctx, "sb-1"); len(left) != 0 {
+		t.Fatalf("ledger not empty: %+v", left)
+	}
+	if owners, _ := l.Owners(ctx); !slices.Equal(owners, []string{"sb-2"}) {
+		t.Fatalf("Owners after release = %v", owners)
+	}
+}

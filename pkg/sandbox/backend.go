@@ -1,0 +1,89 @@
+package sandbox
+
+import (
+	"context"
+	"net"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
+)
+
+// Backend is the seam between the lifecycle (state machine, pool, reaper,
+// events — the Manager) and the machine a sandbox runs in. The container
+// backend (pkg/sandbox/container) runs a libcontainer container; a VM
+// backend runs a QEMU guest. Every backend runs the same agent
+// (pkg/agent/server) inside, reached through Handle.Dial, so commands,
+// files and terminals work the same whatever runs them.
+//
+// A backend records every resource it acquires in the sandbox's ledger
+// before acquiring it and registers a releaser for each kind; the Manager
+// releases a sandbox by walking its ledger (see pkg/ledger). Stopping is
+// therefore not a backend call: the releaser of the backend's process kind
+// (a container, a QEMU process) kills it.
+type Backend interface {
+	// Name is the backend's name in the API ("container", "vm").
+	Name() string
+	// Start acquires what the sandbox needs and starts it, recording each
+	// resource with rec first. The agent may not answer yet when Start
+	// returns. On error, what was recorded is released by the caller.
+	Start(ctx context.Context, req StartRequest, rec ledger.Recorder) (Handle, error)
+	// Adopt re-attaches to a sandbox an earlier daemon started, given what
+	// its ledger holds and the identity recorded when it became ready. It
+	// fails when the sandbox is gone or is not the one recorded.
+	Adopt(ctx context.Context, req AdoptRequest) (Handle, error)
+	// Scan lists, by sandbox id, the resources of this backend that exist on
+	// the host whether recorded or not: garbage collection releases those of
+	// ids that are not live.
+	Scan(ctx context.Context) (map[string][]ledger.Resource, error)
+}
+
+// StartRequest is what a backend starts a sandbox from.
+type StartRequest struct {
+	ID    string
+	Spec  Spec
+	Image *image.Image
+	// NetNSPath is the network namespace to join; empty gives the sandbox
+	// a new one with only loopback.
+	NetNSPath string
+}
+
+// AdoptRequest identifies a sandbox to re-attach to after a restart.
+type AdoptRequest struct {
+	ID        string
+	Spec      Spec
+	Resources []ledger.Resource
+	Identity  Identity
+}
+
+// Identity pins a running sandbox's main process, against PID reuse.
+type Identity struct {
+	PID       int
+	StartTime uint64 // /proc/PID/stat starttime
+}
+
+// Handle is a started or adopted sandbox.
+type Handle interface {
+	// Done is closed when the sandbox's main process (container init, QEMU)
+	// has exited.
+	Done() <-chan struct{}
+	// ExitDescription says how it ended, once Done is closed ("" if unknown).
+	ExitDescription() string
+	// Dial opens a new connection to the sandbox's agent.
+	Dial(ctx context.Context) (net.Conn, error)
+	// Identity is what Adopt checks after a restart.
+	Identity() Identity
+	// CgroupPath is the cgroup holding the sandbox's processes.
+	CgroupPath() string
+	// Usage reads the sandbox's resource usage.
+	Usage(ctx context.Context) (*Usage, error)
+	// OOMKills counts the OOM killer's kills in the sandbox so far.
+	OOMKills() (uint64, error)
+}
+
+// Network gives a sandbox whose network mode is not "none" its network
+// namespace before the backend starts it: the namespace, its links and
+// addresses and firewall entries, each recorded with rec before it is
+// acquired (released through the ledger like everything else).
+type Network interface {
+	Attach(ctx context.Context, id string, spec Spec, rec ledger.Recorder) (netnsPath string, err error)
+}

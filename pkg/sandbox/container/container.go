@@ -1,0 +1,312 @@
+// Package container is the sandbox backend that runs each sandbox as a
+// libcontainer container (pkg/runtime): an overlay root over the image, a
+// cgroup with the sandbox's limits, and sandbox-agent as PID 1 on a unix
+// socket in a root-only directory of the host.
+//
+// What one sandbox holds, in acquisition order (each recorded in the ledger
+// before it is acquired, released in reverse):
+//
+//	dir        RunDir/sandboxes/<id>: the agent's socket dir, its log
+//	layers     RunDir/sandboxes/<id>/layers: the overlay and its tmpfs
+//	cgroup     CgroupParent/<id>
+//	container  libcontainer state and the sandbox's processes
+//
+// The security boundaries of a container sandbox are enforced in
+// pkg/runtime (namespaces, read-only root, seccomp, capabilities, cgroups)
+// and pkg/agent/server (commands without capabilities, file operations
+// confined to the root); they are written down there.
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+)
+
+// Resource kinds of a container sandbox.
+const (
+	KindDir       = "dir"
+	KindLayers    = "layers"
+	KindCgroup    = "cgroup"
+	KindContainer = "container"
+)
+
+// Paths inside every sandbox where the backend mounts the agent.
+const (
+	agentBinaryInside = "/.sandboxd/agent"
+	agentRunInside    = "/.sandboxd/run"
+	agentSocketName   = "agent.sock"
+)
+
+// Crash points (internal/crashpoint) after each acquisition of Start.
+const (
+	CrashAfterDir       = "container.dir"
+	CrashAfterLayers    = "container.layers"
+	CrashAfterContainer = "container.started"
+)
+
+// Options configure the backend.
+type Options struct {
+	Runtime      *runtime.Runtime
+	Seccomp      *specs.LinuxSeccomp // nil only when seccomp is explicitly off
+	AgentPath    string              // host path of the static sandbox-agent binary
+	RunDir       string              // per-sandbox mounts and sockets live in RunDir/sandboxes
+	CgroupParent string
+	IO           IOLimits // block I/O throttles of every sandbox
+	Log          *slog.Logger
+}
+
+// IOLimits throttle a sandbox's block I/O on one device; zero rates are none.
+type IOLimits struct {
+	Device   string // "major:minor"
+	ReadBPS  uint64
+	WriteBPS uint64
+}
+
+// Backend runs sandboxes as containers.
+type Backend struct {
+	opt Options
+	log *slog.Logger
+}
+
+var _ sandbox.Backend = (*Backend)(nil)
+
+// New checks the options, prepares the run dir and the cgroup parent, and
+// registers the backend's resource kinds with l.
+func New(opt Options, l *ledger.Ledger) (*Backend, error) {
+	if opt.Runtime == nil {
+		return nil, errors.New("container backend: runtime is required")
+	}
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	if _, err := os.Stat(opt.AgentPath); err != nil {
+		return nil, fmt.Errorf("sandbox agent binary: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(opt.RunDir, "sandboxes"), 0o700); err != nil {
+		return nil, fmt.Errorf("create sandbox run dir: %w", err)
+	}
+	if err := cgroups.EnsureParent(opt.CgroupParent); err != nil {
+		return nil, err
+	}
+	b := &Backend{opt: opt, log: opt.Log}
+	l.Register(KindContainer, func(_ context.Context, r ledger.Resource) error { return opt.Runtime.Destroy(r.Key) })
+	l.Register(KindCgroup, func(_ context.Context, r ledger.Resource) error {
+		if !cgroups.Exists(r.Key) {
+			return nil
+		}
+		return cgroups.Remove(r.Key)
+	})
+	l.Register(KindLayers, func(_ context.Context, r ledger.Resource) error { return image.ReleaseDir(r.Key) })
+	l.Register(KindDir, func(_ context.Context, r ledger.Resource) error { return os.RemoveAll(r.Key) })
+	return b, nil
+}
+
+// Name implements sandbox.Backend.
+func (b *Backend) Name() string { return "container" }
+
+func (b *Backend) dir(id string) string { return filepath.Join(b.opt.RunDir, "sandboxes", id) }
+
+func (b *Backend) cgroupPath(id string) string { return filepath.Join(b.opt.CgroupParent, id) }
+
+// Start implements sandbox.Backend: state dir, overlay layers, cgroup and
+// container, in that order.
+func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledger.Recorder) (sandbox.Handle, error) {
+	dir := b.dir(req.ID)
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindDir, Key: dir}); err != nil {
+		return nil, err
+	}
+	agentDir := filepath.Join(dir, "agent")
+	if err := os.MkdirAll(agentDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create agent dir: %w", err)
+	}
+	crashpoint.Hit(CrashAfterDir)
+
+	layersDir := filepath.Join(dir, "layers")
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindLayers, Key: layersDir}); err != nil {
+		return nil, err
+	}
+	spec := req.Spec
+	layers, err := image.PrepareLayers(req.Image, layersDir, spec.Limits.DiskBytes, spec.UID, spec.UID)
+	if err != nil {
+		return nil, fmt.Errorf("prepare filesystem: %w", err)
+	}
+	crashpoint.Hit(CrashAfterLayers)
+	if err := writeIdentity(layers.Rootfs, req.ID); err != nil {
+		return nil, err
+	}
+
+	cg := b.cgroupPath(req.ID)
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindCgroup, Key: cg}); err != nil {
+		return nil, err
+	}
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindContainer, Key: req.ID}); err != nil {
+		return nil, err
+	}
+	uid := strconv.Itoa(spec.UID)
+	inst, err := b.opt.Runtime.Start(&runtime.Spec{
+		ID:     req.ID,
+		Rootfs: layers.Rootfs,
+		Binds: []runtime.Bind{
+			{Source: layers.Workspace, Destination: "/workspace"},
+			{Source: layers.Tmp, Destination: "/tmp"},
+			{Source: b.opt.AgentPath, Destination: agentBinaryInside, ReadOnly: true},
+			{Source: agentDir, Destination: agentRunInside, NoExec: true},
+		},
+		CgroupPath: cg,
+		NetNSPath:  req.NetNSPath,
+		Limits: runtime.Limits{
+			MemoryBytes: spec.Limits.MemoryBytes, CPUs: spec.Limits.CPUs, Pids: spec.Limits.Pids,
+			IODevice: b.opt.IO.Device, IOReadBPS: b.opt.IO.ReadBPS, IOWriteBPS: b.opt.IO.WriteBPS,
+		},
+		Seccomp: b.opt.Seccomp,
+		// Finished jobs are kept (for job_status and re-attach after a daemon
+		// restart) with up to 1 MiB of output tail each, charged to the
+		// sandbox's memory: bound how many.
+		InitArgs: []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid,
+			"--retain-bytes", "1048576", "--max-finished", "32"},
+		InitEnv: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		InitLog: filepath.Join(dir, "agent.log"),
+		Labels:  map[string]string{"sandboxd.id": req.ID},
+	})
+	if err != nil {
+		return nil, err
+	}
+	crashpoint.Hit(CrashAfterContainer)
+	return b.handle(req.ID, inst), nil
+}
+
+func (b *Backend) handle(id string, inst *runtime.Instance) *handle {
+	dir := b.dir(id)
+	return &handle{inst: inst, dir: dir, cgroup: b.cgroupPath(id),
+		dial: agent.UnixDialer(filepath.Join(dir, "agent", agentSocketName))}
+}
+
+// Adopt implements sandbox.Backend: the container must be running with the
+// recorded init.
+func (b *Backend) Adopt(ctx context.Context, req sandbox.AdoptRequest) (sandbox.Handle, error) {
+	inst, err := b.opt.Runtime.Adopt(req.ID)
+	if err != nil {
+		if errors.Is(err, runtime.ErrNotRunning) {
+			return nil, errors.New("sandbox init exited while the daemon was down")
+		}
+		return nil, fmt.Errorf("cannot load the container: %w", err)
+	}
+	if req.Identity.PID != 0 && inst.Pid != req.Identity.PID {
+		return nil, fmt.Errorf("init pid %d does not match the recorded %d", inst.Pid, req.Identity.PID)
+	}
+	return b.handle(req.ID, inst), nil
+}
+
+// Scan implements sandbox.Backend: libcontainer state, sandbox dirs and
+// cgroups named like sandboxes.
+func (b *Backend) Scan(ctx context.Context) (map[string][]ledger.Resource, error) {
+	out := map[string][]ledger.Resource{}
+	isSandbox := func(name string) bool { return strings.HasPrefix(name, "sb-") }
+	var errs []error
+	// In acquisition order: Release walks extras in the order given, and the
+	// container must go before its cgroup, the layers before their dir.
+	if ents, err := os.ReadDir(filepath.Join(b.opt.RunDir, "sandboxes")); err != nil && !os.IsNotExist(err) {
+		errs = append(errs, fmt.Errorf("list sandbox dirs: %w", err))
+	} else {
+		for _, e := range ents {
+			if isSandbox(e.Name()) {
+				d := b.dir(e.Name())
+				out[e.Name()] = append(out[e.Name()], ledger.Resource{Kind: KindDir, Key: d}, ledger.Resource{Kind: KindLayers, Key: filepath.Join(d, "layers")})
+			}
+		}
+	}
+	if names, err := cgroups.Children(b.opt.CgroupParent); err != nil {
+		errs = append(errs, fmt.Errorf("list cgroups: %w", err))
+	} else {
+		for _, n := range names {
+			if isSandbox(n) {
+				out[n] = append(out[n], ledger.Resource{Kind: KindCgroup, Key: b.cgroupPath(n)})
+			}
+		}
+	}
+	if ids, err := b.opt.Runtime.List(); err != nil {
+		errs = append(errs, fmt.Errorf("list runtime state: %w", err))
+	} else {
+		for _, id := range ids {
+			if isSandbox(id) {
+				out[id] = append(out[id], ledger.Resource{Kind: KindContainer, Key: id})
+			}
+		}
+	}
+	// Reverse each list so that Release, which takes extras in the order
+	// given, releases them newest first like recorded ones.
+	for id, rs := range out {
+		for i, j := 0, len(rs)-1; i < j; i, j = i+1, j-1 {
+			rs[i], rs[j] = rs[j], rs[i]
+		}
+		out[id] = rs
+	}
+	return out, errors.Join(errs...)
+}
+
+// handle is one container sandbox.
+type handle struct {
+	inst   *runtime.Instance
+	dir    string
+	cgroup string
+	dial   agent.Dialer
+}
+
+func (h *handle) Done() <-chan struct{}   { return h.inst.Done() }
+func (h *handle) ExitDescription() string { return h.inst.ExitDescription() }
+func (h *handle) CgroupPath() string      { return h.cgroup }
+func (h *handle) OOMKills() (uint64, error) {
+	return cgroups.OOMKills(h.cgroup)
+}
+
+func (h *handle) Dial(ctx context.Context) (net.Conn, error) { return h.dial(ctx) }
+
+func (h *handle) Identity() sandbox.Identity {
+	return sandbox.Identity{PID: h.inst.Pid, StartTime: h.inst.StartTime}
+}
+
+// Usage reads the cgroup's counters and the writable layer's size.
+func (h *handle) Usage(ctx context.Context) (*sandbox.Usage, error) {
+	u, err := cgroups.ReadUsage(h.cgroup)
+	if err != nil {
+		return nil, err
+	}
+	out := &sandbox.Usage{
+		MemoryBytes: u.MemoryBytes, MemoryMaxBytes: u.MemoryMaxBytes, CPUSeconds: u.CPUSeconds,
+		Pids: u.Pids, OOMKills: u.OOMKills, CPUThrottledSec: u.CPUThrottledSec,
+	}
+	if d, err := image.DiskUsage(filepath.Join(h.dir, "layers")); err == nil {
+		out.DiskBytes = d
+	}
+	return out, nil
+}
+
+// writeIdentity gives the sandbox a hosts file naming itself. The rootfs is the
+// overlay's merged dir, so the write lands in the sandbox's own upper layer.
+func writeIdentity(rootfs, id string) error {
+	hosts := "127.0.0.1\tlocalhost " + id + "\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+	if err := os.WriteFile(filepath.Join(rootfs, "etc/hosts"), []byte(hosts), 0o644); err != nil {
+		return fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "etc/hostname"), []byte(id+"\n"), 0o644); err != nil {
+		return fmt.Errorf("write /etc/hostname: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,92 @@
+// Package layers checks the import graph against the layering of
+// docs/ARCHITECTURE.md: front ends over the engine over the lifecycle over
+// the stores and protocols, never upwards. A new package must be given a
+// layer here, which is the moment to think about where it belongs.
+package layers
+
+import (
+	"os/exec"
+	"path"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/sandboxrunner/mcp-sandboxd/"
+
+// layer of every package, lowest first. A package may import packages of its
+// own layer or below; the Go compiler already refuses cycles.
+var layer = map[string]int{
+	"pkg/errdefs": 0, "pkg/version": 0, "pkg/webui": 0,
+
+	"pkg/apitypes": 1, "pkg/config": 1, "pkg/store": 1, "pkg/cgroups": 1, "pkg/seccomp": 1,
+	"internal/crashpoint": 1,
+
+	"pkg/agent": 2, "pkg/ledger": 2, "pkg/image": 2, "pkg/runtime": 2, "pkg/runs": 2,
+	"pkg/artifacts": 2, "pkg/lang": 2,
+
+	"pkg/agent/server": 3, "pkg/sandbox": 3,
+
+	"pkg/sandbox/container": 4,
+
+	"pkg/engine": 5,
+
+	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6,
+
+	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7,
+
+	// Test harnesses and black-box tests sit above everything.
+	"internal/testenv": 8, "test/e2e": 8, "test/mcp": 8, "test/web": 8, "test/layers": 8,
+}
+
+// Front ends never import each other's internals: only pkg/apitypes, the
+// engine and their own helpers. The agent's server side runs inside the
+// sandbox and must not pull in the daemon.
+var forbidden = map[string][]string{
+	"pkg/mcpserver":     {"pkg/api"},
+	"pkg/api":           {"pkg/mcpserver"},
+	"pkg/api/client":    {"pkg/engine", "pkg/sandbox", "pkg/agent", "pkg/runtime", "pkg/store"},
+	"pkg/sandbox":       {"pkg/sandbox/container", "pkg/runtime"},
+	"pkg/agent/server":  {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config"},
+	"cmd/sandbox-agent": {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config"},
+	"cmd/sandboxctl":    {"pkg/engine", "pkg/sandbox", "pkg/runtime", "pkg/store"},
+}
+
+func TestImportsPointDown(t *testing.T) {
+	out, err := exec.Command("go", "list", "-test", "-f", `{{.ImportPath}}|{{join .Imports ","}}`, "../../...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, imports, _ := strings.Cut(line, "|")
+		if !strings.HasPrefix(pkg, module) || strings.Contains(pkg, " ") || strings.HasSuffix(pkg, ".test") {
+			continue // test variants ("pkg [pkg.test]") are checked through their package
+		}
+		p := strings.TrimSuffix(strings.TrimPrefix(pkg, module), "_test")
+		if base := path.Base(p); base == "util" || base == "utils" || base == "common" || base == "helpers" {
+			t.Errorf("%s: no util/common packages; name a package for what it is", p)
+		}
+		from, ok := layer[p]
+		if !ok {
+			t.Errorf("%s has no layer: give it one in test/layers (see docs/ARCHITECTURE.md)", p)
+			continue
+		}
+		for _, imp := range strings.Split(imports, ",") {
+			if !strings.HasPrefix(imp, module) {
+				continue
+			}
+			q := strings.TrimPrefix(imp, module)
+			to, ok := layer[q]
+			if !ok {
+				continue // reported as its own line
+			}
+			if to > from {
+				t.Errorf("%s (layer %d) imports %s (layer %d): imports must point down", p, from, q, to)
+			}
+			for _, f := range forbidden[p] {
+				if q == f {
+					t.Errorf("%s must not import %s", p, q)
+				}
+			}
+		}
+	}
+}
