@@ -32,7 +32,9 @@ import (
 // send on behalf of any page it shows:
 //
 //   - the cookie is HttpOnly (page scripts cannot read it) and
-//     SameSite=Strict (other sites' requests do not carry it);
+//     SameSite=Strict (other sites' requests do not carry it; but a page of
+//     the same site on another port, e.g. 127.0.0.1:8000, does get it sent,
+//     hence the checks below);
 //   - a state-changing request (any method but GET, HEAD, OPTIONS) must pass
 //     http.CrossOriginProtection (Sec-Fetch-Site, else Origin against Host)
 //     and carry the session's CSRF token in the X-CSRF-Token header, which
