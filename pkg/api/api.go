@@ -193,6 +193,8 @@ func httpStatus(c errdefs.Code) int {
 		return http.StatusServiceUnavailable
 	case errdefs.Unauthenticated:
 		return http.StatusUnauthorized
+	case errdefs.PermissionDenied:
+		return http.StatusForbidden
 	case "":
 		return http.StatusOK
 	default:

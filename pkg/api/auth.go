@@ -32,7 +32,9 @@ import (
 // send on behalf of any page it shows:
 //
 //   - the cookie is HttpOnly (page scripts cannot read it) and
-//     SameSite=Strict (other sites' requests do not carry it);
+//     SameSite=Strict (other sites' requests do not carry it; but a page of
+//     the same site on another port, e.g. 127.0.0.1:8000, does get it sent,
+//     hence the checks below);
 //   - a state-changing request (any method but GET, HEAD, OPTIONS) must pass
 //     http.CrossOriginProtection (Sec-Fetch-Site, else Origin against Host)
 //     and carry the session's CSRF token in the X-CSRF-Token header, which
@@ -46,16 +48,6 @@ import (
 // as SHA-256 hashes, so the maps hold nothing a memory dump could replay
 // directly. The unix socket has no authentication at all (its file mode is
 // the access control) and mints login tokens for `sandboxctl ui`.
-
-// Codes of authentication failures. They are not engine errors, so they
-// are not part of errdefs' taxonomy.
-const (
-	// CodeUnauthenticated: no valid bearer token or session cookie.
-	CodeUnauthenticated errdefs.Code = "unauthenticated"
-	// CodeForbidden: authenticated, but the request failed a browser check
-	// (cross-origin, missing CSRF token, foreign WebSocket Origin).
-	CodeForbidden errdefs.Code = "forbidden"
-)
 
 // Names and defaults of the browser session.
 const (
@@ -251,7 +243,7 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		}
 		if sess, ok := s.browserSession(r); ok {
 			if err := browserChecks(r, sess); err != nil {
-				writeJSON(w, http.StatusForbidden, errorResponse{Error: errorBody{Code: string(CodeForbidden), Message: err.Error()}})
+				s.writeError(w, r, err)
 				return
 			}
 			next.ServeHTTP(w, withCaller(r, callerInfo{kind: callerBrowser, session: sess}))
@@ -259,9 +251,7 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		}
 		if isAPIPath(r.URL.Path) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-sandboxd"`)
-			writeJSON(w, http.StatusUnauthorized, errorResponse{Error: errorBody{
-				Code: string(CodeUnauthenticated), Message: "missing or invalid bearer token or session cookie",
-			}})
+			s.writeError(w, r, errdefs.Unauthenticatedf("missing or invalid bearer token or session cookie"))
 			return
 		}
 		s.loginPage(w, http.StatusUnauthorized, "")
@@ -280,11 +270,6 @@ func (s *server) browserSession(r *http.Request) (uiSession, bool) {
 	return s.opt.UI.session(c.Value)
 }
 
-// authError is a refused browser check; its message says which.
-type authError string
-
-func (e authError) Error() string { return string(e) }
-
 // crossOrigin refuses state-changing requests that browsers mark as
 // cross-origin (Sec-Fetch-Site) or whose Origin is not the Host.
 var crossOrigin = http.NewCrossOriginProtection()
@@ -296,18 +281,18 @@ func browserChecks(r *http.Request, sess uiSession) error {
 		origin := r.Header.Get("Origin")
 		u, err := url.Parse(origin)
 		if origin == "" || err != nil || !strings.EqualFold(u.Host, r.Host) {
-			return authError("WebSocket from a foreign or missing Origin " + quoteOrEmpty(origin))
+			return errdefs.PermissionDeniedf("WebSocket from a foreign or missing Origin %s", quoteOrEmpty(origin))
 		}
 	}
 	if err := crossOrigin.Check(r); err != nil {
-		return authError("cross-origin request refused: " + err.Error())
+		return errdefs.PermissionDeniedf("cross-origin request refused: %v", err)
 	}
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return nil
 	}
 	if got := r.Header.Get(CSRFHeader); subtle.ConstantTimeCompare([]byte(got), []byte(sess.csrf)) != 1 {
-		return authError("missing or invalid " + CSRFHeader + " header (get it from GET /v1/ui/session)")
+		return errdefs.PermissionDeniedf("missing or invalid %s header (get it from GET /v1/ui/session)", CSRFHeader)
 	}
 	return nil
 }
@@ -339,7 +324,7 @@ func (s *server) login(w http.ResponseWriter, r *http.Request) {
 		tok = r.PostFormValue("token")
 	default:
 		w.Header().Set("Allow", "GET, HEAD, POST")
-		writeJSON(w, http.StatusMethodNotAllowed, errorResponse{Error: errorBody{Code: string(errdefs.InvalidArgument), Message: "method: want GET or POST"}})
+		writeJSON(w, http.StatusMethodNotAllowed, errorResponse{Error: errorBodyOf(errdefs.Invalidf("method: want GET or POST"))})
 		return
 	}
 	if tok == "" {
@@ -400,8 +385,7 @@ func (s *server) logout(w http.ResponseWriter, r *http.Request) {
 // past its expiry.
 func (s *server) mintLogin(w http.ResponseWriter, r *http.Request) {
 	if callerOf(r).kind == callerBrowser {
-		writeJSON(w, http.StatusForbidden, errorResponse{Error: errorBody{Code: string(CodeForbidden),
-			Message: "login tokens are minted with the bearer token or on the unix socket, not by a browser session"}})
+		s.writeError(w, r, errdefs.PermissionDeniedf("login tokens are minted with the bearer token or on the unix socket, not by a browser session"))
 		return
 	}
 	if s.opt.UI == nil {

@@ -271,7 +271,7 @@ func TestWebLogin(t *testing.T) {
 		if resp.StatusCode != tc.want {
 			t.Errorf("POST /v1/gc, %s: %d %s, want %d", tc.name, resp.StatusCode, body, tc.want)
 		}
-		if tc.want == http.StatusForbidden && !strings.Contains(body, `"forbidden"`) {
+		if tc.want == http.StatusForbidden && !strings.Contains(body, `"permission_denied"`) {
 			t.Errorf("POST /v1/gc, %s: body %s", tc.name, body)
 		}
 	}

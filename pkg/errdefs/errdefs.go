@@ -26,11 +26,14 @@ const (
 	LimitExceeded   Code = "limit_exceeded"
 	Unavailable     Code = "unavailable"
 	Unauthenticated Code = "unauthenticated"
-	Internal        Code = "internal"
+	// PermissionDenied: authenticated, but this request may not be made
+	// (a browser request failing the web editor's CSRF or Origin checks).
+	PermissionDenied Code = "permission_denied"
+	Internal         Code = "internal"
 )
 
 // Codes lists the taxonomy.
-var Codes = []Code{InvalidArgument, NotFound, Conflict, LimitExceeded, Unavailable, Unauthenticated, Internal}
+var Codes = []Code{InvalidArgument, NotFound, Conflict, LimitExceeded, Unavailable, Unauthenticated, PermissionDenied, Internal}
 
 // Known reports whether c is a code of the taxonomy.
 func Known(c Code) bool {
@@ -86,6 +89,11 @@ func Unavailablef(format string, args ...any) error { return newf(Unavailable, f
 // Unauthenticatedf returns an unauthenticated error (no or a wrong credential).
 func Unauthenticatedf(format string, args ...any) error {
 	return newf(Unauthenticated, format, args...)
+}
+
+// PermissionDeniedf returns a permission_denied error.
+func PermissionDeniedf(format string, args ...any) error {
+	return newf(PermissionDenied, format, args...)
 }
 
 // Wrap attaches code and a client-safe message to cause.

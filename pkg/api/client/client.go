@@ -157,6 +157,8 @@ func codeOfStatus(status int) errdefs.Code {
 		return errdefs.Unavailable
 	case http.StatusUnauthorized:
 		return errdefs.Unauthenticated
+	case http.StatusForbidden:
+		return errdefs.PermissionDenied
 	default:
 		return errdefs.Internal
 	}

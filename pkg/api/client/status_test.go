@@ -16,6 +16,7 @@ func TestCodeOfStatus(t *testing.T) {
 		http.StatusTooManyRequests:     errdefs.LimitExceeded,
 		http.StatusServiceUnavailable:  errdefs.Unavailable,
 		http.StatusUnauthorized:        errdefs.Unauthenticated,
+		http.StatusForbidden:           errdefs.PermissionDenied,
 		http.StatusInternalServerError: errdefs.Internal,
 		http.StatusBadGateway:          errdefs.Internal,
 	} {
