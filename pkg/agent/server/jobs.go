@@ -75,7 +75,10 @@ type job struct {
 	// way it would on a slow terminal: an attached daemon sees every byte.
 	// With nobody attached (say the daemon is restarting) output is never
 	// held back and only the tail is kept.
-	followers  map[*follower]struct{}
+	followers map[*follower]struct{}
+	// held stands in for the attach the daemon is about to make
+	// (ExecRequest.HoldOutput) until it comes or HoldGrace passes.
+	held       *follower
 	consumed   chan struct{} // closed and replaced whenever a follower advances or leaves
 	killCause  string
 	killDetail string
@@ -196,6 +199,14 @@ func (j *job) follow(offs [2]int64) *follower {
 	return f
 }
 
+// releaseHeld drops the stand-in follower of HoldOutput. Callers hold j.mu.
+func (j *job) releaseHeld() {
+	if j.held != nil {
+		j.advance(j.held, j.held.offs, true)
+		j.held = nil
+	}
+}
+
 // advance records that f has consumed up to offs (or, with gone, left) and
 // wakes a writer waiting for it. Callers hold j.mu.
 func (j *job) advance(f *follower, offs [2]int64, gone bool) {
@@ -254,7 +265,10 @@ func (j *job) appendOutput(idx int, p []byte) {
 // readLoop copies one output source into the job until EOF.
 func (j *job) readLoop(idx int, f *os.File, wg *sync.WaitGroup) {
 	defer wg.Done()
-	buf := make([]byte, 32<<10)
+	// Never read more than the retained tail at once: a held-back chunk
+	// larger than the tail could never be appended while a reader waits
+	// at its start.
+	buf := make([]byte, min(32<<10, j.streams[idx].retain))
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {
