@@ -58,10 +58,11 @@ type AutofixOptions struct {
 
 // autofixState is the engine's autofix bookkeeping (Engine embeds it).
 type autofixState struct {
-	afOnce    sync.Once
-	afMetrics *autofixMetrics
-	afMu      sync.Mutex
-	afLocks   map[string]*sync.Mutex
+	afOnce      sync.Once
+	afInterrupt sync.Once
+	afMetrics   *autofixMetrics
+	afMu        sync.Mutex
+	afLocks     map[string]*sync.Mutex
 }
 
 // autofixMetrics are the loop's Prometheus instruments.
@@ -92,6 +93,44 @@ func (e *Engine) autofixInit() *autofixMetrics {
 		e.afLocks = map[string]*sync.Mutex{}
 	})
 	return e.afMetrics
+}
+
+// autofixReady prepares the autofix bookkeeping before the first call of
+// this engine: metrics, and the loops an earlier daemon left running.
+func (e *Engine) autofixReady() {
+	e.autofixInit()
+	e.afInterrupt.Do(e.interruptAutofixSessions)
+}
+
+// interruptAutofixSessions ends the loops an earlier daemon was running
+// when it stopped (no loop of this process runs yet): their record is
+// finished and their sandbox removed. Loops waiting for the client's fix
+// are not running and stay.
+func (e *Engine) interruptAutofixSessions() {
+	ctx := context.Background()
+	rows, err := e.store.AutofixSessionsByStatus(ctx, apitypes.AutofixRunning)
+	if err != nil {
+		e.log.Warn("autofix: list interrupted loops", "err", err)
+		return
+	}
+	for _, row := range rows {
+		sess, _, err := e.loadAutofix(ctx, row.ID)
+		if err != nil {
+			continue
+		}
+		h, _, err := e.catalog.Handler("language", sess.State.Params.Language)
+		if err != nil {
+			continue
+		}
+		sess.State.Status, sess.State.StopReason = apitypes.AutofixFailed, apitypes.StopError
+		sess.State.Error = "the daemon stopped while the loop was running"
+		run, _, err := e.resumeAutofixRunNoSandbox(sess, h)
+		if err != nil {
+			e.log.Warn("autofix: interrupted loop", "autofix", row.ID, "err", err)
+			continue
+		}
+		e.finishAutofix(ctx, sess, run)
+	}
 }
 
 // autofixLock serialises the calls on one loop (a submit racing another).
@@ -166,7 +205,7 @@ func (e *Engine) autofixProvider(name string, opts *AutofixOptions) (autofix.Pro
 // provider it returns at the first failure with status needs_fix and a
 // prompt; autofix_submit continues.
 func (e *Engine) Autofix(ctx context.Context, req AutofixRequest, opts AutofixOptions) (*AutofixResult, error) {
-	e.autofixInit()
+	e.autofixReady()
 	e.expireAutofixSessions(ctx)
 	ac := e.cfg.Autofix
 	h, _, err := e.catalog.Handler("language", req.Language)
@@ -238,7 +277,7 @@ func (e *Engine) Autofix(ctx context.Context, req AutofixRequest, opts AutofixOp
 // the client's fix: whole files, the entrypoint's code, or an answer in
 // the providers' format (a diff or fenced blocks).
 func (e *Engine) AutofixSubmit(ctx context.Context, req AutofixSubmitRequest, opts AutofixOptions) (*AutofixResult, error) {
-	e.autofixInit()
+	e.autofixReady()
 	e.expireAutofixSessions(ctx)
 	if !autofixIDRE.MatchString(req.AutofixID) {
 		return nil, errdefs.Invalidf("autofix_id: malformed %q", req.AutofixID)
@@ -292,7 +331,7 @@ func (e *Engine) AutofixSubmit(ctx context.Context, req AutofixSubmitRequest, op
 
 // AutofixStatus reports a loop: running, waiting for a fix, or finished.
 func (e *Engine) AutofixStatus(ctx context.Context, id string) (*AutofixResult, error) {
-	e.autofixInit()
+	e.autofixReady()
 	e.expireAutofixSessions(ctx)
 	if !autofixIDRE.MatchString(id) {
 		return nil, errdefs.Invalidf("autofix_id: malformed %q", id)
@@ -471,6 +510,12 @@ func (e *Engine) resumeAutofixRun(ctx context.Context, sess *autofixSession, h *
 // expireAutofixSessions ends the needs_fix sessions nobody answered in
 // time: their record is finished and their sandbox removed.
 func (e *Engine) expireAutofixSessions(ctx context.Context) {
+	// Finished loops' rows go with the run records' age limit.
+	if age := e.cfg.Runs.MaxAge.D(); age > 0 {
+		if _, err := e.store.DeleteAutofixSessions(ctx, time.Now().Add(-age)); err != nil {
+			e.log.Warn("autofix: session retention", "err", err)
+		}
+	}
 	rows, err := e.store.ExpiredAutofixSessions(ctx, apitypes.AutofixNeedsFix, time.Now())
 	if err != nil {
 		e.log.Warn("autofix: list expired sessions", "err", err)

@@ -433,3 +433,44 @@ func wheel(t *testing.T, name, version, module string) string {
 	}
 	return buf.String()
 }
+
+// A loop an earlier daemon was running when it stopped is ended by the
+// next one: record finished, sandbox removed, status failed.
+func TestAutofixInterruptedLoop(t *testing.T) {
+	requireRoot(t)
+	env := newRunEngine(t, []string{"python"})
+	ctx := context.Background()
+	res, err := env.Autofix(ctx, AutofixRequest{Language: "python", Code: "print(undefined_name)\n"}, AutofixOptions{})
+	if err != nil || res.Status != apitypes.AutofixNeedsFix {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	// As the daemon died during an attempt: the row says running.
+	sess, _, err := env.loadAutofix(ctx, res.AutofixID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess.State.Status = apitypes.AutofixRunning
+	if err := env.saveAutofix(ctx, sess, nil); err != nil {
+		t.Fatal(err)
+	}
+	env.sandboxes.Close()
+	if err := env.Engine.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e2, err := New(ctx, env.cfg, env.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Engine = e2
+	st, err := e2.AutofixStatus(ctx, res.AutofixID)
+	if err != nil || st.Status != apitypes.AutofixFailed || st.StopReason != apitypes.StopError || !strings.Contains(st.Error, "daemon stopped") {
+		t.Fatalf("status: %+v, %v", st, err)
+	}
+	if ids := e2.sandboxes.IDs(); len(ids) != 0 {
+		t.Errorf("live sandboxes: %v", ids)
+	}
+	run, err := e2.GetRun(ctx, res.RunID, 0)
+	if err != nil || run.Metadata.Success || !strings.Contains(run.Metadata.Error, "daemon stopped") {
+		t.Fatalf("record: %+v, %v", run, err)
+	}
+}

@@ -75,7 +75,7 @@ func TestCatalogue(t *testing.T) {
 			t.Errorf("%s: annotations not all set: %+v", name, a)
 			continue
 		}
-		readOnly := strings.HasSuffix(name, "_list") || strings.HasSuffix(name, "_get") || name == "file_read" || name == "job_status"
+		readOnly := strings.HasSuffix(name, "_list") || strings.HasSuffix(name, "_get") || name == "file_read" || name == "job_status" || name == "autofix_status"
 		if *a.ReadOnlyHint != readOnly || (readOnly && *a.DestructiveHint) {
 			t.Errorf("%s: readOnly %v destructive %v", name, *a.ReadOnlyHint, *a.DestructiveHint)
 		}

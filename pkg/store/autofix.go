@@ -77,3 +77,29 @@ func (s *Store) ExpiredAutofixSessions(ctx context.Context, status string, now t
 		"SELECT "+autofixColumns+" FROM autofix_sessions WHERE status = ? AND expires_at > 0 AND expires_at < ? ORDER BY expires_at",
 		status, nanos(now))
 }
+
+// AutofixSessionsByStatus lists the sessions with the given status.
+func (s *Store) AutofixSessionsByStatus(ctx context.Context, status string) ([]*AutofixSession, error) {
+	return queryAll(ctx, s.r, "list autofix sessions", scanAutofix,
+		"SELECT "+autofixColumns+" FROM autofix_sessions WHERE status = ? ORDER BY created_at", status)
+}
+
+// DeleteAutofixSessions deletes the sessions not updated since before,
+// except those waiting for a fix or running; it returns how many it
+// deleted.
+func (s *Store) DeleteAutofixSessions(ctx context.Context, before time.Time) (int64, error) {
+	var n int64
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM autofix_sessions
+			WHERE updated_at < ? AND status NOT IN ('running', 'needs_fix')`, nanos(before))
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: delete autofix sessions: %w", err)
+	}
+	return n, nil
+}

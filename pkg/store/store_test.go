@@ -536,6 +536,22 @@ func TestAutofixSessions(t *testing.T) {
 	if l, err := s.ExpiredAutofixSessions(ctx, "needs_fix", now.Add(2*time.Minute)); err != nil || len(l) != 1 || l[0].ID != "af-1" {
 		t.Fatalf("expired after expiry: %v, %v", l, err)
 	}
+	if l, err := s.AutofixSessionsByStatus(ctx, "needs_fix"); err != nil || len(l) != 1 {
+		t.Fatalf("by status: %v, %v", l, err)
+	}
+	if n, err := s.DeleteAutofixSessions(ctx, now.Add(time.Hour)); err != nil || n != 0 {
+		t.Fatalf("deleted a waiting session: %d, %v", n, err)
+	}
+	a.Status = "fixed"
+	if err := s.PutAutofixSession(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.DeleteAutofixSessions(ctx, now.Add(-time.Hour)); err != nil || n != 0 {
+		t.Fatalf("deleted a recent session: %d, %v", n, err)
+	}
+	if n, err := s.DeleteAutofixSessions(ctx, now.Add(time.Hour)); err != nil || n != 1 {
+		t.Fatalf("retention: %d, %v", n, err)
+	}
 	a.State = json.RawMessage(`not json`)
 	if err := s.PutAutofixSession(ctx, a); err == nil {
 		t.Fatal("invalid state stored")

@@ -9,10 +9,13 @@
 //                 {"type":"stdio","command":...,"args":[...]}
 // modes: scenario | concurrent (n run_code calls at once) | bench (n
 //        sequential run_code print(1) calls, durations in ms) | progress (n
-//        exec_command calls with progress, 8 in flight)
+//        exec_command calls with progress, 8 in flight) | autofix (the client
+//        provider: autofix, autofix_submit, autofix_status; then the sampling
+//        provider answered by this client's "model")
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { CreateMessageRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 const [mode, transportJSON, nArg] = process.argv.slice(2);
 const spec = JSON.parse(transportJSON);
@@ -28,8 +31,9 @@ function transport() {
   return t;
 }
 
-async function connect() {
-  const client = new Client({ name: "mcp-sandboxd-blackbox", version: "1.0.0" });
+async function connect(options) {
+  const client = new Client({ name: "mcp-sandboxd-blackbox", version: "1.0.0" }, options);
+  if (options?.onSample) client.setRequestHandler(CreateMessageRequestSchema, options.onSample);
   client.onerror = (e) => errors.push(String(e));
   const t = transport();
   await client.connect(t);
@@ -164,7 +168,38 @@ async function progress() {
   return { calls: n, notifications: notes, late, wrong, errors };
 }
 
-const modes = { scenario, concurrent, bench, progress };
+
+async function autofix() {
+  const report = {};
+  let client = await connect();
+  const first = await ok(client, "autofix", { language: "python", code: "print(undefined_name)\n", provider: "client" });
+  report.first = { status: first.status, autofix_id: first.autofix_id, prompt_has_error: first.prompt.includes("NameError"), attempts: first.attempts };
+  const status = await ok(client, "autofix_status", { autofix_id: first.autofix_id });
+  report.status = { status: status.status, attempts: status.attempts };
+  const done = await ok(client, "autofix_submit", { autofix_id: first.autofix_id, code: "print('fixed by the client')\n" });
+  report.done = { status: done.status, success: done.success, attempts: done.attempts, stdout: done.last_result?.stdout, diff: done.diff };
+  client.onerror = () => {}; // closing aborts the GET stream, which is no error
+  await client.close();
+
+  // Sampling: this client declares the capability and answers as a model.
+  const prompts = [];
+  client = await connect({ capabilities: { sampling: {} }, onSample: async (req) => {
+    prompts.push(req.params.messages.map((m) => m.content.text).join(""));
+    return { model: "blackbox-model", role: "assistant", stopReason: "endTurn",
+      content: { type: "text", text: "```python main.py\nprint('fixed by sampling')\n```\n" } };
+  } });
+  const progress = [];
+  const sampled = await ok(client, "autofix", { language: "python", code: "print(undefined_name)\n", provider: "sampling" },
+    { onprogress: (p) => progress.push(p.message), resetTimeoutOnProgress: true });
+  report.sampled = { status: sampled.status, provider: sampled.provider, attempts: sampled.attempts, stdout: sampled.last_result?.stdout,
+    prompts: prompts.length, prompt_has_error: prompts.some((p) => p.includes("NameError")), progress };
+  report.errors = [...errors];
+  client.onerror = () => {};
+  await client.close();
+  return report;
+}
+
+const modes = { scenario, concurrent, bench, progress, autofix };
 try {
   const report = await modes[mode]();
   process.stdout.write(JSON.stringify(report) + "\n");

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -36,7 +37,7 @@ func TestMain(m *testing.M) {
 }
 
 var wantTools = []string{
-	"exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export", "job_kill", "job_status",
+	"autofix", "autofix_status", "autofix_submit", "exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export", "job_kill", "job_status",
 	"languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task",
 	"sandbox_create", "sandbox_get", "sandbox_list", "sandbox_terminate",
 }
@@ -444,4 +445,70 @@ func stats(ms []float64) (median, p95 float64) {
 		return 0, 0
 	}
 	return s[len(s)/2], s[min(len(s)-1, (len(s)*95+99)/100-1)]
+}
+
+// TestAutofix drives the autofix tools with the official TypeScript SDK
+// (which validates their output schemas): the client provider (needs_fix,
+// autofix_status, autofix_submit) and the sampling provider answered by the
+// SDK client's own sampling handler, over HTTP and over stdio through the
+// daemon.
+func TestAutofix(t *testing.T) {
+	d := newDaemon(t)
+	// The token file and the HTTP listener come up after the unix socket.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(d.Config.Server.AuthTokenFile); err == nil {
+			if c, err := net.DialTimeout("tcp", d.HTTPAddr, time.Second); err == nil {
+				c.Close()
+				break
+			}
+		}
+	}
+	for name, tr := range map[string]map[string]any{"http": httpTransport(d), "stdio via daemon": stdioTransport(d)} {
+		t.Run(name, func(t *testing.T) {
+			var r struct {
+				First struct {
+					Status         string `json:"status"`
+					AutofixID      string `json:"autofix_id"`
+					PromptHasError bool   `json:"prompt_has_error"`
+					Attempts       int    `json:"attempts"`
+				} `json:"first"`
+				Status struct {
+					Status   string `json:"status"`
+					Attempts int    `json:"attempts"`
+				} `json:"status"`
+				Done struct {
+					Status   string `json:"status"`
+					Success  bool   `json:"success"`
+					Attempts int    `json:"attempts"`
+					Stdout   string `json:"stdout"`
+					Diff     string `json:"diff"`
+				} `json:"done"`
+				Sampled struct {
+					Status         string   `json:"status"`
+					Provider       string   `json:"provider"`
+					Attempts       int      `json:"attempts"`
+					Stdout         string   `json:"stdout"`
+					Prompts        int      `json:"prompts"`
+					PromptHasError bool     `json:"prompt_has_error"`
+					Progress       []string `json:"progress"`
+				} `json:"sampled"`
+				Errors []string `json:"errors"`
+			}
+			runClient(t, "autofix", tr, 0, &r)
+			if r.First.Status != "needs_fix" || !r.First.PromptHasError || r.First.Attempts != 1 || r.Status.Status != "needs_fix" {
+				t.Errorf("client provider, first answer: %+v, status %+v", r.First, r.Status)
+			}
+			if r.Done.Status != "fixed" || !r.Done.Success || r.Done.Attempts != 2 || r.Done.Stdout != "fixed by the client\n" ||
+				!strings.Contains(r.Done.Diff, "+print('fixed by the client')") {
+				t.Errorf("client provider, after autofix_submit: %+v", r.Done)
+			}
+			if r.Sampled.Status != "fixed" || r.Sampled.Provider != "sampling" || r.Sampled.Attempts != 2 ||
+				r.Sampled.Stdout != "fixed by sampling\n" || r.Sampled.Prompts != 1 || !r.Sampled.PromptHasError || len(r.Sampled.Progress) != 3 {
+				t.Errorf("sampling provider: %+v", r.Sampled)
+			}
+			if len(r.Errors) > 0 {
+				t.Errorf("client errors: %v", r.Errors)
+			}
+		})
+	}
 }
