@@ -44,6 +44,7 @@ var applicable = []string{
 }
 
 func TestConformance(t *testing.T) {
+	testenv.RequireRoot(t)
 	dir := filepath.Join(testenv.RepoRoot, "test", "conformance")
 	nodeBin := filepath.Join(dir, "node_modules", ".bin", "node")
 	suite := filepath.Join(dir, "node_modules", "@modelcontextprotocol", "conformance", "dist", "index.js")

@@ -26,6 +26,7 @@ import (
 // (localhost) — can neither change state with the user's cookie nor open a
 // WebSocket to the daemon.
 func TestBrowserAuth(t *testing.T) {
+	testenv.RequireRoot(t)
 	if !webui.Built() {
 		t.Fatal("the web bundle is not built into this test binary: run make build")
 	}

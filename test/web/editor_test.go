@@ -40,6 +40,7 @@ func loginURL(t *testing.T, d *testenv.Daemon) string {
 // echoes; export downloads the workspace; the run history shows the runs.
 // It also measures the first load and the print-to-visible latency.
 func TestEditor(t *testing.T) {
+	testenv.RequireRoot(t)
 	d := testenv.NewDaemon(t, "python", "c")
 	d.Start()
 	b := newBrowser(t)
