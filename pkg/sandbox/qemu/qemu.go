@@ -101,10 +101,6 @@ func New(opt Options, l *ledger.Ledger) (*Backend, error) {
 			return nil, err
 		}
 	}
-	// QEMU after -runas must traverse to its VM's shots/ directory.
-	if err := os.Chmod(filepath.Join(opt.RunDir, "vms"), 0o711); err != nil {
-		return nil, err
-	}
 	if err := cgroups.EnsureParent(opt.CgroupParent); err != nil {
 		return nil, err
 	}
