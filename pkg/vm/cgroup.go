@@ -2,9 +2,6 @@ package vm
 
 import (
 	"fmt"
-	"os"
-	"os/user"
-	"strconv"
 
 	occgroups "github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/manager"
@@ -52,15 +49,4 @@ func removeCgroup(path string) error {
 		return nil
 	}
 	return cgroups.Remove(path)
-}
-
-// chownToUser gives dir to the named user (QEMU after -runas).
-func chownToUser(dir, name string) error {
-	u, err := user.Lookup(name)
-	if err != nil {
-		return fmt.Errorf("runas: %w", err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return os.Chown(dir, uid, gid)
 }

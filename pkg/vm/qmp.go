@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -110,6 +111,12 @@ func (m *monitor) close() {
 
 // run executes one QMP command and returns its "return" value.
 func (m *monitor) run(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	return m.runWithFile(ctx, cmd, args, nil)
+}
+
+// runWithFile is run passing f to QEMU with the command (SCM_RIGHTS), as
+// add-fd wants.
+func (m *monitor) runWithFile(ctx context.Context, cmd string, args any, f *os.File) (json.RawMessage, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.connectLocked(ctx); err != nil {
@@ -126,7 +133,7 @@ func (m *monitor) run(ctx context.Context, cmd string, args any) (json.RawMessag
 	mon := m.mon
 	done := make(chan result, 1)
 	go func() {
-		b, err := mon.Run(req)
+		b, err := mon.RunWithFile(req, f)
 		done <- result{b, err}
 	}()
 	t := time.NewTimer(m.timeout)

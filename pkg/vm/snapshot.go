@@ -3,6 +3,7 @@ package vm
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -151,12 +152,33 @@ var shotSeq atomic.Uint64
 var pngMagic = []byte("\x89PNG\r\n\x1a\n")
 
 // Screenshot returns the VM's display as PNG (QMP screendump with
-// format=png, QEMU ≥ 7.1; go-qemu's typed call predates the format
-// argument, so the command is sent raw).
+// format=png, QEMU >= 7.1; go-qemu's typed call predates the format
+// argument, so the command is sent raw). The daemon opens the file and
+// hands QEMU the descriptor (add-fd, then /dev/fdset/N): QEMU, running as
+// an unprivileged user after -runas, needs no access to the VM's directory.
 func (v *VM) Screenshot(ctx context.Context) ([]byte, error) {
 	path := filepath.Join(v.dir, shotsDir, fmt.Sprintf("screen-%d.png", shotSeq.Add(1)))
 	defer os.Remove(path)
-	if _, err := v.mon.run(ctx, "screendump", map[string]string{"filename": path, "format": "png"}); err != nil {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := v.mon.runWithFile(ctx, "add-fd", map[string]any{"opaque": "screenshot"}, f)
+	f.Close() // QEMU holds its own copy
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Unavailable, err, "vm %s: screenshot: pass file", v.rec.ID)
+	}
+	var set struct {
+		ID int `json:"fdset-id"`
+	}
+	if err := json.Unmarshal(raw, &set); err != nil {
+		return nil, errdefs.Wrap(errdefs.Unavailable, err, "vm %s: screenshot: add-fd reply", v.rec.ID)
+	}
+	defer func() {
+		_, _ = v.mon.run(context.WithoutCancel(ctx), "remove-fd", map[string]int{"fdset-id": set.ID})
+	}()
+	fdset := fmt.Sprintf("/dev/fdset/%d", set.ID)
+	if _, err := v.mon.run(ctx, "screendump", map[string]string{"filename": fdset, "format": "png"}); err != nil {
 		return nil, errdefs.Wrap(errdefs.Unavailable, err, "vm %s: screenshot", v.rec.ID)
 	}
 	b, err := os.ReadFile(path)

@@ -26,6 +26,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -163,15 +164,15 @@ func Start(ctx context.Context, s Spec) (_ *VM, err error) {
 	if s.Accel == "" {
 		s.Accel, _ = DetectAccel(s.QEMU, s.Guest.Kernel)
 	}
-	// 0711: QEMU after -runas must reach shots/ (its own); everything else
-	// in the directory is root's, and the sockets are not writable by others.
-	if err := os.Mkdir(s.Dir, 0o711); err != nil {
+	// Root's alone: QEMU opens what it needs before -runas drops its
+	// privileges, and later gets files as descriptors (Screenshot).
+	if err := os.Mkdir(s.Dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return nil, errdefs.Conflictf("vm %s: state directory %s exists", s.ID, s.Dir)
 		}
 		return nil, err
 	}
-	if err := os.Chmod(s.Dir, 0o711); err != nil { // whatever the umask
+	if err := os.Chmod(s.Dir, 0o700); err != nil { // whatever the umask
 		return nil, err
 	}
 	v := &VM{dir: s.Dir, done: make(chan struct{}), started: true}
@@ -185,9 +186,8 @@ func Start(ctx context.Context, s Spec) (_ *VM, err error) {
 		return nil, err
 	}
 	if s.RunAs != "" {
-		// QEMU writes screenshots after dropping privileges.
-		if err := chownToUser(filepath.Join(s.Dir, shotsDir), s.RunAs); err != nil {
-			return nil, err
+		if _, err := user.Lookup(s.RunAs); err != nil {
+			return nil, errdefs.Invalidf("run_as: %v", err)
 		}
 	}
 	if s.TPM {

@@ -36,10 +36,6 @@ func newSpec(t *testing.T, g *vm.Guest) vm.Spec {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
-	// QEMU, after dropping to nobody, must traverse to its shots/ dir.
-	if err := os.Chmod(base, 0o711); err != nil {
-		t.Fatal(err)
-	}
 	parent := "/mcp-sandboxd-vmtest-" + testenv.RandHex(4)
 	t.Cleanup(func() { testenv.RemoveCgroupParent(t, parent) })
 	id := "vm-" + testenv.RandHex(4)
@@ -230,6 +226,11 @@ func TestVMLifecycle(t *testing.T) {
 		}
 		if r := img.Bounds(); r.Dx() < 320 || r.Dy() < 200 {
 			t.Fatalf("screen %v", r)
+		}
+		// QEMU (as nobody) got the file as a descriptor: the state dir
+		// stays root's alone.
+		if st, err := os.Stat(v.Dir()); err != nil || st.Mode().Perm() != 0o700 {
+			t.Fatalf("state dir mode %v %v", st.Mode(), err)
 		}
 	})
 

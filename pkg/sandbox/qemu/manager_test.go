@@ -1,11 +1,14 @@
 package qemu
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +27,9 @@ import (
 // set up beside the VM backend); libcontainer re-executes it with "init".
 func TestMain(m *testing.M) {
 	runtime.MaybeInit()
+	if os.Getenv("VMTEST_DAEMON_STATE") != "" {
+		runChildDaemon()
+	}
 	os.Exit(m.Run())
 }
 
@@ -31,11 +37,20 @@ func TestMain(m *testing.M) {
 // (sandbox.Manager) next to the container backend: Spec.Backend picks
 // the VM backend, commands run through the same agent protocol, gc sees
 // both backends' resources, terminate releases the VM through the ledger.
-func TestManagerWithVMBackend(t *testing.T) {
-	testenv.RequireRoot(t)
-	img := vmenv.Image(t)
+// managerEnv is a sandbox.Manager on private state (SQLite in dir, run dir
+// and cgroup parent of its own) with the container backend as default and
+// the VM backend beside it.
+type managerEnv struct {
+	m      *sandbox.Manager
+	l      *ledger.Ledger
+	db     *store.Store
+	runDir string
+}
+
+func newManager(t testing.TB, stateDir, runDir, parent string) *managerEnv {
+	t.Helper()
 	ctx := context.Background()
-	db, err := store.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
+	db, err := store.Open(ctx, filepath.Join(stateDir, "state.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,16 +59,6 @@ func TestManagerWithVMBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runDir, err := os.MkdirTemp("/run", "vmmt-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(runDir) })
-	parent := "/mcp-sandboxd-vmmt-" + testenv.RandHex(4)
-	t.Cleanup(func() {
-		testenv.RemoveCgroupParent(t, parent+"/vms")
-		testenv.RemoveCgroupParent(t, parent)
-	})
 	l := ledger.New(db)
 	rt, err := runtime.New(filepath.Join(runDir, "runtime"), testenv.Logger(t))
 	if err != nil {
@@ -74,9 +79,40 @@ func TestManagerWithVMBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
-	spec := sandbox.Spec{Language: "python", Image: img.Name, Network: "none", UID: 1000,
+	t.Cleanup(m.Close)
+	return &managerEnv{m: m, l: l, db: db, runDir: runDir}
+}
+
+// privateDirs returns a state dir, a run dir under /run and a cgroup
+// parent, removed when the test ends.
+func privateDirs(t *testing.T) (stateDir, runDir, parent string) {
+	t.Helper()
+	runDir, err := os.MkdirTemp("/run", "vmmt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(runDir) })
+	parent = "/mcp-sandboxd-vmmt-" + testenv.RandHex(4)
+	t.Cleanup(func() {
+		testenv.RemoveCgroupParent(t, parent+"/vms")
+		testenv.RemoveCgroupParent(t, parent)
+	})
+	return t.TempDir(), runDir, parent
+}
+
+func vmSpec(img string) sandbox.Spec {
+	return sandbox.Spec{Language: "python", Image: img, Network: "none", UID: 1000, Backend: "vm",
 		Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 1, Pids: 256}}
+}
+
+func TestManagerWithVMBackend(t *testing.T) {
+	testenv.RequireRoot(t)
+	img := vmenv.Image(t)
+	ctx := context.Background()
+	stateDir, runDir, parent := privateDirs(t)
+	env := newManager(t, stateDir, runDir, parent)
+	m, l := env.m, env.l
+	spec := vmSpec(img.Name)
 
 	bad := spec
 	bad.Backend = "bhyve"
@@ -84,7 +120,6 @@ func TestManagerWithVMBackend(t *testing.T) {
 		t.Fatalf("unknown backend: %v", err)
 	}
 
-	spec.Backend = "vm"
 	t0 := time.Now()
 	info, err := m.Create(ctx, spec)
 	if err != nil {
@@ -128,3 +163,89 @@ func TestManagerWithVMBackend(t *testing.T) {
 		t.Fatalf("vm dir left: %v", err)
 	}
 }
+
+// TestDaemonKilledVMAdopted: a process running the Manager (the daemon)
+// creates a VM sandbox and is killed with SIGKILL; a new Manager on the same
+// state adopts the VM on reconciliation and runs commands in it.
+func TestDaemonKilledVMAdopted(t *testing.T) {
+	if os.Getenv("VMTEST_DAEMON_STATE") != "" {
+		return // the child's work is done in TestMain (see runChildDaemon)
+	}
+	testenv.RequireRoot(t)
+	img := vmenv.Image(t)
+	stateDir, runDir, parent := privateDirs(t)
+	cmd := exec.Command(os.Args[0], "-test.run", "^$")
+	cmd.Env = append(os.Environ(), "VMTEST_DAEMON_STATE="+stateDir, "VMTEST_DAEMON_RUN="+runDir,
+		"VMTEST_DAEMON_CGROUP="+parent, "VMTEST_DAEMON_IMAGE="+img.Name)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "sandbox ") {
+		t.Fatalf("child daemon: %q %v", line, err)
+	}
+	id := strings.TrimSpace(strings.TrimPrefix(line, "sandbox "))
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+
+	env := newManager(t, stateDir, runDir, parent)
+	ctx := context.Background()
+	rep, err := env.m.Reconcile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Adopted) != 1 || rep.Adopted[0] != id {
+		t.Fatalf("reconcile after kill -9: %+v, want %s adopted", rep, id)
+	}
+	t.Cleanup(func() { _, _ = env.m.Terminate(context.Background(), id, "test cleanup") })
+	res, err := env.m.Exec(ctx, id, sandbox.ExecSpec{Argv: []string{"cat", "/workspace/before-kill"}, Timeout: time.Minute}, nil)
+	if err != nil || res.ExitCode != 0 || res.Stdout != "written by the first daemon\n" {
+		t.Fatalf("exec in the adopted VM: %+v %v", res, err)
+	}
+	if _, err := env.m.Terminate(ctx, id, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(runDir, "vms", id)); !os.IsNotExist(err) {
+		t.Fatalf("vm dir left: %v", err)
+	}
+}
+
+// runChildDaemon is the killed "daemon" of TestDaemonKilledVMAdopted.
+func runChildDaemon() {
+	t := &childT{}
+	env := newManager(t, os.Getenv("VMTEST_DAEMON_STATE"), os.Getenv("VMTEST_DAEMON_RUN"), os.Getenv("VMTEST_DAEMON_CGROUP"))
+	ctx := context.Background()
+	info, err := env.m.Create(ctx, vmSpec(os.Getenv("VMTEST_DAEMON_IMAGE")))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child daemon:", err)
+		os.Exit(1)
+	}
+	res, err := env.m.Exec(ctx, info.ID, sandbox.ExecSpec{Argv: []string{"sh", "-c", "echo written by the first daemon > /workspace/before-kill"}, Timeout: time.Minute}, nil)
+	if err != nil || res.ExitCode != 0 {
+		fmt.Fprintln(os.Stderr, "child daemon exec:", res, err)
+		os.Exit(1)
+	}
+	fmt.Println("sandbox", info.ID)
+	select {} // until SIGKILL
+}
+
+// childT is the testing.TB of the child daemon: failures end the process.
+type childT struct{ testing.TB }
+
+func (*childT) Helper()                      {}
+func (*childT) Cleanup(func())               {}
+func (*childT) Fatal(args ...any)            { fmt.Fprintln(os.Stderr, args...); os.Exit(1) }
+func (*childT) Fatalf(f string, args ...any) { fmt.Fprintf(os.Stderr, f+"\n", args...); os.Exit(1) }
+func (*childT) Errorf(f string, args ...any) { fmt.Fprintf(os.Stderr, f+"\n", args...) }
+func (*childT) Logf(f string, args ...any)   { fmt.Fprintf(os.Stderr, f+"\n", args...) }
+func (*childT) Log(args ...any)              { fmt.Fprintln(os.Stderr, args...) }
+func (*childT) Name() string                 { return "child-daemon" }
+func (*childT) TempDir() string              { d, _ := os.MkdirTemp("", "child-"); return d }

@@ -101,10 +101,6 @@ func New(opt Options, l *ledger.Ledger) (*Backend, error) {
 			return nil, err
 		}
 	}
-	// QEMU after -runas must traverse to its VM's shots/ directory.
-	if err := os.Chmod(filepath.Join(opt.RunDir, "vms"), 0o711); err != nil {
-		return nil, err
-	}
 	if err := cgroups.EnsureParent(opt.CgroupParent); err != nil {
 		return nil, err
 	}
@@ -180,13 +176,23 @@ func (b *Backend) spec(id string, g *vm.Guest, lim sandbox.Limits) vm.Spec {
 // template returns the fast-start template for guest and the machine of
 // spec, booting one when there is none.
 func (b *Backend) template(ctx context.Context, g *vm.Guest, spec vm.Spec) (string, error) {
-	key := sha256.Sum256(fmt.Appendf(nil, "%s|%s|%d|%d|%s|%s", g.Dir, g.Initrd, spec.MemoryMiB, spec.CPUs, spec.Accel, spec.RunAs))
-	name := hex.EncodeToString(key[:8])
+	// <guest and machine>-<initramfs>.qcow2: a new agent build (a new
+	// initramfs) replaces the template of the same guest and machine.
+	machine := sha256.Sum256(fmt.Appendf(nil, "%s|%d|%d|%s|%s", g.Dir, spec.MemoryMiB, spec.CPUs, spec.Accel, spec.RunAs))
+	initrd := sha256.Sum256([]byte(g.Initrd))
+	prefix := hex.EncodeToString(machine[:6]) + "-"
+	name := prefix + hex.EncodeToString(initrd[:4])
 	path := filepath.Join(b.opt.GuestCache, "templates", name+".qcow2")
 	b.tmplMu.Lock()
 	defer b.tmplMu.Unlock()
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
+	}
+	// VMs copy their template at start, so older ones can go.
+	if old, err := filepath.Glob(filepath.Join(b.opt.GuestCache, "templates", prefix+"*.qcow2")); err == nil {
+		for _, f := range old {
+			_ = os.Remove(f)
+		}
 	}
 	t := spec
 	t.ID = "tmpl-" + name
@@ -249,7 +255,9 @@ func (b *Backend) Scan(ctx context.Context) (map[string][]ledger.Resource, error
 		errs = append(errs, err)
 	} else {
 		for _, e := range ents {
-			if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			// Template VMs (tmpl-*) belong to no sandbox: template() boots
+			// them and removes one a crash left before booting it again.
+			if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && !strings.HasPrefix(e.Name(), "tmpl-") {
 				out[e.Name()] = append(out[e.Name()], ledger.Resource{Kind: KindVM, Key: b.dir(e.Name())})
 			}
 		}
@@ -258,7 +266,9 @@ func (b *Backend) Scan(ctx context.Context) (map[string][]ledger.Resource, error
 		errs = append(errs, err)
 	} else {
 		for _, n := range names {
-			out[n] = append(out[n], ledger.Resource{Kind: KindCgroup, Key: b.cgroupPath(n)})
+			if !strings.HasPrefix(n, "tmpl-") {
+				out[n] = append(out[n], ledger.Resource{Kind: KindCgroup, Key: b.cgroupPath(n)})
+			}
 		}
 	}
 	return out, errors.Join(errs...)
