@@ -56,6 +56,8 @@ fi
 # The web editor's build tools and libraries (pinned by web/package-lock.json).
 if [[ ! -e web/node_modules/.package-lock.json || web/package-lock.json -nt web/node_modules/.package-lock.json ]]; then
 	(cd web && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 # Claude Code for the black-box test in test/claude (pinned by its
 # package-lock.json). Its npm package carries the native binary per platform
 # as an optional dependency; the test runs that binary, so the package's own
