@@ -28,9 +28,11 @@ type autofixOut struct {
 }
 
 func (s *srv) addAutofixTools() {
-	// Sampling: the server may ask a client that declared the capability
-	// for a completion (provider sampling).
-	s.mcp.EnableSampling()
+	// Sampling (provider sampling) asks a client that declared the
+	// capability for a completion. mcp-go's EnableSampling would only add a
+	// "sampling" entry to the server's own capabilities, which the protocol
+	// does not define for servers: it is left out (capabilities say what the
+	// server offers).
 
 	addTool[autofixIn, autofixOut](s, "autofix", "Run and fix until it works",
 		joinLines(

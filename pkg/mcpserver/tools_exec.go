@@ -8,15 +8,10 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 )
 
+// execIn is the contract's exec request and MCP's background switch.
 type execIn struct {
-	SandboxID      string            `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
-	Command        string            `json:"command,omitempty" jsonschema_description:"Shell command line, run with /bin/sh -c. Give command or argv."`
-	Argv           []string          `json:"argv,omitempty" jsonschema_description:"Program and arguments, run without a shell. Give command or argv."`
-	Cwd            string            `json:"cwd,omitempty" jsonschema_description:"Working directory (absolute; default /workspace)."`
-	Env            map[string]string `json:"env,omitempty" jsonschema_description:"Extra environment variables."`
-	Stdin          string            `json:"stdin,omitempty" jsonschema_description:"Text written to the command's standard input."`
-	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty" jsonschema_description:"Kill the command (its whole process group) after this many seconds."`
-	Background     bool              `json:"background,omitempty" jsonschema_description:"Start the command and return its job_id at once; follow it with job_status. Use for anything that may outlast your tool-call timeout (builds, test suites, servers)."`
+	apitypes.ExecRequest
+	Background bool `json:"background,omitempty" jsonschema_description:"Start the command and return its job_id at once; follow it with job_status. Use for anything that may outlast your tool-call timeout (builds, test suites, servers)."`
 }
 
 // execOut is the outcome of a command (exec_command, run_task,
@@ -51,17 +46,9 @@ type jobStatusOut struct {
 	More bool `json:"more"`
 }
 
-type jobKillIn struct {
-	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of the sandbox the job runs in."`
-	JobID     string `json:"job_id" jsonschema_description:"Job id from exec_command with background: true."`
-	Signal    string `json:"signal,omitempty" jsonschema_description:"Signal name, e.g. SIGTERM, SIGINT; default SIGKILL."`
-}
+type jobKillIn = apitypes.JobKillRequest
 
-type jobKillOut struct {
-	JobID  string `json:"job_id"`
-	Signal string `json:"signal"`
-	State  string `json:"state"` // running | finished
-}
+type jobKillOut = apitypes.JobKillResult
 
 func (s *srv) addExecTools() {
 	addTool[execIn, execOut](s, "exec_command", "Run a command in a sandbox",
@@ -73,8 +60,7 @@ func (s *srv) addExecTools() {
 		),
 		annotations{destructive: true},
 		func(ctx context.Context, c *call, in *execIn) (*result, error) {
-			req := engine.ExecRequest{SandboxID: in.SandboxID, Command: in.Command, Argv: in.Argv, Cwd: in.Cwd,
-				Env: in.Env, Stdin: in.Stdin, TimeoutSeconds: in.TimeoutSeconds}
+			req := in.ExecRequest
 			if in.Background {
 				id, err := s.e.StartJob(ctx, req)
 				if err != nil {
@@ -125,12 +111,11 @@ func (s *srv) addExecTools() {
 		"Send a signal (default SIGKILL) to a background job's whole process group and report its state. Prerequisite: a job_id from exec_command with background: true. Its output stays readable with job_status.",
 		annotations{destructive: true, idempotent: true},
 		func(ctx context.Context, c *call, in *jobKillIn) (*result, error) {
-			res, err := s.e.KillJob(ctx, apitypes.JobKillRequest{SandboxID: in.SandboxID, JobID: in.JobID, Signal: in.Signal})
+			res, err := s.e.KillJob(ctx, *in)
 			if err != nil {
 				return nil, err
 			}
-			out := jobKillOut{JobID: res.JobID, Signal: res.Signal, State: res.State}
-			return &result{structured: out, text: fmt.Sprintf("sent %s to job %s: %s", res.Signal, res.JobID, res.State)}, nil
+			return &result{structured: *res, text: fmt.Sprintf("sent %s to job %s: %s", res.Signal, res.JobID, res.State)}, nil
 		})
 }
 

@@ -9,27 +9,11 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 )
 
-type fileWriteIn struct {
-	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
-	Path      string `json:"path" jsonschema_description:"Absolute path in the sandbox, normally under /workspace. Parent directories are created."`
-	Content   string `json:"content" jsonschema_description:"The file's content: text, or base64 with encoding base64."`
-	Encoding  string `json:"encoding,omitempty" jsonschema_description:"Encoding of content: utf-8 (default) or base64 (for binary files)." jsonschema:"enum=utf-8,enum=base64"`
-	Mode      string `json:"mode,omitempty" jsonschema_description:"Octal permission bits, e.g. 0755 for a script; default 0644."`
-	Append    bool   `json:"append,omitempty" jsonschema_description:"Append to the file instead of replacing it."`
-}
+type fileWriteIn = apitypes.FileWriteRequest
 
-type fileOut struct {
-	Path string `json:"path"`
-	Size int64  `json:"size"`
-}
+type fileOut = apitypes.FileResult
 
-type fileReadIn struct {
-	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
-	Path      string `json:"path" jsonschema_description:"Absolute path of a file in the sandbox."`
-	Encoding  string `json:"encoding,omitempty" jsonschema_description:"utf-8 (default) or base64. Content that is not valid UTF-8 comes back as base64 whatever is asked, and encoding says so." jsonschema:"enum=utf-8,enum=base64"`
-	Offset    int64  `json:"offset,omitempty" jsonschema_description:"Byte offset to start reading at (to page through a large file)."`
-	MaxBytes  int64  `json:"max_bytes,omitempty" jsonschema_description:"Most bytes to return; capped so that the answer fits a tool result."`
-}
+type fileReadIn = apitypes.FileReadRequest
 
 type fileReadOut = apitypes.FileReadResult
 
@@ -73,12 +57,11 @@ func (s *srv) addFileTools() {
 		fmt.Sprintf("Write (or append to) a file in a sandbox, creating parent directories; returns its path and size. Prerequisite: a live sandbox_id from sandbox_create. Paths are absolute and resolve inside the sandbox; the root filesystem outside /workspace, /tmp and the home directory is read-only. At most %d MiB per call.", engine.MaxFileBytes>>20),
 		annotations{destructive: true, idempotent: true},
 		func(ctx context.Context, c *call, in *fileWriteIn) (*result, error) {
-			res, err := s.e.WriteFile(ctx, engine.FileWriteRequest{SandboxID: in.SandboxID, Path: in.Path, Content: in.Content,
-				Encoding: in.Encoding, Mode: in.Mode, Append: in.Append})
+			res, err := s.e.WriteFile(ctx, *in)
 			if err != nil {
 				return nil, err
 			}
-			out := fileOut{Path: res.Path, Size: res.Size}
+			out := *res
 			return &result{structured: out, text: fmt.Sprintf("wrote %s (%d bytes)", out.Path, out.Size)}, nil
 		})
 
@@ -95,7 +78,8 @@ func (s *srv) addFileTools() {
 				page = in.MaxBytes
 			}
 			for {
-				req := engine.FileReadRequest{SandboxID: in.SandboxID, Path: in.Path, Encoding: in.Encoding, Offset: in.Offset, MaxBytes: page}
+				req := *in
+				req.MaxBytes = page
 				raw, err := s.e.ReadFile(ctx, req)
 				if err != nil {
 					return nil, err

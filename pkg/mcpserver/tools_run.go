@@ -10,21 +10,9 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 )
 
-type runCodeIn struct {
-	Language       string            `json:"language" jsonschema_description:"Language (see languages_list), e.g. python, c, node."`
-	Code           string            `json:"code,omitempty" jsonschema_description:"Source of the main file. Give code, files, or both."`
-	Files          map[string]string `json:"files,omitempty" jsonschema_description:"More files (or all of them): path relative to /workspace -> content. Dependency manifests among them (requirements.txt, package.json, go.mod, Cargo.toml) are installed first."`
-	Entrypoint     string            `json:"entrypoint,omitempty" jsonschema_description:"The file to run among files (default: the language's entrypoint, or the only source file)."`
-	Args           []string          `json:"args,omitempty" jsonschema_description:"Command-line arguments of the program."`
-	Stdin          string            `json:"stdin,omitempty" jsonschema_description:"Text written to the program's standard input."`
-	Env            map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every step."`
-	SandboxID      string            `json:"sandbox_id,omitempty" jsonschema_description:"Run in this live sandbox (its language must match; files written there stay). Default: a fresh sandbox, removed afterwards."`
-	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty" jsonschema_description:"Time limit of the whole run (install, compile and run together)."`
-	Install        *bool             `json:"install,omitempty" jsonschema_description:"Install dependencies found in the files (default true)."`
-	Network        string            `json:"network,omitempty" jsonschema_description:"Network of the fresh sandbox: none (default)." jsonschema:"enum=none,enum=egress,enum=allowlist"`
-	MemoryMB       *int64            `json:"memory_mb,omitempty" jsonschema_description:"Memory limit of the fresh sandbox in MiB."`
-	DiskMB         *int64            `json:"disk_mb,omitempty" jsonschema_description:"Disk limit of the fresh sandbox in MiB."`
-}
+// runCodeIn is the contract's request: a new run_code field is added in
+// pkg/apitypes only.
+type runCodeIn = apitypes.RunCodeRequest
 
 type runCodeOut struct {
 	apitypes.RunResult
@@ -32,20 +20,9 @@ type runCodeOut struct {
 	Note string `json:"note,omitempty"`
 }
 
-type runTaskIn struct {
-	SandboxID      string            `json:"sandbox_id" jsonschema_description:"Id of a live sandbox whose language has the task (languages_list shows the tasks)."`
-	Task           string            `json:"task" jsonschema_description:"lint, build or test." jsonschema:"enum=lint,enum=build,enum=test"`
-	Path           string            `json:"path,omitempty" jsonschema_description:"Target of the task, relative to /workspace or absolute under it; default /workspace."`
-	Env            map[string]string `json:"env,omitempty" jsonschema_description:"Extra environment variables."`
-	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty" jsonschema_description:"Time limit of the task."`
-}
+type runTaskIn = apitypes.RunTaskRequest
 
-type packagesIn struct {
-	SandboxID      string   `json:"sandbox_id" jsonschema_description:"Id of a live sandbox."`
-	Manager        string   `json:"manager" jsonschema_description:"Package manager of the sandbox's language (languages_list: managers), e.g. pip, npm, cargo, go."`
-	Packages       []string `json:"packages" jsonschema_description:"Package names or paths of local package files in the sandbox."`
-	TimeoutSeconds *float64 `json:"timeout_seconds,omitempty" jsonschema_description:"Time limit of the installation."`
-}
+type packagesIn = apitypes.PackagesInstallRequest
 
 type runGetIn struct {
 	RunID string `json:"run_id" jsonschema_description:"Run id from run_code or run_list."`
@@ -76,9 +53,7 @@ func (s *srv) addRunTools() {
 		),
 		annotations{destructive: true},
 		func(ctx context.Context, c *call, in *runCodeIn) (*result, error) {
-			res, err := s.e.RunCode(ctx, engine.RunCodeRequest{Language: in.Language, Code: in.Code, Files: in.Files,
-				Entrypoint: in.Entrypoint, Args: in.Args, Stdin: in.Stdin, Env: in.Env, SandboxID: in.SandboxID,
-				TimeoutSeconds: in.TimeoutSeconds, Install: in.Install, Network: in.Network, MemoryMB: in.MemoryMB, DiskMB: in.DiskMB}, c.progress.outputFunc())
+			res, err := s.e.RunCode(ctx, *in, c.progress.outputFunc())
 			if err != nil {
 				return nil, err
 			}
@@ -92,8 +67,7 @@ func (s *srv) addRunTools() {
 		),
 		annotations{destructive: true},
 		func(ctx context.Context, c *call, in *runTaskIn) (*result, error) {
-			res, err := s.e.RunTask(ctx, engine.RunTaskRequest{SandboxID: in.SandboxID, Task: in.Task, Path: in.Path,
-				Env: in.Env, TimeoutSeconds: in.TimeoutSeconds})
+			res, err := s.e.RunTask(ctx, *in)
 			if err != nil {
 				return nil, err
 			}
@@ -107,8 +81,7 @@ func (s *srv) addRunTools() {
 		),
 		annotations{destructive: true, idempotent: true},
 		func(ctx context.Context, c *call, in *packagesIn) (*result, error) {
-			res, err := s.e.PackagesInstall(ctx, engine.PackagesInstallRequest{SandboxID: in.SandboxID, Manager: in.Manager,
-				Packages: in.Packages, TimeoutSeconds: in.TimeoutSeconds})
+			res, err := s.e.PackagesInstall(ctx, *in)
 			if err != nil {
 				return nil, err
 			}
