@@ -242,7 +242,7 @@ func TestWebLogin(t *testing.T) {
 	c.csrf = regexp.MustCompile(`"csrf_token":"([0-9a-f]+)"`).FindStringSubmatch(body)[1]
 	sys := struct{ body string }{}
 	_, sys.body = c.do("GET", "/v1/system", nil)
-	if !strings.Contains(sys.body, `"autofix":false`) || !strings.Contains(sys.body, `"terminal":true`) {
+	if !strings.Contains(sys.body, `"autofix":true`) || !strings.Contains(sys.body, `"terminal":true`) {
 		t.Errorf("GET /v1/system: %s", sys.body)
 	}
 
