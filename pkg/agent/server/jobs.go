@@ -83,7 +83,10 @@ type job struct {
 	// awaited mirrors held != nil for the job table, which must not take
 	// j.mu: a finished job the daemon has not attached to yet is not
 	// dropped to make room (its exit status is what the daemon waits for).
-	awaited    atomic.Bool
+	awaited atomic.Bool
+	// unheld is closed when held is released; an exited job's drain grace
+	// starts only then, so held output still reaches the late attach.
+	unheld     chan struct{}
 	consumed   chan struct{} // closed and replaced whenever a follower advances or leaves
 	killCause  string
 	killDetail string
@@ -219,6 +222,7 @@ func (j *job) releaseHeld() {
 		j.advance(j.held, j.held.offs, true)
 		j.held = nil
 		j.awaited.Store(false)
+		close(j.unheld)
 	}
 }
 
@@ -323,6 +327,12 @@ func (j *job) killProcesses() {
 func (j *job) onExit(ws unix.WaitStatus) {
 	finishedAt := time.Now()
 	go func() {
+		if j.awaited.Load() {
+			select {
+			case <-j.unheld:
+			case <-j.readersDone:
+			}
+		}
 		select {
 		case <-j.readersDone:
 		case <-time.After(drainGrace):

@@ -107,6 +107,7 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 		// Before the readers start, so no byte can be dropped before the
 		// daemon attaches.
 		j.held = j.follow([2]int64{0, 0})
+		j.unheld = make(chan struct{})
 		j.awaited.Store(true)
 		time.AfterFunc(agent.HoldGrace, func() {
 			j.mu.Lock()
