@@ -46,9 +46,9 @@ type dnsForwarder struct {
 	// made: always on a thread inside it, never "the process's namespace",
 	// which no thread can be sure of (a thread locked into another
 	// namespace may be the main one, whose namespace /proc/self shows).
-	ns netns.NsHandle
-	servers   []*dns.Server
-	log       *slog.Logger
+	ns      netns.NsHandle
+	servers []*dns.Server
+	log     *slog.Logger
 }
 
 // startDNS listens on gw:53 inside ns and serves until stop.
