@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
@@ -75,10 +76,21 @@ func newNetTopology(t *testing.T) *netTopology {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// "/" answers with the client's address as seen upstream; /simple/ and
+	// /files/ are a PEP 503 index with one wheel, greetpkg.
+	wheel := testenv.Wheel(t, "greetpkg", "1.0", "def hello():\n    return 'hello from the index'\n")
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
 		fmt.Fprintf(w, "client=%s\n", host)
-	})}
+	})
+	mux.HandleFunc("/simple/greetpkg/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `<!DOCTYPE html><html><body><a href="/files/greetpkg-1.0-py3-none-any.whl">greetpkg-1.0-py3-none-any.whl</a></body></html>`)
+	})
+	mux.HandleFunc("/files/greetpkg-1.0-py3-none-any.whl", func(w http.ResponseWriter, r *http.Request) {
+		w.Write(wheel)
+	})
+	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	zone := map[string]string{"pkg.example.test.": "198.18.0.2", "other.example.test.": "203.0.113.10"}
@@ -130,6 +142,7 @@ func fetch(host string) string {
 func TestNetworkWithContainers(t *testing.T) {
 	requireRoot(t)
 	tp := newNetTopology(t)
+	testenv.EnsureImages(t, "shell", "python")
 	env := newEngineIn(t, tp.hostNS, func(c *config.Config) {
 		c.Network.DNS = []string{"198.18.0.2"}
 		c.Network.Bridge = "sbxt0"
@@ -145,6 +158,15 @@ func TestNetworkWithContainers(t *testing.T) {
 	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "client=198.18.0.1") ||
 		!strings.Contains(res.Stdout, "nameserver 10.88.0.1") || !strings.Contains(res.Stdout, "PIP=http://pkg.example.test/simple/") {
 		t.Fatalf("egress sandbox: exit %d\n%s\n%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	// run_code installs requirements.txt from the configured index over
+	// the network and imports the package.
+	run := env.runCode(t, RunCodeRequest{Language: "python", Network: NetworkEgress, Files: map[string]string{
+		"main.py":          "import greetpkg\nprint(greetpkg.hello())\n",
+		"requirements.txt": "greetpkg\n",
+	}})
+	if run.Stdout != "hello from the index\n" || !slices.Equal(stepNames(run), []string{StepInstall, StepRun}) {
+		t.Fatalf("run_code with requirements.txt from the index: %s", describe(run))
 	}
 	// The host's address is closed.
 	if res := env.sh(t, info.ID, "timeout 2 bash -c 'exec 3<>/dev/tcp/198.18.0.1/22'"); res.ExitCode == 0 {
