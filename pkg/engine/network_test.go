@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/miekg/dns"
@@ -31,7 +32,7 @@ type netTopology struct {
 	hostNS   netns.NsHandle
 }
 
-func newNetTopology(t *testing.T) *netTopology {
+func newNetTopology(t testing.TB) *netTopology {
 	t.Helper()
 	sfx := randHex(3)
 	tp := &netTopology{host: "sbxh-" + sfx, up: "sbxu-" + sfx}
@@ -114,22 +115,10 @@ func newNetTopology(t *testing.T) *netTopology {
 
 // newEngineIn starts a test engine whose network host side lives in ns:
 // New runs on this goroutine's thread while it is inside ns.
-func newEngineIn(t *testing.T, ns netns.NsHandle, tweak func(*config.Config)) *testEnv {
+func newEngineIn(t testing.TB, ns netns.NsHandle, tweak func(*config.Config)) *testEnv {
 	t.Helper()
-	goruntime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		t.Fatal(err)
-	}
-	env := newTestEngine(t, tweak)
-	if err := netns.Set(orig); err != nil {
-		t.Fatalf("back to the test's namespace: %v", err) // the thread stays locked and dies with the test
-	}
-	goruntime.UnlockOSThread()
+	var env *testEnv
+	inNamespace(t, ns, func() { env = newTestEngine(t, tweak) })
 	return env
 }
 
@@ -247,5 +236,110 @@ func TestNetworkWithContainers(t *testing.T) {
 	}
 	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == network.TableName }) {
 		t.Error("nftables table left after the last sandbox with network")
+	}
+}
+
+// inNamespace runs fn on this goroutine's thread while it is inside ns
+// (engine.New takes the namespace it is called in as the network's host
+// side).
+func inNamespace(t testing.TB, ns netns.NsHandle, fn func()) {
+	t.Helper()
+	goruntime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		t.Fatal(err)
+	}
+	fn()
+	if err := netns.Set(orig); err != nil {
+		t.Fatalf("back to the test's namespace: %v", err)
+	}
+	goruntime.UnlockOSThread()
+}
+
+// A restarted daemon adopts a sandbox with network: its address, rules
+// and the DNS forwarder come back, and its traffic still flows.
+func TestNetworkAdoptedAfterRestart(t *testing.T) {
+	requireRoot(t)
+	tp := newNetTopology(t)
+	testenv.EnsureImages(t, "shell")
+	cfg := testenv.Config(t, "netrs")
+	cfg.Network.DNS = []string{"198.18.0.2"}
+	cfg.Network.Bridge = "sbxt1"
+	ctx := context.Background()
+	var e1, e2 *Engine
+	var err error
+	inNamespace(t, tp.hostNS, func() { e1, err = New(ctx, cfg, testenv.Logger(t)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := e1.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Network: NetworkEgress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e1.sandboxes.Close()
+	_ = e1.Close() // sandboxes and their network stay
+
+	inNamespace(t, tp.hostNS, func() { e2, err = New(ctx, cfg, testenv.Logger(t)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &testEnv{Engine: e2, cfg: cfg}
+	t.Cleanup(func() {
+		e2.sandboxes.Close()
+		for _, id := range e2.sandboxes.IDs() {
+			if _, err := e2.TerminateSandbox(ctx, id); err != nil {
+				t.Errorf("cleanup: terminate %s: %v", id, err)
+			}
+		}
+		_ = e2.Close()
+		env.assertNoLeftovers(t)
+	})
+	res := env.sh(t, info.ID, fetch("pkg.example.test"))
+	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "client=198.18.0.1") {
+		t.Fatalf("adopted sandbox: exit %d\n%s\n%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if _, err := e2.TerminateSandbox(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(int(tp.hostNS)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == network.TableName }) {
+		t.Error("nftables table left after the adopted sandbox was terminated")
+	}
+}
+
+// BenchmarkCreateNetwork: create→ready of a shell sandbox with network none
+// versus egress, medians in one run (docs/notes-net.md).
+// Run with: go test -tags seccomp -run '^$' -bench CreateNetwork -benchtime 10x ./pkg/engine
+func BenchmarkCreateNetwork(b *testing.B) {
+	requireRoot(b)
+	tp := newNetTopology(b)
+	env := newEngineIn(b, tp.hostNS, func(c *config.Config) {
+		c.Network.DNS = []string{"198.18.0.2"}
+		c.Network.Bridge = "sbxt2"
+	})
+	ctx := context.Background()
+	times := map[string][]time.Duration{}
+	for b.Loop() {
+		for _, mode := range []string{NetworkNone, NetworkEgress} {
+			start := time.Now()
+			info, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Network: mode})
+			if err != nil {
+				b.Fatal(err)
+			}
+			times[mode] = append(times[mode], time.Since(start))
+			if _, err := env.TerminateSandbox(ctx, info.ID); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for _, mode := range []string{NetworkNone, NetworkEgress} {
+		b.ReportMetric(ms(median(times[mode])), "ms-create-"+mode)
 	}
 }
