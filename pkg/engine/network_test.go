@@ -190,6 +190,30 @@ func TestNetworkWithContainers(t *testing.T) {
 		t.Fatalf("sandbox_get network: %s %+v", d.Network, d.NetworkStatus)
 	}
 
+	// The counters are in /metrics too.
+	mfs, err := env.MetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var denied float64
+	for _, mf := range mfs {
+		if mf.GetName() != "sandboxd_sandbox_connection_attempts_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["sandbox_id"] == info.ID && labels["verdict"] == "denied" {
+				denied = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if denied != float64(d.NetworkStatus.Counters.Denied) || denied == 0 {
+		t.Fatalf("/metrics denied attempts of %s = %v, sandbox_get says %d", info.ID, denied, d.NetworkStatus.Counters.Denied)
+	}
+
 	// none: loopback only, and it cannot change.
 	none := env.create(t, CreateSandboxRequest{})
 	if res := env.sh(t, none.ID, "ls /sys/class/net"); strings.TrimSpace(res.Stdout) != "lo" {

@@ -735,3 +735,18 @@ func (m *Manager) GC(ctx context.Context, live func(id string) bool) (GCReport, 
 	}
 	return rep, errors.Join(errs...)
 }
+
+// Connected lists the sandboxes joined to the bridge (egress or
+// allowlist), sorted.
+func (m *Manager) Connected() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var ids []string
+	for id, sb := range m.sandboxes {
+		if sb.ip.IsValid() {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
