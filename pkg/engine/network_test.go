@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	goruntime "runtime"
 	"slices"
@@ -260,6 +261,17 @@ func TestNetworkWithContainers(t *testing.T) {
 	}
 	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == network.TableName }) {
 		t.Error("nftables table left after the last sandbox with network")
+	}
+	var fwd []byte
+	if err := network.InNetNS(tp.hostNS, func() error {
+		var err error
+		fwd, err = os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+		return err
+	}); err != nil || strings.TrimSpace(string(fwd)) != "0" {
+		t.Errorf("ip_forward of the host namespace = %q (%v), want 0 restored", fwd, err)
+	}
+	if st, err := env.SandboxNetwork(ctx, SandboxNetworkRequest{SandboxID: info.ID}); !errdefs.Is(err, errdefs.Conflict) {
+		t.Errorf("network of a terminated sandbox: %+v %v", st, err)
 	}
 }
 

@@ -519,8 +519,19 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 // Release methods, one per resource kind, for the sandbox ledger. Each is
 // idempotent.
 
-// ReleaseNetNS unmounts and removes a namespace file.
-func (m *Manager) ReleaseNetNS(path string) error { return RemoveNetNS(path) }
+// ReleaseNetNS unmounts and removes a namespace file, and forgets the
+// sandbox it belonged to (its other pieces are released before it).
+func (m *Manager) ReleaseNetNS(path string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, sb := range m.sandboxes {
+		if sb.nsPath == path {
+			m.unmapLocked(id)
+			delete(m.sandboxes, id)
+		}
+	}
+	return RemoveNetNS(path)
+}
 
 // ReleaseVeth deletes a host-side veth (its peer goes with it).
 func (m *Manager) ReleaseVeth(name string) error { return deleteLink(m.host, name) }
