@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -86,6 +87,9 @@ func newNetTopology(t testing.TB) *netTopology {
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
 		fmt.Fprintf(w, "client=%s\n", host)
 	})
+	mux.HandleFunc("/5mib", func(w http.ResponseWriter, r *http.Request) {
+		w.Write(make([]byte, 5<<20))
+	})
 	mux.HandleFunc("/simple/greetpkg/", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `<!DOCTYPE html><html><body><a href="/files/greetpkg-1.0-py3-none-any.whl">greetpkg-1.0-py3-none-any.whl</a></body></html>`)
 	})
@@ -138,6 +142,7 @@ func TestNetworkWithContainers(t *testing.T) {
 		c.Network.Bridge = "sbxt0"
 		c.Network.Presets = map[string][]string{"testidx": {"pkg.example.test"}}
 		c.Network.PackageIndexes.PipIndexURL = "http://pkg.example.test/simple/"
+		c.Network.Bandwidth, c.Network.MaxBandwidth = 100<<20, 200<<20
 	})
 	ctx := context.Background()
 
@@ -238,8 +243,33 @@ func TestNetworkWithContainers(t *testing.T) {
 		}
 	}
 
+	// Network limits: the cap, and the field on a none sandbox.
+	big := int64(300 << 20)
+	if _, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Network: NetworkEgress, NetworkBandwidth: &big}); !errdefs.Is(err, errdefs.LimitExceeded) || !strings.HasPrefix(errdefs.MessageOf(err), "network_bandwidth") {
+		t.Errorf("bandwidth above network.max_bandwidth: %v", err)
+	}
+	if _, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", NetworkBandwidth: &big}); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.HasPrefix(errdefs.MessageOf(err), "network_bandwidth") {
+		t.Errorf("bandwidth on a none sandbox: %v", err)
+	}
+	// 5 MiB at 1 MiB/s through a real container takes 4.5-6 s.
+	slow := int64(1 << 20)
+	limited := env.create(t, CreateSandboxRequest{Network: NetworkEgress, NetworkBandwidth: &slow})
+	if limited.Limits.NetworkBandwidth != slow {
+		t.Fatalf("limits = %+v", limited.Limits)
+	}
+	start := time.Now()
+	res = env.sh(t, limited.ID, `bash -c 'exec 3<>/dev/tcp/198.18.0.2/80 && printf "GET /5mib HTTP/1.0\r\n\r\n" >&3 && wc -c <&3'`, 30)
+	took := time.Since(start)
+	if n, _ := strconv.Atoi(strings.TrimSpace(res.Stdout)); res.ExitCode != 0 || n < 5<<20 {
+		t.Fatalf("download in the limited sandbox: %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	t.Logf("5 MiB at 1 MiB/s in a container: %v", took)
+	if took < 4500*time.Millisecond || took > 6*time.Second {
+		t.Errorf("5 MiB at 1 MiB/s took %v, want 4.5-6 s", took)
+	}
+
 	// Terminate: nothing of the network is left in the host namespace.
-	for _, id := range []string{info.ID, none.ID} {
+	for _, id := range []string{info.ID, none.ID, limited.ID} {
 		if _, err := env.TerminateSandbox(ctx, id); err != nil {
 			t.Fatal(err)
 		}
