@@ -945,3 +945,32 @@ func rawRequest(t *testing.T, socket string, req agent.Request) *agent.Frame {
 	}
 	return f
 }
+
+// HoldOutput keeps every byte until the first attach, however late it
+// comes; without it only the retained tail is there for a late attach.
+func TestHoldOutputUntilAttach(t *testing.T) {
+	a := startAgent(t, "--retain-bytes", "4096")
+	ctx := testCtx(t)
+	prog := `echo FIRST; i=0; while [ $i -lt 4000 ]; do printf '%04d\n' $i; i=$((i+1)); done`
+	for _, hold := range []bool{true, false} {
+		req := sh(prog)
+		req.HoldOutput = hold
+		id, err := a.Start(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // the program is done (or held) by now
+		var got bytes.Buffer
+		exit, err := a.Attach(ctx, id, 0, 0, func(c agent.Chunk) error {
+			got.Write(c.Data)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		complete := strings.HasPrefix(got.String(), "FIRST\n") && got.Len() == 20006 && exit.StdoutBytes == 20006
+		if complete != hold {
+			t.Errorf("hold %v: attach after 300 ms got %d bytes starting %q (exit %+v)", hold, got.Len(), got.String()[:min(10, got.Len())], exit)
+		}
+	}
+}
