@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 )
 
 func psCmd(g *globals) *cobra.Command {
@@ -95,6 +96,8 @@ func createCmd(g *globals) *cobra.Command {
 	var (
 		req                  client.CreateSandboxRequest
 		memory, disk         string
+		bandwidth            string
+		connRate             int64
 		cpus                 float64
 		pids                 int64
 		ttl                  time.Duration
@@ -122,6 +125,17 @@ func createCmd(g *globals) *cobra.Command {
 			}
 			if f.Changed("cpus") {
 				req.CPUs = &cpus
+			}
+			if f.Changed("network-bandwidth") {
+				b, err := config.ParseByteSize(bandwidth)
+				if err != nil {
+					return usagef("--network-bandwidth: %v", err)
+				}
+				n := int64(b)
+				req.NetworkBandwidth = &n
+			}
+			if f.Changed("network-conn-rate") {
+				req.NetworkConnRate = &connRate
 			}
 			if f.Changed("pids") {
 				req.Pids = &pids
@@ -163,7 +177,9 @@ func createCmd(g *globals) *cobra.Command {
 	f.Float64Var(&cpus, "cpus", 0, "CPU limit in cores, e.g. 0.5")
 	f.Int64Var(&pids, "pids", 0, "process limit")
 	f.StringVar(&req.Network, "network", "", "network mode: none, egress or allowlist")
-	f.StringArrayVar(&req.Allow, "allow", nil, "host or CIDR reachable with --network allowlist (repeatable)")
+	f.StringArrayVar(&req.Allow, "allow", nil, "host, *.domain, IPv4 CIDR or @preset reachable with --network allowlist (repeatable)")
+	f.StringVar(&bandwidth, "network-bandwidth", "", "bandwidth per second in each direction with network, e.g. 1M (default: the daemon's)")
+	f.Int64Var(&connRate, "network-conn-rate", 0, "new connections per second with network (default: the daemon's)")
 	f.StringArrayVarP(&envFlags, "env", "e", nil, "environment variable NAME=VALUE (repeatable)")
 	f.StringArrayVar(&labelFlags, "label", nil, "label NAME=VALUE (repeatable)")
 	f.DurationVar(&ttl, "ttl", 0, "lifetime after which the sandbox is terminated, e.g. 30m")

@@ -197,6 +197,9 @@ func Config(t testing.TB, prefix string) *config.Config {
 	cfg.Paths.SeccompDir = filepath.Join(RepoRoot, "seccomp-profiles")
 	cfg.Paths.AgentPath = AgentPath(t)
 	cfg.Sandbox.CgroupParent = "/mcp-sandboxd-" + prefix + "-" + RandHex(4)
+	// A bridge of its own: network gc only touches its own bridge and the
+	// veths on it, so a test daemon never disturbs another one's.
+	cfg.Network.Bridge = "sbxt" + RandHex(3)
 	cfg.Sandbox.Memory = 256 << 20
 	cfg.Sandbox.Disk = 128 << 20
 	t.Cleanup(func() {

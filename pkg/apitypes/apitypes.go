@@ -39,22 +39,30 @@ type Limits struct {
 	CPUs        float64 `json:"cpus"`
 	Pids        int64   `json:"pids"`
 	DiskBytes   int64   `json:"disk_bytes"`
+	// NetworkBandwidth is bytes per second in each direction, and
+	// NetworkConnRate new connections per second, of a sandbox with
+	// network; 0: unlimited.
+	NetworkBandwidth int64 `json:"network_bandwidth,omitempty"`
+	NetworkConnRate  int64 `json:"network_conn_rate,omitempty"`
 }
 
 // CreateSandboxRequest is the input of sandbox_create (POST /v1/sandboxes).
 // Nil pointers and empty strings take the configured defaults.
 type CreateSandboxRequest struct {
-	Language   string            `json:"language,omitempty" jsonschema_description:"Language of the sandbox (see languages_list), e.g. python, c, node. Picks the image of the same name."`
-	Image      string            `json:"image,omitempty" jsonschema_description:"Image to use instead of the language's own (rarely needed)."`
-	MemoryMB   *int64            `json:"memory_mb,omitempty" jsonschema_description:"Memory limit in MiB (no swap). Default from the server configuration."`
-	CPUs       *float64          `json:"cpus,omitempty" jsonschema_description:"CPU limit in cores, e.g. 0.5 or 2."`
-	Pids       *int64            `json:"pids,omitempty" jsonschema_description:"Maximum number of processes and threads."`
-	DiskMB     *int64            `json:"disk_mb,omitempty" jsonschema_description:"Size of the writable layer in MiB."`
-	Network    string            `json:"network,omitempty" jsonschema_description:"Network mode: none (default; no network at all), egress or allowlist." jsonschema:"enum=none,enum=egress,enum=allowlist"` // none | egress | allowlist
-	Allow      []string          `json:"allow,omitempty" jsonschema_description:"Hosts or CIDRs reachable with network allowlist."`
-	Env        map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every command in the sandbox."`
-	TTLSeconds *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
-	Labels     map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
+	Language string   `json:"language,omitempty" jsonschema_description:"Language of the sandbox (see languages_list), e.g. python, c, node. Picks the image of the same name."`
+	Image    string   `json:"image,omitempty" jsonschema_description:"Image to use instead of the language's own (rarely needed)."`
+	MemoryMB *int64   `json:"memory_mb,omitempty" jsonschema_description:"Memory limit in MiB (no swap). Default from the server configuration."`
+	CPUs     *float64 `json:"cpus,omitempty" jsonschema_description:"CPU limit in cores, e.g. 0.5 or 2."`
+	Pids     *int64   `json:"pids,omitempty" jsonschema_description:"Maximum number of processes and threads."`
+	DiskMB   *int64   `json:"disk_mb,omitempty" jsonschema_description:"Size of the writable layer in MiB."`
+	Network  string   `json:"network,omitempty" jsonschema_description:"Network mode: none (default; no network at all), egress or allowlist." jsonschema:"enum=none,enum=egress,enum=allowlist"` // none | egress | allowlist
+	Allow    []string `json:"allow,omitempty" jsonschema_description:"With network allowlist: host names, *.domain wildcards, IPv4 CIDRs and @preset names (server configuration) that are reachable; other names do not resolve."`
+	// NetworkBandwidth and NetworkConnRate limit a sandbox with network.
+	NetworkBandwidth *int64            `json:"network_bandwidth,omitempty" jsonschema_description:"With network egress or allowlist: bandwidth in bytes per second, each direction. Default and maximum from the server configuration."`
+	NetworkConnRate  *int64            `json:"network_conn_rate,omitempty" jsonschema_description:"With network egress or allowlist: new connections per second. Default and maximum from the server configuration."`
+	Env              map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every command in the sandbox."`
+	TTLSeconds       *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
+	Labels           map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
 }
 
 // Sandbox describes a sandbox, live or not.

@@ -22,7 +22,7 @@ type RunCodeRequest struct {
 	// Install runs the dependency installers for the manifests among the
 	// files (requirements.txt, package.json, go.mod, Cargo.toml); default true.
 	Install *bool  `json:"install,omitempty" jsonschema_description:"Install dependencies found in the files (default true)."`
-	Network string `json:"network,omitempty" jsonschema_description:"Network of the fresh sandbox: none (default)." jsonschema:"enum=none,enum=egress,enum=allowlist"`
+	Network string `json:"network,omitempty" jsonschema_description:"Network of the fresh sandbox: none (default) or egress (dependency installs then fetch from the configured package indexes)." jsonschema:"enum=none,enum=egress,enum=allowlist"`
 	// Limits of the ephemeral sandbox (ignored with SandboxID).
 	MemoryMB *int64 `json:"memory_mb,omitempty" jsonschema_description:"Memory limit of the fresh sandbox in MiB."`
 	DiskMB   *int64 `json:"disk_mb,omitempty" jsonschema_description:"Disk limit of the fresh sandbox in MiB."`

@@ -317,8 +317,11 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 	if spec.Network, err = e.networkMode("network", req.Network); err != nil {
 		return nil, err
 	}
+	if err := e.networkLimits(spec, req); err != nil {
+		return nil, err
+	}
 	if spec.Network != NetworkNone {
-		if err := e.net.Validate(e.networkRequest(spec.Network, req.Allow)); err != nil {
+		if err := e.net.Validate(networkRequest(spec.Network, req.Allow, spec.Limits)); err != nil {
 			return nil, err
 		}
 		spec.Allow = req.Allow

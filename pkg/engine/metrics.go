@@ -56,6 +56,9 @@ func newMetrics(e *Engine) *metrics {
 	m.registry.MustRegister(
 		m.createTime, m.execTime, m.created, m.terminations, m.causes, m.runs,
 		&stateCollector{e: e, desc: prometheus.NewDesc("sandboxd_sandboxes", "Sandboxes by state.", []string{"state"}, nil)},
+		&networkCollector{e: e, desc: prometheus.NewDesc("sandboxd_sandbox_connection_attempts_total",
+			"Connection attempts of each sandbox with network, by verdict of its network policy (allowed, denied).",
+			[]string{"sandbox_id", "verdict"}, nil)},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -86,3 +89,26 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 
 // MetricsRegistry is the registry /metrics serves.
 func (e *Engine) MetricsRegistry() *prometheus.Registry { return e.metrics.registry }
+
+// networkCollector reads each connected sandbox's nftables counters at
+// scrape time. The label set is bounded by sandbox.max_sandboxes.
+type networkCollector struct {
+	e    *Engine
+	desc *prometheus.Desc
+}
+
+func (c *networkCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *networkCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.e.net == nil {
+		return
+	}
+	for _, id := range c.e.net.Connected() {
+		st, err := c.e.net.Status(id)
+		if err != nil {
+			continue // terminated between the list and the read
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(st.Counters.Allowed), id, "allowed")
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(st.Counters.Denied), id, "denied")
+	}
+}

@@ -52,20 +52,46 @@ func (e *Engine) initNetwork() {
 	e.ledger.Register(network.KindLease, func(ctx context.Context, r ledger.Resource) error { return m.ReleaseLease(ctx, r.Key) })
 }
 
-// networkRequest is a sandbox's network request with the configured
-// default limits.
-func (e *Engine) networkRequest(mode string, allow []string) network.Request {
+// networkRequest is a sandbox's network request.
+func networkRequest(mode string, allow []string, l apitypes.Limits) network.Request {
 	return network.Request{
 		Policy: network.Policy{Mode: network.Mode(mode), Allow: allow},
-		Limits: network.DefaultLimits(e.cfg.Network),
+		Limits: network.Limits{BandwidthBytes: uint64(max(l.NetworkBandwidth, 0)), ConnPerSecond: uint32(min(max(l.NetworkConnRate, 0), 1<<31))},
 	}
+}
+
+// networkLimits applies the configured defaults and the request's values
+// to spec's network limits; the manager checks them against the caps.
+func (e *Engine) networkLimits(spec *sandbox.Spec, req CreateSandboxRequest) error {
+	def := network.DefaultLimits(e.cfg.Network)
+	spec.Limits.NetworkBandwidth, spec.Limits.NetworkConnRate = int64(def.BandwidthBytes), int64(def.ConnPerSecond)
+	for _, f := range []struct {
+		name string
+		v    *int64
+		dst  *int64
+	}{{"network_bandwidth", req.NetworkBandwidth, &spec.Limits.NetworkBandwidth}, {"network_conn_rate", req.NetworkConnRate, &spec.Limits.NetworkConnRate}} {
+		if f.v == nil {
+			continue
+		}
+		if spec.Network == NetworkNone {
+			return errdefs.Invalidf("%s: only valid with network egress or allowlist", f.name)
+		}
+		if *f.v < 0 || *f.v > 1<<40 {
+			return errdefs.Invalidf("%s: %d is out of range (0: unlimited)", f.name, *f.v)
+		}
+		*f.dst = *f.v
+	}
+	if spec.Network == NetworkNone {
+		spec.Limits.NetworkBandwidth, spec.Limits.NetworkConnRate = 0, 0
+	}
+	return nil
 }
 
 // networkHook is the sandbox manager's Network hook.
 type networkHook struct{ e *Engine }
 
 func (h networkHook) Attach(ctx context.Context, id string, spec sandbox.Spec, rec ledger.Recorder) (sandbox.NetworkAttachment, error) {
-	a, err := h.e.net.Attach(ctx, id, h.e.networkRequest(spec.Network, spec.Allow), func(kind, key string) error {
+	a, err := h.e.net.Attach(ctx, id, networkRequest(spec.Network, spec.Allow, spec.Limits), func(kind, key string) error {
 		return rec.Record(ctx, ledger.Resource{Kind: kind, Key: key})
 	})
 	if err != nil {
@@ -95,7 +121,7 @@ func (e *Engine) adoptNetworks(ctx context.Context, rep *sandbox.GCReport) {
 		if in.Network == "" || in.Network == NetworkNone {
 			continue
 		}
-		if _, err := e.net.Attach(ctx, in.ID, e.networkRequest(in.Network, in.Allow), nil); err != nil {
+		if _, err := e.net.Attach(ctx, in.ID, networkRequest(in.Network, in.Allow, in.Limits), nil); err != nil {
 			rep.Errors = append(rep.Errors, fmt.Sprintf("network: adopt %s: %v", in.ID, err))
 		}
 	}

@@ -5,17 +5,21 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
@@ -30,7 +34,7 @@ type netTopology struct {
 	hostNS   netns.NsHandle
 }
 
-func newNetTopology(t *testing.T) *netTopology {
+func newNetTopology(t testing.TB) *netTopology {
 	t.Helper()
 	sfx := randHex(3)
 	tp := &netTopology{host: "sbxh-" + sfx, up: "sbxu-" + sfx}
@@ -75,10 +79,24 @@ func newNetTopology(t *testing.T) *netTopology {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// "/" answers with the client's address as seen upstream; /simple/ and
+	// /files/ are a PEP 503 index with one wheel, greetpkg.
+	wheel := testenv.Wheel(t, "greetpkg", "1.0", "def hello():\n    return 'hello from the index'\n")
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
 		fmt.Fprintf(w, "client=%s\n", host)
-	})}
+	})
+	mux.HandleFunc("/5mib", func(w http.ResponseWriter, r *http.Request) {
+		w.Write(make([]byte, 5<<20))
+	})
+	mux.HandleFunc("/simple/greetpkg/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `<!DOCTYPE html><html><body><a href="/files/greetpkg-1.0-py3-none-any.whl">greetpkg-1.0-py3-none-any.whl</a></body></html>`)
+	})
+	mux.HandleFunc("/files/greetpkg-1.0-py3-none-any.whl", func(w http.ResponseWriter, r *http.Request) {
+		w.Write(wheel)
+	})
+	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	zone := map[string]string{"pkg.example.test.": "198.18.0.2", "other.example.test.": "203.0.113.10"}
@@ -102,22 +120,10 @@ func newNetTopology(t *testing.T) *netTopology {
 
 // newEngineIn starts a test engine whose network host side lives in ns:
 // New runs on this goroutine's thread while it is inside ns.
-func newEngineIn(t *testing.T, ns netns.NsHandle, tweak func(*config.Config)) *testEnv {
+func newEngineIn(t testing.TB, ns netns.NsHandle, tweak func(*config.Config)) *testEnv {
 	t.Helper()
-	goruntime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		t.Fatal(err)
-	}
-	env := newTestEngine(t, tweak)
-	if err := netns.Set(orig); err != nil {
-		t.Fatalf("back to the test's namespace: %v", err) // the thread stays locked and dies with the test
-	}
-	goruntime.UnlockOSThread()
+	var env *testEnv
+	inNamespace(t, ns, func() { env = newTestEngine(t, tweak) })
 	return env
 }
 
@@ -130,11 +136,13 @@ func fetch(host string) string {
 func TestNetworkWithContainers(t *testing.T) {
 	requireRoot(t)
 	tp := newNetTopology(t)
+	testenv.EnsureImages(t, "shell", "python")
 	env := newEngineIn(t, tp.hostNS, func(c *config.Config) {
 		c.Network.DNS = []string{"198.18.0.2"}
 		c.Network.Bridge = "sbxt0"
 		c.Network.Presets = map[string][]string{"testidx": {"pkg.example.test"}}
 		c.Network.PackageIndexes.PipIndexURL = "http://pkg.example.test/simple/"
+		c.Network.Bandwidth, c.Network.MaxBandwidth = 100<<20, 200<<20
 	})
 	ctx := context.Background()
 
@@ -145,6 +153,15 @@ func TestNetworkWithContainers(t *testing.T) {
 	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "client=198.18.0.1") ||
 		!strings.Contains(res.Stdout, "nameserver 10.88.0.1") || !strings.Contains(res.Stdout, "PIP=http://pkg.example.test/simple/") {
 		t.Fatalf("egress sandbox: exit %d\n%s\n%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	// run_code installs requirements.txt from the configured index over
+	// the network and imports the package.
+	run := env.runCode(t, RunCodeRequest{Language: "python", Network: NetworkEgress, Files: map[string]string{
+		"main.py":          "import greetpkg\nprint(greetpkg.hello())\n",
+		"requirements.txt": "greetpkg\n",
+	}})
+	if run.Stdout != "hello from the index\n" || !slices.Equal(stepNames(run), []string{StepInstall, StepRun}) {
+		t.Fatalf("run_code with requirements.txt from the index: %s", describe(run))
 	}
 	// The host's address is closed.
 	if res := env.sh(t, info.ID, "timeout 2 bash -c 'exec 3<>/dev/tcp/198.18.0.1/22'"); res.ExitCode == 0 {
@@ -179,6 +196,30 @@ func TestNetworkWithContainers(t *testing.T) {
 		t.Fatalf("sandbox_get network: %s %+v", d.Network, d.NetworkStatus)
 	}
 
+	// The counters are in /metrics too.
+	mfs, err := env.MetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var denied float64
+	for _, mf := range mfs {
+		if mf.GetName() != "sandboxd_sandbox_connection_attempts_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["sandbox_id"] == info.ID && labels["verdict"] == "denied" {
+				denied = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if denied != float64(d.NetworkStatus.Counters.Denied) || denied == 0 {
+		t.Fatalf("/metrics denied attempts of %s = %v, sandbox_get says %d", info.ID, denied, d.NetworkStatus.Counters.Denied)
+	}
+
 	// none: loopback only, and it cannot change.
 	none := env.create(t, CreateSandboxRequest{})
 	if res := env.sh(t, none.ID, "ls /sys/class/net"); strings.TrimSpace(res.Stdout) != "lo" {
@@ -202,8 +243,33 @@ func TestNetworkWithContainers(t *testing.T) {
 		}
 	}
 
+	// Network limits: the cap, and the field on a none sandbox.
+	big := int64(300 << 20)
+	if _, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Network: NetworkEgress, NetworkBandwidth: &big}); !errdefs.Is(err, errdefs.LimitExceeded) || !strings.HasPrefix(errdefs.MessageOf(err), "network_bandwidth") {
+		t.Errorf("bandwidth above network.max_bandwidth: %v", err)
+	}
+	if _, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", NetworkBandwidth: &big}); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.HasPrefix(errdefs.MessageOf(err), "network_bandwidth") {
+		t.Errorf("bandwidth on a none sandbox: %v", err)
+	}
+	// 5 MiB at 1 MiB/s through a real container takes 4.5-6 s.
+	slow := int64(1 << 20)
+	limited := env.create(t, CreateSandboxRequest{Network: NetworkEgress, NetworkBandwidth: &slow})
+	if limited.Limits.NetworkBandwidth != slow {
+		t.Fatalf("limits = %+v", limited.Limits)
+	}
+	start := time.Now()
+	res = env.sh(t, limited.ID, `bash -c 'exec 3<>/dev/tcp/198.18.0.2/80 && printf "GET /5mib HTTP/1.0\r\n\r\n" >&3 && wc -c <&3'`, 30)
+	took := time.Since(start)
+	if n, _ := strconv.Atoi(strings.TrimSpace(res.Stdout)); res.ExitCode != 0 || n < 5<<20 {
+		t.Fatalf("download in the limited sandbox: %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	t.Logf("5 MiB at 1 MiB/s in a container: %v", took)
+	if took < 4500*time.Millisecond || took > 6*time.Second {
+		t.Errorf("5 MiB at 1 MiB/s took %v, want 4.5-6 s", took)
+	}
+
 	// Terminate: nothing of the network is left in the host namespace.
-	for _, id := range []string{info.ID, none.ID} {
+	for _, id := range []string{info.ID, none.ID, limited.ID} {
 		if _, err := env.TerminateSandbox(ctx, id); err != nil {
 			t.Fatal(err)
 		}
@@ -225,5 +291,121 @@ func TestNetworkWithContainers(t *testing.T) {
 	}
 	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == network.TableName }) {
 		t.Error("nftables table left after the last sandbox with network")
+	}
+	var fwd []byte
+	if err := network.InNetNS(tp.hostNS, func() error {
+		var err error
+		fwd, err = os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+		return err
+	}); err != nil || strings.TrimSpace(string(fwd)) != "0" {
+		t.Errorf("ip_forward of the host namespace = %q (%v), want 0 restored", fwd, err)
+	}
+	if st, err := env.SandboxNetwork(ctx, SandboxNetworkRequest{SandboxID: info.ID}); !errdefs.Is(err, errdefs.Conflict) {
+		t.Errorf("network of a terminated sandbox: %+v %v", st, err)
+	}
+}
+
+// inNamespace runs fn on this goroutine's thread while it is inside ns
+// (engine.New takes the namespace it is called in as the network's host
+// side).
+func inNamespace(t testing.TB, ns netns.NsHandle, fn func()) {
+	t.Helper()
+	goruntime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		t.Fatal(err)
+	}
+	fn()
+	if err := netns.Set(orig); err != nil {
+		t.Fatalf("back to the test's namespace: %v", err)
+	}
+	goruntime.UnlockOSThread()
+}
+
+// A restarted daemon adopts a sandbox with network: its address, rules
+// and the DNS forwarder come back, and its traffic still flows.
+func TestNetworkAdoptedAfterRestart(t *testing.T) {
+	requireRoot(t)
+	tp := newNetTopology(t)
+	testenv.EnsureImages(t, "shell")
+	cfg := testenv.Config(t, "netrs")
+	cfg.Network.DNS = []string{"198.18.0.2"}
+	cfg.Network.Bridge = "sbxt1"
+	ctx := context.Background()
+	var e1, e2 *Engine
+	var err error
+	inNamespace(t, tp.hostNS, func() { e1, err = New(ctx, cfg, testenv.Logger(t)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := e1.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Network: NetworkEgress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e1.sandboxes.Close()
+	_ = e1.Close() // sandboxes and their network stay
+
+	inNamespace(t, tp.hostNS, func() { e2, err = New(ctx, cfg, testenv.Logger(t)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &testEnv{Engine: e2, cfg: cfg}
+	t.Cleanup(func() {
+		e2.sandboxes.Close()
+		for _, id := range e2.sandboxes.IDs() {
+			if _, err := e2.TerminateSandbox(ctx, id); err != nil {
+				t.Errorf("cleanup: terminate %s: %v", id, err)
+			}
+		}
+		_ = e2.Close()
+		env.assertNoLeftovers(t)
+	})
+	res := env.sh(t, info.ID, fetch("pkg.example.test"))
+	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "client=198.18.0.1") {
+		t.Fatalf("adopted sandbox: exit %d\n%s\n%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if _, err := e2.TerminateSandbox(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(int(tp.hostNS)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == network.TableName }) {
+		t.Error("nftables table left after the adopted sandbox was terminated")
+	}
+}
+
+// BenchmarkCreateNetwork: create→ready of a shell sandbox with network none
+// versus egress, medians in one run (docs/notes-net.md).
+// Run with: go test -tags seccomp -run '^$' -bench CreateNetwork -benchtime 10x ./pkg/engine
+func BenchmarkCreateNetwork(b *testing.B) {
+	requireRoot(b)
+	tp := newNetTopology(b)
+	env := newEngineIn(b, tp.hostNS, func(c *config.Config) {
+		c.Network.DNS = []string{"198.18.0.2"}
+		c.Network.Bridge = "sbxt2"
+	})
+	ctx := context.Background()
+	times := map[string][]time.Duration{}
+	for b.Loop() {
+		for _, mode := range []string{NetworkNone, NetworkEgress} {
+			start := time.Now()
+			info, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Network: mode})
+			if err != nil {
+				b.Fatal(err)
+			}
+			times[mode] = append(times[mode], time.Since(start))
+			if _, err := env.TerminateSandbox(ctx, info.ID); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for _, mode := range []string{NetworkNone, NetworkEgress} {
+		b.ReportMetric(ms(median(times[mode])), "ms-create-"+mode)
 	}
 }

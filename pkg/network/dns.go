@@ -41,15 +41,19 @@ type dnsPolicy interface {
 // refused.
 type dnsForwarder struct {
 	policy    dnsPolicy
-	upstreams []string       // host:port
-	dialNS    netns.NsHandle // where upstream sockets are made; -1: the caller's
-	servers   []*dns.Server
-	log       *slog.Logger
+	upstreams []string // host:port
+	// ns is where the forwarder's sockets, upstream ones included, are
+	// made: always on a thread inside it, never "the process's namespace",
+	// which no thread can be sure of (a thread locked into another
+	// namespace may be the main one, whose namespace /proc/self shows).
+	ns      netns.NsHandle
+	servers []*dns.Server
+	log     *slog.Logger
 }
 
 // startDNS listens on gw:53 inside ns and serves until stop.
-func startDNS(ns netns.NsHandle, dialNS netns.NsHandle, gw netip.Addr, upstreams []string, p dnsPolicy, log *slog.Logger) (*dnsForwarder, error) {
-	f := &dnsForwarder{policy: p, upstreams: upstreams, dialNS: dialNS, log: log}
+func startDNS(ns netns.NsHandle, gw netip.Addr, upstreams []string, p dnsPolicy, log *slog.Logger) (*dnsForwarder, error) {
+	f := &dnsForwarder{policy: p, upstreams: upstreams, ns: ns, log: log}
 	addr := net.JoinHostPort(gw.String(), "53")
 	var pc net.PacketConn
 	var ln net.Listener
@@ -204,13 +208,7 @@ func (f *dnsForwarder) exchangeOne(req *dns.Msg, proto, upstream string) (*dns.M
 		raw, err = net.DialTimeout(proto, upstream, timeout)
 		return err
 	}
-	var err error
-	if f.dialNS >= 0 {
-		err = InNetNS(f.dialNS, dial)
-	} else {
-		err = dial()
-	}
-	if err != nil {
+	if err := InNetNS(f.ns, dial); err != nil {
 		return nil, err
 	}
 	conn := &dns.Conn{Conn: raw}

@@ -102,7 +102,6 @@ type Manager struct {
 	host   *netlink.Handle
 	leases *store.Store
 	fw     *firewall
-	dialNS netns.NsHandle // -1 when the host namespace is the caller's
 	gw     netip.Prefix
 	log    *slog.Logger
 
@@ -141,18 +140,8 @@ func New(cfg Config, hostNS netns.NsHandle, leases *store.Store) (*Manager, erro
 		return nil, fmt.Errorf("network: netlink in the host namespace: %w", err)
 	}
 	m := &Manager{cfg: cfg, hostNS: hostNS, host: h, leases: leases, fw: newFirewall(hostNS, cfg.Bridge),
-		dialNS: hostNS, log: cfg.Log, sandboxes: map[string]*sandboxNet{}, byIP: map[netip.Addr]*sandboxNet{}}
+		log: cfg.Log, sandboxes: map[string]*sandboxNet{}, byIP: map[netip.Addr]*sandboxNet{}}
 	m.gw = netip.PrefixFrom(cfg.Subnet.Addr().Next(), cfg.Subnet.Bits())
-	// Upstream DNS sockets are made inside hostNS on a dedicated thread,
-	// unless hostNS is the process's own namespace (the daemon's case),
-	// where any thread will do. The process's, not the calling thread's:
-	// later calls run on arbitrary threads.
-	if self, err := netns.GetFromPid(os.Getpid()); err == nil {
-		if self.Equal(hostNS) {
-			m.dialNS = -1
-		}
-		self.Close()
-	}
 	if err := m.checkSubnet(); err != nil {
 		h.Close()
 		return nil, err
@@ -400,7 +389,7 @@ func (m *Manager) hostUpLocked() (netlink.Link, error) {
 	if err := m.fw.install(m.gw.Addr(), m.cfg.Subnet, uplink, m.cfg.Deny); err != nil {
 		return nil, err
 	}
-	d, err := startDNS(m.hostNS, m.dialNS, m.gw.Addr(), m.cfg.DNS, m, m.log)
+	d, err := startDNS(m.hostNS, m.gw.Addr(), m.cfg.DNS, m, m.log)
 	if err != nil {
 		return nil, err
 	}
@@ -461,7 +450,26 @@ func (m *Manager) hostDownLocked(ctx context.Context) error {
 		m.dns.stop()
 		m.dns = nil
 	}
-	return errors.Join(m.fw.remove(), deleteLink(m.host, m.cfg.Bridge), m.forwardRestore())
+	return errors.Join(m.fw.remove(), m.deleteBridge(), m.forwardRestore())
+}
+
+// deleteBridge deletes the bridge if it is ours: it carries the gateway
+// address. A bridge of the same name without it is someone else's.
+func (m *Manager) deleteBridge() error {
+	br, err := m.host.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return nil // gone already
+	}
+	addrs, err := m.host.AddrList(br, netlink.FAMILY_V4)
+	if err != nil {
+		return err
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && ip == m.gw.Addr() {
+			return deleteLink(m.host, m.cfg.Bridge)
+		}
+	}
+	return nil
 }
 
 // disconnectLocked undoes connectLocked; idempotent, and works from the
@@ -511,8 +519,19 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 // Release methods, one per resource kind, for the sandbox ledger. Each is
 // idempotent.
 
-// ReleaseNetNS unmounts and removes a namespace file.
-func (m *Manager) ReleaseNetNS(path string) error { return RemoveNetNS(path) }
+// ReleaseNetNS unmounts and removes a namespace file, and forgets the
+// sandbox it belonged to (its other pieces are released before it).
+func (m *Manager) ReleaseNetNS(path string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, sb := range m.sandboxes {
+		if sb.nsPath == path {
+			m.unmapLocked(id)
+			delete(m.sandboxes, id)
+		}
+	}
+	return RemoveNetNS(path)
+}
 
 // ReleaseVeth deletes a host-side veth (its peer goes with it).
 func (m *Manager) ReleaseVeth(name string) error { return deleteLink(m.host, name) }
@@ -685,9 +704,19 @@ func (m *Manager) GC(ctx context.Context, live func(id string) bool) (GCReport, 
 	if err != nil {
 		return rep, err
 	}
+	brIndex := -1
+	for _, l := range links {
+		if l.Attrs().Name == m.cfg.Bridge {
+			brIndex = l.Attrs().Index
+		}
+	}
 	for _, l := range links {
 		n := l.Attrs().Name
-		if strings.HasPrefix(n, VethPrefix) && l.Type() == "veth" && !keep[n] {
+		// Ours: the prefix, and on our bridge or on none (the bridge went
+		// first); a veth on another bridge belongs to someone else.
+		ours := strings.HasPrefix(n, VethPrefix) && l.Type() == "veth" &&
+			(l.Attrs().MasterIndex == 0 || l.Attrs().MasterIndex == brIndex)
+		if ours && !keep[n] {
 			errs = append(errs, deleteLink(m.host, n))
 			rep.Veths = append(rep.Veths, n)
 		}
@@ -710,10 +739,25 @@ func (m *Manager) GC(ctx context.Context, live func(id string) bool) (GCReport, 
 	}
 	if !slices.ContainsFunc(leases, func(l store.Lease) bool { return live(l.SandboxID) }) {
 		up, _ := m.fw.exists()
-		_, brErr := m.host.LinkByName(m.cfg.Bridge)
+		_, brErr := m.host.LinkByName(m.cfg.Bridge) // reported even if not ours, harmless
 		_, fwdErr := os.Stat(m.forwardFile())
 		rep.HostSide = up || brErr == nil || fwdErr == nil
 		errs = append(errs, m.hostDownLocked(ctx))
 	}
 	return rep, errors.Join(errs...)
+}
+
+// Connected lists the sandboxes joined to the bridge (egress or
+// allowlist), sorted.
+func (m *Manager) Connected() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var ids []string
+	for id, sb := range m.sandboxes {
+		if sb.ip.IsValid() {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
 }
