@@ -58,8 +58,10 @@ func TestEditor(t *testing.T) {
 	if Eval[bool](b, `document.cookie.includes("sandboxd_session")`) {
 		t.Error("the session cookie is readable by page scripts; want HttpOnly")
 	}
+	// This daemon serves the autofix loop (/v1/system says so): the button
+	// offers it (TestEditorAutoFix runs it).
 	autofixTitle := Eval[string](b, `document.getElementById("autofix").title`)
-	if autofixTitle != "autofix not available on this daemon" {
+	if autofixTitle != "Run the autofix loop on the project" {
 		t.Errorf("AutoFix button title %q", autofixTitle)
 	}
 
