@@ -12,10 +12,10 @@
 package config
 
 import (
-	"reflect"
-	"strings"
 	"os"
+	"reflect"
 	"strconv"
+	"strings"
 	"time"
 )
 
