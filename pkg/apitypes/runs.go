@@ -24,8 +24,9 @@ type RunCodeRequest struct {
 	Install *bool  `json:"install,omitempty" jsonschema_description:"Install dependencies found in the files (default true)."`
 	Network string `json:"network,omitempty" jsonschema_description:"Network of the fresh sandbox: none (default) or egress (dependency installs then fetch from the configured package indexes)." jsonschema:"enum=none,enum=egress,enum=allowlist"`
 	// Limits of the ephemeral sandbox (ignored with SandboxID).
-	MemoryMB *int64 `json:"memory_mb,omitempty" jsonschema_description:"Memory limit of the fresh sandbox in MiB."`
-	DiskMB   *int64 `json:"disk_mb,omitempty" jsonschema_description:"Disk limit of the fresh sandbox in MiB."`
+	MemoryMB *int64   `json:"memory_mb,omitempty" jsonschema_description:"Memory limit of the fresh sandbox in MiB."`
+	DiskMB   *int64   `json:"disk_mb,omitempty" jsonschema_description:"Disk limit of the fresh sandbox in MiB."`
+	CPUs     *float64 `json:"cpus,omitempty" jsonschema_description:"CPU limit of the fresh sandbox in cores, e.g. 0.5."`
 	// MaxOutputBytes caps each stream in the result; 0 means the configured
 	// output limit. The run record keeps up to runs.log_cap regardless.
 	MaxOutputBytes int64 `json:"-"`

@@ -133,7 +133,7 @@ func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandb
 	}
 	run, err := e.StartRun(ctx, RunSpec{
 		Handler: h, SandboxID: req.SandboxID, Entrypoint: main, Args: req.Args, Deadline: time.Now().Add(budget),
-		Sandbox: CreateSandboxRequest{Network: network, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB},
+		Sandbox: CreateSandboxRequest{Network: network, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, CPUs: req.CPUs},
 	})
 	if err != nil {
 		return nil, err

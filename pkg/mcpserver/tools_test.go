@@ -257,6 +257,13 @@ func TestTools(t *testing.T) {
 		if r.Success || len(r.Steps) != 1 || r.Steps[0].Name != "compile" || r.ExitCode == 0 || !strings.Contains(r.Stderr, "error") {
 			t.Errorf("run_code C compile error = %+v", r)
 		}
+		// cpus reached run_code through the contract alone (apitypes): the
+		// fresh sandbox's CPU quota is a quarter of a core.
+		r = ok[runCodeOut](c, "run_code", map[string]any{"language": "shell", "cpus": 0.25,
+			"code": "cat /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us\n"})
+		if f := strings.Fields(r.Stdout); !r.Success || len(f) != 2 || f[0] != "25000" || f[1] != "100000" {
+			t.Errorf("run_code with cpus 0.25: quota and period %q, want 25000 100000 (%+v)", r.Stdout, r)
+		}
 		r = ok[runCodeOut](c, "run_code", map[string]any{"language": "python", "sandbox_id": id, "files": map[string]string{"main.py": "import helper\nhelper.go()\n", "helper.py": "def go():\n    print(42)\n"}})
 		if !r.Success || r.Stdout != "42\n" || r.SandboxID != id {
 			t.Errorf("run_code in a sandbox = %+v", r)
