@@ -39,22 +39,33 @@ type Limits struct {
 	CPUs        float64 `json:"cpus"`
 	Pids        int64   `json:"pids"`
 	DiskBytes   int64   `json:"disk_bytes"`
+	// Inodes is how many files and directories the sandbox's file system
+	// holds at most.
+	Inodes int64 `json:"inodes,omitempty"`
 }
 
 // CreateSandboxRequest is the input of sandbox_create (POST /v1/sandboxes).
 // Nil pointers and empty strings take the configured defaults.
 type CreateSandboxRequest struct {
-	Language   string            `json:"language,omitempty"`
-	Image      string            `json:"image,omitempty"`
-	MemoryMB   *int64            `json:"memory_mb,omitempty"`
-	CPUs       *float64          `json:"cpus,omitempty"`
-	Pids       *int64            `json:"pids,omitempty"`
-	DiskMB     *int64            `json:"disk_mb,omitempty"`
-	Network    string            `json:"network,omitempty"` // none | egress | allowlist
-	Allow      []string          `json:"allow,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	TTLSeconds *int64            `json:"ttl_seconds,omitempty"`
-	Labels     map[string]string `json:"labels,omitempty"`
+	Language string   `json:"language,omitempty"`
+	Image    string   `json:"image,omitempty"`
+	MemoryMB *int64   `json:"memory_mb,omitempty"`
+	CPUs     *float64 `json:"cpus,omitempty"`
+	Pids     *int64   `json:"pids,omitempty"`
+	DiskMB   *int64   `json:"disk_mb,omitempty"`
+	// Inodes limits the files and directories of the writable file system
+	// (nil: one per 16 KiB of disk).
+	Inodes *int64 `json:"inodes,omitempty"`
+	// DiskBacking is where the writable file system lives: "disk" (an
+	// ext4 image; does not count against memory) or "memory" (a tmpfs:
+	// fastest, but every byte written counts against the memory limit).
+	// Empty: the configured default.
+	DiskBacking string            `json:"disk_backing,omitempty"`
+	Network     string            `json:"network,omitempty"` // none | egress | allowlist
+	Allow       []string          `json:"allow,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	TTLSeconds  *int64            `json:"ttl_seconds,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
 }
 
 // Sandbox describes a sandbox, live or not.
@@ -65,6 +76,7 @@ type Sandbox struct {
 	Image        string            `json:"image"`
 	ImageDigest  string            `json:"image_digest,omitempty"`
 	Limits       Limits            `json:"limits"`
+	DiskBacking  string            `json:"disk_backing,omitempty"`
 	Network      string            `json:"network"`
 	Env          map[string]string `json:"env,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
@@ -86,6 +98,7 @@ type Usage struct {
 	OOMKills        uint64  `json:"oom_kills"`
 	CPUThrottledSec float64 `json:"cpu_throttled_seconds,omitempty"`
 	DiskBytes       int64   `json:"disk_bytes"`
+	Inodes          int64   `json:"inodes_used,omitempty"`
 }
 
 // SandboxDetail is a sandbox with its live usage (sandbox_get).

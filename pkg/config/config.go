@@ -12,6 +12,7 @@
 package config
 
 import (
+	"path/filepath"
 	"reflect"
 	"strings"
 	"time"
@@ -65,6 +66,18 @@ type Paths struct {
 	SeccompDir string `yaml:"seccomp_dir"` // seccomp profiles
 	AgentPath  string `yaml:"agent_path"`  // the static sandbox-agent binary
 	ImagesDir  string `yaml:"images_dir"`  // built images; empty: state_dir/images
+	// SandboxesDir holds the ext4 image files of disk-backed sandboxes;
+	// empty: state_dir/sandboxes.
+	SandboxesDir string `yaml:"sandboxes_dir"`
+}
+
+// SandboxesDirOrDefault is paths.sandboxes_dir, or state_dir/sandboxes when
+// it is empty.
+func (p Paths) SandboxesDirOrDefault() string {
+	if p.SandboxesDir != "" {
+		return p.SandboxesDir
+	}
+	return filepath.Join(p.StateDir, "sandboxes")
 }
 
 // Sandbox is the `sandbox` section: defaults and caps for sandbox limits.
@@ -77,6 +90,7 @@ type Sandbox struct {
 	MaxPids        int64          `yaml:"max_pids"`         // cap
 	Disk           ByteSize       `yaml:"disk"`             // default writable-layer size
 	MaxDisk        ByteSize       `yaml:"max_disk"`         // cap
+	DiskBacking    string         `yaml:"disk_backing"`     // disk (ext4 image) | memory (tmpfs)
 	ExecTimeout    Duration       `yaml:"exec_timeout"`     // default per-command timeout
 	MaxExecTimeout Duration       `yaml:"max_exec_timeout"` // cap
 	IdleTimeout    Duration       `yaml:"idle_timeout"`     // terminate after this long ready and unused (0: never)
@@ -173,6 +187,7 @@ func Default() *Config {
 			MaxPids:        4096,
 			Disk:           1 << 30,
 			MaxDisk:        8 << 30,
+			DiskBacking:    "disk",
 			ExecTimeout:    Duration(5 * time.Minute),
 			MaxExecTimeout: Duration(time.Hour),
 			IdleTimeout:    Duration(30 * time.Minute),

@@ -30,6 +30,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
@@ -85,8 +86,13 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		return nil, err
 	}
 	e.ledger = ledger.New(e.store)
+	disks, err := storage.NewStore(cfg.Paths.SandboxesDirOrDefault())
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
 	backend, err := container.New(container.Options{
-		Runtime: e.runtime, Seccomp: prof, AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir,
+		Runtime: e.runtime, Seccomp: prof, AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, Storage: disks,
 		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
 	}, e.ledger)
 	if err != nil {
@@ -219,6 +225,7 @@ const mib = 1 << 20
 const (
 	minMemory = 16 * mib
 	minDisk   = 16 * mib
+	minInodes = 1024
 	minPids   = 16
 )
 
@@ -283,6 +290,21 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		if spec.Limits.DiskBytes, err = megabytes("disk_mb", *req.DiskMB, minDisk, int64(sc.MaxDisk)); err != nil {
 			return nil, err
 		}
+	}
+	spec.Limits.Inodes = storage.DefaultInodes(spec.Limits.DiskBytes)
+	if req.Inodes != nil {
+		// ext4 cannot have more than one inode per KiB.
+		if err := checkRange("inodes", *req.Inodes, minInodes, spec.Limits.DiskBytes/1024, 1); err != nil {
+			return nil, err
+		}
+		spec.Limits.Inodes = *req.Inodes
+	}
+	switch spec.DiskBacking = req.DiskBacking; spec.DiskBacking {
+	case "":
+		spec.DiskBacking = sc.DiskBacking
+	case storage.BackingDisk, storage.BackingMemory:
+	default:
+		return nil, errdefs.Invalidf("disk_backing: must be %q or %q, got %q", storage.BackingDisk, storage.BackingMemory, req.DiskBacking)
 	}
 	if req.Pids != nil {
 		if err := checkRange("pids", *req.Pids, minPids, sc.MaxPids, 1); err != nil {

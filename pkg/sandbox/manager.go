@@ -35,14 +35,18 @@ type Limits = apitypes.Limits
 
 // Spec is what a sandbox is created from. It is persisted as JSON.
 type Spec struct {
-	Language string            `json:"language"`
-	Image    string            `json:"image"`
-	Limits   Limits            `json:"limits"`
-	Network  string            `json:"network"`
-	Env      map[string]string `json:"env,omitempty"`
-	Labels   map[string]string `json:"labels,omitempty"`
-	TTL      time.Duration     `json:"ttl,omitempty"` // 0: the configured max lifetime
-	UID      int               `json:"uid"`
+	Language string `json:"language"`
+	Image    string `json:"image"`
+	Limits   Limits `json:"limits"`
+	// DiskBacking is storage.BackingDisk or storage.BackingMemory; empty
+	// in specs persisted before it existed (their file systems are
+	// released through the ledger like any other).
+	DiskBacking string            `json:"disk_backing,omitempty"`
+	Network     string            `json:"network"`
+	Env         map[string]string `json:"env,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	TTL         time.Duration     `json:"ttl,omitempty"` // 0: the configured max lifetime
+	UID         int               `json:"uid"`
 	// ImageEnv is the image's environment, kept so that a restarted daemon
 	// runs commands exactly as before even if the image was rebuilt since.
 	ImageEnv map[string]string `json:"image_env,omitempty"`
@@ -431,7 +435,7 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 	_ = json.Unmarshal(r.Spec, &spec) // written by us; a decode error leaves zero limits
 	in := &Info{
 		ID: r.ID, State: State(r.State), Language: r.Language, Image: r.Image, ImageDigest: r.ImageDigest,
-		Limits: spec.Limits, Network: spec.Network, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
+		Limits: spec.Limits, DiskBacking: spec.DiskBacking, Network: spec.Network, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason,
 	}
