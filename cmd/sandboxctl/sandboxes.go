@@ -96,7 +96,7 @@ func createCmd(g *globals) *cobra.Command {
 		req                  client.CreateSandboxRequest
 		memory, disk         string
 		cpus                 float64
-		pids                 int64
+		pids, inodes         int64
 		ttl                  time.Duration
 		envFlags, labelFlags []string
 	)
@@ -119,6 +119,9 @@ func createCmd(g *globals) *cobra.Command {
 					return err
 				}
 				req.DiskMB = &mb
+			}
+			if f.Changed("inodes") {
+				req.Inodes = &inodes
 			}
 			if f.Changed("cpus") {
 				req.CPUs = &cpus
@@ -160,6 +163,8 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Image, "image", "", "image, when it differs from the language")
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512M or 1G (default: the daemon's)")
 	f.StringVar(&disk, "disk", "", "disk limit for /workspace and other writes, e.g. 1G")
+	f.StringVar(&req.DiskBacking, "disk-backing", "", "where writes live: disk (an ext4 image) or memory (a tmpfs, counts against the memory limit)")
+	f.Int64Var(&inodes, "inodes", 0, "limit of files and directories (default: one per 16K of disk)")
 	f.Float64Var(&cpus, "cpus", 0, "CPU limit in cores, e.g. 0.5")
 	f.Int64Var(&pids, "pids", 0, "process limit")
 	f.StringVar(&req.Network, "network", "", "network mode: none, egress or allowlist")

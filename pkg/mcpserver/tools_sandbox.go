@@ -11,17 +11,19 @@ import (
 )
 
 type sandboxCreateIn struct {
-	Language   string            `json:"language,omitempty" jsonschema_description:"Language of the sandbox (see languages_list), e.g. python, c, node. Picks the image of the same name."`
-	Image      string            `json:"image,omitempty" jsonschema_description:"Image to use instead of the language's own (rarely needed)."`
-	MemoryMB   *int64            `json:"memory_mb,omitempty" jsonschema_description:"Memory limit in MiB (no swap). Default from the server configuration."`
-	CPUs       *float64          `json:"cpus,omitempty" jsonschema_description:"CPU limit in cores, e.g. 0.5 or 2."`
-	Pids       *int64            `json:"pids,omitempty" jsonschema_description:"Maximum number of processes and threads."`
-	DiskMB     *int64            `json:"disk_mb,omitempty" jsonschema_description:"Size of the writable layer in MiB."`
-	Network    string            `json:"network,omitempty" jsonschema_description:"Network mode: none (default; no network at all), egress or allowlist." jsonschema:"enum=none,enum=egress,enum=allowlist"`
-	Allow      []string          `json:"allow,omitempty" jsonschema_description:"Hosts or CIDRs reachable with network allowlist."`
-	Env        map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every command in the sandbox."`
-	TTLSeconds *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
-	Labels     map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
+	Language    string            `json:"language,omitempty" jsonschema_description:"Language of the sandbox (see languages_list), e.g. python, c, node. Picks the image of the same name."`
+	Image       string            `json:"image,omitempty" jsonschema_description:"Image to use instead of the language's own (rarely needed)."`
+	MemoryMB    *int64            `json:"memory_mb,omitempty" jsonschema_description:"Memory limit in MiB (no swap). Default from the server configuration."`
+	CPUs        *float64          `json:"cpus,omitempty" jsonschema_description:"CPU limit in cores, e.g. 0.5 or 2."`
+	Pids        *int64            `json:"pids,omitempty" jsonschema_description:"Maximum number of processes and threads."`
+	DiskMB      *int64            `json:"disk_mb,omitempty" jsonschema_description:"Size of the writable layer in MiB."`
+	Inodes      *int64            `json:"inodes,omitempty" jsonschema_description:"Maximum number of files and directories (default one per 16 KiB of disk)."`
+	DiskBacking string            `json:"disk_backing,omitempty" jsonschema_description:"Where written files live: disk (default; an ext4 image that does not count against memory) or memory (a tmpfs: fastest for short runs, but every byte written counts against the memory limit)." jsonschema:"enum=disk,enum=memory"`
+	Network     string            `json:"network,omitempty" jsonschema_description:"Network mode: none (default; no network at all), egress or allowlist." jsonschema:"enum=none,enum=egress,enum=allowlist"`
+	Allow       []string          `json:"allow,omitempty" jsonschema_description:"Hosts or CIDRs reachable with network allowlist."`
+	Env         map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every command in the sandbox."`
+	TTLSeconds  *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
+	Labels      map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
 }
 
 // sandboxOut is a sandbox as the tools show it.
@@ -76,7 +78,7 @@ func (s *srv) addSandboxTools() {
 			}
 			info, err := s.e.CreateSandbox(ctx, engine.CreateSandboxRequest{
 				Language: in.Language, Image: in.Image, MemoryMB: in.MemoryMB, CPUs: in.CPUs, Pids: in.Pids,
-				DiskMB: in.DiskMB, Network: in.Network, Allow: in.Allow, Env: in.Env, TTLSeconds: in.TTLSeconds, Labels: labels,
+				DiskMB: in.DiskMB, Inodes: in.Inodes, DiskBacking: in.DiskBacking, Network: in.Network, Allow: in.Allow, Env: in.Env, TTLSeconds: in.TTLSeconds, Labels: labels,
 			})
 			if err != nil {
 				return nil, err
