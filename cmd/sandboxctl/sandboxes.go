@@ -175,6 +175,52 @@ func createCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+func pauseCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "pause ID",
+		Short: "Freeze every process of a sandbox (no CPU, no idle timeout) until resume",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			s, err := c.PauseSandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(s)
+			}
+			fmt.Fprintf(g.stdout, "%s %s\n", s.ID, s.State)
+			return nil
+		},
+	}
+}
+
+func resumeCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "resume ID",
+		Short: "Thaw a paused sandbox",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			s, err := c.ResumeSandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(s)
+			}
+			fmt.Fprintf(g.stdout, "%s %s\n", s.ID, s.State)
+			return nil
+		},
+	}
+}
+
 func rmCmd(g *globals) *cobra.Command {
 	var force bool
 	cmd := &cobra.Command{

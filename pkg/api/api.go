@@ -82,6 +82,8 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
 	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.terminateSandbox)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.pauseSandbox)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", s.exec)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", s.writeFile)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", s.readFile)

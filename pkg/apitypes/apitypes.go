@@ -14,20 +14,25 @@ type State string
 
 // The states. running means at least one command is executing.
 const (
-	StateCreating   State = "creating"
-	StateReady      State = "ready"
-	StateRunning    State = "running"
+	StateCreating State = "creating"
+	StateReady    State = "ready"
+	StateRunning  State = "running"
+	// StatePaused: every process of the sandbox is frozen (cgroup freezer)
+	// until sandbox_resume; it holds its resources but uses no CPU.
+	StatePaused     State = "paused"
 	StateTerminated State = "terminated"
 	StateFailed     State = "failed"
 )
 
 // Live reports whether s is a state in which the sandbox holds resources.
-func (s State) Live() bool { return s == StateCreating || s == StateReady || s == StateRunning }
+func (s State) Live() bool {
+	return s == StateCreating || s == StateReady || s == StateRunning || s == StatePaused
+}
 
 // Valid reports whether s is one of the defined states.
 func (s State) Valid() bool {
 	switch s {
-	case StateCreating, StateReady, StateRunning, StateTerminated, StateFailed:
+	case StateCreating, StateReady, StateRunning, StatePaused, StateTerminated, StateFailed:
 		return true
 	}
 	return false

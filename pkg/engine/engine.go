@@ -411,7 +411,7 @@ func (e *Engine) ListSandboxes(ctx context.Context, state string) ([]*sandbox.In
 	case state == "":
 		return e.sandboxes.List(ctx)
 	case state == "all":
-		return e.sandboxes.List(ctx, sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StateTerminated, sandbox.StateFailed)
+		return e.sandboxes.List(ctx, sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateTerminated, sandbox.StateFailed)
 	case sandbox.State(state).Valid():
 		return e.sandboxes.List(ctx, sandbox.State(state))
 	}
@@ -424,6 +424,23 @@ func (e *Engine) TerminateSandbox(ctx context.Context, id string) (*sandbox.Info
 		return nil, err
 	}
 	return e.sandboxes.Terminate(ctx, id, "terminated by request")
+}
+
+// PauseSandbox freezes every process of a sandbox (state paused; see
+// sandbox.Manager.Pause).
+func (e *Engine) PauseSandbox(ctx context.Context, id string) (*sandbox.Info, error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	return e.sandboxes.Pause(ctx, id)
+}
+
+// ResumeSandbox thaws a paused sandbox.
+func (e *Engine) ResumeSandbox(ctx context.Context, id string) (*sandbox.Info, error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	return e.sandboxes.Resume(ctx, id)
 }
 
 func checkSandboxID(id string) error {

@@ -74,7 +74,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	for _, s := range []sandbox.State{sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StateTerminated, sandbox.StateFailed} {
+	for _, s := range []sandbox.State{sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateTerminated, sandbox.StateFailed} {
 		n, err := c.e.store.CountSandboxes(ctx, string(s))
 		if err != nil {
 			ch <- prometheus.NewInvalidMetric(c.desc, err)

@@ -417,7 +417,7 @@ func (m *Manager) List(ctx context.Context, states ...State) ([]*Info, error) {
 		}
 	}
 	if len(states) == 0 {
-		f.States = []string{string(StateCreating), string(StateReady), string(StateRunning)}
+		f.States = []string{string(StateCreating), string(StateReady), string(StateRunning), string(StatePaused)}
 	}
 	recs, err := m.opt.Store.ListSandboxes(ctx, f)
 	if err != nil {

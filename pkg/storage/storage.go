@@ -325,22 +325,46 @@ func openLoop(dev string, n int) (*os.File, error) {
 	return f, nil
 }
 
+// detachWait bounds how long Detach waits for a device to be freed: the
+// last reference to an unmounted file system can be dropped a little after
+// the unmount returns (the killed sandbox's mount namespace goes away with
+// its last exiting process).
+const detachWait = 5 * time.Second
+
 // Detach clears every loop device whose backing file is image (a device
-// that autoclear has not freed yet, or one attached without it). None is
-// success.
+// that autoclear has not freed yet, or one attached without it) and waits
+// until the kernel has freed it. None is success; a device still in use
+// after detachWait is an error, so that the ledger keeps it for garbage
+// collection to retry.
 func Detach(image string) error {
-	devs, err := LoopDevices()
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for dev, backing := range devs {
-		if backing != image {
-			continue
+	deadline := time.Now().Add(detachWait)
+	cleared := map[string]bool{}
+	for {
+		devs, err := LoopDevices()
+		if err != nil {
+			return err
 		}
-		errs = append(errs, clearLoop(dev))
+		var left []string
+		for dev, backing := range devs {
+			if backing != image {
+				continue
+			}
+			left = append(left, dev)
+			if !cleared[dev] {
+				if err := clearLoop(dev); err != nil {
+					return err
+				}
+				cleared[dev] = true
+			}
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("storage: loop device %s of %s still in use after %s", strings.Join(left, ", "), image, detachWait)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	return errors.Join(errs...)
 }
 
 func clearLoop(dev string) error {

@@ -285,4 +285,3 @@ func TestConcurrentCreate(t *testing.T) {
 		t.Fatalf("templates: %v, want one", tmpls)
 	}
 }
-

@@ -248,6 +248,18 @@ func (c *Client) TerminateSandbox(ctx context.Context, id string) (*Sandbox, err
 	return &s, c.doJSON(ctx, http.MethodDelete, sandboxPath(id, ""), nil, nil, &s)
 }
 
+// PauseSandbox freezes a sandbox's processes.
+func (c *Client) PauseSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var s Sandbox
+	return &s, c.doJSON(ctx, http.MethodPost, sandboxPath(id, "/pause"), nil, nil, &s)
+}
+
+// ResumeSandbox thaws a paused sandbox.
+func (c *Client) ResumeSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var s Sandbox
+	return &s, c.doJSON(ctx, http.MethodPost, sandboxPath(id, "/resume"), nil, nil, &s)
+}
+
 // Images lists the built language images.
 func (c *Client) Images(ctx context.Context) ([]Image, error) {
 	var l struct {

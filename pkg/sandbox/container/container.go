@@ -98,7 +98,10 @@ type Backend struct {
 	log *slog.Logger
 }
 
-var _ sandbox.Backend = (*Backend)(nil)
+var (
+	_ sandbox.Backend = (*Backend)(nil)
+	_ sandbox.Pauser  = (*handle)(nil)
+)
 
 // New checks the options, prepares the run dir and the cgroup parent, and
 // registers the backend's resource kinds with l.
@@ -378,6 +381,10 @@ func (h *handle) CgroupPath() string      { return h.cgroup }
 func (h *handle) OOMKills() (uint64, error) {
 	return cgroups.OOMKills(h.cgroup)
 }
+
+func (h *handle) Pause(context.Context) error  { return h.inst.Pause() }
+func (h *handle) Resume(context.Context) error { return h.inst.Resume() }
+func (h *handle) Paused() (bool, error)        { return h.inst.Paused() }
 
 func (h *handle) Dial(ctx context.Context) (net.Conn, error) { return h.dial(ctx) }
 
