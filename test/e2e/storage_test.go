@@ -180,3 +180,44 @@ func loopDevicesOf(t *testing.T, d *testenv.Daemon) []string {
 	}
 	return devs
 }
+
+// TestPausedAcrossRestart: a paused sandbox stays paused (and frozen) across
+// a daemon crash, refuses commands, and resumes afterwards.
+func TestPausedAcrossRestart(t *testing.T) {
+	d := testenv.NewDaemon(t)
+	d.Start()
+	id := createSandbox(d)
+	if out := d.MustCtl("pause", id); out != id+" paused\n" {
+		t.Fatalf("pause: %q", out)
+	}
+	d.Crash()
+	d.Start()
+	if s := sandboxState(t, d, id); s != "paused" {
+		t.Fatalf("paused sandbox after restart: %s", s)
+	}
+	var sb struct {
+		CgroupPath string `json:"cgroup_path"`
+	}
+	if err := json.Unmarshal([]byte(d.MustCtl("inspect", "--json", id)), &sb); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{
+		filepath.Join("/sys/fs/cgroup/freezer", sb.CgroupPath, "freezer.state"),
+		filepath.Join("/sys/fs/cgroup", sb.CgroupPath, "cgroup.freeze"),
+	} {
+		if b, err := os.ReadFile(f); err == nil {
+			if s := strings.TrimSpace(string(b)); s != "FROZEN" && s != "1" {
+				t.Errorf("%s = %q after restart, want frozen", f, s)
+			}
+		}
+	}
+	if _, errOut, code := d.Ctl("exec", id, "--", "true"); code == 0 || !strings.Contains(errOut, "paused") {
+		t.Errorf("exec in a paused sandbox: exit %d %q, want a conflict naming the state", code, errOut)
+	}
+	if out := d.MustCtl("resume", id); out != id+" ready\n" {
+		t.Fatalf("resume: %q", out)
+	}
+	if got := d.MustCtl("exec", id, "--", "echo", "thawed"); got != "thawed\n" {
+		t.Fatalf("exec after resume: %q", got)
+	}
+}
