@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -40,6 +41,15 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
+
+// init keeps the main goroutine on the main thread for the life of the
+// process, so that no other goroutine ever runs there. libcontainer starts
+// each container with a goroutine that locks its thread, setns(2)s into the
+// new container's mount namespace and returns without unlocking, so that Go
+// kills the thread. Go cannot kill the main thread: it parks it instead,
+// still in the container's mount namespace, which then pins every mount of
+// that sandbox (its tmpfs, its ext4 and loop device) until the daemon exits.
+func init() { goruntime.LockOSThread() }
 
 // MaybeInit turns the current process into a container's init when
 // libcontainer re-executed it for that purpose, and never returns then.
