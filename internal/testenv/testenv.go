@@ -285,7 +285,8 @@ func AssertNoLeftovers(t testing.TB, cfg *config.Config) {
 		t.Errorf("list loop devices: %v", err)
 	}
 	for dev, backing := range devs {
-		if strings.HasPrefix(backing, images+"/") {
+		// Ready disks of the pool (images/pool/) belong to no sandbox.
+		if filepath.Dir(backing) == images {
 			t.Errorf("leftover loop device %s of %s", dev, backing)
 		}
 	}

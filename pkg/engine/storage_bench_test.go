@@ -11,7 +11,7 @@ import (
 
 // BenchmarkDiskBacking compares, alternately in one run, the two backings
 // of a sandbox's writable file system at the defaults (512M memory, 1G
-// disk): create→ready of a shell sandbox and run_code of Python
+// disk): create→ready and terminate of a shell sandbox, and run_code of Python
 // `print(1)` (ephemeral sandbox, created and terminated), reporting medians
 // in milliseconds and the difference disk − memory of the create medians.
 // Run with: go test -tags seccomp -run '^$' -bench DiskBacking -benchtime 20x ./pkg/engine
@@ -23,6 +23,7 @@ func BenchmarkDiskBacking(b *testing.B) {
 	ctx := context.Background()
 	backings := []string{storage.BackingDisk, storage.BackingMemory}
 	create := map[string][]time.Duration{}
+	terminate := map[string][]time.Duration{}
 	run := map[string][]time.Duration{}
 	// The first disk create formats the template: not part of the figures.
 	warm, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", DiskBacking: storage.BackingDisk})
@@ -41,9 +42,11 @@ func BenchmarkDiskBacking(b *testing.B) {
 				b.Fatal(err)
 			}
 			create[backing] = append(create[backing], time.Since(t0))
+			t0 = time.Now()
 			if _, err := env.TerminateSandbox(ctx, info.ID); err != nil {
 				b.Fatal(err)
 			}
+			terminate[backing] = append(terminate[backing], time.Since(t0))
 			// run_code takes the configured default backing; nothing else
 			// reads this key while the benchmark runs.
 			env.cfg.Sandbox.DiskBacking = backing
@@ -58,6 +61,7 @@ func BenchmarkDiskBacking(b *testing.B) {
 	b.StopTimer()
 	for _, backing := range backings {
 		b.ReportMetric(ms(median(create[backing])), "create-"+backing+"-ms")
+		b.ReportMetric(ms(median(terminate[backing])), "terminate-"+backing+"-ms")
 		b.ReportMetric(ms(median(run[backing])), "run_code-"+backing+"-ms")
 	}
 	b.ReportMetric(ms(median(create[storage.BackingDisk])-median(create[storage.BackingMemory])), "create-disk-minus-memory-ms")

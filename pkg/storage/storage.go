@@ -33,6 +33,8 @@ package storage
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -77,6 +79,13 @@ type Store struct {
 	dir  string
 	mkfs string
 
+	// Unlinking an image takes milliseconds to tens of them on a busy host
+	// (the host file system frees its extents in its journal): Discard
+	// renames it into trash/ and a worker unlinks it after.
+	trash     chan struct{}
+	trashDone chan struct{}
+	closeOnce sync.Once
+
 	templates singleflight.Group
 	mu        sync.Mutex // guards made
 	made      map[string]bool
@@ -101,7 +110,57 @@ func NewStore(dir string) (*Store, error) {
 			return nil, fmt.Errorf("storage: mkfs.ext4 (e2fsprogs) not found: %w", err)
 		}
 	}
-	return &Store{dir: dir, mkfs: mkfs, made: map[string]bool{}}, nil
+	if err := os.MkdirAll(filepath.Join(dir, "trash"), 0o700); err != nil {
+		return nil, fmt.Errorf("storage: %w", err)
+	}
+	s := &Store{dir: dir, mkfs: mkfs, made: map[string]bool{}, trash: make(chan struct{}, 1), trashDone: make(chan struct{})}
+	go s.emptyTrash()
+	s.trash <- struct{}{} // what an earlier daemon left
+	return s, nil
+}
+
+// Discard removes an image file: it leaves the store at once (renamed into
+// trash/) and is unlinked in the background. A missing one is already
+// removed.
+func (s *Store) Discard(path string) error {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	err := os.Rename(path, filepath.Join(s.dir, "trash", filepath.Base(path)+"."+hex.EncodeToString(b[:])))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		// Not in this store's file system, say: unlink it here.
+		return RemoveImage(path)
+	}
+	select {
+	case s.trash <- struct{}{}:
+	default: // a run is pending and will see it
+	}
+	return nil
+}
+
+func (s *Store) emptyTrash() {
+	defer close(s.trashDone)
+	dir := filepath.Join(s.dir, "trash")
+	for range s.trash {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// Close waits until the trash is empty.
+func (s *Store) Close() {
+	s.closeOnce.Do(func() {
+		select {
+		case s.trash <- struct{}{}:
+		default:
+		}
+		close(s.trash)
+		<-s.trashDone
+	})
 }
 
 // Dir is the directory of the image files.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -194,8 +195,8 @@ func TestAutoclear(t *testing.T) {
 	waitDetached(t, img)
 }
 
-// TestDetach clears a device that is attached but not mounted (its opener
-// still alive), as the ledger's loop releaser does.
+// TestDetach clears a device that is attached but not mounted, as the
+// ledger's loop releaser does, and returns once the kernel has freed it.
 func TestDetach(t *testing.T) {
 	testenv.RequireRoot(t)
 	s := newStore(t)
@@ -208,12 +209,14 @@ func TestDetach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	// Detach clears the device and waits until its last opener is gone.
+	go func() { time.Sleep(100 * time.Millisecond); f.Close() }()
 	if err := storage.Detach(img); err != nil {
 		t.Fatal(err)
 	}
-	f.Close()
-	waitDetached(t, img)
+	if attached(t, img) {
+		t.Fatal("Detach returned with the device still attached")
+	}
 	if err := storage.Detach(img); err != nil {
 		t.Fatalf("storage.Detach of a detached image: %v", err)
 	}
@@ -283,5 +286,78 @@ func TestConcurrentCreate(t *testing.T) {
 	tmpls, _ := filepath.Glob(filepath.Join(s.Dir(), "templates", "*"))
 	if len(tmpls) != 1 {
 		t.Fatalf("templates: %v, want one", tmpls)
+	}
+}
+
+// TestPool: a ready disk moves to a sandbox's mount and image name without
+// losing its device, the pool refills, and a new pool releases what an
+// abandoned one (a crashed daemon's) left.
+func TestPool(t *testing.T) {
+	testenv.RequireRoot(t)
+	s := newStore(t)
+	log := testenv.Logger(t)
+	p, err := s.NewPool(32<<20, storage.MinInodes, 2, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Matches(32<<20, storage.MinInodes) || p.Matches(64<<20, storage.MinInodes) {
+		t.Fatal("Matches")
+	}
+	p.Fill()
+	img := s.ImagePath("sb-pooled")
+	target := filepath.Join(t.TempDir(), "disk")
+	var from string
+	for deadline := time.Now().Add(10 * time.Second); from == ""; {
+		if from, err = p.Take(img); err != nil {
+			t.Fatal(err)
+		}
+		if from == "" && time.Now().After(deadline) {
+			t.Fatal("no ready disk after 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := p.Mount(from, target); err != nil {
+		t.Fatal(err)
+	}
+	if !attached(t, img) {
+		t.Fatalf("taken disk: no loop device backed by %s", img)
+	}
+	if err := os.WriteFile(filepath.Join(target, "f"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := mountinfo.Mounted(from); m {
+		t.Errorf("pool mount %s still there", from)
+	}
+	if err := unix.Unmount(target, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := storage.Detach(img); err != nil {
+		t.Fatal(err)
+	}
+	if err := storage.RemoveImage(img); err != nil {
+		t.Fatal(err)
+	}
+
+	// Abandon p with ready disks, as a killed daemon would.
+	time.Sleep(500 * time.Millisecond)
+	p2, err := s.NewPool(32<<20, storage.MinInodes, 0, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	devs, _ := storage.LoopDevices()
+	for dev, b := range devs {
+		if strings.HasPrefix(b, s.Dir()+"/") {
+			t.Errorf("loop device %s of %s left", dev, b)
+		}
+	}
+	if m := testenv.MountsUnder(s.Dir()); len(m) > 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+	// p's filler may still be making a disk: closing it releases that too.
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

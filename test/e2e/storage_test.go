@@ -170,11 +170,12 @@ func loopDevicesOf(t *testing.T, d *testenv.Daemon) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := d.Config.Paths.SandboxesDirOrDefault() + "/"
+	dir := d.Config.Paths.SandboxesDirOrDefault()
 	var devs []string
 	for _, e := range out {
 		b, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "loop/backing_file"))
-		if err == nil && strings.HasPrefix(string(b), dir) {
+		// Sandboxes' images only, not the pool's ready disks (dir/pool/).
+		if err == nil && filepath.Dir(strings.TrimSpace(string(b))) == dir {
 			devs = append(devs, e.Name())
 		}
 	}

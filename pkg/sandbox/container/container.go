@@ -80,6 +80,7 @@ type Options struct {
 	AgentPath    string              // host path of the static sandbox-agent binary
 	RunDir       string              // per-sandbox mounts and sockets live in RunDir/sandboxes
 	Storage      *storage.Store      // image files of disk-backed sandboxes
+	Pool         *storage.Pool       // ready disks of the default geometry; nil: none
 	CgroupParent string
 	IO           IOLimits // block I/O throttles of every sandbox
 	Log          *slog.Logger
@@ -135,7 +136,7 @@ func New(opt Options, l *ledger.Ledger) (*Backend, error) {
 	l.Register(KindLayers, func(_ context.Context, r ledger.Resource) error { return image.ReleaseDir(r.Key) })
 	l.Register(KindMount, func(_ context.Context, r ledger.Resource) error { return image.ReleaseDir(r.Key) })
 	l.Register(KindLoop, func(_ context.Context, r ledger.Resource) error { return storage.Detach(r.Key) })
-	l.Register(KindImage, func(_ context.Context, r ledger.Resource) error { return storage.RemoveImage(r.Key) })
+	l.Register(KindImage, func(_ context.Context, r ledger.Resource) error { return opt.Storage.Discard(r.Key) })
 	// The dir is released last, but unmount anything still below it rather
 	// than reach into a mounted file system with RemoveAll.
 	l.Register(KindDir, func(_ context.Context, r ledger.Resource) error { return image.ReleaseDir(r.Key) })
@@ -243,6 +244,25 @@ func (b *Backend) mountDisk(ctx context.Context, id, disk string, spec sandbox.S
 	img := b.opt.Storage.ImagePath(id)
 	if err := rec.Record(ctx, ledger.Resource{Kind: KindImage, Key: img}); err != nil {
 		return err
+	}
+	if b.opt.Pool.Matches(size, inodes) {
+		// A ready disk, already attached and mounted in the pool: record
+		// its device and the sandbox's mount, then take it over.
+		if err := rec.Record(ctx, ledger.Resource{Kind: KindLoop, Key: img}); err != nil {
+			return err
+		}
+		if err := rec.Record(ctx, ledger.Resource{Kind: KindMount, Key: disk}); err != nil {
+			return err
+		}
+		from, err := b.opt.Pool.Take(img)
+		if err != nil {
+			return err
+		}
+		if from != "" {
+			crashpoint.Hit(CrashAfterImage)
+			crashpoint.Hit(CrashAfterLoop)
+			return b.opt.Pool.Mount(from, disk)
+		}
 	}
 	if err := b.opt.Storage.CreateImage(ctx, img, size, inodes); err != nil {
 		return err
