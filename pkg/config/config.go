@@ -119,6 +119,9 @@ type Images struct {
 	Mirror    string   `yaml:"mirror"`    // Debian mirror; empty: the host's apt sources
 	Suite     string   `yaml:"suite"`     // default suite for recipes that name none
 	Languages []string `yaml:"languages"` // enabled recipes; empty: all
+	// BuildOnDemand builds an image that is not built yet when a sandbox
+	// or run first asks for it; false: such requests fail as unavailable.
+	BuildOnDemand bool `yaml:"build_on_demand"`
 }
 
 // Runs is the `runs` section: run records (SPEC.md "Run records").
@@ -211,7 +214,8 @@ func Default() *Config {
 			},
 		},
 		Images: Images{
-			Suite: "bookworm",
+			Suite:         "bookworm",
+			BuildOnDemand: true,
 		},
 		Runs: Runs{
 			MaxAge:       Duration(720 * time.Hour),

@@ -159,6 +159,12 @@ images:
   suite: bookworm
   # Enabled languages (recipe names in paths.recipes_dir). Empty: all.
   languages: []
+  # Build an image that is not built yet when a sandbox or run_code first
+  # asks for it (one build per image at a time; concurrent callers wait for
+  # it; run_code streams the build's phases as progress). false: such
+  # requests fail as unavailable, for hosts that must only run prebuilt
+  # images (mcp-sandboxd images build NAME).
+  build_on_demand: true
 
 # Run records: one directory per run_code (and autofix) call, with the code,
 # the full logs, the sandbox's description, metadata and output files.

@@ -49,7 +49,8 @@ type Engine struct {
 	seccomp   seccomp.Support
 	metrics   *metrics
 	started   time.Time
-	runState  // run records (run.go)
+	runState              // run records (run.go)
+	builds    imageBuilds // images being built on first use (ondemand.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -259,6 +260,10 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 	if e.cfg.Sandbox.SeccompProfile != seccomp.Unconfined && !e.seccomp.OK() {
 		e.metrics.created.WithLabelValues("rejected").Inc()
 		return nil, errdefs.Unavailablef("seccomp cannot be enforced (%s); refusing to start sandboxes unless sandbox.seccomp_profile is \"unconfined\"", e.seccomp.Reason)
+	}
+	if err := e.ensureImageOnDemand(ctx, spec.Image); err != nil {
+		e.metrics.created.WithLabelValues("failed").Inc()
+		return nil, err
 	}
 	start := time.Now()
 	info, err := e.sandboxes.Create(ctx, *spec)
