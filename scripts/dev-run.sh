@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make run`: run mcp-sandboxd in the foreground with a development config
 # whose state lives in ./dev-state (the run dir and socket in /run). Builds the
-# shell image on first use.
+# shell image on first use, and the python image in the background once the
+# daemon is ready (so that the README's first run_code in Python works at
+# once; other languages are built on their first use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -49,4 +51,17 @@ cat <<MSG
     token       : $state/token (created on first start)
     try         : bin/sandboxctl --socket $sock exec \$(bin/sandboxctl --socket $sock create --lang shell) -- uname -a
 MSG
+# Prebuild python through the daemon once it answers; a run_code that comes
+# first waits for this same build (the image store locks per image).
+(
+	for _ in $(seq 1 600); do
+		bin/sandboxctl --socket "$sock" health >/dev/null 2>&1 && break
+		sleep 0.2
+	done
+	if bin/sandboxctl --socket "$sock" images build python >"$state/prebuild-python.log" 2>&1; then
+		echo "==> python image ready"
+	else
+		echo "==> prebuilding python failed (see $state/prebuild-python.log); it is built on first use"
+	fi
+) &
 exec bin/mcp-sandboxd serve --config "$cfg"
