@@ -11,7 +11,8 @@ set -euo pipefail
 #   iproute2 tmux              integration tests: network namespaces, a real terminal for PTY tests
 #   ca-certificates            HTTPS for apt inside image builds
 #   systemd                    systemd-analyze verify of the unit in the tests
-packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd)
+#   e2fsprogs                  mkfs.ext4 formats the templates of disk-backed sandboxes (pkg/storage)
+packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd e2fsprogs)
 # The MCP black-box tests drive the server with the official TypeScript SDK:
 # Node.js from Debian unless a node is already on PATH.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
