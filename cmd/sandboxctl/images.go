@@ -33,10 +33,10 @@ func imagesCmd(g *globals) *cobra.Command {
 			}
 			now := time.Now()
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tBUILT\tSUITE\tPACKAGES")
+			fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tBUILT\tSUITE\tPACKAGES\tUSERS")
 			for _, im := range imgs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", im.Name, shortDigest(im.Digest), humanBytes(im.SizeBytes),
-					ago(now, im.BuiltAt), im.Suite, im.Packages)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", im.Name, shortDigest(im.Digest), humanBytes(im.SizeBytes),
+					ago(now, im.BuiltAt), im.Suite, im.Packages, len(im.Users))
 			}
 			return tw.Flush()
 		},

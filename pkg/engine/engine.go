@@ -501,9 +501,18 @@ func (e *Engine) Images() ([]apitypes.Image, error) {
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "list images")
 	}
+	live, err := e.sandboxes.List(context.Background())
+	if err != nil {
+		return nil, err
+	}
 	out := make([]apitypes.Image, len(imgs))
 	for i, im := range imgs {
 		out[i] = publicImage(im)
+		for _, sb := range live {
+			if sb.Image == im.Name && sb.ImageDigest == im.Digest {
+				out[i].Users = append(out[i].Users, sb.ID)
+			}
+		}
 	}
 	return out, nil
 }

@@ -91,3 +91,32 @@ func counter(t *testing.T, env *testEnv, name string, labels map[string]string) 
 	}
 	return 0
 }
+
+// TestImageUsers: an image lists the live sandboxes running on it.
+func TestImageUsers(t *testing.T) {
+	env := newTestEngine(t)
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{})
+	users := func() []string {
+		imgs, err := env.Images()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, im := range imgs {
+			if im.Name == "shell" {
+				return im.Users
+			}
+		}
+		t.Fatal("no shell image listed")
+		return nil
+	}
+	if u := users(); len(u) != 1 || u[0] != info.ID {
+		t.Fatalf("users of shell with %s live: %v", info.ID, u)
+	}
+	if _, err := env.TerminateSandbox(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if u := users(); len(u) != 0 {
+		t.Fatalf("users of shell after terminate: %v", u)
+	}
+}
