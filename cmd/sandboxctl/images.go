@@ -78,6 +78,28 @@ func imagesCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "prune",
+		Short: "Remove stale images (an older digest of a recipe) that no sandbox uses",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			removed, err := c.PruneImages(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(removed)
+			}
+			for _, im := range removed {
+				fmt.Fprintf(g.stdout, "%s\t%s\t%s\n", im.Name, shortDigest(im.Digest), humanBytes(im.SizeBytes))
+			}
+			return nil
+		},
+	})
 	return cmd
 }
 

@@ -72,6 +72,7 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	mux.HandleFunc("GET /v1/images", s.images)
 	mux.HandleFunc("POST /v1/images/{name}/build", s.buildImage)
 	mux.HandleFunc("DELETE /v1/images/{name}", s.removeImage)
+	mux.HandleFunc("POST /v1/images/prune", s.pruneImages)
 	mux.HandleFunc("GET /v1/languages", s.languages)
 	mux.HandleFunc("POST /v1/run", s.runCode)
 	mux.HandleFunc("GET /v1/runs", s.listRuns)

@@ -122,6 +122,9 @@ type Images struct {
 	// BuildOnDemand builds an image that is not built yet when a sandbox
 	// or run first asks for it; false: such requests fail as unavailable.
 	BuildOnDemand bool `yaml:"build_on_demand"`
+	// PruneStale removes images of an older digest of a recipe that no
+	// sandbox of this daemon uses, at start and after each build.
+	PruneStale bool `yaml:"prune_stale"`
 }
 
 // Runs is the `runs` section: run records (SPEC.md "Run records").

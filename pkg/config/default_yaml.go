@@ -165,6 +165,12 @@ images:
   # requests fail as unavailable, for hosts that must only run prebuilt
   # images (mcp-sandboxd images build NAME).
   build_on_demand: true
+  # Remove stale images (trees of an older digest of a recipe, kept while
+  # sandboxes started on them live) that no sandbox of this daemon uses, at
+  # start and after each build; sandboxctl images prune does it on demand.
+  # Off by default: a store shared by several daemons (paths.images_dir) may
+  # hold trees another daemon's sandboxes still run on.
+  prune_stale: false
 
 # Run records: one directory per run_code (and autofix) call, with the code,
 # the full logs, the sandbox's description, metadata and output files.

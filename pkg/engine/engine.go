@@ -150,6 +150,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		log.Error("reconcile", "err", msg)
 	}
 	e.pruneArtifacts()
+	e.pruneStaleImages(ctx)
 	e.sandboxes.Start()
 	return e, nil
 }
@@ -521,6 +522,54 @@ func (e *Engine) Images() ([]apitypes.Image, error) {
 func publicImage(im *image.Image) apitypes.Image {
 	return apitypes.Image{Name: im.Name, Digest: im.Digest, BuiltAt: im.BuiltAt, SizeBytes: im.SizeBytes,
 		BuildSeconds: im.BuildSeconds, Suite: im.Suite, Packages: len(im.Packages)}
+}
+
+// PruneImages removes the stale images — trees of an older digest of a
+// recipe, no longer current — that no live sandbox of this daemon runs on,
+// and returns them.
+func (e *Engine) PruneImages(ctx context.Context) ([]apitypes.Image, error) {
+	stale, err := e.images.Stale()
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "list stale images")
+	}
+	live, err := e.sandboxes.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	used := map[string]bool{}
+	for _, sb := range live {
+		used[sb.ImageDigest] = true
+	}
+	out := []apitypes.Image{}
+	var errs []error
+	for _, im := range stale {
+		if used[im.Digest] {
+			continue
+		}
+		if err := e.images.RemoveDigest(im.Name, im.Digest); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, publicImage(im))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return out, errdefs.Wrap(errdefs.Internal, err, "prune images")
+	}
+	return out, nil
+}
+
+// pruneStaleImages applies images.prune_stale.
+func (e *Engine) pruneStaleImages(ctx context.Context) {
+	if !e.cfg.Images.PruneStale {
+		return
+	}
+	removed, err := e.PruneImages(ctx)
+	for _, im := range removed {
+		e.log.Info("pruned stale image", "image", im.Name, "digest", im.Digest)
+	}
+	if err != nil {
+		e.log.Warn("prune stale images", "err", err)
+	}
 }
 
 // TerminateLabeled terminates every live sandbox whose label key has value

@@ -112,6 +112,7 @@ func (e *Engine) ensureImageOnDemand(ctx context.Context, name string) error {
 				b.say("image %s: build failed: %v", name, err)
 			} else {
 				b.say("image %s: ready", name)
+				e.pruneStaleImages(context.Background())
 			}
 			e.metrics.imageBuilds.WithLabelValues(name, outcome).Inc()
 			b.err = err

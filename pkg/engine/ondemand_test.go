@@ -2,10 +2,17 @@ package engine
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
@@ -118,5 +125,78 @@ func TestImageUsers(t *testing.T) {
 	}
 	if u := users(); len(u) != 0 {
 		t.Fatalf("users of shell after terminate: %v", u)
+	}
+}
+
+// TestPruneImages: prune removes stale images (an older digest of a
+// recipe) except those a live sandbox runs on.
+func TestPruneImages(t *testing.T) {
+	shared := testenv.EnsureImages(t, "shell")["shell"]
+	private := t.TempDir()
+	// The shell image's tree, copied into a private store under its digest.
+	x := shared.Digest
+	if out, err := exec.Command("cp", "-a", filepath.Dir(shared.Rootfs), filepath.Join(private, x)).CombinedOutput(); err != nil {
+		t.Fatalf("copy image: %v %s", err, out)
+	}
+	fabricate := func(seed string) string {
+		sum := sha256.Sum256([]byte(seed))
+		d := hex.EncodeToString(sum[:])
+		data, err := os.ReadFile(filepath.Join(private, x, "image.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var meta map[string]any
+		if err := json.Unmarshal(data, &meta); err != nil {
+			t.Fatal(err)
+		}
+		meta["digest"] = d
+		data, _ = json.Marshal(meta)
+		if err := os.MkdirAll(filepath.Join(private, d, "rootfs"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(private, d, "image.json"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	setCurrent := func(d string) {
+		link := filepath.Join(private, "by-name", "shell")
+		_ = os.Remove(link)
+		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join("..", d), link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setCurrent(x)
+	env := newTestEngine(t, func(c *config.Config) { c.Paths.ImagesDir = private })
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{})
+	if info.ImageDigest != x {
+		t.Fatalf("sandbox on digest %s, want %s", info.ImageDigest, x)
+	}
+	unused := fabricate("an older shell nobody runs")
+	current := fabricate("a newer shell")
+	setCurrent(current) // x is now stale, but info runs on it
+
+	removed, err := env.PruneImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 1 || removed[0].Digest != unused {
+		t.Fatalf("prune removed %+v, want only %s", removed, unused[:12])
+	}
+	if _, err := os.Stat(filepath.Join(private, x)); err != nil {
+		t.Fatalf("the tree a live sandbox runs on was removed: %v", err)
+	}
+	if _, err := env.TerminateSandbox(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if removed, err = env.PruneImages(ctx); err != nil || len(removed) != 1 || removed[0].Digest != x {
+		t.Fatalf("prune after terminate: %+v %v, want %s", removed, err, x[:12])
+	}
+	if _, err := os.Stat(filepath.Join(private, current)); err != nil {
+		t.Fatalf("the current image was removed: %v", err)
 	}
 }
