@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
 
@@ -128,6 +129,6 @@ func (e *Engine) ensureImageOnDemand(ctx context.Context, name string) error {
 	case <-b.done:
 		return b.err
 	case <-ctx.Done():
-		return ctx.Err()
+		return errdefs.Wrap(errdefs.Unavailable, ctx.Err(), "image %s is still being built; it will be ready for a later request", name)
 	}
 }
