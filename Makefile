@@ -34,10 +34,13 @@ test: build
 test-unit:
 	CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -short ./...
 
-# Lifecycle benchmarks against the runc CLI baseline (see pkg/engine/bench_test.go).
+# Lifecycle benchmarks against the runc CLI baseline (see pkg/engine/bench_test.go),
+# then run_code through MCP over HTTP next to the engine API (test/mcp).
 bench: build
 	SANDBOXD_AGENT=$(CURDIR)/bin/sandbox-agent CGO_ENABLED=1 $(GO) test -tags $(TAGS) -run '^$$' \
 		-bench . -benchtime 20x -count=1 ./pkg/engine/
+	SANDBOXD_AGENT=$(CURDIR)/bin/sandbox-agent SANDBOXD_BIN_DIR=$(CURDIR)/bin CGO_ENABLED=1 $(GO) test -tags $(TAGS) \
+		-run '^$$' -bench RunCode -benchtime 20x -count=1 ./test/mcp/
 
 # The same benchmarks for BASE (a git revision) and the working tree, run
 # alternately in one run, with medians and ratios (scripts/bench-compare.sh).

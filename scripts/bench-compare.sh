@@ -40,10 +40,11 @@ function med(side, key,   m, i, j, t, a) {
 	return (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
 }
 END {
-	printf "%-44s %-20s %10s %10s %8s\n", "benchmark", "metric", "base", "head", "head/base"
 	for (k in keys) {
 		split(k, p, " "); b = med("base", k); h = med("head", k)
 		if (p[2] == "ns/op") continue
 		printf "%-44s %-20s %10.2f %10.2f %8s\n", p[1], p[2], b, h, (b > 0 ? sprintf("%.3f", h / b) : "-")
 	}
-}' "$work/results" | sort
+}' "$work/results" | sort >"$work/table"
+printf "%-44s %-20s %10s %10s %8s\n" benchmark metric base head head/base
+cat "$work/table"

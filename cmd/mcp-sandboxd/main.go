@@ -1,5 +1,5 @@
 // Command mcp-sandboxd is the SandboxRunner daemon: it runs sandboxes for AI
-// agents (MCP) and administrators (REST, sandboxctl). See SPEC.md for its
+// agents (MCP) and administrators (REST, sandboxctl). See docs/SPEC.md for its
 // commands.
 package main
 

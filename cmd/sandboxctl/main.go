@@ -1,5 +1,5 @@
 // Command sandboxctl administers a running mcp-sandboxd over its REST API:
-// sandboxes, commands, files, images and the daemon's health (SPEC.md
+// sandboxes, commands, files, images and the daemon's health (docs/SPEC.md
 // "sandboxctl"). It reaches the daemon through its unix socket (--socket,
 // SANDBOXD_SOCKET) or over HTTP (--url with --token or SANDBOXD_TOKEN).
 //
@@ -24,7 +24,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
-// Exit codes (SPEC.md).
+// Exit codes (docs/SPEC.md).
 const (
 	exitOK          = 0
 	exitFailed      = 1
@@ -141,7 +141,7 @@ type exitStatus struct{ code int }
 
 func (e *exitStatus) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
-// exitCode maps an error to the process exit code (SPEC.md).
+// exitCode maps an error to the process exit code (docs/SPEC.md).
 func exitCode(err error) int {
 	var (
 		st    *exitStatus

@@ -22,7 +22,7 @@ import (
 // Daemon is one `mcp-sandboxd serve` process on private state, driven from
 // outside like an administrator would: through sandboxctl and HTTP.
 type Daemon struct {
-	T         *testing.T
+	T         testing.TB
 	Bin       string // directory of the three binaries
 	DaemonBin string // overrides Bin/mcp-sandboxd (e.g. a build without seccomp)
 	Config    *config.Config
@@ -41,7 +41,7 @@ type Daemon struct {
 // named images into the shared cache, and registers a cleanup that removes
 // every sandbox, stops the daemon and checks that nothing was left behind.
 // Call Start to run it.
-func NewDaemon(t *testing.T, images ...string) *Daemon {
+func NewDaemon(t testing.TB, images ...string) *Daemon {
 	t.Helper()
 	cfg := Config(t, "e2e")
 	dir := t.TempDir()

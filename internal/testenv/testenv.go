@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
@@ -236,14 +237,10 @@ func MountsUnder(dir string) []string {
 	return out
 }
 
-// CgroupDirs lists cgroup path p in every mounted hierarchy where it exists.
+// CgroupDirs lists cgroup path p in every mounted hierarchy where it exists
+// (see cgroups.Dirs), on v2, v1 and hybrid hosts alike.
 func CgroupDirs(p string) []string {
-	rel := strings.TrimPrefix(p, "/")
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", rel))
-	if st, err := os.Stat(filepath.Join("/sys/fs/cgroup", rel)); err == nil && st.IsDir() {
-		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", rel))
-	}
-	return dirs
+	return cgroups.Dirs(p)
 }
 
 // RemoveCgroupParent removes a test's (by now empty) cgroup parent.

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
@@ -48,19 +49,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// requireRoot skips a test that needs root, or fails it under
-// SANDBOXD_INTEGRATION=1 where a skip would hide a broken setup.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("SANDBOXD_INTEGRATION") == "1" {
-		t.Fatal("test needs root and SANDBOXD_INTEGRATION=1 forbids skipping")
-	}
-	t.Skip("test needs root")
 }
 
 // testAgent is a sandbox-agent running on the host for one test.
@@ -706,7 +694,7 @@ func TestAgentTerminationKillsJobs(t *testing.T) {
 }
 
 func TestReapsOrphansAsPID1(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	a := startAgentWrapped(t, []string{"unshare", "--pid", "--fork", "--mount-proc"})
 	ctx := testCtx(t)
 	info, err := a.Ping(ctx)
@@ -731,7 +719,7 @@ func TestReapsOrphansAsPID1(t *testing.T) {
 }
 
 func TestRunAsUserWithoutCapabilities(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	a := startAgent(t, "--uid", "1000", "--gid", "1000")
 	uid := 1000
 	stdout, _, exit, _ := run(t, a.Client, agent.ExecRequest{
@@ -755,7 +743,7 @@ func TestRunAsUserWithoutCapabilities(t *testing.T) {
 }
 
 func TestFilesOwnedBySandboxUser(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	a := startAgent(t, "--uid", "1000", "--gid", "1001")
 	ctx := testCtx(t)
 	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/workspace/new/dir/f.txt", MkdirParents: true}, strings.NewReader("x")); err != nil {
@@ -956,4 +944,33 @@ func rawRequest(t *testing.T, socket string, req agent.Request) *agent.Frame {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// HoldOutput keeps every byte until the first attach, however late it
+// comes; without it only the retained tail is there for a late attach.
+func TestHoldOutputUntilAttach(t *testing.T) {
+	a := startAgent(t, "--retain-bytes", "4096")
+	ctx := testCtx(t)
+	prog := `echo FIRST; i=0; while [ $i -lt 4000 ]; do printf '%04d\n' $i; i=$((i+1)); done`
+	for _, hold := range []bool{true, false} {
+		req := sh(prog)
+		req.HoldOutput = hold
+		id, err := a.Start(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // the program is done (or held) by now
+		var got bytes.Buffer
+		exit, err := a.Attach(ctx, id, 0, 0, func(c agent.Chunk) error {
+			got.Write(c.Data)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		complete := strings.HasPrefix(got.String(), "FIRST\n") && got.Len() == 20006 && exit.StdoutBytes == 20006
+		if complete != hold {
+			t.Errorf("hold %v: attach after 300 ms got %d bytes starting %q (exit %+v)", hold, got.Len(), got.String()[:min(10, got.Len())], exit)
+		}
+	}
 }

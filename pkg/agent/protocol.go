@@ -167,6 +167,9 @@ type TTYSize struct {
 	Cols uint16 `json:"cols"`
 }
 
+// HoldGrace bounds how long ExecRequest.HoldOutput waits for an attach.
+const HoldGrace = 30 * time.Second
+
 // ExecRequest describes a command to start.
 type ExecRequest struct {
 	// Argv is the command line; Argv[0] is absolute or looked up in the
@@ -191,6 +194,12 @@ type ExecRequest struct {
 	// TimeoutMS kills the command's process group after this many
 	// milliseconds; 0 means no timeout.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// HoldOutput keeps every byte of output from the start until the
+	// first attach (or for HoldGrace at most), holding the program back
+	// like an attached reader would: the daemon is about to attach, and a
+	// fast program must not push its first bytes out of the retained tail
+	// before it does.
+	HoldOutput bool `json:"hold_output,omitempty"`
 	// OutputLimit is the maximum number of bytes per stream; exceeding it
 	// kills the command. 0 means unlimited.
 	OutputLimit int64 `json:"output_limit,omitempty"`

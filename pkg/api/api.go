@@ -1,4 +1,4 @@
-// Package api serves SandboxRunner's REST API (SPEC.md "REST API"): JSON
+// Package api serves SandboxRunner's REST API (docs/SPEC.md "REST API"): JSON
 // resources over pkg/engine, NDJSON streams for command output, WebSockets
 // for terminals and events, and the /healthz, /readyz and /metrics endpoints.
 //

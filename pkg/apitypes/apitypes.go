@@ -1,5 +1,5 @@
 // Package apitypes defines the JSON objects of SandboxRunner's external
-// contract (SPEC.md): sandboxes, command results, jobs, events, health. The
+// contract (docs/SPEC.md): sandboxes, command results, jobs, events, health. The
 // engine produces them, the REST API and the MCP tools serve them, and the Go
 // client (which must build without cgo, so cannot import the engine) decodes
 // them — one definition for all, so the wire format cannot drift.
@@ -9,7 +9,7 @@ package apitypes
 
 import "time"
 
-// State is a sandbox's lifecycle state (SPEC.md "Sandbox states").
+// State is a sandbox's lifecycle state (docs/SPEC.md "Sandbox states").
 type State string
 
 // The states. running means at least one command is executing.
@@ -52,25 +52,25 @@ type Limits struct {
 // CreateSandboxRequest is the input of sandbox_create (POST /v1/sandboxes).
 // Nil pointers and empty strings take the configured defaults.
 type CreateSandboxRequest struct {
-	Language string   `json:"language,omitempty"`
-	Image    string   `json:"image,omitempty"`
-	MemoryMB *int64   `json:"memory_mb,omitempty"`
-	CPUs     *float64 `json:"cpus,omitempty"`
-	Pids     *int64   `json:"pids,omitempty"`
-	DiskMB   *int64   `json:"disk_mb,omitempty"`
+	Language string   `json:"language,omitempty" jsonschema_description:"Language of the sandbox (see languages_list), e.g. python, c, node. Picks the image of the same name."`
+	Image    string   `json:"image,omitempty" jsonschema_description:"Image to use instead of the language's own (rarely needed)."`
+	MemoryMB *int64   `json:"memory_mb,omitempty" jsonschema_description:"Memory limit in MiB (no swap). Default from the server configuration."`
+	CPUs     *float64 `json:"cpus,omitempty" jsonschema_description:"CPU limit in cores, e.g. 0.5 or 2."`
+	Pids     *int64   `json:"pids,omitempty" jsonschema_description:"Maximum number of processes and threads."`
+	DiskMB   *int64   `json:"disk_mb,omitempty" jsonschema_description:"Size of the writable layer in MiB."`
 	// Inodes limits the files and directories of the writable file system
 	// (nil: one per 16 KiB of disk).
-	Inodes *int64 `json:"inodes,omitempty"`
+	Inodes *int64 `json:"inodes,omitempty" jsonschema_description:"Maximum number of files and directories (default one per 16 KiB of disk)."`
 	// DiskBacking is where the writable file system lives: "disk" (an
 	// ext4 image; does not count against memory) or "memory" (a tmpfs:
 	// fastest, but every byte written counts against the memory limit).
 	// Empty: the configured default.
-	DiskBacking string            `json:"disk_backing,omitempty"`
-	Network     string            `json:"network,omitempty"` // none | egress | allowlist
-	Allow       []string          `json:"allow,omitempty"`
-	Env         map[string]string `json:"env,omitempty"`
-	TTLSeconds  *int64            `json:"ttl_seconds,omitempty"`
-	Labels      map[string]string `json:"labels,omitempty"`
+	DiskBacking string            `json:"disk_backing,omitempty" jsonschema_description:"Where written files live: disk (default; an ext4 image that does not count against memory) or memory (a tmpfs: fastest for short runs, but every byte written counts against the memory limit)." jsonschema:"enum=disk,enum=memory"`
+	Network     string            `json:"network,omitempty" jsonschema_description:"Network mode: none (default; no network at all), egress or allowlist." jsonschema:"enum=none,enum=egress,enum=allowlist"` // none | egress | allowlist
+	Allow       []string          `json:"allow,omitempty" jsonschema_description:"Hosts or CIDRs reachable with network allowlist."`
+	Env         map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every command in the sandbox."`
+	TTLSeconds  *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
+	Labels      map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
 }
 
 // Sandbox describes a sandbox, live or not.
@@ -112,7 +112,7 @@ type SandboxDetail struct {
 	Usage *Usage `json:"usage,omitempty"`
 }
 
-// Termination causes (SPEC.md "Termination causes").
+// Termination causes (docs/SPEC.md "Termination causes").
 const (
 	CauseExited      = "exited"
 	CauseTimeout     = "timeout"

@@ -7,13 +7,13 @@ import "time"
 
 // ExecRequest is the input of exec_command.
 type ExecRequest struct {
-	SandboxID      string            `json:"sandbox_id"`
-	Command        string            `json:"command,omitempty"` // run with /bin/sh -c
-	Argv           []string          `json:"argv,omitempty"`
-	Cwd            string            `json:"cwd,omitempty"`
-	Env            map[string]string `json:"env,omitempty"`
-	Stdin          string            `json:"stdin,omitempty"`
-	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty"`
+	SandboxID      string            `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
+	Command        string            `json:"command,omitempty" jsonschema_description:"Shell command line, run with /bin/sh -c. Give command or argv."` // run with /bin/sh -c
+	Argv           []string          `json:"argv,omitempty" jsonschema_description:"Program and arguments, run without a shell. Give command or argv."`
+	Cwd            string            `json:"cwd,omitempty" jsonschema_description:"Working directory (absolute; default /workspace)."`
+	Env            map[string]string `json:"env,omitempty" jsonschema_description:"Extra environment variables."`
+	Stdin          string            `json:"stdin,omitempty" jsonschema_description:"Text written to the command's standard input."`
+	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty" jsonschema_description:"Kill the command (its whole process group) after this many seconds."`
 	// MaxOutputBytes caps each stream in the result (front ends size their
 	// answers with it); 0 means the configured output limit.
 	MaxOutputBytes int64 `json:"-"`
@@ -41,12 +41,12 @@ type TerminalRequest struct {
 
 // FileWriteRequest is the input of file_write.
 type FileWriteRequest struct {
-	SandboxID string `json:"sandbox_id"`
-	Path      string `json:"path"`
-	Content   string `json:"content"`
-	Encoding  string `json:"encoding,omitempty"` // utf-8 (default) or base64
-	Mode      string `json:"mode,omitempty"`     // octal, e.g. "0755"
-	Append    bool   `json:"append,omitempty"`
+	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
+	Path      string `json:"path" jsonschema_description:"Absolute path in the sandbox, normally under /workspace. Parent directories are created."`
+	Content   string `json:"content" jsonschema_description:"The file's content: text, or base64 with encoding base64."`
+	Encoding  string `json:"encoding,omitempty" jsonschema_description:"Encoding of content: utf-8 (default) or base64 (for binary files)." jsonschema:"enum=utf-8,enum=base64"` // utf-8 (default) or base64
+	Mode      string `json:"mode,omitempty" jsonschema_description:"Octal permission bits, e.g. 0755 for a script; default 0644."`                                               // octal, e.g. "0755"
+	Append    bool   `json:"append,omitempty" jsonschema_description:"Append to the file instead of replacing it."`
 }
 
 // FileResult is the outcome of file_write and file_delete.
@@ -57,11 +57,11 @@ type FileResult struct {
 
 // FileReadRequest is the input of file_read.
 type FileReadRequest struct {
-	SandboxID string `json:"sandbox_id"`
-	Path      string `json:"path"`
-	Encoding  string `json:"encoding,omitempty"` // utf-8 (default) or base64
-	Offset    int64  `json:"offset,omitempty"`
-	MaxBytes  int64  `json:"max_bytes,omitempty"`
+	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
+	Path      string `json:"path" jsonschema_description:"Absolute path of a file in the sandbox."`
+	Encoding  string `json:"encoding,omitempty" jsonschema_description:"utf-8 (default) or base64. Content that is not valid UTF-8 comes back as base64 whatever is asked, and encoding says so." jsonschema:"enum=utf-8,enum=base64"` // utf-8 (default) or base64
+	Offset    int64  `json:"offset,omitempty" jsonschema_description:"Byte offset to start reading at (to page through a large file)."`
+	MaxBytes  int64  `json:"max_bytes,omitempty" jsonschema_description:"Most bytes to return; capped so that the answer fits a tool result."`
 }
 
 // FileReadResult is the outcome of file_read.
@@ -78,22 +78,22 @@ type FileReadResult struct {
 
 // RunTaskRequest is the input of run_task.
 type RunTaskRequest struct {
-	SandboxID string `json:"sandbox_id"`
-	Task      string `json:"task"` // lint | build | test
+	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox whose language has the task (languages_list shows the tasks)."`
+	Task      string `json:"task" jsonschema_description:"lint, build or test." jsonschema:"enum=lint,enum=build,enum=test"` // lint | build | test
 	// Path is the task's target, relative to /workspace or absolute under
 	// it (default: /workspace itself).
-	Path           string            `json:"path,omitempty"`
-	Env            map[string]string `json:"env,omitempty"`
-	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty"`
+	Path           string            `json:"path,omitempty" jsonschema_description:"Target of the task, relative to /workspace or absolute under it; default /workspace."`
+	Env            map[string]string `json:"env,omitempty" jsonschema_description:"Extra environment variables."`
+	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty" jsonschema_description:"Time limit of the task."`
 	MaxOutputBytes int64             `json:"-"`
 }
 
 // PackagesInstallRequest is the input of packages_install.
 type PackagesInstallRequest struct {
-	SandboxID      string   `json:"sandbox_id"`
-	Manager        string   `json:"manager"`
-	Packages       []string `json:"packages"`
-	TimeoutSeconds *float64 `json:"timeout_seconds,omitempty"`
+	SandboxID      string   `json:"sandbox_id" jsonschema_description:"Id of a live sandbox."`
+	Manager        string   `json:"manager" jsonschema_description:"Package manager of the sandbox's language (languages_list: managers), e.g. pip, npm, cargo, go."`
+	Packages       []string `json:"packages" jsonschema_description:"Package names or paths of local package files in the sandbox."`
+	TimeoutSeconds *float64 `json:"timeout_seconds,omitempty" jsonschema_description:"Time limit of the installation."`
 	MaxOutputBytes int64    `json:"-"`
 }
 
@@ -136,10 +136,10 @@ type JobExit struct {
 
 // JobKillRequest is the input of job_kill.
 type JobKillRequest struct {
-	SandboxID string `json:"sandbox_id"`
-	JobID     string `json:"job_id"`
+	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of the sandbox the job runs in."`
+	JobID     string `json:"job_id" jsonschema_description:"Job id from exec_command with background: true."`
 	// Signal is a signal name; empty means SIGKILL.
-	Signal string `json:"signal,omitempty"`
+	Signal string `json:"signal,omitempty" jsonschema_description:"Signal name, e.g. SIGTERM, SIGINT; default SIGKILL."`
 }
 
 // JobKillResult is the outcome of job_kill: the signal sent and the job's

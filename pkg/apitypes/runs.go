@@ -6,26 +6,26 @@ import "time"
 
 // RunCodeRequest is the input of run_code.
 type RunCodeRequest struct {
-	Language string `json:"language"`
+	Language string `json:"language" jsonschema_description:"Language (see languages_list), e.g. python, c, node."`
 	// Code is the main file's content; Files are more files (or all of
 	// them), by path relative to /workspace (or absolute under it).
-	Code  string            `json:"code,omitempty"`
-	Files map[string]string `json:"files,omitempty"`
+	Code  string            `json:"code,omitempty" jsonschema_description:"Source of the main file. Give code, files, or both."`
+	Files map[string]string `json:"files,omitempty" jsonschema_description:"More files (or all of them): path relative to /workspace -> content. Dependency manifests among them (requirements.txt, package.json, go.mod, Cargo.toml) are installed first."`
 	// Entrypoint names the file to run among Files (default: the
 	// language's entrypoint, or the only source file).
-	Entrypoint     string            `json:"entrypoint,omitempty"`
-	Args           []string          `json:"args,omitempty"`
-	Stdin          string            `json:"stdin,omitempty"`
-	Env            map[string]string `json:"env,omitempty"`
-	SandboxID      string            `json:"sandbox_id,omitempty"`
-	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty"`
+	Entrypoint     string            `json:"entrypoint,omitempty" jsonschema_description:"The file to run among files (default: the language's entrypoint, or the only source file)."`
+	Args           []string          `json:"args,omitempty" jsonschema_description:"Command-line arguments of the program."`
+	Stdin          string            `json:"stdin,omitempty" jsonschema_description:"Text written to the program's standard input."`
+	Env            map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every step."`
+	SandboxID      string            `json:"sandbox_id,omitempty" jsonschema_description:"Run in this live sandbox (its language must match; files written there stay). Default: a fresh sandbox, removed afterwards."`
+	TimeoutSeconds *float64          `json:"timeout_seconds,omitempty" jsonschema_description:"Time limit of the whole run (install, compile and run together)."`
 	// Install runs the dependency installers for the manifests among the
 	// files (requirements.txt, package.json, go.mod, Cargo.toml); default true.
-	Install *bool  `json:"install,omitempty"`
-	Network string `json:"network,omitempty"`
+	Install *bool  `json:"install,omitempty" jsonschema_description:"Install dependencies found in the files (default true)."`
+	Network string `json:"network,omitempty" jsonschema_description:"Network of the fresh sandbox: none (default)." jsonschema:"enum=none,enum=egress,enum=allowlist"`
 	// Limits of the ephemeral sandbox (ignored with SandboxID).
-	MemoryMB *int64 `json:"memory_mb,omitempty"`
-	DiskMB   *int64 `json:"disk_mb,omitempty"`
+	MemoryMB *int64 `json:"memory_mb,omitempty" jsonschema_description:"Memory limit of the fresh sandbox in MiB."`
+	DiskMB   *int64 `json:"disk_mb,omitempty" jsonschema_description:"Disk limit of the fresh sandbox in MiB."`
 	// MaxOutputBytes caps each stream in the result; 0 means the configured
 	// output limit. The run record keeps up to runs.log_cap regardless.
 	MaxOutputBytes int64 `json:"-"`
@@ -105,7 +105,7 @@ type RunStepRecord struct {
 	StderrTruncated bool           `json:"stderrTruncated"`
 }
 
-// RunMetadata is metadata.json: the fields SPEC.md names first, then more.
+// RunMetadata is metadata.json: the fields docs/SPEC.md names first, then more.
 type RunMetadata struct {
 	RunID       string         `json:"runId"`
 	Language    string         `json:"language"`

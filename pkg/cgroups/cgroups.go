@@ -138,12 +138,21 @@ func hierarchyDirs(p string) []string {
 
 // Exists reports whether cgroup path p exists in any hierarchy.
 func Exists(p string) bool {
+	return len(Dirs(p)) > 0
+}
+
+// Dirs lists the directories of cgroup path p that exist, in every mounted
+// hierarchy: one on a unified host; on v1 and hybrid hosts one per
+// controller plus name=systemd and the hybrid unified tree. Tests and
+// leftover checks read cgroups through it so they hold on every layout.
+func Dirs(p string) []string {
+	var dirs []string
 	for _, dir := range allDirs(p) {
-		if _, err := os.Stat(dir); err == nil {
-			return true
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			dirs = append(dirs, dir)
 		}
 	}
-	return false
+	return dirs
 }
 
 // allDirs lists p in every mounted hierarchy, including name=systemd and the

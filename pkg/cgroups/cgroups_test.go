@@ -1,4 +1,4 @@
-package cgroups
+package cgroups_test
 
 import (
 	"os"
@@ -8,34 +8,46 @@ import (
 	"testing"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 )
 
 func TestParentLifecycle(t *testing.T) {
 	testenv.RequireRoot(t)
-	if HostMode() == ModeNone {
+	if cgroups.HostMode() == cgroups.ModeNone {
 		t.Fatal("no cgroup hierarchy")
 	}
 	parent := "/mcp-sandboxd-cgtest-" + testenv.RandHex(4)
-	t.Cleanup(func() { _ = Remove(parent) })
-	if err := EnsureParent(parent); err != nil {
+	t.Cleanup(func() { _ = cgroups.Remove(parent) })
+	if err := cgroups.EnsureParent(parent); err != nil {
 		t.Fatal(err)
 	}
-	if err := EnsureParent(parent); err != nil { // idempotent
+	if err := cgroups.EnsureParent(parent); err != nil { // idempotent
 		t.Fatal(err)
 	}
-	if err := CheckParent(parent); err != nil {
+	if err := cgroups.CheckParent(parent); err != nil {
 		t.Fatalf("CheckParent of a fresh parent: %v", err)
 	}
-	if err := CheckParent(parent + "-missing"); err == nil {
+	// Dirs names the parent in every hierarchy sandboxes use, and only
+	// where it exists.
+	dirs := cgroups.Dirs(parent)
+	for _, want := range cgroups.HierarchyDirs(parent) {
+		if !slices.Contains(dirs, want) {
+			t.Errorf("Dirs(%s) = %v, missing %s", parent, dirs, want)
+		}
+	}
+	if d := cgroups.Dirs(parent + "-missing"); len(d) != 0 {
+		t.Errorf("Dirs of a missing cgroup = %v", d)
+	}
+	if err := cgroups.CheckParent(parent + "-missing"); err == nil {
 		t.Error("CheckParent of a missing parent succeeded")
 	}
 
 	// A child with a process in it: usage is read, Remove kills and removes.
 	child := parent + "/sb-test"
-	if err := EnsureParent(child); err != nil {
+	if err := cgroups.EnsureParent(child); err != nil {
 		t.Fatal(err)
 	}
-	if names, err := Children(parent); err != nil || !slices.Contains(names, "sb-test") {
+	if names, err := cgroups.Children(parent); err != nil || !slices.Contains(names, "sb-test") {
 		t.Fatalf("Children = %v, %v", names, err)
 	}
 	sleep, err := os.StartProcess("/bin/sleep", []string{"sleep", "60"}, &os.ProcAttr{})
@@ -47,12 +59,12 @@ func TestParentLifecycle(t *testing.T) {
 	reaped := make(chan error, 1)
 	go func() { _, err := sleep.Wait(); reaped <- err }()
 	t.Cleanup(func() { _ = sleep.Kill(); <-reaped })
-	for _, dir := range hierarchyDirs(child) {
+	for _, dir := range cgroups.HierarchyDirs(child) {
 		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(sleep.Pid)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	u, err := ReadUsage(child)
+	u, err := cgroups.ReadUsage(child)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,33 +73,33 @@ func TestParentLifecycle(t *testing.T) {
 	if u.Pids != 1 {
 		t.Errorf("usage of a cgroup holding one sleep: %+v", u)
 	}
-	if procs, err := Procs(child); err != nil || !slices.Equal(procs, []int{sleep.Pid}) {
+	if procs, err := cgroups.Procs(child); err != nil || !slices.Equal(procs, []int{sleep.Pid}) {
 		t.Errorf("Procs = %v, %v; want [%d]", procs, err, sleep.Pid)
 	}
-	if _, err := OOMKills(child); err != nil {
+	if _, err := cgroups.OOMKills(child); err != nil {
 		t.Errorf("OOMKills: %v", err)
 	}
-	if err := Remove(child); err != nil {
+	if err := cgroups.Remove(child); err != nil {
 		t.Fatal(err)
 	}
-	if Exists(child) {
-		t.Error("child cgroup still exists after Remove")
+	if cgroups.Exists(child) || len(cgroups.Dirs(child)) != 0 {
+		t.Errorf("child cgroup still exists after Remove: %v", cgroups.Dirs(child))
 	}
 }
 
 func TestPathsMustBeAbsolute(t *testing.T) {
 	for _, p := range []string{"", "/", "relative", "/a/../b", "/a/"} {
-		if err := checkPath(p); err == nil {
+		if err := cgroups.CheckPath(p); err == nil {
 			t.Errorf("checkPath(%q) = nil", p)
 		}
 	}
-	if err := checkPath("/mcp-sandboxd/sb-1"); err != nil {
+	if err := cgroups.CheckPath("/mcp-sandboxd/sb-1"); err != nil {
 		t.Error(err)
 	}
 }
 
 func TestBlockDeviceOf(t *testing.T) {
-	dev, err := BlockDeviceOf("/")
+	dev, err := cgroups.BlockDeviceOf("/")
 	if err != nil {
 		t.Skipf("/ is not on a block device here: %v", err)
 	}

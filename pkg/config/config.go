@@ -127,7 +127,7 @@ type Images struct {
 	PruneStale bool `yaml:"prune_stale"`
 }
 
-// Runs is the `runs` section: run records (SPEC.md "Run records").
+// Runs is the `runs` section: run records (docs/SPEC.md "Run records").
 type Runs struct {
 	Dir          string   `yaml:"dir"`            // where records go; empty: state_dir/runs
 	MaxAge       Duration `yaml:"max_age"`        // delete records older than this (0: never)

@@ -58,7 +58,7 @@ func (s *Server) validate(p *problems) {
 	p.absPath("server.socket", s.Socket)
 	if s.HTTPAddr != "" {
 		p.hostPort("server.http_addr", s.HTTPAddr)
-		// HTTP is never served without a token (SPEC.md: the bearer token is
+		// HTTP is never served without a token (docs/SPEC.md: the bearer token is
 		// required on HTTP except /healthz).
 		if s.AuthTokenFile == "" {
 			p.add("server.auth_token_file", "", "required when server.http_addr is set")

@@ -254,7 +254,7 @@ func TestRunCodeLanguages(t *testing.T) {
 	}
 }
 
-// checkRecord checks a run's record against SPEC.md's layout and the result.
+// checkRecord checks a run's record against docs/SPEC.md's layout and the result.
 func (env *testEnv) checkRecord(t *testing.T, res *RunResult) *runs.Metadata {
 	t.Helper()
 	dir := filepath.Join(env.cfg.Paths.StateDir, "runs", res.RunID)

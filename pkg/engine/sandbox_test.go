@@ -131,7 +131,10 @@ func TestIsolation(t *testing.T) {
 		{"seccomp filter", "grep '^Seccomp:' /proc/self/status | cut -f2", "2"},
 		{"hostname is the id", "hostname", id},
 		{"pid 1 is the agent", "tr '\\0' ' ' </proc/1/cmdline | cut -d' ' -f1", "/.sandboxd/agent"},
-		{"own pid namespace", "ls /proc | grep -c '^[0-9]' | awk '{print ($1 < 10) ? \"few\" : \"many\"}'", "few"},
+		// Exactly two processes are visible: the agent (1) and this shell,
+		// whose parent it is; shell builtins only, so nothing else runs.
+		// (A glob sorts "1" before every other pid.)
+		{"own pid namespace", `cd /proc && v= && for d in [0-9]*; do v="$v $d"; done; while read -r k p; do [ "$k" = PPid: ] && pp=$p; done </proc/self/status; [ "$v" = " 1 $$" ] && [ "$pp" = 1 ] && echo exact || echo "visible:$v self $$ parent $pp"`, "exact"},
 		{"root read-only", "touch /rootfile 2>&1 | grep -c 'Read-only file system'", "1"},
 		{"usr read-only", "touch /usr/x 2>&1 | grep -c 'Read-only file system'", "1"},
 		{"workspace writable", "echo a > /workspace/a && cat /workspace/a", "a"},
@@ -156,6 +159,38 @@ func TestIsolation(t *testing.T) {
 			}
 		})
 	}
+
+	// Seen from the host, the sandbox's cgroup holds one process at rest:
+	// the agent, PID 1 in its own namespace under a host pid the sandbox
+	// cannot see.
+	t.Run("agent is pid 1 of its namespace", func(t *testing.T) {
+		procs, err := cgroups.Procs(info.CgroupPath)
+		if err != nil || len(procs) != 1 {
+			t.Fatalf("processes in %s at rest = %v, %v; want the agent alone", info.CgroupPath, procs, err)
+		}
+		host := procs[0]
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", host))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var nspid []string
+		for _, line := range strings.Split(string(status), "\n") {
+			if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+				nspid = strings.Fields(rest)
+			}
+		}
+		if len(nspid) < 2 || nspid[0] != fmt.Sprint(host) || nspid[len(nspid)-1] != "1" {
+			t.Errorf("NSpid of host pid %d = %v, want [%d ... 1]", host, nspid, host)
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", host))
+		if !strings.HasPrefix(string(cmdline), "/.sandboxd/agent\x00") && string(cmdline) != "/.sandboxd/agent" {
+			t.Errorf("host pid %d runs %q, want the agent", host, cmdline)
+		}
+		res := env.sh(t, id, fmt.Sprintf("test -e /proc/%d && echo visible || echo hidden", host))
+		if got := strings.TrimSpace(res.Stdout); got != "hidden" {
+			t.Errorf("the agent's host pid %d inside the sandbox: %s", host, got)
+		}
+	})
 }
 
 func TestMemoryBombOOM(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 // Code is one entry of the error taxonomy.
 type Code string
 
-// The taxonomy. Names are part of the external contract (SPEC.md).
+// The taxonomy. Names are part of the external contract (docs/SPEC.md).
 const (
 	InvalidArgument Code = "invalid_argument"
 	NotFound        Code = "not_found"

@@ -135,7 +135,7 @@ func jsonType(kind string) string {
 	return kind
 }
 
-// errorBody is SPEC.md's error object.
+// errorBody is docs/SPEC.md's error object.
 type errorBody struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`

@@ -1,4 +1,4 @@
-// Package mcpserver serves SandboxRunner's MCP tools (SPEC.md "MCP tools")
+// Package mcpserver serves SandboxRunner's MCP tools (docs/SPEC.md "MCP tools")
 // with github.com/mark3labs/mcp-go, over streamable HTTP (NewHandler), stdio
 // (ServeStdio) and, for `mcp-sandboxd stdio` next to a running daemon, a
 // bridge that carries stdio messages to the daemon's /mcp endpoint (Bridge).

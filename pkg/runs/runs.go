@@ -1,5 +1,5 @@
 // Package runs keeps run records: one directory per run_code (or autofix)
-// call, laid out as SPEC.md "Run records" fixes it, and indexed in SQLite
+// call, laid out as docs/SPEC.md "Run records" fixes it, and indexed in SQLite
 // (pkg/store) for listing and retention.
 //
 //	<dir>/<YYYYMMDD_HHMMSS>_<4 hex>/
@@ -219,7 +219,7 @@ type Termination = apitypes.RunTermination
 // Step is one step of a run in metadata.json.
 type Step = apitypes.RunStepRecord
 
-// Metadata is metadata.json: the fields SPEC.md names first, then more.
+// Metadata is metadata.json: the fields docs/SPEC.md names first, then more.
 type Metadata = apitypes.RunMetadata
 
 // FixedAttempt is one entry of fixed_attempts.json.

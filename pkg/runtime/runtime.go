@@ -29,7 +29,6 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/opencontainers/cgroups"
@@ -520,13 +519,4 @@ func (r *Runtime) List() ([]string, error) {
 		}
 	}
 	return ids, nil
-}
-
-// Signal sends sig to the sandbox's init.
-func (r *Runtime) Signal(id string, sig syscall.Signal) error {
-	inst, ok := r.Instance(id)
-	if !ok {
-		return fmt.Errorf("sandbox %s: not known to the runtime", id)
-	}
-	return inst.ct.Signal(sig)
 }

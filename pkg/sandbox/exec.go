@@ -15,7 +15,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
-// Termination causes (SPEC.md "Termination causes").
+// Termination causes (docs/SPEC.md "Termination causes").
 const (
 	CauseExited      = apitypes.CauseExited
 	CauseTimeout     = apitypes.CauseTimeout
@@ -129,7 +129,9 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	defer m.endCommand(sb)
 
 	start := time.Now()
-	jobID, err := m.startCommand(ctx, sb, spec, nil)
+	// Held: every byte must reach the attach below, however fast the
+	// command writes before it comes.
+	jobID, err := m.startCommand(ctx, sb, spec, nil, true)
 	if err != nil {
 		return nil, err
 	}

@@ -17,7 +17,8 @@ type jobMeta struct {
 
 // startCommand starts spec in sb through the agent after beginCommand; the
 // caller owns one endCommand.
-func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, tty *agent.TTYSize) (string, error) {
+// With hold, the agent keeps all output until the caller attaches.
+func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, tty *agent.TTYSize, hold bool) (string, error) {
 	oomBefore, _ := sb.oomKills()
 	cwd := spec.Cwd
 	if cwd == "" {
@@ -27,6 +28,7 @@ func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, 
 	req := agent.ExecRequest{
 		Argv: spec.Argv, Env: sb.env(spec.Env), Cwd: cwd, Stdin: spec.Stdin,
 		TimeoutMS: spec.Timeout.Milliseconds(), OutputLimit: m.opt.OutputLimit, UID: spec.UID, GID: gid, TTY: tty,
+		HoldOutput: hold,
 	}
 	jobID, err := sb.agent.Start(ctx, req)
 	if err != nil {
@@ -64,7 +66,7 @@ func (m *Manager) StartJob(ctx context.Context, id string, spec ExecSpec) (strin
 	if err := m.beginCommand(ctx, sb); err != nil {
 		return "", err
 	}
-	jobID, err := m.startCommand(ctx, sb, spec, nil)
+	jobID, err := m.startCommand(ctx, sb, spec, nil, false)
 	if err != nil {
 		m.endCommand(sb)
 		return "", err
@@ -179,7 +181,7 @@ func (m *Manager) OpenTerminal(ctx context.Context, id string, spec TerminalSpec
 	for k, v := range spec.Env {
 		env[k] = v
 	}
-	jobID, err := m.startCommand(ctx, sb, ExecSpec{Argv: spec.Argv, Env: env, Cwd: spec.Cwd}, &agent.TTYSize{Rows: spec.Rows, Cols: spec.Cols})
+	jobID, err := m.startCommand(ctx, sb, ExecSpec{Argv: spec.Argv, Env: env, Cwd: spec.Cwd}, &agent.TTYSize{Rows: spec.Rows, Cols: spec.Cols}, false)
 	if err != nil {
 		m.endCommand(sb)
 		return nil, err

@@ -6,7 +6,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
 
-// State is a sandbox's lifecycle state (SPEC.md "Sandbox states").
+// State is a sandbox's lifecycle state (docs/SPEC.md "Sandbox states").
 type State = apitypes.State
 
 // The states. running means at least one command is executing.
@@ -19,7 +19,7 @@ const (
 	StateFailed     = apitypes.StateFailed
 )
 
-// transitions is the state machine of ARCHITECTURE.md:
+// transitions is the state machine of docs/ARCHITECTURE.md:
 //
 //	creating --> ready <--> running
 //	   |           |  ^        |  ^

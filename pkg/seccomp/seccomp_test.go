@@ -2,7 +2,10 @@ package seccomp
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
@@ -52,9 +55,43 @@ func TestLoadErrors(t *testing.T) {
 	}
 }
 
+// TestCheck compares Check with what this test binary and kernel are: the
+// build tags decide Build, and the kernel has seccomp exactly when
+// /proc/self/status has a Seccomp field (CONFIG_SECCOMP). Under make test
+// (SANDBOXD_INTEGRATION=1) seccomp must be available: sandboxes need it.
 func TestCheck(t *testing.T) {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel := regexp.MustCompile(`(?m)^Seccomp:\s+\d+$`).Match(status)
+
 	s := Check()
-	if s.OK() != (s.Build && s.Kernel) || (s.OK() && s.Reason != "") || (!s.OK() && s.Reason == "") {
-		t.Errorf("inconsistent support report %+v", s)
+	if s.Build != builtWithSeccomp {
+		t.Errorf("Check().Build = %v, but this binary was built with seccomp support = %v", s.Build, builtWithSeccomp)
+	}
+	if s.Kernel != kernel {
+		t.Errorf("Check().Kernel = %v, but /proc/self/status says kernel seccomp support = %v", s.Kernel, kernel)
+	}
+	if s.OK() != (s.Build && s.Kernel) {
+		t.Errorf("OK() = %v for %+v", s.OK(), s)
+	}
+	// The reason names exactly what is missing.
+	for _, c := range []struct {
+		missing bool
+		phrase  string
+	}{
+		{!s.Build, "built without seccomp support"},
+		{!s.Kernel, "kernel does not support seccomp"},
+	} {
+		if strings.Contains(s.Reason, c.phrase) != c.missing {
+			t.Errorf("Reason %q: mentions %q = %v, want %v", s.Reason, c.phrase, !c.missing, c.missing)
+		}
+	}
+	if s.OK() != (s.Reason == "") {
+		t.Errorf("OK() = %v with reason %q", s.OK(), s.Reason)
+	}
+	if os.Getenv("SANDBOXD_INTEGRATION") == "1" && !s.OK() {
+		t.Errorf("make test needs seccomp (cgo, -tags seccomp, a kernel with CONFIG_SECCOMP): %s", s.Reason)
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// The end states of a sandbox (SPEC.md, "Sandbox states"). The store knows
+// The end states of a sandbox (docs/SPEC.md, "Sandbox states"). The store knows
 // them only to stamp terminated_at and to apply retention; the transition
 // table itself belongs to pkg/sandbox.
 const (

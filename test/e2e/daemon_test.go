@@ -12,8 +12,10 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 )
 
 var idRe = regexp.MustCompile(`^sb-[0-9a-f]{12}$`)
@@ -204,9 +207,21 @@ func TestCrashAndRestart(t *testing.T) {
 	if out := d.MustCtl("exec", idle, "--", "echo", "still here"); out != "still here\n" {
 		t.Errorf("exec in the adopted sandbox: %q", out)
 	}
-	cgs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", strings.TrimPrefix(d.Config.Sandbox.CgroupParent, "/"), "sb-*"))
-	if len(cgs) != 2 {
-		t.Errorf("sandbox cgroups after restart: %v, want 2", cgs)
+	children, err := cgroups.Children(d.Config.Sandbox.CgroupParent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cgs []string
+	for _, c := range children {
+		if strings.HasPrefix(c, "sb-") {
+			cgs = append(cgs, c)
+		}
+	}
+	want := []string{idle, busy}
+	slices.Sort(cgs)
+	slices.Sort(want)
+	if !slices.Equal(cgs, want) {
+		t.Errorf("sandbox cgroups after restart: %v, want those of %s and %s", cgs, idle, busy)
 	}
 	if m := testenv.MountsUnder(filepath.Join(d.Config.Paths.RunDir, "sandboxes", doomed)); len(m) != 0 {
 		t.Errorf("mounts of the dead sandbox left: %v", m)
@@ -243,17 +258,16 @@ func waitState(t *testing.T, d *testenv.Daemon, id, want string) {
 // initPid finds the sandbox's init (the agent) from its cgroup.
 func initPid(t *testing.T, d *testenv.Daemon, id string) int {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", strings.TrimPrefix(d.Config.Sandbox.CgroupParent, "/"), id, "cgroup.procs"))
+	procs, err := cgroups.Procs(path.Join(d.Config.Sandbox.CgroupParent, id))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range strings.Fields(string(data)) {
-		pid, _ := strconv.Atoi(f)
+	for _, pid := range procs {
 		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.HasPrefix(string(cmd), "/.sandboxd/agent") {
 			return pid
 		}
 	}
-	t.Fatalf("no agent in %s's cgroup: %q", id, data)
+	t.Fatalf("no agent in %s's cgroup: %v", id, procs)
 	return 0
 }
 
@@ -284,7 +298,10 @@ func TestReadinessAndMetrics(t *testing.T) {
 	for _, id := range d.LiveIDs() {
 		d.MustCtl("rm", id)
 	}
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", strings.TrimPrefix(d.Config.Sandbox.CgroupParent, "/")))
+	dirs := cgroups.Dirs(d.Config.Sandbox.CgroupParent)
+	if len(dirs) == 0 {
+		t.Fatalf("cgroup parent %s does not exist", d.Config.Sandbox.CgroupParent)
+	}
 	for _, dir := range dirs {
 		if err := os.Remove(dir); err != nil {
 			t.Fatalf("remove %s: %v", dir, err)

@@ -85,7 +85,7 @@ func errnoError(p string, err error) error {
 	if !errors.As(err, &errno) {
 		return fmt.Errorf("%s: %w", p, err)
 	}
-	code := errdefs.Internal
+	var code errdefs.Code
 	switch errno {
 	case unix.ENOENT:
 		code = errdefs.NotFound

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -75,7 +76,17 @@ type job struct {
 	// way it would on a slow terminal: an attached daemon sees every byte.
 	// With nobody attached (say the daemon is restarting) output is never
 	// held back and only the tail is kept.
-	followers  map[*follower]struct{}
+	followers map[*follower]struct{}
+	// held stands in for the attach the daemon is about to make
+	// (ExecRequest.HoldOutput) until it comes or HoldGrace passes.
+	held *follower
+	// awaited mirrors held != nil for the job table, which must not take
+	// j.mu: a finished job the daemon has not attached to yet is not
+	// dropped to make room (its exit status is what the daemon waits for).
+	awaited atomic.Bool
+	// unheld is closed when held is released; an exited job's drain grace
+	// starts only then, so held output still reaches the late attach.
+	unheld     chan struct{}
 	consumed   chan struct{} // closed and replaced whenever a follower advances or leaves
 	killCause  string
 	killDetail string
@@ -128,15 +139,24 @@ func (t *jobTable) counts() (total, running int) {
 }
 
 // markFinished records that j finished and drops the oldest finished jobs
-// beyond --max-finished.
+// beyond --max-finished, sparing those the daemon has yet to attach to: with
+// many commands finishing at once, the oldest could otherwise be gone before
+// the daemon asks how it ended.
 func (t *jobTable) markFinished(j *job) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.finished = append(t.finished, j.id)
-	for len(t.finished) > t.opts.MaxFinished {
-		delete(t.jobs, t.finished[0])
-		t.finished = t.finished[1:]
+	excess := len(t.finished) - t.opts.MaxFinished
+	kept := t.finished[:0]
+	for _, id := range t.finished {
+		if excess > 0 && !t.jobs[id].awaited.Load() {
+			delete(t.jobs, id)
+			excess--
+			continue
+		}
+		kept = append(kept, id)
 	}
+	t.finished = kept
 }
 
 // forget drops a finished job.
@@ -194,6 +214,16 @@ func (j *job) follow(offs [2]int64) *follower {
 	}
 	j.followers[f] = struct{}{}
 	return f
+}
+
+// releaseHeld drops the stand-in follower of HoldOutput. Callers hold j.mu.
+func (j *job) releaseHeld() {
+	if j.held != nil {
+		j.advance(j.held, j.held.offs, true)
+		j.held = nil
+		j.awaited.Store(false)
+		close(j.unheld)
+	}
 }
 
 // advance records that f has consumed up to offs (or, with gone, left) and
@@ -254,7 +284,10 @@ func (j *job) appendOutput(idx int, p []byte) {
 // readLoop copies one output source into the job until EOF.
 func (j *job) readLoop(idx int, f *os.File, wg *sync.WaitGroup) {
 	defer wg.Done()
-	buf := make([]byte, 32<<10)
+	// Never read more than the retained tail at once: a held-back chunk
+	// larger than the tail could never be appended while a reader waits
+	// at its start.
+	buf := make([]byte, min(32<<10, j.streams[idx].retain))
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {
@@ -294,6 +327,12 @@ func (j *job) killProcesses() {
 func (j *job) onExit(ws unix.WaitStatus) {
 	finishedAt := time.Now()
 	go func() {
+		if j.awaited.Load() {
+			select {
+			case <-j.unheld:
+			case <-j.readersDone:
+			}
+		}
 		select {
 		case <-j.readersDone:
 		case <-time.After(drainGrace):

@@ -296,6 +296,7 @@ func (s *Server) attach(j *job, req *agent.Request, r *bufio.Reader, rp *reply) 
 func (s *Server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) error {
 	j.mu.Lock()
 	f := j.follow(offs)
+	j.releaseHeld() // the attach it stood in for has come
 	j.mu.Unlock()
 	defer func() {
 		j.mu.Lock()

@@ -103,6 +103,18 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 		fds.closeParent()
 		return nil, execError(argv0, cwd, err)
 	}
+	if req.HoldOutput {
+		// Before the readers start, so no byte can be dropped before the
+		// daemon attaches.
+		j.held = j.follow([2]int64{0, 0})
+		j.unheld = make(chan struct{})
+		j.awaited.Store(true)
+		time.AfterFunc(agent.HoldGrace, func() {
+			j.mu.Lock()
+			j.releaseHeld()
+			j.mu.Unlock()
+		})
+	}
 	// Added before the readers start: the job cannot finish before that.
 	t.add(j)
 	// Make the OOM killer pick the command rather than the agent. Raising

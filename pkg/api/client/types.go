@@ -67,7 +67,7 @@ type CreateSandboxRequest = apitypes.CreateSandboxRequest
 // with /bin/sh -c) or Argv; the sandbox is the one in the path.
 type ExecRequest = apitypes.ExecRequest
 
-// Termination says how a command ended (SPEC.md "Termination causes").
+// Termination says how a command ended (docs/SPEC.md "Termination causes").
 type Termination = apitypes.Termination
 
 // ExecResult is the outcome of a command. Over REST the output arrives as
