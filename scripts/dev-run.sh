@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make run`: run mcp-sandboxd in the foreground with a development config
 # whose state lives in ./dev-state (the run dir and socket in /run). Builds the
-# shell image on first use.
+# shell image on first use, and the python image in the background once the
+# daemon is ready (so that the README's first run_code in Python works at
+# once; other languages are built on their first use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -52,6 +54,19 @@ cat <<MSG
 MSG
 bin/mcp-sandboxd serve --config "$cfg" &
 daemon=$!
+# Prebuild python through the daemon once it answers; a run_code that comes
+# first waits for this same build (the image store locks per image).
+(
+	for _ in $(seq 1 600); do
+		bin/sandboxctl --socket "$sock" health >/dev/null 2>&1 && break
+		sleep 0.2
+	done
+	if bin/sandboxctl --socket "$sock" images build python >"$state/prebuild-python.log" 2>&1; then
+		echo "==> python image ready"
+	else
+		echo "==> prebuilding python failed (see $state/prebuild-python.log); it is built on first use"
+	fi
+) &
 # Ctrl-C or SIGTERM reach the daemon, which drains and exits; we wait for it.
 trap 'kill -TERM $daemon 2>/dev/null' INT TERM
 for _ in $(seq 1 600); do

@@ -33,10 +33,10 @@ func imagesCmd(g *globals) *cobra.Command {
 			}
 			now := time.Now()
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tBUILT\tSUITE\tPACKAGES")
+			fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tBUILT\tSUITE\tPACKAGES\tUSERS")
 			for _, im := range imgs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", im.Name, shortDigest(im.Digest), humanBytes(im.SizeBytes),
-					ago(now, im.BuiltAt), im.Suite, im.Packages)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", im.Name, shortDigest(im.Digest), humanBytes(im.SizeBytes),
+					ago(now, im.BuiltAt), im.Suite, im.Packages, len(im.Users))
 			}
 			return tw.Flush()
 		},
@@ -74,6 +74,28 @@ func imagesCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("rm %s: %w", name, err)
 				}
 				fmt.Fprintln(g.stdout, name)
+			}
+			return nil
+		},
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "prune",
+		Short: "Remove stale images (an older digest of a recipe) that no sandbox uses",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			removed, err := c.PruneImages(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(removed)
+			}
+			for _, im := range removed {
+				fmt.Fprintf(g.stdout, "%s\t%s\t%s\n", im.Name, shortDigest(im.Digest), humanBytes(im.SizeBytes))
 			}
 			return nil
 		},

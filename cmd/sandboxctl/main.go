@@ -91,7 +91,7 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 	pf.BoolVar(&g.json, "json", false, "print JSON instead of tables")
 	root.AddCommand(
 		statusCmd(g), healthCmd(g),
-		psCmd(g), inspectCmd(g), createCmd(g), rmCmd(g),
+		psCmd(g), inspectCmd(g), createCmd(g), rmCmd(g), pauseCmd(g), resumeCmd(g),
 		execCmd(g), cpCmd(g), exportCmd(g), jobsCmd(g), logsCmd(g), killCmd(g),
 		runCmd(g), runsCmd(g), languagesCmd(g), autofixCmd(g),
 		imagesCmd(g), gcCmd(g), uiCmd(g), networkCmd(g),

@@ -99,7 +99,7 @@ func createCmd(g *globals) *cobra.Command {
 		bandwidth            string
 		connRate             int64
 		cpus                 float64
-		pids                 int64
+		pids, inodes         int64
 		ttl                  time.Duration
 		envFlags, labelFlags []string
 	)
@@ -122,6 +122,9 @@ func createCmd(g *globals) *cobra.Command {
 					return err
 				}
 				req.DiskMB = &mb
+			}
+			if f.Changed("inodes") {
+				req.Inodes = &inodes
 			}
 			if f.Changed("cpus") {
 				req.CPUs = &cpus
@@ -174,6 +177,8 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Image, "image", "", "image, when it differs from the language")
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512M or 1G (default: the daemon's)")
 	f.StringVar(&disk, "disk", "", "disk limit for /workspace and other writes, e.g. 1G")
+	f.StringVar(&req.DiskBacking, "disk-backing", "", "where writes live: disk (an ext4 image) or memory (a tmpfs, counts against the memory limit)")
+	f.Int64Var(&inodes, "inodes", 0, "limit of files and directories (default: one per 16K of disk)")
 	f.Float64Var(&cpus, "cpus", 0, "CPU limit in cores, e.g. 0.5")
 	f.Int64Var(&pids, "pids", 0, "process limit")
 	f.StringVar(&req.Network, "network", "", "network mode: none, egress or allowlist")
@@ -184,6 +189,52 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&labelFlags, "label", nil, "label NAME=VALUE (repeatable)")
 	f.DurationVar(&ttl, "ttl", 0, "lifetime after which the sandbox is terminated, e.g. 30m")
 	return cmd
+}
+
+func pauseCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "pause ID",
+		Short: "Freeze every process of a sandbox (no CPU, no idle timeout) until resume",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			s, err := c.PauseSandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(s)
+			}
+			fmt.Fprintf(g.stdout, "%s %s\n", s.ID, s.State)
+			return nil
+		},
+	}
+}
+
+func resumeCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "resume ID",
+		Short: "Thaw a paused sandbox",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			s, err := c.ResumeSandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(s)
+			}
+			fmt.Fprintf(g.stdout, "%s %s\n", s.ID, s.State)
+			return nil
+		},
+	}
 }
 
 func rmCmd(g *globals) *cobra.Command {

@@ -42,7 +42,7 @@ func printStatus(w io.Writer, st *client.Status) error {
 	fmt.Fprintf(tw, "Cgroups:\t%s\n", st.Cgroups)
 	fmt.Fprintf(tw, "Seccomp:\t%s\n", yesNo(st.Seccomp))
 	var counts []string
-	for _, s := range []string{"creating", "ready", "running", "terminated", "failed"} {
+	for _, s := range []string{"creating", "ready", "running", "paused", "terminated", "failed"} {
 		counts = append(counts, fmt.Sprintf("%s=%d", s, st.Sandboxes[s]))
 	}
 	fmt.Fprintf(tw, "Sandboxes:\t%s (max %d live)\n", strings.Join(counts, " "), st.MaxSandboxes)

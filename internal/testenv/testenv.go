@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 )
 
 // RepoRoot is the repository's top directory.
@@ -255,7 +256,8 @@ func RemoveCgroupParent(t testing.TB, parent string) {
 }
 
 // AssertNoLeftovers fails t if any sandbox of cfg left a cgroup, a mount, a
-// libcontainer state dir or a sandbox dir behind.
+// libcontainer state dir, a sandbox dir, an image file or a loop device
+// behind.
 func AssertNoLeftovers(t testing.TB, cfg *config.Config) {
 	t.Helper()
 	for _, dir := range CgroupDirs(cfg.Sandbox.CgroupParent) {
@@ -271,6 +273,21 @@ func AssertNoLeftovers(t testing.TB, cfg *config.Config) {
 		ents, _ := os.ReadDir(filepath.Join(cfg.Paths.RunDir, sub))
 		for _, e := range ents {
 			t.Errorf("leftover %s/%s", sub, e.Name())
+		}
+	}
+	images := cfg.Paths.SandboxesDirOrDefault()
+	imgs, _ := filepath.Glob(filepath.Join(images, "*.img"))
+	for _, img := range imgs {
+		t.Errorf("leftover image file %s", img)
+	}
+	devs, err := storage.LoopDevices()
+	if err != nil {
+		t.Errorf("list loop devices: %v", err)
+	}
+	for dev, backing := range devs {
+		// Ready disks of the pool (images/pool/) belong to no sandbox.
+		if filepath.Dir(backing) == images {
+			t.Errorf("leftover loop device %s of %s", dev, backing)
 		}
 	}
 }

@@ -148,6 +148,16 @@ type imageRemoved struct {
 	Name string `json:"name"`
 }
 
+// pruneImages removes stale images no sandbox uses.
+func (s *server) pruneImages(w http.ResponseWriter, r *http.Request) {
+	removed, err := s.e.PruneImages(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, imageList{Images: nonNil(removed)})
+}
+
 // removeImage deletes the built images of recipe {name}.
 func (s *server) removeImage(w http.ResponseWriter, r *http.Request) {
 	if err := s.e.RemoveImage(r.Context(), r.PathValue("name")); err != nil {

@@ -56,6 +56,24 @@ func (s *server) terminateSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, info)
 }
 
+func (s *server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
+	info, err := s.e.PauseSandbox(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+func (s *server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
+	info, err := s.e.ResumeSandbox(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
 // decodeExec reads an exec request whose sandbox is the one in the path.
 func (s *server) decodeExec(w http.ResponseWriter, r *http.Request) (engine.ExecRequest, error) {
 	var req engine.ExecRequest

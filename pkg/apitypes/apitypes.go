@@ -14,20 +14,25 @@ type State string
 
 // The states. running means at least one command is executing.
 const (
-	StateCreating   State = "creating"
-	StateReady      State = "ready"
-	StateRunning    State = "running"
+	StateCreating State = "creating"
+	StateReady    State = "ready"
+	StateRunning  State = "running"
+	// StatePaused: every process of the sandbox is frozen (cgroup freezer)
+	// until sandbox_resume; it holds its resources but uses no CPU.
+	StatePaused     State = "paused"
 	StateTerminated State = "terminated"
 	StateFailed     State = "failed"
 )
 
 // Live reports whether s is a state in which the sandbox holds resources.
-func (s State) Live() bool { return s == StateCreating || s == StateReady || s == StateRunning }
+func (s State) Live() bool {
+	return s == StateCreating || s == StateReady || s == StateRunning || s == StatePaused
+}
 
 // Valid reports whether s is one of the defined states.
 func (s State) Valid() bool {
 	switch s {
-	case StateCreating, StateReady, StateRunning, StateTerminated, StateFailed:
+	case StateCreating, StateReady, StateRunning, StatePaused, StateTerminated, StateFailed:
 		return true
 	}
 	return false
@@ -44,6 +49,9 @@ type Limits struct {
 	// network; 0: unlimited.
 	NetworkBandwidth int64 `json:"network_bandwidth,omitempty"`
 	NetworkConnRate  int64 `json:"network_conn_rate,omitempty"`
+	// Inodes is how many files and directories the sandbox's file system
+	// holds at most.
+	Inodes int64 `json:"inodes,omitempty"`
 }
 
 // CreateSandboxRequest is the input of sandbox_create (POST /v1/sandboxes).
@@ -55,6 +63,14 @@ type CreateSandboxRequest struct {
 	CPUs     *float64 `json:"cpus,omitempty" jsonschema_description:"CPU limit in cores, e.g. 0.5 or 2."`
 	Pids     *int64   `json:"pids,omitempty" jsonschema_description:"Maximum number of processes and threads."`
 	DiskMB   *int64   `json:"disk_mb,omitempty" jsonschema_description:"Size of the writable layer in MiB."`
+	// Inodes limits the files and directories of the writable file system
+	// (nil: one per 16 KiB of disk).
+	Inodes *int64 `json:"inodes,omitempty" jsonschema_description:"Maximum number of files and directories (default one per 16 KiB of disk)."`
+	// DiskBacking is where the writable file system lives: "disk" (an
+	// ext4 image; does not count against memory) or "memory" (a tmpfs:
+	// fastest, but every byte written counts against the memory limit).
+	// Empty: the configured default.
+	DiskBacking string   `json:"disk_backing,omitempty" jsonschema_description:"Where written files live: disk (default; an ext4 image that does not count against memory) or memory (a tmpfs: fastest for short runs, but every byte written counts against the memory limit)." jsonschema:"enum=disk,enum=memory"`
 	Network  string   `json:"network,omitempty" jsonschema_description:"Network mode: none (default; no network at all), egress or allowlist." jsonschema:"enum=none,enum=egress,enum=allowlist"` // none | egress | allowlist
 	Allow    []string `json:"allow,omitempty" jsonschema_description:"With network allowlist: host names, *.domain wildcards, IPv4 CIDRs and @preset names (server configuration) that are reachable; other names do not resolve."`
 	// NetworkBandwidth and NetworkConnRate limit a sandbox with network.
@@ -73,6 +89,7 @@ type Sandbox struct {
 	Image        string            `json:"image"`
 	ImageDigest  string            `json:"image_digest,omitempty"`
 	Limits       Limits            `json:"limits"`
+	DiskBacking  string            `json:"disk_backing,omitempty"`
 	Network      string            `json:"network"`
 	Allow        []string          `json:"allow,omitempty"`
 	Env          map[string]string `json:"env,omitempty"`
@@ -95,6 +112,7 @@ type Usage struct {
 	OOMKills        uint64  `json:"oom_kills"`
 	CPUThrottledSec float64 `json:"cpu_throttled_seconds,omitempty"`
 	DiskBytes       int64   `json:"disk_bytes"`
+	Inodes          int64   `json:"inodes_used,omitempty"`
 }
 
 // SandboxDetail is a sandbox with its live usage (sandbox_get).

@@ -159,4 +159,6 @@ type Image struct {
 	BuildSeconds float64   `json:"build_seconds"`
 	Suite        string    `json:"suite"`
 	Packages     int       `json:"packages"` // how many Debian packages it holds
+	// Users are the live sandboxes running on this image (its digest).
+	Users []string `json:"users,omitempty"`
 }

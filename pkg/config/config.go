@@ -13,6 +13,7 @@ package config
 
 import (
 	"os"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -85,6 +86,18 @@ type Paths struct {
 	SeccompDir string `yaml:"seccomp_dir"` // seccomp profiles
 	AgentPath  string `yaml:"agent_path"`  // the static sandbox-agent binary
 	ImagesDir  string `yaml:"images_dir"`  // built images; empty: state_dir/images
+	// SandboxesDir holds the ext4 image files of disk-backed sandboxes;
+	// empty: state_dir/sandboxes.
+	SandboxesDir string `yaml:"sandboxes_dir"`
+}
+
+// SandboxesDirOrDefault is paths.sandboxes_dir, or state_dir/sandboxes when
+// it is empty.
+func (p Paths) SandboxesDirOrDefault() string {
+	if p.SandboxesDir != "" {
+		return p.SandboxesDir
+	}
+	return filepath.Join(p.StateDir, "sandboxes")
 }
 
 // Sandbox is the `sandbox` section: defaults and caps for sandbox limits.
@@ -97,6 +110,7 @@ type Sandbox struct {
 	MaxPids        int64          `yaml:"max_pids"`         // cap
 	Disk           ByteSize       `yaml:"disk"`             // default writable-layer size
 	MaxDisk        ByteSize       `yaml:"max_disk"`         // cap
+	DiskBacking    string         `yaml:"disk_backing"`     // disk (ext4 image) | memory (tmpfs)
 	ExecTimeout    Duration       `yaml:"exec_timeout"`     // default per-command timeout
 	MaxExecTimeout Duration       `yaml:"max_exec_timeout"` // cap
 	IdleTimeout    Duration       `yaml:"idle_timeout"`     // terminate after this long ready and unused (0: never)
@@ -146,6 +160,12 @@ type Images struct {
 	Mirror    string   `yaml:"mirror"`    // Debian mirror; empty: the host's apt sources
 	Suite     string   `yaml:"suite"`     // default suite for recipes that name none
 	Languages []string `yaml:"languages"` // enabled recipes; empty: all
+	// BuildOnDemand builds an image that is not built yet when a sandbox
+	// or run first asks for it; false: such requests fail as unavailable.
+	BuildOnDemand bool `yaml:"build_on_demand"`
+	// PruneStale removes images of an older digest of a recipe that no
+	// sandbox of this daemon uses, at start and after each build.
+	PruneStale bool `yaml:"prune_stale"`
 }
 
 // Runs is the `runs` section: run records (docs/SPEC.md "Run records").
@@ -222,6 +242,7 @@ func Default() *Config {
 			MaxPids:        4096,
 			Disk:           1 << 30,
 			MaxDisk:        8 << 30,
+			DiskBacking:    "disk",
 			ExecTimeout:    Duration(5 * time.Minute),
 			MaxExecTimeout: Duration(time.Hour),
 			IdleTimeout:    Duration(30 * time.Minute),
@@ -245,7 +266,8 @@ func Default() *Config {
 			},
 		},
 		Images: Images{
-			Suite: "bookworm",
+			Suite:         "bookworm",
+			BuildOnDemand: true,
 		},
 		Runs: Runs{
 			MaxAge:       Duration(720 * time.Hour),

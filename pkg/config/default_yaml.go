@@ -77,6 +77,9 @@ paths:
   # Built language images (content-addressed, read-only). Empty means
   # state_dir/images; point several state dirs at one store to share images.
   images_dir: ""
+  # Image files (sparse ext4) of disk-backed sandboxes, one per sandbox,
+  # attached to loop devices. Empty means state_dir/sandboxes.
+  sandboxes_dir: ""
 
 # Sandbox limits. A client may ask for any value up to the max_* cap; what it
 # does not ask for gets the default.
@@ -90,9 +93,17 @@ sandbox:
   # Maximum number of processes and threads (at least 16).
   pids: 256
   max_pids: 4096
-  # Size of the writable layer over the read-only image (size, at least 16M).
+  # Size of the writable layer over the read-only image (size, at least 16M):
+  # everything a sandbox can write (/workspace, /tmp, changes to its root)
+  # shares it, and a full disk fails with ENOSPC inside. Its inode limit is
+  # one per 16K of disk unless sandbox_create asks for another.
   disk: 1G
   max_disk: 8G
+  # Where a sandbox's writable file system lives unless sandbox_create says
+  # otherwise: disk (a sparse ext4 image in paths.sandboxes_dir on a loop
+  # device; page cache, not counted as memory) or memory (a tmpfs: fastest,
+  # but every byte written counts against the sandbox's memory limit).
+  disk_backing: disk
   # Time limit of one command (duration, at least 1s); on expiry its whole
   # process group is killed.
   exec_timeout: 5m
@@ -124,7 +135,7 @@ sandbox:
   # Applied where the io (v2) or blkio (v1) controller exists.
   io_read_bps: 0
   # Block I/O write throttle on the same device (size; 0: none). A sandbox's
-  # own files live on its tmpfs, bounded by its disk and memory limits.
+  # own files live on its loop device or tmpfs, bounded by its disk limit.
   io_write_bps: 0
 
 network:
@@ -186,6 +197,18 @@ images:
   suite: bookworm
   # Enabled languages (recipe names in paths.recipes_dir). Empty: all.
   languages: []
+  # Build an image that is not built yet when a sandbox or run_code first
+  # asks for it (one build per image at a time; concurrent callers wait for
+  # it; run_code streams the build's phases as progress). false: such
+  # requests fail as unavailable, for hosts that must only run prebuilt
+  # images (mcp-sandboxd images build NAME).
+  build_on_demand: true
+  # Remove stale images (trees of an older digest of a recipe, kept while
+  # sandboxes started on them live) that no sandbox of this daemon uses, at
+  # start and after each build; sandboxctl images prune does it on demand.
+  # Off by default: a store shared by several daemons (paths.images_dir) may
+  # hold trees another daemon's sandboxes still run on.
+  prune_stale: false
 
 # Run records: one directory per run_code (and autofix) call, with the code,
 # the full logs, the sandbox's description, metadata and output files.

@@ -101,6 +101,9 @@ func (ps *Paths) validate(p *problems) {
 	if ps.ImagesDir != "" {
 		p.absPath("paths.images_dir", ps.ImagesDir)
 	}
+	if ps.SandboxesDir != "" {
+		p.absPath("paths.sandboxes_dir", ps.SandboxesDir)
+	}
 }
 
 func (s *Sandbox) validate(p *problems, languages []string) {
@@ -112,6 +115,9 @@ func (s *Sandbox) validate(p *problems, languages []string) {
 	}
 	limit(p, "sandbox.pids", s.Pids, s.MaxPids, minPids)
 	limit(p, "sandbox.disk", s.Disk, s.MaxDisk, minDisk)
+	if s.DiskBacking != "disk" && s.DiskBacking != "memory" {
+		p.add("sandbox.disk_backing", "", "must be disk or memory, got %q", s.DiskBacking)
+	}
 	limit(p, "sandbox.exec_timeout", s.ExecTimeout, s.MaxExecTimeout, minExecTimeout)
 	if s.IdleTimeout < 0 {
 		p.add("sandbox.idle_timeout", "", "must not be negative (0 means never)")

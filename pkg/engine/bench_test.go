@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 )
 
 func median(ds []time.Duration) time.Duration {
@@ -124,14 +125,18 @@ func newRuncBundle(b *testing.B, env *testEnv, args []string) runcBundle {
 	if err != nil {
 		b.Fatal(err)
 	}
-	layers, err := image.PrepareLayers(img, filepath.Join(dir, "layers"), int64(env.cfg.Sandbox.Disk), env.cfg.Sandbox.User, env.cfg.Sandbox.User)
+	disk := filepath.Join(dir, "disk")
+	if err := os.Mkdir(disk, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = image.ReleaseDir(dir) })
+	if err := storage.MountMemory(disk, int64(env.cfg.Sandbox.Disk), storage.DefaultInodes(int64(env.cfg.Sandbox.Disk))); err != nil {
+		b.Fatal(err)
+	}
+	layers, err := image.PrepareLayers(img, filepath.Join(dir, "layers"), disk, env.cfg.Sandbox.User, env.cfg.Sandbox.User)
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() {
-		_ = layers.Release()
-		_ = os.RemoveAll(dir)
-	})
 	prof, err := seccomp.Load(env.cfg.Paths.SeccompDir, env.cfg.Sandbox.SeccompProfile, runtime.AgentCapabilities)
 	if err != nil {
 		b.Fatal(err)

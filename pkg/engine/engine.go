@@ -31,6 +31,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
@@ -43,6 +44,8 @@ type Engine struct {
 	catalog      *lang.Catalog
 	runtime      *runtime.Runtime
 	ledger       *ledger.Ledger
+	diskStore    *storage.Store // image files of disk-backed sandboxes
+	disks        *storage.Pool  // ready disks for disk-backed sandboxes
 	sandboxes    *sandbox.Manager
 	netCfg       network.Config
 	net          *network.Manager // nil if the network subsystem could not start (netErr says why)
@@ -52,6 +55,7 @@ type Engine struct {
 	started      time.Time
 	runState     // run records (run.go)
 	autofixState // autofix loops (autofix.go)
+	builds       imageBuilds // images being built on first use (ondemand.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -90,8 +94,26 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		return nil, err
 	}
 	e.ledger = ledger.New(e.store)
+	disks, err := storage.NewStore(cfg.Paths.SandboxesDirOrDefault())
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	// Ready disks of the default geometry keep the disk backing's create
+	// as fast as a tmpfs's (docs/notes-storage.md); two cover a burst of
+	// creates while the pool refills in the background.
+	if e.disks, err = disks.NewPool(int64(cfg.Sandbox.Disk), storage.DefaultInodes(int64(cfg.Sandbox.Disk)), readyDisks, log); err != nil {
+		disks.Close()
+		cleanup()
+		return nil, err
+	}
+	e.diskStore = disks
+	cleanup = func() { _ = e.disks.Close(); disks.Close(); _ = e.store.Close() }
+	if cfg.Sandbox.DiskBacking == storage.BackingDisk {
+		e.disks.Fill()
+	}
 	backend, err := container.New(container.Options{
-		Runtime: e.runtime, Seccomp: prof, AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir,
+		Runtime: e.runtime, Seccomp: prof, AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, Storage: disks, Pool: e.disks,
 		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
 	}, e.ledger)
 	if err != nil {
@@ -138,6 +160,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		log.Error("reconcile", "err", msg)
 	}
 	e.pruneArtifacts()
+	e.pruneStaleImages(ctx)
 	e.sandboxes.Start()
 	return e, nil
 }
@@ -212,7 +235,9 @@ func (e *Engine) Close() error {
 	if e.net != nil {
 		e.net.Close() // the network stays; a restarted daemon adopts it
 	}
-	return e.store.Close()
+	err := e.disks.Close()
+	e.diskStore.Close()
+	return errors.Join(err, e.store.Close())
 }
 
 // Config returns the engine's configuration.
@@ -226,10 +251,15 @@ type CreateSandboxRequest = apitypes.CreateSandboxRequest
 
 const mib = 1 << 20
 
+// readyDisks is how many disks of the default geometry the storage pool
+// keeps made, attached and mounted.
+const readyDisks = 2
+
 // Minimums below which a sandbox cannot even start its agent.
 const (
 	minMemory = 16 * mib
 	minDisk   = 16 * mib
+	minInodes = 1024
 	minPids   = 16
 )
 
@@ -242,6 +272,10 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 	if e.cfg.Sandbox.SeccompProfile != seccomp.Unconfined && !e.seccomp.OK() {
 		e.metrics.created.WithLabelValues("rejected").Inc()
 		return nil, errdefs.Unavailablef("seccomp cannot be enforced (%s); refusing to start sandboxes unless sandbox.seccomp_profile is \"unconfined\"", e.seccomp.Reason)
+	}
+	if err := e.ensureImageOnDemand(ctx, spec.Image); err != nil {
+		e.metrics.created.WithLabelValues("failed").Inc()
+		return nil, err
 	}
 	start := time.Now()
 	info, err := e.sandboxes.Create(ctx, *spec)
@@ -294,6 +328,21 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		if spec.Limits.DiskBytes, err = megabytes("disk_mb", *req.DiskMB, minDisk, int64(sc.MaxDisk)); err != nil {
 			return nil, err
 		}
+	}
+	spec.Limits.Inodes = storage.DefaultInodes(spec.Limits.DiskBytes)
+	if req.Inodes != nil {
+		// ext4 cannot have more than one inode per KiB.
+		if err := checkRange("inodes", *req.Inodes, minInodes, spec.Limits.DiskBytes/1024, 1); err != nil {
+			return nil, err
+		}
+		spec.Limits.Inodes = *req.Inodes
+	}
+	switch spec.DiskBacking = req.DiskBacking; spec.DiskBacking {
+	case "":
+		spec.DiskBacking = sc.DiskBacking
+	case storage.BackingDisk, storage.BackingMemory:
+	default:
+		return nil, errdefs.Invalidf("disk_backing: must be %q or %q, got %q", storage.BackingDisk, storage.BackingMemory, req.DiskBacking)
 	}
 	if req.Pids != nil {
 		if err := checkRange("pids", *req.Pids, minPids, sc.MaxPids, 1); err != nil {
@@ -415,7 +464,7 @@ func (e *Engine) ListSandboxes(ctx context.Context, state string) ([]*sandbox.In
 	case state == "":
 		return e.sandboxes.List(ctx)
 	case state == "all":
-		return e.sandboxes.List(ctx, sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StateTerminated, sandbox.StateFailed)
+		return e.sandboxes.List(ctx, sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateTerminated, sandbox.StateFailed)
 	case sandbox.State(state).Valid():
 		return e.sandboxes.List(ctx, sandbox.State(state))
 	}
@@ -428,6 +477,23 @@ func (e *Engine) TerminateSandbox(ctx context.Context, id string) (*sandbox.Info
 		return nil, err
 	}
 	return e.sandboxes.Terminate(ctx, id, "terminated by request")
+}
+
+// PauseSandbox freezes every process of a sandbox (state paused; see
+// sandbox.Manager.Pause).
+func (e *Engine) PauseSandbox(ctx context.Context, id string) (*sandbox.Info, error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	return e.sandboxes.Pause(ctx, id)
+}
+
+// ResumeSandbox thaws a paused sandbox.
+func (e *Engine) ResumeSandbox(ctx context.Context, id string) (*sandbox.Info, error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	return e.sandboxes.Resume(ctx, id)
 }
 
 func checkSandboxID(id string) error {
@@ -462,9 +528,18 @@ func (e *Engine) Images() ([]apitypes.Image, error) {
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "list images")
 	}
+	live, err := e.sandboxes.List(context.Background())
+	if err != nil {
+		return nil, err
+	}
 	out := make([]apitypes.Image, len(imgs))
 	for i, im := range imgs {
 		out[i] = publicImage(im)
+		for _, sb := range live {
+			if sb.Image == im.Name && sb.ImageDigest == im.Digest {
+				out[i].Users = append(out[i].Users, sb.ID)
+			}
+		}
 	}
 	return out, nil
 }
@@ -473,6 +548,54 @@ func (e *Engine) Images() ([]apitypes.Image, error) {
 func publicImage(im *image.Image) apitypes.Image {
 	return apitypes.Image{Name: im.Name, Digest: im.Digest, BuiltAt: im.BuiltAt, SizeBytes: im.SizeBytes,
 		BuildSeconds: im.BuildSeconds, Suite: im.Suite, Packages: len(im.Packages)}
+}
+
+// PruneImages removes the stale images — trees of an older digest of a
+// recipe, no longer current — that no live sandbox of this daemon runs on,
+// and returns them.
+func (e *Engine) PruneImages(ctx context.Context) ([]apitypes.Image, error) {
+	stale, err := e.images.Stale()
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "list stale images")
+	}
+	live, err := e.sandboxes.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	used := map[string]bool{}
+	for _, sb := range live {
+		used[sb.ImageDigest] = true
+	}
+	out := []apitypes.Image{}
+	var errs []error
+	for _, im := range stale {
+		if used[im.Digest] {
+			continue
+		}
+		if err := e.images.RemoveDigest(im.Name, im.Digest); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, publicImage(im))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return out, errdefs.Wrap(errdefs.Internal, err, "prune images")
+	}
+	return out, nil
+}
+
+// pruneStaleImages applies images.prune_stale.
+func (e *Engine) pruneStaleImages(ctx context.Context) {
+	if !e.cfg.Images.PruneStale {
+		return
+	}
+	removed, err := e.PruneImages(ctx)
+	for _, im := range removed {
+		e.log.Info("pruned stale image", "image", im.Name, "digest", im.Digest)
+	}
+	if err != nil {
+		e.log.Warn("prune stale images", "err", err)
+	}
 }
 
 // TerminateLabeled terminates every live sandbox whose label key has value

@@ -91,7 +91,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 		Cgroups: string(cgroups.HostMode()), Seccomp: e.seccomp.OK() && e.cfg.Sandbox.SeccompProfile != seccomp.Unconfined,
 		Ready: Ready(checks), Sandboxes: map[string]int{}, MaxSandboxes: e.cfg.Sandbox.MaxSandboxes, Checks: checks,
 	}
-	for _, s := range []sandbox.State{sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StateTerminated, sandbox.StateFailed} {
+	for _, s := range []sandbox.State{sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateTerminated, sandbox.StateFailed} {
 		n, err := e.store.CountSandboxes(ctx, string(s))
 		if err != nil {
 			return nil, err

@@ -20,6 +20,7 @@ type metrics struct {
 	terminations *prometheus.CounterVec
 	causes       *prometheus.CounterVec
 	runs         *prometheus.CounterVec
+	imageBuilds  *prometheus.CounterVec
 }
 
 // latencyBuckets span a warm exec (~1 ms) to a slow image-backed create (~30 s).
@@ -52,9 +53,13 @@ func newMetrics(e *Engine) *metrics {
 			Namespace: "sandboxd", Name: "runs_total",
 			Help: "run_code calls by language and outcome (success, failure: a step failed, error: no result).",
 		}, []string{"language", "outcome"}),
+		imageBuilds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "sandboxd", Name: "image_builds_total",
+			Help: "Image builds the daemon started on first use of an image, by image and outcome (built, failed).",
+		}, []string{"image", "outcome"}),
 	}
 	m.registry.MustRegister(
-		m.createTime, m.execTime, m.created, m.terminations, m.causes, m.runs,
+		m.createTime, m.execTime, m.created, m.terminations, m.causes, m.runs, m.imageBuilds,
 		&stateCollector{e: e, desc: prometheus.NewDesc("sandboxd_sandboxes", "Sandboxes by state.", []string{"state"}, nil)},
 		&networkCollector{e: e, desc: prometheus.NewDesc("sandboxd_sandbox_connection_attempts_total",
 			"Connection attempts of each sandbox with network, by verdict of its network policy (allowed, denied).",
@@ -77,7 +82,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	for _, s := range []sandbox.State{sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StateTerminated, sandbox.StateFailed} {
+	for _, s := range []sandbox.State{sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateTerminated, sandbox.StateFailed} {
 		n, err := c.e.store.CountSandboxes(ctx, string(s))
 		if err != nil {
 			ch <- prometheus.NewInvalidMetric(c.desc, err)

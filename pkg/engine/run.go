@@ -131,7 +131,8 @@ func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandb
 	if err != nil {
 		return nil, err
 	}
-	run, err := e.StartRun(ctx, RunSpec{
+	// An image built on first use streams its phases like the run's output.
+	run, err := e.StartRun(withBuildOutput(ctx, onOutput), RunSpec{
 		Handler: h, SandboxID: req.SandboxID, Entrypoint: main, Args: req.Args, Deadline: time.Now().Add(budget),
 		Sandbox: CreateSandboxRequest{Network: network, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, CPUs: req.CPUs},
 	})

@@ -15,13 +15,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Layers are the host paths of one sandbox's file systems. Everything the
-// sandbox can write (the overlay's upper layer, the workspace and /tmp) sits
-// on one tmpfs whose size is the sandbox's disk limit, so filling it fails
-// with ENOSPC inside that sandbox and nowhere else.
-//
-// Pages of that tmpfs are charged to the memory cgroup of the process that
-// writes them, so a sandbox's files also count against its memory limit.
+// Layers are the host paths of one sandbox's file systems: the overlay of
+// its image (read-only lower) and an upper layer, plus /workspace and /tmp,
+// all on one writable file system the caller mounted (pkg/storage: an ext4
+// image on a loop device, or a tmpfs), so that its size limit bounds
+// everything the sandbox can write and filling it fails with ENOSPC inside
+// that sandbox and nowhere else.
 type Layers struct {
 	// Rootfs is the overlay of the image (lower, read-only) and the
 	// sandbox's upper layer. The runtime mounts it read-only as /.
@@ -35,18 +34,7 @@ type Layers struct {
 }
 
 // Names below a layers directory.
-const (
-	layersDisk   = "disk"
-	layersRootfs = "rootfs"
-)
-
-// bytesPerInode bounds the tmpfs's inode count by its size. Inodes cost
-// kernel memory that a size limit alone does not bound (empty files take no
-// blocks); one per KiB of disk is far more than real workloads use.
-const (
-	bytesPerInode = 1024
-	minInodes     = 4096
-)
+const layersRootfs = "rootfs"
 
 // unmountAttempts and unmountBackoff bound how long Release waits for a
 // busy mount (a process that has not quite exited) before it detaches it.
@@ -55,22 +43,23 @@ const (
 	unmountBackoff  = 50 * time.Millisecond
 )
 
-// PrepareLayers creates the writable layers of one sandbox in dir, which
-// must not exist yet: a tmpfs of diskBytes at dir/disk holding
-// upper/, work/, workspace/ and tmp/, and the overlay of img.Rootfs and
-// upper/ at dir/rootfs. The workspace belongs to uid:gid; its input/ and
-// output/ take the mode and owner of the image's /workspace/input and
-// /workspace/output. On error nothing is left mounted and dir is removed.
-func PrepareLayers(img *Image, dir string, diskBytes int64, uid, gid int) (_ *Layers, err error) {
-	if diskBytes <= 0 {
-		return nil, fmt.Errorf("prepare layers: disk size %d must be positive", diskBytes)
-	}
+// PrepareLayers lays out one sandbox's writable state on disk, a mounted
+// and empty writable file system: upper/, work/, workspace/ and tmp/ in it,
+// and the overlay of img.Rootfs and upper/ at dir/rootfs. dir must not
+// exist yet. The workspace belongs to uid:gid; its input/ and output/ take
+// the mode and owner of the image's /workspace/input and /workspace/output.
+// On error nothing is left mounted and dir is removed; disk is the
+// caller's.
+func PrepareLayers(img *Image, dir, disk string, uid, gid int) (_ *Layers, err error) {
 	dir, err = filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("prepare layers: %w", err)
 	}
+	if disk, err = filepath.Abs(disk); err != nil {
+		return nil, fmt.Errorf("prepare layers: %w", err)
+	}
 	// Overlay mount options separate layers with ':' and options with ','.
-	for _, p := range []string{img.Rootfs, dir} {
+	for _, p := range []string{img.Rootfs, dir, disk} {
 		if strings.ContainsAny(p, ",:\\\n") {
 			return nil, fmt.Errorf("prepare layers: path %q contains a character overlayfs options cannot carry", p)
 		}
@@ -78,7 +67,6 @@ func PrepareLayers(img *Image, dir string, diskBytes int64, uid, gid int) (_ *La
 	if fi, err := os.Stat(img.Rootfs); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("prepare layers: image %s rootfs %q: not a directory (%w)", img.Name, img.Rootfs, err)
 	}
-	disk := filepath.Join(dir, layersDisk)
 	l := &Layers{
 		Rootfs:    filepath.Join(dir, layersRootfs),
 		Workspace: filepath.Join(disk, "workspace"),
@@ -102,16 +90,8 @@ func PrepareLayers(img *Image, dir string, diskBytes int64, uid, gid int) (_ *La
 			}
 		}
 	}()
-	for _, d := range []string{disk, l.Rootfs} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			return nil, fmt.Errorf("prepare layers: %w", err)
-		}
-	}
-
-	inodes := max(diskBytes/bytesPerInode, minInodes)
-	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755", diskBytes, inodes)
-	if err := unix.Mount("tmpfs", disk, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return nil, fmt.Errorf("prepare layers: mount tmpfs on %s: %w", disk, err)
+	if err := os.Mkdir(l.Rootfs, 0o700); err != nil {
+		return nil, fmt.Errorf("prepare layers: %w", err)
 	}
 	upper, work := filepath.Join(disk, "upper"), filepath.Join(disk, "work")
 	for _, d := range []string{upper, work} {
@@ -150,8 +130,8 @@ func PrepareLayers(img *Image, dir string, diskBytes int64, uid, gid int) (_ *La
 // idempotent.
 func (l *Layers) Release() error { return ReleaseDir(l.dir) }
 
-// ReleaseDir unmounts whatever is mounted below dir (the overlay before the
-// tmpfs under it) and removes dir. It is what Release does, for callers
+// ReleaseDir unmounts whatever is mounted at or below dir, deepest first,
+// and removes dir. It is what Release does, for callers
 // that only know the directory, such as garbage collection after a crash.
 // A directory that does not exist is already released.
 func ReleaseDir(dir string) error {
@@ -166,20 +146,6 @@ func ReleaseDir(dir string) error {
 		return fmt.Errorf("release layers: %w", err)
 	}
 	return nil
-}
-
-// DiskUsage returns the bytes used on the tmpfs of the layers in dir.
-func DiskUsage(dir string) (int64, error) {
-	disk := filepath.Join(dir, layersDisk)
-	var st unix.Statfs_t
-	if err := unix.Statfs(disk, &st); err != nil {
-		return 0, fmt.Errorf("disk usage: %w", err)
-	}
-	// Unmounted, disk/ would report the usage of the host's file system.
-	if st.Type != unix.TMPFS_MAGIC {
-		return 0, fmt.Errorf("disk usage: %s is not a mounted tmpfs", disk)
-	}
-	return int64(st.Blocks-st.Bfree) * st.Bsize, nil
 }
 
 // makeDir creates dir with exactly mode and owner, whatever the umask.

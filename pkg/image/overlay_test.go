@@ -8,7 +8,28 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 )
+
+// writableDisk mounts a tmpfs of size bytes at a new directory beside dir,
+// standing for the file system pkg/storage gives a sandbox.
+func writableDisk(t *testing.T, dir string, size int64) string {
+	t.Helper()
+	disk := dir + "-disk"
+	if err := os.MkdirAll(disk, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := storage.MountMemory(disk, size, storage.DefaultInodes(size)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ReleaseDir(disk); err != nil {
+			t.Error(err)
+		}
+	})
+	return disk
+}
 
 func TestPrepareLayersDiskLimit(t *testing.T) {
 	requireRoot(t)
@@ -16,13 +37,14 @@ func TestPrepareLayersDiskLimit(t *testing.T) {
 	const disk = 16 << 20
 	dir := filepath.Join(t.TempDir(), "sandbox")
 
-	l, err := PrepareLayers(img, dir, disk, 1000, 1000)
+	diskDir := writableDisk(t, dir, disk)
+	l, err := PrepareLayers(img, dir, diskDir, 1000, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Release() })
-	if m := mountsBelow(t, dir); len(m) != 2 {
-		t.Fatalf("mounts below %s: %v, want the tmpfs and the overlay", dir, m)
+	if m := mountsBelow(t, dir); len(m) != 1 {
+		t.Fatalf("mounts below %s: %v, want the overlay", dir, m)
 	}
 
 	// The overlay shows the image, and writes to it land in the upper layer.
@@ -65,7 +87,7 @@ func TestPrepareLayersDiskLimit(t *testing.T) {
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("writing %d bytes to a %d byte disk: %v, want ENOSPC", 2*disk, disk, err)
 	}
-	used, err := DiskUsage(dir)
+	used, _, err := storage.Usage(diskDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,9 +112,6 @@ func TestPrepareLayersDiskLimit(t *testing.T) {
 	if err := l.Release(); err != nil {
 		t.Fatalf("second Release: %v", err)
 	}
-	if _, err := DiskUsage(dir); err == nil {
-		t.Error("DiskUsage of released layers succeeded")
-	}
 }
 
 // TestReleaseDirBusy releases layers whose workspace a process still has
@@ -101,10 +120,11 @@ func TestReleaseDirBusy(t *testing.T) {
 	requireRoot(t)
 	img := ensureCached(t, loadShell(t))
 	dir := filepath.Join(t.TempDir(), "crashed")
-	if _, err := PrepareLayers(img, dir, 1<<20, 1000, 1000); err != nil {
+	l, err := PrepareLayers(img, dir, writableDisk(t, dir, 1<<20), 1000, 1000)
+	if err != nil {
 		t.Fatal(err)
 	}
-	busy, err := os.Open(filepath.Join(dir, "disk", "workspace"))
+	busy, err := os.Open(filepath.Join(l.Rootfs, "etc"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,13 +147,14 @@ func TestPrepareLayersRefusesExistingDir(t *testing.T) {
 	dir := t.TempDir()
 	keep := filepath.Join(dir, "keep")
 	writeFile(t, keep, "other sandbox's data")
-	if _, err := PrepareLayers(img, dir, 1<<20, 1000, 1000); err == nil {
+	disk := writableDisk(t, filepath.Join(t.TempDir(), "d"), 1<<20)
+	if _, err := PrepareLayers(img, dir, disk, 1000, 1000); err == nil {
 		t.Fatal("PrepareLayers on an existing directory succeeded")
 	}
 	if _, err := os.Stat(keep); err != nil {
 		t.Fatalf("failed PrepareLayers removed an existing directory: %v", err)
 	}
-	if _, err := PrepareLayers(img, filepath.Join(dir, "a,b"), 1<<20, 1000, 1000); err == nil {
+	if _, err := PrepareLayers(img, filepath.Join(dir, "a,b"), disk, 1000, 1000); err == nil {
 		t.Fatal("PrepareLayers accepted a path overlayfs cannot take")
 	}
 }

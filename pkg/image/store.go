@@ -181,6 +181,55 @@ func (s *Store) Remove(name string) error {
 	return nil
 }
 
+// Stale lists the stored images that are not the current one of their
+// name: trees of an older digest of a recipe, kept because sandboxes
+// started on them may still run.
+func (s *Store) Stale() ([]*Image, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list images: %w", err)
+	}
+	var out []*Image
+	for _, e := range entries {
+		if !e.IsDir() || !isDigest(e.Name()) {
+			continue
+		}
+		img, err := s.lookup(e.Name())
+		if err != nil {
+			continue // not a complete image
+		}
+		if cur, err := s.Get(img.Name); err == nil && cur.Digest == img.Digest {
+			continue
+		}
+		out = append(out, img)
+	}
+	return out, nil
+}
+
+// RemoveDigest deletes the tree of name stored under digest unless it is
+// name's current image. The caller must make sure no sandbox uses it.
+func (s *Store) RemoveDigest(name, digest string) error {
+	if !nameRE.MatchString(name) || !isDigest(digest) {
+		return fmt.Errorf("image %q digest %q: %w", name, digest, ErrNotFound)
+	}
+	unlock, err := s.lock(context.Background(), name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if cur, err := s.Get(name); err == nil && cur.Digest == digest {
+		return fmt.Errorf("image %q digest %s is current", name, digest[:12])
+	}
+	img, err := s.lookup(digest)
+	if err != nil {
+		return err
+	}
+	if img.Name != name {
+		return fmt.Errorf("image %q digest %s: %w", name, digest[:12], ErrNotFound)
+	}
+	return s.discard(name, filepath.Join(s.dir, digest))
+}
+
 // lookup loads the image stored under digest.
 func (s *Store) lookup(digest string) (*Image, error) {
 	if !isDigest(digest) {

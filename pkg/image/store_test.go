@@ -105,3 +105,40 @@ func TestStoreDanglingLink(t *testing.T) {
 		t.Errorf("List with a dangling link: %v, %v", list, err)
 	}
 }
+
+func TestStale(t *testing.T) {
+	s, err := OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := fakeImage(t, s, "py", "py-old", false)
+	cur := fakeImage(t, s, "py", "py-new", true)
+	other := fakeImage(t, s, "go", "go", true)
+	stale, err := s.Stale()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stale) != 1 || stale[0].Digest != old {
+		t.Fatalf("Stale = %+v, want only %s", stale, old[:12])
+	}
+	if err := s.RemoveDigest("py", cur); err == nil {
+		t.Fatal("RemoveDigest of the current image succeeded")
+	}
+	if err := s.RemoveDigest("go", old); err == nil {
+		t.Fatal("RemoveDigest under another name succeeded")
+	}
+	if err := s.RemoveDigest("py", old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(s.dir, old)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stale tree still there: %v", err)
+	}
+	for _, d := range []string{cur, other} {
+		if _, err := os.Stat(filepath.Join(s.dir, d)); err != nil {
+			t.Fatalf("current tree %s gone: %v", d[:12], err)
+		}
+	}
+	if stale, _ := s.Stale(); len(stale) != 0 {
+		t.Fatalf("Stale after prune = %+v", stale)
+	}
+}

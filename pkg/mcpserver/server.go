@@ -137,6 +137,7 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 	}
 	if enabled("sandbox") {
 		s.addSandboxTools()
+		s.addPauseTools()
 	}
 	if enabled("sandbox", "run") {
 		s.addLanguagesTool()

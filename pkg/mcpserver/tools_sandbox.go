@@ -145,6 +145,31 @@ func networkText(n *apitypes.NetworkStatus) string {
 		n.Mode, strings.Join(n.Allow, " "), n.Counters.Allowed, n.Counters.Denied, strings.Join(n.Counters.DeniedDestinations, " "))
 }
 
+func (s *srv) addPauseTools() {
+	addTool[sandboxIDIn, sandboxTerminateOut](s, "sandbox_pause", "Pause a sandbox",
+		"Freeze every process of a sandbox: it keeps its memory, files and running commands but uses no CPU, and the idle timeout does not run while it is paused. Commands and file operations are refused (conflict) until sandbox_resume. Pausing a paused sandbox is a no-op.",
+		annotations{idempotent: true},
+		func(ctx context.Context, c *call, in *sandboxIDIn) (*result, error) {
+			info, err := s.e.PauseSandbox(ctx, in.SandboxID)
+			if err != nil {
+				return nil, err
+			}
+			out := sandboxTerminateOut{SandboxID: info.ID, State: string(info.State)}
+			return &result{structured: out, text: fmt.Sprintf("sandbox %s is %s", out.SandboxID, out.State)}, nil
+		})
+	addTool[sandboxIDIn, sandboxTerminateOut](s, "sandbox_resume", "Resume a sandbox",
+		"Thaw a paused sandbox: its processes continue where they stopped (state running if commands are in flight, else ready). Resuming a sandbox that is not paused is a no-op.",
+		annotations{idempotent: true},
+		func(ctx context.Context, c *call, in *sandboxIDIn) (*result, error) {
+			info, err := s.e.ResumeSandbox(ctx, in.SandboxID)
+			if err != nil {
+				return nil, err
+			}
+			out := sandboxTerminateOut{SandboxID: info.ID, State: string(info.State)}
+			return &result{structured: out, text: fmt.Sprintf("sandbox %s is %s", out.SandboxID, out.State)}, nil
+		})
+}
+
 func (s *srv) addLanguagesTool() {
 	addTool[languagesIn, languagesOut](s, "languages_list", "List languages",
 		"List the languages sandboxes and run_code support: name, version, image (and whether it is built: image_ready; an unbuilt image is built on first use, which takes minutes), file extensions, entrypoint, tasks for run_task (lint/build/test) and package managers for packages_install. Call it first.",

@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"sync"
 	"time"
 
@@ -39,6 +40,15 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
+
+// init keeps the main goroutine on the main thread for the life of the
+// process, so that no other goroutine ever runs there. libcontainer starts
+// each container with a goroutine that locks its thread, setns(2)s into the
+// new container's mount namespace and returns without unlocking, so that Go
+// kills the thread. Go cannot kill the main thread: it parks it instead,
+// still in the container's mount namespace, which then pins every mount of
+// that sandbox (its tmpfs, its ext4 and loop device) until the daemon exits.
+func init() { goruntime.LockOSThread() }
 
 // MaybeInit turns the current process into a container's init when
 // libcontainer re-executed it for that purpose, and never returns then.
@@ -391,6 +401,36 @@ func (r *Runtime) Adopt(id string) (*Instance, error) {
 // ErrNotRunning is returned by Adopt when the sandbox's init has exited.
 var ErrNotRunning = errors.New("sandbox init is not running")
 
+// Pause freezes every process of the sandbox (libcontainer's cgroup
+// manager: freezer.state on cgroup v1, cgroup.freeze on v2), waiting until
+// the kernel reports them frozen. Pausing a paused sandbox is a no-op.
+func (i *Instance) Pause() error {
+	if st, err := i.ct.Status(); err == nil && st == libcontainer.Paused {
+		return nil
+	}
+	if err := i.ct.Pause(); err != nil {
+		return fmt.Errorf("freeze sandbox %s: %w", i.ID, err)
+	}
+	return nil
+}
+
+// Resume thaws a paused sandbox; resuming a running one is a no-op.
+func (i *Instance) Resume() error {
+	if err := i.ct.Resume(); err != nil && !errors.Is(err, libcontainer.ErrNotPaused) {
+		return fmt.Errorf("thaw sandbox %s: %w", i.ID, err)
+	}
+	return nil
+}
+
+// Paused reports whether the sandbox is frozen.
+func (i *Instance) Paused() (bool, error) {
+	st, err := i.ct.Status()
+	if err != nil {
+		return false, err
+	}
+	return st == libcontainer.Paused, nil
+}
+
 // Instance returns the running instance with id, if this Runtime knows it.
 func (r *Runtime) Instance(id string) (*Instance, bool) {
 	r.mu.Lock()
@@ -418,6 +458,13 @@ func (r *Runtime) Destroy(id string) error {
 		}
 		if err != nil {
 			return fmt.Errorf("load container %s: %w", id, err)
+		}
+	}
+	// A frozen task (cgroup v1 freezer) does not die of SIGKILL until it is
+	// thawed, and libcontainer refuses to destroy a paused container.
+	if st, err := ct.Status(); err == nil && st == libcontainer.Paused {
+		if err := ct.Resume(); err != nil {
+			return fmt.Errorf("thaw sandbox %s before killing it: %w", id, err)
 		}
 	}
 	// With a private PID namespace, killing init makes the kernel kill the rest.

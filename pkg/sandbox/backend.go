@@ -82,6 +82,16 @@ type Handle interface {
 	OOMKills() (uint64, error)
 }
 
+// Pauser is a Handle that can freeze and thaw every process of its sandbox
+// (the container backend through the cgroup freezer; a VM backend would
+// stop and continue its vCPUs). Pause and Resume are idempotent.
+type Pauser interface {
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	// Paused reports whether the sandbox is frozen now.
+	Paused() (bool, error)
+}
+
 // Network gives a sandbox whose network mode is not "none" its network
 // namespace before the backend starts it: the namespace, its links and
 // addresses and firewall entries, each recorded with rec before it is

@@ -40,7 +40,11 @@ type Spec struct {
 	Language string `json:"language"`
 	Image    string `json:"image"`
 	Limits   Limits `json:"limits"`
-	Network  string `json:"network"`
+	// DiskBacking is storage.BackingDisk or storage.BackingMemory; empty
+	// in specs persisted before it existed (their file systems are
+	// released through the ledger like any other).
+	DiskBacking string `json:"disk_backing,omitempty"`
+	Network     string `json:"network"`
 	// Allow is the allowlist of network mode allowlist (host names,
 	// *.domain, CIDRs, @preset).
 	Allow  []string          `json:"allow,omitempty"`
@@ -460,7 +464,7 @@ func (m *Manager) List(ctx context.Context, states ...State) ([]*Info, error) {
 		}
 	}
 	if len(states) == 0 {
-		f.States = []string{string(StateCreating), string(StateReady), string(StateRunning)}
+		f.States = []string{string(StateCreating), string(StateReady), string(StateRunning), string(StatePaused)}
 	}
 	recs, err := m.opt.Store.ListSandboxes(ctx, f)
 	if err != nil {
@@ -478,7 +482,7 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 	_ = json.Unmarshal(r.Spec, &spec) // written by us; a decode error leaves zero limits
 	in := &Info{
 		ID: r.ID, State: State(r.State), Language: r.Language, Image: r.Image, ImageDigest: r.ImageDigest,
-		Limits: spec.Limits, Network: spec.Network, Allow: spec.Allow, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
+		Limits: spec.Limits, DiskBacking: spec.DiskBacking, Network: spec.Network, Allow: spec.Allow, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason,
 	}

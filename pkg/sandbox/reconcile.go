@@ -32,7 +32,7 @@ func reportError(r *GCReport, format string, args ...any) {
 func (m *Manager) Reconcile(ctx context.Context) (*GCReport, error) {
 	rep := &GCReport{}
 	recs, err := m.opt.Store.ListSandboxes(ctx, store.ListFilter{
-		States: []string{string(StateCreating), string(StateReady), string(StateRunning)},
+		States: []string{string(StateCreating), string(StateReady), string(StateRunning), string(StatePaused)},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list recorded sandboxes: %w", err)
@@ -93,6 +93,18 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 		return
 	}
 	sb.handle, sb.agent = h, agent.NewClient(h.Dial)
+	// A frozen agent cannot answer. Thaw it for the ping and the list of
+	// jobs, and freeze it again if it is recorded paused: the record wins
+	// over a pause or resume the daemon died in the middle of.
+	pauser, canPause := h.(Pauser)
+	if canPause {
+		if frozen, err := pauser.Paused(); err == nil && frozen {
+			if err := pauser.Resume(ctx); err != nil {
+				dead(fmt.Sprintf("cannot thaw after daemon restart: %v", err))
+				return
+			}
+		}
+	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	_, err = sb.agent.Ping(pctx)
 	var jobs []agent.JobInfo
@@ -103,6 +115,16 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 	if err != nil {
 		dead(fmt.Sprintf("agent unreachable after daemon restart: %v", err))
 		return
+	}
+	if sb.state == StatePaused {
+		if !canPause {
+			dead("recorded paused, but its backend cannot pause")
+			return
+		}
+		if err := pauser.Pause(ctx); err != nil {
+			dead(fmt.Sprintf("cannot freeze again after daemon restart: %v", err))
+			return
+		}
 	}
 	m.mu.Lock()
 	m.sandboxes[sb.ID] = sb

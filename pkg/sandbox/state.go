@@ -14,6 +14,7 @@ const (
 	StateCreating   = apitypes.StateCreating
 	StateReady      = apitypes.StateReady
 	StateRunning    = apitypes.StateRunning
+	StatePaused     = apitypes.StatePaused
 	StateTerminated = apitypes.StateTerminated
 	StateFailed     = apitypes.StateFailed
 )
@@ -21,15 +22,19 @@ const (
 // transitions is the state machine of docs/ARCHITECTURE.md:
 //
 //	creating --> ready <--> running
-//	   |           |           |
-//	   +--> failed +-----------+--> terminated
+//	   |           |  ^        |  ^
+//	   |           v  |        v  |
+//	   |          paused <-----+--+   (resume goes back to running when
+//	   |           |                   commands are still in flight)
+//	   +--> failed +-- ... ---------> terminated (from any live state)
 //
 // failed may still go to terminated so that terminating a failed sandbox is
 // idempotent cleanup rather than an error.
 var transitions = map[State][]State{
 	StateCreating: {StateReady, StateFailed, StateTerminated},
-	StateReady:    {StateRunning, StateTerminated},
-	StateRunning:  {StateReady, StateTerminated},
+	StateReady:    {StateRunning, StatePaused, StateTerminated},
+	StateRunning:  {StateReady, StatePaused, StateTerminated},
+	StatePaused:   {StateReady, StateRunning, StateTerminated},
 	StateFailed:   {StateTerminated},
 }
 

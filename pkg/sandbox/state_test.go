@@ -3,11 +3,12 @@ package sandbox
 import "testing"
 
 func TestTransitions(t *testing.T) {
-	all := []State{StateCreating, StateReady, StateRunning, StateTerminated, StateFailed}
+	all := []State{StateCreating, StateReady, StateRunning, StatePaused, StateTerminated, StateFailed}
 	legal := map[[2]State]bool{
 		{StateCreating, StateReady}: true, {StateCreating, StateFailed}: true, {StateCreating, StateTerminated}: true,
-		{StateReady, StateRunning}: true, {StateReady, StateTerminated}: true,
-		{StateRunning, StateReady}: true, {StateRunning, StateTerminated}: true,
+		{StateReady, StateRunning}: true, {StateReady, StateTerminated}: true, {StateReady, StatePaused}: true,
+		{StateRunning, StateReady}: true, {StateRunning, StateTerminated}: true, {StateRunning, StatePaused}: true,
+		{StatePaused, StateReady}: true, {StatePaused, StateRunning}: true, {StatePaused, StateTerminated}: true,
 		{StateFailed, StateTerminated}: true,
 	}
 	for _, from := range all {
@@ -17,10 +18,10 @@ func TestTransitions(t *testing.T) {
 			}
 		}
 	}
-	if StateTerminated.Live() || StateFailed.Live() || !StateRunning.Live() {
+	if StateTerminated.Live() || StateFailed.Live() || !StateRunning.Live() || !StatePaused.Live() {
 		t.Error("Live() is wrong")
 	}
-	if State("paused").Valid() {
-		t.Error(`State("paused").Valid() = true`)
+	if !StatePaused.Valid() || State("frozen").Valid() {
+		t.Error("Valid() is wrong")
 	}
 }

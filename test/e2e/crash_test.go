@@ -21,6 +21,9 @@ func TestCrashAtEveryAcquisition(t *testing.T) {
 	points := []string{
 		sandbox.CrashAfterRecord,
 		container.CrashAfterDir,
+		container.CrashAfterImage,
+		container.CrashAfterLoop,
+		container.CrashAfterMount,
 		container.CrashAfterLayers,
 		container.CrashAfterContainer,
 		sandbox.CrashAfterAgent,

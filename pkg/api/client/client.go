@@ -260,6 +260,18 @@ func (c *Client) SandboxNetwork(ctx context.Context, req SandboxNetworkRequest) 
 	return &st, c.doJSON(ctx, http.MethodPut, sandboxPath(req.SandboxID, "/network"), nil, req, &st)
 }
 
+// PauseSandbox freezes a sandbox's processes.
+func (c *Client) PauseSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var s Sandbox
+	return &s, c.doJSON(ctx, http.MethodPost, sandboxPath(id, "/pause"), nil, nil, &s)
+}
+
+// ResumeSandbox thaws a paused sandbox.
+func (c *Client) ResumeSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var s Sandbox
+	return &s, c.doJSON(ctx, http.MethodPost, sandboxPath(id, "/resume"), nil, nil, &s)
+}
+
 // Images lists the built language images.
 func (c *Client) Images(ctx context.Context) ([]Image, error) {
 	var l struct {

@@ -115,6 +115,14 @@ func (c *Client) BuildImage(ctx context.Context, name string, log func(line stri
 	return nil, fmt.Errorf("build stream ended without a result")
 }
 
+// PruneImages removes the stale images no sandbox uses and returns them.
+func (c *Client) PruneImages(ctx context.Context) ([]Image, error) {
+	var l struct {
+		Images []Image `json:"images"`
+	}
+	return l.Images, c.doJSON(ctx, http.MethodPost, "/v1/images/prune", nil, nil, &l)
+}
+
 // RemoveImage deletes recipe name's built images.
 func (c *Client) RemoveImage(ctx context.Context, name string) error {
 	return c.doJSON(ctx, http.MethodDelete, "/v1/images/"+url.PathEscape(name), nil, nil, nil)

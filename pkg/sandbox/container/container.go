@@ -7,7 +7,12 @@
 // before it is acquired, released in reverse):
 //
 //	dir        RunDir/sandboxes/<id>: the agent's socket dir, its log
-//	layers     RunDir/sandboxes/<id>/layers: the overlay and its tmpfs
+//	image      SandboxesDir/<id>.img: the sparse ext4 image (disk backing)
+//	loop       the loop device backed by that image (disk backing)
+//	mount      RunDir/sandboxes/<id>/disk: the image's ext4, or a tmpfs
+//	           (memory backing), holding every byte the sandbox can write
+//	layers     RunDir/sandboxes/<id>/layers: the overlay of the image and
+//	           the upper layer on the mount
 //	cgroup     CgroupParent/<id>
 //	container  libcontainer state and the sandbox's processes
 //
@@ -37,11 +42,15 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 )
 
 // Resource kinds of a container sandbox.
 const (
 	KindDir       = "dir"
+	KindImage     = "image"
+	KindLoop      = "loop"
+	KindMount     = "mount"
 	KindLayers    = "layers"
 	KindCgroup    = "cgroup"
 	KindContainer = "container"
@@ -57,6 +66,9 @@ const (
 // Crash points (internal/crashpoint) after each acquisition of Start.
 const (
 	CrashAfterDir       = "container.dir"
+	CrashAfterImage     = "container.image"
+	CrashAfterLoop      = "container.loop"
+	CrashAfterMount     = "container.mount"
 	CrashAfterLayers    = "container.layers"
 	CrashAfterContainer = "container.started"
 )
@@ -67,6 +79,8 @@ type Options struct {
 	Seccomp      *specs.LinuxSeccomp // nil only when seccomp is explicitly off
 	AgentPath    string              // host path of the static sandbox-agent binary
 	RunDir       string              // per-sandbox mounts and sockets live in RunDir/sandboxes
+	Storage      *storage.Store      // image files of disk-backed sandboxes
+	Pool         *storage.Pool       // ready disks of the default geometry; nil: none
 	CgroupParent string
 	IO           IOLimits // block I/O throttles of every sandbox
 	Log          *slog.Logger
@@ -85,13 +99,19 @@ type Backend struct {
 	log *slog.Logger
 }
 
-var _ sandbox.Backend = (*Backend)(nil)
+var (
+	_ sandbox.Backend = (*Backend)(nil)
+	_ sandbox.Pauser  = (*handle)(nil)
+)
 
 // New checks the options, prepares the run dir and the cgroup parent, and
 // registers the backend's resource kinds with l.
 func New(opt Options, l *ledger.Ledger) (*Backend, error) {
 	if opt.Runtime == nil {
 		return nil, errors.New("container backend: runtime is required")
+	}
+	if opt.Storage == nil {
+		return nil, errors.New("container backend: storage is required")
 	}
 	if opt.Log == nil {
 		opt.Log = slog.Default()
@@ -114,7 +134,12 @@ func New(opt Options, l *ledger.Ledger) (*Backend, error) {
 		return cgroups.Remove(r.Key)
 	})
 	l.Register(KindLayers, func(_ context.Context, r ledger.Resource) error { return image.ReleaseDir(r.Key) })
-	l.Register(KindDir, func(_ context.Context, r ledger.Resource) error { return os.RemoveAll(r.Key) })
+	l.Register(KindMount, func(_ context.Context, r ledger.Resource) error { return image.ReleaseDir(r.Key) })
+	l.Register(KindLoop, func(_ context.Context, r ledger.Resource) error { return storage.Detach(r.Key) })
+	l.Register(KindImage, func(_ context.Context, r ledger.Resource) error { return opt.Storage.Discard(r.Key) })
+	// The dir is released last, but unmount anything still below it rather
+	// than reach into a mounted file system with RemoveAll.
+	l.Register(KindDir, func(_ context.Context, r ledger.Resource) error { return image.ReleaseDir(r.Key) })
 	return b, nil
 }
 
@@ -138,12 +163,18 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	}
 	crashpoint.Hit(CrashAfterDir)
 
+	spec := req.Spec
+	disk := filepath.Join(dir, "disk")
+	if err := b.mountDisk(ctx, req.ID, disk, spec, rec); err != nil {
+		return nil, err
+	}
+	crashpoint.Hit(CrashAfterMount)
+
 	layersDir := filepath.Join(dir, "layers")
 	if err := rec.Record(ctx, ledger.Resource{Kind: KindLayers, Key: layersDir}); err != nil {
 		return nil, err
 	}
-	spec := req.Spec
-	layers, err := image.PrepareLayers(req.Image, layersDir, spec.Limits.DiskBytes, spec.UID, spec.UID)
+	layers, err := image.PrepareLayers(req.Image, layersDir, disk, spec.UID, spec.UID)
 	if err != nil {
 		return nil, fmt.Errorf("prepare filesystem: %w", err)
 	}
@@ -203,6 +234,73 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	return b.handle(req.ID, inst), nil
 }
 
+// mountDisk mounts the sandbox's writable file system at disk: an ext4
+// image on a loop device (image file, loop device and mount each recorded
+// first) or, for the memory backing, a tmpfs.
+func (b *Backend) mountDisk(ctx context.Context, id, disk string, spec sandbox.Spec, rec ledger.Recorder) error {
+	size := spec.Limits.DiskBytes
+	inodes := spec.Limits.Inodes
+	if inodes <= 0 {
+		inodes = storage.DefaultInodes(size)
+	}
+	if spec.DiskBacking == storage.BackingMemory {
+		if err := rec.Record(ctx, ledger.Resource{Kind: KindMount, Key: disk}); err != nil {
+			return err
+		}
+		if err := os.Mkdir(disk, 0o700); err != nil {
+			return fmt.Errorf("create disk dir: %w", err)
+		}
+		return storage.MountMemory(disk, size, inodes)
+	}
+	img := b.opt.Storage.ImagePath(id)
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindImage, Key: img}); err != nil {
+		return err
+	}
+	if b.opt.Pool.Matches(size, inodes) {
+		// A ready disk, already attached and mounted in the pool: record
+		// its device and the sandbox's mount, then take it over.
+		if err := rec.Record(ctx, ledger.Resource{Kind: KindLoop, Key: img}); err != nil {
+			return err
+		}
+		if err := rec.Record(ctx, ledger.Resource{Kind: KindMount, Key: disk}); err != nil {
+			return err
+		}
+		from, err := b.opt.Pool.Take(img)
+		if err != nil {
+			return err
+		}
+		if from != "" {
+			crashpoint.Hit(CrashAfterImage)
+			crashpoint.Hit(CrashAfterLoop)
+			return b.opt.Pool.Mount(from, disk)
+		}
+	}
+	if err := b.opt.Storage.CreateImage(ctx, img, size, inodes); err != nil {
+		return err
+	}
+	crashpoint.Hit(CrashAfterImage)
+	// The loop device is recorded by its image: its number is known only
+	// once attached, and the releaser finds it through sysfs.
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindLoop, Key: img}); err != nil {
+		return err
+	}
+	dev, loop, err := storage.Attach(img)
+	if err != nil {
+		return err
+	}
+	// Autoclear: once the mount holds the device, closing our descriptor
+	// leaves the mount its only user, and unmounting frees the device.
+	defer loop.Close()
+	crashpoint.Hit(CrashAfterLoop)
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindMount, Key: disk}); err != nil {
+		return err
+	}
+	if err := os.Mkdir(disk, 0o700); err != nil {
+		return fmt.Errorf("create disk dir: %w", err)
+	}
+	return storage.MountDisk(dev, disk)
+}
+
 func (b *Backend) handle(id string, inst *runtime.Instance) *handle {
 	dir := b.dir(id)
 	return &handle{inst: inst, dir: dir, cgroup: b.cgroupPath(id),
@@ -239,9 +337,37 @@ func (b *Backend) Scan(ctx context.Context) (map[string][]ledger.Resource, error
 		for _, e := range ents {
 			if isSandbox(e.Name()) {
 				d := b.dir(e.Name())
-				out[e.Name()] = append(out[e.Name()], ledger.Resource{Kind: KindDir, Key: d}, ledger.Resource{Kind: KindLayers, Key: filepath.Join(d, "layers")})
+				out[e.Name()] = append(out[e.Name()], ledger.Resource{Kind: KindDir, Key: d})
 			}
 		}
+	}
+	// Image files, and loop devices backed by a file of the store even if
+	// the file is gone.
+	images, err := b.opt.Storage.Images()
+	if err != nil {
+		errs = append(errs, err)
+		images = map[string]string{}
+	}
+	if devs, err := storage.LoopDevices(); err != nil {
+		errs = append(errs, fmt.Errorf("list loop devices: %w", err))
+	} else {
+		for _, backing := range devs {
+			if filepath.Dir(backing) != b.opt.Storage.Dir() {
+				continue
+			}
+			if id := strings.TrimSuffix(filepath.Base(backing), ".img"); isSandbox(id) && images[id] == "" {
+				images[id] = backing
+			}
+		}
+	}
+	for id, img := range images {
+		if isSandbox(id) {
+			out[id] = append(out[id], ledger.Resource{Kind: KindImage, Key: img}, ledger.Resource{Kind: KindLoop, Key: img})
+		}
+	}
+	for id := range out {
+		d := b.dir(id)
+		out[id] = append(out[id], ledger.Resource{Kind: KindMount, Key: filepath.Join(d, "disk")}, ledger.Resource{Kind: KindLayers, Key: filepath.Join(d, "layers")})
 	}
 	if names, err := cgroups.Children(b.opt.CgroupParent); err != nil {
 		errs = append(errs, fmt.Errorf("list cgroups: %w", err))
@@ -287,6 +413,10 @@ func (h *handle) OOMKills() (uint64, error) {
 	return cgroups.OOMKills(h.cgroup)
 }
 
+func (h *handle) Pause(context.Context) error  { return h.inst.Pause() }
+func (h *handle) Resume(context.Context) error { return h.inst.Resume() }
+func (h *handle) Paused() (bool, error)        { return h.inst.Paused() }
+
 func (h *handle) Dial(ctx context.Context) (net.Conn, error) { return h.dial(ctx) }
 
 func (h *handle) Identity() sandbox.Identity {
@@ -303,8 +433,8 @@ func (h *handle) Usage(ctx context.Context) (*sandbox.Usage, error) {
 		MemoryBytes: u.MemoryBytes, MemoryMaxBytes: u.MemoryMaxBytes, CPUSeconds: u.CPUSeconds,
 		Pids: u.Pids, OOMKills: u.OOMKills, CPUThrottledSec: u.CPUThrottledSec,
 	}
-	if d, err := image.DiskUsage(filepath.Join(h.dir, "layers")); err == nil {
-		out.DiskBytes = d
+	if d, n, err := storage.Usage(filepath.Join(h.dir, "disk")); err == nil {
+		out.DiskBytes, out.Inodes = d, n
 	}
 	return out, nil
 }

@@ -1,0 +1,83 @@
+package sandbox
+
+import (
+	"context"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+)
+
+// Pause freezes every process of sandbox id (ready or running → paused). A
+// paused sandbox keeps its memory, files and commands in flight but gets no
+// CPU; it does not count towards the idle timeout (its lifetime still
+// runs), and commands, files and terminals are refused with conflict until
+// Resume. Pausing a paused sandbox returns it as it is.
+func (m *Manager) Pause(ctx context.Context, id string) (*Info, error) {
+	sb, err := m.lookup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.state == StatePaused && !sb.terminating {
+		return m.Get(ctx, id)
+	}
+	if sb.terminating || !(sb.state == StateReady || sb.state == StateRunning) {
+		return nil, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
+	}
+	p, ok := sb.handle.(Pauser)
+	if !ok {
+		return nil, errdefs.Unavailablef("the %s backend cannot pause sandboxes", m.opt.Backend.Name())
+	}
+	if err := p.Pause(ctx); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "pause sandbox %s", sb.ID)
+	}
+	if err := m.transitionLocked(ctx, sb, StatePaused, "paused by request"); err != nil {
+		// Not recorded as paused: do not leave it frozen.
+		if rerr := p.Resume(context.WithoutCancel(ctx)); rerr != nil {
+			m.log.Error("thaw sandbox after a failed pause", "sandbox", sb.ID, "err", rerr)
+		}
+		return nil, err
+	}
+	return m.Get(ctx, id)
+}
+
+// Resume thaws a paused sandbox: back to running if commands were in
+// flight, else ready, with its idle time counted from now. Resuming a
+// sandbox that is not paused returns it as it is.
+func (m *Manager) Resume(ctx context.Context, id string) (*Info, error) {
+	sb, err := m.lookup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.terminating {
+		return nil, errdefs.Conflictf("sandbox %s is terminating", sb.ID)
+	}
+	if sb.state != StatePaused {
+		if sb.state == StateReady || sb.state == StateRunning {
+			return m.Get(ctx, id)
+		}
+		return nil, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.state)
+	}
+	p, ok := sb.handle.(Pauser)
+	if !ok {
+		return nil, errdefs.Unavailablef("the %s backend cannot pause sandboxes", m.opt.Backend.Name())
+	}
+	if err := p.Resume(ctx); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "resume sandbox %s", sb.ID)
+	}
+	to := StateReady
+	if sb.running > 0 {
+		to = StateRunning
+	}
+	now := m.opt.Now()
+	sb.lastActive = now
+	if err := m.transitionLocked(ctx, sb, to, "resumed by request", func(r *store.SandboxRecord) {
+		r.LastActiveAt = now.UTC()
+	}); err != nil {
+		return nil, err
+	}
+	return m.Get(ctx, id)
+}
