@@ -71,8 +71,8 @@ type CreateSandboxRequest struct {
 	// fastest, but every byte written counts against the memory limit).
 	// Empty: the configured default.
 	DiskBacking string   `json:"disk_backing,omitempty" jsonschema_description:"Where written files live: disk (default; an ext4 image that does not count against memory) or memory (a tmpfs: fastest for short runs, but every byte written counts against the memory limit)." jsonschema:"enum=disk,enum=memory"`
-	Network  string   `json:"network,omitempty" jsonschema_description:"Network mode: none (default; no network at all), egress or allowlist." jsonschema:"enum=none,enum=egress,enum=allowlist"` // none | egress | allowlist
-	Allow    []string `json:"allow,omitempty" jsonschema_description:"With network allowlist: host names, *.domain wildcards, IPv4 CIDRs and @preset names (server configuration) that are reachable; other names do not resolve."`
+	Network     string   `json:"network,omitempty" jsonschema_description:"Network mode: none (default; no network at all), egress or allowlist." jsonschema:"enum=none,enum=egress,enum=allowlist"` // none | egress | allowlist
+	Allow       []string `json:"allow,omitempty" jsonschema_description:"With network allowlist: host names, *.domain wildcards, IPv4 CIDRs and @preset names (server configuration) that are reachable; other names do not resolve."`
 	// NetworkBandwidth and NetworkConnRate limit a sandbox with network.
 	NetworkBandwidth *int64            `json:"network_bandwidth,omitempty" jsonschema_description:"With network egress or allowlist: bandwidth in bytes per second, each direction. Default and maximum from the server configuration."`
 	NetworkConnRate  *int64            `json:"network_conn_rate,omitempty" jsonschema_description:"With network egress or allowlist: new connections per second. Default and maximum from the server configuration."`

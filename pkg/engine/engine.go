@@ -53,8 +53,8 @@ type Engine struct {
 	seccomp      seccomp.Support
 	metrics      *metrics
 	started      time.Time
-	runState     // run records (run.go)
-	autofixState // autofix loops (autofix.go)
+	runState                 // run records (run.go)
+	autofixState             // autofix loops (autofix.go)
 	builds       imageBuilds // images being built on first use (ondemand.go)
 }
 
