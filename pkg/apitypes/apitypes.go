@@ -125,6 +125,15 @@ type ExecResult struct {
 	StderrBytes     int64       `json:"stderr_bytes"`
 	DurationMS      int64       `json:"duration_ms"`
 	Termination     Termination `json:"termination"`
+	// Usage is what the command and every process it started used, as
+	// its own cgroup accounted it; absent when the backend cannot tell.
+	Usage *JobUsage `json:"usage,omitempty"`
+}
+
+// JobUsage is one command's resource usage.
+type JobUsage struct {
+	CPUSeconds      float64 `json:"cpu_seconds"`
+	MemoryPeakBytes uint64  `json:"memory_peak_bytes,omitempty"`
 }
 
 // JobStatus is a background job's state and its output since given offsets.

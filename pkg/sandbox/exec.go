@@ -175,6 +175,7 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	res.DurationMS = exit.DurationMS
 	res.ExitCode = exit.ExitCode
 	res.Termination = m.termination(sb, exit, oomBefore)
+	res.Usage = jobUsage(exit)
 	// The outcome is delivered; neither the agent nor we need keep it.
 	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = sb.agent.Forget(fctx, jobID)
@@ -183,6 +184,14 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	delete(sb.jobs, jobID)
 	sb.mu.Unlock()
 	return res, nil
+}
+
+// jobUsage is the usage the agent measured in the job's cgroup, if any.
+func jobUsage(exit *agent.ExitStatus) *apitypes.JobUsage {
+	if exit.CPUSeconds == 0 && exit.MemoryPeakBytes == 0 {
+		return nil
+	}
+	return &apitypes.JobUsage{CPUSeconds: exit.CPUSeconds, MemoryPeakBytes: exit.MemoryPeakBytes}
 }
 
 // termination turns the agent's report (untrusted) into a Termination,
@@ -198,7 +207,9 @@ func (m *Manager) termination(sb *Sandbox, exit *agent.ExitStatus, oomBefore uin
 		t = Termination{Cause: CauseLost, Detail: fmt.Sprintf("agent reported unknown cause %.40q", exit.Cause)}
 	}
 	if exit.Signal == "SIGKILL" && (t.Cause == CauseSignal || t.Cause == CauseKilled) {
-		if n, err := sb.oomKills(); err == nil && n > oomBefore {
+		// The job's own counter (v1 does not propagate OOM kills to the
+		// sandbox's cgroup), or the sandbox's.
+		if n, err := sb.oomKills(); exit.OOMKills > 0 || (err == nil && n > oomBefore) {
 			t.Cause, t.Detail = CauseOOM, fmt.Sprintf("killed by the OOM killer (memory limit %d bytes)", sb.spec.Limits.MemoryBytes)
 		}
 	}

@@ -51,6 +51,7 @@ const (
 const (
 	agentBinaryInside = "/.sandboxd/agent"
 	agentRunInside    = "/.sandboxd/run"
+	cgroupsInside     = "/.sandboxd/cgroup"
 	agentSocketName   = "agent.sock"
 )
 
@@ -160,15 +161,26 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		return nil, err
 	}
 	uid := strconv.Itoa(spec.UID)
+	binds := []runtime.Bind{
+		{Source: layers.Workspace, Destination: "/workspace"},
+		{Source: layers.Tmp, Destination: "/tmp"},
+		{Source: b.opt.AgentPath, Destination: agentBinaryInside, ReadOnly: true},
+		{Source: agentDir, Destination: agentRunInside, NoExec: true},
+	}
+	// The agent gives every job its own child cgroup of the sandbox's (see
+	// pkg/agent/server/jobcgroup.go): the sandbox's cgroup directories are
+	// delegated to it, writable by root only, below its cgroup namespace.
+	// Created here (libcontainer joins existing ones) so they can be bound.
+	for name, dir := range cgroups.DelegatedDirs(cg) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create cgroup: %w", err)
+		}
+		binds = append(binds, runtime.Bind{Source: dir, Destination: filepath.Join(cgroupsInside, name), NoExec: true})
+	}
 	inst, err := b.opt.Runtime.Start(&runtime.Spec{
-		ID:     req.ID,
-		Rootfs: layers.Rootfs,
-		Binds: []runtime.Bind{
-			{Source: layers.Workspace, Destination: "/workspace"},
-			{Source: layers.Tmp, Destination: "/tmp"},
-			{Source: b.opt.AgentPath, Destination: agentBinaryInside, ReadOnly: true},
-			{Source: agentDir, Destination: agentRunInside, NoExec: true},
-		},
+		ID:         req.ID,
+		Rootfs:     layers.Rootfs,
+		Binds:      binds,
 		CgroupPath: cg,
 		NetNSPath:  req.NetNSPath,
 		Limits: runtime.Limits{
@@ -180,7 +192,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		// restart) with up to 1 MiB of output tail each, charged to the
 		// sandbox's memory: bound how many.
 		InitArgs: []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid,
-			"--retain-bytes", "1048576", "--max-finished", "32"},
+			"--retain-bytes", "1048576", "--max-finished", "32", "--cgroups", cgroupsInside},
 		InitEnv: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		InitLog: filepath.Join(dir, "agent.log"),
 		Labels:  map[string]string{"sandboxd.id": req.ID},
