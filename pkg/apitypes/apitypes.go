@@ -55,26 +55,31 @@ type CreateSandboxRequest struct {
 	Env        map[string]string `json:"env,omitempty"`
 	TTLSeconds *int64            `json:"ttl_seconds,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty"`
+	// SeccompProfile names a profile of the daemon's seccomp_dir ("default",
+	// "strict"); empty takes the configured sandbox.seccomp_profile.
+	SeccompProfile string `json:"seccomp_profile,omitempty"`
 }
 
 // Sandbox describes a sandbox, live or not.
 type Sandbox struct {
-	ID           string            `json:"sandbox_id"`
-	State        State             `json:"state"`
-	Language     string            `json:"language"`
-	Image        string            `json:"image"`
-	ImageDigest  string            `json:"image_digest,omitempty"`
-	Limits       Limits            `json:"limits"`
-	Network      string            `json:"network"`
-	Env          map[string]string `json:"env,omitempty"`
-	Labels       map[string]string `json:"labels,omitempty"`
-	CgroupPath   string            `json:"cgroup_path,omitempty"`
-	CreatedAt    time.Time         `json:"created_at"`
-	UpdatedAt    time.Time         `json:"updated_at"`
-	LastActiveAt time.Time         `json:"last_active_at"`
-	ExpiresAt    *time.Time        `json:"expires_at,omitempty"`
-	TerminatedAt *time.Time        `json:"terminated_at,omitempty"`
-	Reason       string            `json:"termination_reason,omitempty"`
+	ID          string `json:"sandbox_id"`
+	State       State  `json:"state"`
+	Language    string `json:"language"`
+	Image       string `json:"image"`
+	ImageDigest string `json:"image_digest,omitempty"`
+	Limits      Limits `json:"limits"`
+	Network     string `json:"network"`
+	// SeccompProfile is the profile the sandbox runs under.
+	SeccompProfile string            `json:"seccomp_profile,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	CgroupPath     string            `json:"cgroup_path,omitempty"`
+	CreatedAt      time.Time         `json:"created_at"`
+	UpdatedAt      time.Time         `json:"updated_at"`
+	LastActiveAt   time.Time         `json:"last_active_at"`
+	ExpiresAt      *time.Time        `json:"expires_at,omitempty"`
+	TerminatedAt   *time.Time        `json:"terminated_at,omitempty"`
+	Reason         string            `json:"termination_reason,omitempty"`
 }
 
 // Usage is a live sandbox's resource usage as the kernel accounts it.
@@ -128,6 +133,15 @@ type ExecResult struct {
 	// Usage is what the command and every process it started used, as
 	// its own cgroup accounted it; absent when the backend cannot tell.
 	Usage *JobUsage `json:"usage,omitempty"`
+	// BlockedSyscalls are the syscalls the sandbox's seccomp profile
+	// refused the command, with how often; absent when none were.
+	BlockedSyscalls []BlockedSyscall `json:"blocked_syscalls,omitempty"`
+}
+
+// BlockedSyscall is a syscall seccomp refused and how many times.
+type BlockedSyscall struct {
+	Name  string `json:"name"`
+	Count uint64 `json:"count"`
 }
 
 // JobUsage is one command's resource usage.

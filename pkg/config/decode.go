@@ -302,6 +302,15 @@ func setScalar(v reflect.Value, s string) error {
 			return fmt.Errorf("expected an integer, got %q", s)
 		}
 		v.SetInt(n)
+	case reflect.Bool:
+		switch strings.TrimSpace(s) {
+		case "true":
+			v.SetBool(true)
+		case "false":
+			v.SetBool(false)
+		default:
+			return fmt.Errorf("expected true or false, got %q", s)
+		}
 	case reflect.Float64:
 		f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
@@ -316,7 +325,7 @@ func setScalar(v reflect.Value, s string) error {
 
 // isScalar reports whether setScalar handles values of kind k directly.
 func isScalar(k reflect.Kind) bool {
-	return k == reflect.String || k == reflect.Int || k == reflect.Int64 || k == reflect.Float64
+	return k == reflect.String || k == reflect.Int || k == reflect.Int64 || k == reflect.Float64 || k == reflect.Bool
 }
 
 // isText reports whether v decodes itself from text (ByteSize, Duration).

@@ -12,7 +12,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -44,9 +46,11 @@ type Engine struct {
 	ledger    *ledger.Ledger
 	sandboxes *sandbox.Manager
 	seccomp   seccomp.Support
-	metrics   *metrics
-	started   time.Time
-	runState  // run records (run.go)
+	// seccompProfiles are the profiles creates may choose (seccomp_profile).
+	seccompProfiles map[string]*specs.LinuxSeccomp
+	metrics         *metrics
+	started         time.Time
+	runState        // run records (run.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -84,9 +88,14 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		cleanup()
 		return nil, err
 	}
+	if e.seccompProfiles, err = e.loadSeccompProfiles(); err != nil {
+		cleanup()
+		return nil, err
+	}
 	e.ledger = ledger.New(e.store)
 	backend, err := container.New(container.Options{
-		Runtime: e.runtime, Seccomp: prof, AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir,
+		Runtime: e.runtime, Seccomp: prof, SeccompProfiles: e.seccompProfiles,
+		SeccompDiagnostics: cfg.Sandbox.SeccompDiagnostics && seccomp.MonitorSupported, AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir,
 		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
 	}, e.ledger)
 	if err != nil {
@@ -187,7 +196,7 @@ func (e *Engine) loadSeccomp() (*specs.LinuxSeccomp, error) {
 		e.log.Warn("seccomp is turned off by configuration (sandbox.seccomp_profile: unconfined)")
 		return nil, nil
 	}
-	prof, err := seccomp.Load(e.cfg.Paths.SeccompDir, name, runtime.AgentCapabilities)
+	prof, err := seccomp.Load(e.cfg.Paths.SeccompDir, name, runtime.AgentCapabilities, seccompRules(e.cfg.Sandbox.SeccompRules[name])...)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox.seccomp_profile: %w", err)
 	}
@@ -195,6 +204,41 @@ func (e *Engine) loadSeccomp() (*specs.LinuxSeccomp, error) {
 		e.log.Error("seccomp cannot be enforced; sandboxes will not start", "reason", e.seccomp.Reason)
 	}
 	return prof, nil
+}
+
+// loadSeccompProfiles loads every profile of seccomp_dir with the rules the
+// configuration adds to it, for creates that choose one by name.
+func (e *Engine) loadSeccompProfiles() (map[string]*specs.LinuxSeccomp, error) {
+	names, err := seccomp.Profiles(e.cfg.Paths.SeccompDir)
+	if err != nil {
+		return nil, fmt.Errorf("paths.seccomp_dir: %w", err)
+	}
+	out := map[string]*specs.LinuxSeccomp{}
+	for _, n := range names {
+		p, err := seccomp.Load(e.cfg.Paths.SeccompDir, n, runtime.AgentCapabilities, seccompRules(e.cfg.Sandbox.SeccompRules[n])...)
+		if err != nil {
+			return nil, fmt.Errorf("seccomp profile %s: %w", n, err)
+		}
+		out[n] = p
+	}
+	for n := range e.cfg.Sandbox.SeccompRules {
+		if _, ok := out[n]; !ok {
+			return nil, fmt.Errorf("sandbox.seccomp_rules.%s: no such profile in %s", n, e.cfg.Paths.SeccompDir)
+		}
+	}
+	return out, nil
+}
+
+func seccompRules(rs []config.SeccompRule) []seccomp.Rule {
+	out := make([]seccomp.Rule, len(rs))
+	for i, r := range rs {
+		out[i] = seccomp.Rule{Names: r.Names, Action: r.Action}
+		if r.ErrnoRet != 0 {
+			e := uint(r.ErrnoRet)
+			out[i].ErrnoRet = &e
+		}
+	}
+	return out
 }
 
 // Close stops background work. Sandboxes keep running; a restarted daemon
@@ -299,6 +343,12 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 			return nil, errdefs.Invalidf("cpus: %v exceeds the maximum %v", c, sc.MaxCPUs)
 		}
 		spec.Limits.CPUs = c
+	}
+	if req.SeccompProfile != "" {
+		if _, ok := e.seccompProfiles[req.SeccompProfile]; !ok {
+			return nil, errdefs.Invalidf("seccomp_profile: unknown profile %q (known: %s)", req.SeccompProfile, strings.Join(slices.Sorted(maps.Keys(e.seccompProfiles)), ", "))
+		}
+		spec.SeccompProfile = req.SeccompProfile
 	}
 	if len(req.Allow) > 0 && req.Network != NetworkAllowlist {
 		return nil, errdefs.Invalidf("allow: only valid with network %q", NetworkAllowlist)

@@ -87,3 +87,10 @@ type Handle interface {
 type Network interface {
 	Attach(ctx context.Context, id string, spec Spec, rec ledger.Recorder) (netnsPath string, err error)
 }
+
+// SyscallReporter is implemented by handles that count the syscalls their
+// seccomp profile refused each job (see pkg/seccomp/diagnose.go).
+type SyscallReporter interface {
+	// BlockedSyscalls returns and forgets job's counts by syscall name.
+	BlockedSyscalls(jobID string) map[string]uint64
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -176,6 +178,7 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	res.ExitCode = exit.ExitCode
 	res.Termination = m.termination(sb, exit, oomBefore)
 	res.Usage = jobUsage(exit)
+	res.BlockedSyscalls = blockedSyscalls(sb, jobID)
 	// The outcome is delivered; neither the agent nor we need keep it.
 	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = sb.agent.Forget(fctx, jobID)
@@ -184,6 +187,25 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	delete(sb.jobs, jobID)
 	sb.mu.Unlock()
 	return res, nil
+}
+
+// blockedSyscalls are the syscalls seccomp refused job, by name. The job
+// has ended, and refused calls are counted before they return, so the
+// counts are complete.
+func blockedSyscalls(sb *Sandbox, jobID string) []apitypes.BlockedSyscall {
+	r, ok := sb.handle.(SyscallReporter)
+	if !ok {
+		return nil
+	}
+	counts := r.BlockedSyscalls(jobID)
+	out := make([]apitypes.BlockedSyscall, 0, len(counts))
+	for _, name := range slices.Sorted(maps.Keys(counts)) {
+		out = append(out, apitypes.BlockedSyscall{Name: name, Count: counts[name]})
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // jobUsage is the usage the agent measured in the job's cgroup, if any.

@@ -32,7 +32,7 @@ func (m *Manager) poolable(spec Spec) (Spec, bool) {
 	if err != nil {
 		return Spec{}, false
 	}
-	return tmpl, spec.Limits == tmpl.Limits && spec.Network == tmpl.Network && spec.UID == tmpl.UID
+	return tmpl, spec.Limits == tmpl.Limits && spec.Network == tmpl.Network && spec.UID == tmpl.UID && spec.SeccompProfile == tmpl.SeccompProfile
 }
 
 // claim hands a warm sandbox to a request, giving it the request's identity
