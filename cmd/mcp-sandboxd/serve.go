@@ -189,7 +189,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// MCP is served on both listeners: behind the token on TCP, and on the
 	// socket for `mcp-sandboxd stdio`, which bridges to it.
 	mcpH := mcpserver.NewHandler(eng, mcpserver.Options{Log: log}) // the rest from cfg.Server
-	start(ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH}), "unix")
+	start(ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix")
 
 	if cfg.Server.HTTPAddr != "" {
 		token, err := readToken(cfg.Server.AuthTokenFile, log)
@@ -200,7 +200,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("server.http_addr: %w", err)
 		}
-		start(tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH}), "http")
+		start(tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http")
 	}
 
 	// Only now can clients connect: tell systemd (Type=notify).

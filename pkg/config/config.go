@@ -49,6 +49,9 @@ type Server struct {
 	// MCPOnSessionEnd is what happens to the sandboxes an MCP session
 	// created when the session ends: keep or terminate.
 	MCPOnSessionEnd string `yaml:"mcp_on_session_end"`
+	// MaxRequestBytes caps every request body, /mcp included; larger files
+	// go through the REST upload (PUT .../files), capped on its own.
+	MaxRequestBytes ByteSize `yaml:"max_request_bytes"`
 }
 
 // What server.mcp_on_session_end may say.
@@ -170,6 +173,7 @@ func Default() *Config {
 
 			MCPMaxResultBytes: 48 << 10,
 			MCPOnSessionEnd:   SessionEndKeep,
+			MaxRequestBytes:   4 << 20,
 		},
 		Paths: Paths{
 			StateDir:   "/var/lib/mcp-sandboxd",

@@ -45,6 +45,10 @@ server:
   # ends (stdio client exits, HTTP session deleted or idle for an hour):
   # keep (they live on until their idle_timeout / ttl) or terminate.
   mcp_on_session_end: keep
+  # Largest request body accepted, MCP requests included (a larger one is
+  # refused with invalid_argument before it is read). Files larger than this
+  # go through the REST upload (PUT /v1/sandboxes/{id}/files).
+  max_request_bytes: 4M
 
 # Directories and files (absolute paths).
 paths:

@@ -71,6 +71,9 @@ func (s *Server) validate(p *problems) {
 		p.add("server.mcp_max_result_bytes", "", "%v is below the minimum of %v", s.MCPMaxResultBytes, minMCPResult)
 	}
 	p.oneOf("server.mcp_on_session_end", s.MCPOnSessionEnd, SessionEndKeep, SessionEndTerminate)
+	if s.MaxRequestBytes < 64<<10 || s.MaxRequestBytes > 1<<30 {
+		p.add("server.max_request_bytes", "", "must be from 64K to 1G, got %d bytes", int64(s.MaxRequestBytes))
+	}
 	seen := make(map[string]bool)
 	for i, t := range s.Tools {
 		key := fmt.Sprintf("server.tools[%d]", i)
