@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -754,4 +755,36 @@ func TestWarmPool(t *testing.T) {
 	if custom.Limits.MemoryBytes != 64<<20 {
 		t.Errorf("custom sandbox limits %+v", custom.Limits)
 	}
+}
+
+// TestWriteFillingDiskLeavesNothing: a file write that fills the sandbox's
+// disk answers limit_exceeded and leaves the previous content (or no
+// file), never a partial one.
+func TestWriteFillingDiskLeavesNothing(t *testing.T) {
+	requireRoot(t)
+	env := newTestEngine(t)
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{DiskMB: ptr[int64](32)})
+	if _, err := env.WriteFileFrom(ctx, info.ID, "/workspace/keep.txt", "", false, 3, strings.NewReader("old")); err != nil {
+		t.Fatal(err)
+	}
+	const size = 48 << 20
+	for _, p := range []string{"/workspace/keep.txt", "/workspace/new.bin"} {
+		_, err := env.WriteFileFrom(ctx, info.ID, p, "", false, size, io.LimitReader(zeroReader{}, size))
+		if !errdefs.Is(err, errdefs.LimitExceeded) {
+			t.Fatalf("write of %d MiB to a 32 MiB disk at %s: %v, want limit_exceeded", size>>20, p, err)
+		}
+	}
+	res := env.sh(t, info.ID, "cat /workspace/keep.txt; echo; ls -A /workspace | grep -c sandboxd-tmp; ls -A /workspace")
+	lines := strings.Split(res.Stdout, "\n")
+	if len(lines) < 2 || lines[0] != "old" || strings.TrimSpace(lines[1]) != "0" || strings.Contains(res.Stdout, "new.bin") {
+		t.Errorf("after the failed writes: %q (want the old content and no other file)", res.Stdout)
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -117,7 +118,15 @@ func (fs *fileService) serve(req *agent.Request, r *bufio.Reader, rp *reply) err
 	case agent.OpReadFile:
 		return fs.read(p, req.Offset, req.Max, rp)
 	case agent.OpWriteFile:
-		return fs.write(req.Write, req.Len, r, rp)
+		// The payload follows the request: whatever of it a failed write
+		// left unread is drained (up to the transfer cap), so the client
+		// can finish sending and read the error instead of a broken pipe.
+		lr := &io.LimitedReader{R: r, N: req.Len}
+		err := fs.write(req.Write, req.Len, bufio.NewReaderSize(lr, 64<<10), rp)
+		if err != nil && req.Len <= agent.MaxTransferBytes {
+			_, _ = io.Copy(io.Discard, lr)
+		}
+		return err
 	case agent.OpListFiles:
 		return fs.list(p, req.Recursive, rp)
 	case agent.OpDeleteFile:
@@ -316,13 +325,79 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 	if mode == 0 {
 		mode = 0o644
 	}
+	if w.Append {
+		return fs.appendTo(dirfd, p, mode, w.Mode != 0, payload, r, rp)
+	}
+	// A write replaces the file atomically: the content goes to a new file
+	// beside it, renamed over the target once complete. A failure (the
+	// disk filling up, the client going away) leaves the old file, or
+	// none, never a partial one.
+	owner := [2]int{fs.uid, fs.gid}
+	var old unix.Stat_t
+	switch err := unix.Fstatat(dirfd, path.Base(p), &old, unix.AT_SYMLINK_NOFOLLOW); {
+	case err == nil && old.Mode&unix.S_IFMT == unix.S_IFREG:
+		// An existing file keeps its owner, and its mode unless one is asked for.
+		owner = [2]int{int(old.Uid), int(old.Gid)}
+		if w.Mode == 0 {
+			mode = old.Mode & 0o7777 &^ (unix.S_ISUID | unix.S_ISGID)
+		}
+	case err == nil:
+		// A symlink is refused rather than replaced: what the user
+		// wanted written is not what a planted link would leave there.
+		return agent.Errorf(errdefs.InvalidArgument, "%s is not a regular file", p)
+	case err != nil && err != unix.ENOENT:
+		return errnoError(p, err)
+	}
+	tmp := "." + path.Base(p) + "." + strconv.FormatUint(uint64(time.Now().UnixNano()), 36) + ".sandboxd-tmp"
+	fd, err := unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return errnoError(p, err)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	committed := false
+	defer func() {
+		if !committed {
+			_ = unix.Unlinkat(dirfd, tmp, 0)
+		}
+	}()
+	if fs.chown {
+		if err := unix.Fchown(fd, owner[0], owner[1]); err != nil {
+			return errnoError(p, err)
+		}
+	}
+	// The umask must not decide the mode.
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return errnoError(p, err)
+	}
+	if _, err := io.CopyN(f, r, payload); err != nil {
+		if errors.Is(err, io.EOF) {
+			return agent.Errorf(errdefs.InvalidArgument, "content ended early: %v", err)
+		}
+		return errnoError(p, err)
+	}
+	// Data reaches the disk before the name does (ENOSPC shows up here on
+	// delayed-allocation filesystems).
+	if err := unix.Fsync(fd); err != nil {
+		return errnoError(p, err)
+	}
+	if err := unix.Renameat(dirfd, tmp, dirfd, path.Base(p)); err != nil {
+		return errnoError(p, err)
+	}
+	committed = true
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return errnoError(p, err)
+	}
+	return rp.send(&agent.Frame{Type: agent.FrameResult, File: fileInfo(p, &st)})
+}
+
+// appendTo appends to (or creates) p in place: an append is not atomic.
+func (fs *fileService) appendTo(dirfd int, p string, mode uint32, setMode bool, payload int64, r *bufio.Reader, rp *reply) error {
 	// O_NOFOLLOW: the last component is never followed, so a planted
 	// symlink cannot redirect the write. O_NONBLOCK: a FIFO must not hang
 	// the open; non-regular files are refused below.
-	flags := unix.O_WRONLY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
-	if w.Append {
-		flags |= unix.O_APPEND
-	}
+	flags := unix.O_WRONLY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_APPEND
 	created := true
 	fd, err := unix.Openat(dirfd, path.Base(p), flags|unix.O_EXCL, mode)
 	if err == unix.EEXIST {
@@ -346,15 +421,8 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 			return errnoError(p, err)
 		}
 	}
-	// The umask must not decide the mode of a new file; an existing file
-	// keeps its mode unless one is asked for.
-	if created || w.Mode != 0 {
+	if created || setMode {
 		if err := unix.Fchmod(fd, mode); err != nil {
-			return errnoError(p, err)
-		}
-	}
-	if !w.Append {
-		if err := unix.Ftruncate(fd, 0); err != nil {
 			return errnoError(p, err)
 		}
 	}

@@ -190,6 +190,9 @@ func credUID(c *syscall.Credential) int {
 
 // execError classifies a fork/exec failure.
 func execError(argv0, cwd string, err error) error {
+	if errors.Is(err, unix.E2BIG) {
+		return agent.Errorf(errdefs.InvalidArgument, "argv and environment too large for %s: %v", argv0, err)
+	}
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ENOEXEC) {
 		return agent.Errorf(errdefs.InvalidArgument, "cannot execute %s in %s: %v", argv0, cwd, err)
 	}
