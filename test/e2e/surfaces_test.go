@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -147,6 +148,21 @@ func TestHardenedSurfaces(t *testing.T) {
 			t.Errorf("%s %s: 405 without Allow", tc.method, tc.path)
 		}
 	}
+	// exec --json keeps binary output byte-exact.
+	id := createSandbox(d)
+	out := d.MustCtl("exec", "--json", id, "--", "sh", "-c", `printf '\377\376bin\000'; printf text >&2`)
+	var er struct {
+		Stdout, Stderr string
+		StdoutEncoding string `json:"stdout_encoding"`
+	}
+	if err := json.Unmarshal([]byte(out), &er); err != nil {
+		t.Fatalf("exec --json: %v\n%s", err, out)
+	}
+	raw, err := base64.StdEncoding.DecodeString(er.Stdout)
+	if er.StdoutEncoding != "base64" || err != nil || string(raw) != "\xff\xfebin\x00" || er.Stderr != "text" {
+		t.Errorf("exec --json of binary output: %s", out)
+	}
+	d.MustCtl("rm", id)
 	// The daemon is healthy after all that.
 	if res := do("GET", "/readyz", nil, 0); res.StatusCode != 200 {
 		t.Errorf("readyz after the attacks: %d", res.StatusCode)
