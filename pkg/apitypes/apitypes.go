@@ -58,6 +58,10 @@ type CreateSandboxRequest struct {
 	// SeccompProfile names a profile of the daemon's seccomp_dir ("default",
 	// "strict"); empty takes the configured sandbox.seccomp_profile.
 	SeccompProfile string `json:"seccomp_profile,omitempty"`
+	// RequestID makes the create idempotent: a create with the request id
+	// of an earlier one returns that sandbox (whatever its state now)
+	// instead of starting another, so a client may retry after a timeout.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // Sandbox describes a sandbox, live or not.

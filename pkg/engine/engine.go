@@ -14,9 +14,11 @@ import (
 	"log/slog"
 	"maps"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -46,6 +48,7 @@ type Engine struct {
 	ledger    *ledger.Ledger
 	sandboxes *sandbox.Manager
 	seccomp   seccomp.Support
+	requestMu sync.Mutex // serialises creates that carry a request_id
 	// seccompProfiles are the profiles creates may choose (seccomp_profile).
 	seccompProfiles map[string]*specs.LinuxSeccomp
 	metrics         *metrics
@@ -272,6 +275,19 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 	if err != nil {
 		return nil, err
 	}
+	if req.RequestID != "" {
+		// Creates with a request id run one at a time, so that two
+		// retries racing each other cannot both start a sandbox.
+		e.requestMu.Lock()
+		defer e.requestMu.Unlock()
+		if info, err := e.sandboxByRequestID(ctx, req.RequestID); info != nil || err != nil {
+			return info, err
+		}
+		if spec.Labels == nil {
+			spec.Labels = map[string]string{}
+		}
+		spec.Labels[RequestIDLabel] = req.RequestID
+	}
 	if e.cfg.Sandbox.SeccompProfile != seccomp.Unconfined && !e.seccomp.OK() {
 		e.metrics.created.WithLabelValues("rejected").Inc()
 		return nil, errdefs.Unavailablef("seccomp cannot be enforced (%s); refusing to start sandboxes unless sandbox.seccomp_profile is \"unconfined\"", e.seccomp.Reason)
@@ -367,7 +383,33 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 	if err := checkLabels(req.Labels); err != nil {
 		return nil, err
 	}
+	if _, ok := req.Labels[RequestIDLabel]; ok {
+		return nil, errdefs.Invalidf("labels.%s: reserved; use request_id", RequestIDLabel)
+	}
+	if req.RequestID != "" && !requestIDRe.MatchString(req.RequestID) {
+		return nil, errdefs.Invalidf("request_id: %q is not 1 to 128 letters, digits and ._:- (starting with a letter or digit)", req.RequestID)
+	}
 	return spec, nil
+}
+
+// RequestIDLabel is the label that records a create's request_id.
+const RequestIDLabel = "sandboxd.request_id"
+
+var requestIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+
+// sandboxByRequestID finds the sandbox an earlier create with request id
+// rid made, in any state (terminated ones until retention drops them).
+func (e *Engine) sandboxByRequestID(ctx context.Context, rid string) (*sandbox.Info, error) {
+	all, err := e.ListSandboxes(ctx, "all")
+	if err != nil {
+		return nil, err
+	}
+	for _, sb := range all {
+		if sb.Labels[RequestIDLabel] == rid {
+			return sb, nil
+		}
+	}
+	return nil, nil
 }
 
 func checkLabels(labels map[string]string) error {

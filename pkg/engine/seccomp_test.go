@@ -86,3 +86,40 @@ func TestSeccompProfilePerSandbox(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateIdempotentOnRequestID: a retried create returns the sandbox the
+// first one made; concurrent retries start one sandbox.
+func TestCreateIdempotentOnRequestID(t *testing.T) {
+	requireRoot(t)
+	env := newTestEngine(t)
+	ctx := context.Background()
+	rid := "req-" + randHex(6)
+	ids := make(chan string, 3)
+	for range 3 {
+		go func() {
+			info, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", RequestID: rid})
+			if err != nil {
+				t.Error(err)
+				ids <- ""
+				return
+			}
+			ids <- info.ID
+		}()
+	}
+	first := <-ids
+	for range 2 {
+		if id := <-ids; id != first {
+			t.Errorf("retries of request %s made sandboxes %s and %s", rid, first, id)
+		}
+	}
+	live, err := env.ListSandboxes(ctx, "")
+	if err != nil || len(live) != 1 {
+		t.Errorf("live sandboxes = %d (%v), want 1", len(live), err)
+	}
+	if _, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", RequestID: "bad id"}); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), "request_id") {
+		t.Errorf("bad request id: %v", err)
+	}
+	if _, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Labels: map[string]string{RequestIDLabel: "x"}}); !errdefs.Is(err, errdefs.InvalidArgument) {
+		t.Errorf("reserved label: %v", err)
+	}
+}
