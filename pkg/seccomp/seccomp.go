@@ -161,7 +161,8 @@ func addRules(body []byte, extra []Rule) ([]byte, error) {
 				names = append(names, n)
 			}
 		}
-		if len(names) == 0 || (sc.Name != "" && replaced[sc.Name]) {
+		// (A legacy single-"name" entry has no Names and is kept as it is.)
+		if len(names) == 0 && len(sc.Names) > 0 {
 			continue
 		}
 		sc.Names = names
