@@ -788,3 +788,24 @@ func (zeroReader) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
 }
+
+// TestFileReadObeysSandboxUserPermissions: the file API reads with the
+// sandbox user's credentials, so a link planted in /workspace pointing at a
+// root-only file of the image does not hand that file out.
+func TestFileReadObeysSandboxUserPermissions(t *testing.T) {
+	requireRoot(t)
+	env := newTestEngine(t)
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{})
+	env.sh(t, info.ID, "ln -s /etc/shadow /workspace/x; echo mine > /workspace/mine")
+	if _, err := env.ReadFile(ctx, FileReadRequest{SandboxID: info.ID, Path: "/workspace/x"}); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("file_read through a link to /etc/shadow: %v, want invalid_argument (permission denied)", err)
+	}
+	if _, err := env.ListFiles(ctx, info.ID, "/root", false); err == nil {
+		t.Errorf("listing /root (0700 root) succeeded")
+	}
+	res, err := env.ReadFile(ctx, FileReadRequest{SandboxID: info.ID, Path: "/workspace/mine"})
+	if err != nil || res.Content != "mine\n" {
+		t.Errorf("reading the user's own file: %+v %v", res, err)
+	}
+}

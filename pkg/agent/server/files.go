@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -55,6 +56,45 @@ func newFileService(root, sockDir string, uid, gid int) (*fileService, error) {
 }
 
 func (fs *fileService) close() { unix.Close(fs.rootFD) }
+
+// openAsUser opens p for reading with the sandbox user's file-system
+// credentials, so that what a read returns obeys the permissions the
+// sandbox user faces: a link planted in /workspace pointing at a root-only
+// file of the image opens with EACCES instead of through the agent's
+// CAP_DAC_OVERRIDE. setfsuid, setfsgid and setgroups (raw syscalls here,
+// not Go's all-threads versions) change this OS thread only; a non-zero
+// fsuid drops the file-system capabilities from its effective set, and
+// fsuid 0 brings them back. A thread whose credentials cannot be restored
+// stays locked and ends with its goroutine.
+func (fs *fileService) openAsUser(p string, flags uint64) (int, error) {
+	if !fs.chown {
+		return fs.open(p, flags, 0)
+	}
+	runtime.LockOSThread()
+	restored := false
+	defer func() {
+		if restored {
+			runtime.UnlockOSThread()
+		}
+	}()
+	groups, err := unix.Getgroups()
+	if err != nil {
+		return -1, fmt.Errorf("getgroups: %w", err)
+	}
+	if err := unix.Setgroups([]int{fs.gid}); err != nil {
+		return -1, fmt.Errorf("setgroups: %w", err)
+	}
+	_, _ = unix.SetfsgidRetGid(fs.gid)
+	_, _ = unix.SetfsuidRetUid(fs.uid)
+	fd, err := fs.open(p, flags, 0)
+	_, _ = unix.SetfsuidRetUid(0)
+	_, _ = unix.SetfsgidRetGid(0)
+	// setfsuid(-1) changes nothing and returns the current fsuid.
+	if cur, _ := unix.SetfsuidRetUid(-1); cur == 0 && unix.Setgroups(groups) == nil {
+		restored = true
+	}
+	return fd, err
+}
 
 // open resolves p inside the root.
 func (fs *fileService) open(p string, flags uint64, mode uint64) (int, error) {
@@ -185,7 +225,7 @@ func (fs *fileService) read(p string, offset, limit int64, rp *reply) error {
 	}
 	limit = min(limit, agent.MaxTransferBytes)
 	// O_NONBLOCK: opening a FIFO must not hang; it is refused below.
-	fd, err := fs.open(p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	fd, err := fs.openAsUser(p, unix.O_RDONLY|unix.O_NONBLOCK)
 	if err != nil {
 		return err
 	}
@@ -439,7 +479,7 @@ func (fs *fileService) appendTo(dirfd int, p string, mode uint32, setMode bool, 
 }
 
 func (fs *fileService) list(p string, recursive bool, rp *reply) error {
-	fd, err := fs.open(p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	fd, err := fs.openAsUser(p, unix.O_RDONLY|unix.O_DIRECTORY)
 	if agent.ErrorCode(err) == errdefs.InvalidArgument { // not a directory
 		fi, serr := fs.stat(p)
 		if serr != nil {
