@@ -47,6 +47,12 @@ func (s *server) terminal(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	// A refused request (no such sandbox) keeps its own answer; a plain
+	// HTTP request for a live sandbox is refused before a command starts.
+	if _, err := s.e.GetSandbox(r.Context(), req.SandboxID); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	if !s.requireUpgrade(w, r) {
 		return
 	}
