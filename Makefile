@@ -11,7 +11,7 @@ TAGS := seccomp
 TEST_TIMEOUT ?= 60m
 DEV_CONFIG ?= dev-state/mcp-sandboxd.yaml
 
-.PHONY: all build deps web test test-unit bench bench-compare run fmt vet lint install clean
+.PHONY: fuzz all build deps web test test-unit bench bench-compare run fmt vet lint install clean
 
 all: build
 
@@ -47,6 +47,23 @@ test: build
 
 test-unit:
 	CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -short ./...
+
+# Fuzz targets, each for FUZZTIME (their seed corpora, f.Add seeds and
+# testdata/fuzz, run as plain tests in make test). One target at a time:
+# go test -fuzz takes a single target per package run.
+FUZZTIME ?= 60s
+FUZZ_TARGETS := \
+	./pkg/config:FuzzParse \
+	./pkg/agent:FuzzReadFrame \
+	./pkg/agent:FuzzValidatePath \
+	./pkg/apitypes:FuzzDecodeRequests \
+	./pkg/api:FuzzDecodeJSON
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "== $$name ($$pkg, $(FUZZTIME))"; \
+		CGO_ENABLED=1 $(GO) test -tags $(TAGS) -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
 
 # Lifecycle benchmarks against the runc CLI baseline (see pkg/engine/bench_test.go),
 # then run_code through MCP over HTTP next to the engine API (test/mcp).

@@ -250,7 +250,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// `sandboxctl ui` mints a login URL on the socket, the browser uses it
 	// over HTTP.
 	ui := api.NewUIAuth(api.UIAuthOptions{BaseURL: uiBaseURL(cfg.Server.HTTPAddr)})
-	start(ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui}), "unix")
+	start(ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix")
 
 	if cfg.Server.HTTPAddr != "" {
 		token, err := readToken(cfg.Server.AuthTokenFile, log)
@@ -261,7 +261,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("server.http_addr: %w", err)
 		}
-		start(tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH, UI: ui}), "http")
+		start(tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http")
 	}
 
 	// Only now can clients connect: tell systemd (Type=notify).

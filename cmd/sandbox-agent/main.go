@@ -30,6 +30,7 @@ import (
 )
 
 func main() {
+	server.MaybeJobExec(os.Args) // a job's start (pkg/agent/server/jobexec.go); returns otherwise
 	if len(os.Args) == 2 && os.Args[1] == "version" {
 		fmt.Println("sandbox-agent", version.Version)
 		return
@@ -60,6 +61,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.GID, "gid", 1000, "default gid of commands and group of written files")
 	fs.IntVar(&o.RetainBytes, "retain-bytes", 1<<20, "output retained per stream of each job")
 	fs.IntVar(&o.MaxFinished, "max-finished", 256, "finished jobs kept before the oldest are dropped")
+	fs.StringVar(&o.Cgroups, "cgroups", "", "where the sandbox's delegated cgroups are mounted; every job then gets its own cgroup")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

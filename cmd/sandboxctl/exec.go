@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -142,11 +143,33 @@ func execStream(ctx context.Context, g *globals, c *client.Client, id string, ar
 		return err
 	}
 	if g.json {
-		if err := g.printJSON(res); err != nil {
+		if err := g.printJSON(jsonResult(res)); err != nil {
 			return err
 		}
 	}
 	return &exitStatus{code: commandExitCode(res)}
+}
+
+// execJSON is exec --json's output: the result, with each stream that is
+// not UTF-8 text base64-encoded (and its encoding field saying so), so
+// binary output survives byte-exact (JSON strings cannot hold it).
+type execJSON struct {
+	*client.ExecResult
+	Stdout         string `json:"stdout"`
+	Stderr         string `json:"stderr"`
+	StdoutEncoding string `json:"stdout_encoding,omitempty"`
+	StderrEncoding string `json:"stderr_encoding,omitempty"`
+}
+
+func jsonResult(res *client.ExecResult) execJSON {
+	out := execJSON{ExecResult: res, Stdout: res.Stdout, Stderr: res.Stderr}
+	if !utf8.ValidString(res.Stdout) {
+		out.Stdout, out.StdoutEncoding = base64.StdEncoding.EncodeToString([]byte(res.Stdout)), "base64"
+	}
+	if !utf8.ValidString(res.Stderr) {
+		out.Stderr, out.StderrEncoding = base64.StdEncoding.EncodeToString([]byte(res.Stderr)), "base64"
+	}
+	return out
 }
 
 // commandExitCode is the status sandboxctl exits with for a finished command:
@@ -219,7 +242,7 @@ func execTTY(ctx context.Context, g *globals, c *client.Client, id string, argv 
 		return err
 	}
 	if g.json {
-		if err := g.printJSON(res); err != nil {
+		if err := g.printJSON(jsonResult(res)); err != nil {
 			return err
 		}
 	}

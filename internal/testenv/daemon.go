@@ -230,3 +230,11 @@ func (d *Daemon) Token() string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+// PID returns the running daemon's process id.
+func (d *Daemon) PID() int {
+	if d.cmd == nil || d.cmd.Process == nil {
+		d.T.Fatal("daemon not started")
+	}
+	return d.cmd.Process.Pid
+}

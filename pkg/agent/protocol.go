@@ -231,6 +231,13 @@ type ExitStatus struct {
 	DurationMS  int64     `json:"duration_ms"`
 	StdoutBytes int64     `json:"stdout_bytes"`
 	StderrBytes int64     `json:"stderr_bytes"`
+	// CPUSeconds and MemoryPeakBytes are the job's usage as its own cgroup
+	// accounts it (every process it started); zero when the agent has no
+	// per-job cgroups or the hierarchy does not count it.
+	CPUSeconds      float64 `json:"cpu_seconds,omitempty"`
+	MemoryPeakBytes uint64  `json:"memory_peak_bytes,omitempty"`
+	// OOMKills counts the job's processes the OOM killer ended.
+	OOMKills uint64 `json:"oom_kills,omitempty"`
 }
 
 // Info describes the agent process.

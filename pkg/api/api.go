@@ -39,8 +39,9 @@ type Options struct {
 	// Log receives one debug line per request and the details of internal
 	// errors; nil means slog.Default().
 	Log *slog.Logger
-	// MaxBodyBytes caps JSON request bodies (default DefaultMaxBodyBytes).
-	// File uploads are capped by engine.MaxFileBytes instead.
+	// MaxBodyBytes caps JSON request bodies and MCP requests (default
+	// DefaultMaxBodyBytes). File uploads are capped by engine.MaxFileBytes
+	// instead.
 	MaxBodyBytes int64
 	// MCP, if not nil, is the MCP endpoint (pkg/mcpserver.NewHandler),
 	// served at /mcp behind the same authentication as everything else.
@@ -107,7 +108,7 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs/{job}", s.jobStatus)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/jobs/{job}", s.killJob)
 	if opt.MCP != nil {
-		mux.Handle("/mcp", opt.MCP)
+		mux.Handle("/mcp", s.capBody(opt.MCP))
 	}
 	// The web editor (auth.go, ui.go).
 	mux.HandleFunc("/login", s.login)
@@ -118,9 +119,59 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	mux.HandleFunc("GET /{$}", s.ui)
 	mux.HandleFunc("GET /assets/", s.ui)
 	s.mux = mux
+	// Every other path, and a known path with another method, answers the
+	// taxonomy's JSON rather than the mux's plain text.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { s.noRoute(mux, w, r) })
 	// Authentication wraps the mux, so an unauthenticated request reaches no
 	// handler at all.
 	return s.logRequests(s.authenticate(mux))
+}
+
+// capBody refuses a request body over MaxBodyBytes: at once when its
+// Content-Length says so, else after reading that much (the handler's read
+// fails), so the daemon never holds more than the cap of one request.
+func (s *server) capBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > s.opt.MaxBodyBytes {
+			s.writeError(w, r, errdefs.Invalidf("body: %d bytes is larger than server.max_request_bytes (%d bytes)", r.ContentLength, s.opt.MaxBodyBytes))
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, s.opt.MaxBodyBytes)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// noRoute answers a request no route took: 405 with Allow when the path
+// exists for other methods, else 404, both as the taxonomy's JSON.
+func (s *server) noRoute(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch} {
+		if m == r.Method {
+			continue
+		}
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := mux.Handler(probe); pattern != "" && pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		writeJSON(w, http.StatusMethodNotAllowed, errorResponse{Error: errorBodyOf(
+			errdefs.Invalidf("method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", ")))})
+		return
+	}
+	s.writeError(w, r, errdefs.NotFoundf("no such endpoint: %s %s", r.Method, r.URL.Path))
+}
+
+// requireUpgrade answers a WebSocket endpoint's plain HTTP request with the
+// taxonomy's JSON before anything is started for it.
+func (s *server) requireUpgrade(w http.ResponseWriter, r *http.Request) bool {
+	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		return true
+	}
+	s.writeError(w, r, errdefs.Invalidf("%s is a WebSocket endpoint: the request needs \"Upgrade: websocket\"", r.URL.Path))
+	return false
 }
 
 // statusRecorder remembers the status a handler sent, for the request log.

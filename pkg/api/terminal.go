@@ -47,6 +47,15 @@ func (s *server) terminal(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	// A refused request (no such sandbox) keeps its own answer; a plain
+	// HTTP request for a live sandbox is refused before a command starts.
+	if _, err := s.e.GetSandbox(r.Context(), req.SandboxID); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if !s.requireUpgrade(w, r) {
+		return
+	}
 	term, err := s.e.OpenTerminal(r.Context(), req)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -137,6 +146,9 @@ func (s *server) terminalInput(ctx context.Context, cancel context.CancelFunc, c
 // events streams sandbox events (?sandbox_id= for one sandbox) as JSON text
 // messages until the client goes away. The client sends nothing.
 func (s *server) events(w http.ResponseWriter, r *http.Request) {
+	if !s.requireUpgrade(w, r) {
+		return
+	}
 	conn, err := websocket.Accept(w, r, nil)
 	if err != nil {
 		s.log.Debug("events upgrade", "err", err)

@@ -79,28 +79,37 @@ type CreateSandboxRequest struct {
 	Env              map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every command in the sandbox."`
 	TTLSeconds       *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
 	Labels           map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
+	// SeccompProfile names a profile of the daemon's seccomp_dir ("default",
+	// "strict"); empty takes the configured sandbox.seccomp_profile.
+	SeccompProfile string `json:"seccomp_profile,omitempty" jsonschema_description:"Seccomp profile: default (Docker's) or strict (also no ptrace, personality, io_uring, userfaultfd, perf, bpf, namespaces, keyring). Default from the server configuration."`
+	// RequestID makes the create idempotent: a create with the request id
+	// of an earlier one returns that sandbox (whatever its state now)
+	// instead of starting another, so a client may retry after a timeout.
+	RequestID string `json:"request_id,omitempty" jsonschema_description:"Client request id: a create with the id of an earlier one returns that sandbox instead of starting another (safe retries)."`
 }
 
 // Sandbox describes a sandbox, live or not.
 type Sandbox struct {
-	ID           string            `json:"sandbox_id"`
-	State        State             `json:"state"`
-	Language     string            `json:"language"`
-	Image        string            `json:"image"`
-	ImageDigest  string            `json:"image_digest,omitempty"`
-	Limits       Limits            `json:"limits"`
-	DiskBacking  string            `json:"disk_backing,omitempty"`
-	Network      string            `json:"network"`
-	Allow        []string          `json:"allow,omitempty"`
-	Env          map[string]string `json:"env,omitempty"`
-	Labels       map[string]string `json:"labels,omitempty"`
-	CgroupPath   string            `json:"cgroup_path,omitempty"`
-	CreatedAt    time.Time         `json:"created_at"`
-	UpdatedAt    time.Time         `json:"updated_at"`
-	LastActiveAt time.Time         `json:"last_active_at"`
-	ExpiresAt    *time.Time        `json:"expires_at,omitempty"`
-	TerminatedAt *time.Time        `json:"terminated_at,omitempty"`
-	Reason       string            `json:"termination_reason,omitempty"`
+	ID          string   `json:"sandbox_id"`
+	State       State    `json:"state"`
+	Language    string   `json:"language"`
+	Image       string   `json:"image"`
+	ImageDigest string   `json:"image_digest,omitempty"`
+	Limits      Limits   `json:"limits"`
+	DiskBacking string   `json:"disk_backing,omitempty"`
+	Network     string   `json:"network"`
+	Allow       []string `json:"allow,omitempty"`
+	// SeccompProfile is the profile the sandbox runs under.
+	SeccompProfile string            `json:"seccomp_profile,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	CgroupPath     string            `json:"cgroup_path,omitempty"`
+	CreatedAt      time.Time         `json:"created_at"`
+	UpdatedAt      time.Time         `json:"updated_at"`
+	LastActiveAt   time.Time         `json:"last_active_at"`
+	ExpiresAt      *time.Time        `json:"expires_at,omitempty"`
+	TerminatedAt   *time.Time        `json:"terminated_at,omitempty"`
+	Reason         string            `json:"termination_reason,omitempty"`
 }
 
 // Usage is a live sandbox's resource usage as the kernel accounts it.
@@ -155,6 +164,24 @@ type ExecResult struct {
 	StderrBytes     int64       `json:"stderr_bytes"`
 	DurationMS      int64       `json:"duration_ms"`
 	Termination     Termination `json:"termination"`
+	// Usage is what the command and every process it started used, as
+	// its own cgroup accounted it; absent when the backend cannot tell.
+	Usage *JobUsage `json:"usage,omitempty"`
+	// BlockedSyscalls are the syscalls the sandbox's seccomp profile
+	// refused the command, with how often; absent when none were.
+	BlockedSyscalls []BlockedSyscall `json:"blocked_syscalls,omitempty"`
+}
+
+// BlockedSyscall is a syscall seccomp refused and how many times.
+type BlockedSyscall struct {
+	Name  string `json:"name"`
+	Count uint64 `json:"count"`
+}
+
+// JobUsage is one command's resource usage.
+type JobUsage struct {
+	CPUSeconds      float64 `json:"cpu_seconds"`
+	MemoryPeakBytes uint64  `json:"memory_peak_bytes,omitempty"`
 }
 
 // JobStatus is a background job's state and its output since given offsets.

@@ -42,6 +42,8 @@ type RunStep struct {
 	StderrTruncated bool        `json:"stderr_truncated,omitempty"`
 	Termination     Termination `json:"termination"`
 	DurationMS      int64       `json:"duration_ms"`
+	// BlockedSyscalls: see ExecResult.
+	BlockedSyscalls []BlockedSyscall `json:"blocked_syscalls,omitempty"`
 }
 
 // RunResult is the outcome of run_code: the steps, and at the top level the
@@ -59,6 +61,8 @@ type RunResult struct {
 	StderrTruncated bool        `json:"stderr_truncated"`
 	Termination     Termination `json:"termination"`
 	DurationMS      int64       `json:"duration_ms"`
+	// BlockedSyscalls are the syscalls seccomp refused in any step.
+	BlockedSyscalls []BlockedSyscall `json:"blocked_syscalls,omitempty"`
 	// OutputFiles lists what the program left in /workspace/output (kept
 	// in the run record's output/).
 	OutputFiles []string `json:"output_files,omitempty"`
@@ -95,15 +99,16 @@ type RunTermination struct {
 
 // RunStepRecord is one step of a run in metadata.json.
 type RunStepRecord struct {
-	Name            string         `json:"name"`
-	Argv            []string       `json:"argv,omitempty"`
-	ExitCode        int            `json:"exitCode"`
-	DurationMS      int64          `json:"durationMs"`
-	Termination     RunTermination `json:"termination"`
-	StdoutBytes     int64          `json:"stdoutBytes"`
-	StderrBytes     int64          `json:"stderrBytes"`
-	StdoutTruncated bool           `json:"stdoutTruncated"`
-	StderrTruncated bool           `json:"stderrTruncated"`
+	Name            string           `json:"name"`
+	Argv            []string         `json:"argv,omitempty"`
+	ExitCode        int              `json:"exitCode"`
+	DurationMS      int64            `json:"durationMs"`
+	Termination     RunTermination   `json:"termination"`
+	BlockedSyscalls []BlockedSyscall `json:"blockedSyscalls,omitempty"`
+	StdoutBytes     int64            `json:"stdoutBytes"`
+	StderrBytes     int64            `json:"stderrBytes"`
+	StdoutTruncated bool             `json:"stdoutTruncated"`
+	StderrTruncated bool             `json:"stderrTruncated"`
 }
 
 // RunMetadata is metadata.json: the fields docs/SPEC.md names first, then more.

@@ -404,3 +404,27 @@ func IOControllerAvailable() bool {
 	_, err := os.Stat(filepath.Join(Root, "blkio"))
 	return err == nil
 }
+
+// DelegatedDirs lists, by name, the host directories of cgroup p that a
+// sandbox's agent gets to create per-job cgroups in: "unified" (the v2
+// hierarchy, or hybrid's unified tree) and the v1 "memory", "cpuacct" and
+// "freezer" hierarchies where they are mounted. On a unified host the one
+// entry is "" (the cgroup itself).
+func DelegatedDirs(p string) map[string]string {
+	switch HostMode() {
+	case ModeUnified:
+		return map[string]string{"": filepath.Join(Root, p)}
+	case ModeHybrid, ModeLegacy:
+		out := map[string]string{}
+		if HostMode() == ModeHybrid {
+			out["unified"] = filepath.Join(Root, "unified", p)
+		}
+		for _, c := range []string{"memory", "cpuacct", "freezer"} {
+			if _, err := os.Stat(filepath.Join(Root, c)); err == nil {
+				out[c] = filepath.Join(Root, c, p)
+			}
+		}
+		return out
+	}
+	return nil
+}

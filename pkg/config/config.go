@@ -61,6 +61,9 @@ type Server struct {
 	// before the client is told it still runs (a progress notification
 	// with a progress token, an SSE comment over HTTP without one).
 	MCPProgressInterval Duration `yaml:"mcp_progress_interval"`
+	// MaxRequestBytes caps every request body, /mcp included; larger files
+	// go through the REST upload (PUT .../files), capped on its own.
+	MaxRequestBytes ByteSize `yaml:"max_request_bytes"`
 }
 
 // SocketPerm is server.socket_mode as file permission bits.
@@ -102,27 +105,41 @@ func (p Paths) SandboxesDirOrDefault() string {
 
 // Sandbox is the `sandbox` section: defaults and caps for sandbox limits.
 type Sandbox struct {
-	Memory         ByteSize       `yaml:"memory"`           // default memory limit (no swap)
-	MaxMemory      ByteSize       `yaml:"max_memory"`       // cap on a requested memory limit
-	CPUs           float64        `yaml:"cpus"`             // default CPU quota in cores
-	MaxCPUs        float64        `yaml:"max_cpus"`         // cap
-	Pids           int64          `yaml:"pids"`             // default pids limit
-	MaxPids        int64          `yaml:"max_pids"`         // cap
-	Disk           ByteSize       `yaml:"disk"`             // default writable-layer size
-	MaxDisk        ByteSize       `yaml:"max_disk"`         // cap
-	DiskBacking    string         `yaml:"disk_backing"`     // disk (ext4 image) | memory (tmpfs)
-	ExecTimeout    Duration       `yaml:"exec_timeout"`     // default per-command timeout
-	MaxExecTimeout Duration       `yaml:"max_exec_timeout"` // cap
-	IdleTimeout    Duration       `yaml:"idle_timeout"`     // terminate after this long ready and unused (0: never)
-	MaxLifetime    Duration       `yaml:"max_lifetime"`     // terminate after this long in any state (0: never)
-	MaxSandboxes   int            `yaml:"max_sandboxes"`    // live (not terminated) sandboxes at once
-	OutputLimit    ByteSize       `yaml:"output_limit"`     // per stream, per command
-	User           int            `yaml:"user"`             // uid (and gid) commands run as
-	SeccompProfile string         `yaml:"seccomp_profile"`  // profile name in seccomp_dir, or "unconfined"
-	Pool           map[string]int `yaml:"pool"`             // warm sandboxes per language
-	CgroupParent   string         `yaml:"cgroup_parent"`    // absolute cgroup path of the daemon's parent
-	IOReadBPS      ByteSize       `yaml:"io_read_bps"`      // block I/O read throttle per sandbox, bytes/s (0: none)
-	IOWriteBPS     ByteSize       `yaml:"io_write_bps"`     // block I/O write throttle per sandbox, bytes/s (0: none)
+	Memory         ByteSize `yaml:"memory"`           // default memory limit (no swap)
+	MaxMemory      ByteSize `yaml:"max_memory"`       // cap on a requested memory limit
+	CPUs           float64  `yaml:"cpus"`             // default CPU quota in cores
+	MaxCPUs        float64  `yaml:"max_cpus"`         // cap
+	Pids           int64    `yaml:"pids"`             // default pids limit
+	MaxPids        int64    `yaml:"max_pids"`         // cap
+	Disk           ByteSize `yaml:"disk"`             // default writable-layer size
+	MaxDisk        ByteSize `yaml:"max_disk"`         // cap
+	DiskBacking    string   `yaml:"disk_backing"`     // disk (ext4 image) | memory (tmpfs)
+	ExecTimeout    Duration `yaml:"exec_timeout"`     // default per-command timeout
+	MaxExecTimeout Duration `yaml:"max_exec_timeout"` // cap
+	IdleTimeout    Duration `yaml:"idle_timeout"`     // terminate after this long ready and unused (0: never)
+	MaxLifetime    Duration `yaml:"max_lifetime"`     // terminate after this long in any state (0: never)
+	MaxSandboxes   int      `yaml:"max_sandboxes"`    // live (not terminated) sandboxes at once
+	OutputLimit    ByteSize `yaml:"output_limit"`     // per stream, per command
+	User           int      `yaml:"user"`             // uid (and gid) commands run as
+	SeccompProfile string   `yaml:"seccomp_profile"`  // profile name in seccomp_dir, or "unconfined"
+	// SeccompRules are added to the named profiles without copying them
+	// (profile name → rules); a rule replaces every rule of the profile for
+	// the syscalls it names.
+	SeccompRules map[string][]SeccompRule `yaml:"seccomp_rules"`
+	// SeccompDiagnostics reports each command's refused syscalls by name.
+	SeccompDiagnostics bool           `yaml:"seccomp_diagnostics"`
+	Pool               map[string]int `yaml:"pool"`          // warm sandboxes per language
+	CgroupParent       string         `yaml:"cgroup_parent"` // absolute cgroup path of the daemon's parent
+	IOReadBPS          ByteSize       `yaml:"io_read_bps"`   // block I/O read throttle per sandbox, bytes/s (0: none)
+	IOWriteBPS         ByteSize       `yaml:"io_write_bps"`  // block I/O write throttle per sandbox, bytes/s (0: none)
+}
+
+// SeccompRule gives the named syscalls an action (SCMP_ACT_ALLOW,
+// SCMP_ACT_ERRNO with errno_ret, SCMP_ACT_KILL_PROCESS, SCMP_ACT_LOG).
+type SeccompRule struct {
+	Names    []string `yaml:"names"`
+	Action   string   `yaml:"action"`
+	ErrnoRet int      `yaml:"errno_ret"` // 0: EPERM
 }
 
 // Network is the `network` section.
@@ -234,24 +251,25 @@ func Default() *Config {
 			AgentPath:  "/usr/libexec/mcp-sandboxd/sandbox-agent",
 		},
 		Sandbox: Sandbox{
-			Memory:         512 << 20,
-			MaxMemory:      4 << 30,
-			CPUs:           1,
-			MaxCPUs:        2,
-			Pids:           256,
-			MaxPids:        4096,
-			Disk:           1 << 30,
-			MaxDisk:        8 << 30,
-			DiskBacking:    "disk",
-			ExecTimeout:    Duration(5 * time.Minute),
-			MaxExecTimeout: Duration(time.Hour),
-			IdleTimeout:    Duration(30 * time.Minute),
-			MaxLifetime:    Duration(24 * time.Hour),
-			MaxSandboxes:   32,
-			OutputLimit:    16 << 20,
-			User:           1000,
-			SeccompProfile: "default",
-			CgroupParent:   "/mcp-sandboxd",
+			Memory:             512 << 20,
+			MaxMemory:          4 << 30,
+			CPUs:               1,
+			MaxCPUs:            2,
+			Pids:               256,
+			MaxPids:            4096,
+			Disk:               1 << 30,
+			MaxDisk:            8 << 30,
+			DiskBacking:        "disk",
+			ExecTimeout:        Duration(5 * time.Minute),
+			MaxExecTimeout:     Duration(time.Hour),
+			IdleTimeout:        Duration(30 * time.Minute),
+			MaxLifetime:        Duration(24 * time.Hour),
+			MaxSandboxes:       32,
+			OutputLimit:        16 << 20,
+			User:               1000,
+			SeccompProfile:     "default",
+			SeccompDiagnostics: true,
+			CgroupParent:       "/mcp-sandboxd",
 		},
 		Network: Network{
 			Bridge:      "sbx0",

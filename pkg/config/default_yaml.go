@@ -59,6 +59,10 @@ server:
   # token, else (over HTTP) an SSE comment, which is the first byte clients
   # such as Claude Code wait for.
   mcp_progress_interval: 15s
+  # Largest request body accepted, MCP requests included (a larger one is
+  # refused with invalid_argument before it is read). Files larger than this
+  # go through the REST upload (PUT /v1/sandboxes/{id}/files).
+  max_request_bytes: 4M
 
 # Directories and files (absolute paths).
 paths:
@@ -125,6 +129,16 @@ sandbox:
   # Seccomp profile: a file name in paths.seccomp_dir without ".json", or
   # "unconfined" to run sandboxes without seccomp (not recommended).
   seccomp_profile: default
+  # Rules added to a profile without copying it (profile name → rules); a
+  # rule replaces every rule of the profile for the syscalls it names.
+  # Creates may pick another profile of seccomp_dir (seccomp_profile), e.g.
+  # "strict". Example: {default: [{names: [ptrace], action: SCMP_ACT_ERRNO, errno_ret: 1}]}
+  seccomp_rules: {}
+  # Report the syscalls seccomp refused a command (blocked_syscalls in its
+  # result: name and count), through a seccomp notification listener per
+  # sandbox. Allowed syscalls cost nothing; a refused one costs a round trip
+  # to the daemon.
+  seccomp_diagnostics: true
   # Warm sandboxes kept ready per language (count), e.g. {python: 2, node: 1}.
   # They count towards max_sandboxes.
   pool: {}

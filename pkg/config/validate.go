@@ -79,6 +79,9 @@ func (s *Server) validate(p *problems) {
 	if s.MCPProgressInterval.D() < time.Second || s.MCPProgressInterval.D() > 10*time.Minute {
 		p.add("server.mcp_progress_interval", "", "%v: want between 1s and 10m", s.MCPProgressInterval.D())
 	}
+	if s.MaxRequestBytes < 64<<10 || s.MaxRequestBytes > 1<<30 {
+		p.add("server.max_request_bytes", "", "must be from 64K to 1G, got %d bytes", int64(s.MaxRequestBytes))
+	}
 	seen := make(map[string]bool)
 	for i, t := range s.Tools {
 		key := fmt.Sprintf("server.tools[%d]", i)
@@ -139,6 +142,25 @@ func (s *Sandbox) validate(p *problems, languages []string) {
 	}
 	if s.SeccompProfile != "unconfined" && !plainName.MatchString(s.SeccompProfile) {
 		p.add("sandbox.seccomp_profile", "", "invalid profile name %q (a file name in paths.seccomp_dir without .json, or \"unconfined\")", s.SeccompProfile)
+	}
+	for _, prof := range slices.Sorted(maps.Keys(s.SeccompRules)) {
+		key := "sandbox.seccomp_rules." + prof
+		if !plainName.MatchString(prof) {
+			p.add(key, "", "invalid profile name %q", prof)
+		}
+		for i, r := range s.SeccompRules[prof] {
+			rk := fmt.Sprintf("%s[%d]", key, i)
+			switch {
+			case len(r.Names) == 0:
+				p.add(rk+".names", "", "must name at least one syscall")
+			case r.Action != "SCMP_ACT_ALLOW" && r.Action != "SCMP_ACT_ERRNO" && r.Action != "SCMP_ACT_KILL_PROCESS" && r.Action != "SCMP_ACT_LOG":
+				p.add(rk+".action", "", "must be SCMP_ACT_ALLOW, SCMP_ACT_ERRNO, SCMP_ACT_KILL_PROCESS or SCMP_ACT_LOG, got %q", r.Action)
+			case r.ErrnoRet != 0 && r.Action != "SCMP_ACT_ERRNO":
+				p.add(rk+".errno_ret", "", "only valid with SCMP_ACT_ERRNO")
+			case r.ErrnoRet < 0 || r.ErrnoRet > 4095:
+				p.add(rk+".errno_ret", "", "must be an errno from 1 to 4095, got %d", r.ErrnoRet)
+			}
+		}
 	}
 	warm := 0
 	for _, lang := range slices.Sorted(maps.Keys(s.Pool)) {

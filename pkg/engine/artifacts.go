@@ -16,6 +16,9 @@ import (
 // Artifact is an exported tar.gz of a sandbox directory (files_export).
 type Artifact = apitypes.Artifact
 
+// BlockedSyscall is a syscall seccomp refused and how often.
+type BlockedSyscall = apitypes.BlockedSyscall
+
 func (e *Engine) artifacts() *artifacts.Store {
 	return artifacts.Open(filepath.Join(e.cfg.Paths.StateDir, "artifacts"))
 }

@@ -12,9 +12,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -37,25 +41,28 @@ import (
 
 // Engine wires the stores, the runtime and the sandbox manager together.
 type Engine struct {
-	cfg          *config.Config
-	log          *slog.Logger
-	store        *store.Store
-	images       *image.Store
-	catalog      *lang.Catalog
-	runtime      *runtime.Runtime
-	ledger       *ledger.Ledger
-	diskStore    *storage.Store // image files of disk-backed sandboxes
-	disks        *storage.Pool  // ready disks for disk-backed sandboxes
-	sandboxes    *sandbox.Manager
-	netCfg       network.Config
-	net          *network.Manager // nil if the network subsystem could not start (netErr says why)
-	netErr       error
-	seccomp      seccomp.Support
-	metrics      *metrics
-	started      time.Time
-	runState                 // run records (run.go)
-	autofixState             // autofix loops (autofix.go)
-	builds       imageBuilds // images being built on first use (ondemand.go)
+	cfg       *config.Config
+	log       *slog.Logger
+	store     *store.Store
+	images    *image.Store
+	catalog   *lang.Catalog
+	runtime   *runtime.Runtime
+	ledger    *ledger.Ledger
+	diskStore *storage.Store // image files of disk-backed sandboxes
+	disks     *storage.Pool  // ready disks for disk-backed sandboxes
+	sandboxes *sandbox.Manager
+	netCfg    network.Config
+	net       *network.Manager // nil if the network subsystem could not start (netErr says why)
+	netErr    error
+	seccomp   seccomp.Support
+	requestMu sync.Mutex // serialises creates that carry a request_id
+	// seccompProfiles are the profiles creates may choose (seccomp_profile).
+	seccompProfiles map[string]*specs.LinuxSeccomp
+	metrics         *metrics
+	started         time.Time
+	runState                    // run records (run.go)
+	autofixState                // autofix loops (autofix.go)
+	builds          imageBuilds // images being built on first use (ondemand.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -93,6 +100,10 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		cleanup()
 		return nil, err
 	}
+	if e.seccompProfiles, err = e.loadSeccompProfiles(); err != nil {
+		cleanup()
+		return nil, err
+	}
 	e.ledger = ledger.New(e.store)
 	disks, err := storage.NewStore(cfg.Paths.SandboxesDirOrDefault())
 	if err != nil {
@@ -113,7 +124,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		e.disks.Fill()
 	}
 	backend, err := container.New(container.Options{
-		Runtime: e.runtime, Seccomp: prof, AgentPath: cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, Storage: disks, Pool: e.disks,
+		Runtime: e.runtime, Seccomp: prof, SeccompProfiles: e.seccompProfiles,
+		SeccompDiagnostics: cfg.Sandbox.SeccompDiagnostics && seccomp.MonitorSupported,
+		AgentPath:          cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, Storage: disks, Pool: e.disks,
 		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
 	}, e.ledger)
 	if err != nil {
@@ -218,7 +231,7 @@ func (e *Engine) loadSeccomp() (*specs.LinuxSeccomp, error) {
 		e.log.Warn("seccomp is turned off by configuration (sandbox.seccomp_profile: unconfined)")
 		return nil, nil
 	}
-	prof, err := seccomp.Load(e.cfg.Paths.SeccompDir, name, runtime.AgentCapabilities)
+	prof, err := seccomp.Load(e.cfg.Paths.SeccompDir, name, runtime.AgentCapabilities, seccompRules(e.cfg.Sandbox.SeccompRules[name])...)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox.seccomp_profile: %w", err)
 	}
@@ -226,6 +239,41 @@ func (e *Engine) loadSeccomp() (*specs.LinuxSeccomp, error) {
 		e.log.Error("seccomp cannot be enforced; sandboxes will not start", "reason", e.seccomp.Reason)
 	}
 	return prof, nil
+}
+
+// loadSeccompProfiles loads every profile of seccomp_dir with the rules the
+// configuration adds to it, for creates that choose one by name.
+func (e *Engine) loadSeccompProfiles() (map[string]*specs.LinuxSeccomp, error) {
+	names, err := seccomp.Profiles(e.cfg.Paths.SeccompDir)
+	if err != nil {
+		return nil, fmt.Errorf("paths.seccomp_dir: %w", err)
+	}
+	out := map[string]*specs.LinuxSeccomp{}
+	for _, n := range names {
+		p, err := seccomp.Load(e.cfg.Paths.SeccompDir, n, runtime.AgentCapabilities, seccompRules(e.cfg.Sandbox.SeccompRules[n])...)
+		if err != nil {
+			return nil, fmt.Errorf("seccomp profile %s: %w", n, err)
+		}
+		out[n] = p
+	}
+	for n := range e.cfg.Sandbox.SeccompRules {
+		if _, ok := out[n]; !ok {
+			return nil, fmt.Errorf("sandbox.seccomp_rules.%s: no such profile in %s", n, e.cfg.Paths.SeccompDir)
+		}
+	}
+	return out, nil
+}
+
+func seccompRules(rs []config.SeccompRule) []seccomp.Rule {
+	out := make([]seccomp.Rule, len(rs))
+	for i, r := range rs {
+		out[i] = seccomp.Rule{Names: r.Names, Action: r.Action}
+		if r.ErrnoRet != 0 {
+			e := uint(r.ErrnoRet)
+			out[i].ErrnoRet = &e
+		}
+	}
+	return out
 }
 
 // Close stops background work. Sandboxes keep running; a restarted daemon
@@ -268,6 +316,19 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 	spec, err := e.sandboxSpec(req)
 	if err != nil {
 		return nil, err
+	}
+	if req.RequestID != "" {
+		// Creates with a request id run one at a time, so that two
+		// retries racing each other cannot both start a sandbox.
+		e.requestMu.Lock()
+		defer e.requestMu.Unlock()
+		if info, err := e.sandboxByRequestID(ctx, req.RequestID); info != nil || err != nil {
+			return info, err
+		}
+		if spec.Labels == nil {
+			spec.Labels = map[string]string{}
+		}
+		spec.Labels[RequestIDLabel] = req.RequestID
 	}
 	if e.cfg.Sandbox.SeccompProfile != seccomp.Unconfined && !e.seccomp.OK() {
 		e.metrics.created.WithLabelValues("rejected").Inc()
@@ -360,6 +421,12 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		}
 		spec.Limits.CPUs = c
 	}
+	if req.SeccompProfile != "" {
+		if _, ok := e.seccompProfiles[req.SeccompProfile]; !ok {
+			return nil, errdefs.Invalidf("seccomp_profile: unknown profile %q (known: %s)", req.SeccompProfile, strings.Join(slices.Sorted(maps.Keys(e.seccompProfiles)), ", "))
+		}
+		spec.SeccompProfile = req.SeccompProfile
+	}
 	if len(req.Allow) > 0 && req.Network != NetworkAllowlist {
 		return nil, errdefs.Invalidf("allow: only valid with network %q", NetworkAllowlist)
 	}
@@ -387,7 +454,33 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 	if err := checkLabels(req.Labels); err != nil {
 		return nil, err
 	}
+	if _, ok := req.Labels[RequestIDLabel]; ok {
+		return nil, errdefs.Invalidf("labels.%s: reserved; use request_id", RequestIDLabel)
+	}
+	if req.RequestID != "" && !requestIDRe.MatchString(req.RequestID) {
+		return nil, errdefs.Invalidf("request_id: %q is not 1 to 128 letters, digits and ._:- (starting with a letter or digit)", req.RequestID)
+	}
 	return spec, nil
+}
+
+// RequestIDLabel is the label that records a create's request_id.
+const RequestIDLabel = "sandboxd.request_id"
+
+var requestIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+
+// sandboxByRequestID finds the sandbox an earlier create with request id
+// rid made, in any state (terminated ones until retention drops them).
+func (e *Engine) sandboxByRequestID(ctx context.Context, rid string) (*sandbox.Info, error) {
+	all, err := e.ListSandboxes(ctx, "all")
+	if err != nil {
+		return nil, err
+	}
+	for _, sb := range all {
+		if sb.Labels[RequestIDLabel] == rid {
+			return sb, nil
+		}
+	}
+	return nil, nil
 }
 
 func checkLabels(labels map[string]string) error {

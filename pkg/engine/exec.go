@@ -216,6 +216,9 @@ func (e *Engine) execSpec(req ExecRequest) (*sandbox.ExecSpec, error) {
 	if err := checkEnv("env", req.Env); err != nil {
 		return nil, err
 	}
+	if err := checkArgvSize(argv, req.Env); err != nil {
+		return nil, err
+	}
 	if len(req.Stdin) > maxStdin {
 		return nil, errdefs.Invalidf("stdin: %d bytes exceeds the maximum %d", len(req.Stdin), maxStdin)
 	}
@@ -230,6 +233,36 @@ func (e *Engine) execSpec(req ExecRequest) (*sandbox.ExecSpec, error) {
 		spec.Timeout = d
 	}
 	return spec, nil
+}
+
+// The kernel's limits on what execve takes: MAX_ARG_STRLEN per string, and
+// a total well under the usual ARG_MAX (a quarter of the 8 MiB stack)
+// that leaves room for the image's environment.
+const (
+	maxArgBytes  = 128 << 10
+	maxArgvBytes = 1 << 20
+)
+
+// checkArgvSize refuses an argv or environment execve would refuse (E2BIG),
+// naming the field, before anything starts.
+func checkArgvSize(argv []string, env map[string]string) error {
+	total := 0
+	for i, a := range argv {
+		if len(a) >= maxArgBytes {
+			return errdefs.Invalidf("argv[%d]: %d bytes exceeds the kernel's %d per argument", i, len(a), maxArgBytes)
+		}
+		total += len(a) + 1
+	}
+	for k, v := range env {
+		if len(k)+len(v)+1 >= maxArgBytes {
+			return errdefs.Invalidf("env.%s: %d bytes exceeds the kernel's %d per variable", k, len(k)+len(v)+1, maxArgBytes)
+		}
+		total += len(k) + len(v) + 2
+	}
+	if total > maxArgvBytes {
+		return errdefs.Invalidf("argv: argv and env take %d bytes, more than the %d a command may get", total, maxArgvBytes)
+	}
+	return nil
 }
 
 // checkPath validates a path inside a sandbox: absolute, clean of NULs and

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -34,7 +35,7 @@ func check(name string, required bool, err error) Check {
 // required check is ok.
 func (e *Engine) Readiness(ctx context.Context) []Check {
 	checks := []Check{
-		check("store", true, e.store.Ping(ctx)),
+		check("store", true, errors.Join(e.store.Ping(ctx), e.store.CheckWritable(ctx))),
 		check("cgroups", true, cgroups.CheckParent(e.cfg.Sandbox.CgroupParent)),
 	}
 	switch {

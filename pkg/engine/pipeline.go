@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -317,14 +318,16 @@ func (r *CodeRun) step(ctx context.Context, a *Attempt, res *RunResult, name str
 	}
 	st := RunStep{Name: name, ExitCode: er.ExitCode, Stdout: er.Stdout, Stderr: er.Stderr,
 		StdoutTruncated: er.StdoutTruncated, StderrTruncated: er.StderrTruncated,
-		Termination: er.Termination, DurationMS: er.DurationMS}
+		Termination: er.Termination, DurationMS: er.DurationMS, BlockedSyscalls: er.BlockedSyscalls}
 	res.Steps = append(res.Steps, st)
+	res.BlockedSyscalls = mergeBlocked(res.BlockedSyscalls, st.BlockedSyscalls)
 	res.ExitCode, res.Stdout, res.Stderr = st.ExitCode, st.Stdout, st.Stderr
 	res.StdoutTruncated, res.StderrTruncated, res.Termination = st.StdoutTruncated, st.StderrTruncated, st.Termination
 	r.Meta.Steps = append(r.Meta.Steps, runs.Step{
 		Name: name, Argv: argv, ExitCode: er.ExitCode, DurationMS: er.DurationMS, Termination: recordTermination(er.Termination),
 		StdoutBytes: er.StdoutBytes, StderrBytes: er.StderrBytes,
 		StdoutTruncated: er.StdoutTruncated, StderrTruncated: er.StderrTruncated,
+		BlockedSyscalls: er.BlockedSyscalls,
 	})
 	r.Meta.StdoutBytes += er.StdoutBytes
 	r.Meta.StderrBytes += er.StderrBytes
@@ -468,4 +471,17 @@ func RunFiles(h *lang.Handler, code string, files map[string]string, entrypoint 
 		return nil, "", errdefs.Invalidf("entrypoint: %v", err)
 	}
 	return out, main, nil
+}
+
+// mergeBlocked adds the counts of b to a, by syscall name.
+func mergeBlocked(a, b []BlockedSyscall) []BlockedSyscall {
+	for _, x := range b {
+		i := slices.IndexFunc(a, func(y BlockedSyscall) bool { return y.Name == x.Name })
+		if i < 0 {
+			a = append(a, x)
+		} else {
+			a[i].Count += x.Count
+		}
+	}
+	return a
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -146,7 +147,7 @@ func TestIsolation(t *testing.T) {
 		{"unshare -U denied", "unshare -U true 2>/dev/null; echo $?", "1"},
 		// keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING): seccomp refuses it.
 		{"keyctl denied", `perl -e '$r = syscall(250, 0, -3, 0); print $r < 0 ? "denied:" . ($!+0) : "allowed"'`, "denied:1"},
-		{"cgroup namespace", "cat /proc/self/cgroup | grep -v ':/$' | wc -l", "0"},
+		{"cgroup namespace", "cat /proc/self/cgroup | grep -v ':/$' | grep -v ':/j-[0-9a-f]*$' | wc -l", "0"},
 		{"agent socket unreachable", "ls /.sandboxd/run 2>&1 | grep -c 'Permission denied'", "1"},
 		{"loopback only", "ls /sys/class/net | tr '\\n' ' '", "lo"},
 		{"host processes invisible", fmt.Sprintf("test -e /proc/%d && echo visible || echo hidden", os.Getpid()), "hidden"},
@@ -292,6 +293,63 @@ func TestTimeoutKillsProcessGroup(t *testing.T) {
 		out := env.sh(t, info.ID, "ps -e -o pid,stat,comm")
 		t.Errorf("processes in the sandbox cgroup after timeout = %v, want only the agent:\n%s", procs, out.Stdout)
 	}
+}
+
+// TestTimeoutKillsEscapedProcesses: processes that leave the command's
+// session (setsid), double-fork or ignore SIGHUP (nohup) still die with a
+// timed-out command, because the job's own cgroup is emptied. Checked from
+// the host's /proc, not through the sandbox.
+func TestTimeoutKillsEscapedProcesses(t *testing.T) {
+	requireRoot(t)
+	env := newTestEngine(t)
+	info := env.create(t, CreateSandboxRequest{})
+	script := `setsid sleep 1001 & (setsid sh -c "sleep 1003" &); (nohup sleep 1005 >/dev/null 2>&1 &); sleep 100`
+	start := time.Now()
+	res := env.sh(t, info.ID, script, 3)
+	if res.Termination.Cause != sandbox.CauseTimeout {
+		t.Fatalf("cause = %s (%s), want timeout", res.Termination.Cause, res.Termination.Detail)
+	}
+	if d := time.Since(start); d > 8*time.Second {
+		t.Errorf("3s timeout took %s", d)
+	}
+	if res.Usage == nil {
+		t.Errorf("result has no per-job usage")
+	}
+	if left := hostProcsOf(t, info.ID, "sleep"); len(left) > 0 {
+		t.Fatalf("processes of the timed-out command survive on the host: %v", left)
+	}
+
+	// A busy command's usage is its own, not the sandbox's.
+	res = env.sh(t, info.ID, "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; x=$(head -c 30000000 /dev/zero | tr '\\0' a); echo ${#x}")
+	if res.Usage == nil || res.Usage.CPUSeconds < 0.05 {
+		t.Errorf("usage of a busy command = %+v, want some CPU time", res.Usage)
+	} else if cgroups.HostMode() != cgroups.ModeUnified && res.Usage.MemoryPeakBytes < 20<<20 {
+		t.Errorf("memory peak of a command buffering 30 MB = %d", res.Usage.MemoryPeakBytes)
+	}
+}
+
+// hostProcsOf lists "pid cmdline" of the host's processes in sandbox id's
+// cgroups whose command is comm.
+func hostProcsOf(t *testing.T, id, comm string) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil || !strings.Contains(string(cg), "/"+id) {
+			continue
+		}
+		c, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if strings.TrimSpace(string(c)) != comm {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		out = append(out, e.Name()+" "+strings.ReplaceAll(string(cmd), "\x00", " "))
+	}
+	return out
 }
 
 func TestCPUQuota(t *testing.T) {
@@ -731,5 +789,58 @@ func TestWarmPool(t *testing.T) {
 	}
 	if custom.Limits.MemoryBytes != 64<<20 {
 		t.Errorf("custom sandbox limits %+v", custom.Limits)
+	}
+}
+
+// TestWriteFillingDiskLeavesNothing: a file write that fills the sandbox's
+// disk answers limit_exceeded and leaves the previous content (or no
+// file), never a partial one.
+func TestWriteFillingDiskLeavesNothing(t *testing.T) {
+	requireRoot(t)
+	env := newTestEngine(t)
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{DiskMB: ptr[int64](32)})
+	if _, err := env.WriteFileFrom(ctx, info.ID, "/workspace/keep.txt", "", false, 3, strings.NewReader("old")); err != nil {
+		t.Fatal(err)
+	}
+	const size = 48 << 20
+	for _, p := range []string{"/workspace/keep.txt", "/workspace/new.bin"} {
+		_, err := env.WriteFileFrom(ctx, info.ID, p, "", false, size, io.LimitReader(zeroReader{}, size))
+		if !errdefs.Is(err, errdefs.LimitExceeded) {
+			t.Fatalf("write of %d MiB to a 32 MiB disk at %s: %v, want limit_exceeded", size>>20, p, err)
+		}
+	}
+	res := env.sh(t, info.ID, "cat /workspace/keep.txt; echo; ls -A /workspace | grep -c sandboxd-tmp; ls -A /workspace")
+	lines := strings.Split(res.Stdout, "\n")
+	if len(lines) < 2 || lines[0] != "old" || strings.TrimSpace(lines[1]) != "0" || strings.Contains(res.Stdout, "new.bin") {
+		t.Errorf("after the failed writes: %q (want the old content and no other file)", res.Stdout)
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// TestFileReadObeysSandboxUserPermissions: the file API reads with the
+// sandbox user's credentials, so a link planted in /workspace pointing at a
+// root-only file of the image does not hand that file out.
+func TestFileReadObeysSandboxUserPermissions(t *testing.T) {
+	requireRoot(t)
+	env := newTestEngine(t)
+	ctx := context.Background()
+	info := env.create(t, CreateSandboxRequest{})
+	env.sh(t, info.ID, "ln -s /etc/shadow /workspace/x; echo mine > /workspace/mine")
+	if _, err := env.ReadFile(ctx, FileReadRequest{SandboxID: info.ID, Path: "/workspace/x"}); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("file_read through a link to /etc/shadow: %v, want invalid_argument (permission denied)", err)
+	}
+	if _, err := env.ListFiles(ctx, info.ID, "/root", false); err == nil {
+		t.Errorf("listing /root (0700 root) succeeded")
+	}
+	res, err := env.ReadFile(ctx, FileReadRequest{SandboxID: info.ID, Path: "/workspace/mine"})
+	if err != nil || res.Content != "mine\n" {
+		t.Errorf("reading the user's own file: %+v %v", res, err)
 	}
 }

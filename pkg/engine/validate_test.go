@@ -57,3 +57,36 @@ func TestDurationAndSizeValidators(t *testing.T) {
 		t.Errorf("megabytes(64) = %d, %v", b, err)
 	}
 }
+
+func TestArgvSizeRefused(t *testing.T) {
+	big := strings.Repeat("a", 128<<10)
+	for name, tc := range map[string]struct {
+		argv  []string
+		env   map[string]string
+		field string
+	}{
+		"one huge argument": {[]string{"echo", big}, nil, "argv[1]"},
+		"many arguments":    {append([]string{"echo"}, slicesRepeat(strings.Repeat("b", 64<<10), 20)...), nil, "argv:"},
+		"huge env variable": {[]string{"true"}, map[string]string{"X": big}, "env.X"},
+		"fits":              {[]string{"echo", strings.Repeat("c", 100<<10)}, map[string]string{"Y": "z"}, ""},
+	} {
+		err := checkArgvSize(tc.argv, tc.env)
+		if tc.field == "" {
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+			continue
+		}
+		if !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: %v, want invalid_argument naming %s", name, err, tc.field)
+		}
+	}
+}
+
+func slicesRepeat(s string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = s
+	}
+	return out
+}

@@ -105,3 +105,10 @@ type NetworkAttachment struct {
 	NetNSPath  string // the namespace to join
 	ResolvConf []byte // the sandbox's /etc/resolv.conf
 }
+
+// SyscallReporter is implemented by handles that count the syscalls their
+// seccomp profile refused each job (see pkg/seccomp/diagnose.go).
+type SyscallReporter interface {
+	// BlockedSyscalls returns and forgets job's counts by syscall name.
+	BlockedSyscalls(jobID string) map[string]uint64
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -177,6 +179,8 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	res.DurationMS = exit.DurationMS
 	res.ExitCode = exit.ExitCode
 	res.Termination = m.termination(sb, exit, oomBefore)
+	res.Usage = jobUsage(exit)
+	res.BlockedSyscalls = blockedSyscalls(sb, jobID)
 	// The outcome is delivered; neither the agent nor we need keep it.
 	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = sb.agent.Forget(fctx, jobID)
@@ -185,6 +189,33 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	delete(sb.jobs, jobID)
 	sb.mu.Unlock()
 	return res, nil
+}
+
+// blockedSyscalls are the syscalls seccomp refused job, by name. The job
+// has ended, and refused calls are counted before they return, so the
+// counts are complete.
+func blockedSyscalls(sb *Sandbox, jobID string) []apitypes.BlockedSyscall {
+	r, ok := sb.handle.(SyscallReporter)
+	if !ok {
+		return nil
+	}
+	counts := r.BlockedSyscalls(jobID)
+	out := make([]apitypes.BlockedSyscall, 0, len(counts))
+	for _, name := range slices.Sorted(maps.Keys(counts)) {
+		out = append(out, apitypes.BlockedSyscall{Name: name, Count: counts[name]})
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// jobUsage is the usage the agent measured in the job's cgroup, if any.
+func jobUsage(exit *agent.ExitStatus) *apitypes.JobUsage {
+	if exit.CPUSeconds == 0 && exit.MemoryPeakBytes == 0 {
+		return nil
+	}
+	return &apitypes.JobUsage{CPUSeconds: exit.CPUSeconds, MemoryPeakBytes: exit.MemoryPeakBytes}
 }
 
 // termination turns the agent's report (untrusted) into a Termination,
@@ -200,7 +231,9 @@ func (m *Manager) termination(sb *Sandbox, exit *agent.ExitStatus, oomBefore uin
 		t = Termination{Cause: CauseLost, Detail: fmt.Sprintf("agent reported unknown cause %.40q", exit.Cause)}
 	}
 	if exit.Signal == "SIGKILL" && (t.Cause == CauseSignal || t.Cause == CauseKilled) {
-		if n, err := sb.oomKills(); err == nil && n > oomBefore {
+		// The job's own counter (v1 does not propagate OOM kills to the
+		// sandbox's cgroup), or the sandbox's.
+		if n, err := sb.oomKills(); exit.OOMKills > 0 || (err == nil && n > oomBefore) {
 			t.Cause, t.Detail = CauseOOM, fmt.Sprintf("killed by the OOM killer (memory limit %d bytes)", sb.spec.Limits.MemoryBytes)
 		}
 	}

@@ -230,7 +230,8 @@ func (t *Terminal) Wait() (*ExecResult, error) {
 			Termination: t.m.lostTermination(t.sb, t.sb.jobMeta(t.JobID).oomBefore, err)}, nil
 	}
 	return &ExecResult{JobID: t.JobID, ExitCode: exit.ExitCode, DurationMS: exit.DurationMS,
-		StdoutBytes: exit.StdoutBytes, Termination: t.m.termination(t.sb, exit, t.sb.jobMeta(t.JobID).oomBefore)}, nil
+		StdoutBytes: exit.StdoutBytes, Termination: t.m.termination(t.sb, exit, t.sb.jobMeta(t.JobID).oomBefore),
+		Usage: jobUsage(exit), BlockedSyscalls: blockedSyscalls(t.sb, t.JobID)}, nil
 }
 
 // Close ends the terminal, killing its command if it is still running.

@@ -52,6 +52,8 @@ type Spec struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	TTL    time.Duration     `json:"ttl,omitempty"` // 0: the configured max lifetime
 	UID    int               `json:"uid"`
+	// SeccompProfile is the profile name; empty: the backend's default.
+	SeccompProfile string `json:"seccomp_profile,omitempty"`
 	// ImageEnv is the image's environment, kept so that a restarted daemon
 	// runs commands exactly as before even if the image was rebuilt since.
 	ImageEnv map[string]string `json:"image_env,omitempty"`
@@ -482,7 +484,7 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 	_ = json.Unmarshal(r.Spec, &spec) // written by us; a decode error leaves zero limits
 	in := &Info{
 		ID: r.ID, State: State(r.State), Language: r.Language, Image: r.Image, ImageDigest: r.ImageDigest,
-		Limits: spec.Limits, DiskBacking: spec.DiskBacking, Network: spec.Network, Allow: spec.Allow, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
+		Limits: spec.Limits, DiskBacking: spec.DiskBacking, Network: spec.Network, Allow: spec.Allow, SeccompProfile: spec.SeccompProfile, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason,
 	}

@@ -32,7 +32,7 @@ func (m *Manager) poolable(spec Spec) (Spec, bool) {
 	if err != nil {
 		return Spec{}, false
 	}
-	return tmpl, spec.Limits == tmpl.Limits && spec.DiskBacking == tmpl.DiskBacking && spec.Network == tmpl.Network && len(spec.Allow) == 0 && len(tmpl.Allow) == 0 && spec.UID == tmpl.UID && spec.Backend == tmpl.Backend
+	return tmpl, spec.Limits == tmpl.Limits && spec.DiskBacking == tmpl.DiskBacking && spec.Network == tmpl.Network && len(spec.Allow) == 0 && len(tmpl.Allow) == 0 && spec.UID == tmpl.UID && spec.Backend == tmpl.Backend && spec.SeccompProfile == tmpl.SeccompProfile
 }
 
 // claim hands a warm sandbox to a request, giving it the request's identity

@@ -156,6 +156,21 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
+// CheckWritable commits a write, for readiness: a full disk, a read-only
+// filesystem or a database that cannot be written fails here instead of in
+// the middle of a sandbox's state change. The write bumps the database
+// header's user_version, which nothing else uses, so no table grows.
+func (s *Store) CheckWritable(ctx context.Context) error {
+	var v int64
+	if err := s.w.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return fmt.Errorf("store: read probe: %w", err)
+	}
+	if _, err := s.w.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", (v+1)%(1<<31))); err != nil {
+		return fmt.Errorf("store: not writable: %w", err)
+	}
+	return nil
+}
+
 // Close closes the database. Queries in flight fail.
 func (s *Store) Close() error {
 	return errors.Join(s.r.Close(), s.w.Close())

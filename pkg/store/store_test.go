@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // open opens a fresh store in a temporary directory and closes it with the
@@ -555,5 +557,60 @@ func TestAutofixSessions(t *testing.T) {
 	a.State = json.RawMessage(`not json`)
 	if err := s.PutAutofixSession(ctx, a); err == nil {
 		t.Fatal("invalid state stored")
+	}
+}
+
+// TestCheckWritableFailsOnFullDisk: the readiness probe commits a real
+// write, so a full state disk fails it (and freeing space heals it).
+func TestCheckWritableFailsOnFullDisk(t *testing.T) {
+	if os.Geteuid() != 0 {
+		// internal/testenv imports this package; its RequireRoot rule by hand.
+		if os.Getenv("SANDBOXD_INTEGRATION") == "1" {
+			t.Fatal("needs root (mounts a tmpfs)")
+		}
+		t.Skip("needs root (mounts a tmpfs)")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=2m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(dir, "sandboxd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CheckWritable(ctx); err != nil {
+		t.Fatalf("writable store: %v", err)
+	}
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	var failed error
+	// WAL space already allocated can absorb a few commits; a handful of
+	// probes must reach the full disk.
+	for range 64 {
+		if failed = s.CheckWritable(ctx); failed != nil {
+			break
+		}
+	}
+	if failed == nil {
+		t.Fatal("CheckWritable succeeded on a full disk")
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckWritable(ctx); err != nil {
+		t.Errorf("after freeing space: %v", err)
 	}
 }

@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"path"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -54,6 +56,45 @@ func newFileService(root, sockDir string, uid, gid int) (*fileService, error) {
 }
 
 func (fs *fileService) close() { unix.Close(fs.rootFD) }
+
+// openAsUser opens p for reading with the sandbox user's file-system
+// credentials, so that what a read returns obeys the permissions the
+// sandbox user faces: a link planted in /workspace pointing at a root-only
+// file of the image opens with EACCES instead of through the agent's
+// CAP_DAC_OVERRIDE. setfsuid, setfsgid and setgroups (raw syscalls here,
+// not Go's all-threads versions) change this OS thread only; a non-zero
+// fsuid drops the file-system capabilities from its effective set, and
+// fsuid 0 brings them back. A thread whose credentials cannot be restored
+// stays locked and ends with its goroutine.
+func (fs *fileService) openAsUser(p string, flags uint64) (int, error) {
+	if !fs.chown {
+		return fs.open(p, flags, 0)
+	}
+	runtime.LockOSThread()
+	restored := false
+	defer func() {
+		if restored {
+			runtime.UnlockOSThread()
+		}
+	}()
+	groups, err := unix.Getgroups()
+	if err != nil {
+		return -1, fmt.Errorf("getgroups: %w", err)
+	}
+	if err := unix.Setgroups([]int{fs.gid}); err != nil {
+		return -1, fmt.Errorf("setgroups: %w", err)
+	}
+	_, _ = unix.SetfsgidRetGid(fs.gid)
+	_, _ = unix.SetfsuidRetUid(fs.uid)
+	fd, err := fs.open(p, flags, 0)
+	_, _ = unix.SetfsuidRetUid(0)
+	_, _ = unix.SetfsgidRetGid(0)
+	// setfsuid(-1) changes nothing and returns the current fsuid.
+	if cur, _ := unix.SetfsuidRetUid(-1); cur == 0 && unix.Setgroups(groups) == nil {
+		restored = true
+	}
+	return fd, err
+}
 
 // open resolves p inside the root.
 func (fs *fileService) open(p string, flags uint64, mode uint64) (int, error) {
@@ -117,7 +158,15 @@ func (fs *fileService) serve(req *agent.Request, r *bufio.Reader, rp *reply) err
 	case agent.OpReadFile:
 		return fs.read(p, req.Offset, req.Max, rp)
 	case agent.OpWriteFile:
-		return fs.write(req.Write, req.Len, r, rp)
+		// The payload follows the request: whatever of it a failed write
+		// left unread is drained (up to the transfer cap), so the client
+		// can finish sending and read the error instead of a broken pipe.
+		lr := &io.LimitedReader{R: r, N: req.Len}
+		err := fs.write(req.Write, req.Len, bufio.NewReaderSize(lr, 64<<10), rp)
+		if err != nil && req.Len <= agent.MaxTransferBytes {
+			_, _ = io.Copy(io.Discard, lr)
+		}
+		return err
 	case agent.OpListFiles:
 		return fs.list(p, req.Recursive, rp)
 	case agent.OpDeleteFile:
@@ -176,7 +225,7 @@ func (fs *fileService) read(p string, offset, limit int64, rp *reply) error {
 	}
 	limit = min(limit, agent.MaxTransferBytes)
 	// O_NONBLOCK: opening a FIFO must not hang; it is refused below.
-	fd, err := fs.open(p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	fd, err := fs.openAsUser(p, unix.O_RDONLY|unix.O_NONBLOCK)
 	if err != nil {
 		return err
 	}
@@ -316,13 +365,79 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 	if mode == 0 {
 		mode = 0o644
 	}
+	if w.Append {
+		return fs.appendTo(dirfd, p, mode, w.Mode != 0, payload, r, rp)
+	}
+	// A write replaces the file atomically: the content goes to a new file
+	// beside it, renamed over the target once complete. A failure (the
+	// disk filling up, the client going away) leaves the old file, or
+	// none, never a partial one.
+	owner := [2]int{fs.uid, fs.gid}
+	var old unix.Stat_t
+	switch err := unix.Fstatat(dirfd, path.Base(p), &old, unix.AT_SYMLINK_NOFOLLOW); {
+	case err == nil && old.Mode&unix.S_IFMT == unix.S_IFREG:
+		// An existing file keeps its owner, and its mode unless one is asked for.
+		owner = [2]int{int(old.Uid), int(old.Gid)}
+		if w.Mode == 0 {
+			mode = old.Mode & 0o7777 &^ (unix.S_ISUID | unix.S_ISGID)
+		}
+	case err == nil:
+		// A symlink is refused rather than replaced: what the user
+		// wanted written is not what a planted link would leave there.
+		return agent.Errorf(errdefs.InvalidArgument, "%s is not a regular file", p)
+	case err != nil && err != unix.ENOENT:
+		return errnoError(p, err)
+	}
+	tmp := "." + path.Base(p) + "." + strconv.FormatUint(uint64(time.Now().UnixNano()), 36) + ".sandboxd-tmp"
+	fd, err := unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return errnoError(p, err)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	committed := false
+	defer func() {
+		if !committed {
+			_ = unix.Unlinkat(dirfd, tmp, 0)
+		}
+	}()
+	if fs.chown {
+		if err := unix.Fchown(fd, owner[0], owner[1]); err != nil {
+			return errnoError(p, err)
+		}
+	}
+	// The umask must not decide the mode.
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return errnoError(p, err)
+	}
+	if _, err := io.CopyN(f, r, payload); err != nil {
+		if errors.Is(err, io.EOF) {
+			return agent.Errorf(errdefs.InvalidArgument, "content ended early: %v", err)
+		}
+		return errnoError(p, err)
+	}
+	// Data reaches the disk before the name does (ENOSPC shows up here on
+	// delayed-allocation filesystems).
+	if err := unix.Fsync(fd); err != nil {
+		return errnoError(p, err)
+	}
+	if err := unix.Renameat(dirfd, tmp, dirfd, path.Base(p)); err != nil {
+		return errnoError(p, err)
+	}
+	committed = true
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return errnoError(p, err)
+	}
+	return rp.send(&agent.Frame{Type: agent.FrameResult, File: fileInfo(p, &st)})
+}
+
+// appendTo appends to (or creates) p in place: an append is not atomic.
+func (fs *fileService) appendTo(dirfd int, p string, mode uint32, setMode bool, payload int64, r *bufio.Reader, rp *reply) error {
 	// O_NOFOLLOW: the last component is never followed, so a planted
 	// symlink cannot redirect the write. O_NONBLOCK: a FIFO must not hang
 	// the open; non-regular files are refused below.
-	flags := unix.O_WRONLY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
-	if w.Append {
-		flags |= unix.O_APPEND
-	}
+	flags := unix.O_WRONLY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_APPEND
 	created := true
 	fd, err := unix.Openat(dirfd, path.Base(p), flags|unix.O_EXCL, mode)
 	if err == unix.EEXIST {
@@ -346,15 +461,8 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 			return errnoError(p, err)
 		}
 	}
-	// The umask must not decide the mode of a new file; an existing file
-	// keeps its mode unless one is asked for.
-	if created || w.Mode != 0 {
+	if created || setMode {
 		if err := unix.Fchmod(fd, mode); err != nil {
-			return errnoError(p, err)
-		}
-	}
-	if !w.Append {
-		if err := unix.Ftruncate(fd, 0); err != nil {
 			return errnoError(p, err)
 		}
 	}
@@ -371,7 +479,7 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 }
 
 func (fs *fileService) list(p string, recursive bool, rp *reply) error {
-	fd, err := fs.open(p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	fd, err := fs.openAsUser(p, unix.O_RDONLY|unix.O_DIRECTORY)
 	if agent.ErrorCode(err) == errdefs.InvalidArgument { // not a directory
 		fi, serr := fs.stat(p)
 		if serr != nil {

@@ -38,10 +38,16 @@ type jobTable struct {
 	log    *slog.Logger
 	reaper *reaper
 	opts   *Options
+	// cgroups gives every job its own cgroup; nil without delegation.
+	cgroups *jobCgroups
+	self    string // the agent's executable, run as the job-exec helper
 
 	mu       sync.Mutex
 	jobs     map[string]*job
 	finished []string // ids of finished jobs, oldest first
+	// lingering are cgroups of finished jobs that background processes
+	// still occupy; removed once empty.
+	lingering []*jobCgroup
 }
 
 func newJobTable(log *slog.Logger, r *reaper, o *Options) *jobTable {
@@ -55,6 +61,7 @@ type job struct {
 	argv        []string
 	tty         bool
 	pid         int
+	cg          *jobCgroup // nil without per-job cgroups
 	startedAt   time.Time
 	outputLimit int64
 	timeout     time.Duration
@@ -145,11 +152,16 @@ func (t *jobTable) counts() (total, running int) {
 func (t *jobTable) markFinished(j *job) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	// Usage has been read; an empty cgroup is not needed any more.
+	if j.cg != nil && j.cg.remove() == nil {
+		j.cg = nil
+	}
 	t.finished = append(t.finished, j.id)
 	excess := len(t.finished) - t.opts.MaxFinished
 	kept := t.finished[:0]
 	for _, id := range t.finished {
 		if excess > 0 && !t.jobs[id].awaited.Load() {
+			t.releaseCgroup(t.jobs[id])
 			delete(t.jobs, id)
 			excess--
 			continue
@@ -157,6 +169,31 @@ func (t *jobTable) markFinished(j *job) {
 		kept = append(kept, id)
 	}
 	t.finished = kept
+}
+
+// releaseCgroup removes a dropped job's cgroup, or keeps it for a later
+// sweep while background processes of the job still run. Callers hold t.mu.
+func (t *jobTable) releaseCgroup(j *job) {
+	if j == nil || j.cg == nil {
+		return
+	}
+	if j.cg.remove() != nil {
+		t.lingering = append(t.lingering, j.cg)
+	}
+	j.cg = nil
+}
+
+// sweepLingering removes the cgroups of finished jobs that have emptied.
+func (t *jobTable) sweepLingering() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	kept := t.lingering[:0]
+	for _, g := range t.lingering {
+		if g.remove() != nil {
+			kept = append(kept, g)
+		}
+	}
+	t.lingering = kept
 }
 
 // forget drops a finished job.
@@ -170,6 +207,7 @@ func (t *jobTable) forget(id string) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.releaseCgroup(j)
 	delete(t.jobs, id)
 	for i, fid := range t.finished {
 		if fid == id {
@@ -187,7 +225,23 @@ func (t *jobTable) killAll() {
 	for _, j := range t.list() {
 		j.kill(agent.CauseKilled, "agent terminated")
 		killSession(j.pid)
+		if g := j.cgroup(); g != nil {
+			_ = g.kill()
+		}
 	}
+	t.mu.Lock()
+	for _, g := range t.lingering {
+		_ = g.kill()
+	}
+	t.mu.Unlock()
+	t.sweepLingering()
+}
+
+// cgroup returns the job's cgroup while it has one.
+func (j *job) cgroup() *jobCgroup {
+	j.table.mu.Lock()
+	defer j.table.mu.Unlock()
+	return j.cg
 }
 
 // exitStatus returns the exit status, or nil while the job runs.
@@ -316,9 +370,17 @@ func (j *job) kill(cause, detail string) {
 	j.killProcesses()
 }
 
-// killProcesses SIGKILLs the job's process group and then every process
-// left in its session or group.
+// killProcesses empties the job's cgroup, which holds every process the
+// job started whatever they did; without one it SIGKILLs the job's process
+// group and then every process left in its session or group.
 func (j *job) killProcesses() {
+	if g := j.cgroup(); g != nil {
+		if err := g.kill(); err == nil {
+			return
+		} else {
+			j.table.log.Warn("kill job cgroup", "job", j.id, "err", err)
+		}
+	}
 	j.table.reaper.signalGroup(j.pid, unix.SIGKILL)
 	killSession(j.pid)
 }
@@ -375,6 +437,9 @@ func (j *job) finish(ws unix.WaitStatus, finishedAt time.Time) {
 	}
 	for i := range j.streams {
 		j.streams[i].shrink()
+	}
+	if j.cg != nil {
+		e.CPUSeconds, e.MemoryPeakBytes, e.OOMKills = j.cg.usage()
 	}
 	j.exit = e
 	j.broadcast()

@@ -55,6 +55,10 @@ type Options struct {
 	RetainBytes int
 	// MaxFinished is how many finished jobs are kept before the oldest go.
 	MaxFinished int
+	// Cgroups is where the sandbox's delegated cgroups are mounted (see
+	// jobcgroup.go); each job then runs in its own child cgroup. Empty: jobs
+	// share the agent's cgroup and kills sweep their session only.
+	Cgroups string
 }
 
 // New returns a Server and starts its reaper. Call it before any child
@@ -73,9 +77,20 @@ func New(log *slog.Logger, o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	cgs, err := newJobCgroups(o.Cgroups)
+	if err != nil {
+		return nil, err
+	}
+	jobs := newJobTable(log, r, &o)
+	jobs.cgroups = cgs
+	if cgs != nil {
+		if jobs.self, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("find the agent's executable: %w", err)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go r.run(ctx)
-	return &Server{log: log, reaper: r, jobs: newJobTable(log, r, &o), files: files, started: time.Now(), cancel: cancel}, nil
+	return &Server{log: log, reaper: r, jobs: jobs, files: files, started: time.Now(), cancel: cancel}, nil
 }
 
 // KillAll kills every job (the sandbox is shutting down).

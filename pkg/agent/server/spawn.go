@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -91,16 +92,60 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 	for i := range j.streams {
 		j.streams[i].retain = t.opts.RetainBytes
 	}
+	forkExec := func() (int, error) { return syscall.ForkExec(argv0, req.Argv, attr) }
+	var status *os.File // the job-exec helper's status pipe
+	if t.cgroups != nil {
+		t.sweepLingering()
+		if j.cg, err = t.cgroups.create(j.id); err != nil {
+			fds.closeChild()
+			fds.closeParent()
+			return nil, err
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			fds.closeChild()
+			fds.closeParent()
+			_ = j.cg.remove()
+			return nil, fmt.Errorf("status pipe: %w", err)
+		}
+		status = r
+		defer r.Close()
+		attr.Files = append(attr.Files, w.Fd())
+		uid, gid := os.Geteuid(), os.Getegid()
+		if cred != nil {
+			uid, gid = int(cred.Uid), int(cred.Gid)
+		}
+		attr.Sys.Credential = nil // the helper switches after entering the cgroup
+		hargv := helperArgv(t.self, j.cg.procsFiles(), uid, gid, argv0, req.Argv)
+		forkExec = func() (int, error) {
+			defer w.Close()
+			return syscall.ForkExec(t.self, hargv, attr)
+		}
+	}
+	var failed atomic.Bool
 	j.startedAt = time.Now()
 	// j.pid is set under the reaper's lock, so onExit sees it.
 	pid, err := t.reaper.spawn(func() (int, error) {
-		pid, err := syscall.ForkExec(argv0, req.Argv, attr)
+		pid, err := forkExec()
 		j.pid = pid
 		return pid, err
-	}, j.onExit)
+	}, func(ws unix.WaitStatus) {
+		if !failed.Load() {
+			j.onExit(ws)
+		}
+	})
 	fds.closeChild()
+	if err == nil && status != nil {
+		if err = helperStatus(status); err != nil {
+			failed.Store(true)
+		}
+	}
 	if err != nil {
 		fds.closeParent()
+		if j.cg != nil {
+			_ = j.cg.kill()
+			_ = j.cg.remove()
+		}
 		return nil, execError(argv0, cwd, err)
 	}
 	if req.HoldOutput {
@@ -157,6 +202,9 @@ func credUID(c *syscall.Credential) int {
 
 // execError classifies a fork/exec failure.
 func execError(argv0, cwd string, err error) error {
+	if errors.Is(err, unix.E2BIG) {
+		return agent.Errorf(errdefs.InvalidArgument, "argv and environment too large for %s: %v", argv0, err)
+	}
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ENOEXEC) {
 		return agent.Errorf(errdefs.InvalidArgument, "cannot execute %s in %s: %v", argv0, cwd, err)
 	}

@@ -42,6 +42,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 )
 
@@ -60,6 +61,7 @@ const (
 const (
 	agentBinaryInside = "/.sandboxd/agent"
 	agentRunInside    = "/.sandboxd/run"
+	cgroupsInside     = "/.sandboxd/cgroup"
 	agentSocketName   = "agent.sock"
 )
 
@@ -75,15 +77,21 @@ const (
 
 // Options configure the backend.
 type Options struct {
-	Runtime      *runtime.Runtime
-	Seccomp      *specs.LinuxSeccomp // nil only when seccomp is explicitly off
-	AgentPath    string              // host path of the static sandbox-agent binary
-	RunDir       string              // per-sandbox mounts and sockets live in RunDir/sandboxes
-	Storage      *storage.Store      // image files of disk-backed sandboxes
-	Pool         *storage.Pool       // ready disks of the default geometry; nil: none
-	CgroupParent string
-	IO           IOLimits // block I/O throttles of every sandbox
-	Log          *slog.Logger
+	Runtime *runtime.Runtime
+	Seccomp *specs.LinuxSeccomp // nil only when seccomp is explicitly off
+	// SeccompProfiles are the profiles a sandbox may choose by name
+	// (sandbox.Spec.SeccompProfile); Seccomp applies when it names none.
+	SeccompProfiles map[string]*specs.LinuxSeccomp
+	// SeccompDiagnostics counts each job's refused syscalls (see
+	// pkg/seccomp/diagnose.go) through a notification listener per sandbox.
+	SeccompDiagnostics bool
+	AgentPath          string         // host path of the static sandbox-agent binary
+	RunDir             string         // per-sandbox mounts and sockets live in RunDir/sandboxes
+	Storage            *storage.Store // image files of disk-backed sandboxes
+	Pool               *storage.Pool  // ready disks of the default geometry; nil: none
+	CgroupParent       string
+	IO                 IOLimits // block I/O throttles of every sandbox
+	Log                *slog.Logger
 }
 
 // IOLimits throttle a sandbox's block I/O on one device; zero rates are none.
@@ -201,37 +209,86 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	if err := rec.Record(ctx, ledger.Resource{Kind: KindContainer, Key: req.ID}); err != nil {
 		return nil, err
 	}
+	prof := b.opt.Seccomp
+	if spec.SeccompProfile != "" {
+		p, ok := b.opt.SeccompProfiles[spec.SeccompProfile]
+		if !ok {
+			return nil, fmt.Errorf("unknown seccomp profile %q", spec.SeccompProfile)
+		}
+		prof = p
+	}
+	var monitor *seccomp.Monitor
+	if b.opt.SeccompDiagnostics && prof != nil {
+		sock := filepath.Join(dir, "seccomp.sock")
+		_ = os.Remove(sock) // a leftover of an earlier attempt
+		if monitor, err = seccomp.Listen(sock, jobOfPid, b.log.With("sandbox", req.ID)); err != nil {
+			return nil, err
+		}
+		prof = seccomp.WithNotify(prof, sock)
+	}
 	uid := strconv.Itoa(spec.UID)
+	binds := []runtime.Bind{
+		{Source: layers.Workspace, Destination: "/workspace"},
+		{Source: layers.Tmp, Destination: "/tmp"},
+		{Source: b.opt.AgentPath, Destination: agentBinaryInside, ReadOnly: true},
+		{Source: agentDir, Destination: agentRunInside, NoExec: true},
+	}
+	// The agent gives every job its own child cgroup of the sandbox's (see
+	// pkg/agent/server/jobcgroup.go): the sandbox's cgroup directories are
+	// delegated to it, writable by root only, below its cgroup namespace.
+	// Created here (libcontainer joins existing ones) so they can be bound.
+	for name, dir := range cgroups.DelegatedDirs(cg) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create cgroup: %w", err)
+		}
+		binds = append(binds, runtime.Bind{Source: dir, Destination: filepath.Join(cgroupsInside, name), NoExec: true})
+	}
 	inst, err := b.opt.Runtime.Start(&runtime.Spec{
-		ID:     req.ID,
-		Rootfs: layers.Rootfs,
-		Binds: []runtime.Bind{
-			{Source: layers.Workspace, Destination: "/workspace"},
-			{Source: layers.Tmp, Destination: "/tmp"},
-			{Source: b.opt.AgentPath, Destination: agentBinaryInside, ReadOnly: true},
-			{Source: agentDir, Destination: agentRunInside, NoExec: true},
-		},
+		ID:         req.ID,
+		Rootfs:     layers.Rootfs,
+		Binds:      binds,
 		CgroupPath: cg,
 		NetNSPath:  req.NetNSPath,
 		Limits: runtime.Limits{
 			MemoryBytes: spec.Limits.MemoryBytes, CPUs: spec.Limits.CPUs, Pids: spec.Limits.Pids,
 			IODevice: b.opt.IO.Device, IOReadBPS: b.opt.IO.ReadBPS, IOWriteBPS: b.opt.IO.WriteBPS,
 		},
-		Seccomp: b.opt.Seccomp,
+		Seccomp: prof,
 		// Finished jobs are kept (for job_status and re-attach after a daemon
 		// restart) with up to 1 MiB of output tail each, charged to the
 		// sandbox's memory: bound how many.
 		InitArgs: []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid,
-			"--retain-bytes", "1048576", "--max-finished", "32"},
+			"--retain-bytes", "1048576", "--max-finished", "32", "--cgroups", cgroupsInside},
 		InitEnv: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		InitLog: filepath.Join(dir, "agent.log"),
 		Labels:  map[string]string{"sandboxd.id": req.ID},
 	})
 	if err != nil {
+		if monitor != nil {
+			monitor.Close()
+		}
 		return nil, err
 	}
 	crashpoint.Hit(CrashAfterContainer)
-	return b.handle(req.ID, inst), nil
+	h := b.handle(req.ID, inst)
+	h.monitor = monitor
+	return h, nil
+}
+
+// jobOfPid names the job a sandbox process belongs to: the agent's per-job
+// cgroup (pkg/agent/server/jobcgroup.go) is the last element of its path.
+// Empty for the agent itself or when the process is gone.
+func jobOfPid(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if i := strings.LastIndexByte(line, '/'); i >= 0 && strings.HasPrefix(line[i+1:], "j-") {
+			return line[i+1:]
+		}
+	}
+	return ""
 }
 
 // mountDisk mounts the sandbox's writable file system at disk: an ext4
@@ -400,10 +457,11 @@ func (b *Backend) Scan(ctx context.Context) (map[string][]ledger.Resource, error
 
 // handle is one container sandbox.
 type handle struct {
-	inst   *runtime.Instance
-	dir    string
-	cgroup string
-	dial   agent.Dialer
+	inst    *runtime.Instance
+	monitor *seccomp.Monitor // nil without diagnostics, or once adopted
+	dir     string
+	cgroup  string
+	dial    agent.Dialer
 }
 
 func (h *handle) Done() <-chan struct{}   { return h.inst.Done() }
@@ -416,6 +474,14 @@ func (h *handle) OOMKills() (uint64, error) {
 func (h *handle) Pause(context.Context) error  { return h.inst.Pause() }
 func (h *handle) Resume(context.Context) error { return h.inst.Resume() }
 func (h *handle) Paused() (bool, error)        { return h.inst.Paused() }
+
+// BlockedSyscalls implements sandbox.SyscallReporter.
+func (h *handle) BlockedSyscalls(jobID string) map[string]uint64 {
+	if h.monitor == nil {
+		return nil
+	}
+	return h.monitor.Take(jobID)
+}
 
 func (h *handle) Dial(ctx context.Context) (net.Conn, error) { return h.dial(ctx) }
 

@@ -1,0 +1,272 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Security boundary: a command cannot outlive its timeout or a kill.
+//
+// Every job runs in its own child cgroup of the sandbox's cgroup. The host
+// daemon bind-mounts the sandbox's cgroup directory of each hierarchy it
+// uses into the sandbox (under --cgroups, writable only by root, and the
+// sandbox's commands never are root with capabilities); the sandbox has its
+// own cgroup namespace rooted there, so the agent can create children but
+// never reach a cgroup outside the sandbox.
+//
+// Placement is race-free: the agent forks a copy of itself (the job-exec
+// helper, still root with the agent's capabilities, running only our code),
+// which writes itself into the job's cgroup.procs in every hierarchy, then
+// drops to the command's uid/gid (losing every capability) and execs the
+// command. A process cannot fork before it runs, so nothing the command
+// does — setsid, double fork, daemonising — starts outside the cgroup.
+// clone3(CLONE_INTO_CGROUP) would save the helper's exec but covers v2 only
+// and is refused by the sandbox's seccomp profile (ENOSYS, as in Docker's:
+// its namespace flags cannot be filtered), which binds the agent as well.
+//
+// Killing a job writes cgroup.kill (v2: the kernel kills every task in the
+// cgroup, including ones forking at that moment) or, with v1 only, freezes
+// the cgroup, SIGKILLs every task and thaws it.
+type jobCgroups struct {
+	unified string            // the sandbox's cgroup in the v2 hierarchy; "" without
+	v1      map[string]string // hierarchy name → the sandbox's cgroup there
+}
+
+// v1Hierarchies are the v1 controllers a job gets a cgroup in.
+var v1Hierarchies = []string{"memory", "cpuacct", "freezer"}
+
+// newJobCgroups finds the delegated hierarchies below root: root itself
+// when it is a v2 cgroup, else root/unified and root/<controller>. An empty
+// root disables per-job cgroups (the agent on a host, in tests).
+func newJobCgroups(root string) (*jobCgroups, error) {
+	if root == "" {
+		return nil, nil
+	}
+	c := &jobCgroups{v1: map[string]string{}}
+	isCgroup := func(dir string) bool {
+		_, err := os.Stat(filepath.Join(dir, "cgroup.procs"))
+		return err == nil
+	}
+	if isCgroup(root) {
+		c.unified = root
+		return c, nil
+	}
+	if d := filepath.Join(root, "unified"); isCgroup(d) {
+		c.unified = d
+	}
+	for _, h := range v1Hierarchies {
+		if d := filepath.Join(root, h); isCgroup(d) {
+			c.v1[h] = d
+		}
+	}
+	if c.unified == "" && c.v1["freezer"] == "" {
+		return nil, fmt.Errorf("--cgroups %s: neither a unified hierarchy nor a v1 freezer to kill jobs with", root)
+	}
+	return c, nil
+}
+
+// jobCgroup is one job's cgroup in every delegated hierarchy.
+type jobCgroup struct {
+	unified string
+	v1      map[string]string
+}
+
+// create makes the cgroups of job id.
+func (c *jobCgroups) create(id string) (*jobCgroup, error) {
+	g := &jobCgroup{v1: map[string]string{}}
+	mk := func(parent string) (string, error) {
+		d := filepath.Join(parent, id)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return "", fmt.Errorf("create job cgroup: %w", err)
+		}
+		return d, nil
+	}
+	var err error
+	if c.unified != "" {
+		if g.unified, err = mk(c.unified); err != nil {
+			return nil, err
+		}
+	}
+	for h, parent := range c.v1 {
+		d, err := mk(parent)
+		if err != nil {
+			g.remove()
+			return nil, err
+		}
+		g.v1[h] = d
+	}
+	return g, nil
+}
+
+// procsFiles lists the cgroup.procs files a job's process writes itself
+// into (see JobExecHelper).
+func (g *jobCgroup) procsFiles() []string {
+	var out []string
+	if g.unified != "" {
+		out = append(out, filepath.Join(g.unified, "cgroup.procs"))
+	}
+	for _, h := range v1Hierarchies {
+		if d := g.v1[h]; d != "" {
+			out = append(out, filepath.Join(d, "cgroup.procs"))
+		}
+	}
+	return out
+}
+
+// kill SIGKILLs every process in the job's cgroup and waits (briefly) until
+// it is empty.
+func (g *jobCgroup) kill() error {
+	if g.unified != "" {
+		if err := os.WriteFile(filepath.Join(g.unified, "cgroup.kill"), []byte("1"), 0); err != nil {
+			return fmt.Errorf("cgroup.kill: %w", err)
+		}
+	} else if fz := g.v1["freezer"]; fz != "" {
+		if err := freezeKill(fz); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for !g.empty() {
+		if time.Now().After(deadline) {
+			return errors.New("job cgroup still populated 2s after SIGKILL")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+// freezeKill kills a v1 cgroup's tasks while it is frozen, so none can fork
+// between the listing and the signal.
+func freezeKill(dir string) error {
+	state := filepath.Join(dir, "freezer.state")
+	if err := os.WriteFile(state, []byte("FROZEN"), 0); err != nil {
+		return fmt.Errorf("freeze job cgroup: %w", err)
+	}
+	for range 100 {
+		b, err := os.ReadFile(state)
+		if err != nil || strings.TrimSpace(string(b)) == "FROZEN" {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	self := os.Getpid()
+	for _, pid := range readPids(filepath.Join(dir, "cgroup.procs")) {
+		if pid != self {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+	// SIGKILL takes effect once the tasks run again.
+	if err := os.WriteFile(state, []byte("THAWED"), 0); err != nil {
+		return fmt.Errorf("thaw job cgroup: %w", err)
+	}
+	return nil
+}
+
+func readPids(file string) []int {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// empty reports whether no process is left in the job's cgroup.
+func (g *jobCgroup) empty() bool {
+	if g.unified != "" {
+		b, err := os.ReadFile(filepath.Join(g.unified, "cgroup.events"))
+		if err != nil {
+			return true // gone
+		}
+		return strings.Contains(string(b), "populated 0")
+	}
+	for _, d := range g.v1 {
+		if len(readPids(filepath.Join(d, "cgroup.procs"))) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// usage reads the job's CPU time, peak memory and OOM kills; zero when
+// unknown. v1 counts OOM kills only in the cgroup whose task died (the
+// sandbox's counter does not move), so the job reports its own.
+func (g *jobCgroup) usage() (cpuSeconds float64, memoryPeak, oomKills uint64) {
+	if g.unified != "" {
+		if b, err := os.ReadFile(filepath.Join(g.unified, "cpu.stat")); err == nil {
+			if v, ok := statField(string(b), "usage_usec"); ok {
+				cpuSeconds = float64(v) / 1e6
+			}
+		}
+		// Only when the memory controller is enabled for job cgroups.
+		if v, ok := readUint(filepath.Join(g.unified, "memory.peak")); ok {
+			memoryPeak = v
+		}
+		if b, err := os.ReadFile(filepath.Join(g.unified, "memory.events")); err == nil {
+			oomKills, _ = statField(string(b), "oom_kill")
+		}
+	}
+	if d := g.v1["cpuacct"]; d != "" && cpuSeconds == 0 {
+		if v, ok := readUint(filepath.Join(d, "cpuacct.usage")); ok {
+			cpuSeconds = float64(v) / 1e9
+		}
+	}
+	if d := g.v1["memory"]; d != "" {
+		if v, ok := readUint(filepath.Join(d, "memory.max_usage_in_bytes")); ok {
+			memoryPeak = v
+		}
+		if b, err := os.ReadFile(filepath.Join(d, "memory.oom_control")); err == nil {
+			oomKills, _ = statField(string(b), "oom_kill")
+		}
+	}
+	return cpuSeconds, memoryPeak, oomKills
+}
+
+func statField(s, key string) (uint64, bool) {
+	for _, line := range strings.Split(s, "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok && k == key {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
+
+func readUint(file string) (uint64, bool) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	return n, err == nil
+}
+
+// remove deletes the job's cgroups; it fails while processes are left.
+func (g *jobCgroup) remove() error {
+	var errs []error
+	rm := func(d string) {
+		if d == "" {
+			return
+		}
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	for _, d := range g.v1 {
+		rm(d)
+	}
+	rm(g.unified)
+	return errors.Join(errs...)
+}

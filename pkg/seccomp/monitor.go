@@ -1,0 +1,147 @@
+//go:build cgo && seccomp
+
+package seccomp
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	libseccomp "github.com/seccomp/libseccomp-golang"
+	"golang.org/x/sys/unix"
+)
+
+// MonitorSupported reports whether this build can receive notifications.
+const MonitorSupported = true
+
+// Monitor receives one sandbox's seccomp notifications (see WithNotify),
+// counts each refused syscall against the key attribute returns for the
+// calling pid (the job) and answers EPERM.
+type Monitor struct {
+	ln        *net.UnixListener
+	attribute func(pid int) string
+	log       *slog.Logger
+
+	mu     sync.Mutex
+	counts map[string]map[string]uint64 // key → syscall → count
+	done   chan struct{}
+}
+
+// Listen starts a Monitor on a unix socket at path, for libcontainer to
+// send the notification descriptor to once the sandbox's filter is loaded.
+func Listen(path string, attribute func(pid int) string, log *slog.Logger) (*Monitor, error) {
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("seccomp listener: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("seccomp listener: %w", err)
+	}
+	m := &Monitor{ln: ln, attribute: attribute, log: log, counts: map[string]map[string]uint64{}, done: make(chan struct{})}
+	go m.serve()
+	return m, nil
+}
+
+// Close stops accepting; a descriptor already received is served until the
+// sandbox is gone.
+func (m *Monitor) Close() { m.ln.Close() }
+
+// Done is closed when the monitor has stopped serving.
+func (m *Monitor) Done() <-chan struct{} { return m.done }
+
+// Take returns and forgets the counts of key.
+func (m *Monitor) Take(key string) map[string]uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.counts[key]
+	delete(m.counts, key)
+	return c
+}
+
+func (m *Monitor) serve() {
+	defer close(m.done)
+	c, err := m.ln.AcceptUnix()
+	m.ln.Close() // libcontainer connects once
+	if err != nil {
+		if !errors.Is(err, net.ErrClosed) {
+			m.log.Warn("seccomp listener", "err", err)
+		}
+		return
+	}
+	fd, err := receiveFD(c)
+	c.Close()
+	if err != nil {
+		m.log.Warn("seccomp listener: no notification descriptor", "err", err)
+		return
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		fds[0].Revents = 0
+		if _, err := unix.Poll(fds, -1); err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return
+		}
+		// POLLHUP: every process of the sandbox is gone.
+		if fds[0].Revents&unix.POLLIN == 0 {
+			return
+		}
+		req, err := libseccomp.NotifReceive(libseccomp.ScmpFd(fd))
+		if err != nil {
+			continue // the caller died (ENOENT) or was interrupted
+		}
+		name, err := libseccomp.ScmpSyscall(req.Data.Syscall).GetNameByArch(req.Data.Arch)
+		if err != nil {
+			name = fmt.Sprintf("syscall_%d", req.Data.Syscall)
+		}
+		// The caller is parked in the syscall, so its /proc entry is there.
+		key := m.attribute(int(req.Pid))
+		_ = libseccomp.NotifRespond(libseccomp.ScmpFd(fd), &libseccomp.ScmpNotifResp{ID: req.ID, Error: int32(unix.EPERM)})
+		m.mu.Lock()
+		if m.counts[key] == nil {
+			m.counts[key] = map[string]uint64{}
+		}
+		m.counts[key][name]++
+		m.mu.Unlock()
+	}
+}
+
+// receiveFD reads libcontainer's message: the container's state as JSON
+// with the notification descriptor attached.
+func receiveFD(c *net.UnixConn) (int, error) {
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return -1, err
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		return -1, err
+	}
+	var fds []int
+	for _, msg := range msgs {
+		if r, err := unix.ParseUnixRights(&msg); err == nil {
+			fds = append(fds, r...)
+		}
+	}
+	var st specs.ContainerProcessState
+	if err := json.Unmarshal(buf[:n], &st); err != nil || len(fds) == 0 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return -1, fmt.Errorf("unexpected message (%d descriptors): %v", len(fds), err)
+	}
+	for _, fd := range fds[1:] {
+		unix.Close(fd)
+	}
+	return fds[0], nil
+}
