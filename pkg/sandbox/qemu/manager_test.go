@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
@@ -64,8 +65,13 @@ func newManager(t testing.TB, stateDir, runDir, parent string) *managerEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
+	disks, err := storage.NewStore(filepath.Join(stateDir, "sandboxes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(disks.Close)
 	cb, err := container.New(container.Options{Runtime: rt, AgentPath: testenv.AgentPath(t), RunDir: runDir,
-		CgroupParent: parent, Log: testenv.Logger(t)}, l)
+		Storage: disks, CgroupParent: parent, Log: testenv.Logger(t)}, l)
 	if err != nil {
 		t.Fatal(err)
 	}
