@@ -242,6 +242,7 @@ func Default() *Config {
 			MCPMaxResultBytes:   48 << 10,
 			MCPOnSessionEnd:     SessionEndKeep,
 			MCPProgressInterval: Duration(15 * time.Second),
+			MaxRequestBytes:     4 << 20,
 		},
 		Paths: Paths{
 			StateDir:   "/var/lib/mcp-sandboxd",
