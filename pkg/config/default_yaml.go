@@ -176,6 +176,17 @@ network:
     npm_registry: ""
     # Go module proxy (GOPROXY).
     go_proxy: ""
+  # Upstream APIs whose secret the daemon adds at the egress: a sandbox
+  # created with credentials: [NAME] reaches http://GATEWAY:PORT/NAME/TOKEN
+  # (TOKEN: per sandbox) through its BASE_URL variable and never holds the
+  # secret. Per entry: base_url (upstream), header (e.g. x-api-key),
+  # header_prefix (e.g. "Bearer "), secret_env or secret_file (the
+  # daemon's), base_url_env and key_env (the sandbox's variables, e.g.
+  # ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY), max_requests and max_tokens
+  # (spend caps per sandbox; 0: none). See docs/agents.md.
+  credentials: {}
+  # TCP port of the credential proxy on the gateway.
+  credential_port: 8119
 
 # Language images.
 images:

@@ -97,8 +97,8 @@ type sandboxNet struct {
 	id, key, nsPath string
 	req             Request
 	rules           *rules
-	ip              netip.Addr // valid while connected
-	refused         []string   // recent refused DNS names, newest last
+	ip              netip.Addr        // valid while connected
+	refused         []string          // recent refused DNS names, newest last
 	grants          map[string]*grant // credentials, by name (guarded by dnsMu)
 }
 
