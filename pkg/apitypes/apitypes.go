@@ -63,9 +63,9 @@ type CreateSandboxRequest struct {
 	Env              map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every command in the sandbox."`
 	// Credentials are granted through the credential proxy on the
 	// gateway; the sandbox never holds their secrets.
-	Credentials []string `json:"credentials,omitempty" jsonschema_description:"With network egress or allowlist: names of upstream API credentials (server configuration network.credentials) the sandbox may use through the daemon's credential proxy; the sandbox gets the proxy's URL and a dummy key in its environment (e.g. ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY), never the secret."`
-	TTLSeconds       *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
-	Labels           map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
+	Credentials []string          `json:"credentials,omitempty" jsonschema_description:"With network egress or allowlist: names of upstream API credentials (server configuration network.credentials) the sandbox may use through the daemon's credential proxy; the sandbox gets the proxy's URL and a dummy key in its environment (e.g. ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY), never the secret."`
+	TTLSeconds  *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
+	Labels      map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
 }
 
 // Sandbox describes a sandbox, live or not.

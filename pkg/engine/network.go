@@ -57,8 +57,8 @@ func (e *Engine) initNetwork() {
 func networkRequest(mode string, allow, credentials []string, l apitypes.Limits) network.Request {
 	return network.Request{
 		Credentials: credentials,
-		Policy: network.Policy{Mode: network.Mode(mode), Allow: allow},
-		Limits: network.Limits{BandwidthBytes: uint64(max(l.NetworkBandwidth, 0)), ConnPerSecond: uint32(min(max(l.NetworkConnRate, 0), 1<<31))},
+		Policy:      network.Policy{Mode: network.Mode(mode), Allow: allow},
+		Limits:      network.Limits{BandwidthBytes: uint64(max(l.NetworkBandwidth, 0)), ConnPerSecond: uint32(min(max(l.NetworkConnRate, 0), 1<<31))},
 	}
 }
 
