@@ -78,6 +78,7 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	mux.HandleFunc("DELETE /v1/images/{name}", s.removeImage)
 	mux.HandleFunc("GET /v1/languages", s.languages)
 	mux.HandleFunc("POST /v1/run", s.runCode)
+	mux.HandleFunc("POST /v1/agent/run", s.agentRun)
 	mux.HandleFunc("GET /v1/runs", s.listRuns)
 	mux.HandleFunc("GET /v1/runs/export", s.exportRuns)
 	mux.HandleFunc("GET /v1/runs/{id}", s.getRun)
