@@ -217,9 +217,11 @@ autofix:
   # Who writes the fixes by default: client (the calling MCP client,
   # through autofix_submit), sampling (the MCP client's model, through
   # sampling/createMessage; client when the client cannot sample),
-  # anthropic (the Anthropic API) or command (a program). A call may pick
+  # anthropic (the Anthropic API), command (a program) or agent (a Claude
+  # Code session in the loop's sandbox, agent image, the key added by the
+  # credential proxy: network.credentials.anthropic). A call may pick
   # another provider that is configured (anthropic: a key; command: a
-  # command line).
+  # command line; agent: the credential).
   provider: client
   # Fix requests after the first run (count, 1 to max_retries_cap); a loop
   # runs the program at most max_retries + 1 times.

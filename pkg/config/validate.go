@@ -298,7 +298,7 @@ func (r *Runs) validate(p *problems) {
 }
 
 func (a *Autofix) validate(p *problems) {
-	p.oneOf("autofix.provider", a.Provider, "client", "sampling", "anthropic", "command")
+	p.oneOf("autofix.provider", a.Provider, "client", "sampling", "anthropic", "command", "agent")
 	if a.MaxRetriesCap < 1 || a.MaxRetriesCap > 20 {
 		p.add("autofix.max_retries_cap", "", "must be between 1 and 20, got %d", a.MaxRetriesCap)
 	}
