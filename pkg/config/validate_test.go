@@ -203,7 +203,7 @@ func TestValidate(t *testing.T) {
 				c.Autofix.APIKeyFile = "key.txt"
 			},
 			want: []FieldError{
-				{Key: "autofix.provider", Message: `invalid value "openai" (use client, sampling, anthropic, command)`},
+				{Key: "autofix.provider", Message: `invalid value "openai" (use client, sampling, anthropic, command, agent)`},
 				{Key: "autofix.timeout", Message: "must be greater than 0"},
 				{Key: "autofix.success", Message: `invalid value "exit0" (use exit_zero_and_empty_stderr, exit_zero, tests)`},
 				{Key: "autofix.base_url", Message: `invalid URL "ftp://example.com" (use http:// or https://)`},
