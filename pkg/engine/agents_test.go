@@ -130,6 +130,27 @@ func TestAgentRun(t *testing.T) {
 		}
 	})
 
+	t.Run("autofix provider agent", func(t *testing.T) {
+		env := agentEngine(t, tp, 0)
+		two, timeout := 2, 300.0
+		broken := map[string]string{
+			"calc.py":      "def add(a, b):\n    return a - b\n",
+			"test_calc.py": pytestFiles["test_calc.py"],
+			"main.py":      "from calc import add\nprint(add(2, 3))\n",
+		}
+		res, err := env.Autofix(ctx, AutofixRequest{Language: "python", Files: broken, Entrypoint: "main.py", Success: apitypes.SuccessTests,
+			Provider: apitypes.ProviderAgent, MaxRetries: &two, TimeoutSeconds: &timeout}, AutofixOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Success || res.Status != apitypes.AutofixFixed || res.Attempts > 3 || res.Files["calc.py"] != "def add(a, b):\n    return a + b\n" || res.Provider != apitypes.ProviderAgent {
+			t.Fatalf("autofix with the agent: %+v", res)
+		}
+		if res.Attempts-1 > 2 {
+			t.Fatalf("%d fixes, want at most 2", res.Attempts-1)
+		}
+	})
+
 	t.Run("spend cap", func(t *testing.T) {
 		env := agentEngine(t, tp, 1)
 		res, err := env.AgentRun(ctx, AgentRunRequest{Prompt: "Make test_calc.py pass.", Files: pytestFiles, MaxTurns: 10, TimeoutSeconds: 180}, nil)
