@@ -107,10 +107,13 @@ func TestAgentRun(t *testing.T) {
 		}
 		mu.Lock()
 		defer mu.Unlock()
+		// (Claude Code drops the "cd" to its own working directory.)
 		want := []AgentProgress{{Kind: "tool_call", Tool: "Write", Detail: "/workspace/calc.py"}, {Kind: "file_changed", Tool: "Write", Detail: "/workspace/calc.py"},
-			{Kind: "tool_call", Tool: "Bash", Detail: "cd /workspace && python3 -m pytest -q test_calc.py"}, {Kind: "result", Detail: "success"}}
+			{Kind: "tool_call", Tool: "Bash", Detail: "python3 -m pytest -q test_calc.py"}, {Kind: "result", Detail: "success"}}
 		for _, w := range want {
-			if !slices.Contains(events, w) {
+			if !slices.ContainsFunc(events, func(e AgentProgress) bool {
+				return e.Kind == w.Kind && e.Tool == w.Tool && strings.HasSuffix(e.Detail, w.Detail)
+			}) {
 				t.Fatalf("progress %+v lacks %+v", events, w)
 			}
 		}
