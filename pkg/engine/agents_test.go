@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/base64"
 	"net"
 	"net/http"
 	"os"
@@ -64,6 +65,14 @@ func agentEngine(t *testing.T, tp *netTopology, maxRequests int64) *testEnv {
 var pytestScript = []fakemessages.Step{
 	{Tool: "Write", Input: map[string]any{"file_path": "/workspace/calc.py", "content": "def add(a, b):\n    return a + b\n"}},
 	{Tool: "Bash", Input: map[string]any{"command": "cd /workspace && python3 -m pytest -q test_calc.py", "description": "Run the tests"}},
+	// The agent's own view: which process environments and files hold the
+	// real key (a prefix of it is enough), and, as a control, which hold
+	// the proxy's URL.
+	// (The key is passed encoded: Claude Code keeps the command itself in
+	// its session files under /tmp; /bin/grep because Claude Code's shell
+	// maps grep to its ripgrep, which does not read /proc files.)
+	{Tool: "Bash", Input: map[string]any{"command": "k=$(echo " + base64.StdEncoding.EncodeToString([]byte(engineTestSecret[:24])) + " | base64 -d); " +
+		`echo key-in: $(/bin/grep -slF "$k" /proc/[0-9]*/environ; /bin/grep -rslF "$k" /workspace /tmp /home) :end; echo url-in: $(/bin/grep -sl ANTHROPIC_BASE_URL= /proc/[0-9]*/environ | wc -l)`, "description": "Look for the key"}},
 }
 
 var pytestFiles = map[string]string{"test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"}
@@ -97,6 +106,11 @@ func TestAgentRun(t *testing.T) {
 		results := api.Results()
 		if !slices.ContainsFunc(results, func(s string) bool { return strings.Contains(s, "1 passed") }) {
 			t.Fatalf("the test run the model saw did not pass: %q", results)
+		}
+		if !slices.ContainsFunc(results, func(s string) bool {
+			return strings.Contains(s, "key-in: :end") && strings.Contains(s, "url-in: ") && !strings.Contains(s, "url-in: 0")
+		}) {
+			t.Fatalf("the agent found the key, or its search saw no environment: %q", results)
 		}
 		keys := api.Keys()
 		if len(keys) == 0 || slices.ContainsFunc(keys, func(k string) bool { return k != engineTestSecret }) {
