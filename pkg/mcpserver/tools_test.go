@@ -87,7 +87,7 @@ func TestCatalogue(t *testing.T) {
 	// Groups turned off in the configuration are not offered.
 	only := newClient(t, e, Options{Tools: []string{"run"}})
 	got := keys(toolNames(t, only))
-	want := []string{"languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task"}
+	want := []string{"agent_run", "languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task"}
 	if !slices.Equal(got, want) {
 		t.Errorf("tools with only the run group = %v, want %v", got, want)
 	}
