@@ -185,6 +185,7 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&req.Allow, "allow", nil, "host, *.domain, IPv4 CIDR or @preset reachable with --network allowlist (repeatable)")
 	f.StringVar(&bandwidth, "network-bandwidth", "", "bandwidth per second in each direction with network, e.g. 1M (default: the daemon's)")
 	f.Int64Var(&connRate, "network-conn-rate", 0, "new connections per second with network (default: the daemon's)")
+	f.StringArrayVar(&req.Credentials, "credential", nil, "credential (network.credentials) the sandbox may use through the daemon's proxy, with --network egress or allowlist (repeatable)")
 	f.StringArrayVarP(&envFlags, "env", "e", nil, "environment variable NAME=VALUE (repeatable)")
 	f.StringArrayVar(&labelFlags, "label", nil, "label NAME=VALUE (repeatable)")
 	f.DurationVar(&ttl, "ttl", 0, "lifetime after which the sandbox is terminated, e.g. 30m")

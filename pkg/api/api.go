@@ -80,6 +80,7 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	mux.HandleFunc("POST /v1/images/prune", s.pruneImages)
 	mux.HandleFunc("GET /v1/languages", s.languages)
 	mux.HandleFunc("POST /v1/run", s.runCode)
+	mux.HandleFunc("POST /v1/agent/run", s.agentRun)
 	mux.HandleFunc("GET /v1/runs", s.listRuns)
 	mux.HandleFunc("GET /v1/runs/export", s.exportRuns)
 	mux.HandleFunc("GET /v1/runs/{id}", s.getRun)

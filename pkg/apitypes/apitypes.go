@@ -77,8 +77,11 @@ type CreateSandboxRequest struct {
 	NetworkBandwidth *int64            `json:"network_bandwidth,omitempty" jsonschema_description:"With network egress or allowlist: bandwidth in bytes per second, each direction. Default and maximum from the server configuration."`
 	NetworkConnRate  *int64            `json:"network_conn_rate,omitempty" jsonschema_description:"With network egress or allowlist: new connections per second. Default and maximum from the server configuration."`
 	Env              map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every command in the sandbox."`
-	TTLSeconds       *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
-	Labels           map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
+	// Credentials are granted through the credential proxy on the
+	// gateway; the sandbox never holds their secrets.
+	Credentials []string          `json:"credentials,omitempty" jsonschema_description:"With network egress or allowlist: names of upstream API credentials (server configuration network.credentials) the sandbox may use through the daemon's credential proxy; the sandbox gets the proxy's URL and a dummy key in its environment (e.g. ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY), never the secret."`
+	TTLSeconds  *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
+	Labels      map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
 	// SeccompProfile names a profile of the daemon's seccomp_dir ("default",
 	// "strict"); empty takes the configured sandbox.seccomp_profile.
 	SeccompProfile string `json:"seccomp_profile,omitempty" jsonschema_description:"Seccomp profile: default (Docker's) or strict (also no ptrace, personality, io_uring, userfaultfd, perf, bpf, namespaces, keyring). Default from the server configuration."`
@@ -99,6 +102,7 @@ type Sandbox struct {
 	DiskBacking string   `json:"disk_backing,omitempty"`
 	Network     string   `json:"network"`
 	Allow       []string `json:"allow,omitempty"`
+	Credentials []string `json:"credentials,omitempty"`
 	// SeccompProfile is the profile the sandbox runs under.
 	SeccompProfile string            `json:"seccomp_profile,omitempty"`
 	Env            map[string]string `json:"env,omitempty"`
@@ -131,6 +135,21 @@ type SandboxDetail struct {
 	// NetworkStatus is the policy and counters of a live sandbox with
 	// network.
 	NetworkStatus *NetworkStatus `json:"network_status,omitempty"`
+	// CredentialUsage is what a live sandbox did through the credential
+	// proxy, by credential name.
+	CredentialUsage map[string]CredentialUsage `json:"credential_usage,omitempty"`
+}
+
+// CredentialUsage counts a sandbox's requests through the credential
+// proxy for one credential.
+type CredentialUsage struct {
+	Requests     int64 `json:"requests"`
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+	// Refused counts requests the spend cap refused; CapReached names the
+	// cap (max_requests, max_tokens).
+	Refused    int64  `json:"refused"`
+	CapReached string `json:"cap_reached,omitempty"`
 }
 
 // Termination causes (docs/SPEC.md "Termination causes").

@@ -23,6 +23,7 @@ const (
 	ProviderSampling  = "sampling"  // the MCP client's model, through sampling/createMessage
 	ProviderAnthropic = "anthropic" // the Anthropic Messages API
 	ProviderCommand   = "command"   // a configured program: prompt on stdin, answer on stdout
+	ProviderAgent     = "agent"     // an agent session (Claude Code) in the loop's sandbox, the key kept by the credential proxy
 )
 
 // Autofix loop statuses.

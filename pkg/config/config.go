@@ -161,6 +161,25 @@ type Network struct {
 	// Presets are named allowlists, used as "@name" in a sandbox's allow.
 	Presets        map[string][]string `yaml:"presets"`
 	PackageIndexes PackageIndexes      `yaml:"package_indexes"`
+	// Credentials are upstream APIs whose secrets the daemon adds at the
+	// egress (the credential proxy on the gateway), by name; sandboxes
+	// are granted them with `credentials` on create. CredentialPort is the
+	// proxy's TCP port on the gateway.
+	Credentials    map[string]Credential `yaml:"credentials"`
+	CredentialPort int                   `yaml:"credential_port"`
+}
+
+// Credential is one `network.credentials.NAME`.
+type Credential struct {
+	BaseURL      string `yaml:"base_url"`      // upstream URL (https:// in production)
+	Header       string `yaml:"header"`        // header the proxy sets, e.g. x-api-key
+	HeaderPrefix string `yaml:"header_prefix"` // before the secret, e.g. "Bearer "
+	SecretEnv    string `yaml:"secret_env"`    // the daemon's environment variable holding the secret
+	SecretFile   string `yaml:"secret_file"`   // or a file of the daemon's (read per request)
+	BaseURLEnv   string `yaml:"base_url_env"`  // sandbox variable set to the proxy's URL
+	KeyEnv       string `yaml:"key_env"`       // sandbox variable set to a dummy key
+	MaxRequests  int64  `yaml:"max_requests"`  // per sandbox; 0: no cap
+	MaxTokens    int64  `yaml:"max_tokens"`    // per sandbox, input+output; 0: no cap
 }
 
 // PackageIndexes is `network.package_indexes`: where sandboxes install
@@ -283,6 +302,7 @@ func Default() *Config {
 				"127.0.0.0/8",    // the host
 				"fc00::/7", "fe80::/10", "::1/128",
 			},
+			CredentialPort: 8119,
 		},
 		Images: Images{
 			Suite:         "bookworm",

@@ -201,6 +201,17 @@ network:
     npm_registry: ""
     # Go module proxy (GOPROXY).
     go_proxy: ""
+  # Upstream APIs whose secret the daemon adds at the egress: a sandbox
+  # created with credentials: [NAME] reaches http://GATEWAY:PORT/NAME/TOKEN
+  # (TOKEN: per sandbox) through its BASE_URL variable and never holds the
+  # secret. Per entry: base_url (upstream), header (e.g. x-api-key),
+  # header_prefix (e.g. "Bearer "), secret_env or secret_file (the
+  # daemon's), base_url_env and key_env (the sandbox's variables, e.g.
+  # ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY), max_requests and max_tokens
+  # (spend caps per sandbox; 0: none). See docs/agents.md.
+  credentials: {}
+  # TCP port of the credential proxy on the gateway.
+  credential_port: 8119
 
 # Language images.
 images:
@@ -243,9 +254,11 @@ autofix:
   # Who writes the fixes by default: client (the calling MCP client,
   # through autofix_submit), sampling (the MCP client's model, through
   # sampling/createMessage; client when the client cannot sample),
-  # anthropic (the Anthropic API) or command (a program). A call may pick
+  # anthropic (the Anthropic API), command (a program) or agent (a Claude
+  # Code session in the loop's sandbox, agent image, the key added by the
+  # credential proxy: network.credentials.anthropic). A call may pick
   # another provider that is configured (anthropic: a key; command: a
-  # command line).
+  # command line; agent: the credential).
   provider: client
   # Fix requests after the first run (count, 1 to max_retries_cap); a loop
   # runs the program at most max_retries + 1 times.

@@ -265,6 +265,32 @@ func (n *Network) validate(p *problems) {
 			p.httpURL(u.key, u.v)
 		}
 	}
+	if len(n.Credentials) > 0 && (n.CredentialPort <= 0 || n.CredentialPort > 65535 || n.CredentialPort == 53) {
+		p.add("network.credential_port", "", "want a TCP port other than 53, got %d", n.CredentialPort)
+	}
+	for _, name := range slices.Sorted(maps.Keys(n.Credentials)) {
+		c, key := n.Credentials[name], "network.credentials."+name
+		if !plainName.MatchString(name) {
+			p.add(key, "", "invalid credential name %q", name)
+		}
+		if c.BaseURL == "" {
+			p.add(key+".base_url", "", "required")
+		} else {
+			p.httpURL(key+".base_url", c.BaseURL)
+		}
+		if c.Header == "" || strings.ContainsAny(c.Header, " :\r\n") {
+			p.add(key+".header", "", "want a header name, got %q", c.Header)
+		}
+		if (c.SecretEnv == "") == (c.SecretFile == "") {
+			p.add(key+".secret_env", "", "give exactly one of secret_env and secret_file")
+		}
+		if c.BaseURLEnv == "" {
+			p.add(key+".base_url_env", "", "required (the sandbox's variable naming the proxy's URL)")
+		}
+		if c.MaxRequests < 0 || c.MaxTokens < 0 {
+			p.add(key+".max_requests", "", "caps must not be negative")
+		}
+	}
 }
 
 func (im *Images) validate(p *problems) {
@@ -300,7 +326,7 @@ func (r *Runs) validate(p *problems) {
 }
 
 func (a *Autofix) validate(p *problems) {
-	p.oneOf("autofix.provider", a.Provider, "client", "sampling", "anthropic", "command")
+	p.oneOf("autofix.provider", a.Provider, "client", "sampling", "anthropic", "command", "agent")
 	if a.MaxRetriesCap < 1 || a.MaxRetriesCap > 20 {
 		p.add("autofix.max_retries_cap", "", "must be between 1 and 20, got %d", a.MaxRetriesCap)
 	}

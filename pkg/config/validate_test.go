@@ -203,12 +203,30 @@ func TestValidate(t *testing.T) {
 				c.Autofix.APIKeyFile = "key.txt"
 			},
 			want: []FieldError{
-				{Key: "autofix.provider", Message: `invalid value "openai" (use client, sampling, anthropic, command)`},
+				{Key: "autofix.provider", Message: `invalid value "openai" (use client, sampling, anthropic, command, agent)`},
 				{Key: "autofix.timeout", Message: "must be greater than 0"},
 				{Key: "autofix.success", Message: `invalid value "exit0" (use exit_zero_and_empty_stderr, exit_zero, tests)`},
 				{Key: "autofix.base_url", Message: `invalid URL "ftp://example.com" (use http:// or https://)`},
 				{Key: "autofix.api_key_env", Message: `invalid environment variable name "MY-KEY"`},
 				{Key: "autofix.api_key_file", Message: `must be an absolute path, got "key.txt"`},
+			},
+		},
+		{
+			name: "network credentials",
+			modify: func(c *Config) {
+				c.Network.CredentialPort = 53
+				c.Network.Credentials = map[string]Credential{
+					"bad":  {BaseURL: "ftp://x", Header: "x api key", SecretEnv: "K", SecretFile: "/k", MaxRequests: -1},
+					"good": {BaseURL: "https://api.example", Header: "x-api-key", SecretFile: "/etc/k", BaseURLEnv: "API_BASE_URL"},
+				}
+			},
+			want: []FieldError{
+				{Key: "network.credential_port", Message: "want a TCP port other than 53, got 53"},
+				{Key: "network.credentials.bad.base_url", Message: `invalid URL "ftp://x" (use http:// or https://)`},
+				{Key: "network.credentials.bad.header", Message: `want a header name, got "x api key"`},
+				{Key: "network.credentials.bad.secret_env", Message: "give exactly one of secret_env and secret_file"},
+				{Key: "network.credentials.bad.base_url_env", Message: "required (the sandbox's variable naming the proxy's URL)"},
+				{Key: "network.credentials.bad.max_requests", Message: "caps must not be negative"},
 			},
 		},
 		{

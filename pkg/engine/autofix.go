@@ -196,8 +196,13 @@ func (e *Engine) autofixProvider(name string, opts *AutofixOptions) (autofix.Pro
 			return nil, "", errdefs.Invalidf("provider: command is not configured on this server (autofix.command is empty)")
 		}
 		return &autofix.CommandProvider{Argv: ac.Command, Timeout: ac.CommandTimeout.D()}, name, nil
+	case apitypes.ProviderAgent:
+		if e.net == nil || e.netCfg.Credentials[AgentCredential].BaseURL == nil {
+			return nil, "", errdefs.Invalidf("provider: agent needs network.credentials.%s configured on this server (and the network subsystem up)", AgentCredential)
+		}
+		return &agentFixProvider{e: e}, name, nil
 	}
-	return nil, "", errdefs.Invalidf("provider: unknown provider %q (one of client, sampling, anthropic, command)", name)
+	return nil, "", errdefs.Invalidf("provider: unknown provider %q (one of client, sampling, anthropic, command, agent)", name)
 }
 
 // Autofix runs a program and, while it fails, asks the provider for fixes
@@ -254,10 +259,22 @@ func (e *Engine) Autofix(ctx context.Context, req AutofixRequest, opts AutofixOp
 	}
 
 	id := newAutofixID()
-	sb, err := e.CreateSandbox(ctx, CreateSandboxRequest{Language: h.Name, Network: network,
-		Labels: map[string]string{"sandboxd.autofix": id}})
+	create := CreateSandboxRequest{Language: h.Name, Network: network, Labels: map[string]string{"sandboxd.autofix": id}}
+	agentFix, _ := provider.(*agentFixProvider)
+	if agentFix != nil {
+		// The agent's image (it has the CLI and the usual runtimes), the
+		// credential, and no destination but the proxy unless asked.
+		create.Image, create.Credentials = AgentImage, []string{AgentCredential}
+		if create.Network == NetworkNone {
+			create.Network = NetworkAllowlist
+		}
+	}
+	sb, err := e.CreateSandbox(ctx, create)
 	if err != nil {
 		return nil, err
+	}
+	if agentFix != nil {
+		agentFix.sandboxID = sb.ID
 	}
 	run, err := e.StartRun(ctx, RunSpec{Handler: h, Kind: "autofix", SandboxID: sb.ID, Entrypoint: main,
 		Args: req.Args, Deadline: time.Now().Add(p.Timeout)})

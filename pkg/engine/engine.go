@@ -436,11 +436,14 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 	if err := e.networkLimits(spec, req); err != nil {
 		return nil, err
 	}
+	if len(req.Credentials) > 0 && spec.Network == NetworkNone {
+		return nil, errdefs.Invalidf("credentials: only valid with network egress or allowlist (the credential proxy is on the gateway)")
+	}
 	if spec.Network != NetworkNone {
-		if err := e.net.Validate(networkRequest(spec.Network, req.Allow, spec.Limits)); err != nil {
+		if err := e.net.Validate(networkRequest(spec.Network, req.Allow, req.Credentials, spec.Limits)); err != nil {
 			return nil, err
 		}
-		spec.Allow = req.Allow
+		spec.Allow, spec.Credentials = req.Allow, req.Credentials
 		spec.Env = withPackageIndexes(spec.Env, e.netCfg.PackageIndexes.Env())
 	}
 	if req.TTLSeconds != nil {
@@ -540,6 +543,12 @@ func (e *Engine) GetSandbox(ctx context.Context, id string) (*SandboxDetail, err
 	if info.State.Live() && e.net != nil && info.Network != "" && info.Network != NetworkNone {
 		if st, err := e.networkStatus(id); err == nil {
 			d.NetworkStatus = st
+		}
+		for name, u := range e.net.CredentialUsage(id) {
+			if d.CredentialUsage == nil {
+				d.CredentialUsage = map[string]apitypes.CredentialUsage{}
+			}
+			d.CredentialUsage[name] = apitypes.CredentialUsage(u)
 		}
 	}
 	if info.State.Live() && info.State != sandbox.StateCreating {

@@ -50,13 +50,15 @@ func (e *Engine) initNetwork() {
 	e.ledger.Register(network.KindVeth, func(_ context.Context, r ledger.Resource) error { return m.ReleaseVeth(r.Key) })
 	e.ledger.Register(network.KindNft, func(_ context.Context, r ledger.Resource) error { return m.ReleaseRules(r.Key) })
 	e.ledger.Register(network.KindLease, func(ctx context.Context, r ledger.Resource) error { return m.ReleaseLease(ctx, r.Key) })
+	e.ledger.Register(network.KindCredential, func(_ context.Context, r ledger.Resource) error { return m.ReleaseCredential(r.Key) })
 }
 
 // networkRequest is a sandbox's network request.
-func networkRequest(mode string, allow []string, l apitypes.Limits) network.Request {
+func networkRequest(mode string, allow, credentials []string, l apitypes.Limits) network.Request {
 	return network.Request{
-		Policy: network.Policy{Mode: network.Mode(mode), Allow: allow},
-		Limits: network.Limits{BandwidthBytes: uint64(max(l.NetworkBandwidth, 0)), ConnPerSecond: uint32(min(max(l.NetworkConnRate, 0), 1<<31))},
+		Credentials: credentials,
+		Policy:      network.Policy{Mode: network.Mode(mode), Allow: allow},
+		Limits:      network.Limits{BandwidthBytes: uint64(max(l.NetworkBandwidth, 0)), ConnPerSecond: uint32(min(max(l.NetworkConnRate, 0), 1<<31))},
 	}
 }
 
@@ -91,13 +93,34 @@ func (e *Engine) networkLimits(spec *sandbox.Spec, req CreateSandboxRequest) err
 type networkHook struct{ e *Engine }
 
 func (h networkHook) Attach(ctx context.Context, id string, spec sandbox.Spec, rec ledger.Recorder) (sandbox.NetworkAttachment, error) {
-	a, err := h.e.net.Attach(ctx, id, networkRequest(spec.Network, spec.Allow, spec.Limits), func(kind, key string) error {
+	a, err := h.e.net.Attach(ctx, id, networkRequest(spec.Network, spec.Allow, spec.Credentials, spec.Limits), func(kind, key string) error {
 		return rec.Record(ctx, ledger.Resource{Kind: kind, Key: key})
 	})
 	if err != nil {
 		return sandbox.NetworkAttachment{}, err
 	}
-	return sandbox.NetworkAttachment{NetNSPath: a.NetNSPath, ResolvConf: a.ResolvConf}, nil
+	// Only the credential variables: the package-index ones are in the
+	// spec's Env already (sandboxSpec), where the client's values win.
+	var env map[string]string
+	for _, kv := range a.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && isCredentialVar(h.e.netCfg, k) {
+			if env == nil {
+				env = map[string]string{}
+			}
+			env[k] = v
+		}
+	}
+	return sandbox.NetworkAttachment{NetNSPath: a.NetNSPath, ResolvConf: a.ResolvConf, Env: env}, nil
+}
+
+// isCredentialVar tells whether k is a sandbox variable of a credential.
+func isCredentialVar(cfg network.Config, k string) bool {
+	for _, c := range cfg.Credentials {
+		if k == c.BaseURLEnv || k == c.KeyEnv {
+			return true
+		}
+	}
+	return false
 }
 
 // adoptNetworks gives the sandboxes reconciliation adopted their network
@@ -121,7 +144,7 @@ func (e *Engine) adoptNetworks(ctx context.Context, rep *sandbox.GCReport) {
 		if in.Network == "" || in.Network == NetworkNone {
 			continue
 		}
-		if _, err := e.net.Attach(ctx, in.ID, networkRequest(in.Network, in.Allow, in.Limits), nil); err != nil {
+		if _, err := e.net.Attach(ctx, in.ID, networkRequest(in.Network, in.Allow, in.Credentials, in.Limits), nil); err != nil {
 			rep.Errors = append(rep.Errors, fmt.Sprintf("network: adopt %s: %v", in.ID, err))
 		}
 	}

@@ -88,7 +88,10 @@ func (e *Engine) StartRun(ctx context.Context, spec RunSpec) (*CodeRun, error) {
 		if !(given.State == sandbox.StateReady || given.State == sandbox.StateRunning) {
 			return nil, errdefs.Conflictf("sandbox_id: sandbox %s is %s", given.ID, given.State)
 		}
-		if given.Image != h.Name {
+		// The image, or the language the sandbox was created for on
+		// another image (the agent image runs python projects for the
+		// agent autofix provider).
+		if given.Image != h.Name && given.Language != h.Name {
 			return nil, errdefs.Invalidf("sandbox_id: sandbox %s runs the %q image, not %q", given.ID, given.Image, h.Name)
 		}
 	}

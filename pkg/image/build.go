@@ -348,9 +348,26 @@ func setupHook(r *Recipe) string {
 	for _, kv := range buildEnv() {
 		env = append(env, shellQuote(kv))
 	}
-	return fmt.Sprintf(`chroot "$1" /usr/bin/%s /bin/sh -euc %s sandboxd-setup </dev/null`,
+	run := fmt.Sprintf(`chroot "$1" /usr/bin/%s /bin/sh -euc %s sandboxd-setup </dev/null`,
 		strings.Join(env, " "), shellQuote(script.String()))
+	if _, err := os.Stat(hostCABundle); err != nil {
+		return run
+	}
+	// Setup lines that fetch over TLS (npm, pip) trust what the host
+	// trusts: behind a TLS-intercepting egress proxy the host's bundle
+	// holds the proxy's CA, which the fresh tree's does not. The bundle is
+	// there only while setup runs and is not part of the image.
+	in := "/tmp/.sandboxd-host-ca.crt"
+	for _, k := range []string{"NODE_EXTRA_CA_CERTS", "npm_config_cafile", "SSL_CERT_FILE", "PIP_CERT"} {
+		env = append(env, shellQuote(k+"="+in))
+	}
+	run = fmt.Sprintf(`chroot "$1" /usr/bin/%s /bin/sh -euc %s sandboxd-setup </dev/null`,
+		strings.Join(env, " "), shellQuote(script.String()))
+	return fmt.Sprintf(`cp %s "$1%s" && { %s; rc=$?; rm -f "$1%s"; exit $rc; }`, hostCABundle, in, run, in)
 }
+
+// hostCABundle is the host's CA bundle (Debian's path), lent to setup.
+const hostCABundle = "/etc/ssl/certs/ca-certificates.crt"
 
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"

@@ -10,7 +10,7 @@ import (
 )
 
 // The ten languages of issue 4; each must have a recipe that is a language.
-var languages = []string{"c", "cpp", "csharp", "go", "java", "javascript", "python", "rust", "shell", "typescript"}
+var languages = []string{"agent", "c", "cpp", "csharp", "go", "java", "javascript", "python", "rust", "shell", "typescript"}
 
 func TestRecipesAreLanguages(t *testing.T) {
 	recipes, err := image.LoadRecipes(filepath.Join("..", "..", "rootfs"))

@@ -151,6 +151,7 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 	if enabled("run") {
 		s.addRunTools()
 		s.addRunResources()
+		s.addAgentTools()
 	}
 	if enabled("autofix") {
 		s.addAutofixTools()

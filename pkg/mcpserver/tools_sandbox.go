@@ -14,8 +14,9 @@ type sandboxCreateIn = apitypes.CreateSandboxRequest
 // sandboxOut is a sandbox as the tools show it.
 type sandboxOut struct {
 	apitypes.Sandbox
-	Usage         *apitypes.Usage         `json:"usage,omitempty"`
-	NetworkStatus *apitypes.NetworkStatus `json:"network_status,omitempty"`
+	Usage           *apitypes.Usage                     `json:"usage,omitempty"`
+	NetworkStatus   *apitypes.NetworkStatus             `json:"network_status,omitempty"`
+	CredentialUsage map[string]apitypes.CredentialUsage `json:"credential_usage,omitempty"`
 }
 
 type sandboxListIn struct {
@@ -113,7 +114,10 @@ func (s *srv) addSandboxTools() {
 			if n := d.NetworkStatus; n != nil {
 				text += networkText(n)
 			}
-			return &result{structured: sandboxOut{Sandbox: d.Sandbox, Usage: d.Usage, NetworkStatus: d.NetworkStatus}, text: text}, nil
+			for name, u := range d.CredentialUsage {
+				text += fmt.Sprintf("credential %s: %d requests, %d input + %d output tokens, %d refused %s\n", name, u.Requests, u.InputTokens, u.OutputTokens, u.Refused, u.CapReached)
+			}
+			return &result{structured: sandboxOut{Sandbox: d.Sandbox, Usage: d.Usage, NetworkStatus: d.NetworkStatus, CredentialUsage: d.CredentialUsage}, text: text}, nil
 		})
 
 	addTool[apitypes.SandboxNetworkRequest, apitypes.NetworkStatus](s, "sandbox_network", "Show or change a sandbox's network",

@@ -19,7 +19,7 @@ import (
 )
 
 var allTools = []string{
-	"autofix", "autofix_status", "autofix_submit", "exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export", "job_kill", "job_status",
+	"agent_run", "autofix", "autofix_status", "autofix_submit", "exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export", "job_kill", "job_status",
 	"languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task",
 	"sandbox_create", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_resume", "sandbox_terminate",
 }
@@ -87,7 +87,7 @@ func TestCatalogue(t *testing.T) {
 	// Groups turned off in the configuration are not offered.
 	only := newClient(t, e, Options{Tools: []string{"run"}})
 	got := keys(toolNames(t, only))
-	want := []string{"languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task"}
+	want := []string{"agent_run", "languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task"}
 	if !slices.Equal(got, want) {
 		t.Errorf("tools with only the run group = %v, want %v", got, want)
 	}

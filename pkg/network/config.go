@@ -58,6 +58,19 @@ func FromConfig(n config.Network, runDir, mirror string) (Config, error) {
 	if err := checkPresets(c.Presets); err != nil {
 		return Config{}, err
 	}
+	c.CredentialPort = n.CredentialPort
+	for name, cc := range n.Credentials {
+		u, err := url.Parse(cc.BaseURL)
+		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			return Config{}, errdefs.Invalidf("network.credentials.%s.base_url: want an http(s) URL, got %q", name, cc.BaseURL)
+		}
+		if c.Credentials == nil {
+			c.Credentials = map[string]Credential{}
+		}
+		c.Credentials[name] = Credential{BaseURL: u, Header: cc.Header, HeaderPrefix: cc.HeaderPrefix,
+			SecretEnv: cc.SecretEnv, SecretFile: cc.SecretFile, BaseURLEnv: cc.BaseURLEnv, KeyEnv: cc.KeyEnv,
+			MaxRequests: cc.MaxRequests, MaxTokens: cc.MaxTokens}
+	}
 	return c, nil
 }
 

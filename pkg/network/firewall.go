@@ -111,7 +111,7 @@ func (f *firewall) remove() error {
 // it exists (a restarted daemon keeps its sandboxes' rules). gw is the
 // bridge's address, subnet the sandboxes', uplink the interface of the
 // default route (masquerade), deny the destinations no sandbox reaches.
-func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, deny []netip.Prefix) error {
+func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, deny []netip.Prefix, credPort int) error {
 	if ok, err := f.exists(); err != nil || ok {
 		return err
 	}
@@ -174,6 +174,11 @@ func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, de
 	rule(toHost, cat(matchNFProto(unix.NFPROTO_IPV6), verdict(expr.VerdictDrop))...)
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		rule(toHost, cat(matchNFProto(unix.NFPROTO_IPV4), matchAddr(16, gw), matchL4Proto(proto), matchDport(53), verdict(expr.VerdictAccept))...)
+	}
+	// The credential proxy (credentials.go), which decides per request
+	// whose it is; only when credentials are configured.
+	if credPort > 0 {
+		rule(toHost, cat(matchNFProto(unix.NFPROTO_IPV4), matchAddr(16, gw), matchL4Proto(unix.IPPROTO_TCP), matchDport(uint16(credPort)), verdict(expr.VerdictAccept))...)
 	}
 	rule(toHost, verdict(expr.VerdictDrop)...)
 

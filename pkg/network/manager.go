@@ -55,7 +55,11 @@ type Config struct {
 	// Caps on per-sandbox limits; 0: uncapped.
 	MaxBandwidthBytes uint64
 	MaxConnPerSecond  uint32
-	Log               *slog.Logger
+	// Credentials are the upstream APIs the credential proxy serves, by
+	// name; CredentialPort is its port on the gateway.
+	Credentials    map[string]Credential
+	CredentialPort int
+	Log            *slog.Logger
 }
 
 // Request is a sandbox's network as asked for.
@@ -63,6 +67,9 @@ type Request struct {
 	Policy   Policy
 	Limits   Limits
 	Hostname string // for /etc/hosts; empty: "sandbox"
+	// Credentials names the credentials the sandbox may use through the
+	// credential proxy (egress and allowlist modes only).
+	Credentials []string
 }
 
 // Attachment is what the runtime needs to start a sandbox in its network.
@@ -72,7 +79,10 @@ type Attachment struct {
 	Gateway    netip.Addr // invalid in ModeNone
 	ResolvConf []byte     // /etc/resolv.conf
 	Hosts      []byte     // /etc/hosts
-	Env        []string   // package index variables (KEY=value)
+	// Env is the sandbox's environment from its network (KEY=value):
+	// package index variables, and for each credential the proxy's URL
+	// and a dummy key.
+	Env []string
 }
 
 // Status is a sandbox's network as reported to clients.
@@ -87,8 +97,9 @@ type sandboxNet struct {
 	id, key, nsPath string
 	req             Request
 	rules           *rules
-	ip              netip.Addr // valid while connected
-	refused         []string   // recent refused DNS names, newest last
+	ip              netip.Addr        // valid while connected
+	refused         []string          // recent refused DNS names, newest last
+	grants          map[string]*grant // credentials, by name (guarded by dnsMu)
 }
 
 // maxDeniedNames bounds the refused DNS names kept per sandbox.
@@ -107,7 +118,9 @@ type Manager struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandboxNet
-	dns       *dnsForwarder // non-nil while the host side is up
+	dns       *dnsForwarder    // non-nil while the host side is up
+	cred      *credentialProxy // non-nil while the host side is up, if credentials are configured
+	credKey   []byte           // HMAC key of per-sandbox tokens
 
 	// dnsMu guards byIP and the rules and refused names of sandboxes,
 	// which the DNS forwarder reads. The forwarder never takes mu: the
@@ -157,6 +170,16 @@ func New(cfg Config, hostNS netns.NsHandle, leases *store.Store) (*Manager, erro
 	for i, s := range m.cfg.DNS {
 		m.cfg.DNS[i] = upstreamAddr(s)
 	}
+	if len(cfg.Credentials) > 0 {
+		if cfg.CredentialPort <= 0 || cfg.CredentialPort > 65535 || cfg.CredentialPort == 53 {
+			h.Close()
+			return nil, errdefs.Invalidf("network.credential_port: want a TCP port other than 53, got %d", cfg.CredentialPort)
+		}
+		if m.credKey, err = credentialKey(cfg.RunDir); err != nil {
+			h.Close()
+			return nil, fmt.Errorf("network: credential proxy key: %w", err)
+		}
+	}
 	return m, nil
 }
 
@@ -165,10 +188,7 @@ func New(cfg Config, hostNS netns.NsHandle, leases *store.Store) (*Manager, erro
 func (m *Manager) Close() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.dns != nil {
-		m.dns.stop()
-		m.dns = nil
-	}
+	m.stopServersLocked()
 	m.host.Close()
 }
 
@@ -226,6 +246,9 @@ func (m *Manager) compile(req Request) (*rules, error) {
 	}
 	if req.Limits.BandwidthBytes > 0 && req.Limits.BandwidthBytes < 8<<10 {
 		return nil, errdefs.Invalidf("network_bandwidth: %d bytes/s is below the minimum of 8 KiB/s", req.Limits.BandwidthBytes)
+	}
+	if err := checkCredentials("credentials", req.Credentials, r.mode, m.cfg.Credentials); err != nil {
+		return nil, err
 	}
 	if req.Hostname != "" && !validHostname(req.Hostname) {
 		return nil, errdefs.Invalidf("hostname: invalid host name %q", req.Hostname)
@@ -285,6 +308,12 @@ func (m *Manager) Attach(ctx context.Context, id string, req Request, rec Record
 		if err := m.connectLocked(ctx, sb, ns, rec); err != nil {
 			return nil, err
 		}
+		if len(req.Credentials) > 0 {
+			if err := rec(KindCredential, id); err != nil {
+				return nil, err
+			}
+			m.grantLocked(sb)
+		}
 	}
 	return m.attachment(sb), nil
 }
@@ -298,6 +327,7 @@ func (m *Manager) attachment(sb *sandboxNet) *Attachment {
 	if sb.ip.IsValid() {
 		a.IP, a.Gateway = sb.ip, m.gw.Addr()
 		a.ResolvConf = ResolvConf(m.gw.Addr())
+		a.Env = append(a.Env, m.credentialEnv(sb.id, sb.req.Credentials)...)
 	} else {
 		a.ResolvConf = ResolvConf(netip.Addr{})
 	}
@@ -386,15 +416,42 @@ func (m *Manager) hostUpLocked() (netlink.Link, error) {
 	if err := m.forwardOn(); err != nil {
 		return nil, err
 	}
-	if err := m.fw.install(m.gw.Addr(), m.cfg.Subnet, uplink, m.cfg.Deny); err != nil {
+	credPort := 0
+	if len(m.cfg.Credentials) > 0 {
+		credPort = m.cfg.CredentialPort
+	}
+	if err := m.fw.install(m.gw.Addr(), m.cfg.Subnet, uplink, m.cfg.Deny, credPort); err != nil {
 		return nil, err
+	}
+	if credPort > 0 {
+		p, err := startCredentialProxy(m, m.hostNS, m.gw.Addr(), credPort)
+		if err != nil {
+			return nil, err
+		}
+		m.cred = p
 	}
 	d, err := startDNS(m.hostNS, m.gw.Addr(), m.cfg.DNS, m, m.log)
 	if err != nil {
+		if m.cred != nil {
+			m.cred.stop()
+			m.cred = nil
+		}
 		return nil, err
 	}
 	m.dns = d
 	return br, nil
+}
+
+// stopServersLocked stops the DNS forwarder and the credential proxy.
+func (m *Manager) stopServersLocked() {
+	if m.dns != nil {
+		m.dns.stop()
+		m.dns = nil
+	}
+	if m.cred != nil {
+		m.cred.stop()
+		m.cred = nil
+	}
 }
 
 // forwardFile keeps the value net.ipv4.ip_forward had before the first
@@ -446,10 +503,7 @@ func (m *Manager) hostDownLocked(ctx context.Context) error {
 	if len(leases) > 0 {
 		return nil
 	}
-	if m.dns != nil {
-		m.dns.stop()
-		m.dns = nil
-	}
+	m.stopServersLocked()
 	return errors.Join(m.fw.remove(), m.deleteBridge(), m.forwardRestore())
 }
 

@@ -104,6 +104,8 @@ type Network interface {
 type NetworkAttachment struct {
 	NetNSPath  string // the namespace to join
 	ResolvConf []byte // the sandbox's /etc/resolv.conf
+	// Env is added to every command's environment (Spec.NetEnv).
+	Env map[string]string
 }
 
 // SyscallReporter is implemented by handles that count the syscalls their

@@ -105,7 +105,7 @@ func (sb *Sandbox) env(extra map[string]string) []string {
 		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME": "/home/sandbox", "USER": "sandbox", "LANG": "C.UTF-8", "HOSTNAME": sb.ID,
 	}
-	for _, layer := range []map[string]string{sb.spec.ImageEnv, sb.spec.Env, extra} {
+	for _, layer := range []map[string]string{sb.spec.ImageEnv, sb.spec.Env, sb.spec.NetEnv, extra} {
 		for k, v := range layer {
 			vars[k] = v
 		}

@@ -47,8 +47,15 @@ type Spec struct {
 	Network     string `json:"network"`
 	// Allow is the allowlist of network mode allowlist (host names,
 	// *.domain, CIDRs, @preset).
-	Allow  []string          `json:"allow,omitempty"`
-	Env    map[string]string `json:"env,omitempty"`
+	Allow []string `json:"allow,omitempty"`
+	// Credentials are granted through the network's credential proxy.
+	Credentials []string          `json:"credentials,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	// NetEnv is the environment the network gave the sandbox when it was
+	// attached (credential proxy URLs, dummy keys); it wins over Env so
+	// that the proxy is what clients use. Not shown to clients (the URLs
+	// carry the per-sandbox token).
+	NetEnv map[string]string `json:"net_env,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
 	TTL    time.Duration     `json:"ttl,omitempty"` // 0: the configured max lifetime
 	UID    int               `json:"uid"`
@@ -295,6 +302,18 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 			return err
 		}
 		req.NetNSPath, req.ResolvConf = a.NetNSPath, a.ResolvConf
+		if len(a.Env) > 0 {
+			sb.mu.Lock()
+			sb.spec.NetEnv = a.Env
+			specJSON, err := json.Marshal(sb.spec)
+			sb.mu.Unlock()
+			if err != nil {
+				return err
+			}
+			if err := m.opt.Store.UpdateSandbox(ctx, sb.ID, func(r *store.SandboxRecord) { r.Spec = specJSON }); err != nil {
+				return err
+			}
+		}
 	}
 	b, err := m.backend(sb.spec.Backend)
 	if err != nil {
@@ -484,7 +503,7 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 	_ = json.Unmarshal(r.Spec, &spec) // written by us; a decode error leaves zero limits
 	in := &Info{
 		ID: r.ID, State: State(r.State), Language: r.Language, Image: r.Image, ImageDigest: r.ImageDigest,
-		Limits: spec.Limits, DiskBacking: spec.DiskBacking, Network: spec.Network, Allow: spec.Allow, SeccompProfile: spec.SeccompProfile, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
+		Limits: spec.Limits, DiskBacking: spec.DiskBacking, Network: spec.Network, Allow: spec.Allow, Credentials: spec.Credentials, SeccompProfile: spec.SeccompProfile, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason,
 	}

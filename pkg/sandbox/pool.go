@@ -32,7 +32,9 @@ func (m *Manager) poolable(spec Spec) (Spec, bool) {
 	if err != nil {
 		return Spec{}, false
 	}
-	return tmpl, spec.Limits == tmpl.Limits && spec.DiskBacking == tmpl.DiskBacking && spec.Network == tmpl.Network && len(spec.Allow) == 0 && len(tmpl.Allow) == 0 && spec.UID == tmpl.UID && spec.Backend == tmpl.Backend && spec.SeccompProfile == tmpl.SeccompProfile
+	return tmpl, spec.Limits == tmpl.Limits && spec.DiskBacking == tmpl.DiskBacking && spec.Network == tmpl.Network && len(spec.Allow) == 0 && len(tmpl.Allow) == 0 &&
+		// A warm sandbox has no credential grants (they are made at attach).
+		len(spec.Credentials) == 0 && len(tmpl.Credentials) == 0 && spec.UID == tmpl.UID && spec.Backend == tmpl.Backend && spec.SeccompProfile == tmpl.SeccompProfile
 }
 
 // claim hands a warm sandbox to a request, giving it the request's identity

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/fakemessages"
 )
 
 // step is one scripted model turn: a tool call, and the check of the
@@ -62,14 +64,7 @@ type apiRequest struct {
 	} `json:"tools"`
 }
 
-type block struct {
-	Type      string          `json:"type"`
-	ID        string          `json:"id"`
-	ToolUseID string          `json:"tool_use_id"`
-	IsError   bool            `json:"is_error"`
-	Content   json.RawMessage `json:"content"`
-	Text      string          `json:"text"`
-}
+type block = fakemessages.Block
 
 func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 	if strings.HasSuffix(r.URL.Path, "/count_tokens") {
@@ -93,7 +88,7 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if !main {
-		f.answer(w, req.Stream, []map[string]any{{"type": "text", "text": "ok"}}, "end_turn")
+		fakemessages.Answer(w, req.Stream, []map[string]any{{"type": "text", "text": "ok"}}, "end_turn")
 		return
 	}
 	// The newest user message carries the tool result of the last step.
@@ -118,7 +113,7 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 	if turn > 0 && last != nil && turn > f.checked {
 		f.checked = turn
 		st := f.script[turn-1]
-		text := resultText(last.Content)
+		text := fakemessages.ResultText(last.Content)
 		f.results = append(f.results, text)
 		if last.ToolUseID != fmt.Sprintf("toolu_step%02d", turn) {
 			f.problems = append(f.problems, fmt.Sprintf("step %d (%s): tool_result for %s", turn, st.tool, last.ToolUseID))
@@ -139,59 +134,7 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		stop = "end_turn"
 	}
 	f.mu.Unlock()
-	f.answer(w, req.Stream, content, stop)
-}
-
-// resultText is the text of a tool_result's content (a string or blocks).
-func resultText(raw json.RawMessage) string {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s
-	}
-	var blocks []block
-	_ = json.Unmarshal(raw, &blocks)
-	var b strings.Builder
-	for _, bl := range blocks {
-		b.WriteString(bl.Text)
-	}
-	return b.String()
-}
-
-// answer writes an assistant message, streamed as the Messages API's SSE
-// events when the request asked for a stream.
-func (f *fakeAPI) answer(w http.ResponseWriter, stream bool, content []map[string]any, stop string) {
-	msg := map[string]any{"id": "msg_fake", "type": "message", "role": "assistant", "model": "claude-fake",
-		"stop_sequence": nil, "usage": map[string]any{"input_tokens": 100, "output_tokens": 10}}
-	if !stream {
-		msg["content"], msg["stop_reason"] = content, stop
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(msg)
-		return
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	ev := func(name string, data any) {
-		b, _ := json.Marshal(data)
-		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", name, b)
-	}
-	msg["content"], msg["stop_reason"] = []any{}, nil
-	ev("message_start", map[string]any{"type": "message_start", "message": msg})
-	for i, c := range content {
-		switch c["type"] {
-		case "text":
-			ev("content_block_start", map[string]any{"type": "content_block_start", "index": i, "content_block": map[string]any{"type": "text", "text": ""}})
-			ev("content_block_delta", map[string]any{"type": "content_block_delta", "index": i, "delta": map[string]any{"type": "text_delta", "text": c["text"]}})
-		case "tool_use":
-			in, _ := json.Marshal(c["input"])
-			ev("content_block_start", map[string]any{"type": "content_block_start", "index": i, "content_block": map[string]any{"type": "tool_use", "id": c["id"], "name": c["name"], "input": map[string]any{}}})
-			ev("content_block_delta", map[string]any{"type": "content_block_delta", "index": i, "delta": map[string]any{"type": "input_json_delta", "partial_json": string(in)}})
-		}
-		ev("content_block_stop", map[string]any{"type": "content_block_stop", "index": i})
-	}
-	ev("message_delta", map[string]any{"type": "message_delta", "delta": map[string]any{"stop_reason": stop, "stop_sequence": nil}, "usage": map[string]any{"output_tokens": 10}})
-	ev("message_stop", map[string]any{"type": "message_stop"})
-	if fl, ok := w.(http.Flusher); ok {
-		fl.Flush()
-	}
+	fakemessages.Answer(w, req.Stream, content, stop)
 }
 
 // report is what the model saw: problems and the number of checked steps.

@@ -1,0 +1,181 @@
+package engine
+
+import (
+	"context"
+	"encoding/base64"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/fakemessages"
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
+)
+
+// serveMessages serves a scripted Messages API on 198.18.0.2:8088 in the
+// topology's upstream namespace.
+func serveMessages(t *testing.T, tp *netTopology, api *fakemessages.Server) {
+	upNS, err := netns.GetFromName(tp.up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer upNS.Close()
+	var ln net.Listener
+	if err := network.InNetNS(upNS, func() error {
+		var err error
+		ln, err = net.Listen("tcp4", "198.18.0.2:8088")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: api}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+}
+
+// agentEngine is an engine in the topology's host namespace with the
+// anthropic credential pointing at the fake API.
+func agentEngine(t *testing.T, tp *netTopology, maxRequests int64) *testEnv {
+	secretFile := filepath.Join(t.TempDir(), "anthropic.key")
+	if err := os.WriteFile(secretFile, []byte(engineTestSecret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return newEngineIn(t, tp.hostNS, func(c *config.Config) {
+		c.Network.DNS = []string{"198.18.0.2"}
+		c.Sandbox.Memory = 1 << 30 // Claude Code's runtime
+		c.Sandbox.Disk = 256 << 20
+		c.Network.Credentials = map[string]config.Credential{AgentCredential: {
+			BaseURL: "http://198.18.0.2:8088", Header: "x-api-key", SecretFile: secretFile,
+			BaseURLEnv: "ANTHROPIC_BASE_URL", KeyEnv: "ANTHROPIC_API_KEY", MaxRequests: maxRequests,
+		}}
+	})
+}
+
+// pytestScript writes calc.py and runs the project's test.
+var pytestScript = []fakemessages.Step{
+	{Tool: "Write", Input: map[string]any{"file_path": "/workspace/calc.py", "content": "def add(a, b):\n    return a + b\n"}},
+	{Tool: "Bash", Input: map[string]any{"command": "cd /workspace && python3 -m pytest -q test_calc.py", "description": "Run the tests"}},
+	// The agent's own view: which process environments and files hold the
+	// real key (a prefix of it is enough), and, as a control, which hold
+	// the proxy's URL.
+	// (The key is passed encoded: Claude Code keeps the command itself in
+	// its session files under /tmp; /bin/grep because Claude Code's shell
+	// maps grep to its ripgrep, which does not read /proc files.)
+	{Tool: "Bash", Input: map[string]any{"command": "k=$(echo " + base64.StdEncoding.EncodeToString([]byte(engineTestSecret[:24])) + " | base64 -d); " +
+		`echo key-in: $(/bin/grep -slF "$k" /proc/[0-9]*/environ; /bin/grep -rslF "$k" /workspace /tmp /home) :end; echo url-in: $(/bin/grep -sl ANTHROPIC_BASE_URL= /proc/[0-9]*/environ | wc -l)`, "description": "Look for the key"}},
+}
+
+var pytestFiles = map[string]string{"test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"}
+
+func TestAgentRun(t *testing.T) {
+	requireRoot(t)
+	testenv.EnsureImages(t, "shell", AgentImage)
+	tp := newNetTopology(t)
+	api := &fakemessages.Server{Script: pytestScript, Final: "Added calc.py with add(); the test passes.", MainTool: "Write"}
+	serveMessages(t, tp, api)
+	ctx := context.Background()
+
+	t.Run("session", func(t *testing.T) {
+		env := agentEngine(t, tp, 0)
+		var mu sync.Mutex
+		var events []AgentProgress
+		res, err := env.AgentRun(ctx, AgentRunRequest{Prompt: "Make test_calc.py pass.", Files: pytestFiles, MaxTurns: 10, TimeoutSeconds: 180},
+			func(p AgentProgress) {
+				mu.Lock()
+				events = append(events, p)
+				mu.Unlock()
+			})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, _ := os.ReadFile(res.Transcript)
+		if !res.Success || res.Summary != api.Final || res.Files["calc.py"] != "def add(a, b):\n    return a + b\n" ||
+			!slices.Equal(res.Changes, []apitypes.AgentFileChange{{Path: "calc.py", Status: "added"}}) || res.Files["test_calc.py"] != pytestFiles["test_calc.py"] {
+			t.Fatalf("session: %+v\ntranscript:\n%.3000s", res, tr)
+		}
+		results := api.Results()
+		if !slices.ContainsFunc(results, func(s string) bool { return strings.Contains(s, "1 passed") }) {
+			t.Fatalf("the test run the model saw did not pass: %q", results)
+		}
+		if !slices.ContainsFunc(results, func(s string) bool {
+			return strings.Contains(s, "key-in: :end") && strings.Contains(s, "url-in: ") && !strings.Contains(s, "url-in: 0")
+		}) {
+			t.Fatalf("the agent found the key, or its search saw no environment: %q", results)
+		}
+		keys := api.Keys()
+		if len(keys) == 0 || slices.ContainsFunc(keys, func(k string) bool { return k != engineTestSecret }) {
+			t.Fatalf("upstream saw keys %q, want only the real one", keys)
+		}
+		if res.Usage.Requests != int64(len(keys)) || res.Usage.InputTokens == 0 || res.Usage.OutputTokens == 0 {
+			t.Fatalf("usage %+v, upstream saw %d requests", res.Usage, len(keys))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		// (Claude Code drops the "cd" to its own working directory.)
+		want := []AgentProgress{{Kind: "tool_call", Tool: "Write", Detail: "/workspace/calc.py"}, {Kind: "file_changed", Tool: "Write", Detail: "/workspace/calc.py"},
+			{Kind: "tool_call", Tool: "Bash", Detail: "python3 -m pytest -q test_calc.py"}, {Kind: "result", Detail: "success"}}
+		for _, w := range want {
+			if !slices.ContainsFunc(events, func(e AgentProgress) bool {
+				return e.Kind == w.Kind && e.Tool == w.Tool && strings.HasSuffix(e.Detail, w.Detail)
+			}) {
+				t.Fatalf("progress %+v lacks %+v", events, w)
+			}
+		}
+		if !strings.Contains(string(tr), `"type":"result"`) {
+			t.Fatalf("transcript %s has no result", res.Transcript)
+		}
+		if ids := env.sandboxes.IDs(); len(ids) != 0 {
+			t.Fatalf("sandboxes left after the session: %v", ids)
+		}
+
+		// Bad input: an image without the CLI, no prompt.
+		if _, err := env.AgentRun(ctx, AgentRunRequest{Prompt: "x", Language: "shell"}, nil); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.HasPrefix(errdefs.MessageOf(err), "language") {
+			t.Fatalf("agent_run on shell: %v", err)
+		}
+		if _, err := env.AgentRun(ctx, AgentRunRequest{}, nil); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.HasPrefix(errdefs.MessageOf(err), "prompt") {
+			t.Fatalf("agent_run without a prompt: %v", err)
+		}
+	})
+
+	t.Run("autofix provider agent", func(t *testing.T) {
+		env := agentEngine(t, tp, 0)
+		two, timeout := 2, 300.0
+		broken := map[string]string{
+			"calc.py":      "def add(a, b):\n    return a - b\n",
+			"test_calc.py": pytestFiles["test_calc.py"],
+			"main.py":      "from calc import add\nprint(add(2, 3))\n",
+		}
+		res, err := env.Autofix(ctx, AutofixRequest{Language: "python", Files: broken, Entrypoint: "main.py", Success: apitypes.SuccessTests,
+			Provider: apitypes.ProviderAgent, MaxRetries: &two, TimeoutSeconds: &timeout}, AutofixOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Success || res.Status != apitypes.AutofixFixed || res.Attempts > 3 || res.Files["calc.py"] != "def add(a, b):\n    return a + b\n" || res.Provider != apitypes.ProviderAgent {
+			t.Fatalf("autofix with the agent: %+v", res)
+		}
+		if res.Attempts-1 > 2 {
+			t.Fatalf("%d fixes, want at most 2", res.Attempts-1)
+		}
+	})
+
+	t.Run("spend cap", func(t *testing.T) {
+		env := agentEngine(t, tp, 1)
+		res, err := env.AgentRun(ctx, AgentRunRequest{Prompt: "Make test_calc.py pass.", Files: pytestFiles, MaxTurns: 10, TimeoutSeconds: 180}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Success || res.Cause != "spend_cap: max_requests" || res.Usage.Requests != 1 || res.Usage.Refused == 0 {
+			t.Fatalf("capped session: %+v", res)
+		}
+	})
+}
