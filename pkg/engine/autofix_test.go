@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"archive/zip"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -39,10 +38,15 @@ func scriptedFixer(t *testing.T, answers ...string) (string, []string) {
 
 func newAutofixEngine(t *testing.T, langs []string, command []string) *testEnv {
 	t.Helper()
-	return newRunEngine(t, langs, func(c *config.Config) {
+	return newRunEngine(t, langs, commandFixer(command))
+}
+
+// commandFixer makes command the engine's default autofix provider.
+func commandFixer(command []string) func(*config.Config) {
+	return func(c *config.Config) {
 		c.Autofix.Provider = "command"
 		c.Autofix.Command = command
-	})
+	}
 }
 
 // checkAutofixRecord checks the run record of a finished loop: a snapshot,
@@ -203,7 +207,7 @@ func TestAutofixReinstallsDependencies(t *testing.T) {
 	files := map[string]string{
 		"main.py":                    "import greet\nprint(greet.hello())\n",
 		"requirements.txt":           "\n",
-		"greet-1.0-py3-none-any.whl": wheel(t, "greet", "1.0", "def hello():\n    return 'hi'\n"),
+		"greet-1.0-py3-none-any.whl": string(testenv.Wheel(t, "greet", "1.0", "def hello():\n    return 'hi'\n")),
 	}
 	res, err := env.Autofix(context.Background(), AutofixRequest{Language: "python", Files: files, Success: apitypes.SuccessExitZero}, AutofixOptions{})
 	if err != nil {
@@ -408,30 +412,6 @@ func TestAutofixClientSessionExpires(t *testing.T) {
 	if err != nil || run.Metadata.Success || run.Metadata.Kind != "autofix" || len(run.Attempts) != 1 {
 		t.Fatalf("record: %+v, %v", run, err)
 	}
-}
-
-// wheel builds a minimal pure-Python wheel of one module.
-func wheel(t *testing.T, name, version, module string) string {
-	t.Helper()
-	var buf bytes.Buffer
-	zw := zip.NewWriter(&buf)
-	info := name + "-" + version + ".dist-info/"
-	for _, f := range []struct{ name, body string }{
-		{name + ".py", module},
-		{info + "METADATA", "Metadata-Version: 2.1\nName: " + name + "\nVersion: " + version + "\n"},
-		{info + "WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"},
-		{info + "RECORD", ""},
-	} {
-		w, err := zw.Create(f.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = w.Write([]byte(f.body))
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.String()
 }
 
 // A loop an earlier daemon was running when it stopped is ended by the

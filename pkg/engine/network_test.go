@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,12 +33,29 @@ import (
 type netTopology struct {
 	host, up string // namespace names under /run/netns
 	hostNS   netns.NsHandle
+
+	mu        sync.Mutex
+	downloads map[string]int // wheel file name → GETs served by the index
 }
 
-func newNetTopology(t testing.TB) *netTopology {
+// indexPackage is a one-module Python package the upstream index serves as
+// a wheel (testenv.Wheel) built by the test.
+type indexPackage struct{ name, version, code string }
+
+// wheelDownloads says how often the upstream index served a package's
+// wheel.
+func (tp *netTopology) wheelDownloads(name, version string) int {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return tp.downloads[wheelFile(name, version)]
+}
+
+func wheelFile(name, version string) string { return name + "-" + version + "-py3-none-any.whl" }
+
+func newNetTopology(t testing.TB, pkgs ...indexPackage) *netTopology {
 	t.Helper()
 	sfx := randHex(3)
-	tp := &netTopology{host: "sbxh-" + sfx, up: "sbxu-" + sfx}
+	tp := &netTopology{host: "sbxh-" + sfx, up: "sbxu-" + sfx, downloads: map[string]int{}}
 	ipc := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -80,8 +98,8 @@ func newNetTopology(t testing.TB) *netTopology {
 		t.Fatal(err)
 	}
 	// "/" answers with the client's address as seen upstream; /simple/ and
-	// /files/ are a PEP 503 index with one wheel, greetpkg.
-	wheel := testenv.Wheel(t, "greetpkg", "1.0", "def hello():\n    return 'hello from the index'\n")
+	// /files/ are a PEP 503 index with the test's packages, which counts
+	// the wheels it serves.
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
@@ -90,12 +108,18 @@ func newNetTopology(t testing.TB) *netTopology {
 	mux.HandleFunc("/5mib", func(w http.ResponseWriter, r *http.Request) {
 		w.Write(make([]byte, 5<<20))
 	})
-	mux.HandleFunc("/simple/greetpkg/", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, `<!DOCTYPE html><html><body><a href="/files/greetpkg-1.0-py3-none-any.whl">greetpkg-1.0-py3-none-any.whl</a></body></html>`)
-	})
-	mux.HandleFunc("/files/greetpkg-1.0-py3-none-any.whl", func(w http.ResponseWriter, r *http.Request) {
-		w.Write(wheel)
-	})
+	for _, p := range pkgs {
+		file, whl := wheelFile(p.name, p.version), testenv.Wheel(t, p.name, p.version, p.code)
+		mux.HandleFunc("/simple/"+p.name+"/", func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, `<!DOCTYPE html><html><body><a href="/files/%s">%s</a></body></html>`, file, file)
+		})
+		mux.HandleFunc("/files/"+file, func(w http.ResponseWriter, r *http.Request) {
+			tp.mu.Lock()
+			tp.downloads[file]++
+			tp.mu.Unlock()
+			w.Write(whl)
+		})
+	}
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
@@ -118,12 +142,23 @@ func newNetTopology(t testing.TB) *netTopology {
 	return tp
 }
 
+// upstreamNetwork is the network config of an engine in the topology's
+// host namespace: the upstream DNS server, its own bridge (tests running
+// side by side must not share one) and the upstream package index.
+func upstreamNetwork(bridge string) func(*config.Config) {
+	return func(c *config.Config) {
+		c.Network.DNS = []string{"198.18.0.2"}
+		c.Network.Bridge = bridge
+		c.Network.PackageIndexes.PipIndexURL = "http://pkg.example.test/simple/"
+	}
+}
+
 // newEngineIn starts a test engine whose network host side lives in ns:
 // New runs on this goroutine's thread while it is inside ns.
-func newEngineIn(t testing.TB, ns netns.NsHandle, tweak func(*config.Config)) *testEnv {
+func newEngineIn(t testing.TB, ns netns.NsHandle, tweak ...func(*config.Config)) *testEnv {
 	t.Helper()
 	var env *testEnv
-	inNamespace(t, ns, func() { env = newTestEngine(t, tweak) })
+	inNamespace(t, ns, func() { env = newTestEngine(t, tweak...) })
 	return env
 }
 
@@ -135,13 +170,10 @@ func fetch(host string) string {
 
 func TestNetworkWithContainers(t *testing.T) {
 	requireRoot(t)
-	tp := newNetTopology(t)
+	tp := newNetTopology(t, indexPackage{"greetpkg", "1.0", "def hello():\n    return 'hello from the index'\n"})
 	testenv.EnsureImages(t, "shell", "python")
-	env := newEngineIn(t, tp.hostNS, func(c *config.Config) {
-		c.Network.DNS = []string{"198.18.0.2"}
-		c.Network.Bridge = "sbxt0"
+	env := newEngineIn(t, tp.hostNS, upstreamNetwork("sbxt0"), func(c *config.Config) {
 		c.Network.Presets = map[string][]string{"testidx": {"pkg.example.test"}}
-		c.Network.PackageIndexes.PipIndexURL = "http://pkg.example.test/simple/"
 		c.Network.Bandwidth, c.Network.MaxBandwidth = 100<<20, 200<<20
 	})
 	ctx := context.Background()
@@ -160,7 +192,7 @@ func TestNetworkWithContainers(t *testing.T) {
 		"main.py":          "import greetpkg\nprint(greetpkg.hello())\n",
 		"requirements.txt": "greetpkg\n",
 	}})
-	if run.Stdout != "hello from the index\n" || !slices.Equal(stepNames(run), []string{StepInstall, StepRun}) {
+	if run.Stdout != "hello from the index\n" || !slices.Equal(stepNames(run), []string{StepInstall, StepRun}) || tp.wheelDownloads("greetpkg", "1.0") != 1 {
 		t.Fatalf("run_code with requirements.txt from the index: %s", describe(run))
 	}
 	// The host's address is closed.
@@ -333,8 +365,7 @@ func TestNetworkAdoptedAfterRestart(t *testing.T) {
 	tp := newNetTopology(t)
 	testenv.EnsureImages(t, "shell")
 	cfg := testenv.Config(t, "netrs")
-	cfg.Network.DNS = []string{"198.18.0.2"}
-	cfg.Network.Bridge = "sbxt1"
+	upstreamNetwork("sbxt1")(cfg)
 	ctx := context.Background()
 	var e1, e2 *Engine
 	var err error
@@ -386,10 +417,7 @@ func TestNetworkAdoptedAfterRestart(t *testing.T) {
 func BenchmarkCreateNetwork(b *testing.B) {
 	requireRoot(b)
 	tp := newNetTopology(b)
-	env := newEngineIn(b, tp.hostNS, func(c *config.Config) {
-		c.Network.DNS = []string{"198.18.0.2"}
-		c.Network.Bridge = "sbxt2"
-	})
+	env := newEngineIn(b, tp.hostNS, upstreamNetwork("sbxt2"))
 	ctx := context.Background()
 	times := map[string][]time.Duration{}
 	for b.Loop() {
