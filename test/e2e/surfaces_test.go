@@ -135,7 +135,7 @@ func TestHardenedSurfaces(t *testing.T) {
 		code         string
 	}{
 		{"GET", "/v1/nosuch", 404, "not_found"},
-		{"GET", "/", 404, "not_found"},
+		{"GET", "/nosuch.html", 404, "not_found"}, // "/" is the web editor
 		{"PUT", "/v1/status", 405, "invalid_argument"},
 		{"DELETE", "/v1/sandboxes", 405, "invalid_argument"},
 		{"GET", "/v1/events", 400, "invalid_argument"}, // no Upgrade
