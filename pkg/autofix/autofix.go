@@ -374,6 +374,9 @@ func (l *Loop) fixRequest(st *State) *FixRequest {
 		Attempt: last.Attempt, MaxAttempts: st.Params.MaxRetries + 1, Success: st.Params.Success,
 		FailedStep: step, ExitCode: last.ExitCode, Termination: last.Termination, Error: text, Refused: st.Refused,
 	}
+	if st.Last != nil {
+		req.BlockedSyscalls = st.Last.BlockedSyscalls
+	}
 	for _, a := range st.Attempts[:len(st.Attempts)-1] {
 		s := fmt.Sprintf("attempt %d: %s", a.Attempt, describeTermination(a.ExitCode, a.Termination))
 		if a.ErrorExcerpt != "" {

@@ -38,6 +38,10 @@ type FixRequest struct {
 	Earlier []string
 	// Refused says why the previous answer could not be applied.
 	Refused string
+	// BlockedSyscalls are the system calls the sandbox's seccomp filter
+	// refused during the attempt: a program that needs them cannot work
+	// here, whatever else the fix changes.
+	BlockedSyscalls []apitypes.BlockedSyscall
 }
 
 // Prompt renders the request as the text a model or a program reads.
@@ -47,6 +51,13 @@ func (r *FixRequest) Prompt() string {
 	fmt.Fprintf(&b, "Attempt %d of at most %d failed at the %s step: %s.\n", r.Attempt, r.MaxAttempts, r.FailedStep, describeTermination(r.ExitCode, r.Termination))
 	fmt.Fprintf(&b, "It counts as fixed when %s.\n", ruleText(r.Success))
 	fmt.Fprintf(&b, "The entrypoint is %s; the files are in %s.\n\n", r.Entrypoint, Workspace)
+	if len(r.BlockedSyscalls) > 0 {
+		b.WriteString("The sandbox refused these system calls (seccomp; they are not allowed here, so the program must do without them):")
+		for _, c := range r.BlockedSyscalls {
+			fmt.Fprintf(&b, " %s ×%d", c.Name, c.Count)
+		}
+		b.WriteString(".\n\n")
+	}
 	if r.Error != "" {
 		b.WriteString("Error output (its end):\n````text\n")
 		b.WriteString(ensureNewline(r.Error))

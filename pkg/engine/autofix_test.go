@@ -100,6 +100,8 @@ func TestAutofixScriptedCommand(t *testing.T) {
 		attempts int
 		errText  string // in attempt 1's error
 		final    map[string]string
+		// promptText, if set, must be in the fixer's first prompt too.
+		promptText string
 	}
 	scenarios := map[string]scenario{
 		"python NameError": {
@@ -108,6 +110,14 @@ func TestAutofixScriptedCommand(t *testing.T) {
 			answers:  []string{"Here is the fix:\n\n```python main.py\nmessage = 'hello'\nprint(message)\n```\n"},
 			attempts: 2, errText: "NameError: name 'mesage' is not defined",
 			final: map[string]string{"main.py": "message = 'hello'\nprint(message)\n"},
+		},
+		"python blocked syscall": {
+			// seccomp refuses unshare; the diagnostics name it in the fix request.
+			lang:     "python",
+			files:    map[string]string{"main.py": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nif libc.unshare(0x10000000) != 0:\n    raise OSError(ctypes.get_errno(), 'unshare refused')\nprint('isolated')\n"},
+			answers:  []string{"```python main.py\nprint('no namespace needed')\n```\n"},
+			attempts: 2, errText: "unshare refused",
+			promptText: "The sandbox refused these system calls (seccomp; they are not allowed here, so the program must do without them): unshare ×1.",
 		},
 		"python missing import": {
 			lang:     "python",
@@ -170,6 +180,9 @@ func TestAutofixScriptedCommand(t *testing.T) {
 			prompt, _ := os.ReadFile(filepath.Join(dir, "prompt.1"))
 			if !strings.Contains(string(prompt), sc.errText) {
 				t.Errorf("the fixer's prompt lacks the error %q:\n%s", sc.errText, prompt)
+			}
+			if sc.promptText != "" && !strings.Contains(string(prompt), sc.promptText) {
+				t.Errorf("the fixer's prompt lacks %q:\n%s", sc.promptText, prompt)
 			}
 			for p, want := range sc.final {
 				if res.Files[p] != want {
