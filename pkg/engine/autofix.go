@@ -213,19 +213,9 @@ func (e *Engine) Autofix(ctx context.Context, req AutofixRequest, opts AutofixOp
 	e.autofixReady()
 	e.expireAutofixSessions(ctx)
 	ac := e.cfg.Autofix
-	h, _, err := e.catalog.Handler("language", req.Language)
+	h, files, main, err := e.program(req.Language, req.Code, req.Files, req.Entrypoint, req.Args, req.Stdin)
 	if err != nil {
 		return nil, err
-	}
-	files, main, err := RunFiles(h, req.Code, req.Files, req.Entrypoint)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkArgs("args", req.Args); err != nil {
-		return nil, err
-	}
-	if len(req.Stdin) > maxStdin {
-		return nil, errdefs.Invalidf("stdin: %d bytes exceeds the maximum %d", len(req.Stdin), maxStdin)
 	}
 	p := autofix.Params{Language: h.Name, Entrypoint: main, MaxRetries: ac.MaxRetries, Timeout: ac.Timeout.D(),
 		Success: req.Success, TestCommand: req.TestCommand}

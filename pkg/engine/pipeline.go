@@ -386,6 +386,27 @@ func containerInfo(sb *sandbox.Info, ephemeral bool) map[string]any {
 	}
 }
 
+// program validates what every way of running a program takes: the language,
+// its files and entrypoint, arguments and stdin. It returns the language's
+// handler, the files keyed by path relative to /workspace, and the entrypoint.
+func (e *Engine) program(language, code string, files map[string]string, entrypoint string, args []string, stdin string) (*lang.Handler, map[string][]byte, string, error) {
+	h, _, err := e.catalog.Handler("language", language)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	out, main, err := RunFiles(h, code, files, entrypoint)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	if err := checkArgs("args", args); err != nil {
+		return nil, nil, "", err
+	}
+	if len(stdin) > maxStdin {
+		return nil, nil, "", errdefs.Invalidf("stdin: %d bytes exceeds the maximum %d", len(stdin), maxStdin)
+	}
+	return h, out, main, nil
+}
+
 // WorkspaceRel turns a file path of a request (relative to /workspace, or
 // absolute under it) into a clean relative path, or an error naming field.
 func WorkspaceRel(field, p string) (string, error) {

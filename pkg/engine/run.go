@@ -106,19 +106,9 @@ func (e *Engine) runBudget(field string, secs *float64) (time.Duration, error) {
 // compiles and runs, keeps a run record, and returns the steps' outcomes.
 // onOutput, if not nil, receives every step's output as it arrives.
 func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandbox.OutputFunc) (*RunResult, error) {
-	h, _, err := e.catalog.Handler("language", req.Language)
+	h, files, main, err := e.program(req.Language, req.Code, req.Files, req.Entrypoint, req.Args, req.Stdin)
 	if err != nil {
 		return nil, err
-	}
-	files, main, err := RunFiles(h, req.Code, req.Files, req.Entrypoint)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkArgs("args", req.Args); err != nil {
-		return nil, err
-	}
-	if len(req.Stdin) > maxStdin {
-		return nil, errdefs.Invalidf("stdin: %d bytes exceeds the maximum %d", len(req.Stdin), maxStdin)
 	}
 	if err := checkEnv("env", req.Env); err != nil {
 		return nil, err
