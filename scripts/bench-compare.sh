@@ -5,11 +5,12 @@
 # the machine's load falls on both alike. Prints the median of each metric's
 # per-round medians and the ratio working tree / base.
 #
-#   scripts/bench-compare.sh [BASE_REV]     (default: HEAD~1)
+#   [ROUNDS=3 BENCHTIME=20x BENCH=regexp] scripts/bench-compare.sh [BASE_REV]   (default: HEAD~1)
 set -euo pipefail
 base=${1:-HEAD~1}
 rounds=${ROUNDS:-3}
 benchtime=${BENCHTIME:-20x}
+bench=${BENCH:-.} # a -test.bench pattern: e.g. the benchmarks both revisions have
 top=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/bench-compare.XXXXXX)
 trap 'git -C "$top" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
@@ -26,7 +27,7 @@ build "$top" "$work/bin-head"
 for ((r = 1; r <= rounds; r++)); do
 	for side in base head; do
 		(cd "$top/pkg/engine" && SANDBOXD_AGENT="$work/bin-$side/sandbox-agent" \
-			"$work/bin-$side/engine.test" -test.run '^$' -test.bench . -test.benchtime "$benchtime" -test.count 1) \
+			"$work/bin-$side/engine.test" -test.run '^$' -test.bench "$bench" -test.benchtime "$benchtime" -test.count 1) \
 			| awk -v side="$side" '/^Benchmark/ { for (i = 3; i < NF; i += 2) print side, $1, $(i+1), $i }' >>"$work/results"
 	done
 done
