@@ -162,6 +162,16 @@ func TestCrashAndRestart(t *testing.T) {
 	}
 	defer inflight.Wait() //nolint:errcheck // it fails when the daemon dies; that is the point
 	waitState(t, d, busy, "running")
+	// "running" is recorded before the agent starts the command: wait until
+	// the agent has it, so the crash comes while it runs.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if out, _, code := d.Ctl("jobs", "--json", busy); code == 0 && (strings.Contains(out, `"state": "running"`) || strings.Contains(out, `"state":"running"`)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the in-flight command never showed up in sandboxctl jobs %s", busy)
+		}
+	}
 
 	d.Crash()
 	// While the daemon is down, doomed's init dies.
