@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,22 +27,12 @@ func autofixCmd(g *globals) *cobra.Command {
 			if lang == "" {
 				return usagef("--lang is required")
 			}
-			req := client.AutofixRequest{Language: lang, Files: map[string]string{}, Provider: provider,
-				Success: success, TestCommand: testCmd}
-			for i, f := range files {
-				data, err := readLimited(f, maxRunFile)
-				if err != nil {
-					return usageErr(err)
-				}
-				name := filepath.Base(f)
-				if _, dup := req.Files[name]; dup {
-					return usagef("two files named %s", name)
-				}
-				req.Files[name] = string(data)
-				if i == 0 {
-					req.Entrypoint = name
-				}
+			progFiles, entry, err := readProgram(files)
+			if err != nil {
+				return err
 			}
+			req := client.AutofixRequest{Language: lang, Files: progFiles, Entrypoint: entry, Provider: provider,
+				Success: success, TestCommand: testCmd}
 			if cmd.Flags().Changed("max-retries") {
 				req.MaxRetries = &maxRetries
 			}

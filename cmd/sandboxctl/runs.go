@@ -33,21 +33,11 @@ func runCmd(g *globals) *cobra.Command {
 			if lang == "" {
 				return usagef("--lang is required")
 			}
-			req := client.RunCodeRequest{Language: lang, Files: map[string]string{}, Args: args}
-			for i, f := range files {
-				data, err := readLimited(f, maxRunFile)
-				if err != nil {
-					return usageErr(err)
-				}
-				name := filepath.Base(f)
-				if _, dup := req.Files[name]; dup {
-					return usagef("two files named %s", name)
-				}
-				req.Files[name] = string(data)
-				if i == 0 {
-					req.Entrypoint = name
-				}
+			progFiles, entry, err := readProgram(files)
+			if err != nil {
+				return err
 			}
+			req := client.RunCodeRequest{Language: lang, Files: progFiles, Entrypoint: entry, Args: args}
 			if stdinFile != "" {
 				data, err := readLimited(stdinFile, maxRunFile)
 				if err != nil {
@@ -216,4 +206,25 @@ func languagesCmd(g *globals) *cobra.Command {
 			return tw.Flush()
 		},
 	}
+}
+
+// readProgram reads the FILE arguments of run and autofix: each becomes a
+// file of /workspace under its base name, the first is the entrypoint.
+func readProgram(paths []string) (map[string]string, string, error) {
+	files, entry := map[string]string{}, ""
+	for i, f := range paths {
+		data, err := readLimited(f, maxRunFile)
+		if err != nil {
+			return nil, "", usageErr(err)
+		}
+		name := filepath.Base(f)
+		if _, dup := files[name]; dup {
+			return nil, "", usagef("two files named %s", name)
+		}
+		files[name] = string(data)
+		if i == 0 {
+			entry = name
+		}
+	}
+	return files, entry, nil
 }

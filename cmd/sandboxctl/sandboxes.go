@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -193,39 +194,25 @@ func createCmd(g *globals) *cobra.Command {
 }
 
 func pauseCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "pause ID",
-		Short: "Freeze every process of a sandbox (no CPU, no idle timeout) until resume",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			s, err := c.PauseSandbox(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return g.printJSON(s)
-			}
-			fmt.Fprintf(g.stdout, "%s %s\n", s.ID, s.State)
-			return nil
-		},
-	}
+	return freezeCmd(g, "pause ID", "Freeze every process of a sandbox (no CPU, no idle timeout) until resume", (*client.Client).PauseSandbox)
 }
 
 func resumeCmd(g *globals) *cobra.Command {
+	return freezeCmd(g, "resume ID", "Thaw a paused sandbox", (*client.Client).ResumeSandbox)
+}
+
+// freezeCmd is pause or resume: call on one sandbox, print its new state.
+func freezeCmd(g *globals, use, short string, call func(*client.Client, context.Context, string) (*client.Sandbox, error)) *cobra.Command {
 	return &cobra.Command{
-		Use:   "resume ID",
-		Short: "Thaw a paused sandbox",
+		Use:   use,
+		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			s, err := c.ResumeSandbox(cmd.Context(), args[0])
+			s, err := call(c, cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}

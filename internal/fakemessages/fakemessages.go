@@ -50,7 +50,8 @@ func (s *Server) Results() []string {
 	return append([]string(nil), s.results...)
 }
 
-type request struct {
+// Request is the part of a Messages API request the fakes read.
+type Request struct {
 	Stream   bool `json:"stream"`
 	Messages []struct {
 		Role    string          `json:"role"`
@@ -59,6 +60,26 @@ type request struct {
 	Tools []struct {
 		Name string `json:"name"`
 	} `json:"tools"`
+}
+
+// ReadRequest answers what is not a Messages request (token counting, other
+// paths, a body that does not decode) and returns the request otherwise.
+func ReadRequest(w http.ResponseWriter, r *http.Request) (*Request, bool) {
+	if strings.HasSuffix(r.URL.Path, "/count_tokens") {
+		fmt.Fprint(w, `{"input_tokens": 100}`)
+		return nil, false
+	}
+	if !strings.HasPrefix(r.URL.Path, "/v1/messages") {
+		http.NotFound(w, r)
+		return nil, false
+	}
+	body, _ := io.ReadAll(r.Body)
+	var req Request
+	if err := json.Unmarshal(body, &req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return nil, false
+	}
+	return &req, true
 }
 
 // Block is a content block of a message as the client sends it.
@@ -75,18 +96,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.keys = append(s.keys, r.Header.Get("x-api-key"))
 	s.mu.Unlock()
-	if strings.HasSuffix(r.URL.Path, "/count_tokens") {
-		fmt.Fprint(w, `{"input_tokens": 100}`)
-		return
-	}
-	if !strings.HasPrefix(r.URL.Path, "/v1/messages") {
-		http.NotFound(w, r)
-		return
-	}
-	body, _ := io.ReadAll(r.Body)
-	var req request
-	if err := json.Unmarshal(body, &req); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+	req, ok := ReadRequest(w, r)
+	if !ok {
 		return
 	}
 	main := false

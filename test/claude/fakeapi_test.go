@@ -3,7 +3,6 @@ package claude_test
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -53,32 +52,11 @@ func newFakeAPI(t *testing.T, script []step) *fakeAPI {
 
 func (f *fakeAPI) URL() string { return f.srv.URL }
 
-type apiRequest struct {
-	Stream   bool `json:"stream"`
-	Messages []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-	} `json:"messages"`
-	Tools []struct {
-		Name string `json:"name"`
-	} `json:"tools"`
-}
-
 type block = fakemessages.Block
 
 func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
-	if strings.HasSuffix(r.URL.Path, "/count_tokens") {
-		fmt.Fprint(w, `{"input_tokens": 100}`)
-		return
-	}
-	if !strings.HasPrefix(r.URL.Path, "/v1/messages") {
-		http.NotFound(w, r)
-		return
-	}
-	body, _ := io.ReadAll(r.Body)
-	var req apiRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+	req, ok := fakemessages.ReadRequest(w, r)
+	if !ok {
 		return
 	}
 	main := false

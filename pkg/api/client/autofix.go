@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 type (
@@ -75,15 +73,12 @@ func (c *Client) autofixStream(ctx context.Context, path string, body any, onEve
 	dec := json.NewDecoder(resp.Body)
 	for {
 		var line autofixLine
-		if err := dec.Decode(&line); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return nil, fmt.Errorf("read autofix stream: %w", err)
+		if err := readLine(dec, "autofix", &line); err != nil {
+			return nil, err
 		}
 		switch {
 		case line.Error != nil:
-			return nil, &errdefs.Error{Code: errdefs.Code(line.Error.Code), Message: line.Error.Message}
+			return nil, line.Error.Err()
 		case line.Type == "result" && line.Result != nil:
 			return line.Result, nil
 		case onEvent != nil:

@@ -132,13 +132,25 @@ func decodeError(resp *http.Response) error {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	var er ErrorResponse
 	if json.Unmarshal(body, &er) == nil && er.Error.Code != "" {
-		return &errdefs.Error{Code: errdefs.Code(er.Error.Code), Message: er.Error.Message}
+		return er.Error.Err()
 	}
 	msg := strings.TrimSpace(string(body))
 	if msg == "" {
 		msg = resp.Status
 	}
 	return &errdefs.Error{Code: codeOfStatus(resp.StatusCode), Message: msg}
+}
+
+// readLine decodes the next line of an NDJSON answer into v: the stream
+// ending before its final line is an error.
+func readLine(dec *json.Decoder, what string, v any) error {
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("read %s stream: %w", what, err)
+	}
+	return nil
 }
 
 // codeOfStatus inverts the daemon's code → status mapping (pkg/api) for
@@ -311,15 +323,12 @@ func (c *Client) Exec(ctx context.Context, id string, req ExecRequest, onOutput 
 	dec := json.NewDecoder(resp.Body)
 	for {
 		var line ExecLine
-		if err := dec.Decode(&line); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return nil, fmt.Errorf("read exec stream: %w", err)
+		if err := readLine(dec, "exec", &line); err != nil {
+			return nil, err
 		}
 		switch {
 		case line.Error != nil:
-			return nil, &errdefs.Error{Code: errdefs.Code(line.Error.Code), Message: line.Error.Message}
+			return nil, line.Error.Err()
 		case line.Exit != nil:
 			res := line.Exit
 			res.Stdout, res.Stderr = stdout.String(), stderr.String()

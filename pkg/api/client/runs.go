@@ -10,7 +10,6 @@ import (
 	"strconv"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // Run types: the shared definitions of pkg/apitypes.
@@ -102,7 +101,7 @@ func (c *Client) BuildImage(ctx context.Context, name string, log func(line stri
 		}
 		switch {
 		case line.Error != nil:
-			return nil, &errdefs.Error{Code: errdefs.Code(line.Error.Code), Message: line.Error.Message}
+			return nil, line.Error.Err()
 		case line.Image != nil:
 			return line.Image, nil
 		case log != nil:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // The types below are the REST API's JSON, as clients see it. The daemon
@@ -16,6 +17,11 @@ import (
 type ErrorBody struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+}
+
+// Err is the error the body describes, with its taxonomy code.
+func (b *ErrorBody) Err() error {
+	return &errdefs.Error{Code: errdefs.Code(b.Code), Message: b.Message}
 }
 
 // ErrorResponse is the body of every failed request: {"error": {...}}.

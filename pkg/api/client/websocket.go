@@ -12,8 +12,6 @@ import (
 	"sync"
 
 	"github.com/coder/websocket"
-
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // maxMessage bounds one WebSocket message from the daemon (an output chunk
@@ -157,7 +155,7 @@ func (t *Terminal) Wait() (*ExecResult, error) {
 	case t.exit == nil:
 		return nil, errors.New("terminal closed before the command ended")
 	case t.exit.Error != nil:
-		return nil, &errdefs.Error{Code: errdefs.Code(t.exit.Error.Code), Message: t.exit.Error.Message}
+		return nil, t.exit.Error.Err()
 	}
 	res := &ExecResult{ExitCode: -1}
 	if t.exit.ExitCode != nil {
