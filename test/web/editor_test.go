@@ -208,7 +208,10 @@ func TestEditor(t *testing.T) {
 	if n := Eval[int](b, `document.querySelectorAll("#runs-list li.failed").length`); n < 1 {
 		t.Errorf("no failed run in the history")
 	}
-	b.Do("open the newest run", chromedp.Click(chromedp.CSS("#runs-list li")))
+	// Clicked from inside the page: the list is re-rendered whenever a
+	// refresh answers (a run's end triggers one too), so a node found by
+	// one CDP call may be gone by the next; a click in one script is atomic.
+	Eval[bool](b, `(document.querySelector("#runs-list li").click(), true)`)
 	b.WaitFor("the run record", `document.querySelector('#run-record .snapshot[data-file="main.py"]')?.textContent.replace(/\u00a0/g, " ").includes("broken on purpose")`, 15*time.Second)
 	if !strings.Contains(Eval[string](b, `document.querySelector("#run-record").textContent`), "ValueError") {
 		t.Error("the run record lacks the stderr log")
