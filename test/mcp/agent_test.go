@@ -244,6 +244,12 @@ func TestAgentRun(t *testing.T) {
 		if b, err := os.ReadFile(filepath.Join(out, "calc.py")); err != nil || string(b) != "def add(a, b):\n    return a + b\n" {
 			t.Errorf("--out calc.py: %v %q", err, b)
 		}
+		// An error before the session starts keeps its status (400 →
+		// invalid_argument → exit 2), with no progress printed.
+		stdout, stderr, code = d.Ctl("agent", "-p", "x", "--image", "shell", test)
+		if code != 2 || !strings.Contains(stderr, "language: the image has no Claude Code CLI") || strings.Contains(stderr, "agent: ") {
+			t.Errorf("sandboxctl agent --image shell: exit %d\n%s\n%s", code, stdout, stderr)
+		}
 	})
 	if ids := d.LiveIDs(); len(ids) != 0 {
 		t.Errorf("sandboxes left: %v", ids)
