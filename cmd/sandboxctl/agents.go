@@ -19,7 +19,7 @@ func agentCmd(g *globals) *cobra.Command {
 	var (
 		prompt, image, outDir string
 		maxTurns              int
-		quiet                 bool
+		quiet, showDiff       bool
 		timeout               time.Duration
 	)
 	cmd := &cobra.Command{
@@ -69,6 +69,9 @@ func agentCmd(g *globals) *cobra.Command {
 			for _, ch := range res.Changes {
 				fmt.Fprintf(g.stdout, "%-8s %s\n", ch.Status, ch.Path)
 			}
+			if showDiff {
+				fmt.Fprint(g.stdout, res.Diff)
+			}
 			fmt.Fprintf(g.stdout, "%s\n", res.Summary)
 			fmt.Fprintf(g.stderr, "--- success %v %s; %d turns, %d requests, %d+%d tokens; run %s, transcript %s\n",
 				res.Success, res.Cause, res.NumTurns, res.Usage.Requests, res.Usage.InputTokens, res.Usage.OutputTokens, res.RunID, res.Transcript)
@@ -84,6 +87,7 @@ func agentCmd(g *globals) *cobra.Command {
 	f.StringVar(&outDir, "out", "", "write the final files into this directory")
 	f.IntVar(&maxTurns, "max-turns", 0, "most agent turns (default 20)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "do not print the session's progress (tool calls, changed files) on stderr")
+	f.BoolVar(&showDiff, "diff", false, "print the unified diff of the text files after the changes")
 	f.DurationVar(&timeout, "timeout", 0, "time the session may take (default 10m)")
 	return cmd
 }

@@ -62,6 +62,9 @@ type AgentRunResult struct {
 	NumTurns int               `json:"num_turns"`
 	Files    map[string]string `json:"files"` // final text files under /workspace
 	Changes  []AgentFileChange `json:"changes"`
+	// Diff is the unified diff of the text files from the input to the
+	// final files ("" when none changed).
+	Diff string `json:"diff"`
 	// Usage is what the credential proxy counted for the sandbox.
 	Usage CredentialUsage `json:"usage"`
 	// Transcript is the path (on the daemon's host) of the session's

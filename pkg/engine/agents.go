@@ -201,7 +201,24 @@ func (e *Engine) agentSession(ctx context.Context, id string, rec *agentRecord, 
 	if out.Changes == nil {
 		out.Changes = []apitypes.AgentFileChange{}
 	}
+	out.Diff = textDiff(before, after)
 	return out, nil
+}
+
+// textDiff is the unified diff of the text files from before to after. A
+// file that is text on one side only (binary, or past maxAgentFile) is
+// left out: Changes lists it.
+func textDiff(before, after map[string]workspaceFile) string {
+	text := func(side, other map[string]workspaceFile) autofix.Files {
+		f := autofix.Files{}
+		for p, c := range side {
+			if o, ok := other[p]; c.content != nil && (!ok || o.content != nil) {
+				f[p] = []byte(*c.content)
+			}
+		}
+		return f
+	}
+	return autofix.UnifiedDiff(text(before, after), text(after, before))
 }
 
 // workspaceFile is a file's content (nil if too large or not text) and

@@ -104,6 +104,9 @@ func TestAgentRun(t *testing.T) {
 			!slices.Equal(res.Changes, []apitypes.AgentFileChange{{Path: "calc.py", Status: "added"}}) || res.Files["test_calc.py"] != pytestFiles["test_calc.py"] {
 			t.Fatalf("session: %+v\ntranscript:\n%.3000s", res, tr)
 		}
+		if want := "--- /dev/null\n+++ b/calc.py\n@@ -0,0 +1,2 @@\n+def add(a, b):\n+    return a + b\n"; res.Diff != want {
+			t.Fatalf("diff %q, want %q", res.Diff, want)
+		}
 		results := api.Results()
 		if !slices.ContainsFunc(results, func(s string) bool { return strings.Contains(s, "1 passed") }) {
 			t.Fatalf("the test run the model saw did not pass: %q", results)

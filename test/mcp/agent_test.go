@@ -141,6 +141,9 @@ func TestAgentRun(t *testing.T) {
 			!slices.Equal(s.Changes, []apitypes.AgentFileChange{{Path: "calc.py", Status: "added"}}) || s.RunID == "" || s.Usage.Requests == 0 {
 			t.Fatalf("agent_run: %+v", s)
 		}
+		if !strings.Contains(s.Diff, "+++ b/calc.py\n") || !strings.Contains(s.Diff, "+    return a + b\n") {
+			t.Errorf("diff %q", s.Diff)
+		}
 		if !slices.ContainsFunc(api.Results(), func(s string) bool { return strings.Contains(s, "1 passed") }) {
 			t.Errorf("the test run the model saw did not pass: %q", api.Results())
 		}
@@ -223,7 +226,7 @@ func TestAgentRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		out := filepath.Join(dir, "out")
-		stdout, stderr, code := d.Ctl("agent", "-p", "Make test_calc.py pass.", "--max-turns", "10", "--timeout", "3m", "--out", out, test)
+		stdout, stderr, code := d.Ctl("agent", "-p", "Make test_calc.py pass.", "--max-turns", "10", "--timeout", "3m", "--out", out, "--diff", test)
 		if code != 0 {
 			t.Fatalf("sandboxctl agent: exit %d\n%s\n%s", code, stdout, stderr)
 		}
@@ -238,7 +241,7 @@ func TestAgentRun(t *testing.T) {
 		if !(started >= 0 && started < write && write < bash && bash < result && result < summary) {
 			t.Errorf("stderr lines out of order (%d %d %d %d %d):\n%s", started, write, bash, result, summary, stderr)
 		}
-		if !strings.Contains(stdout, "added    calc.py") {
+		if !strings.Contains(stdout, "added    calc.py\n--- /dev/null\n+++ b/calc.py\n") {
 			t.Errorf("stdout %q", stdout)
 		}
 		if b, err := os.ReadFile(filepath.Join(out, "calc.py")); err != nil || string(b) != "def add(a, b):\n    return a + b\n" {
