@@ -31,6 +31,10 @@ type Daemon struct {
 	HTTPAddr  string
 	LogPath   string
 	ExtraEnv  []string // added to the daemon's environment
+	// NetNS names a network namespace (/run/netns/NAME) the daemon runs
+	// in (nsenter --net), e.g. a test's simulated host: its bridge,
+	// firewall and proxies are made there, never in the machine's.
+	NetNS string
 
 	cmd     *exec.Cmd
 	exited  chan struct{}
@@ -84,6 +88,10 @@ func (d *Daemon) Start() {
 		bin = d.DaemonBin
 	}
 	d.cmd = exec.Command(bin, "serve", "--config", d.CfgPath)
+	if d.NetNS != "" {
+		// nsenter execs the daemon: the process (and its pid) is the daemon's.
+		d.cmd = exec.Command("nsenter", "--net=/run/netns/"+d.NetNS, "--", bin, "serve", "--config", d.CfgPath)
+	}
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.Env = append(os.Environ(), d.ExtraEnv...)
 	// Its own process group, so that signals for it never reach the test.

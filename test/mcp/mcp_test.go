@@ -66,10 +66,20 @@ func runClient(t *testing.T, mode string, transport map[string]any, n int, v any
 
 // runClientErr is runClient for any goroutine.
 func runClientErr(mode string, transport map[string]any, n int, v any) error {
+	return runClientIn("", mode, transport, n, v)
+}
+
+// runClientIn runs client.mjs in network namespace netNS (/run/netns/NAME;
+// empty: this process's), where a daemon that runs there listens.
+func runClientIn(netNS, mode string, transport map[string]any, n int, v any) error {
 	spec, _ := json.Marshal(transport)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "client.mjs", mode, string(spec), strconv.Itoa(n))
+	argv := []string{"node", "client.mjs", mode, string(spec), strconv.Itoa(n)}
+	if netNS != "" {
+		argv = append([]string{"nsenter", "--net=/run/netns/" + netNS, "--"}, argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = filepath.Join(testenv.RepoRoot, "test", "mcp")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
