@@ -385,9 +385,12 @@ func (j *job) killProcesses() {
 	killSession(j.pid)
 }
 
-// onExit is called by the reaper with the leader's wait status.
-func (j *job) onExit(ws unix.WaitStatus) {
+// onExit is called by the reaper with the leader's wait status and usage.
+func (j *job) onExit(ws unix.WaitStatus, ru *unix.Rusage) {
 	finishedAt := time.Now()
+	// ru_maxrss is in KiB; with RUSAGE_BOTH's semantics it is the largest
+	// of the leader and the descendants it waited for.
+	maxRSS := uint64(max(ru.Maxrss, 0)) << 10
 	go func() {
 		if j.awaited.Load() {
 			select {
@@ -403,12 +406,13 @@ func (j *job) onExit(ws unix.WaitStatus) {
 			}
 			<-j.readersDone
 		}
-		j.finish(ws, finishedAt)
+		j.finish(ws, finishedAt, maxRSS)
 	}()
 }
 
-// finish records the exit status once output has been drained.
-func (j *job) finish(ws unix.WaitStatus, finishedAt time.Time) {
+// finish records the exit status once output has been drained. maxRSS is
+// the memory peak wait4 reported for the job's leader.
+func (j *job) finish(ws unix.WaitStatus, finishedAt time.Time, maxRSS uint64) {
 	for _, f := range j.readers {
 		f.Close()
 	}
@@ -440,6 +444,11 @@ func (j *job) finish(ws unix.WaitStatus, finishedAt time.Time) {
 	}
 	if j.cg != nil {
 		e.CPUSeconds, e.MemoryPeakBytes, e.OOMKills = j.cg.usage()
+	}
+	if e.MemoryPeakBytes == 0 {
+		// No memory cgroup of the job's own (see jobCgroups): the peak
+		// resident set of its process tree as far as wait4 saw it.
+		e.MemoryPeakBytes = maxRSS
 	}
 	j.exit = e
 	j.broadcast()

@@ -129,9 +129,9 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 		pid, err := forkExec()
 		j.pid = pid
 		return pid, err
-	}, func(ws unix.WaitStatus) {
+	}, func(ws unix.WaitStatus, ru *unix.Rusage) {
 		if !failed.Load() {
-			j.onExit(ws)
+			j.onExit(ws, ru)
 		}
 	})
 	fds.closeChild()
