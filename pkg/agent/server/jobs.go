@@ -48,6 +48,11 @@ type jobTable struct {
 	// lingering are cgroups of finished jobs that background processes
 	// still occupy; removed once empty.
 	lingering []*jobCgroup
+
+	spareMu   sync.Mutex
+	spare     *spare // a helper waiting in its job cgroup (spare.go); nil if none
+	preparing bool   // a spare is being started
+	closed    bool   // killAll ran: no more spares
 }
 
 func newJobTable(log *slog.Logger, r *reaper, o *Options) *jobTable {
@@ -183,6 +188,15 @@ func (t *jobTable) releaseCgroup(j *job) {
 	j.cg = nil
 }
 
+// linger removes g, or keeps it for a later sweep while processes remain.
+func (t *jobTable) linger(g *jobCgroup) {
+	if g.remove() != nil {
+		t.mu.Lock()
+		t.lingering = append(t.lingering, g)
+		t.mu.Unlock()
+	}
+}
+
 // sweepLingering removes the cgroups of finished jobs that have emptied.
 func (t *jobTable) sweepLingering() {
 	t.mu.Lock()
@@ -222,6 +236,13 @@ func (t *jobTable) forget(id string) error {
 // left running in the background. As PID 1 the kernel would do the latter
 // when the agent exits; elsewhere nothing else would.
 func (t *jobTable) killAll() {
+	t.spareMu.Lock()
+	t.closed = true
+	if t.spare != nil {
+		_ = unix.Kill(t.spare.pid, unix.SIGKILL) // its exit removes its cgroup
+		t.spare = nil
+	}
+	t.spareMu.Unlock()
 	for _, j := range t.list() {
 		j.kill(agent.CauseKilled, "agent terminated")
 		killSession(j.pid)
