@@ -198,6 +198,8 @@ func Config(t testing.TB, prefix string) *config.Config {
 	cfg.Paths.SeccompDir = filepath.Join(RepoRoot, "seccomp-profiles")
 	cfg.Paths.AgentPath = AgentPath(t)
 	cfg.Sandbox.CgroupParent = "/mcp-sandboxd-" + prefix + "-" + RandHex(4)
+	// Tests leave the host's cgroup2 mount options alone.
+	cfg.Sandbox.CgroupFavorDynMods = false
 	// A bridge of its own: network gc only touches its own bridge and the
 	// veths on it, so a test daemon never disturbs another one's.
 	cfg.Network.Bridge = "sbxt" + RandHex(3)

@@ -407,19 +407,19 @@ func IOControllerAvailable() bool {
 
 // DelegatedDirs lists, by name, the host directories of cgroup p that a
 // sandbox's agent gets to create per-job cgroups in: "unified" (the v2
-// hierarchy, or hybrid's unified tree) and the v1 "memory", "cpuacct" and
-// "freezer" hierarchies where they are mounted. On a unified host the one
-// entry is "" (the cgroup itself).
+// hierarchy, or hybrid's unified tree), or on a legacy host without one
+// the v1 "cpuacct" and "freezer" hierarchies. On a unified host the one
+// entry is "" (the cgroup itself). The v1 memory hierarchy is never
+// delegated: why is in pkg/agent/server's jobCgroups.
 func DelegatedDirs(p string) map[string]string {
 	switch HostMode() {
 	case ModeUnified:
 		return map[string]string{"": filepath.Join(Root, p)}
-	case ModeHybrid, ModeLegacy:
+	case ModeHybrid:
+		return map[string]string{"unified": filepath.Join(Root, "unified", p)}
+	case ModeLegacy:
 		out := map[string]string{}
-		if HostMode() == ModeHybrid {
-			out["unified"] = filepath.Join(Root, "unified", p)
-		}
-		for _, c := range []string{"memory", "cpuacct", "freezer"} {
+		for _, c := range []string{"cpuacct", "freezer"} {
 			if _, err := os.Stat(filepath.Join(Root, c)); err == nil {
 				out[c] = filepath.Join(Root, c, p)
 			}

@@ -132,6 +132,11 @@ type Sandbox struct {
 	CgroupParent       string         `yaml:"cgroup_parent"` // absolute cgroup path of the daemon's parent
 	IOReadBPS          ByteSize       `yaml:"io_read_bps"`   // block I/O read throttle per sandbox, bytes/s (0: none)
 	IOWriteBPS         ByteSize       `yaml:"io_write_bps"`  // block I/O write throttle per sandbox, bytes/s (0: none)
+	// CgroupFavorDynMods lets the daemon set favordynmods on the host's
+	// cgroup2 hierarchy at start (see cgroups.FavorDynMods): every command
+	// enters a cgroup of its own, and without it each such move can wait
+	// for an RCU grace period.
+	CgroupFavorDynMods bool `yaml:"cgroup_favordynmods"`
 }
 
 // SeccompRule gives the named syscalls an action (SCMP_ACT_ALLOW,
@@ -290,6 +295,7 @@ func Default() *Config {
 			SeccompProfile:     "default",
 			SeccompDiagnostics: true,
 			CgroupParent:       "/mcp-sandboxd",
+			CgroupFavorDynMods: true,
 		},
 		Network: Network{
 			Bridge:      "sbx0",

@@ -144,6 +144,12 @@ sandbox:
   pool: {}
   # Parent cgroup of every sandbox (absolute cgroup path, not "/").
   cgroup_parent: /mcp-sandboxd
+  # Set favordynmods (kernel 6.0+) on the host's cgroup2 hierarchy at start.
+  # Every command enters a cgroup of its own; without the option such a
+  # move can wait for an RCU grace period (ms each; exec of true: 14 -> 7 ms
+  # measured under load). It is host-wide and makes forks and exits a little
+  # dearer; the daemon never clears it. false leaves the mount alone.
+  cgroup_favordynmods: true
   # Block I/O read throttle per sandbox, in bytes per second (size; 0: none),
   # on the block device that holds the images: reads of the image layers.
   # Applied where the io (v2) or blkio (v1) controller exists.

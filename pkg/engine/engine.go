@@ -105,6 +105,15 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		return nil, err
 	}
 	e.ledger = ledger.New(e.store)
+	if cfg.Sandbox.CgroupFavorDynMods {
+		// A host-wide mount option (cgroups.FavorDynMods says why): said
+		// aloud when changed; a failure costs only exec latency.
+		if changed, err := cgroups.FavorDynMods(); err != nil {
+			log.Warn("cgroup2 favordynmods not set: each command's cgroup move may wait for an RCU grace period", "err", err)
+		} else if changed {
+			log.Info("set favordynmods on the host's cgroup2 hierarchy (sandbox.cgroup_favordynmods)")
+		}
+	}
 	disks, err := storage.NewStore(cfg.Paths.SandboxesDirOrDefault())
 	if err != nil {
 		cleanup()

@@ -90,6 +90,7 @@ func New(log *slog.Logger, o Options) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go r.run(ctx)
+	jobs.prepareSpare() // the first command need not wait for a cgroup move
 	return &Server{log: log, reaper: r, jobs: jobs, files: files, started: time.Now(), cancel: cancel}, nil
 }
 
