@@ -1,0 +1,47 @@
+#!/bin/bash
+# Runs inside the Linux test guest of make test-cgroupv2 (as root, through
+# qemu-ga), from the data disk it was put on: makes the guest look like a
+# systemd host on cgroup v2 and runs pkg/engine's test binary there.
+# Arguments: the repository path compiled into the test binary (testenv.RepoRoot)
+# and the -test.run pattern.
+set -euo pipefail
+repo=$1 run=$2
+data=/mnt/data
+
+echo "== kernel: $(uname -r)  cmdline: $(cat /proc/cmdline)"
+echo "== cgroup mounts:"
+grep cgroup /proc/mounts
+if [ "$(stat -f -c %T /sys/fs/cgroup)" != cgroup2fs ]; then
+	echo "/sys/fs/cgroup is not cgroup2" >&2
+	exit 1
+fi
+# systemd enables every available controller in the root cgroup's
+# subtree_control at boot; the guest's init does not, so do it here.
+for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
+	echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control
+done
+echo "== root cgroup.controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
+echo "== root cgroup.subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"
+# The daemon runs in a leaf cgroup of its own, as a systemd service does.
+svc=/sys/fs/cgroup/system.slice/mcp-sandboxd-test.service
+mkdir -p "$svc"
+echo $$ > "$svc/cgroup.procs"
+echo "== test process cgroup: $(cat /proc/self/cgroup)"
+
+# Modules the sandbox core needs (no udev in the guest to load them).
+modprobe loop
+modprobe overlay
+
+# The test binary finds recipes and seccomp profiles under the repository
+# path it was built in; the host's apt sources make the image digests
+# match (the mirror is part of them).
+mkdir -p "$repo"
+mount --bind "$data/repo" "$repo"
+cp -a "$data/apt/." /etc/apt/
+mkdir -p "$data/tmp"
+cd "$repo"
+
+TMPDIR=$data/tmp SANDBOXD_INTEGRATION=1 SANDBOXD_CGROUPV2=1 \
+	SANDBOXD_AGENT=$data/sandbox-agent SANDBOXD_TEST_IMAGES=$data/images \
+	"$data/engine.test" -test.v -test.count=1 -test.run "$run" -test.timeout 7m
+echo "== guest tests passed"
