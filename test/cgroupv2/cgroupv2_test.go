@@ -44,7 +44,8 @@ var guestTests = "^(" + strings.Join([]string{
 const unifiedOnly = "systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all"
 
 // TestSandboxCoreOnCgroupV2 boots the Linux test guest with only the
-// unified hierarchy and runs guestTests there from a second disk.
+// unified hierarchy and runs pkg/cgroups' TestParentLifecycle and
+// pkg/engine's guestTests there from a second disk.
 func TestSandboxCoreOnCgroupV2(t *testing.T) {
 	testenv.RequireRoot(t)
 	start := time.Now()
@@ -64,8 +65,10 @@ func TestSandboxCoreOnCgroupV2(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	run(t, testenv.RepoRoot, []string{"CGO_ENABLED=1"}, "go", "test", "-c", "-tags", "seccomp",
-		"-o", filepath.Join(stage, "engine.test"), "./pkg/engine")
+	for _, pkg := range []string{"engine", "cgroups"} {
+		run(t, testenv.RepoRoot, []string{"CGO_ENABLED=1"}, "go", "test", "-c", "-tags", "seccomp",
+			"-o", filepath.Join(stage, pkg+".test"), "./pkg/"+pkg)
+	}
 	run(t, "", nil, "cp", testenv.AgentPath(t), filepath.Join(stage, "sandbox-agent"))
 	run(t, "", nil, "cp", filepath.Join(testenv.RepoRoot, "test/cgroupv2/guest-run.sh"), filepath.Join(stage, "run.sh"))
 	imgDir := filepath.Dir(shell.Rootfs)
@@ -163,7 +166,7 @@ func TestSandboxCoreOnCgroupV2(t *testing.T) {
 	}
 	// Every selected test ran and passed (a pattern that matched nothing
 	// would pass too).
-	for _, name := range strings.Split(strings.Trim(guestTests, "^()$"), "|") {
+	for _, name := range append(strings.Split(strings.Trim(guestTests, "^()$"), "|"), "TestParentLifecycle") {
 		if !regexp.MustCompile(`(?m)^--- PASS: ` + name + ` `).MatchString(out) {
 			t.Errorf("%s did not pass in the guest", name)
 		}
