@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -103,8 +104,28 @@ func TestCgroupLimitFiles(t *testing.T) {
 	if !jobLine.MatchString(unified) {
 		t.Errorf("job's v2 cgroup line = %q, want 0::/j-<id>", unified)
 	}
-	if mode == cgroups.ModeUnified && len(lines) != 1 {
-		t.Errorf("/proc/self/cgroup on a unified host has %d lines: %q", len(lines), res.Stdout)
+	if mode == cgroups.ModeUnified {
+		if len(lines) != 1 {
+			t.Errorf("/proc/self/cgroup on a unified host has %d lines: %q", len(lines), res.Stdout)
+		}
+		// The agent moved itself into a leaf so that the memory
+		// controller could be enabled for the jobs' cgroups.
+		if got := read("", "cgroup.subtree_control"); !slices.Contains(strings.Fields(got), "memory") {
+			t.Errorf("sandbox cgroup.subtree_control = %q, want memory enabled for the jobs", got)
+		}
+		if got := read("", "agent/cgroup.procs"); len(strings.Fields(got)) != 1 {
+			t.Errorf("agent/cgroup.procs = %q, want the agent alone", got)
+		}
+	}
+
+	// The job's own cgroup accounts its memory: a command filling a 30 MiB
+	// buffer reports a peak of at least 20 MiB (memory.peak of the job's
+	// cgroup on v2, memory.max_usage_in_bytes on v1).
+	res = env.sh(t, info.ID, "dd if=/dev/zero of=/dev/null bs=30M count=1 2>&1")
+	if res.Usage == nil || res.Usage.MemoryPeakBytes < 20<<20 {
+		t.Errorf("memory peak of a job filling 30 MiB = %+v (%s), want at least 20 MiB", res.Usage, res.Stdout)
+	} else {
+		t.Logf("job usage: %.2f CPU-seconds, memory peak %d bytes", res.Usage.CPUSeconds, res.Usage.MemoryPeakBytes)
 	}
 
 	// Pause freezes the whole cgroup; resume thaws it.

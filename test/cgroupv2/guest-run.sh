@@ -10,12 +10,16 @@ repo=$1 run=$2
 data=/mnt/data
 
 echo "== kernel: $(uname -r)  cmdline: $(cat /proc/cmdline)"
-echo "== cgroup mounts:"
-grep cgroup /proc/mounts
 if [ "$(stat -f -c %T /sys/fs/cgroup)" != cgroup2fs ]; then
 	echo "/sys/fs/cgroup is not cgroup2" >&2
 	exit 1
 fi
+# Mount options as systemd sets them: cgroup namespaces are delegation
+# boundaries (a sandbox's agent may write only cgroup.procs and
+# cgroup.subtree_control of its namespace root).
+mount -o remount,nsdelegate,memory_recursiveprot /sys/fs/cgroup
+echo "== cgroup mounts:"
+grep cgroup /proc/mounts
 echo "== root cgroup.controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
 echo "== root cgroup.subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"
 
