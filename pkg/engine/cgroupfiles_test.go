@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
@@ -160,5 +162,80 @@ func TestCgroupLimitFiles(t *testing.T) {
 	}
 	if res := env.sh(t, info.ID, "echo alive"); res.Stdout != "alive\n" {
 		t.Errorf("after resume: %+v", res)
+	}
+}
+
+// TestCgroupAdoptedAfterRestart: a restarted engine adopts a sandbox with
+// a job running in its per-job cgroup: the limits are still in the
+// sandbox's cgroup, usage is read from it, and a kill through the new
+// engine empties the job's cgroup, an escaped (setsid) process included.
+func TestCgroupAdoptedAfterRestart(t *testing.T) {
+	testenv.EnsureImages(t, "shell")
+	cfg := testenv.Config(t, "cgrs")
+	ctx := context.Background()
+	e1, err := New(ctx, cfg, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := e1.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", MemoryMB: ptr[int64](96), Pids: ptr[int64](48)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, err := e1.StartJob(ctx, ExecRequest{SandboxID: info.ID, Command: "setsid sleep 1011 & sleep 1013"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e1.sandboxes.Close()
+	if err := e1.Close(); err != nil { // the sandbox and its job stay
+		t.Fatal(err)
+	}
+
+	e2, err := New(ctx, cfg, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &testEnv{Engine: e2, cfg: cfg}
+	t.Cleanup(func() {
+		e2.sandboxes.Close()
+		for _, id := range e2.sandboxes.IDs() {
+			if _, err := e2.TerminateSandbox(ctx, id); err != nil {
+				t.Errorf("cleanup: terminate %s: %v", id, err)
+			}
+		}
+		_ = e2.Close()
+		env.assertNoLeftovers(t)
+	})
+	limit := filepath.Join(cgroups.Root, info.CgroupPath, "memory.max")
+	if cgroups.HostMode() != cgroups.ModeUnified {
+		limit = filepath.Join(cgroups.Root, "memory", info.CgroupPath, "memory.limit_in_bytes")
+	}
+	if b, err := os.ReadFile(limit); err != nil || strings.TrimSpace(string(b)) != "100663296" {
+		t.Errorf("%s of the adopted sandbox = %q, %v", limit, b, err)
+	}
+	d, err := e2.GetSandbox(ctx, info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent and the job's shell and two sleeps.
+	if d.Usage == nil || d.Usage.Pids < 4 {
+		t.Errorf("usage of the adopted sandbox = %+v, want the agent and the job's 3 processes", d.Usage)
+	}
+	if procs, err := cgroups.Procs(info.CgroupPath); err != nil || len(procs) < 4 {
+		t.Errorf("processes of the adopted sandbox = %v, %v", procs, err)
+	}
+	if len(hostProcsOf(t, info.ID, "sleep")) != 2 {
+		t.Fatalf("the job's sleeps before the kill: %v", hostProcsOf(t, info.ID, "sleep"))
+	}
+	if _, err := e2.KillJob(ctx, apitypes.JobKillRequest{SandboxID: info.ID, JobID: job}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(hostProcsOf(t, info.ID, "sleep")) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("processes of the killed job survive: %v", hostProcsOf(t, info.ID, "sleep"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if res := env.sh(t, info.ID, "echo alive"); res.Stdout != "alive\n" {
+		t.Errorf("adopted sandbox after the kill: %+v", res)
 	}
 }

@@ -22,11 +22,13 @@ import (
 // guestTests are the pkg/engine tests run in the guest: those that go
 // through the cgroup code of the sandbox core (limits written by
 // libcontainer, usage and OOM kills read by pkg/cgroups, per-job cgroups
-// and cgroup.kill in the agent, the freezer, io.max), within the time a
+// and cgroup.kill in the agent, the freezer, io.max, adoption after a
+// restart), within the time a
 // 2-core TCG guest allows. TestCgroupLimitFiles shows memory.max, cpu.max
 // and pids.max.
 var guestTests = "^(" + strings.Join([]string{
 	"TestCgroupLimitFiles",
+	"TestCgroupAdoptedAfterRestart",
 	"TestLifecycle",
 	"TestIsolation",
 	"TestMemoryBombOOM",
