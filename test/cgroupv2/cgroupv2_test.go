@@ -131,6 +131,19 @@ func TestSandboxCoreOnCgroupV2(t *testing.T) {
 		if err := v.Destroy(context.Background()); err != nil {
 			t.Errorf("destroy guest: %v", err)
 		}
+		// Nothing of the guest is left: QEMU, its directory (sockets,
+		// overlay), its cgroup.
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", v.PID())); err == nil {
+			if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", v.PID())); strings.Contains(string(st), id) {
+				t.Errorf("qemu pid %d still runs after destroy", v.PID())
+			}
+		}
+		if _, err := os.Stat(v.Dir()); !os.IsNotExist(err) {
+			t.Errorf("guest directory %s left after destroy: %v", v.Dir(), err)
+		}
+		if d := testenv.CgroupDirs(parent + "/" + id); len(d) > 0 {
+			t.Errorf("guest cgroup left after destroy: %v", d)
+		}
 	})
 	if err := v.WaitReady(ctx); err != nil {
 		t.Fatalf("guest not ready: %v", err)
