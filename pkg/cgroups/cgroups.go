@@ -267,23 +267,44 @@ func removeTree(dir string) error {
 	return nil
 }
 
-// Procs lists the pids of the processes in cgroup p (not its children).
+// Procs lists the pids of the processes in cgroup p and its descendants:
+// on v2 a sandbox's processes live in child cgroups (the agent's own leaf
+// and one per job, see pkg/agent/server/jobcgroup.go), on v1 in the pids
+// hierarchy's p (jobs get no pids cgroup there).
 func Procs(p string) ([]int, error) {
-	file := filepath.Join(Root, p, "cgroup.procs")
+	dir := filepath.Join(Root, p)
 	if HostMode() != ModeUnified {
-		file = filepath.Join(Root, "pids", p, "cgroup.procs")
+		dir = filepath.Join(Root, "pids", p)
 	}
-	data, err := os.ReadFile(file)
-	if err != nil {
+	if _, err := os.Stat(filepath.Join(dir, "cgroup.procs")); err != nil {
 		return nil, err
 	}
 	var pids []int
-	for _, f := range strings.Fields(string(data)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, pid)
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil // a job's cgroup removed while we walk
+			}
+			return err
 		}
-	}
-	return pids, nil
+		if d.IsDir() || d.Name() != "cgroup.procs" {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV) {
+				return nil
+			}
+			return err
+		}
+		for _, f := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		return nil
+	})
+	return pids, err
 }
 
 // ReadUsage reads the usage of cgroup p.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,6 +69,9 @@ func newJobCgroups(root string) (*jobCgroups, error) {
 	}
 	if isCgroup(root) {
 		c.unified = root
+		if err := c.enableJobControllers(); err != nil {
+			return nil, err
+		}
 		return c, nil
 	}
 	if d := filepath.Join(root, "unified"); isCgroup(d) {
@@ -83,6 +87,53 @@ func newJobCgroups(root string) (*jobCgroups, error) {
 		return nil, fmt.Errorf("--cgroups %s: neither a unified hierarchy nor a v1 freezer to kill jobs with", root)
 	}
 	return c, nil
+}
+
+// jobControllers are the v2 controllers a job's cgroup gets: memory, so
+// that memory.peak and memory.events are the job's own (a job's CPU time,
+// cpu.stat, is there without any controller).
+var jobControllers = []string{"memory"}
+
+// agentLeaf is the child cgroup the agent moves itself into on v2.
+const agentLeaf = "agent"
+
+// enableJobControllers enables jobControllers for the children of the
+// sandbox's v2 cgroup. cgroup v2 lets a cgroup that holds processes enable
+// no domain controller for its children ("no internal processes"), and the
+// agent starts in the sandbox's cgroup; so it first moves itself (at start
+// the only process there) into a leaf child, agentLeaf, as systemd and
+// container inits do. Without this a job's cgroup on v2 has no memory
+// files and its memory peak is unknown. Hybrid hosts have no controller in
+// the unified tree (a job's memory peak comes from wait4's rusage there):
+// nothing to do.
+func (c *jobCgroups) enableJobControllers() error {
+	b, err := os.ReadFile(filepath.Join(c.unified, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("job cgroups: %w", err)
+	}
+	available := strings.Fields(string(b))
+	var enable []string
+	for _, ctl := range jobControllers {
+		if slices.Contains(available, ctl) {
+			enable = append(enable, "+"+ctl)
+		}
+	}
+	if len(enable) == 0 {
+		return nil
+	}
+	leaf := filepath.Join(c.unified, agentLeaf)
+	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("job cgroups: create the agent's cgroup: %w", err)
+	}
+	for _, pid := range readPids(filepath.Join(c.unified, "cgroup.procs")) {
+		if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("job cgroups: move pid %d into the agent's cgroup: %w", pid, err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(c.unified, "cgroup.subtree_control"), []byte(strings.Join(enable, " ")), 0); err != nil {
+		return fmt.Errorf("job cgroups: enable %s: %w", strings.Join(enable, " "), err)
+	}
+	return nil
 }
 
 // jobCgroup is one job's cgroup in every delegated hierarchy.
