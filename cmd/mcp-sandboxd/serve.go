@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/mcpserver"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/preview"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -226,7 +227,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	defer eng.Close()
 
 	var servers []*http.Server
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	start := func(l net.Listener, h http.Handler, what string) {
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 		servers = append(servers, srv)
@@ -262,6 +263,17 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			return fmt.Errorf("server.http_addr: %w", err)
 		}
 		start(tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http")
+	}
+
+	if cfg.Server.PreviewListen != "" {
+		pl, err := net.Listen("tcp", cfg.Server.PreviewListen)
+		if err != nil {
+			return fmt.Errorf("server.preview_listen: %w", err)
+		}
+		ph := preview.NewHandler(eng, log)
+		defer ph.Close()
+		start(pl, ph, "preview")
+		eng.SetPreviewURL(preview.BaseURL(pl.Addr()))
 	}
 
 	// Only now can clients connect: tell systemd (Type=notify).

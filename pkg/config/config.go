@@ -50,6 +50,10 @@ type Server struct {
 	SocketMode    string   `yaml:"socket_mode"`
 	HTTPAddr      string   `yaml:"http_addr"`       // REST, MCP (/mcp), health, metrics; empty: no TCP listener
 	AuthTokenFile string   `yaml:"auth_token_file"` // bearer token for HTTP (all but /healthz)
+	// PreviewListen is the TCP address (host:port) of the preview listener,
+	// which serves sandboxes' exposed ports (pkg/preview); port 0 picks a
+	// free one. Empty: no preview listener.
+	PreviewListen string `yaml:"preview_listen"`
 	Tools         []string `yaml:"tools"`           // enabled MCP tool groups, from ToolGroups
 	// MCPMaxResultBytes caps one MCP tool result (structured and text parts
 	// together); longer output is cut with a marker saying where the rest is.
@@ -256,6 +260,7 @@ func Default() *Config {
 			SocketMode:    "0660",
 			HTTPAddr:      "127.0.0.1:7070",
 			AuthTokenFile: "/etc/mcp-sandboxd/token",
+			PreviewListen: "127.0.0.1:7071",
 			Tools:         append([]string(nil), ToolGroups...),
 
 			MCPMaxResultBytes:   48 << 10,
