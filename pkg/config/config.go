@@ -47,14 +47,14 @@ type Server struct {
 	// its members may use the daemon without root. Empty: root's group.
 	SocketGroup string `yaml:"socket_group"`
 	// SocketMode is the socket's permission bits, octal ("0660").
-	SocketMode    string   `yaml:"socket_mode"`
-	HTTPAddr      string   `yaml:"http_addr"`       // REST, MCP (/mcp), health, metrics; empty: no TCP listener
-	AuthTokenFile string   `yaml:"auth_token_file"` // bearer token for HTTP (all but /healthz)
+	SocketMode    string `yaml:"socket_mode"`
+	HTTPAddr      string `yaml:"http_addr"`       // REST, MCP (/mcp), health, metrics; empty: no TCP listener
+	AuthTokenFile string `yaml:"auth_token_file"` // bearer token for HTTP (all but /healthz)
 	// PreviewListen is the TCP address (host:port) of the preview listener,
 	// which serves sandboxes' exposed ports (pkg/preview); port 0 picks a
 	// free one. Empty: no preview listener.
-	PreviewListen string `yaml:"preview_listen"`
-	Tools         []string `yaml:"tools"`           // enabled MCP tool groups, from ToolGroups
+	PreviewListen string   `yaml:"preview_listen"`
+	Tools         []string `yaml:"tools"` // enabled MCP tool groups, from ToolGroups
 	// MCPMaxResultBytes caps one MCP tool result (structured and text parts
 	// together); longer output is cut with a marker saying where the rest is.
 	MCPMaxResultBytes ByteSize `yaml:"mcp_max_result_bytes"`
