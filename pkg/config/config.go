@@ -47,14 +47,10 @@ type Server struct {
 	// its members may use the daemon without root. Empty: root's group.
 	SocketGroup string `yaml:"socket_group"`
 	// SocketMode is the socket's permission bits, octal ("0660").
-	SocketMode    string `yaml:"socket_mode"`
-	HTTPAddr      string `yaml:"http_addr"`       // REST, MCP (/mcp), health, metrics; empty: no TCP listener
-	AuthTokenFile string `yaml:"auth_token_file"` // bearer token for HTTP (all but /healthz)
-	// PreviewListen is the TCP address (host:port) of the preview listener,
-	// which serves sandboxes' exposed ports (pkg/preview); port 0 picks a
-	// free one. Empty: no preview listener.
-	PreviewListen string   `yaml:"preview_listen"`
-	Tools         []string `yaml:"tools"` // enabled MCP tool groups, from ToolGroups
+	SocketMode    string   `yaml:"socket_mode"`
+	HTTPAddr      string   `yaml:"http_addr"`       // REST, MCP (/mcp), health, metrics; empty: no TCP listener
+	AuthTokenFile string   `yaml:"auth_token_file"` // bearer token for HTTP (all but /healthz)
+	Tools         []string `yaml:"tools"`           // enabled MCP tool groups, from ToolGroups
 	// MCPMaxResultBytes caps one MCP tool result (structured and text parts
 	// together); longer output is cut with a marker saying where the rest is.
 	MCPMaxResultBytes ByteSize `yaml:"mcp_max_result_bytes"`
@@ -68,6 +64,11 @@ type Server struct {
 	// MaxRequestBytes caps every request body, /mcp included; larger files
 	// go through the REST upload (PUT .../files), capped on its own.
 	MaxRequestBytes ByteSize `yaml:"max_request_bytes"`
+
+	// PreviewListen is the TCP address (host:port) of the preview listener,
+	// which serves sandboxes' exposed ports (pkg/preview); port 0 picks a
+	// free one. Empty: no preview listener.
+	PreviewListen string `yaml:"preview_listen"`
 }
 
 // SocketPerm is server.socket_mode as file permission bits.
@@ -260,13 +261,14 @@ func Default() *Config {
 			SocketMode:    "0660",
 			HTTPAddr:      "127.0.0.1:7070",
 			AuthTokenFile: "/etc/mcp-sandboxd/token",
-			PreviewListen: "127.0.0.1:7071",
 			Tools:         append([]string(nil), ToolGroups...),
 
 			MCPMaxResultBytes:   48 << 10,
 			MCPOnSessionEnd:     SessionEndKeep,
 			MCPProgressInterval: Duration(15 * time.Second),
 			MaxRequestBytes:     4 << 20,
+
+			PreviewListen: "127.0.0.1:7071",
 		},
 		Paths: Paths{
 			StateDir:   "/var/lib/mcp-sandboxd",
