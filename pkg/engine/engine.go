@@ -171,6 +171,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	e.adoptNetworks(ctx, rep)
+	if err := e.loadExposures(ctx); err != nil {
+		log.Error("restore preview exposures", "err", err)
+	}
 	log.Info("reconciled state", "adopted", len(rep.Adopted), "terminated", len(rep.Terminated),
 		"removed", len(rep.Removed), "errors", len(rep.Errors))
 	for _, msg := range rep.Errors {

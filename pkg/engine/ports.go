@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
 // Preview ports: a sandbox's TCP port served on the daemon's preview
@@ -28,9 +29,11 @@ import (
 // is exposed here and the request carries that exposure's token (compared
 // in constant time); nothing else in the sandbox is reachable through the
 // preview listener, and the token grants nothing but that port (not the
-// API). Exposures live in memory: they end with their sandbox (every
-// transition to terminated or failed drops them, whatever caused it), on
-// UnexposePort, and with the daemon process.
+// API). Exposures are kept in memory and in SQLite (port_exposures), so
+// they survive a daemon restart with their sandboxes; they end with their
+// sandbox (every transition to terminated or failed drops them, whatever
+// caused it; at startup the rows of sandboxes no longer live are removed)
+// and on UnexposePort.
 
 // ExposePortRequest asks for a sandbox's port to be served.
 type ExposePortRequest = apitypes.ExposePortRequest
@@ -51,7 +54,24 @@ type portKey struct {
 type portExposures struct {
 	mu      sync.Mutex
 	baseURL string // the preview listener's address; "" until it listens
-	m       map[portKey]*apitypes.PortExposure
+	m       map[portKey]exposure
+}
+
+type exposure struct {
+	token   string
+	created time.Time
+}
+
+// public describes an exposure with the listener's current address (it may
+// change across restarts: port 0).
+func (p *portExposures) public(k portKey, x exposure) apitypes.PortExposure {
+	base := fmt.Sprintf("%s%s%s/%d/", p.baseURL, PreviewPathPrefix, k.sandbox, k.port)
+	return apitypes.PortExposure{
+		SandboxID: k.sandbox, Port: k.port,
+		URL:     base + "?" + url.Values{apitypes.PreviewTokenParam: {x.token}}.Encode(),
+		BaseURL: base, Token: x.token, TokenHeader: apitypes.PreviewTokenHeader,
+		CreatedAt: x.created,
+	}
 }
 
 // SetPreviewURL records the address browsers reach the preview listener at
@@ -83,7 +103,8 @@ func (e *Engine) ExposePort(ctx context.Context, req ExposePortRequest) (*apityp
 	}
 	key := portKey{req.SandboxID, req.Port}
 	x, ok := p.m[key]
-	if !ok {
+	fresh := !ok
+	if fresh {
 		n := 0
 		for k := range p.m {
 			if k.sandbox == req.SandboxID {
@@ -99,25 +120,27 @@ func (e *Engine) ExposePort(ctx context.Context, req ExposePortRequest) (*apityp
 			p.mu.Unlock()
 			return nil, errdefs.Wrap(errdefs.Internal, err, "preview token")
 		}
-		tok := hex.EncodeToString(b[:])
-		base := fmt.Sprintf("%s%s%s/%d/", p.baseURL, PreviewPathPrefix, req.SandboxID, req.Port)
-		x = &apitypes.PortExposure{
-			SandboxID: req.SandboxID, Port: req.Port,
-			URL:     base + "?" + url.Values{apitypes.PreviewTokenParam: {tok}}.Encode(),
-			BaseURL: base, Token: tok, TokenHeader: apitypes.PreviewTokenHeader,
-			CreatedAt: time.Now().UTC(),
-		}
+		x = exposure{token: hex.EncodeToString(b[:]), created: time.Now().UTC()}
 		if p.m == nil {
-			p.m = map[portKey]*apitypes.PortExposure{}
+			p.m = map[portKey]exposure{}
 		}
 		p.m[key] = x
 	}
-	out := *x
+	out := p.public(key, x)
 	p.mu.Unlock()
+	if fresh {
+		if err := e.store.PutPortExposure(ctx, store.PortExposure{SandboxID: req.SandboxID, Port: req.Port, Token: x.token, CreatedAt: x.created}); err != nil {
+			p.mu.Lock()
+			delete(p.m, key)
+			p.mu.Unlock()
+			return nil, errdefs.Wrap(errdefs.Internal, err, "record the exposure")
+		}
+	}
 	// The sandbox may have ended between the check and the insertion, after
 	// its transition dropped its exposures: look again.
 	if err := e.checkExposable(ctx, req.SandboxID); err != nil {
 		e.endExposures(req.SandboxID)
+		_ = e.store.DeletePortExposures(context.WithoutCancel(ctx), req.SandboxID, 0)
 		return nil, err
 	}
 	return &out, nil
@@ -148,7 +171,7 @@ func (e *Engine) Ports(ctx context.Context, id string) ([]apitypes.PortExposure,
 	out := []apitypes.PortExposure{}
 	for k, x := range e.ports.m {
 		if k.sandbox == id {
-			out = append(out, *x)
+			out = append(out, e.ports.public(k, x))
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
@@ -168,12 +191,16 @@ func (e *Engine) UnexposePort(ctx context.Context, id string, port int) error {
 		return err
 	}
 	e.ports.mu.Lock()
-	defer e.ports.mu.Unlock()
 	key := portKey{id, port}
-	if _, ok := e.ports.m[key]; !ok {
+	_, ok := e.ports.m[key]
+	delete(e.ports.m, key)
+	e.ports.mu.Unlock()
+	if !ok {
 		return errdefs.NotFoundf("port: port %d of sandbox %s is not exposed", port, id)
 	}
-	delete(e.ports.m, key)
+	if err := e.store.DeletePortExposures(ctx, id, port); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "forget the exposure")
+	}
 	return nil
 }
 
@@ -181,12 +208,51 @@ func (e *Engine) UnexposePort(ctx context.Context, id string, port int) error {
 // transition to a final state (under the sandbox's lock: it must not block).
 func (e *Engine) endExposures(id string) {
 	e.ports.mu.Lock()
-	defer e.ports.mu.Unlock()
+	n := 0
 	for k := range e.ports.m {
 		if k.sandbox == id {
 			delete(e.ports.m, k)
+			n++
 		}
 	}
+	e.ports.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	// The rows go after the lock is released; one that a crash keeps is
+	// removed at the next start (loadExposures).
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := e.store.DeletePortExposures(ctx, id, 0); err != nil {
+			e.log.Warn("forget the exposures of an ended sandbox", "sandbox", id, "err", err)
+		}
+	}()
+}
+
+// loadExposures restores the exposures of live sandboxes after a restart
+// and removes the rows of the others. It runs after reconciliation.
+func (e *Engine) loadExposures(ctx context.Context) error {
+	xs, err := e.store.ListPortExposures(ctx)
+	if err != nil {
+		return err
+	}
+	for _, x := range xs {
+		info, err := e.sandboxes.Get(ctx, x.SandboxID)
+		if err == nil && info.State.Live() {
+			e.ports.mu.Lock()
+			if e.ports.m == nil {
+				e.ports.m = map[portKey]exposure{}
+			}
+			e.ports.m[portKey{x.SandboxID, x.Port}] = exposure{token: x.Token, created: x.CreatedAt}
+			e.ports.mu.Unlock()
+			continue
+		}
+		if err := e.store.DeletePortExposures(ctx, x.SandboxID, 0); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // AuthorizePreview checks a preview request's token against the exposure
@@ -195,12 +261,9 @@ func (e *Engine) endExposures(id string) {
 func (e *Engine) AuthorizePreview(id string, port int, token string) error {
 	e.ports.mu.Lock()
 	x, ok := e.ports.m[portKey{id, port}]
-	want := ""
-	if ok {
-		want = x.Token
-	}
+	want := x
 	e.ports.mu.Unlock()
-	if !ok || token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(want)) != 1 {
+	if !ok || token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(want.token)) != 1 {
 		return errdefs.Unauthenticatedf("preview: a valid token for this port is required")
 	}
 	return nil

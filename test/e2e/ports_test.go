@@ -69,7 +69,8 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_foreve
 // server inside is reached through the preview listener with the
 // exposure's token (header, and the browser's URL-then-cookie flow), and
 // refused without it; a WebSocket works through it; bad input is refused
-// with the field named; the exposure is gone after terminate.
+// with the field named; the exposure survives a daemon restart and is gone
+// after terminate.
 func TestPreviewPort(t *testing.T) {
 	d := testenv.NewDaemon(t, "python")
 	d.Start()
@@ -217,6 +218,25 @@ func TestPreviewPort(t *testing.T) {
 	}
 	if code, _, _ := get(noRedirect, hello, map[string]string{x.TokenHeader: x.Token}); code != http.StatusOK {
 		t.Errorf("exposed again: %d", code)
+	}
+
+	// The exposure survives a daemon restart with its sandbox: the same
+	// token, at the restarted listener's address (a free port each start).
+	if err := d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	var after []apitypes.PortExposure
+	if err := json.Unmarshal([]byte(d.MustCtl("port", "--json", id)), &after); err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != 1 || after[0].Token != x.Token || after[0].Port != 8000 {
+		t.Fatalf("exposures after restart: %+v, want port 8000 with token %s", after, x.Token)
+	}
+	x = after[0]
+	hello = x.BaseURL + "hello?a=1"
+	if code, body, _ := get(noRedirect, hello, map[string]string{x.TokenHeader: x.Token}); code != http.StatusOK || !strings.Contains(body, "hello from the sandbox") {
+		t.Errorf("after restart: %d %s", code, body)
 	}
 
 	// Terminate ends the exposure.
