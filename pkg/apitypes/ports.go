@@ -20,7 +20,12 @@ type PortExposure struct {
 	URL string `json:"url"`
 	// BaseURL is the same address without the token; programs send the
 	// token in TokenHeader instead.
-	BaseURL     string    `json:"base_url"`
+	BaseURL string `json:"base_url"`
+	// HostURL, set when the listener is on the loopback, opens the port at
+	// http://p{port}-{sandbox_id}.localhost:PORT/ (with the token once): an
+	// origin of its own, and the application served at "/" (no path
+	// prefix for absolute links to break).
+	HostURL     string    `json:"host_url,omitempty"`
 	Token       string    `json:"token"`
 	TokenHeader string    `json:"token_header"`
 	CreatedAt   time.Time `json:"created_at"`

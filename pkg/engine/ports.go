@@ -41,6 +41,12 @@ type ExposePortRequest = apitypes.ExposePortRequest
 // PreviewPathPrefix is where the preview listener serves exposures.
 const PreviewPathPrefix = "/preview/"
 
+// PreviewHostSuffix ends the host-name form of an exposure's address,
+// p{port}-{sandbox_id}.localhost: browsers resolve every name under
+// localhost to the loopback, so each exposure gets an origin of its own
+// when the listener is on the loopback.
+const PreviewHostSuffix = ".localhost"
+
 // maxExposuresPerSandbox bounds one sandbox's exposures (and the tokens the
 // daemon keeps).
 const maxExposuresPerSandbox = 16
@@ -66,12 +72,19 @@ type exposure struct {
 // change across restarts: port 0).
 func (p *portExposures) public(k portKey, x exposure) apitypes.PortExposure {
 	base := fmt.Sprintf("%s%s%s/%d/", p.baseURL, PreviewPathPrefix, k.sandbox, k.port)
-	return apitypes.PortExposure{
+	query := "?" + url.Values{apitypes.PreviewTokenParam: {x.token}}.Encode()
+	out := apitypes.PortExposure{
 		SandboxID: k.sandbox, Port: k.port,
-		URL:     base + "?" + url.Values{apitypes.PreviewTokenParam: {x.token}}.Encode(),
-		BaseURL: base, Token: x.token, TokenHeader: apitypes.PreviewTokenHeader,
+		URL: base + query, BaseURL: base, Token: x.token, TokenHeader: apitypes.PreviewTokenHeader,
 		CreatedAt: x.created,
 	}
+	if u, err := url.Parse(p.baseURL); err == nil {
+		if ip := net.ParseIP(u.Hostname()); u.Hostname() == "localhost" || ip != nil && ip.IsLoopback() {
+			u.Host = net.JoinHostPort(fmt.Sprintf("p%d-%s%s", k.port, k.sandbox, PreviewHostSuffix), u.Port())
+			out.HostURL = u.String() + "/" + query
+		}
+	}
+	return out
 }
 
 // SetPreviewURL records the address browsers reach the preview listener at

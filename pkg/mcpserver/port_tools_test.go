@@ -24,6 +24,9 @@ func TestExposePortTool(t *testing.T) {
 	if x.BaseURL != "http://127.0.0.1:7071/preview/"+id+"/8000/" || x.URL != x.BaseURL+"?sandboxd_preview_token="+x.Token || len(x.Token) != 48 {
 		t.Errorf("exposure %+v", x)
 	}
+	if x.HostURL != "http://p8000-"+id+".localhost:7071/?sandboxd_preview_token="+x.Token {
+		t.Errorf("host_url %q", x.HostURL)
+	}
 	if again := ok[apitypes.PortExposure](c, "sandbox_expose_port", map[string]any{"sandbox_id": id, "port": 8000}); again.Token != x.Token {
 		t.Errorf("exposing again changed the token")
 	}

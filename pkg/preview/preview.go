@@ -1,6 +1,8 @@
 // Package preview is the daemon's preview listener: it serves HTTP and
 // WebSocket traffic to the ports of sandboxes that were exposed
-// (engine.ExposePort) at /preview/{sandbox_id}/{port}/..., relaying each
+// (engine.ExposePort) at /preview/{sandbox_id}/{port}/... (and, for a listener on the
+// loopback, at http://p{port}-{sandbox_id}.localhost:PORT/, an origin per
+// exposure), relaying each
 // connection through the sandbox's agent, so that it works in every
 // network mode (none included) and with every backend.
 //
@@ -20,8 +22,9 @@
 //     so a previewed page cannot script the API or the web editor; the
 //     exposures of one daemon share that origin (a page of one exposure
 //     could fetch another's path with the browser's cookies), which is
-//     why tokens are per exposure and the listener is on loopback by
-//     default;
+//     why tokens are per exposure, the listener is on loopback by default
+//     and the host-name form (an origin per exposure, host-only cookie)
+//     is offered beside the path form;
 //   - a WebSocket upgrade authenticated by the cookie must carry an Origin
 //     of the listener itself: WebSockets escape CORS, so a foreign page
 //     could otherwise open one with the cookie;
@@ -91,7 +94,9 @@ func NewHandler(eng Engine, log *slog.Logger) *Handler {
 		// are set here because ReverseProxy removes them before Rewrite.
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetXForwarded()
-			pr.Out.Header.Set("X-Forwarded-Prefix", pr.In.Header.Get("X-Forwarded-Prefix"))
+			if p := pr.In.Header.Get("X-Forwarded-Prefix"); p != "" {
+				pr.Out.Header.Set("X-Forwarded-Prefix", p)
+			}
 		},
 		Transport: h.tr,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -144,13 +149,41 @@ func writeError(w http.ResponseWriter, status int, code errdefs.Code, msg string
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": string(code), "message": msg}})
 }
 
+// parseHost recognises the host-name form p{port}-{sandbox_id}.localhost,
+// which gives each exposure an origin of its own (browsers resolve every
+// name under localhost to the loopback).
+func parseHost(host string) (id string, port int, ok bool) {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	label, found := strings.CutSuffix(strings.ToLower(host), engine.PreviewHostSuffix)
+	if !found || !strings.HasPrefix(label, "p") || strings.Contains(label, ".") {
+		return "", 0, false
+	}
+	ps, id, found := strings.Cut(label[1:], "-")
+	port, err := strconv.Atoi(ps)
+	if !found || id == "" || err != nil || port < 1 || port > 65535 || strconv.Itoa(port) != ps {
+		return "", 0, false
+	}
+	return id, port, true
+}
+
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	id, port, rest, ok := parsePath(r.URL.Path)
-	if !ok {
+	// prefix is the path the exposure is served under: none in the
+	// host-name form, /preview/{id}/{port} in the path form.
+	var prefix, rest string
+	id, port, ok := parseHost(r.Host)
+	if ok {
+		rest = r.URL.Path
+		if rest == "" {
+			rest = "/"
+		}
+	} else if id, port, rest, ok = parsePath(r.URL.Path); ok {
+		prefix = engine.PreviewPathPrefix + id + "/" + strconv.Itoa(port)
+	} else {
 		writeError(w, http.StatusNotFound, errdefs.NotFound, "preview: no such path; exposed ports are served at "+engine.PreviewPathPrefix+"{sandbox_id}/{port}/")
 		return
 	}
-	prefix := engine.PreviewPathPrefix + id + "/" + strconv.Itoa(port)
 	q := r.URL.Query()
 	fromQuery := q.Get(apitypes.PreviewTokenParam)
 	fromHeader := r.Header.Get(apitypes.PreviewTokenHeader)
@@ -185,14 +218,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		q.Del(apitypes.PreviewTokenParam)
 		u := *r.URL
 		u.RawQuery = q.Encode()
-		if rest == "/" && !strings.HasSuffix(u.Path, "/") {
+		if prefix != "" && rest == "/" && !strings.HasSuffix(u.Path, "/") {
 			u.Path += "/"
 		}
 		w.Header().Set("Cache-Control", "no-store")
 		http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
 		return
 	}
-	if rest == "/" && !strings.HasSuffix(r.URL.Path, "/") {
+	if prefix != "" && rest == "/" && !strings.HasSuffix(r.URL.Path, "/") {
 		// Relative links of the page resolve against the trailing slash.
 		u := *r.URL
 		u.Path += "/"
@@ -206,7 +239,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out.URL = &url.URL{Scheme: "http", Host: net.JoinHostPort(id, strconv.Itoa(port)), Path: rest, RawQuery: q.Encode()}
 	out.RequestURI = ""
 	out.Host = r.Host // what the browser asked for; the app builds links on it
-	out.Header.Set("X-Forwarded-Prefix", prefix)
+	if prefix != "" {
+		out.Header.Set("X-Forwarded-Prefix", prefix)
+	}
 	h.proxy.ServeHTTP(w, out)
 }
 

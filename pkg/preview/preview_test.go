@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -90,6 +91,41 @@ func TestHandler(t *testing.T) {
 		!strings.Contains(c, "sandboxd_preview=tok") || !strings.Contains(c, "Path=/preview/sb-1/8000/") ||
 		!strings.Contains(c, "HttpOnly") || !strings.Contains(c, "SameSite=Lax") {
 		t.Errorf("token URL: %d Location %q Set-Cookie %q", code, hdr.Get("Location"), c)
+	}
+
+	// The host-name form: the whole path goes to the application, no
+	// prefix; the cookie is the host's (Path=/).
+	hostForm := func(host, path string, hdr http.Header) (int, string, http.Header) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		req.Host = host
+		for k, v := range hdr {
+			req.Header[k] = v
+		}
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header
+	}
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	named := "p8000-sb-1.localhost:" + strconv.Itoa(port)
+	if code, body, _ := hostForm(named, "/a/b?x=1", tok); code != 200 || body != "/a/b?x=1||||"+named {
+		t.Errorf("host form: %d %q", code, body)
+	}
+	if code, _, _ := hostForm("p8001-sb-1.localhost", "/", tok); code != 401 {
+		t.Errorf("host form, token of another port: %d", code)
+	}
+	for _, bad := range []string{"p08000-sb-1.localhost", "x8000-sb-1.localhost", "p8000-sb-1.example", "p8000.sb-1.localhost"} {
+		if code, _, _ := hostForm(bad, "/a", tok); code != 404 {
+			t.Errorf("host %s: %d, want 404 (not an exposure's name, no /preview/ path)", bad, code)
+		}
+	}
+	code, _, hdr = hostForm(named, "/?sandboxd_preview_token=tok", nil)
+	if c := hdr.Get("Set-Cookie"); code != http.StatusSeeOther || hdr.Get("Location") != "/" || !strings.Contains(c, "Path=/;") && !strings.HasSuffix(c, "Path=/") {
+		t.Errorf("host form token URL: %d Location %q Set-Cookie %q", code, hdr.Get("Location"), c)
 	}
 
 	// A cookie-borne WebSocket upgrade from a foreign page is refused; the

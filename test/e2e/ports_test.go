@@ -145,6 +145,29 @@ func TestPreviewPort(t *testing.T) {
 		t.Errorf("the sandbox saw %+v", seen)
 	}
 
+	// The host-name form (an origin per exposure): the app is served at
+	// "/", without a prefix. Browsers resolve *.localhost to the loopback;
+	// here the request goes to the listener's address with that Host.
+	hu, err := url.Parse(x.HostURL)
+	if err != nil || hu.Hostname() != "p8000-"+id+".localhost" {
+		t.Fatalf("host_url %q", x.HostURL)
+	}
+	{
+		req, _ := http.NewRequest(http.MethodGet, x.BaseURL, nil)
+		req.URL.Path = "/hello"
+		req.Host = hu.Host
+		req.Header.Set(x.TokenHeader, x.Token)
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"path": "/hello"`) || !strings.Contains(string(b), `"prefix": ""`) {
+			t.Errorf("host-name form: %d %s", resp.StatusCode, b)
+		}
+	}
+
 	// The browser form: the URL with the token sets a cookie and redirects
 	// to the URL without it; the cookie then opens pages, and the
 	// application never sees it.
