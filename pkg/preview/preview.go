@@ -85,7 +85,10 @@ func NewHandler(eng Engine, log *slog.Logger) *Handler {
 			}
 			return eng.DialExposed(ctx, id, port)
 		},
-		MaxIdleConnsPerHost:   8,
+		MaxIdleConnsPerHost: 8,
+		// Each relayed connection holds an agent connection and two
+		// goroutines in the sandbox's agent: bound them per exposure.
+		MaxConnsPerHost:       64,
 		IdleConnTimeout:       30 * time.Second,
 		ResponseHeaderTimeout: 5 * time.Minute,
 	}
