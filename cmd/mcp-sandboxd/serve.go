@@ -26,7 +26,6 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/mcpserver"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/preview"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -265,15 +264,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		start(tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http")
 	}
 
-	if cfg.Server.PreviewListen != "" {
-		pl, err := net.Listen("tcp", cfg.Server.PreviewListen)
-		if err != nil {
-			return fmt.Errorf("server.preview_listen: %w", err)
-		}
-		ph := preview.NewHandler(eng, log)
+	pl, ph, err := listenPreview(cfg, eng, log)
+	if err != nil {
+		return err
+	}
+	if pl != nil {
 		defer ph.Close()
 		start(pl, ph, "preview")
-		eng.SetPreviewURL(preview.BaseURL(pl.Addr()))
 	}
 
 	// Only now can clients connect: tell systemd (Type=notify).

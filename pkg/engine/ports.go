@@ -112,7 +112,7 @@ func (e *Engine) ExposePort(ctx context.Context, req ExposePortRequest) (*apityp
 	p.mu.Lock()
 	if p.baseURL == "" {
 		p.mu.Unlock()
-		return nil, errdefs.Unavailablef("port: the daemon has no preview listener (server.preview_listen is empty)")
+		return nil, errdefs.Unavailablef("port: no preview listener (server.preview_listen is empty, or its address could not be opened)")
 	}
 	key := portKey{req.SandboxID, req.Port}
 	x, ok := p.m[key]

@@ -155,7 +155,14 @@ type scenarioReport struct {
 	NotFound       errResult `json:"not_found"`
 	Missing        errResult `json:"missing"`
 	AfterTerminate errResult `json:"after_terminate"`
-	Terminate      struct {
+	Expose         struct {
+		SandboxID string `json:"sandbox_id"`
+		Port      int    `json:"port"`
+		URL       string `json:"url"`
+		Token     string `json:"token"`
+	} `json:"expose"`
+	ExposeBad errResult `json:"expose_bad"`
+	Terminate struct {
 		State string `json:"state"`
 	} `json:"terminate"`
 	Errors []string `json:"errors"`
@@ -203,6 +210,12 @@ func checkScenario(t *testing.T, r *scenarioReport) {
 	}
 	if !r.Missing.IsError || !strings.Contains(r.Missing.Text, `"code":"invalid_argument"`) || !strings.Contains(r.Missing.Text, "path") {
 		t.Errorf("missing path: %+v", r.Missing)
+	}
+	if e := r.Expose; e.Port != 8000 || e.Token == "" || !strings.Contains(e.URL, "/preview/"+e.SandboxID+"/8000/?sandboxd_preview_token="+e.Token) {
+		t.Errorf("sandbox_expose_port: %+v", e)
+	}
+	if !r.ExposeBad.IsError || !strings.Contains(r.ExposeBad.Text, `"code":"invalid_argument"`) || !strings.Contains(r.ExposeBad.Text, "port: 70000") {
+		t.Errorf("sandbox_expose_port with port 70000: %+v", r.ExposeBad)
 	}
 	if r.Terminate.State != "terminated" || !r.AfterTerminate.IsError || !strings.Contains(r.AfterTerminate.Text, `"code":"conflict"`) {
 		t.Errorf("terminate %+v, then exec %+v", r.Terminate, r.AfterTerminate)
