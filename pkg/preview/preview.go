@@ -1,10 +1,10 @@
 // Package preview is the daemon's preview listener: it serves HTTP and
 // WebSocket traffic to the ports of sandboxes that were exposed
-// (engine.ExposePort) at /preview/{sandbox_id}/{port}/... (and, for a listener on the
-// loopback, at http://p{port}-{sandbox_id}.localhost:PORT/, an origin per
-// exposure), relaying each
-// connection through the sandbox's agent, so that it works in every
-// network mode (none included) and with every backend.
+// (engine.ExposePort) at /preview/{sandbox_id}/{port}/... and, for a
+// listener on the loopback, at http://p{port}-{sandbox_id}.localhost:PORT/
+// (an origin per exposure), relaying each connection through the sandbox's
+// agent, so that it works in every network mode (none included) and with
+// every backend.
 //
 // It is a front end like pkg/api: the engine decides which ports are
 // exposed and checks tokens; this package parses requests, turns a token
@@ -75,7 +75,7 @@ func NewHandler(eng Engine, log *slog.Logger) *Handler {
 		log = slog.Default()
 	}
 	h := &Handler{eng: eng, log: log}
-	// The transport's address is "{sandbox_id}:{port}" (see rewrite), so
+	// The transport's address is "{sandbox_id}:{port}" (see ServeHTTP), so
 	// that pooled connections are never shared between exposures.
 	h.tr = &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
@@ -241,7 +241,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	q.Del(apitypes.PreviewTokenParam)
 	out.URL = &url.URL{Scheme: "http", Host: net.JoinHostPort(id, strconv.Itoa(port)), Path: rest, RawQuery: q.Encode()}
 	out.RequestURI = ""
-	out.Host = r.Host // what the browser asked for; the app builds links on it
+	out.Host = r.Host                    // what the browser asked for; the app builds links on it
+	out.Header.Del("X-Forwarded-Prefix") // only ours reaches the application
 	if prefix != "" {
 		out.Header.Set("X-Forwarded-Prefix", prefix)
 	}
