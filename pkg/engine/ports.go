@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/url"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
@@ -274,9 +273,8 @@ func (e *Engine) loadExposures(ctx context.Context) error {
 func (e *Engine) AuthorizePreview(id string, port int, token string) error {
 	e.ports.mu.Lock()
 	x, ok := e.ports.m[portKey{id, port}]
-	want := x
 	e.ports.mu.Unlock()
-	if !ok || token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(want.token)) != 1 {
+	if !ok || token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(x.token)) != 1 {
 		return errdefs.Unauthenticatedf("preview: a valid token for this port is required")
 	}
 	return nil
@@ -289,7 +287,7 @@ func (e *Engine) DialExposed(ctx context.Context, id string, port int) (net.Conn
 	_, ok := e.ports.m[portKey{id, port}]
 	e.ports.mu.Unlock()
 	if !ok {
-		return nil, errdefs.NotFoundf("port: port %s of sandbox %s is not exposed", strconv.Itoa(port), id)
+		return nil, errdefs.NotFoundf("port: port %d of sandbox %s is not exposed", port, id)
 	}
 	return e.sandboxes.DialPort(ctx, id, port)
 }
