@@ -205,6 +205,8 @@ func Config(t testing.TB, prefix string) *config.Config {
 	cfg.Network.Bridge = "sbxt" + RandHex(3)
 	cfg.Sandbox.Memory = 256 << 20
 	cfg.Sandbox.Disk = 128 << 20
+	// Any free port: test daemons run side by side.
+	cfg.Server.PreviewListen = "127.0.0.1:0"
 	t.Cleanup(func() {
 		RemoveCgroupParent(t, cfg.Sandbox.CgroupParent)
 		_ = os.RemoveAll(runDir)

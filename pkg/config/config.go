@@ -64,6 +64,11 @@ type Server struct {
 	// MaxRequestBytes caps every request body, /mcp included; larger files
 	// go through the REST upload (PUT .../files), capped on its own.
 	MaxRequestBytes ByteSize `yaml:"max_request_bytes"`
+
+	// PreviewListen is the TCP address (host:port) of the preview listener,
+	// which serves sandboxes' exposed ports (pkg/preview); port 0 picks a
+	// free one. Empty: no preview listener.
+	PreviewListen string `yaml:"preview_listen"`
 }
 
 // SocketPerm is server.socket_mode as file permission bits.
@@ -267,6 +272,8 @@ func Default() *Config {
 			MCPOnSessionEnd:     SessionEndKeep,
 			MCPProgressInterval: Duration(15 * time.Second),
 			MaxRequestBytes:     4 << 20,
+
+			PreviewListen: "127.0.0.1:7071",
 		},
 		Paths: Paths{
 			StateDir:   "/var/lib/mcp-sandboxd",

@@ -42,6 +42,12 @@ server:
   # /healthz and the web editor's login (absolute path; browsers use a
   # session cookie instead). Required when http_addr is set.
   auth_token_file: /etc/mcp-sandboxd/token
+  # TCP address (host:port) of the preview listener: it serves the ports
+  # of sandboxes exposed with sandbox_expose_port / "sandboxctl port" at
+  # /preview/SANDBOX_ID/PORT/, each behind its own token (the answer's URL
+  # carries it once, then a cookie does). Its own origin, apart from
+  # http_addr. Port 0 picks a free port (the URLs say which). Empty: none.
+  preview_listen: 127.0.0.1:7071
   # MCP tool groups offered to clients: sandbox, exec, files, run, images,
   # autofix, vm.
   tools: [sandbox, exec, files, run, images, autofix, vm]

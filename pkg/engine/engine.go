@@ -60,9 +60,10 @@ type Engine struct {
 	seccompProfiles map[string]*specs.LinuxSeccomp
 	metrics         *metrics
 	started         time.Time
-	runState                    // run records (run.go)
-	autofixState                // autofix loops (autofix.go)
-	builds          imageBuilds // images being built on first use (ondemand.go)
+	runState                      // run records (run.go)
+	autofixState                  // autofix loops (autofix.go)
+	builds          imageBuilds   // images being built on first use (ondemand.go)
+	ports           portExposures // preview exposures (ports.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -158,8 +159,11 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 			}
 			return *spec, nil
 		},
-		OnTransition: func(_ string, _, to sandbox.State, _ string) {
+		OnTransition: func(id string, _, to sandbox.State, _ string) {
 			e.metrics.terminations.WithLabelValues(string(to)).Inc()
+			if endsExposures(to) {
+				e.endExposures(id)
+			}
 		},
 	})
 	if err != nil {
@@ -176,6 +180,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	e.adoptNetworks(ctx, rep)
+	if err := e.loadExposures(ctx); err != nil {
+		log.Error("restore preview exposures", "err", err)
+	}
 	log.Info("reconciled state", "adopted", len(rep.Adopted), "terminated", len(rep.Terminated),
 		"removed", len(rep.Removed), "errors", len(rep.Errors))
 	for _, msg := range rep.Errors {

@@ -30,7 +30,7 @@ var layer = map[string]int{
 
 	"pkg/engine": 5,
 
-	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6,
+	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6, "pkg/preview": 6,
 
 	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7,
 

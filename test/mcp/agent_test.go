@@ -110,7 +110,7 @@ func TestAgentRun(t *testing.T) {
 	if err := os.WriteFile(d.CfgPath, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d.NetNS = hostNS
+	d.Wrapper = []string{"nsenter", "--net=/run/netns/" + hostNS}
 	d.Start()
 	// The HTTP listener comes up after the unix socket.
 	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(d.Log(), "mcp-sandboxd ready"); time.Sleep(20 * time.Millisecond) {

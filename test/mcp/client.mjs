@@ -104,6 +104,12 @@ async function scenario() {
   const missing = await call(client, "file_read", { sandbox_id: id });
   report.missing = { isError: missing.isError, text: missing.content[0].text };
 
+  // A preview port: the answer is checked against the tool's output schema
+  // by the SDK.
+  report.expose = await ok(client, "sandbox_expose_port", { sandbox_id: id, port: 8000 });
+  const exposeBad = await call(client, "sandbox_expose_port", { sandbox_id: id, port: 70000 });
+  report.expose_bad = { isError: exposeBad.isError, text: exposeBad.content[0].text };
+
   report.terminate = await ok(client, "sandbox_terminate", { sandbox_id: id });
   const after = await call(client, "exec_command", { sandbox_id: id, command: "true" });
   report.after_terminate = { isError: after.isError, text: after.content[0].text };

@@ -246,6 +246,8 @@ func (s *Server) dispatch(req *agent.Request, c net.Conn, r *bufio.Reader, rp *r
 			return err
 		}
 		return rp.send(&agent.Frame{Type: agent.FrameResult})
+	case agent.OpConnect:
+		return s.connect(req, c, r, rp)
 	case agent.OpReadFile, agent.OpWriteFile, agent.OpListFiles, agent.OpDeleteFile, agent.OpStat:
 		if req.Op == agent.OpWriteFile {
 			_ = c.SetReadDeadline(time.Now().Add(transferTimeout))
