@@ -101,10 +101,10 @@ type VMTestStep struct {
 
 // VMTestResult is the outcome of vm_test.
 type VMTestResult struct {
-	VMID    string       `json:"vm_id"`
-	RunID   string       `json:"run_id"`
-	Passed  bool         `json:"passed"`
-	Steps   []VMTestStep `json:"steps"`
+	VMID   string       `json:"vm_id"`
+	RunID  string       `json:"run_id"`
+	Passed bool         `json:"passed"`
+	Steps  []VMTestStep `json:"steps"`
 	// FailedStep is the index in Steps of the step that failed, or -1.
 	FailedStep int `json:"failed_step"`
 	// Screenshot is the guest's screen (PNG) when a step failed; also in
