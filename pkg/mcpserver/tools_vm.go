@@ -166,7 +166,7 @@ func (s *srv) addVMTools() {
 		})
 
 	addTool[vmIDIn, vmScreenshotOut](s, "vm_screenshot", "Screenshot a VM",
-		"Take a screenshot of a VM's display (its console): returned as a PNG image.",
+		"Take a screenshot of a running VM's display (its text console, or the desktop of a graphical guest): returned as a PNG image content block. Prerequisite: a live vm_id.",
 		annotations{readOnly: true},
 		func(ctx context.Context, c *call, in *vmIDIn) (*result, error) {
 			png, err := s.e.ScreenshotVM(ctx, in.VMID)
