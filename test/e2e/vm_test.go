@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"image/png"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -65,6 +67,31 @@ func TestVMDaemon(t *testing.T) {
 	}
 	if _, errOut, code := d.Ctl("vm", "snapshot", id, "a/b"); code == 0 || !strings.Contains(errOut, "name:") {
 		t.Errorf("vm snapshot a/b: exit %d %q", code, errOut)
+	}
+	d.MustCtl("vm", "snapshot", id, "s1")
+	d.MustCtl("vm", "exec", id, "--", "touch", "/workspace/later")
+	d.MustCtl("vm", "restore", id, "s1")
+	if _, _, code := d.Ctl("vm", "exec", id, "--", "test", "-e", "/workspace/later"); code != 1 {
+		t.Errorf("a file written after the snapshot exists after restore (test -e: exit %d)", code)
+	}
+	// "ready" is the fast-start snapshot the VM started from (as booted).
+	var insp struct {
+		Backend   string   `json:"backend"`
+		Snapshots []string `json:"snapshots"`
+	}
+	if err := json.Unmarshal([]byte(d.MustCtl("vm", "inspect", id)), &insp); err != nil || insp.Backend != "vm" || !slices.Equal(insp.Snapshots, []string{"ready", "s1"}) {
+		t.Errorf("vm inspect: %+v %v", insp, err)
+	}
+	// vm test through REST: a second VM (vm.max_vms is 2), a failing step.
+	if err := os.WriteFile(filepath.Join(dir, "calc.py"), []byte("x = 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tcmd := exec.Command(filepath.Join(d.Bin, "sandboxctl"), "--socket", d.Socket, "vm", "test", "--image", "python",
+		"--file", "calc.py", "--test", "python3 -c 'import calc; print(calc.x)'", "--test", "echo broken >&2; exit 4")
+	tcmd.Dir = dir
+	tout, err := tcmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(tout), "exit 4") || !strings.Contains(string(tout), "broken") || !strings.Contains(string(tout), "passed: false") {
+		t.Errorf("vm test with a failing step: %v\n%s", err, tout)
 	}
 
 	// /readyz reports the VM backend and the accelerator probed at the
