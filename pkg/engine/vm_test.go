@@ -33,6 +33,9 @@ import (
 // few: one template boot, then starts of a second or so.
 func TestVMs(t *testing.T) {
 	requireRoot(t)
+	if testing.Short() {
+		t.Skip("boots VMs (and builds the python guest image when it is not cached)")
+	}
 	env := newTestEngine(t, func(c *config.Config) { c.VM.MaxVMs = 1 })
 	ctx := context.Background()
 	t0 := time.Now()

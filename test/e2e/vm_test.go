@@ -30,6 +30,9 @@ import (
 // tests boot the template once into the shared cache).
 func TestVMDaemon(t *testing.T) {
 	testenv.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("boots VMs")
+	}
 	d := testenv.NewDaemon(t)
 	d.Start()
 
@@ -92,6 +95,14 @@ func TestVMDaemon(t *testing.T) {
 	tout, err := tcmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(tout), "exit 4") || !strings.Contains(string(tout), "broken") || !strings.Contains(string(tout), "passed: false") {
 		t.Errorf("vm test with a failing step: %v\n%s", err, tout)
+	}
+	// run_code in a VM through sandboxctl run --backend vm.
+	mainPy := filepath.Join(dir, "main.py")
+	if err := os.WriteFile(mainPy, []byte("import os\nprint('run in', os.uname().release.split('-')[-1])\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.MustCtl("run", "--lang", "python", "--backend", "vm", mainPy); got != "run in amd64\n" {
+		t.Errorf("sandboxctl run --backend vm: %q", got)
 	}
 
 	// /readyz reports the VM backend and the accelerator probed at the
