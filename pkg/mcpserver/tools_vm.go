@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"strings"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -61,7 +62,9 @@ func (s *srv) addVMTools() {
 		),
 		annotations{},
 		func(ctx context.Context, c *call, in *apitypes.VMCreateRequest) (*result, error) {
-			v, err := s.e.CreateVM(ctx, *in)
+			req := *in
+			req.Labels = c.withSessionLabel(in.Labels)
+			v, err := s.e.CreateVM(ctx, req)
 			if err != nil {
 				return nil, err
 			}
@@ -216,4 +219,18 @@ func (s *srv) addVMTools() {
 			}
 			return r, nil
 		})
+}
+
+// withSessionLabel returns labels plus the MCP session's label, so that
+// what a session creates (sandboxes, VMs) ends with it under
+// server.mcp_on_session_end: terminate.
+func (c *call) withSessionLabel(labels map[string]string) map[string]string {
+	out := maps.Clone(labels)
+	if c.session != "" {
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[SessionLabel] = c.session
+	}
+	return out
 }
