@@ -96,28 +96,19 @@ func (e *Engine) vmReadiness() Check {
 	if e.vm.backend == nil {
 		return Check{Name: "vm", Status: CheckDegraded, Reason: errdefs.MessageOf(e.vm.err)}
 	}
-	var accel string
+	accel, kvm := "", ""
 	switch e.cfg.VM.Accel {
 	case vm.AccelKVM, vm.AccelTCG:
-		accel = e.cfg.VM.Accel + " (vm.accel)"
+		accel, kvm = e.cfg.VM.Accel+" (vm.accel)", fmt.Sprint(e.cfg.VM.Accel == vm.AccelKVM)
 	default:
 		if a, why, done := vm.ProbedAccel(); done {
-			accel = a + " (" + why + ")"
+			accel, kvm = a+" ("+why+")", fmt.Sprint(a == vm.AccelKVM)
 		} else {
-			accel = "not probed yet (KVM is probed by booting a guest at the first VM start)"
+			accel, kvm = "auto", "not probed yet (a guest kernel is booted under KVM at the first VM start)"
 		}
 	}
-	return Check{Name: "vm", Status: CheckOK, Reason: fmt.Sprintf("backend qemu (%s), max_vms %d, kvm: %v, accel: %s",
-		e.cfg.VM.QEMU, e.cfg.VM.MaxVMs, e.vmHasKVM(), accel)}
-}
-
-// vmHasKVM reports whether VMs run under KVM: configured, or probed.
-func (e *Engine) vmHasKVM() bool {
-	if e.cfg.VM.Accel == vm.AccelKVM {
-		return true
-	}
-	a, _, done := vm.ProbedAccel()
-	return e.cfg.VM.Accel != vm.AccelTCG && done && a == vm.AccelKVM
+	return Check{Name: "vm", Status: CheckOK, Reason: fmt.Sprintf("backend qemu (%s), max_vms %d, kvm: %s, accel: %s",
+		e.cfg.VM.QEMU, e.cfg.VM.MaxVMs, kvm, accel)}
 }
 
 // EnsureVMImage builds the guest image for name ("linux": the Linux test
