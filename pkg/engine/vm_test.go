@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -252,6 +253,31 @@ func TestVMs(t *testing.T) {
 	}
 	if l, err := env.ListVMs(ctx, ""); err != nil || len(l) != 0 {
 		t.Errorf("VMs left live: %v %v", l, err)
+	}
+
+	// A VM whose QEMU died (killed from the host) is no longer live: exec
+	// on it is a conflict naming vm_id.
+	v, err = env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "python"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(env.cfg.Paths.RunDir, "vms", v.ID, "vm.json"))
+	if err != nil || json.Unmarshal(b, &rec) != nil {
+		t.Fatalf("vm.json: %v", err)
+	}
+	if err := syscall.Kill(rec.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if g, err := env.GetVM(ctx, v.ID); err == nil && !g.State.Live() {
+			break
+		}
+	}
+	if _, err := env.VMExec(ctx, apitypes.VMExecRequest{VMID: v.ID, Command: "true"}, nil); !errdefs.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), "vm_id:") {
+		t.Errorf("exec on a VM whose QEMU died: %v", err)
+	}
+	if _, err := env.SnapshotVM(ctx, apitypes.VMSnapshotRequest{VMID: v.ID, Name: "x"}); !errdefs.Is(err, errdefs.Conflict) {
+		t.Errorf("snapshot of a stopped VM: %v", err)
 	}
 }
 

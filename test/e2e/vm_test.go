@@ -188,6 +188,31 @@ func TestVMDaemon(t *testing.T) {
 	} else if _, err := png.Decode(bytes.NewReader(b)); err != nil {
 		t.Errorf("vm_screenshot image: %v", err)
 	}
+	// vm_test over MCP: a failing step answers the steps and the screen
+	// as an image.
+	r = call("vm_test", map[string]any{"image": "python", "files": map[string]any{"a.txt": "x"},
+		"test": []string{"test -s a.txt", "echo boom; exit 2"}})
+	var tres struct {
+		Passed        bool `json:"passed"`
+		FailedStep    int  `json:"failed_step"`
+		HasScreenshot bool `json:"has_screenshot"`
+		Destroyed     bool `json:"destroyed"`
+		Steps         []struct {
+			ExitCode int    `json:"exit_code"`
+			Stdout   string `json:"stdout"`
+		} `json:"steps"`
+	}
+	_ = json.Unmarshal([]byte(toJSON(r.StructuredContent)), &tres)
+	img = nil
+	for _, c := range r.Content {
+		if ic, ok := c.(mcp.ImageContent); ok {
+			img = &ic
+		}
+	}
+	if r.IsError || tres.Passed || tres.FailedStep != 1 || !tres.HasScreenshot || !tres.Destroyed || len(tres.Steps) != 2 ||
+		tres.Steps[1].ExitCode != 2 || tres.Steps[1].Stdout != "boom\n" || img == nil || img.MIMEType != "image/png" {
+		t.Errorf("vm_test over MCP: %+v %+v", tres, r)
+	}
 	if r := call("vm_create", map[string]any{"os": "windows"}); !r.IsError || !strings.Contains(toJSON(r.Content), "vm.images.windows") {
 		t.Errorf("vm_create windows over MCP: %+v", r)
 	}
