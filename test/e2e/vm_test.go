@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"image/png"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -84,6 +85,14 @@ func TestVMDaemon(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(d.MustCtl("vm", "inspect", id)), &insp); err != nil || insp.Backend != "vm" || !slices.Equal(insp.Snapshots, []string{"ready", "s1"}) {
 		t.Errorf("vm inspect: %+v %v", insp, err)
+	}
+	if res, err := d.UnixGet("/v1/vms/" + id + "/snapshots"); err != nil || res.StatusCode != 200 {
+		t.Errorf("GET snapshots: %v %v", res, err)
+	} else if b, _ := io.ReadAll(res.Body); string(b) != `{"snapshots":["ready","s1"]}`+"\n" {
+		t.Errorf("GET snapshots: %s", b)
+	}
+	if res, err := d.UnixGet("/v1/vms/sb-000000000000"); err != nil || res.StatusCode != 404 {
+		t.Errorf("GET an unknown VM: %v %v", res, err)
 	}
 	// vm test through REST: a second VM (vm.max_vms is 2), a failing step.
 	if err := os.WriteFile(filepath.Join(dir, "calc.py"), []byte("x = 1\n"), 0o644); err != nil {
