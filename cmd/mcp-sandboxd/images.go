@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm"
 )
 
 // imagesCmd builds and lists language images without a running daemon, for
@@ -20,21 +21,24 @@ func imagesCmd() *cobra.Command {
 	var cfgPath string
 	cmd := &cobra.Command{Use: "images", Short: "Build or list language images offline"}
 	cmd.PersistentFlags().StringVar(&cfgPath, "config", config.DefaultPath, "configuration file")
+	imagesDir := func(cfg *config.Config) string {
+		if cfg.Paths.ImagesDir != "" {
+			return cfg.Paths.ImagesDir
+		}
+		return filepath.Join(cfg.Paths.StateDir, "images")
+	}
 	open := func() (*config.Config, *image.Store, error) {
 		cfg, err := loadConfig(cfgPath)
 		if err != nil {
 			return nil, nil, &exitError{code: 2, err: err}
 		}
-		dir := cfg.Paths.ImagesDir
-		if dir == "" {
-			dir = filepath.Join(cfg.Paths.StateDir, "images")
-		}
-		st, err := image.OpenStore(dir)
+		st, err := image.OpenStore(imagesDir(cfg))
 		return cfg, st, err
 	}
+	var vmGuest bool
 	build := &cobra.Command{
-		Use:   "build NAME...",
-		Short: "Build the images of the named recipes unless they are up to date",
+		Use:   "build [--vm] NAME...",
+		Short: "Build the images of the named recipes unless they are up to date (--vm: VM guest images, linux or a language)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, st, err := open()
@@ -48,7 +52,11 @@ func imagesCmd() *cobra.Command {
 			b := &image.Builder{Store: st, Mirror: cfg.Images.Mirror, Suite: cfg.Images.Suite, Log: cmd.ErrOrStderr()}
 			for _, name := range args {
 				r, ok := recipes[name]
-				if !ok {
+				if vmGuest {
+					if r, err = vm.GuestRecipe(cfg.Paths.RecipesDir, name, r); err != nil {
+						return &exitError{code: 2, err: err}
+					}
+				} else if !ok {
 					return &exitError{code: 2, err: fmt.Errorf("no recipe %q in %s", name, cfg.Paths.RecipesDir)}
 				}
 				start := time.Now()
@@ -56,11 +64,19 @@ func imagesCmd() *cobra.Command {
 				if err != nil {
 					return fmt.Errorf("build %s: %w", name, err)
 				}
+				if vmGuest {
+					// The bootable guest (kernel, initramfs with this
+					// daemon's agent, qcow2 disk) where the daemon looks.
+					if _, err := vm.PrepareGuest(cmd.Context(), img, cfg.Paths.AgentPath, filepath.Join(imagesDir(cfg), "vm-guests")); err != nil {
+						return fmt.Errorf("make guest of %s: %w", img.Name, err)
+					}
+				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", img.Name, img.Digest[:12], time.Since(start).Round(time.Millisecond))
 			}
 			return nil
 		},
 	}
+	build.Flags().BoolVar(&vmGuest, "vm", false, "build VM guest images: linux (the Linux test guest) or a language made into a guest")
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List built images",

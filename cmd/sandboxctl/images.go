@@ -41,17 +41,22 @@ func imagesCmd(g *globals) *cobra.Command {
 			return tw.Flush()
 		},
 	})
-	cmd.AddCommand(&cobra.Command{
-		Use:   "build LANG...",
-		Short: "Build language images unless they are up to date (the log streams as it builds)",
+	var vmGuest bool
+	build := &cobra.Command{
+		Use:   "build [--vm] LANG...",
+		Short: "Build language images unless they are up to date (the log streams as it builds); --vm: VM guest images (linux, or a language)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
+			do := c.BuildImage
+			if vmGuest {
+				do = c.BuildVMImage
+			}
 			for _, name := range args {
-				img, err := c.BuildImage(cmd.Context(), name, func(line string) { fmt.Fprintln(g.stderr, line) })
+				img, err := do(cmd.Context(), name, func(line string) { fmt.Fprintln(g.stderr, line) })
 				if err != nil {
 					return fmt.Errorf("build %s: %w", name, err)
 				}
@@ -59,7 +64,9 @@ func imagesCmd(g *globals) *cobra.Command {
 			}
 			return nil
 		},
-	})
+	}
+	build.Flags().BoolVar(&vmGuest, "vm", false, "build VM guest images: linux (the Linux test guest) or a language made into a guest")
+	cmd.AddCommand(build)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "rm LANG...",
 		Short: "Remove language images (refused while a sandbox uses one)",

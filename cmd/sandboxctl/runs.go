@@ -21,6 +21,7 @@ const maxRunFile = 32 << 20
 func runCmd(g *globals) *cobra.Command {
 	var (
 		lang, stdinFile string
+		backend         string
 		args            []string
 		timeout         time.Duration
 		noInstall       bool
@@ -37,7 +38,7 @@ func runCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := client.RunCodeRequest{Language: lang, Files: progFiles, Entrypoint: entry, Args: args}
+			req := client.RunCodeRequest{Language: lang, Files: progFiles, Entrypoint: entry, Args: args, Backend: backend}
 			if stdinFile != "" {
 				data, err := readLimited(stdinFile, maxRunFile)
 				if err != nil {
@@ -86,6 +87,7 @@ func runCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&stdinFile, "stdin", "", "file whose content is the program's stdin")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "time limit of the whole run")
 	cmd.Flags().BoolVar(&noInstall, "no-install", false, "do not install dependencies found in the files")
+	cmd.Flags().StringVar(&backend, "backend", "", "container (default) or vm: run in a VM of the language's guest image")
 	return cmd
 }
 

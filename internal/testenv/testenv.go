@@ -208,6 +208,8 @@ func Config(t testing.TB, prefix string) *config.Config {
 	// Any free port: test daemons run side by side.
 	cfg.Server.PreviewListen = "127.0.0.1:0"
 	t.Cleanup(func() {
+		// VM cgroups live under the parent's own "vms" child.
+		RemoveCgroupParent(t, cfg.Sandbox.CgroupParent+"/vms")
 		RemoveCgroupParent(t, cfg.Sandbox.CgroupParent)
 		_ = os.RemoveAll(runDir)
 	})
@@ -266,14 +268,18 @@ func AssertNoLeftovers(t testing.TB, cfg *config.Config) {
 	t.Helper()
 	for _, dir := range CgroupDirs(cfg.Sandbox.CgroupParent) {
 		sbs, _ := filepath.Glob(filepath.Join(dir, "sb-*"))
-		for _, s := range sbs {
-			t.Errorf("leftover cgroup %s", s)
+		vms, _ := filepath.Glob(filepath.Join(dir, "vms", "*"))
+		for _, s := range append(sbs, vms...) {
+			if fi, err := os.Stat(s); err == nil && fi.IsDir() {
+				t.Errorf("leftover cgroup %s", s)
+			}
 		}
 	}
 	for _, m := range MountsUnder(cfg.Paths.RunDir) {
 		t.Errorf("leftover mount %s", m)
 	}
-	for _, sub := range []string{"runtime", "sandboxes"} {
+	// vms: VM state dirs (QEMU's overlay, sockets, vm.json).
+	for _, sub := range []string{"runtime", "sandboxes", "vms"} {
 		ents, _ := os.ReadDir(filepath.Join(cfg.Paths.RunDir, sub))
 		for _, e := range ents {
 			t.Errorf("leftover %s/%s", sub, e.Name())

@@ -132,7 +132,11 @@ func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
 		}
 		_, _ = io.Copy(io.Discard, pr)
 	}()
-	img, err := s.e.EnsureImage(r.Context(), r.PathValue("name"), pw)
+	build := s.e.EnsureImage
+	if r.URL.Query().Get("vm") == "true" {
+		build = s.e.EnsureVMImage // a guest image (images build --vm NAME)
+	}
+	img, err := build(r.Context(), r.PathValue("name"), pw)
 	pw.Close()
 	<-done
 	if err != nil {

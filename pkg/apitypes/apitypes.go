@@ -114,6 +114,9 @@ type Sandbox struct {
 	ExpiresAt      *time.Time        `json:"expires_at,omitempty"`
 	TerminatedAt   *time.Time        `json:"terminated_at,omitempty"`
 	Reason         string            `json:"termination_reason,omitempty"`
+	// Backend is what runs the sandbox: "vm" for a QEMU guest, empty for
+	// a container.
+	Backend string `json:"backend,omitempty"`
 }
 
 // Usage is a live sandbox's resource usage as the kernel accounts it.

@@ -27,6 +27,9 @@ type RunCodeRequest struct {
 	MemoryMB *int64   `json:"memory_mb,omitempty" jsonschema_description:"Memory limit of the fresh sandbox in MiB."`
 	DiskMB   *int64   `json:"disk_mb,omitempty" jsonschema_description:"Disk limit of the fresh sandbox in MiB."`
 	CPUs     *float64 `json:"cpus,omitempty" jsonschema_description:"CPU limit of the fresh sandbox in cores, e.g. 0.5."`
+	// Backend of the fresh sandbox: "" (a container) or "vm" (a QEMU
+	// guest made from the language's image, images build --vm LANGUAGE).
+	Backend string `json:"backend,omitempty" jsonschema_description:"What the fresh sandbox is: container (default) or vm (a QEMU guest of the language; slower to start)." jsonschema:"enum=container,enum=vm"`
 	// MaxOutputBytes caps each stream in the result; 0 means the configured
 	// output limit. The run record keeps up to runs.log_cap regardless.
 	MaxOutputBytes int64 `json:"-"`

@@ -312,10 +312,13 @@ vm:
   # Accelerator: kvm, tcg (software emulation, slow) or auto (kvm when
   # /dev/kvm is usable, else tcg).
   accel: auto
-  # Guest base image per OS (absolute paths), e.g.
-  # {linux: /var/lib/mcp-sandboxd/vm/linux.qcow2}.
+  # Administrator-prepared guest disk per OS (absolute paths), e.g.
+  # {windows: /var/lib/mcp-sandboxd/vm/windows.qcow2}; Windows VMs need one.
+  # Linux VMs boot the built Linux guest (images build --vm linux); a
+  # linux entry is not offered yet.
   images: {}
-  # Virtual machines that may run at once (count; 0 disables VMs).
+  # Virtual machines that may run at once (count; 0 disables VMs). A VM's
+  # memory and vCPUs are capped by sandbox.max_memory and sandbox.max_cpus.
   max_vms: 2
 
 log:

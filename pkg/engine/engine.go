@@ -64,6 +64,7 @@ type Engine struct {
 	autofixState                  // autofix loops (autofix.go)
 	builds          imageBuilds   // images being built on first use (ondemand.go)
 	ports           portExposures // preview exposures (ports.go)
+	vm              vmState       // the VM backend (vm.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -143,12 +144,16 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		cleanup()
 		return nil, err
 	}
+	var more []sandbox.Backend
+	if vb := e.initVM(); vb != nil {
+		more = append(more, vb)
+	}
 	var netHook sandbox.Network
 	if e.initNetwork(); e.net != nil {
 		netHook = networkHook{e}
 	}
 	e.sandboxes, err = sandbox.NewManager(sandbox.Options{
-		Store: e.store, Images: e.images, Backend: backend, Ledger: e.ledger, Network: netHook,
+		Store: e.store, Images: e.images, Backend: backend, Backends: more, Ledger: e.ledger, Network: netHook,
 		MaxSandboxes: cfg.Sandbox.MaxSandboxes, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: log,
 		Pool: cfg.Sandbox.Pool,
@@ -196,9 +201,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 
 // unbuilt names the configuration sections whose subsystems this build does
 // not have yet, and what they are.
-var unbuilt = []struct{ section, what string }{
-	{"vm", "VM backend"},
-}
+var unbuilt = []struct{ section, what string }{}
 
 // checkBuilt refuses a configuration that sets what this build would
 // silently ignore: every such key is named.

@@ -58,9 +58,7 @@ func (e *Engine) Readiness(ctx context.Context) []Check {
 	} else {
 		checks = append(checks, Check{Name: "network", Status: CheckOK, Required: false})
 	}
-	checks = append(checks,
-		Check{Name: "vm", Status: CheckDegraded, Reason: "no VM backend configured", Required: false},
-	)
+	checks = append(checks, e.vmReadiness())
 	return checks
 }
 

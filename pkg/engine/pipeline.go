@@ -35,6 +35,9 @@ type RunSpec struct {
 	// creates an ephemeral one from Sandbox, terminated by Finish.
 	SandboxID string
 	Sandbox   CreateSandboxRequest
+	// Backend of the ephemeral sandbox: "vm" runs it in a VM of the
+	// language's guest image (vm.go); anything else is a container.
+	Backend string
 	// Entrypoint and Args describe the program in metadata.json.
 	Entrypoint string
 	Args       []string
@@ -115,7 +118,12 @@ func (e *Engine) StartRun(ctx context.Context, spec RunSpec) (*CodeRun, error) {
 			labels[k] = v
 		}
 		req.Labels = labels
-		if r.Sandbox, err = e.CreateSandbox(ctx, req); err != nil {
+		if spec.Backend == BackendVM {
+			r.Sandbox, err = e.createRunVM(ctx, h.Name, req)
+		} else {
+			r.Sandbox, err = e.CreateSandbox(ctx, req)
+		}
+		if err != nil {
 			_ = r.Finish(context.WithoutCancel(ctx), nil, err)
 			return nil, err
 		}

@@ -121,9 +121,14 @@ func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandb
 	if err != nil {
 		return nil, err
 	}
+	switch req.Backend {
+	case "", "container", BackendVM:
+	default:
+		return nil, errdefs.Invalidf("backend: must be container or vm, got %q", req.Backend)
+	}
 	// An image built on first use streams its phases like the run's output.
 	run, err := e.StartRun(withBuildOutput(ctx, onOutput), RunSpec{
-		Handler: h, SandboxID: req.SandboxID, Entrypoint: main, Args: req.Args, Deadline: time.Now().Add(budget),
+		Handler: h, SandboxID: req.SandboxID, Backend: req.Backend, Entrypoint: main, Args: req.Args, Deadline: time.Now().Add(budget),
 		Sandbox: CreateSandboxRequest{Network: network, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, CPUs: req.CPUs},
 	})
 	if err != nil {

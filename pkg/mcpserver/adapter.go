@@ -34,6 +34,8 @@ type call struct {
 type result struct {
 	structured any
 	text       string
+	// extra are more content blocks after the text (vm_screenshot's image).
+	extra []mcp.Content
 }
 
 // addTool registers tool name with typed input In and output Out. fn does
@@ -58,7 +60,9 @@ func addTool[In, Out any](s *srv, name, title, description string, a annotations
 		if err != nil {
 			return s.errorResult(name, err), nil
 		}
-		return mcp.NewToolResultStructured(res.structured, res.text), nil
+		out := mcp.NewToolResultStructured(res.structured, res.text)
+		out.Content = append(out.Content, res.extra...)
+		return out, nil
 	})
 }
 

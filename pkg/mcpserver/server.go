@@ -157,6 +157,9 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 	if enabled("autofix") {
 		s.addAutofixTools()
 	}
+	if enabled("vm") {
+		s.addVMTools()
+	}
 	return s
 }
 

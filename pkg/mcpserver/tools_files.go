@@ -69,32 +69,7 @@ func (s *srv) addFileTools() {
 		"Read a file in a sandbox. Prerequisite: a live sandbox_id. A file larger than one tool result is returned in pages: truncated is true and next_offset is where to continue (pass it as offset).",
 		annotations{readOnly: true, idempotent: true},
 		func(ctx context.Context, c *call, in *fileReadIn) (*result, error) {
-			// The content travels once, in the structured content.
-			page := int64(s.opt.MaxResultBytes - 2048)
-			if in.Encoding == "base64" {
-				page = page * 3 / 4
-			}
-			if in.MaxBytes > 0 && in.MaxBytes < page {
-				page = in.MaxBytes
-			}
-			for {
-				req := *in
-				req.MaxBytes = page
-				raw, err := s.e.ReadFile(ctx, req)
-				if err != nil {
-					return nil, err
-				}
-				out := *raw
-				head := fmt.Sprintf("%s: %d bytes, %s", out.Path, out.Size, out.Encoding)
-				if out.Truncated {
-					head += fmt.Sprintf("; bytes %d to %d shown, continue at offset %d", in.Offset, out.NextOffset, out.NextOffset)
-				}
-				r := &result{structured: out, text: head + "\nthe content is in the structured content (content)"}
-				if resultSize(r) <= s.opt.MaxResultBytes || page <= 512 {
-					return r, nil
-				}
-				page /= 2
-			}
+			return s.readFilePaged(ctx, in, s.e.ReadFile)
 		})
 
 	addTool[fileListIn, fileListOut](s, "file_list", "List files in a sandbox",
@@ -152,4 +127,34 @@ func (s *srv) addFileTools() {
 			return &result{structured: out, text: fmt.Sprintf("exported %s of %s as %s (%d bytes, sha256 %s); download: GET %s",
 				art.Path, art.SandboxID, art.ID, art.Size, art.SHA256, out.DownloadPath)}, nil
 		})
+}
+
+// readFilePaged reads as much of a file as one tool result holds (file_read
+// and vm_file_read): the content travels once, in the structured content.
+func (s *srv) readFilePaged(ctx context.Context, in *fileReadIn, read func(context.Context, apitypes.FileReadRequest) (*apitypes.FileReadResult, error)) (*result, error) {
+	page := int64(s.opt.MaxResultBytes - 2048)
+	if in.Encoding == "base64" {
+		page = page * 3 / 4
+	}
+	if in.MaxBytes > 0 && in.MaxBytes < page {
+		page = in.MaxBytes
+	}
+	for {
+		req := *in
+		req.MaxBytes = page
+		raw, err := read(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		out := *raw
+		head := fmt.Sprintf("%s: %d bytes, %s", out.Path, out.Size, out.Encoding)
+		if out.Truncated {
+			head += fmt.Sprintf("; bytes %d to %d shown, continue at offset %d", in.Offset, out.NextOffset, out.NextOffset)
+		}
+		r := &result{structured: out, text: head + "\nthe content is in the structured content (content)"}
+		if resultSize(r) <= s.opt.MaxResultBytes || page <= 512 {
+			return r, nil
+		}
+		page /= 2
+	}
 }

@@ -3,7 +3,6 @@ package mcpserver
 import (
 	"context"
 	"fmt"
-	"maps"
 	"strings"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
@@ -56,15 +55,8 @@ func (s *srv) addSandboxTools() {
 		),
 		annotations{},
 		func(ctx context.Context, c *call, in *sandboxCreateIn) (*result, error) {
-			labels := maps.Clone(in.Labels)
-			if c.session != "" {
-				if labels == nil {
-					labels = map[string]string{}
-				}
-				labels[SessionLabel] = c.session
-			}
 			req := *in
-			req.Labels = labels
+			req.Labels = c.withSessionLabel(in.Labels)
 			info, err := s.e.CreateSandbox(ctx, req)
 			if err != nil {
 				return nil, err

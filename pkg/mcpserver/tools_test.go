@@ -22,6 +22,7 @@ var allTools = []string{
 	"agent_run", "autofix", "autofix_status", "autofix_submit", "exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export", "job_kill", "job_status",
 	"languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task",
 	"sandbox_create", "sandbox_expose_port", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_resume", "sandbox_terminate",
+	"vm_create", "vm_destroy", "vm_exec", "vm_file_read", "vm_file_write", "vm_get", "vm_list", "vm_restore", "vm_screenshot", "vm_snapshot", "vm_test",
 }
 
 func toolNames(t *testing.T, c *mcpClient) map[string]mcp.Tool {
@@ -75,7 +76,7 @@ func TestCatalogue(t *testing.T) {
 			t.Errorf("%s: annotations not all set: %+v", name, a)
 			continue
 		}
-		readOnly := strings.HasSuffix(name, "_list") || strings.HasSuffix(name, "_get") || name == "file_read" || name == "job_status" || name == "autofix_status"
+		readOnly := strings.HasSuffix(name, "_list") || strings.HasSuffix(name, "_get") || name == "file_read" || name == "job_status" || name == "autofix_status" || name == "vm_file_read" || name == "vm_screenshot"
 		if *a.ReadOnlyHint != readOnly || (readOnly && *a.DestructiveHint) {
 			t.Errorf("%s: readOnly %v destructive %v", name, *a.ReadOnlyHint, *a.DestructiveHint)
 		}

@@ -22,8 +22,10 @@ const probeTimeout = 6 * time.Second
 
 var probe struct {
 	once   sync.Once
+	mu     sync.Mutex // guards the fields below for ProbedAccel
 	accel  string
 	reason string
+	done   bool
 }
 
 // DetectAccel returns the accelerator to use and why. /dev/kvm opening is
@@ -35,7 +37,14 @@ var probe struct {
 // root disk, writes its banner to the serial port in time. The result is
 // computed once per process.
 func DetectAccel(qemu, kernel string) (accel, reason string) {
-	probe.once.Do(func() { probe.accel, probe.reason = probeKVM(qemu, kernel) })
+	probe.once.Do(func() {
+		a, r := probeKVM(qemu, kernel)
+		probe.mu.Lock()
+		probe.accel, probe.reason, probe.done = a, r, true
+		probe.mu.Unlock()
+	})
+	probe.mu.Lock()
+	defer probe.mu.Unlock()
 	return probe.accel, probe.reason
 }
 
@@ -91,4 +100,13 @@ func errString(err error) string {
 		return "status 0"
 	}
 	return err.Error()
+}
+
+// ProbedAccel returns the outcome of DetectAccel without probing: done is
+// false while no VM of this process has needed the probe yet (readiness
+// reports it without paying for a probe boot).
+func ProbedAccel() (accel, reason string, done bool) {
+	probe.mu.Lock()
+	defer probe.mu.Unlock()
+	return probe.accel, probe.reason, probe.done
 }

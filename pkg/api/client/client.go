@@ -305,11 +305,16 @@ type OutputFunc func(stream string, data []byte)
 // sees the output as it arrives; the result's Stdout and Stderr hold all of
 // it either way. Cancelling ctx kills the command.
 func (c *Client) Exec(ctx context.Context, id string, req ExecRequest, onOutput OutputFunc) (*ExecResult, error) {
+	return c.execAt(ctx, sandboxPath(id, ""), req, onOutput)
+}
+
+// execAt runs a command through POST base/exec (a sandbox's or a VM's).
+func (c *Client) execAt(ctx context.Context, base string, req ExecRequest, onOutput OutputFunc) (*ExecResult, error) {
 	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("encode request: %w", err)
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(sandboxPath(id, "/exec"), nil), bytes.NewReader(b))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(base+"/exec", nil), bytes.NewReader(b))
 	if err != nil {
 		return nil, fmt.Errorf("build request: %w", err)
 	}
@@ -354,6 +359,11 @@ func (c *Client) Exec(ctx context.Context, id string, req ExecRequest, onOutput 
 // directories. mode 0 keeps an existing file's mode (0644 for a new file);
 // appendTo appends instead of replacing.
 func (c *Client) WriteFile(ctx context.Context, id, path string, mode uint32, appendTo bool, size int64, r io.Reader) (*FileResult, error) {
+	return c.writeFileAt(ctx, sandboxPath(id, ""), path, mode, appendTo, size, r)
+}
+
+// writeFileAt uploads through PUT base/files (a sandbox's or a VM's).
+func (c *Client) writeFileAt(ctx context.Context, base, path string, mode uint32, appendTo bool, size int64, r io.Reader) (*FileResult, error) {
 	q := url.Values{"path": {path}}
 	if mode != 0 {
 		q.Set("mode", "0"+strconv.FormatUint(uint64(mode), 8))
@@ -361,7 +371,7 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, mode uint32, ap
 	if appendTo {
 		q.Set("append", "true")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, c.url(sandboxPath(id, "/files"), q), r)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, c.url(base+"/files", q), r)
 	if err != nil {
 		return nil, fmt.Errorf("build request: %w", err)
 	}
@@ -387,6 +397,11 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, mode uint32, ap
 // ReadFile copies up to max bytes of path in sandbox id, starting at offset,
 // to w (max 0: the daemon's largest transfer).
 func (c *Client) ReadFile(ctx context.Context, id, path string, offset, max int64, w io.Writer) (*FileData, error) {
+	return c.readFileAt(ctx, sandboxPath(id, ""), path, offset, max, w)
+}
+
+// readFileAt downloads through GET base/files (a sandbox's or a VM's).
+func (c *Client) readFileAt(ctx context.Context, base, path string, offset, max int64, w io.Writer) (*FileData, error) {
 	q := url.Values{"path": {path}}
 	if offset != 0 {
 		q.Set("offset", strconv.FormatInt(offset, 10))
@@ -394,7 +409,7 @@ func (c *Client) ReadFile(ctx context.Context, id, path string, offset, max int6
 	if max != 0 {
 		q.Set("max_bytes", strconv.FormatInt(max, 10))
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url(sandboxPath(id, "/files"), q), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url(base+"/files", q), nil)
 	if err != nil {
 		return nil, fmt.Errorf("build request: %w", err)
 	}

@@ -79,7 +79,17 @@ func (c *Client) Languages(ctx context.Context) ([]LanguageInfo, error) {
 // BuildImage builds recipe name's image unless it is up to date; log
 // receives the build log line by line as it happens.
 func (c *Client) BuildImage(ctx context.Context, name string, log func(line string)) (*Image, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/v1/images/"+url.PathEscape(name)+"/build", nil), nil)
+	return c.buildImage(ctx, name, nil, log)
+}
+
+// BuildVMImage builds the VM guest image of name (linux, or a language
+// made into a guest) unless it is up to date, and makes it bootable.
+func (c *Client) BuildVMImage(ctx context.Context, name string, log func(line string)) (*Image, error) {
+	return c.buildImage(ctx, name, url.Values{"vm": {"true"}}, log)
+}
+
+func (c *Client) buildImage(ctx context.Context, name string, q url.Values, log func(line string)) (*Image, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/v1/images/"+url.PathEscape(name)+"/build", q), nil)
 	if err != nil {
 		return nil, fmt.Errorf("build request: %w", err)
 	}

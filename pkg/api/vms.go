@@ -1,0 +1,169 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
+
+// VMs (/v1/vms): a VM is a sandbox run by the VM backend, so exec and
+// files are the sandbox handlers behind a check that the id is a running
+// VM; what only VMs have (snapshots, screenshots, vm_test) has its own.
+func (s *server) vmRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/vms", s.createVM)
+	mux.HandleFunc("GET /v1/vms", s.listVMs)
+	mux.HandleFunc("POST /v1/vms/test", s.vmTest)
+	mux.HandleFunc("GET /v1/vms/{id}", s.getVM)
+	mux.HandleFunc("DELETE /v1/vms/{id}", s.destroyVM)
+	mux.HandleFunc("POST /v1/vms/{id}/exec", s.liveVMOnly(s.exec))
+	mux.HandleFunc("PUT /v1/vms/{id}/files", s.liveVMOnly(s.writeFile))
+	mux.HandleFunc("GET /v1/vms/{id}/files", s.liveVMOnly(s.readFile))
+	mux.HandleFunc("GET /v1/vms/{id}/snapshots", s.listVMSnapshots)
+	mux.HandleFunc("POST /v1/vms/{id}/snapshots", s.snapshotVM)
+	mux.HandleFunc("POST /v1/vms/{id}/restore", s.restoreVM)
+	mux.HandleFunc("GET /v1/vms/{id}/screenshot", s.screenshotVM)
+}
+
+// liveVMOnly runs a sandbox handler for a running VM's id only.
+func (s *server) liveVMOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := s.e.CheckLiveVM(r.Context(), r.PathValue("id")); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *server) createVM(w http.ResponseWriter, r *http.Request) {
+	var req apitypes.VMCreateRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	v, err := s.e.CreateVM(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, v)
+}
+
+type vmList struct {
+	VMs []*apitypes.VM `json:"vms"`
+}
+
+func (s *server) listVMs(w http.ResponseWriter, r *http.Request) {
+	l, err := s.e.ListVMs(r.Context(), r.URL.Query().Get("state"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, vmList{VMs: nonNil(l)})
+}
+
+func (s *server) getVM(w http.ResponseWriter, r *http.Request) {
+	v, err := s.e.GetVM(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (s *server) destroyVM(w http.ResponseWriter, r *http.Request) {
+	v, err := s.e.DestroyVM(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+type vmSnapshotList struct {
+	Snapshots []string `json:"snapshots"`
+}
+
+func (s *server) listVMSnapshots(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := s.e.CheckLiveVM(r.Context(), id); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	v, err := s.e.GetVM(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, vmSnapshotList{Snapshots: nonNil(v.Snapshots)})
+}
+
+// decodeSnapshot reads a snapshot request whose VM is the one in the path.
+func (s *server) decodeSnapshot(w http.ResponseWriter, r *http.Request) (apitypes.VMSnapshotRequest, error) {
+	var req apitypes.VMSnapshotRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return req, err
+	}
+	id := r.PathValue("id")
+	if req.VMID != "" && req.VMID != id {
+		return req, errdefs.Invalidf("vm_id: %q in the body contradicts %q in the path", req.VMID, id)
+	}
+	req.VMID = id
+	return req, nil
+}
+
+func (s *server) snapshotVM(w http.ResponseWriter, r *http.Request) {
+	req, err := s.decodeSnapshot(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	res, err := s.e.SnapshotVM(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, res)
+}
+
+func (s *server) restoreVM(w http.ResponseWriter, r *http.Request) {
+	req, err := s.decodeSnapshot(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	res, err := s.e.RestoreVM(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+func (s *server) screenshotVM(w http.ResponseWriter, r *http.Request) {
+	png, err := s.e.ScreenshotVM(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "image/png")
+	w.Header().Set("Content-Length", strconv.Itoa(len(png)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(png)
+}
+
+func (s *server) vmTest(w http.ResponseWriter, r *http.Request) {
+	var req apitypes.VMTestRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	res, err := s.e.VMTest(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
