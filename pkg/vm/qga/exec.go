@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -19,9 +20,11 @@ type ExecRequest struct {
 	Env  []string
 	// Stdin is passed whole as input-data.
 	Stdin []byte
-	// Merged asks for stdout and stderr in one stream (Stdout). qemu-ga
-	// compiles this mode out on Windows: set Windows and it is refused here
-	// with a clear error instead of the agent's parse error.
+	// Merged asks for stdout and stderr in one stream (Stdout): qemu-ga 8.1
+	// or later (older agents, e.g. Debian 12's 7.2, take only a boolean and
+	// the error says so). qemu-ga compiles this mode out on Windows: set
+	// Windows and it is refused here with a clear error instead of the
+	// agent's parse error.
 	Merged  bool
 	Windows bool
 }
@@ -89,6 +92,10 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) {
 		PID *int `json:"pid"`
 	}
 	if err := c.Call(ctx, "guest-exec", args, &started); err != nil {
+		var qe *Error
+		if r.Merged && errors.As(err, &qe) && strings.Contains(qe.Desc, "capture-output") {
+			return nil, errdefs.Wrap(errdefs.Unavailable, err, "merged: this qemu-ga (older than 8.1) cannot merge stdout and stderr; read them separately")
+		}
 		return nil, err
 	}
 	if started.PID == nil {

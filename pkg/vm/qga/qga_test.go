@@ -199,6 +199,22 @@ func TestExecPollsAndReportsTruncation(t *testing.T) {
 	}
 }
 
+// TestExecMergedOnOldAgent: qemu-ga before 8.1 (Debian 12's 7.2) takes
+// capture-output as a boolean only; its refusal of "merged" (the reply
+// below is 7.2's, as seen from the real agent) becomes a clear error.
+func TestExecMergedOnOldAgent(t *testing.T) {
+	c, _ := newFake(t, func(a *fakeAgent, cmd string, raw json.RawMessage) string {
+		if cmd == "guest-exec" && strings.Contains(string(raw), `"capture-output":"merged"`) {
+			return `{"error":{"class":"GenericError","desc":"Invalid parameter type for 'capture-output', expected: boolean"}}` + "\n"
+		}
+		return ret(map[string]int{"pid": 1})
+	})
+	_, err := c.Exec(ctxT(t, 5*time.Second), ExecRequest{Path: "/bin/true", Merged: true})
+	if !errdefs.Is(err, errdefs.Unavailable) || !strings.Contains(err.Error(), "merged: this qemu-ga (older than 8.1)") {
+		t.Fatalf("merged on qemu-ga 7.2: %v", err)
+	}
+}
+
 func TestExecSignalled(t *testing.T) {
 	c, _ := newFake(t, func(a *fakeAgent, cmd string, _ json.RawMessage) string {
 		if cmd == "guest-exec" {
