@@ -67,6 +67,11 @@ type Spec struct {
 	// Backend names the backend that runs the sandbox ("container", "vm");
 	// empty means Options.Backend.
 	Backend string `json:"backend,omitempty"`
+	// Seed is the host path of a workspace snapshot archive
+	// (pkg/storage/snapshot.go) the backend lays over the new sandbox's
+	// writable state before it starts (a fork); SeedSnapshot is its id.
+	Seed         string `json:"seed,omitempty"`
+	SeedSnapshot string `json:"seed_snapshot,omitempty"`
 }
 
 // Info is the externally visible description of a sandbox.
