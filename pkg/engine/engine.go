@@ -63,6 +63,7 @@ type Engine struct {
 	runState                    // run records (run.go)
 	autofixState                // autofix loops (autofix.go)
 	builds          imageBuilds // images being built on first use (ondemand.go)
+	snapshotState               // workspace snapshots (snapshot.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -175,6 +176,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	e.pruneArtifacts()
 	e.pruneStaleImages(ctx)
 	e.sandboxes.Start()
+	e.startSnapshotJanitor()
 	return e, nil
 }
 
@@ -279,6 +281,7 @@ func seccompRules(rs []config.SeccompRule) []seccomp.Rule {
 // Close stops background work. Sandboxes keep running; a restarted daemon
 // adopts them.
 func (e *Engine) Close() error {
+	e.stopSnapshotJanitor()
 	e.sandboxes.Close()
 	if e.net != nil {
 		e.net.Close() // the network stays; a restarted daemon adopts it
@@ -313,9 +316,23 @@ const (
 
 // CreateSandbox validates req, applies defaults and caps, and starts a sandbox.
 func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*sandbox.Info, error) {
+	if req.FromSnapshot != "" {
+		// A fork: its archive must stay until the sandbox has started.
+		e.snapMu.RLock()
+		defer e.snapMu.RUnlock()
+	}
+	seed, err := e.forkSeed(ctx, &req)
+	if err != nil {
+		return nil, err
+	}
 	spec, err := e.sandboxSpec(req)
 	if err != nil {
 		return nil, err
+	}
+	if seed != nil {
+		if err := e.seedSpec(spec, seed); err != nil {
+			return nil, err
+		}
 	}
 	if req.RequestID != "" {
 		// Creates with a request id run one at a time, so that two

@@ -288,6 +288,39 @@ func getXattr(p, name string) ([]byte, error) {
 	return buf[:sz], nil
 }
 
+// SnapshotEntries lists the paths (relative, slash-separated) of section
+// sec of the archive at archive.
+func SnapshotEntries(archive, sec string) (map[string]bool, error) {
+	f, err := os.Open(archive)
+	if err != nil {
+		return nil, fmt.Errorf("open snapshot: %w", err)
+	}
+	defer f.Close()
+	zr, err := zstd.NewReader(f, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return nil, fmt.Errorf("read snapshot: %w", err)
+	}
+	defer zr.Close()
+	out := map[string]bool{}
+	tr := tar.NewReader(zr)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read snapshot: %w", err)
+		}
+		s, rel, err := splitEntry(hdr.Name)
+		if err != nil {
+			return nil, err
+		}
+		if s == sec {
+			out[rel] = true
+		}
+	}
+}
+
 // ApplyTargets are where Apply puts each section of a snapshot.
 type ApplyTargets struct {
 	// Rootfs is the host path of the sandbox's mounted overlay (the merged
