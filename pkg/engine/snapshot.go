@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -267,7 +266,7 @@ func checkUpperDrift(archive string, d sandbox.WritableDirs) error {
 			return err
 		}
 		rel, _ := filepath.Rel(d.Upper, p)
-		if rel == "." || de.IsDir() || slices.Contains(d.DaemonFiles, filepath.ToSlash(rel)) {
+		if rel == "." || de.IsDir() || storage.UnderAny(filepath.ToSlash(rel), d.DaemonFiles) {
 			return nil
 		}
 		extra = append(extra, filepath.ToSlash(rel))

@@ -19,9 +19,10 @@ type WritableDirs struct {
 	Rootfs    string
 	Workspace string
 	Tmp       string
-	// DaemonFiles are paths of the root file system (relative) that the
-	// daemon writes for each sandbox (its /etc/hosts, hostname,
-	// resolv.conf): they belong to the sandbox, not to a snapshot.
+	// DaemonFiles are paths of the root file system (relative; with all
+	// below them) that the daemon writes or mounts on for each sandbox
+	// (its /etc/hosts, hostname, resolv.conf, the agent's mount points):
+	// they belong to the sandbox, not to a snapshot.
 	DaemonFiles []string
 	// UID is the sandbox's user.
 	UID int

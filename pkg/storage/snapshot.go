@@ -329,8 +329,10 @@ type ApplyTargets struct {
 	// layer, the image, is never written. Empty: skip the section.
 	Rootfs string
 	// SkipRoot names paths of the upper section (relative, slash-separated)
-	// that are not applied: files the daemon writes per sandbox
-	// (/etc/hosts, /etc/hostname, /etc/resolv.conf).
+	// that are not applied, nor anything below them: files the daemon
+	// writes per sandbox (/etc/hosts, /etc/hostname, /etc/resolv.conf) and
+	// the runtime's mount points (replacing a mount point on the host
+	// would detach what a running sandbox has mounted there).
 	SkipRoot  []string
 	Workspace string
 	Tmp       string
@@ -418,7 +420,7 @@ func ApplySnapshot(archive string, t ApplyTargets) error {
 			}
 			roots[sec] = r
 		}
-		if sec == SectionUpper && slices.Contains(t.SkipRoot, rel) {
+		if sec == SectionUpper && UnderAny(rel, t.SkipRoot) {
 			continue
 		}
 		if hdr.Typeflag == tar.TypeReg {
@@ -446,6 +448,17 @@ type dirTime struct {
 	root  *os.Root
 	rel   string
 	mtime time.Time
+}
+
+// UnderAny reports whether rel (slash-separated, relative) is one of
+// prefixes or below one of them.
+func UnderAny(rel string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if rel == p || strings.HasPrefix(rel, p+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // splitEntry checks an entry's name: a known section, then a clean

@@ -485,10 +485,13 @@ func (h *handle) Pause(context.Context) error  { return h.inst.Pause() }
 func (h *handle) Resume(context.Context) error { return h.inst.Resume() }
 func (h *handle) Paused() (bool, error)        { return h.inst.Paused() }
 
-// daemonFiles are the root file system's files Start writes for each
-// sandbox (writeIdentity, resolv.conf): a snapshot's copies of them name
-// another sandbox and are not restored.
-var daemonFiles = []string{"etc/hosts", "etc/hostname", "etc/resolv.conf"}
+// daemonFiles are the root file system's paths that Start writes for each
+// sandbox (writeIdentity, resolv.conf) and the runtime's mount points for
+// the agent (below /.sandboxd, made in the upper layer by libcontainer): a
+// snapshot's copies of them belong to another sandbox and are not restored,
+// and replacing a mount point through the host's view of the overlay would
+// detach the bind mount the running sandbox has there.
+var daemonFiles = []string{"etc/hosts", "etc/hostname", "etc/resolv.conf", strings.TrimPrefix(filepath.Dir(agentBinaryInside), "/")}
 
 // WritableDirs implements sandbox.WritableState (the layout is
 // image.PrepareLayers').
