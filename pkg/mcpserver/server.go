@@ -138,6 +138,7 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 	if enabled("sandbox") {
 		s.addSandboxTools()
 		s.addPauseTools()
+		s.addSnapshotTools()
 	}
 	if enabled("sandbox", "run") {
 		s.addLanguagesTool()
