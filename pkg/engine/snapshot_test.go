@@ -268,3 +268,22 @@ du -sm /workspace`}, nil)
 	b.ReportMetric(median(restores), "restore-ms")
 	b.ReportMetric(float64(size)/(1<<20), "archive-MiB")
 }
+
+// TestSnapshotSizeCap: a snapshot larger than snapshots.max_size fails
+// with limit_exceeded and leaves no archive, and the sandbox runs on.
+func TestSnapshotSizeCap(t *testing.T) {
+	env := newTestEngine(t, func(c *config.Config) { c.Snapshots.MaxSize = 64 << 10 })
+	ctx := context.Background()
+	sb := env.create(t, CreateSandboxRequest{})
+	if res := env.sh(t, sb.ID, "head -c 200000 /dev/urandom > /workspace/r"); res.ExitCode != 0 {
+		t.Fatal(res.Stderr)
+	}
+	_, err := env.SnapshotSandbox(ctx, apitypes.SnapshotRequest{SandboxID: sb.ID})
+	mustCode(t, "snapshot over the cap", err, errdefs.LimitExceeded, "sandbox_id")
+	if ents, _ := os.ReadDir(filepath.Join(env.cfg.Paths.StateDir, "snapshots")); len(ents) != 0 {
+		t.Errorf("left in the snapshot dir: %v", ents)
+	}
+	if res := env.sh(t, sb.ID, "echo alive"); res.Stdout != "alive\n" {
+		t.Errorf("sandbox after a refused snapshot: %+v", res)
+	}
+}
