@@ -120,6 +120,7 @@ func (e *Engine) SnapshotSandbox(ctx context.Context, req apitypes.SnapshotReque
 	e.snapMu.RLock()
 	defer e.snapMu.RUnlock()
 	var sf *storage.SnapshotFile
+	start := time.Now()
 	err = e.sandboxes.Frozen(ctx, info.ID, func(d sandbox.WritableDirs) error {
 		var err error
 		sf, err = storage.WriteSnapshot(e.snapshotsDir(), map[string]string{
@@ -136,6 +137,11 @@ func (e *Engine) SnapshotSandbox(ctx context.Context, req apitypes.SnapshotReque
 		}
 		return nil, errdefs.Wrap(errdefs.Internal, err, "snapshot sandbox %s", info.ID)
 	}
+	frozen := time.Since(start)
+	// Durable before it is recorded; the sandbox runs again meanwhile.
+	if err := sf.Sync(); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "snapshot sandbox %s", info.ID)
+	}
 	rec := &store.SnapshotRecord{
 		ID: sf.Digest, Name: req.Name, SandboxID: info.ID, Language: info.Language, Image: info.Image,
 		ImageDigest: info.ImageDigest, DiskBacking: info.DiskBacking, SizeBytes: sf.Size, ContentBytes: sf.ContentBytes,
@@ -148,7 +154,8 @@ func (e *Engine) SnapshotSandbox(ctx context.Context, req apitypes.SnapshotReque
 	case err != nil:
 		return nil, errdefs.Wrap(errdefs.Internal, err, "record snapshot")
 	}
-	e.log.Info("snapshot taken", "sandbox", info.ID, "snapshot", rec.ID, "bytes", rec.SizeBytes, "content_bytes", rec.ContentBytes)
+	e.log.Info("snapshot taken", "sandbox", info.ID, "snapshot", rec.ID, "bytes", rec.SizeBytes, "content_bytes", rec.ContentBytes,
+		"frozen", frozen, "duration", time.Since(start))
 	s := e.publicSnapshot(rec)
 	return &s, nil
 }

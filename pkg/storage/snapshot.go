@@ -85,6 +85,8 @@ type SnapshotFile struct {
 // directory; SectionUpper, SectionWorkspace, SectionTmp) into
 // dir/<sha256>.tar.zst and returns it. If an archive with that digest exists
 // already it is kept (same bytes). maxBytes > 0 caps the compressed size.
+// The archive is not synced to disk: call Sync before recording it (a
+// caller that froze the sandbox for the copy thaws it first).
 func WriteSnapshot(dir string, sections map[string]string, maxBytes int64) (_ *SnapshotFile, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot dir: %w", err)
@@ -103,7 +105,7 @@ func WriteSnapshot(dir string, sections map[string]string, maxBytes int64) (_ *S
 	cw := &countingWriter{w: io.MultiWriter(tmp, h), max: maxBytes}
 	// One encoder goroutine: the output (hence the digest) depends only on
 	// the input.
-	zw, err := zstd.NewWriter(cw, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedDefault))
+	zw, err := zstd.NewWriter(cw, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedFastest))
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
@@ -128,9 +130,6 @@ func WriteSnapshot(dir string, sections map[string]string, maxBytes int64) (_ *S
 	if err := zw.Close(); err != nil {
 		return nil, snapshotWriteErr(cw, err)
 	}
-	if err := tmp.Sync(); err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
 	out.Digest = hex.EncodeToString(h.Sum(nil))
 	out.Size = cw.n
 	out.Path = filepath.Join(dir, out.Digest+SnapshotSuffix)
@@ -138,6 +137,22 @@ func WriteSnapshot(dir string, sections map[string]string, maxBytes int64) (_ *S
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	return out, nil
+}
+
+// Sync makes the archive and its name durable.
+func (f *SnapshotFile) Sync() error {
+	for _, p := range []string{f.Path, filepath.Dir(f.Path)} {
+		fd, err := os.Open(p)
+		if err != nil {
+			return fmt.Errorf("sync snapshot: %w", err)
+		}
+		err = fd.Sync()
+		fd.Close()
+		if err != nil {
+			return fmt.Errorf("sync snapshot: %w", err)
+		}
+	}
+	return nil
 }
 
 func snapshotWriteErr(cw *countingWriter, err error) error {
