@@ -316,11 +316,6 @@ const (
 
 // CreateSandbox validates req, applies defaults and caps, and starts a sandbox.
 func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*sandbox.Info, error) {
-	if req.FromSnapshot != "" {
-		// A fork: its archive must stay until the sandbox has started.
-		e.snapMu.RLock()
-		defer e.snapMu.RUnlock()
-	}
 	seed, err := e.forkSeed(ctx, &req)
 	if err != nil {
 		return nil, err
@@ -354,6 +349,14 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 	if err := e.ensureImageOnDemand(ctx, spec.Image); err != nil {
 		e.metrics.created.WithLabelValues("failed").Inc()
 		return nil, err
+	}
+	if seed != nil {
+		// A fork: its archive must stay until the sandbox has started.
+		unlock, err := e.holdSnapshot(ctx, seed.ID, "from_snapshot")
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
 	}
 	start := time.Now()
 	info, err := e.sandboxes.Create(ctx, *spec)

@@ -300,8 +300,8 @@ func checkUpperDrift(archive string, d sandbox.WritableDirs) error {
 
 // forkSeed resolves req.FromSnapshot for CreateSandbox: the request gets
 // the snapshot's language (a different one is refused), and the spec the
-// archive to start from. The caller holds snapMu shared until the sandbox
-// has started.
+// archive to start from (seedSpec). The caller keeps the snapshot with
+// holdSnapshot while the sandbox starts.
 func (e *Engine) forkSeed(ctx context.Context, req *CreateSandboxRequest) (*store.SnapshotRecord, error) {
 	if req.FromSnapshot == "" {
 		return nil, nil
@@ -327,6 +327,17 @@ func fieldRename(err error, from, to string) error {
 		return errdefs.New(de.Code, "%s", to+strings.TrimPrefix(de.Message, from))
 	}
 	return err
+}
+
+// holdSnapshot keeps snapshot id from being deleted until unlock is
+// called, and checks that it still exists (errors name field).
+func (e *Engine) holdSnapshot(ctx context.Context, id, field string) (unlock func(), err error) {
+	e.snapMu.RLock()
+	if _, err := e.snapshotRecord(ctx, id); err != nil {
+		e.snapMu.RUnlock()
+		return nil, fieldRename(err, "snapshot_id", field)
+	}
+	return e.snapMu.RUnlock, nil
 }
 
 // seedSpec points spec at the snapshot's archive after checking that its

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -34,6 +35,8 @@ chmod 600 /workspace/keep.txt
 chmod 750 /workspace/proj/src
 ln -s proj/src/numbers.txt /workspace/link
 echo in-tmp > /tmp/t.txt`
+
+type agentJob = agent.JobInfo
 
 func (env *testEnv) manifest(t *testing.T, id string) string {
 	t.Helper()
@@ -93,6 +96,28 @@ rm -r /workspace/proj/src/deep; echo new > /workspace/new.txt; head -c 1000 /dev
 	if _, err := env.StartJob(ctx, ExecRequest{SandboxID: src.ID, Command: "sleep 1000"}); err != nil {
 		t.Fatal(err)
 	}
+	// And a foreground command in flight: the restore waits for it to end.
+	fg := make(chan *sandbox.ExecResult, 1)
+	go func() {
+		res, err := env.Exec(ctx, ExecRequest{SandboxID: src.ID, Command: "sleep 999"}, nil)
+		if err != nil {
+			t.Errorf("foreground command: %v", err)
+		}
+		fg <- res
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		jobs, err := env.sandboxes.Jobs(ctx, src.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(jobs, func(j agentJob) bool { return j.Exit == nil && slices.Contains(j.Argv, "sleep 999") }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the foreground command did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	restored, err := env.RestoreSandbox(ctx, apitypes.RestoreRequest{SandboxID: src.ID, SnapshotID: snap.ID})
 	if err != nil {
 		t.Fatal(err)
@@ -102,6 +127,14 @@ rm -r /workspace/proj/src/deep; echo new > /workspace/new.txt; head -c 1000 /dev
 	}
 	if got := env.manifest(t, src.ID); got != want {
 		t.Errorf("after restore:\n%s\nwant:\n%s", got, want)
+	}
+	select {
+	case res := <-fg:
+		if res != nil && res.Termination.Cause != sandbox.CauseKilled && res.Termination.Cause != sandbox.CauseSignal {
+			t.Errorf("foreground command ended with %+v, want killed", res.Termination)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the foreground command outlived the restore")
 	}
 	jobs, err := env.sandboxes.Jobs(ctx, src.ID)
 	if err != nil {

@@ -140,6 +140,9 @@ type Sandbox struct {
 	agent       *agent.Client
 	jobs        map[string]jobMeta
 	pooled      bool // a warm sandbox no request has claimed yet
+	// busy is busySnapshot or busyRestore while Frozen or Replace run
+	// (snapshot.go); empty otherwise.
+	busy string
 }
 
 // NewManager returns a Manager. Call Start to run the reaper.
