@@ -320,3 +320,40 @@ func TestSnapshotSizeCap(t *testing.T) {
 		t.Errorf("sandbox after a refused snapshot: %+v", res)
 	}
 }
+
+// TestSnapshotOrphans: what a crash leaves in the snapshot dir — a partial
+// write, an archive whose row was never recorded — is removed when the
+// engine starts; a recorded archive is not.
+func TestSnapshotOrphans(t *testing.T) {
+	var dir string
+	env := newTestEngine(t, func(c *config.Config) {
+		dir = filepath.Join(c.Paths.StateDir, "snapshots")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []string{".partial-123", strings.Repeat("c", 64) + ".tar.zst"} {
+			if err := os.WriteFile(filepath.Join(dir, n), []byte("x"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	sb := env.create(t, CreateSandboxRequest{})
+	snap, err := env.SnapshotSandbox(context.Background(), apitypes.SnapshotRequest{SandboxID: sb.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ents) == 1 && ents[0].Name() == snap.ID+".tar.zst" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot dir holds %v, want only %s", ents, snap.ID)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
