@@ -173,6 +173,19 @@ rm -r /workspace/proj/src/deep; echo new > /workspace/new.txt; head -c 1000 /dev
 	if got := env.manifest(t, mem.ID); got != want {
 		t.Errorf("memory-backed fork:\n%s\nwant:\n%s", got, want)
 	}
+	// Snapshot and restore on the tmpfs as well.
+	if _, err := env.SnapshotSandbox(ctx, apitypes.SnapshotRequest{SandboxID: mem.ID}); err != nil {
+		t.Fatalf("snapshot of a memory-backed sandbox: %v", err)
+	}
+	if res := env.sh(t, mem.ID, change); res.ExitCode != 0 {
+		t.Fatalf("change: %s", res.Stderr)
+	}
+	if _, err := env.RestoreSandbox(ctx, apitypes.RestoreRequest{SandboxID: mem.ID, SnapshotID: snap.ID}); err != nil {
+		t.Fatalf("restore of a memory-backed sandbox: %v", err)
+	}
+	if got := env.manifest(t, mem.ID); got != want {
+		t.Errorf("memory-backed sandbox after restore:\n%s\nwant:\n%s", got, want)
+	}
 
 	list, err := env.ListSnapshots(ctx, src.ID)
 	if err != nil || len(list) != 1 || list[0].ID != snap.ID {
