@@ -125,11 +125,16 @@ func (e *Engine) SnapshotSandbox(ctx context.Context, req apitypes.SnapshotReque
 		var err error
 		sf, err = storage.WriteSnapshot(e.snapshotsDir(), map[string]string{
 			storage.SectionUpper: d.Upper, storage.SectionWorkspace: d.Workspace, storage.SectionTmp: d.Tmp,
-		}, int64(e.cfg.Snapshots.MaxSize))
+		}, int64(e.cfg.Snapshots.MaxSize), info.Limits.DiskBytes)
 		return err
 	})
 	if errors.Is(err, storage.ErrSnapshotTooLarge) {
 		return nil, errdefs.LimitExceededf("sandbox_id: the snapshot of %s exceeds snapshots.max_size (%v compressed)", info.ID, e.cfg.Snapshots.MaxSize)
+	}
+	if errors.Is(err, storage.ErrSnapshotContentTooLarge) {
+		// Sparse files: archived (and restored) in full.
+		return nil, errdefs.LimitExceededf("sandbox_id: the files of %s add up to more than its disk of %d MiB (sparse files count in full): %v",
+			info.ID, info.Limits.DiskBytes>>20, err)
 	}
 	if err != nil {
 		if errdefs.CodeOf(err) != errdefs.Internal {

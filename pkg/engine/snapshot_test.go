@@ -332,6 +332,17 @@ func TestSnapshotSizeCap(t *testing.T) {
 	if res := env.sh(t, sb.ID, "echo alive"); res.Stdout != "alive\n" {
 		t.Errorf("sandbox after a refused snapshot: %+v", res)
 	}
+	// A sparse file larger than the disk: refused before it is read
+	// (archived in full it would keep the sandbox frozen for minutes).
+	if res := env.sh(t, sb.ID, "rm /workspace/r && truncate -s 8G /workspace/sparse"); res.ExitCode != 0 {
+		t.Fatal(res.Stderr)
+	}
+	start := time.Now()
+	_, err = env.SnapshotSandbox(ctx, apitypes.SnapshotRequest{SandboxID: sb.ID})
+	mustCode(t, "snapshot of a sparse 8G file", err, errdefs.LimitExceeded, "sandbox_id")
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("refusing the sparse file took %s", d)
+	}
 }
 
 // TestSnapshotOrphans: what a crash leaves in the snapshot dir — a partial

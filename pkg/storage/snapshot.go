@@ -70,6 +70,10 @@ const (
 // outgrows its cap.
 var ErrSnapshotTooLarge = errors.New("snapshot exceeds its size cap")
 
+// ErrSnapshotContentTooLarge is returned by WriteSnapshot when the files
+// add up to more than its maxContent.
+var ErrSnapshotContentTooLarge = errors.New("snapshot's files exceed their cap")
+
 // SnapshotFile is an archive written by WriteSnapshot.
 type SnapshotFile struct {
 	Digest string // hex sha256 of the compressed archive: the snapshot's id
@@ -79,15 +83,21 @@ type SnapshotFile struct {
 	// it needs on a sandbox's disk at least.
 	ContentBytes int64
 	Entries      int
+
+	maxContent int64
 }
 
 // WriteSnapshot archives the directories of sections (section name → host
 // directory; SectionUpper, SectionWorkspace, SectionTmp) into
 // dir/<sha256>.tar.zst and returns it. If an archive with that digest exists
-// already it is kept (same bytes). maxBytes > 0 caps the compressed size.
+// already it is kept (same bytes). maxBytes > 0 caps the compressed size,
+// maxContent > 0 the sum of the files' sizes (ErrSnapshotContentTooLarge):
+// a sparse file counts with its apparent size, as it is archived (and
+// restored) in full — without the cap, a sandbox's sparse terabyte would
+// keep it frozen for as long as it takes to compress.
 // The archive is not synced to disk: call Sync before recording it (a
 // caller that froze the sandbox for the copy thaws it first).
-func WriteSnapshot(dir string, sections map[string]string, maxBytes int64) (_ *SnapshotFile, err error) {
+func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent int64) (_ *SnapshotFile, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot dir: %w", err)
 	}
@@ -110,7 +120,7 @@ func WriteSnapshot(dir string, sections map[string]string, maxBytes int64) (_ *S
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	tw := tar.NewWriter(zw)
-	out := &SnapshotFile{}
+	out := &SnapshotFile{maxContent: maxContent}
 	for _, sec := range snapshotSections {
 		src, ok := sections[sec]
 		if !ok {
@@ -230,6 +240,9 @@ func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile) error {
 		out.Entries++
 		if !fi.Mode().IsRegular() {
 			return nil
+		}
+		if out.maxContent > 0 && out.ContentBytes+fi.Size() > out.maxContent {
+			return fmt.Errorf("%w: %s brings them past %d bytes", ErrSnapshotContentTooLarge, name, out.maxContent)
 		}
 		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 		if err != nil {

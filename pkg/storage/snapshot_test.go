@@ -69,7 +69,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 
 	snaps := filepath.Join(base, "snapshots")
 	secs := map[string]string{storage.SectionUpper: upper, storage.SectionWorkspace: ws, storage.SectionTmp: tmp}
-	sf, err := storage.WriteSnapshot(snaps, secs, 0)
+	sf, err := storage.WriteSnapshot(snaps, secs, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,12 +77,26 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatalf("snapshot file %+v", sf)
 	}
 	// Content-addressed: the same state gives the same archive.
-	again, err := storage.WriteSnapshot(snaps, secs, 0)
+	again, err := storage.WriteSnapshot(snaps, secs, 0, 0)
 	if err != nil || again.Digest != sf.Digest {
 		t.Fatalf("second snapshot %+v, %v; want digest %s", again, err, sf.Digest)
 	}
-	if _, err := storage.WriteSnapshot(snaps, secs, 64); !errors.Is(err, storage.ErrSnapshotTooLarge) {
+	if _, err := storage.WriteSnapshot(snaps, secs, 64, 0); !errors.Is(err, storage.ErrSnapshotTooLarge) {
 		t.Fatalf("64-byte cap: %v, want ErrSnapshotTooLarge", err)
+	}
+	// A sparse file counts with its apparent size.
+	sparse := filepath.Join(ws, "sparse")
+	if err := os.WriteFile(sparse, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(sparse, 1<<40); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := storage.WriteSnapshot(snaps, secs, 0, 1<<30); !errors.Is(err, storage.ErrSnapshotContentTooLarge) {
+		t.Fatalf("sparse terabyte under a 1 GiB content cap: %v, want ErrSnapshotContentTooLarge", err)
+	}
+	if err := os.Remove(sparse); err != nil {
+		t.Fatal(err)
 	}
 	if left, _ := filepath.Glob(filepath.Join(snaps, ".partial-*")); len(left) > 0 {
 		t.Fatalf("partial archives left: %v", left)
