@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
@@ -33,6 +34,14 @@ type snapshotState struct {
 	stopJanitor context.CancelFunc
 	janitorDone chan struct{}
 }
+
+// Crash points (internal/crashpoint) with the sandbox frozen: after the
+// archive is written but not recorded, and after a restore's files are
+// laid down but before the thaw.
+const (
+	CrashSnapshotFrozen = "snapshot.frozen"
+	CrashRestoreFrozen  = "restore.frozen"
+)
 
 var (
 	snapshotIDRe   = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -126,6 +135,9 @@ func (e *Engine) SnapshotSandbox(ctx context.Context, req apitypes.SnapshotReque
 		sf, err = storage.WriteSnapshot(e.snapshotsDir(), map[string]string{
 			storage.SectionUpper: d.Upper, storage.SectionWorkspace: d.Workspace, storage.SectionTmp: d.Tmp,
 		}, int64(e.cfg.Snapshots.MaxSize), info.Limits.DiskBytes)
+		if err == nil {
+			crashpoint.Hit(CrashSnapshotFrozen)
+		}
 		return err
 	})
 	if errors.Is(err, storage.ErrSnapshotTooLarge) {
@@ -250,9 +262,13 @@ func (e *Engine) RestoreSandbox(ctx context.Context, req apitypes.RestoreRequest
 		if err := checkUpperDrift(archive, d); err != nil {
 			return err
 		}
-		return storage.ApplySnapshot(archive, storage.ApplyTargets{
+		err := storage.ApplySnapshot(archive, storage.ApplyTargets{
 			Rootfs: d.Rootfs, SkipRoot: d.DaemonFiles, Workspace: d.Workspace, Tmp: d.Tmp, UID: d.UID,
 		})
+		if err == nil {
+			crashpoint.Hit(CrashRestoreFrozen)
+		}
+		return err
 	})
 	if err != nil {
 		if errdefs.CodeOf(err) != errdefs.Internal {

@@ -7,8 +7,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 )
 
 var snapshotIDRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -79,5 +82,86 @@ func TestSnapshotCLI(t *testing.T) {
 	}
 	if out := d.MustCtl("snapshots", "ls"); strings.Contains(out, snap) {
 		t.Errorf("deleted snapshot still listed:\n%s", out)
+	}
+}
+
+// freezerState returns a function reading a sandbox's freezer state
+// ("FROZEN"/"THAWED" on v1, "1"/"0" on v2), also while the daemon is down.
+func freezerState(t *testing.T, d *testenv.Daemon, id string) func() string {
+	t.Helper()
+	var sb struct {
+		CgroupPath string `json:"cgroup_path"`
+	}
+	if err := json.Unmarshal([]byte(d.MustCtl("inspect", "--json", id)), &sb); err != nil || sb.CgroupPath == "" {
+		t.Fatalf("inspect %s: %+v %v", id, sb, err)
+	}
+	return func() string {
+		t.Helper()
+		for _, f := range []string{
+			filepath.Join("/sys/fs/cgroup/freezer", sb.CgroupPath, "freezer.state"),
+			filepath.Join("/sys/fs/cgroup", sb.CgroupPath, "cgroup.freeze"),
+		} {
+			if b, err := os.ReadFile(f); err == nil {
+				return strings.TrimSpace(string(b))
+			}
+		}
+		t.Fatalf("no freezer state for %s", id)
+		return ""
+	}
+}
+
+// TestCrashWhileFrozen kills the daemon while a snapshot or a restore has
+// the sandbox frozen: after the restart the sandbox runs again (thawed by
+// reconciliation), the unrecorded archive is gone, and both operations
+// work again.
+func TestCrashWhileFrozen(t *testing.T) {
+	d := testenv.NewDaemon(t)
+	d.Start()
+	id := createSandbox(d)
+	d.MustCtl("exec", id, "--", "sh", "-c", "seq 1 10000 > /workspace/n")
+	const sum = "sha256sum /workspace/n; ls /workspace"
+	want := d.MustCtl("exec", id, "--", "sh", "-c", sum)
+	frozenState := freezerState(t, d, id)
+	crashIn := func(point string, args ...string) {
+		t.Helper()
+		if err := d.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		d.ExtraEnv = []string{crashpoint.EnvVar + "=" + point}
+		d.Start()
+		if out, _, code := d.Ctl(args...); code == 0 {
+			t.Fatalf("%v succeeded (%q) although the daemon was to crash at %s", args, out, point)
+		}
+		if err := d.WaitExited(30 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
+			t.Fatalf("daemon exit: %v, want killed by its crash point", err)
+		}
+		if s := frozenState(); s != "FROZEN" && s != "1" {
+			t.Fatalf("crash point %s: the sandbox is %q, want frozen at the crash", point, s)
+		}
+		d.ExtraEnv = nil
+		d.Start()
+		if s := frozenState(); s == "FROZEN" || s == "1" {
+			t.Errorf("after the restart the sandbox is still frozen (%q)", s)
+		}
+		if got := d.MustCtl("exec", id, "--", "echo", "alive"); got != "alive\n" {
+			t.Errorf("exec after the restart: %q", got)
+		}
+	}
+
+	crashIn(engine.CrashSnapshotFrozen, "snapshot", id)
+	if out := d.MustCtl("snapshots", "ls", "--json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("snapshots after a crash mid-snapshot: %s", out)
+	}
+	dir := filepath.Join(d.Config.Paths.StateDir, "snapshots")
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("left in %s after the restart: %v", dir, ents)
+	}
+
+	snap := strings.TrimSpace(d.MustCtl("snapshot", id))
+	d.MustCtl("exec", id, "--", "sh", "-c", "rm /workspace/n; touch /workspace/x")
+	crashIn(engine.CrashRestoreFrozen, "restore", id, snap)
+	d.MustCtl("restore", id, snap)
+	if got := d.MustCtl("exec", id, "--", "sh", "-c", sum); got != want {
+		t.Errorf("after a crash mid-restore and a second restore:\n%s\nwant:\n%s", got, want)
 	}
 }
