@@ -117,6 +117,8 @@ type Sandbox struct {
 	ExpiresAt      *time.Time        `json:"expires_at,omitempty"`
 	TerminatedAt   *time.Time        `json:"terminated_at,omitempty"`
 	Reason         string            `json:"termination_reason,omitempty"`
+	// FromSnapshot is the snapshot a fork started from.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 // Usage is a live sandbox's resource usage as the kernel accounts it.

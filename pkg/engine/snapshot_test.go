@@ -18,12 +18,12 @@ import (
 )
 
 // manifestScript prints every entry of /workspace and /tmp with its type,
-// mode, owner and (files) sha256 or (symlinks) target: what a restore must
-// give back.
-const manifestScript = `cd / && find workspace tmp -mindepth 1 -printf '%p %y %m %U:%G %l\n' | sort && find workspace tmp -type f -exec sha256sum {} + | sort -k2`
+// mode, owner, link count and (files) sha256 or (symlinks) target: what a
+// restore must give back.
+const manifestScript = `cd / && find workspace tmp -mindepth 1 -printf '%p %y %m %U:%G %n %l\n' | sort && find workspace tmp -type f -exec sha256sum {} + | sort -k2`
 
 // fillScript makes a workspace with nested dirs, binary and text files, an
-// empty file, a symlink, odd modes, and a file in /tmp.
+// empty file, a symlink, a hard link, odd modes, and a file in /tmp.
 const fillScript = `set -e
 mkdir -p /workspace/proj/src/deep /workspace/empty-dir
 head -c 300000 /dev/urandom > /workspace/proj/blob.bin
@@ -34,6 +34,7 @@ echo delete-me > /workspace/del.txt
 chmod 600 /workspace/keep.txt
 chmod 750 /workspace/proj/src
 ln -s proj/src/numbers.txt /workspace/link
+ln /workspace/proj/src/numbers.txt /workspace/proj/hardlink
 echo in-tmp > /tmp/t.txt`
 
 type agentJob = agent.JobInfo
@@ -148,7 +149,7 @@ rm -r /workspace/proj/src/deep; echo new > /workspace/new.txt; head -c 1000 /dev
 
 	// A fork: same files, its own identity and disk.
 	fork := env.create(t, CreateSandboxRequest{FromSnapshot: snap.ID})
-	if fork.Language != "shell" || fork.ID == src.ID {
+	if fork.Language != "shell" || fork.ID == src.ID || fork.FromSnapshot != snap.ID {
 		t.Fatalf("fork %+v", fork)
 	}
 	if got := env.manifest(t, fork.ID); got != want {

@@ -513,7 +513,7 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 		ID: r.ID, State: State(r.State), Language: r.Language, Image: r.Image, ImageDigest: r.ImageDigest,
 		Limits: spec.Limits, DiskBacking: spec.DiskBacking, Network: spec.Network, Allow: spec.Allow, Credentials: spec.Credentials, SeccompProfile: spec.SeccompProfile, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
-		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason,
+		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason, FromSnapshot: spec.SeedSnapshot,
 	}
 	if life := m.lifetime(spec); life > 0 && in.State.Live() {
 		exp := r.CreatedAt.Add(life)

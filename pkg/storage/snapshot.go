@@ -8,8 +8,8 @@ package storage
 // lexical walk order, with modes, owners, mtimes, symlinks and user.*
 // extended attributes (PAX SCHILY.xattr). The overlay's own markers are kept
 // as overlayfs writes them: a whiteout is a character device 0:0, an opaque
-// directory carries trusted.overlay.opaque=y. Hard links are stored as
-// separate files (their link is not kept).
+// directory carries trusted.overlay.opaque=y. Hard links within a section
+// are kept (a tar link entry naming the first path of the file).
 //
 // Security boundary: a snapshot's content is sandbox-controlled (names,
 // symlinks, modes, xattrs are whatever a sandbox process made), so Apply
@@ -17,7 +17,8 @@ package storage
 //   - every path is resolved inside its target directory through os.Root,
 //     which refuses ".." and symlinks (also ones created earlier by the
 //     same archive) that lead outside it;
-//   - only directories, regular files, symlinks and fifos are created; a
+//   - only directories, regular files, hard links (to an earlier file of the
+//     same section), symlinks and fifos are created; a
 //     device node is refused, except the 0:0 whiteout of the upper layer,
 //     which is turned into a removal (never created);
 //   - owners are kept only when they are root or the sandbox's user, anything
@@ -85,6 +86,7 @@ type SnapshotFile struct {
 	Entries      int
 
 	maxContent int64
+	links      map[[2]uint64]string // (dev, inode) of files with several links → first name
 }
 
 // WriteSnapshot archives the directories of sections (section name → host
@@ -120,7 +122,7 @@ func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent 
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	tw := tar.NewWriter(zw)
-	out := &SnapshotFile{maxContent: maxContent}
+	out := &SnapshotFile{maxContent: maxContent, links: map[[2]uint64]string{}}
 	for _, sec := range snapshotSections {
 		src, ok := sections[sec]
 		if !ok {
@@ -225,6 +227,14 @@ func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile) error {
 		if fi.IsDir() {
 			hdr.Name += "/"
 		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
+			key := [2]uint64{st.Dev, st.Ino}
+			if first, seen := out.links[key]; seen {
+				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+			} else {
+				out.links[key] = name
+			}
+		}
 		// Numeric owners only: names would be the host's, not the image's.
 		hdr.Uname, hdr.Gname = "", ""
 		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
@@ -238,7 +248,7 @@ func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile) error {
 			return err
 		}
 		out.Entries++
-		if !fi.Mode().IsRegular() {
+		if hdr.Typeflag != tar.TypeReg {
 			return nil
 		}
 		if out.maxContent > 0 && out.ContentBytes+fi.Size() > out.maxContent {
@@ -419,6 +429,7 @@ func ApplySnapshot(archive string, t ApplyTargets) error {
 	targets := map[string]string{SectionUpper: t.Rootfs, SectionWorkspace: t.Workspace, SectionTmp: t.Tmp}
 	var written int64
 	var dirTimes []dirTime
+	files := map[string]bool{} // regular files extracted so far: what a hard link may name
 	tr := tar.NewReader(zr)
 	for {
 		hdr, err := tr.Next()
@@ -457,8 +468,14 @@ func ApplySnapshot(archive string, t ApplyTargets) error {
 			}
 			written += hdr.Size
 		}
+		if hdr.Typeflag == tar.TypeLink && !files[hdr.Linkname] {
+			return fmt.Errorf("restore %s: hard link to %q, which is not an earlier file of the snapshot", hdr.Name, hdr.Linkname)
+		}
 		if err := applyEntry(r, sec, rel, hdr, tr, t.UID); err != nil {
 			return fmt.Errorf("restore %s: %w", hdr.Name, err)
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			files[sec+"/"+rel] = true
 		}
 		if hdr.Typeflag == tar.TypeDir {
 			dirTimes = append(dirTimes, dirTime{r, rel, hdr.ModTime})
@@ -605,6 +622,21 @@ func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader,
 			return err
 		}
 		return r.Lchown(rel, owner, group)
+	case tar.TypeLink:
+		lsec, lrel, err := splitEntry(hdr.Linkname)
+		if err != nil {
+			return err
+		}
+		if lsec != sec || lrel == "." {
+			return fmt.Errorf("hard link to %q outside its section", hdr.Linkname)
+		}
+		if fi, err := r.Lstat(lrel); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("hard link to %q: not a regular file of the snapshot (%v)", hdr.Linkname, err)
+		}
+		if err := replace(); err != nil {
+			return err
+		}
+		return r.Link(lrel, rel)
 	case tar.TypeFifo:
 		if err := replace(); err != nil {
 			return err

@@ -49,6 +49,9 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if err := os.Symlink("../a.txt", filepath.Join(ws, "sub/link")); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Link(filepath.Join(ws, "a.txt"), filepath.Join(ws, "sub/hard")); err != nil {
+		t.Fatal(err)
+	}
 	if err := unix.Mkfifo(filepath.Join(ws, "fifo"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -146,6 +149,9 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if s := st(filepath.Join(ws2, "fifo")); s.Mode&syscall.S_IFMT != syscall.S_IFIFO {
 		t.Errorf("fifo is mode %o", s.Mode)
 	}
+	if a, h := st(filepath.Join(ws2, "a.txt")), st(filepath.Join(ws2, "sub/hard")); a.Ino != h.Ino || a.Nlink != 2 {
+		t.Errorf("hard link not kept: inodes %d %d, nlink %d", a.Ino, h.Ino, a.Nlink)
+	}
 	if l, err := os.Readlink(filepath.Join(ws2, "sub/link")); err != nil || l != "../a.txt" {
 		t.Errorf("symlink %q %v", l, err)
 	}
@@ -213,6 +219,16 @@ func TestApplySnapshotRefusesEscapes(t *testing.T) {
 		},
 		"device":  {{Name: "workspace/sda", Typeflag: tar.TypeBlock, Devmajor: 8}},
 		"chardev": {{Name: "upper/dev/mem", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 1}},
+		"link-out": {
+			{Name: "workspace/l", Typeflag: tar.TypeLink, Linkname: "upper/etc/passwd"},
+		},
+		"link-not-in-archive": {
+			{Name: "upper/etc/", Typeflag: tar.TypeDir, Mode: 0o755},
+			{Name: "upper/etc/l", Typeflag: tar.TypeLink, Linkname: "upper/etc/shadow"},
+		},
+		"link-escape": {
+			{Name: "workspace/l", Typeflag: tar.TypeLink, Linkname: "workspace/../../etc/passwd"},
+		},
 		"ws-whiteout": {
 			{Name: "workspace/w", Typeflag: tar.TypeChar},
 		},
@@ -227,6 +243,8 @@ func TestApplySnapshotRefusesEscapes(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// A file of the target the archive does not have.
+			mustWrite(t, filepath.Join(root, "etc/shadow"), "secret", 0o600)
 			err := storage.ApplySnapshot(hostileArchive(t, hdrs...), storage.ApplyTargets{Rootfs: root, Workspace: ws, UID: 1000, MaxBytes: 1024})
 			if err == nil {
 				t.Fatal("applied a hostile archive")
@@ -235,7 +253,8 @@ func TestApplySnapshotRefusesEscapes(t *testing.T) {
 			if len(ents) > 0 {
 				t.Fatalf("wrote outside the target: %v", ents)
 			}
-			for _, p := range []string{filepath.Join(base, "evil"), "/evil", filepath.Join(ws, "sda"), filepath.Join(root, "dev/mem")} {
+			for _, p := range []string{filepath.Join(base, "evil"), "/evil", filepath.Join(ws, "sda"), filepath.Join(root, "dev/mem"),
+				filepath.Join(ws, "l"), filepath.Join(root, "etc/l")} {
 				if _, err := os.Lstat(p); err == nil {
 					t.Fatalf("%s exists", p)
 				}
