@@ -226,7 +226,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	defer eng.Close()
 
 	var servers []*http.Server
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	start := func(l net.Listener, h http.Handler, what string) {
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 		servers = append(servers, srv)
@@ -262,6 +262,15 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			return fmt.Errorf("server.http_addr: %w", err)
 		}
 		start(tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http")
+	}
+
+	pl, ph, err := listenPreview(cfg, eng, log)
+	if err != nil {
+		return err
+	}
+	if pl != nil {
+		defer ph.Close()
+		start(pl, ph, "preview")
 	}
 
 	// Only now can clients connect: tell systemd (Type=notify).

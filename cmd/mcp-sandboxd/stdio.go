@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -87,5 +88,15 @@ func serveStdio(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		return refuse(fmt.Sprintf("mcp-sandboxd stdio: cannot start the engine in-process: %v", err))
 	}
 	defer eng.Close()
+	// Previews work in-process too; a port in use (a daemon's) only costs
+	// the client sandbox_expose_port, which then says why.
+	if pl, ph, err := listenPreview(cfg, eng, log); err != nil {
+		log.Warn("mcp stdio: no preview listener", "err", err)
+	} else if pl != nil {
+		srv := &http.Server{Handler: ph, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		go func() { _ = srv.Serve(pl) }()
+		defer ph.Close()
+		defer srv.Close()
+	}
 	return mcpserver.ServeStdio(ctx, eng, mcpserver.Options{Log: log}, os.Stdin, os.Stdout)
 }

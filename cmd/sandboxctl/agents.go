@@ -13,11 +13,13 @@ import (
 
 // agentCmd is agent_run: `sandboxctl agent -p PROMPT [FILE...]`. Files keep
 // their base names in /workspace; with --out the final files are written
-// to a directory.
+// to a directory. The session's progress streams to stderr as
+// "agent: ..." lines while it runs.
 func agentCmd(g *globals) *cobra.Command {
 	var (
 		prompt, image, outDir string
 		maxTurns              int
+		quiet, showDiff       bool
 		timeout               time.Duration
 	)
 	cmd := &cobra.Command{
@@ -39,7 +41,11 @@ func agentCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := c.AgentRun(cmd.Context(), req)
+			res, err := c.AgentRun(cmd.Context(), req, func(p apitypes.AgentProgress) {
+				if !quiet {
+					fmt.Fprintf(g.stderr, "agent: %s\n", p)
+				}
+			})
 			if err != nil {
 				return err
 			}
@@ -63,9 +69,12 @@ func agentCmd(g *globals) *cobra.Command {
 			for _, ch := range res.Changes {
 				fmt.Fprintf(g.stdout, "%-8s %s\n", ch.Status, ch.Path)
 			}
+			if showDiff {
+				fmt.Fprint(g.stdout, res.Diff)
+			}
 			fmt.Fprintf(g.stdout, "%s\n", res.Summary)
-			fmt.Fprintf(g.stderr, "--- success %v %s; %d turns, %d requests, %d+%d tokens; transcript %s\n",
-				res.Success, res.Cause, res.NumTurns, res.Usage.Requests, res.Usage.InputTokens, res.Usage.OutputTokens, res.Transcript)
+			fmt.Fprintf(g.stderr, "--- success %v %s; %d turns, %d requests, %d+%d tokens; run %s, transcript %s\n",
+				res.Success, res.Cause, res.NumTurns, res.Usage.Requests, res.Usage.InputTokens, res.Usage.OutputTokens, res.RunID, res.Transcript)
 			if !res.Success {
 				return &exitStatus{code: 1}
 			}
@@ -77,6 +86,8 @@ func agentCmd(g *globals) *cobra.Command {
 	f.StringVar(&image, "image", "", "image with the Claude Code CLI (default: agent)")
 	f.StringVar(&outDir, "out", "", "write the final files into this directory")
 	f.IntVar(&maxTurns, "max-turns", 0, "most agent turns (default 20)")
+	f.BoolVarP(&quiet, "quiet", "q", false, "do not print the session's progress (tool calls, changed files) on stderr")
+	f.BoolVar(&showDiff, "diff", false, "print the unified diff of the text files after the changes")
 	f.DurationVar(&timeout, "timeout", 0, "time the session may take (default 10m)")
 	return cmd
 }

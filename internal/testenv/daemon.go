@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,6 +32,10 @@ type Daemon struct {
 	HTTPAddr  string
 	LogPath   string
 	ExtraEnv  []string // added to the daemon's environment
+	// Wrapper is run with the daemon's command line as its arguments and
+	// must exec it (e.g. nsenter --net=NS: a daemon whose network host side
+	// lives in the test's own namespace). Kept across restarts.
+	Wrapper []string
 
 	cmd     *exec.Cmd
 	exited  chan struct{}
@@ -83,7 +88,8 @@ func (d *Daemon) Start() {
 	if d.DaemonBin != "" {
 		bin = d.DaemonBin
 	}
-	d.cmd = exec.Command(bin, "serve", "--config", d.CfgPath)
+	argv := append(slices.Clone(d.Wrapper), bin, "serve", "--config", d.CfgPath)
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.Env = append(os.Environ(), d.ExtraEnv...)
 	// Its own process group, so that signals for it never reach the test.

@@ -198,11 +198,15 @@ func Config(t testing.TB, prefix string) *config.Config {
 	cfg.Paths.SeccompDir = filepath.Join(RepoRoot, "seccomp-profiles")
 	cfg.Paths.AgentPath = AgentPath(t)
 	cfg.Sandbox.CgroupParent = "/mcp-sandboxd-" + prefix + "-" + RandHex(4)
+	// Tests leave the host's cgroup2 mount options alone.
+	cfg.Sandbox.CgroupFavorDynMods = false
 	// A bridge of its own: network gc only touches its own bridge and the
 	// veths on it, so a test daemon never disturbs another one's.
 	cfg.Network.Bridge = "sbxt" + RandHex(3)
 	cfg.Sandbox.Memory = 256 << 20
 	cfg.Sandbox.Disk = 128 << 20
+	// Any free port: test daemons run side by side.
+	cfg.Server.PreviewListen = "127.0.0.1:0"
 	t.Cleanup(func() {
 		RemoveCgroupParent(t, cfg.Sandbox.CgroupParent)
 		_ = os.RemoveAll(runDir)

@@ -67,6 +67,10 @@ const (
 	OpListFiles   = "list_files"
 	OpDeleteFile  = "delete_file"
 	OpStat        = "stat"
+	// OpConnect opens a TCP connection to Request.Port on the sandbox's
+	// loopback; after the result frame the connection carries raw bytes
+	// both ways (see connect.go).
+	OpConnect = "connect"
 )
 
 // Frame types.
@@ -137,6 +141,8 @@ type Request struct {
 	Offset       int64             `json:"offset,omitempty"`
 	Recursive    bool              `json:"recursive,omitempty"`
 	Write        *WriteFileRequest `json:"write,omitempty"`
+	// Port is the TCP port of an OpConnect request.
+	Port int `json:"port,omitempty"`
 }
 
 // Frame is one header line of a response (agent to client) or of the input

@@ -267,23 +267,44 @@ func removeTree(dir string) error {
 	return nil
 }
 
-// Procs lists the pids of the processes in cgroup p (not its children).
+// Procs lists the pids of the processes in cgroup p and its descendants:
+// on v2 a sandbox's processes live in child cgroups (the agent's own leaf
+// and one per job, see pkg/agent/server/jobcgroup.go), on v1 in the pids
+// hierarchy's p (jobs get no pids cgroup there).
 func Procs(p string) ([]int, error) {
-	file := filepath.Join(Root, p, "cgroup.procs")
+	dir := filepath.Join(Root, p)
 	if HostMode() != ModeUnified {
-		file = filepath.Join(Root, "pids", p, "cgroup.procs")
+		dir = filepath.Join(Root, "pids", p)
 	}
-	data, err := os.ReadFile(file)
-	if err != nil {
+	if _, err := os.Stat(filepath.Join(dir, "cgroup.procs")); err != nil {
 		return nil, err
 	}
 	var pids []int
-	for _, f := range strings.Fields(string(data)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, pid)
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil // a job's cgroup removed while we walk
+			}
+			return err
 		}
-	}
-	return pids, nil
+		if d.IsDir() || d.Name() != "cgroup.procs" {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV) {
+				return nil
+			}
+			return err
+		}
+		for _, f := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		return nil
+	})
+	return pids, err
 }
 
 // ReadUsage reads the usage of cgroup p.
@@ -407,19 +428,19 @@ func IOControllerAvailable() bool {
 
 // DelegatedDirs lists, by name, the host directories of cgroup p that a
 // sandbox's agent gets to create per-job cgroups in: "unified" (the v2
-// hierarchy, or hybrid's unified tree) and the v1 "memory", "cpuacct" and
-// "freezer" hierarchies where they are mounted. On a unified host the one
-// entry is "" (the cgroup itself).
+// hierarchy, or hybrid's unified tree), or on a legacy host without one
+// the v1 "cpuacct" and "freezer" hierarchies. On a unified host the one
+// entry is "" (the cgroup itself). The v1 memory hierarchy is never
+// delegated: why is in pkg/agent/server's jobCgroups.
 func DelegatedDirs(p string) map[string]string {
 	switch HostMode() {
 	case ModeUnified:
 		return map[string]string{"": filepath.Join(Root, p)}
-	case ModeHybrid, ModeLegacy:
+	case ModeHybrid:
+		return map[string]string{"unified": filepath.Join(Root, "unified", p)}
+	case ModeLegacy:
 		out := map[string]string{}
-		if HostMode() == ModeHybrid {
-			out["unified"] = filepath.Join(Root, "unified", p)
-		}
-		for _, c := range []string{"memory", "cpuacct", "freezer"} {
+		for _, c := range []string{"cpuacct", "freezer"} {
 			if _, err := os.Stat(filepath.Join(Root, c)); err == nil {
 				out[c] = filepath.Join(Root, c, p)
 			}

@@ -66,6 +66,11 @@ type Server struct {
 	// MaxRequestBytes caps every request body, /mcp included; larger files
 	// go through the REST upload (PUT .../files), capped on its own.
 	MaxRequestBytes ByteSize `yaml:"max_request_bytes"`
+
+	// PreviewListen is the TCP address (host:port) of the preview listener,
+	// which serves sandboxes' exposed ports (pkg/preview); port 0 picks a
+	// free one. Empty: no preview listener.
+	PreviewListen string `yaml:"preview_listen"`
 }
 
 // SocketPerm is server.socket_mode as file permission bits.
@@ -134,6 +139,11 @@ type Sandbox struct {
 	CgroupParent       string         `yaml:"cgroup_parent"` // absolute cgroup path of the daemon's parent
 	IOReadBPS          ByteSize       `yaml:"io_read_bps"`   // block I/O read throttle per sandbox, bytes/s (0: none)
 	IOWriteBPS         ByteSize       `yaml:"io_write_bps"`  // block I/O write throttle per sandbox, bytes/s (0: none)
+	// CgroupFavorDynMods lets the daemon set favordynmods on the host's
+	// cgroup2 hierarchy at start (see cgroups.FavorDynMods): every command
+	// enters a cgroup of its own, and without it each such move can wait
+	// for an RCU grace period.
+	CgroupFavorDynMods bool `yaml:"cgroup_favordynmods"`
 }
 
 // SeccompRule gives the named syscalls an action (SCMP_ACT_ALLOW,
@@ -271,6 +281,8 @@ func Default() *Config {
 			MCPOnSessionEnd:     SessionEndKeep,
 			MCPProgressInterval: Duration(15 * time.Second),
 			MaxRequestBytes:     4 << 20,
+
+			PreviewListen: "127.0.0.1:7071",
 		},
 		Paths: Paths{
 			StateDir:   "/var/lib/mcp-sandboxd",
@@ -299,6 +311,7 @@ func Default() *Config {
 			SeccompProfile:     "default",
 			SeccompDiagnostics: true,
 			CgroupParent:       "/mcp-sandboxd",
+			CgroupFavorDynMods: true,
 		},
 		Network: Network{
 			Bridge:      "sbx0",

@@ -68,6 +68,16 @@ func (s *Server) validate(p *problems) {
 	if s.AuthTokenFile != "" {
 		p.absPath("server.auth_token_file", s.AuthTokenFile)
 	}
+	if s.PreviewListen != "" && s.PreviewListen != s.HTTPAddr {
+		// Port 0 is allowed: the listener picks one and the URLs say which.
+		if _, port, err := net.SplitHostPort(s.PreviewListen); err == nil && port == "0" {
+			p.hostPort("server.preview_listen", strings.TrimSuffix(s.PreviewListen, "0")+"1")
+		} else {
+			p.hostPort("server.preview_listen", s.PreviewListen)
+		}
+	} else if s.PreviewListen != "" {
+		p.add("server.preview_listen", "", "must differ from server.http_addr: previews need an origin of their own")
+	}
 	if s.MCPMaxResultBytes < minMCPResult {
 		p.add("server.mcp_max_result_bytes", "", "%v is below the minimum of %v", s.MCPMaxResultBytes, minMCPResult)
 	}

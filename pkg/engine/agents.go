@@ -47,8 +47,10 @@ const (
 	maxAgentFile = 256 << 10
 )
 
-// AgentRun runs one agent session; progress, if not nil, sees tool calls,
-// changed files and the result as they stream.
+// AgentRun runs one agent session; progress, if not nil, sees the session
+// start (its run record and sandbox), tool calls, changed files and the
+// result as they stream. The session is kept in a run record of kind
+// "agent" (agents_record.go).
 func (e *Engine) AgentRun(ctx context.Context, req AgentRunRequest, progress func(AgentProgress)) (*AgentRunResult, error) {
 	if strings.TrimSpace(req.Prompt) == "" {
 		return nil, errdefs.Invalidf("prompt: required")
@@ -84,6 +86,9 @@ func (e *Engine) AgentRun(ctx context.Context, req AgentRunRequest, progress fun
 		if image == "" {
 			image = AgentImage
 		}
+		if !e.imageKnown(image) {
+			return nil, errdefs.Invalidf("language: unknown image %q (known: %s; agent sessions need one with the Claude Code CLI, e.g. %s)", image, strings.Join(e.knownImages(), ", "), AgentImage)
+		}
 		// An allowlist with nothing in it: the credential proxy on the
 		// gateway is the only destination.
 		info, err := e.CreateSandbox(ctx, CreateSandboxRequest{Image: image, Language: image, Network: NetworkAllowlist,
@@ -117,31 +122,42 @@ func (e *Engine) AgentRun(ctx context.Context, req AgentRunRequest, progress fun
 		return nil, err
 	}
 
-	tdir := filepath.Join(e.cfg.Paths.StateDir, "agent-transcripts")
-	if err := os.MkdirAll(tdir, 0o700); err != nil {
-		return nil, err
-	}
-	tpath := filepath.Join(tdir, fmt.Sprintf("%s-%d.jsonl", id, time.Now().UnixNano()))
-	tf, err := os.OpenFile(tpath, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+	rec, err := e.startAgentRecord(ctx, id, req.Files, req.SandboxID == "")
 	if err != nil {
 		return nil, err
 	}
-	defer tf.Close()
-	st := &agentStream{progress: progress, transcript: tf}
-	argv := []string{agentCLI, "-p", req.Prompt, "--output-format", "stream-json", "--verbose",
+	out, err := e.agentSession(ctx, id, rec, req.Prompt, turns, timeout, before, progress)
+	return out, rec.finish(ctx, out, err)
+}
+
+// agentSession runs the CLI in sandbox id and collects its outcome: the
+// transcript goes to the record, the progress to progress and the
+// record's stdout.log.
+func (e *Engine) agentSession(ctx context.Context, id string, rec *agentRecord, prompt string, turns int, timeout time.Duration,
+	before map[string]workspaceFile, progress func(AgentProgress)) (*AgentRunResult, error) {
+	progress(AgentProgress{Kind: "started", RunID: rec.ID, SandboxID: id})
+	st := &agentStream{progress: func(p AgentProgress) {
+		rec.logProgress(p)
+		progress(p)
+	}, transcript: rec.transcript}
+	argv := []string{agentCLI, "-p", prompt, "--output-format", "stream-json", "--verbose",
 		"--max-turns", strconv.Itoa(turns), "--dangerously-skip-permissions"}
+	rec.argv = argv
 	res, err := e.sandboxes.Exec(ctx, id, sandbox.ExecSpec{Argv: argv, Timeout: timeout, MaxResultBytes: 64 << 10,
 		Env: map[string]string{"IS_SANDBOX": "1"}}, func(stream string, data []byte) {
 		if stream == "stdout" {
 			st.write(data)
+		} else {
+			_, _ = rec.Stderr.Write(data)
 		}
 	})
 	if err != nil {
 		return nil, err
 	}
 	st.flush()
+	rec.Meta.Termination = recordTermination(res.Termination)
 
-	out := &AgentRunResult{SandboxID: id, Transcript: tpath, ExitCode: res.ExitCode, Summary: st.summary, NumTurns: st.turns}
+	out := &AgentRunResult{SandboxID: id, RunID: rec.ID, Transcript: rec.transcriptPath, ExitCode: res.ExitCode, Summary: st.summary, NumTurns: st.turns}
 	out.Success = res.ExitCode == 0 && st.subtype == "success" && !st.isError
 	switch {
 	case res.Termination.Cause == apitypes.CauseTimeout:
@@ -185,7 +201,24 @@ func (e *Engine) AgentRun(ctx context.Context, req AgentRunRequest, progress fun
 	if out.Changes == nil {
 		out.Changes = []apitypes.AgentFileChange{}
 	}
+	out.Diff = textDiff(before, after)
 	return out, nil
+}
+
+// textDiff is the unified diff of the text files from before to after. A
+// file that is text on one side only (binary, or past maxAgentFile) is
+// left out: Changes lists it.
+func textDiff(before, after map[string]workspaceFile) string {
+	text := func(side, other map[string]workspaceFile) autofix.Files {
+		f := autofix.Files{}
+		for p, c := range side {
+			if o, ok := other[p]; c.content != nil && (!ok || o.content != nil) {
+				f[p] = []byte(*c.content)
+			}
+		}
+		return f
+	}
+	return autofix.UnifiedDiff(text(before, after), text(after, before))
 }
 
 // workspaceFile is a file's content (nil if too large or not text) and

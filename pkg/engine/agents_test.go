@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"net"
 	"net/http"
 	"os"
@@ -103,6 +104,9 @@ func TestAgentRun(t *testing.T) {
 			!slices.Equal(res.Changes, []apitypes.AgentFileChange{{Path: "calc.py", Status: "added"}}) || res.Files["test_calc.py"] != pytestFiles["test_calc.py"] {
 			t.Fatalf("session: %+v\ntranscript:\n%.3000s", res, tr)
 		}
+		if want := "--- /dev/null\n+++ b/calc.py\n@@ -0,0 +1,2 @@\n+def add(a, b):\n+    return a + b\n"; res.Diff != want {
+			t.Fatalf("diff %q, want %q", res.Diff, want)
+		}
 		results := api.Results()
 		if !slices.ContainsFunc(results, func(s string) bool { return strings.Contains(s, "1 passed") }) {
 			t.Fatalf("the test run the model saw did not pass: %q", results)
@@ -134,6 +138,31 @@ func TestAgentRun(t *testing.T) {
 		if !strings.Contains(string(tr), `"type":"result"`) {
 			t.Fatalf("transcript %s has no result", res.Transcript)
 		}
+		// The run record: kind agent, the input files, the transcript in
+		// it, the progress log, the result.
+		if events[0].Kind != "started" || events[0].RunID != res.RunID || events[0].SandboxID != res.SandboxID {
+			t.Fatalf("first event %+v, result run %s sandbox %s", events[0], res.RunID, res.SandboxID)
+		}
+		run, err := env.GetRun(ctx, res.RunID, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := run.Metadata; m.Kind != "agent" || !m.Success || m.SandboxID != res.SandboxID || m.Image != AgentImage || !m.Ephemeral ||
+			len(m.Steps) != 1 || m.Steps[0].Name != "agent" || !slices.Equal(m.Files, []string{"test_calc.py"}) {
+			t.Fatalf("record metadata %+v", m)
+		}
+		if res.Transcript != filepath.Join(run.Dir, "transcript.jsonl") || run.Code["test_calc.py"] != pytestFiles["test_calc.py"] ||
+			!strings.Contains(run.Stdout, "tool_call Write /workspace/calc.py\n") || !strings.HasSuffix(run.Stdout, "result success\n") {
+			t.Fatalf("record %s: transcript %s, code %v, stdout %q", run.Dir, res.Transcript, run.Code, run.Stdout)
+		}
+		if fi, err := os.Stat(res.Transcript); err != nil || fi.Mode().Perm() != 0o600 || fi.Size() != int64(len(tr)) {
+			t.Fatalf("transcript %v %v", fi, err)
+		}
+		var stored AgentRunResult
+		if b, err := os.ReadFile(filepath.Join(run.Dir, "agent_result.json")); err != nil || json.Unmarshal(b, &stored) != nil ||
+			stored.Summary != res.Summary || stored.Files["calc.py"] != res.Files["calc.py"] {
+			t.Fatalf("agent_result.json: %v %+v", err, stored)
+		}
 		if ids := env.sandboxes.IDs(); len(ids) != 0 {
 			t.Fatalf("sandboxes left after the session: %v", ids)
 		}
@@ -141,6 +170,9 @@ func TestAgentRun(t *testing.T) {
 		// Bad input: an image without the CLI, no prompt.
 		if _, err := env.AgentRun(ctx, AgentRunRequest{Prompt: "x", Language: "shell"}, nil); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.HasPrefix(errdefs.MessageOf(err), "language") {
 			t.Fatalf("agent_run on shell: %v", err)
+		}
+		if _, err := env.AgentRun(ctx, AgentRunRequest{Prompt: "x", Language: "no-such-image"}, nil); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.HasPrefix(errdefs.MessageOf(err), "language: unknown image") {
+			t.Fatalf("agent_run on an unknown image: %v", err)
 		}
 		if _, err := env.AgentRun(ctx, AgentRunRequest{}, nil); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.HasPrefix(errdefs.MessageOf(err), "prompt") {
 			t.Fatalf("agent_run without a prompt: %v", err)
@@ -176,6 +208,9 @@ func TestAgentRun(t *testing.T) {
 		}
 		if res.Success || res.Cause != "spend_cap: max_requests" || res.Usage.Requests != 1 || res.Usage.Refused == 0 {
 			t.Fatalf("capped session: %+v", res)
+		}
+		if run, err := env.GetRun(ctx, res.RunID, 0); err != nil || run.Metadata.Success || run.Metadata.Termination.Detail != "spend_cap: max_requests" {
+			t.Fatalf("capped session's record: %v %+v", err, run)
 		}
 	})
 }

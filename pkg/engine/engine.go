@@ -60,10 +60,11 @@ type Engine struct {
 	seccompProfiles map[string]*specs.LinuxSeccomp
 	metrics         *metrics
 	started         time.Time
-	runState                    // run records (run.go)
-	autofixState                // autofix loops (autofix.go)
-	builds          imageBuilds // images being built on first use (ondemand.go)
-	snapshotState               // workspace snapshots (snapshot.go)
+	runState                      // run records (run.go)
+	autofixState                  // autofix loops (autofix.go)
+	builds          imageBuilds   // images being built on first use (ondemand.go)
+	ports           portExposures // preview exposures (ports.go)
+	snapshotState                 // workspace snapshots (snapshot.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -106,6 +107,15 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		return nil, err
 	}
 	e.ledger = ledger.New(e.store)
+	if cfg.Sandbox.CgroupFavorDynMods {
+		// A host-wide mount option (cgroups.FavorDynMods says why): said
+		// aloud when changed; a failure costs only exec latency.
+		if changed, err := cgroups.FavorDynMods(); err != nil {
+			log.Warn("cgroup2 favordynmods not set: each command's cgroup move may wait for an RCU grace period", "err", err)
+		} else if changed {
+			log.Info("set favordynmods on the host's cgroup2 hierarchy (sandbox.cgroup_favordynmods)")
+		}
+	}
 	disks, err := storage.NewStore(cfg.Paths.SandboxesDirOrDefault())
 	if err != nil {
 		cleanup()
@@ -150,8 +160,11 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 			}
 			return *spec, nil
 		},
-		OnTransition: func(_ string, _, to sandbox.State, _ string) {
+		OnTransition: func(id string, _, to sandbox.State, _ string) {
 			e.metrics.terminations.WithLabelValues(string(to)).Inc()
+			if endsExposures(to) {
+				e.endExposures(id)
+			}
 		},
 	})
 	if err != nil {
@@ -168,6 +181,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	e.adoptNetworks(ctx, rep)
+	if err := e.loadExposures(ctx); err != nil {
+		log.Error("restore preview exposures", "err", err)
+	}
 	log.Info("reconciled state", "adopted", len(rep.Adopted), "terminated", len(rep.Terminated),
 		"removed", len(rep.Removed), "errors", len(rep.Errors))
 	for _, msg := range rep.Errors {

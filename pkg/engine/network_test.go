@@ -33,6 +33,8 @@ import (
 type netTopology struct {
 	host, up string // namespace names under /run/netns
 	hostNS   netns.NsHandle
+	// mux is the upstream HTTP server's; tests may add routes.
+	mux *http.ServeMux
 
 	mu        sync.Mutex
 	downloads map[string]int // wheel file name → GETs served by the index
@@ -120,6 +122,7 @@ func newNetTopology(t testing.TB, pkgs ...indexPackage) *netTopology {
 			w.Write(whl)
 		})
 	}
+	tp.mux = mux
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })

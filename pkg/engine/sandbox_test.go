@@ -132,10 +132,11 @@ func TestIsolation(t *testing.T) {
 		{"seccomp filter", "grep '^Seccomp:' /proc/self/status | cut -f2", "2"},
 		{"hostname is the id", "hostname", id},
 		{"pid 1 is the agent", "tr '\\0' ' ' </proc/1/cmdline | cut -d' ' -f1", "/.sandboxd/agent"},
-		// Exactly two processes are visible: the agent (1) and this shell,
-		// whose parent it is; shell builtins only, so nothing else runs.
-		// (A glob sorts "1" before every other pid.)
-		{"own pid namespace", `cd /proc && v= && for d in [0-9]*; do v="$v $d"; done; while read -r k p; do [ "$k" = PPid: ] && pp=$p; done </proc/self/status; [ "$v" = " 1 $$" ] && [ "$pp" = 1 ] && echo exact || echo "visible:$v self $$ parent $pp"`, "exact"},
+		// Exactly these processes are visible: the agent (1), this shell,
+		// whose parent it is, and at most one spare job helper (another
+		// "agent", waiting for the next command); shell builtins only, so
+		// nothing else runs. (A glob sorts "1" before every other pid.)
+		{"own pid namespace", `cd /proc && v= && a=0 && for d in [0-9]*; do n=; while read -r k x; do [ "$k" = Name: ] && n=$x; done <$d/status; if [ "$d" != 1 ] && [ "$n" = agent ]; then a=$((a+1)); else v="$v $d"; fi; done; while read -r k p; do [ "$k" = PPid: ] && pp=$p; done </proc/self/status; [ "$v" = " 1 $$" ] && [ "$pp" = 1 ] && [ $a -le 1 ] && echo exact || echo "visible:$v self $$ parent $pp spares $a"`, "exact"},
 		{"root read-only", "touch /rootfile 2>&1 | grep -c 'Read-only file system'", "1"},
 		{"usr read-only", "touch /usr/x 2>&1 | grep -c 'Read-only file system'", "1"},
 		{"workspace writable", "echo a > /workspace/a && cat /workspace/a", "a"},
@@ -165,9 +166,9 @@ func TestIsolation(t *testing.T) {
 	// the agent, PID 1 in its own namespace under a host pid the sandbox
 	// cannot see.
 	t.Run("agent is pid 1 of its namespace", func(t *testing.T) {
-		procs, err := cgroups.Procs(info.CgroupPath)
+		procs, err := agentProcs(info.CgroupPath)
 		if err != nil || len(procs) != 1 {
-			t.Fatalf("processes in %s at rest = %v, %v; want the agent alone", info.CgroupPath, procs, err)
+			t.Fatalf("processes in %s at rest = %v, %v; want the agent alone (besides its spare job helper)", info.CgroupPath, procs, err)
 		}
 		host := procs[0]
 		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", host))
@@ -268,6 +269,21 @@ func TestDiskLimitENOSPC(t *testing.T) {
 	}
 }
 
+// agentProcs lists the host pids in cgroup p but the agent's spare job
+// helper (pkg/agent/server/spare.go), which waits there for the next
+// command.
+func agentProcs(p string) ([]int, error) {
+	all, err := cgroups.Procs(p)
+	var out []int
+	for _, pid := range all {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if !strings.Contains(string(cmd), "\x00__job-spare\x00") {
+			out = append(out, pid)
+		}
+	}
+	return out, err
+}
+
 func TestTimeoutKillsProcessGroup(t *testing.T) {
 	env := newTestEngine(t)
 	info := env.create(t, CreateSandboxRequest{})
@@ -284,8 +300,9 @@ func TestTimeoutKillsProcessGroup(t *testing.T) {
 	if got := strings.TrimSpace(res.Stdout); got != "0" {
 		t.Errorf("sleep processes after timeout: %q", got)
 	}
-	// The cgroup agrees, seen from the host: only the agent is left.
-	procs, err := cgroups.Procs(info.CgroupPath)
+	// The cgroup agrees, seen from the host: only the agent is left (and
+	// its spare job helper, which waits for the next command).
+	procs, err := agentProcs(info.CgroupPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +340,7 @@ func TestTimeoutKillsEscapedProcesses(t *testing.T) {
 	res = env.sh(t, info.ID, "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; x=$(head -c 30000000 /dev/zero | tr '\\0' a); echo ${#x}")
 	if res.Usage == nil || res.Usage.CPUSeconds < 0.05 {
 		t.Errorf("usage of a busy command = %+v, want some CPU time", res.Usage)
-	} else if cgroups.HostMode() != cgroups.ModeUnified && res.Usage.MemoryPeakBytes < 20<<20 {
+	} else if res.Usage.MemoryPeakBytes < 20<<20 {
 		t.Errorf("memory peak of a command buffering 30 MB = %d", res.Usage.MemoryPeakBytes)
 	}
 }
@@ -352,29 +369,65 @@ func hostProcsOf(t *testing.T, id, comm string) []string {
 	return out
 }
 
+// TestCPUQuota runs a busy loop under a 0.5-core quota beside one under
+// 2 cores, at the same time: the control shows what the machine could
+// give, so a busy machine (other tests, a load average of 12 on two cores)
+// does not pass for a working quota or fail a working one.
 func TestCPUQuota(t *testing.T) {
 	env := newTestEngine(t)
-	info := env.create(t, CreateSandboxRequest{CPUs: ptr(0.5)})
 	ctx := context.Background()
-	before, err := env.GetSandbox(ctx, info.ID)
-	if err != nil {
-		t.Fatal(err)
+	limited := env.create(t, CreateSandboxRequest{CPUs: ptr(0.5)})
+	control := env.create(t, CreateSandboxRequest{CPUs: ptr(2.0)})
+	type sample struct{ share, throttled float64 }
+	measure := func() (lim, ctl sample) {
+		var wg sync.WaitGroup
+		run := func(id string, out *sample) {
+			defer wg.Done()
+			before, err := env.GetSandbox(ctx, id)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			start := time.Now()
+			res := env.sh(t, id, "while true; do :; done", 4)
+			wall := time.Since(start).Seconds()
+			after, err := env.GetSandbox(ctx, id)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if res.Termination.Cause != sandbox.CauseTimeout {
+				t.Errorf("busy loop: cause %s", res.Termination.Cause)
+			}
+			out.share = (after.Usage.CPUSeconds - before.Usage.CPUSeconds) / wall
+			out.throttled = after.Usage.CPUThrottledSec - before.Usage.CPUThrottledSec
+		}
+		wg.Add(2)
+		go run(limited.ID, &lim)
+		go run(control.ID, &ctl)
+		wg.Wait()
+		return lim, ctl
 	}
-	start := time.Now()
-	res := env.sh(t, info.ID, "while true; do :; done", 4)
-	wall := time.Since(start).Seconds()
-	after, err := env.GetSandbox(ctx, info.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Termination.Cause != sandbox.CauseTimeout {
-		t.Fatalf("busy loop: cause %s", res.Termination.Cause)
-	}
-	used := after.Usage.CPUSeconds - before.Usage.CPUSeconds
-	share := used / wall
-	t.Logf("busy loop for %.2fs used %.2f CPU-seconds: %.2f of a core", wall, used, share)
-	if share < 0.35 || share > 0.6 {
-		t.Errorf("CPU share under a 0.5 quota = %.2f, want about 0.5", share)
+	for attempt := 1; ; attempt++ {
+		lim, ctl := measure()
+		t.Logf("attempt %d: under 0.5 cores %.2f of a core (throttled %.2fs); under 2 cores %.2f", attempt, lim.share, lim.throttled, ctl.share)
+		if lim.share > 0.6 {
+			t.Fatalf("CPU share under a 0.5 quota = %.2f, want at most about 0.5", lim.share)
+		}
+		if ctl.share >= 0.75 {
+			// The machine had more than the quota to give.
+			if lim.throttled <= 0 {
+				t.Errorf("the loop under a 0.5 quota was never throttled while the control got %.2f of a core", ctl.share)
+			}
+			if lim.share < 0.35 {
+				t.Errorf("CPU share under a 0.5 quota = %.2f while the control got %.2f, want about 0.5", lim.share, ctl.share)
+			}
+			return
+		}
+		if attempt == 3 {
+			t.Logf("the machine never had more than %.2f of a core to give: only the ceiling could be checked", ctl.share)
+			return
+		}
 	}
 }
 

@@ -139,6 +139,7 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 	if enabled("sandbox") {
 		s.addSandboxTools()
 		s.addPauseTools()
+		s.addPortTools()
 		s.addSnapshotTools()
 	}
 	if enabled("sandbox", "run") {

@@ -48,6 +48,10 @@ const (
 	FixedAttemptsJSON = "fixed_attempts.json"
 	MetadataJSON      = "metadata.json"
 	OutputDir         = "output"
+	// Agent sessions (kind "agent"): stdout.log holds the progress lines,
+	// stderr.log the CLI's stderr.
+	TranscriptJSONL = "transcript.jsonl"
+	AgentResultJSON = "agent_result.json"
 )
 
 // idRE is the shape of a run id, also its directory name.

@@ -234,8 +234,8 @@ func (m *Manager) termination(sb *Sandbox, exit *agent.ExitStatus, oomBefore uin
 		t = Termination{Cause: CauseLost, Detail: fmt.Sprintf("agent reported unknown cause %.40q", exit.Cause)}
 	}
 	if exit.Signal == "SIGKILL" && (t.Cause == CauseSignal || t.Cause == CauseKilled) {
-		// The job's own counter (v1 does not propagate OOM kills to the
-		// sandbox's cgroup), or the sandbox's.
+		// The job's own counter (where its cgroup has a memory
+		// controller), or the sandbox's.
 		if n, err := sb.oomKills(); exit.OOMKills > 0 || (err == nil && n > oomBefore) {
 			t.Cause, t.Detail = CauseOOM, fmt.Sprintf("killed by the OOM killer (memory limit %d bytes)", sb.spec.Limits.MemoryBytes)
 		}

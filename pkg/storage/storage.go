@@ -326,6 +326,13 @@ func copySparse(src, dst string) (err error) {
 	return nil
 }
 
+// attachMu serialises this process's loop attachments (see Attach).
+var attachMu sync.Mutex
+
+// attachAttempts bounds Attach's retries when other processes take the
+// free device first; with the back-off they span about 0.4 s.
+const attachAttempts = 64
+
 // Attach attaches image to a free loop device with LO_FLAGS_AUTOCLEAR and
 // returns the device's path and an open descriptor of it. The device stays
 // attached while the descriptor or a mount of it is open: the caller mounts
@@ -341,9 +348,14 @@ func Attach(image string) (dev string, f *os.File, err error) {
 		return "", nil, fmt.Errorf("storage: %w", err)
 	}
 	defer ctl.Close()
-	// Another process may configure the free device between GET_FREE and
-	// CONFIGURE (EBUSY): ask again.
-	for range 16 {
+	// GET_FREE only names a device; whoever configures it first gets it.
+	// Callers in this process take turns (else a burst of creates all race
+	// for the same number and the last waits for every other), and another
+	// process (losetup, a second daemon, a test) can still win between the
+	// two calls (EBUSY): ask again, backing off a little, as losetup does.
+	attachMu.Lock()
+	defer attachMu.Unlock()
+	for attempt := range attachAttempts {
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
 			return "", nil, fmt.Errorf("storage: LOOP_CTL_GET_FREE: %w", err)
@@ -358,6 +370,7 @@ func Attach(image string) (dev string, f *os.File, err error) {
 		err = unix.IoctlLoopConfigure(int(f.Fd()), &cfg)
 		if errors.Is(err, unix.EBUSY) {
 			f.Close()
+			time.Sleep(time.Duration(attempt+1) * 200 * time.Microsecond)
 			continue
 		}
 		if err != nil {
@@ -366,7 +379,7 @@ func Attach(image string) (dev string, f *os.File, err error) {
 		}
 		return dev, f, nil
 	}
-	return "", nil, errors.New("storage: no free loop device after 16 attempts")
+	return "", nil, fmt.Errorf("storage: no free loop device after %d attempts (other processes keep taking them)", attachAttempts)
 }
 
 // openLoop opens loop device n, making its node when devtmpfs has not (yet).

@@ -146,6 +146,24 @@ CREATE TABLE network_leases (
 	},
 	{
 		version:     6,
+		description: "preview port exposures",
+		sql: `
+-- Ports of live sandboxes served by the preview listener (pkg/engine/ports.go),
+-- so that they survive a daemon restart like their sandboxes do. The token
+-- is kept as issued (the state directory is root's, like the API token
+-- file): listing an exposure shows its URL again. Rows of sandboxes that
+-- are no longer live are removed at startup.
+CREATE TABLE port_exposures (
+	sandbox_id TEXT NOT NULL,
+	port       INTEGER NOT NULL CHECK (port BETWEEN 1 AND 65535),
+	token      TEXT NOT NULL,
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (sandbox_id, port)
+) STRICT;
+`,
+	},
+	{
+		version:     7,
 		description: "workspace snapshots",
 		sql: `
 -- One row per workspace snapshot (pkg/engine/snapshot.go): the archive

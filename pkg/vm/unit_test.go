@@ -51,6 +51,8 @@ func TestSpecValidate(t *testing.T) {
 		{"cpus", Spec{ID: "a", Dir: "/run/x", Guest: g, CPUs: 65}, "cpus:"},
 		{"accel", Spec{ID: "a", Dir: "/run/x", Guest: g, Accel: "hvf"}, "accel:"},
 		{"kernel args", Spec{ID: "a", Dir: "/run/x", Guest: g, KernelArgs: "a\nb"}, "kernel_args:"},
+		{"relative data disk", Spec{ID: "a", Dir: "/run/x", Guest: g, DataDisks: []string{"d.raw"}}, "data_disks[0]:"},
+		{"data disk with comma", Spec{ID: "a", Dir: "/run/x", Guest: g, DataDisks: []string{"/d.raw", "/a,b"}}, "data_disks[1]:"},
 	} {
 		err := tc.spec.validate()
 		if !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), tc.field) {
@@ -74,9 +76,18 @@ func TestArgs(t *testing.T) {
 			t.Errorf("args lack %q: %s", want, a)
 		}
 	}
-	if strings.Contains(a, "-loadvm") || strings.Contains(a, "pflash") || strings.Contains(a, "tpm") || strings.Contains(a, "-runas") {
+	if strings.Contains(a, "-loadvm") || strings.Contains(a, "pflash") || strings.Contains(a, "tpm") || strings.Contains(a, "-runas") ||
+		strings.Contains(a, "disk1") {
 		t.Errorf("unexpected options: %s", a)
 	}
+	// Data disks follow the root disk as raw virtio-blk devices.
+	s.DataDisks = []string{"/data.raw"}
+	a = strings.Join(s.args(), " ")
+	if want := "-blockdev driver=file,filename=/data.raw,node-name=file1 -blockdev driver=raw,file=file1,node-name=disk1 -device virtio-blk-pci,drive=disk1"; !strings.Contains(a, want) ||
+		strings.Index(a, want) < strings.Index(a, "drive=disk0") {
+		t.Errorf("args lack %q after the root disk: %s", want, a)
+	}
+	s.DataDisks = nil
 	s.Accel, s.RunAs, s.FromTemplate, s.TPM = AccelKVM, "nobody", "/t.qcow2", true
 	s.Firmware = &Firmware{Code: "/c", Vars: "/v", SecureBoot: true}
 	s.Guest = DiskGuest(OSWindows, "/w.qcow2")

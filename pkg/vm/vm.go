@@ -119,6 +119,11 @@ type Spec struct {
 	// KernelArgs are appended to the guest kernel command line (e.g.
 	// "systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all").
 	KernelArgs string
+	// DataDisks are raw disk images attached read-write after the root
+	// disk, in order (the Linux guest sees /dev/vdb, /dev/vdc, ...): e.g.
+	// the test binaries and images of make test-cgroupv2. They belong to
+	// the caller; Destroy leaves them.
+	DataDisks []string
 }
 
 // record is vm.json: what adopting a VM after a daemon restart needs.
@@ -267,6 +272,12 @@ func (s *Spec) validate() error {
 	case strings.ContainsAny(s.KernelArgs, "\n\x00"):
 		return errdefs.Invalidf("kernel_args: contains a newline or NUL")
 	}
+	for i, d := range s.DataDisks {
+		// QEMU's option syntax: a comma would start another option.
+		if !filepath.IsAbs(d) || strings.ContainsAny(d, ",\n\x00") {
+			return errdefs.Invalidf("data_disks[%d]: %q must be an absolute path without commas", i, d)
+		}
+	}
 	return nil
 }
 
@@ -323,6 +334,12 @@ func (s *Spec) args() []string {
 		"-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
 		"-chardev", "socket,id=agent0,path=" + filepath.Join(d, agentSock) + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent0,name=" + vport.AgentPortName,
+	}
+	for i, disk := range s.DataDisks {
+		a = append(a,
+			"-blockdev", fmt.Sprintf("driver=file,filename=%s,node-name=file%d", disk, i+1),
+			"-blockdev", fmt.Sprintf("driver=raw,file=file%d,node-name=disk%d", i+1, i+1),
+			"-device", fmt.Sprintf("virtio-blk-pci,drive=disk%d", i+1))
 	}
 	if s.Guest.Kernel != "" {
 		a = append(a, "-kernel", s.Guest.Kernel, "-initrd", s.Guest.Initrd,

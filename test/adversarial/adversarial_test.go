@@ -256,11 +256,29 @@ func sandboxProcs(t *testing.T, id, comm string) []string {
 		if err != nil || !strings.Contains(string(cg), "/"+id) {
 			continue
 		}
-		if c, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "comm")); strings.TrimSpace(string(c)) == comm {
-			out = append(out, ent.Name())
+		c, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "comm"))
+		if strings.TrimSpace(string(c)) != comm {
+			continue
 		}
+		// A zombie holds nothing but its pid until the sandbox's PID 1
+		// reaps it; only live processes survive.
+		if st, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "stat")); procState(st) == "Z" {
+			continue
+		}
+		out = append(out, ent.Name())
 	}
 	return out
+}
+
+// procState is the state letter of a /proc/PID/stat line ("" if unknown);
+// the command name before it may hold spaces and parentheses.
+func procState(stat []byte) string {
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) {
+		return ""
+	}
+	return s[i+2 : i+3]
 }
 
 // hostState is what the attacks must not change on the host.

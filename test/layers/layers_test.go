@@ -30,13 +30,13 @@ var layer = map[string]int{
 
 	"pkg/engine": 5,
 
-	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6,
+	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6, "pkg/preview": 6,
 
 	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7,
 
 	// Test harnesses and black-box tests sit above everything.
 	"internal/testenv": 8, "internal/testenv/vmenv": 8, "internal/fakemessages": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
-	"test/claude": 8, "test/conformance": 8, "test/web": 8, "test/adversarial": 8,
+	"test/claude": 8, "test/conformance": 8, "test/web": 8, "test/adversarial": 8, "test/cgroupv2": 8,
 }
 
 // Front ends never import each other's internals: only pkg/apitypes, the

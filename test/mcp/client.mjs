@@ -11,7 +11,8 @@
 //        sequential run_code print(1) calls, durations in ms) | progress (n
 //        exec_command calls with progress, 8 in flight) | autofix (the client
 //        provider: autofix, autofix_submit, autofix_status; then the sampling
-//        provider answered by this client's "model")
+//        provider answered by this client's "model") | agent (agent_run
+//        with progress, run_get of its record, bad inputs)
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -102,6 +103,12 @@ async function scenario() {
   report.not_found = { isError: bad.isError, text: bad.content[0].text };
   const missing = await call(client, "file_read", { sandbox_id: id });
   report.missing = { isError: missing.isError, text: missing.content[0].text };
+
+  // A preview port: the answer is checked against the tool's output schema
+  // by the SDK.
+  report.expose = await ok(client, "sandbox_expose_port", { sandbox_id: id, port: 8000 });
+  const exposeBad = await call(client, "sandbox_expose_port", { sandbox_id: id, port: 70000 });
+  report.expose_bad = { isError: exposeBad.isError, text: exposeBad.content[0].text };
 
   report.terminate = await ok(client, "sandbox_terminate", { sandbox_id: id });
   const after = await call(client, "exec_command", { sandbox_id: id, command: "true" });
@@ -199,7 +206,35 @@ async function autofix() {
   return report;
 }
 
-const modes = { scenario, concurrent, bench, progress, autofix };
+// agent: agent_run with a progress token (the daemon's credential proxy
+// points at the test's scripted Messages API), run_get of its record, and
+// the bad inputs of agent sessions and credentials.
+async function agent() {
+  const client = await connect();
+  const report = {};
+  const progress = [];
+  const session = await ok(client, "agent_run", { prompt: "Make test_calc.py pass.", max_turns: 10, timeout: 180,
+    files: { "test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n" } },
+    { onprogress: (p) => progress.push(p.message), resetTimeoutOnProgress: true });
+  report.session = session;
+  report.progress = progress;
+  report.record = await ok(client, "run_get", { run_id: session.run_id });
+  const bad = async (name, args) => {
+    const res = await call(client, name, args);
+    return { isError: res.isError, text: res.content[0].text };
+  };
+  report.no_cli = await bad("agent_run", { prompt: "x", language: "shell" });
+  report.unknown_image = await bad("agent_run", { prompt: "x", language: "no-such-image" });
+  report.unknown_credential = await bad("sandbox_create", { language: "shell", network: "egress", credentials: ["no-such-credential"] });
+  report.credential_on_none = await bad("sandbox_create", { language: "shell", network: "none", credentials: ["anthropic"] });
+  report.no_prompt = await bad("agent_run", { prompt: "" });
+  report.errors = [...errors];
+  client.onerror = () => {};
+  await client.close();
+  return report;
+}
+
+const modes = { scenario, concurrent, bench, progress, autofix, agent };
 try {
   const report = await modes[mode]();
   process.stdout.write(JSON.stringify(report) + "\n");

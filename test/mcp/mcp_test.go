@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 var wantTools = []string{
 	"agent_run", "autofix", "autofix_status", "autofix_submit", "exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export", "job_kill", "job_status",
 	"languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task",
-	"sandbox_create", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_restore", "sandbox_resume", "sandbox_snapshot", "sandbox_terminate",
+	"sandbox_create", "sandbox_expose_port", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_restore", "sandbox_resume", "sandbox_snapshot", "sandbox_terminate",
 	"snapshot_delete", "snapshot_list",
 }
 
@@ -67,10 +67,20 @@ func runClient(t *testing.T, mode string, transport map[string]any, n int, v any
 
 // runClientErr is runClient for any goroutine.
 func runClientErr(mode string, transport map[string]any, n int, v any) error {
+	return runClientIn("", mode, transport, n, v)
+}
+
+// runClientIn runs client.mjs in network namespace netNS (/run/netns/NAME;
+// empty: this process's), where a daemon that runs there listens.
+func runClientIn(netNS, mode string, transport map[string]any, n int, v any) error {
 	spec, _ := json.Marshal(transport)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "client.mjs", mode, string(spec), strconv.Itoa(n))
+	argv := []string{"node", "client.mjs", mode, string(spec), strconv.Itoa(n)}
+	if netNS != "" {
+		argv = append([]string{"nsenter", "--net=/run/netns/" + netNS, "--"}, argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = filepath.Join(testenv.RepoRoot, "test", "mcp")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -156,7 +166,14 @@ type scenarioReport struct {
 	NotFound       errResult `json:"not_found"`
 	Missing        errResult `json:"missing"`
 	AfterTerminate errResult `json:"after_terminate"`
-	Terminate      struct {
+	Expose         struct {
+		SandboxID string `json:"sandbox_id"`
+		Port      int    `json:"port"`
+		URL       string `json:"url"`
+		Token     string `json:"token"`
+	} `json:"expose"`
+	ExposeBad errResult `json:"expose_bad"`
+	Terminate struct {
 		State string `json:"state"`
 	} `json:"terminate"`
 	Errors []string `json:"errors"`
@@ -204,6 +221,12 @@ func checkScenario(t *testing.T, r *scenarioReport) {
 	}
 	if !r.Missing.IsError || !strings.Contains(r.Missing.Text, `"code":"invalid_argument"`) || !strings.Contains(r.Missing.Text, "path") {
 		t.Errorf("missing path: %+v", r.Missing)
+	}
+	if e := r.Expose; e.Port != 8000 || e.Token == "" || !strings.Contains(e.URL, "/preview/"+e.SandboxID+"/8000/?sandboxd_preview_token="+e.Token) {
+		t.Errorf("sandbox_expose_port: %+v", e)
+	}
+	if !r.ExposeBad.IsError || !strings.Contains(r.ExposeBad.Text, `"code":"invalid_argument"`) || !strings.Contains(r.ExposeBad.Text, "port: 70000") {
+		t.Errorf("sandbox_expose_port with port 70000: %+v", r.ExposeBad)
 	}
 	if r.Terminate.State != "terminated" || !r.AfterTerminate.IsError || !strings.Contains(r.AfterTerminate.Text, `"code":"conflict"`) {
 		t.Errorf("terminate %+v, then exec %+v", r.Terminate, r.AfterTerminate)

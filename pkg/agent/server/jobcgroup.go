@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,13 +35,25 @@ import (
 // Killing a job writes cgroup.kill (v2: the kernel kills every task in the
 // cgroup, including ones forking at that moment) or, with v1 only, freezes
 // the cgroup, SIGKILLs every task and thaws it.
+//
+// Where a unified hierarchy exists (v2, or hybrid's controller-less
+// /sys/fs/cgroup/unified) the job's cgroup there is all it gets: its core
+// files alone give cgroup.kill, cgroup.events and cpu.stat's usage_usec.
+// v1 cgroups are made only on a host without one, and never in the v1
+// memory hierarchy: a task's first move into a fresh v1 memory cgroup
+// waits for an RCU grace period (measured 1–22 ms per exec on this
+// project's hybrid host, most of an exec of `true`). A job's memory peak
+// then comes from wait4's rusage; its OOM kills show in the sandbox's
+// memory cgroup, where the task died.
 type jobCgroups struct {
 	unified string            // the sandbox's cgroup in the v2 hierarchy; "" without
 	v1      map[string]string // hierarchy name → the sandbox's cgroup there
 }
 
-// v1Hierarchies are the v1 controllers a job gets a cgroup in.
-var v1Hierarchies = []string{"memory", "cpuacct", "freezer"}
+// v1Hierarchies are the v1 controllers a job gets a cgroup in when the
+// host has no unified hierarchy: the freezer to kill it, cpuacct to
+// measure it.
+var v1Hierarchies = []string{"cpuacct", "freezer"}
 
 // newJobCgroups finds the delegated hierarchies below root: root itself
 // when it is a v2 cgroup, else root/unified and root/<controller>. An empty
@@ -56,20 +69,71 @@ func newJobCgroups(root string) (*jobCgroups, error) {
 	}
 	if isCgroup(root) {
 		c.unified = root
+		if err := c.enableJobControllers(); err != nil {
+			return nil, err
+		}
 		return c, nil
 	}
 	if d := filepath.Join(root, "unified"); isCgroup(d) {
 		c.unified = d
+		return c, nil
 	}
 	for _, h := range v1Hierarchies {
 		if d := filepath.Join(root, h); isCgroup(d) {
 			c.v1[h] = d
 		}
 	}
-	if c.unified == "" && c.v1["freezer"] == "" {
+	if c.v1["freezer"] == "" {
 		return nil, fmt.Errorf("--cgroups %s: neither a unified hierarchy nor a v1 freezer to kill jobs with", root)
 	}
 	return c, nil
+}
+
+// jobControllers are the v2 controllers a job's cgroup gets: memory, so
+// that memory.peak and memory.events are the job's own (a job's CPU time,
+// cpu.stat, is there without any controller).
+var jobControllers = []string{"memory"}
+
+// agentLeaf is the child cgroup the agent moves itself into on v2.
+const agentLeaf = "agent"
+
+// enableJobControllers enables jobControllers for the children of the
+// sandbox's v2 cgroup. cgroup v2 lets a cgroup that holds processes enable
+// no domain controller for its children ("no internal processes"), and the
+// agent starts in the sandbox's cgroup; so it first moves itself (at start
+// the only process there) into a leaf child, agentLeaf, as systemd and
+// container inits do. Without this a job's cgroup on v2 has no memory
+// files and its memory peak is unknown. Hybrid hosts have no controller in
+// the unified tree (a job's memory peak comes from wait4's rusage there):
+// nothing to do.
+func (c *jobCgroups) enableJobControllers() error {
+	b, err := os.ReadFile(filepath.Join(c.unified, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("job cgroups: %w", err)
+	}
+	available := strings.Fields(string(b))
+	var enable []string
+	for _, ctl := range jobControllers {
+		if slices.Contains(available, ctl) {
+			enable = append(enable, "+"+ctl)
+		}
+	}
+	if len(enable) == 0 {
+		return nil
+	}
+	leaf := filepath.Join(c.unified, agentLeaf)
+	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("job cgroups: create the agent's cgroup: %w", err)
+	}
+	for _, pid := range readPids(filepath.Join(c.unified, "cgroup.procs")) {
+		if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("job cgroups: move pid %d into the agent's cgroup: %w", pid, err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(c.unified, "cgroup.subtree_control"), []byte(strings.Join(enable, " ")), 0); err != nil {
+		return fmt.Errorf("job cgroups: enable %s: %w", strings.Join(enable, " "), err)
+	}
+	return nil
 }
 
 // jobCgroup is one job's cgroup in every delegated hierarchy.
@@ -200,9 +264,9 @@ func (g *jobCgroup) empty() bool {
 	return true
 }
 
-// usage reads the job's CPU time, peak memory and OOM kills; zero when
-// unknown. v1 counts OOM kills only in the cgroup whose task died (the
-// sandbox's counter does not move), so the job reports its own.
+// usage reads the job's CPU time, and its peak memory and OOM kills where
+// the job has a memory controller of its own (v2 with memory enabled for
+// job cgroups); zero when unknown.
 func (g *jobCgroup) usage() (cpuSeconds float64, memoryPeak, oomKills uint64) {
 	if g.unified != "" {
 		if b, err := os.ReadFile(filepath.Join(g.unified, "cpu.stat")); err == nil {
@@ -221,14 +285,6 @@ func (g *jobCgroup) usage() (cpuSeconds float64, memoryPeak, oomKills uint64) {
 	if d := g.v1["cpuacct"]; d != "" && cpuSeconds == 0 {
 		if v, ok := readUint(filepath.Join(d, "cpuacct.usage")); ok {
 			cpuSeconds = float64(v) / 1e9
-		}
-	}
-	if d := g.v1["memory"]; d != "" {
-		if v, ok := readUint(filepath.Join(d, "memory.max_usage_in_bytes")); ok {
-			memoryPeak = v
-		}
-		if b, err := os.ReadFile(filepath.Join(d, "memory.oom_control")); err == nil {
-			oomKills, _ = statField(string(b), "oom_kill")
 		}
 	}
 	return cpuSeconds, memoryPeak, oomKills

@@ -32,8 +32,12 @@ const helperStatusFD = 3
 
 // MaybeJobExec runs the job-exec helper when args (os.Args) ask for it, and
 // never returns then: it places itself in the job's cgroups, drops to the
-// command's credentials and executes the command.
+// command's credentials and executes the command — at once, or as a spare
+// (spare.go) once the agent sends it a command.
 func MaybeJobExec(args []string) {
+	if len(args) == 3 && args[1] == SpareArg {
+		runSpare(args[2])
+	}
 	if len(args) < 7 || args[1] != JobExecArg {
 		return
 	}
@@ -42,13 +46,6 @@ func MaybeJobExec(args []string) {
 	fail := func(errno syscall.Errno, format string, a ...any) {
 		fmt.Fprintf(status, "%d %s", int(errno), fmt.Sprintf(format, a...))
 		os.Exit(127)
-	}
-	errnoOf := func(err error) syscall.Errno {
-		var e syscall.Errno
-		if errors.As(err, &e) {
-			return e
-		}
-		return syscall.EINVAL
 	}
 	uid, err1 := strconv.Atoi(args[2])
 	gid, err2 := strconv.Atoi(args[3])
@@ -63,6 +60,12 @@ func MaybeJobExec(args []string) {
 			}
 		}
 	}
+	becomeAndExec(uid, gid, args[5], args[6:], os.Environ(), fail)
+}
+
+// becomeAndExec drops to uid/gid and executes path; fail reports what went
+// wrong and does not return.
+func becomeAndExec(uid, gid int, path string, argv, env []string, fail func(syscall.Errno, string, ...any)) {
 	// Go applies these to every thread. Switching to a non-zero uid clears
 	// every capability; supplementary groups are reset to the command's gid.
 	if err := syscall.Setgroups([]int{gid}); err != nil {
@@ -74,8 +77,16 @@ func MaybeJobExec(args []string) {
 	if err := syscall.Setuid(uid); err != nil {
 		fail(errnoOf(err), "setuid: %v", err)
 	}
-	err := unix.Exec(args[5], args[6:], os.Environ())
+	err := unix.Exec(path, argv, env)
 	fail(errnoOf(err), "%v", err)
+}
+
+func errnoOf(err error) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return syscall.EINVAL
 }
 
 // helperStatus reads the helper's report: nil once the command runs.

@@ -48,6 +48,11 @@ type jobTable struct {
 	// lingering are cgroups of finished jobs that background processes
 	// still occupy; removed once empty.
 	lingering []*jobCgroup
+
+	spareMu   sync.Mutex
+	spare     *spare // a helper waiting in its job cgroup (spare.go); nil if none
+	preparing bool   // a spare is being started
+	closed    bool   // killAll ran: no more spares
 }
 
 func newJobTable(log *slog.Logger, r *reaper, o *Options) *jobTable {
@@ -183,6 +188,15 @@ func (t *jobTable) releaseCgroup(j *job) {
 	j.cg = nil
 }
 
+// linger removes g, or keeps it for a later sweep while processes remain.
+func (t *jobTable) linger(g *jobCgroup) {
+	if g.remove() != nil {
+		t.mu.Lock()
+		t.lingering = append(t.lingering, g)
+		t.mu.Unlock()
+	}
+}
+
 // sweepLingering removes the cgroups of finished jobs that have emptied.
 func (t *jobTable) sweepLingering() {
 	t.mu.Lock()
@@ -222,6 +236,13 @@ func (t *jobTable) forget(id string) error {
 // left running in the background. As PID 1 the kernel would do the latter
 // when the agent exits; elsewhere nothing else would.
 func (t *jobTable) killAll() {
+	t.spareMu.Lock()
+	t.closed = true
+	if t.spare != nil {
+		_ = unix.Kill(t.spare.pid, unix.SIGKILL) // its exit removes its cgroup
+		t.spare = nil
+	}
+	t.spareMu.Unlock()
 	for _, j := range t.list() {
 		j.kill(agent.CauseKilled, "agent terminated")
 		killSession(j.pid)
@@ -385,9 +406,12 @@ func (j *job) killProcesses() {
 	killSession(j.pid)
 }
 
-// onExit is called by the reaper with the leader's wait status.
-func (j *job) onExit(ws unix.WaitStatus) {
+// onExit is called by the reaper with the leader's wait status and usage.
+func (j *job) onExit(ws unix.WaitStatus, ru *unix.Rusage) {
 	finishedAt := time.Now()
+	// ru_maxrss is in KiB; with RUSAGE_BOTH's semantics it is the largest
+	// of the leader and the descendants it waited for.
+	maxRSS := uint64(max(ru.Maxrss, 0)) << 10
 	go func() {
 		if j.awaited.Load() {
 			select {
@@ -403,12 +427,13 @@ func (j *job) onExit(ws unix.WaitStatus) {
 			}
 			<-j.readersDone
 		}
-		j.finish(ws, finishedAt)
+		j.finish(ws, finishedAt, maxRSS)
 	}()
 }
 
-// finish records the exit status once output has been drained.
-func (j *job) finish(ws unix.WaitStatus, finishedAt time.Time) {
+// finish records the exit status once output has been drained. maxRSS is
+// the memory peak wait4 reported for the job's leader.
+func (j *job) finish(ws unix.WaitStatus, finishedAt time.Time, maxRSS uint64) {
 	for _, f := range j.readers {
 		f.Close()
 	}
@@ -440,6 +465,11 @@ func (j *job) finish(ws unix.WaitStatus, finishedAt time.Time) {
 	}
 	if j.cg != nil {
 		e.CPUSeconds, e.MemoryPeakBytes, e.OOMKills = j.cg.usage()
+	}
+	if e.MemoryPeakBytes == 0 {
+		// No memory cgroup of the job's own (see jobCgroups): the peak
+		// resident set of its process tree as far as wait4 saw it.
+		e.MemoryPeakBytes = maxRSS
 	}
 	j.exit = e
 	j.broadcast()

@@ -15,16 +15,22 @@ import (
 // inherits every orphan in the sandbox, and a second waiter (os/exec's
 // Wait) would steal statuses from it, so all exits are collected here with
 // wait4(-1) and dispatched to the job owning the pid; the rest are
-// discarded once reaped.
+// discarded once reaped. Each exit comes with the child's resource usage
+// (wait4's rusage: its own and that of the descendants it waited for,
+// RUSAGE_BOTH's semantics), which is where a job's memory peak comes from
+// when no memory cgroup of its own measures it.
 type reaper struct {
 	log   *slog.Logger
 	sigc  chan os.Signal
 	mu    sync.Mutex // held across fork+register and across each sweep
-	owner map[int]func(unix.WaitStatus)
+	owner map[int]exitFunc
 }
 
+// exitFunc receives a reaped child's wait status and resource usage.
+type exitFunc func(unix.WaitStatus, *unix.Rusage)
+
 func newReaper(log *slog.Logger) *reaper {
-	r := &reaper{log: log, sigc: make(chan os.Signal, 1), owner: map[int]func(unix.WaitStatus){}}
+	r := &reaper{log: log, sigc: make(chan os.Signal, 1), owner: map[int]exitFunc{}}
 	signal.Notify(r.sigc, syscall.SIGCHLD)
 	return r
 }
@@ -32,7 +38,7 @@ func newReaper(log *slog.Logger) *reaper {
 // spawn runs start, which forks a child and returns its pid, and registers
 // onExit for that pid. Holding mu makes it impossible for a sweep to reap
 // the child before its owner is known, however fast it exits.
-func (r *reaper) spawn(start func() (int, error), onExit func(unix.WaitStatus)) (int, error) {
+func (r *reaper) spawn(start func() (int, error), onExit exitFunc) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pid, err := start()
@@ -60,14 +66,16 @@ func (r *reaper) run(ctx context.Context) {
 
 func (r *reaper) sweep() {
 	type exit struct {
-		fn func(unix.WaitStatus)
+		fn exitFunc
 		ws unix.WaitStatus
+		ru unix.Rusage
 	}
 	var exits []exit
 	r.mu.Lock()
 	for {
 		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		var ru unix.Rusage
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, &ru)
 		if err == unix.EINTR {
 			continue
 		}
@@ -76,13 +84,13 @@ func (r *reaper) sweep() {
 		}
 		if fn, ok := r.owner[pid]; ok {
 			delete(r.owner, pid)
-			exits = append(exits, exit{fn, ws})
+			exits = append(exits, exit{fn, ws, ru})
 		}
 	}
 	r.mu.Unlock()
 	// Dispatch outside the lock: owners may take their own locks.
-	for _, e := range exits {
-		e.fn(e.ws)
+	for i := range exits {
+		exits[i].fn(exits[i].ws, &exits[i].ru)
 	}
 }
 

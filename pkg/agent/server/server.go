@@ -90,6 +90,7 @@ func New(log *slog.Logger, o Options) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go r.run(ctx)
+	jobs.prepareSpare() // the first command need not wait for a cgroup move
 	return &Server{log: log, reaper: r, jobs: jobs, files: files, started: time.Now(), cancel: cancel}, nil
 }
 
@@ -245,6 +246,8 @@ func (s *Server) dispatch(req *agent.Request, c net.Conn, r *bufio.Reader, rp *r
 			return err
 		}
 		return rp.send(&agent.Frame{Type: agent.FrameResult})
+	case agent.OpConnect:
+		return s.connect(req, c, r, rp)
 	case agent.OpReadFile, agent.OpWriteFile, agent.OpListFiles, agent.OpDeleteFile, agent.OpStat:
 		if req.Op == agent.OpWriteFile {
 			_ = c.SetReadDeadline(time.Now().Add(transferTimeout))

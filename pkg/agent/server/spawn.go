@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -92,54 +93,20 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 	for i := range j.streams {
 		j.streams[i].retain = t.opts.RetainBytes
 	}
-	forkExec := func() (int, error) { return syscall.ForkExec(argv0, req.Argv, attr) }
-	var status *os.File // the job-exec helper's status pipe
-	if t.cgroups != nil {
-		t.sweepLingering()
-		if j.cg, err = t.cgroups.create(j.id); err != nil {
-			fds.closeChild()
-			fds.closeParent()
-			return nil, err
-		}
-		r, w, err := os.Pipe()
-		if err != nil {
-			fds.closeChild()
-			fds.closeParent()
-			_ = j.cg.remove()
-			return nil, fmt.Errorf("status pipe: %w", err)
-		}
-		status = r
-		defer r.Close()
-		attr.Files = append(attr.Files, w.Fd())
-		uid, gid := os.Geteuid(), os.Getegid()
-		if cred != nil {
-			uid, gid = int(cred.Uid), int(cred.Gid)
-		}
-		attr.Sys.Credential = nil // the helper switches after entering the cgroup
-		hargv := helperArgv(t.self, j.cg.procsFiles(), uid, gid, argv0, req.Argv)
-		forkExec = func() (int, error) {
-			defer w.Close()
-			return syscall.ForkExec(t.self, hargv, attr)
-		}
-	}
 	var failed atomic.Bool
-	j.startedAt = time.Now()
-	// j.pid is set under the reaper's lock, so onExit sees it.
-	pid, err := t.reaper.spawn(func() (int, error) {
-		pid, err := forkExec()
-		j.pid = pid
-		return pid, err
-	}, func(ws unix.WaitStatus) {
+	onExit := func(ws unix.WaitStatus, ru *unix.Rusage) {
 		if !failed.Load() {
-			j.onExit(ws)
-		}
-	})
-	fds.closeChild()
-	if err == nil && status != nil {
-		if err = helperStatus(status); err != nil {
-			failed.Store(true)
+			j.onExit(ws, ru)
 		}
 	}
+	j.startedAt = time.Now()
+	pid, err := t.startOnSpareIfReady(j, argv0, req.Argv, env, cwd, cred, fds, onExit)
+	if errors.Is(err, errSpareGone) {
+		pid, err = t.startDirect(j, argv0, req.Argv, attr, cred, fds, onExit, &failed)
+	} else if err != nil {
+		failed.Store(true)
+	}
+	fds.closeChild()
 	if err != nil {
 		fds.closeParent()
 		if j.cg != nil {
@@ -191,6 +158,77 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 	}
 	t.log.Info("job started", "job", j.id, "pid", pid, "argv0", argv0, "uid", credUID(cred), "tty", j.tty)
 	return j, nil
+}
+
+// startOnSpareIfReady starts the command on the ready spare (spare.go):
+// errSpareGone when there is none or it cannot take this command.
+func (t *jobTable) startOnSpareIfReady(j *job, argv0 string, argv, env []string, cwd string, cred *syscall.Credential, fds *childFDs, onExit exitFunc) (int, error) {
+	if t.cgroups == nil {
+		return 0, errSpareGone
+	}
+	uid, gid := os.Geteuid(), os.Getegid()
+	if cred != nil {
+		uid, gid = int(cred.Uid), int(cred.Gid)
+	}
+	spec, err := json.Marshal(spareSpec{Path: argv0, Argv: argv, Env: env, Dir: cwd, UID: uid, GID: gid, TTY: j.tty})
+	if err != nil || len(spec) > spareMaxSpec {
+		t.prepareSpare()
+		return 0, errSpareGone
+	}
+	s := t.takeSpare()
+	if s == nil {
+		return 0, errSpareGone
+	}
+	j.id, j.cg, j.pid = s.id, s.cg, s.pid
+	err = t.startOnSpare(s, spec, fds.child, onExit)
+	if errors.Is(err, errSpareGone) {
+		// Its exit (or kill) removes the cgroup; the direct path makes its own.
+		j.id, j.cg, j.pid = newJobID(), nil, 0
+	}
+	return s.pid, err
+}
+
+// startDirect forks the command: through the job-exec helper into a new
+// job cgroup when jobs have cgroups, else straight.
+func (t *jobTable) startDirect(j *job, argv0 string, argv []string, attr *syscall.ProcAttr, cred *syscall.Credential, fds *childFDs, onExit exitFunc, failed *atomic.Bool) (int, error) {
+	forkExec := func() (int, error) { return syscall.ForkExec(argv0, argv, attr) }
+	var status *os.File // the job-exec helper's status pipe
+	if t.cgroups != nil {
+		t.sweepLingering()
+		var err error
+		if j.cg, err = t.cgroups.create(j.id); err != nil {
+			return 0, err
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			return 0, fmt.Errorf("status pipe: %w", err)
+		}
+		status = r
+		defer r.Close()
+		attr.Files = append(attr.Files, w.Fd())
+		uid, gid := os.Geteuid(), os.Getegid()
+		if cred != nil {
+			uid, gid = int(cred.Uid), int(cred.Gid)
+		}
+		attr.Sys.Credential = nil // the helper switches after entering the cgroup
+		hargv := helperArgv(t.self, j.cg.procsFiles(), uid, gid, argv0, argv)
+		forkExec = func() (int, error) {
+			defer w.Close()
+			return syscall.ForkExec(t.self, hargv, attr)
+		}
+	}
+	// j.pid is set under the reaper's lock, so onExit sees it.
+	pid, err := t.reaper.spawn(func() (int, error) {
+		pid, err := forkExec()
+		j.pid = pid
+		return pid, err
+	}, onExit)
+	if err == nil && status != nil {
+		if err = helperStatus(status); err != nil {
+			failed.Store(true)
+		}
+	}
+	return pid, err
 }
 
 func credUID(c *syscall.Credential) int {

@@ -1,17 +1,56 @@
 package client
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/url"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
 
-// AgentRun runs an agent session (POST /v1/agent/run) and waits for it.
-func (c *Client) AgentRun(ctx context.Context, req apitypes.AgentRunRequest) (*apitypes.AgentRunResult, error) {
-	var res apitypes.AgentRunResult
-	if err := c.doJSON(ctx, http.MethodPost, "/v1/agent/run", nil, req, &res); err != nil {
+// AgentLine is one line of the agent_run stream (POST
+// /v1/agent/run?stream=true): a progress event, the result, or the error
+// that ended the session.
+type AgentLine struct {
+	Progress *apitypes.AgentProgress  `json:"progress,omitempty"`
+	Result   *apitypes.AgentRunResult `json:"result,omitempty"`
+	Error    *ErrorBody               `json:"error,omitempty"`
+}
+
+// AgentRun runs an agent session (POST /v1/agent/run?stream=true) and
+// waits for it; onProgress, if not nil, sees each event (started,
+// tool_call, file_changed, text, result) as the session streams it.
+func (c *Client) AgentRun(ctx context.Context, req apitypes.AgentRunRequest, onProgress func(apitypes.AgentProgress)) (*apitypes.AgentRunResult, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode request: %w", err)
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/v1/agent/run", url.Values{"stream": {"true"}}), bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("build request: %w", err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := c.do(hreq)
+	if err != nil {
 		return nil, err
 	}
-	return &res, nil
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var line AgentLine
+		if err := readLine(dec, "agent_run", &line); err != nil {
+			return nil, err
+		}
+		switch {
+		case line.Error != nil:
+			return nil, line.Error.Err()
+		case line.Result != nil:
+			return line.Result, nil
+		case line.Progress != nil && onProgress != nil:
+			onProgress(*line.Progress)
+		}
+	}
 }

@@ -1,0 +1,60 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
+
+// Preview ports (engine/ports.go): POST exposes a port, GET lists the
+// exposures, DELETE ends one.
+
+func (s *server) routePorts(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/sandboxes/{id}/ports", s.exposePort)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/ports", s.listPorts)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/ports/{port}", s.unexposePort)
+}
+
+func (s *server) exposePort(w http.ResponseWriter, r *http.Request) {
+	var req engine.ExposePortRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	id := r.PathValue("id")
+	if req.SandboxID != "" && req.SandboxID != id {
+		s.writeError(w, r, errdefs.Invalidf("sandbox_id: %q in the body contradicts %q in the path", req.SandboxID, id))
+		return
+	}
+	req.SandboxID = id
+	x, err := s.e.ExposePort(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, x)
+}
+
+func (s *server) listPorts(w http.ResponseWriter, r *http.Request) {
+	xs, err := s.e.Ports(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ports": xs})
+}
+
+func (s *server) unexposePort(w http.ResponseWriter, r *http.Request) {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil {
+		s.writeError(w, r, errdefs.Invalidf("port: %q is not a number", r.PathValue("port")))
+		return
+	}
+	if err := s.e.UnexposePort(r.Context(), r.PathValue("id"), port); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
