@@ -175,14 +175,3 @@ func (m *Manager) stopCommands(ctx context.Context, sb *Sandbox) error {
 		}
 	}
 }
-
-// SpecOf returns the spec of live sandbox id.
-func (m *Manager) SpecOf(ctx context.Context, id string) (Spec, error) {
-	sb, err := m.lookup(ctx, id)
-	if err != nil {
-		return Spec{}, err
-	}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return sb.spec, nil
-}
