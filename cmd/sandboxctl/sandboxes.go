@@ -190,6 +190,7 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringArrayVarP(&envFlags, "env", "e", nil, "environment variable NAME=VALUE (repeatable)")
 	f.StringArrayVar(&labelFlags, "label", nil, "label NAME=VALUE (repeatable)")
 	f.DurationVar(&ttl, "ttl", 0, "lifetime after which the sandbox is terminated, e.g. 30m")
+	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start from a snapshot's files (a fork; the language is the snapshot's)")
 	return cmd
 }
 

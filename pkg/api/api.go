@@ -110,6 +110,7 @@ func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs/{job}", s.jobStatus)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/jobs/{job}", s.killJob)
 	s.vmRoutes(mux)
+	s.registerSnapshots(mux)
 	if opt.MCP != nil {
 		mux.Handle("/mcp", s.capBody(opt.MCP))
 	}

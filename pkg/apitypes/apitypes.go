@@ -89,6 +89,9 @@ type CreateSandboxRequest struct {
 	// of an earlier one returns that sandbox (whatever its state now)
 	// instead of starting another, so a client may retry after a timeout.
 	RequestID string `json:"request_id,omitempty" jsonschema_description:"Client request id: a create with the id of an earlier one returns that sandbox instead of starting another (safe retries)."`
+	// FromSnapshot starts the sandbox from a workspace snapshot (a fork):
+	// its files, on its own disk, in the snapshot's language.
+	FromSnapshot string `json:"from_snapshot,omitempty" jsonschema_description:"Snapshot id (sandbox_snapshot): start the sandbox with that snapshot's /workspace, /tmp and root file system changes, on its own disk (a fork). Its language is the snapshot's."`
 }
 
 // Sandbox describes a sandbox, live or not.
@@ -117,6 +120,8 @@ type Sandbox struct {
 	// Backend is what runs the sandbox: "vm" for a QEMU guest, empty for
 	// a container.
 	Backend string `json:"backend,omitempty"`
+	// FromSnapshot is the snapshot a fork started from.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 // Usage is a live sandbox's resource usage as the kernel accounts it.

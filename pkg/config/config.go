@@ -35,9 +35,11 @@ type Config struct {
 	Network Network `yaml:"network"`
 	Images  Images  `yaml:"images"`
 	Runs    Runs    `yaml:"runs"`
-	Autofix Autofix `yaml:"autofix"`
-	VM      VM      `yaml:"vm"`
-	Log     Log     `yaml:"log"`
+	// Snapshots: workspace snapshots (docs/storage.md).
+	Snapshots Snapshots `yaml:"snapshots"`
+	Autofix   Autofix   `yaml:"autofix"`
+	VM        VM        `yaml:"vm"`
+	Log       Log       `yaml:"log"`
 }
 
 // Server is the `server` section.
@@ -222,6 +224,13 @@ type Runs struct {
 	LogCap       ByteSize `yaml:"log_cap"`        // bytes kept per stream in stdout.log / stderr.log
 }
 
+// Snapshots is the `snapshots` section: workspace snapshots.
+type Snapshots struct {
+	Dir     string   `yaml:"dir"`      // where archives go; empty: state_dir/snapshots
+	MaxAge  Duration `yaml:"max_age"`  // delete snapshots older than this (0: never)
+	MaxSize ByteSize `yaml:"max_size"` // cap on one snapshot's compressed archive (0: none)
+}
+
 // Autofix is the `autofix` section.
 type Autofix struct {
 	Provider       string   `yaml:"provider"`        // client | sampling | anthropic | command
@@ -326,6 +335,7 @@ func Default() *Config {
 			MaxTotalSize: 10 << 30,
 			LogCap:       64 << 20,
 		},
+		Snapshots: Snapshots{MaxAge: Duration(168 * time.Hour), MaxSize: 2 << 30},
 		Autofix: Autofix{
 			Provider:       "client",
 			MaxRetries:     5,

@@ -261,6 +261,18 @@ runs:
   # least 1K), however little of it the caller's answer carries.
   log_cap: 64M
 
+# Workspace snapshots (sandbox_snapshot, sandbox_restore, sandbox_create
+# from_snapshot): a sandbox's /workspace, /tmp and root file system layer as
+# a zstd-compressed tar named by its sha256.
+snapshots:
+  # Directory of the archives (absolute path). Empty: state_dir/snapshots.
+  dir: ""
+  # Snapshots older than this are deleted (duration; 0: never).
+  max_age: 168h
+  # Cap on one snapshot's compressed size (size; 0: none). A larger one
+  # fails with limit_exceeded and leaves nothing behind.
+  max_size: 2G
+
 # The run, fix, run again loop.
 autofix:
   # Who writes the fixes by default: client (the calling MCP client,

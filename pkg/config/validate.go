@@ -48,6 +48,7 @@ func (c *Config) Validate() error {
 	c.Network.validate(&p)
 	c.Images.validate(&p)
 	c.Runs.validate(&p)
+	c.Snapshots.validate(&p)
 	c.Autofix.validate(&p)
 	c.VM.validate(&p)
 	c.Log.validate(&p)
@@ -332,6 +333,18 @@ func (r *Runs) validate(p *problems) {
 	}
 	if r.LogCap < minOutputLimit {
 		p.add("runs.log_cap", "", "%v is below the minimum of %v", r.LogCap, minOutputLimit)
+	}
+}
+
+func (s *Snapshots) validate(p *problems) {
+	if s.Dir != "" {
+		p.absPath("snapshots.dir", s.Dir)
+	}
+	if s.MaxAge < 0 {
+		p.add("snapshots.max_age", "", "must not be negative (0 means never)")
+	}
+	if s.MaxSize < 0 {
+		p.add("snapshots.max_size", "", "must not be negative (0 means no cap)")
 	}
 }
 

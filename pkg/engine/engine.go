@@ -65,6 +65,7 @@ type Engine struct {
 	builds          imageBuilds   // images being built on first use (ondemand.go)
 	ports           portExposures // preview exposures (ports.go)
 	vm              vmState       // the VM backend (vm.go)
+	snapshotState                 // workspace snapshots (snapshot.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -196,6 +197,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	e.pruneArtifacts()
 	e.pruneStaleImages(ctx)
 	e.sandboxes.Start()
+	e.startSnapshotJanitor()
 	return e, nil
 }
 
@@ -298,6 +300,7 @@ func seccompRules(rs []config.SeccompRule) []seccomp.Rule {
 // Close stops background work. Sandboxes keep running; a restarted daemon
 // adopts them.
 func (e *Engine) Close() error {
+	e.stopSnapshotJanitor()
 	e.sandboxes.Close()
 	if e.net != nil {
 		e.net.Close() // the network stays; a restarted daemon adopts it
@@ -332,9 +335,18 @@ const (
 
 // CreateSandbox validates req, applies defaults and caps, and starts a sandbox.
 func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*sandbox.Info, error) {
+	seed, err := e.forkSeed(ctx, &req)
+	if err != nil {
+		return nil, err
+	}
 	spec, err := e.sandboxSpec(req)
 	if err != nil {
 		return nil, err
+	}
+	if seed != nil {
+		if err := e.seedSpec(spec, seed); err != nil {
+			return nil, err
+		}
 	}
 	if req.RequestID != "" {
 		// Creates with a request id run one at a time, so that two
@@ -356,6 +368,14 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 	if err := e.ensureImageOnDemand(ctx, spec.Image); err != nil {
 		e.metrics.created.WithLabelValues("failed").Inc()
 		return nil, err
+	}
+	if seed != nil {
+		// A fork: its archive must stay until the sandbox has started.
+		unlock, err := e.holdSnapshot(ctx, seed.ID, "from_snapshot")
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
 	}
 	start := time.Now()
 	info, err := e.sandboxes.Create(ctx, *spec)

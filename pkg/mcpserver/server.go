@@ -91,6 +91,7 @@ How to start:
 1. languages_list shows the languages, their file extensions, tasks (lint/build/test) and whether their image is ready.
 2. For a one-off program call run_code {language, code} (or files {path: content}): it creates a throw-away sandbox, installs dependencies found in the files, compiles, runs and returns every step's exit code and output. Its run_id keeps the full record (run_get).
 3. For several steps on the same files call sandbox_create {language}, then file_write / exec_command / run_code {sandbox_id} / run_task / packages_install against the returned sandbox_id, and sandbox_terminate when done (idle sandboxes are reclaimed after a while).
+4. Before a risky change in a sandbox, sandbox_snapshot {sandbox_id} saves its files; sandbox_restore {sandbox_id, snapshot_id} rolls them back, sandbox_create {from_snapshot} starts a copy to try something else.
 
 Long work: exec_command with background: true returns a job_id at once; poll job_status with the returned next offsets until state is "finished". Long outputs in results are cut in the middle with a marker saying where the rest is.
 Errors come back as isError results with {"error": {"code", "message"}}; codes: invalid_argument (fix the input), not_found, conflict (e.g. the sandbox is terminated: create a new one), limit_exceeded, unavailable, internal.`
@@ -139,6 +140,7 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 		s.addSandboxTools()
 		s.addPauseTools()
 		s.addPortTools()
+		s.addSnapshotTools()
 	}
 	if enabled("sandbox", "run") {
 		s.addLanguagesTool()

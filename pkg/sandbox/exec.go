@@ -57,6 +57,9 @@ func (m *Manager) beginCommand(ctx context.Context, sb *Sandbox) error {
 	if sb.terminating || !(sb.state == StateReady || sb.state == StateRunning) {
 		return errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
 	}
+	if sb.busy == busyRestore {
+		return errdefs.Conflictf("sandbox %s is being restored from a snapshot", sb.ID)
+	}
 	if sb.running == 0 {
 		if err := m.transitionLocked(ctx, sb, StateRunning, "command started"); err != nil {
 			return err
@@ -369,6 +372,9 @@ func (m *Manager) live(ctx context.Context, id string) (*Sandbox, error) {
 	defer sb.mu.Unlock()
 	if sb.terminating || !(sb.state == StateReady || sb.state == StateRunning) {
 		return nil, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
+	}
+	if sb.busy == busyRestore {
+		return nil, errdefs.Conflictf("sandbox %s is being restored from a snapshot", sb.ID)
 	}
 	return sb, nil
 }

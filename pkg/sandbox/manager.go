@@ -67,6 +67,11 @@ type Spec struct {
 	// Backend names the backend that runs the sandbox ("container", "vm");
 	// empty means Options.Backend.
 	Backend string `json:"backend,omitempty"`
+	// Seed is the host path of a workspace snapshot archive
+	// (pkg/storage/snapshot.go) the backend lays over the new sandbox's
+	// writable state before it starts (a fork); SeedSnapshot is its id.
+	Seed         string `json:"seed,omitempty"`
+	SeedSnapshot string `json:"seed_snapshot,omitempty"`
 }
 
 // Info is the externally visible description of a sandbox.
@@ -135,6 +140,9 @@ type Sandbox struct {
 	agent       *agent.Client
 	jobs        map[string]jobMeta
 	pooled      bool // a warm sandbox no request has claimed yet
+	// busy is busySnapshot or busyRestore while Frozen or Replace run
+	// (snapshot.go); empty otherwise.
+	busy string
 }
 
 // NewManager returns a Manager. Call Start to run the reaper.
@@ -506,6 +514,7 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 		Limits: spec.Limits, DiskBacking: spec.DiskBacking, Network: spec.Network, Allow: spec.Allow, Credentials: spec.Credentials, SeccompProfile: spec.SeccompProfile, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason, Backend: spec.Backend,
+		FromSnapshot: spec.SeedSnapshot,
 	}
 	if life := m.lifetime(spec); life > 0 && in.State.Live() {
 		exp := r.CreatedAt.Add(life)

@@ -25,6 +25,9 @@ func (m *Manager) Pause(ctx context.Context, id string) (*Info, error) {
 	if sb.terminating || !(sb.state == StateReady || sb.state == StateRunning) {
 		return nil, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
 	}
+	if sb.busy != "" {
+		return nil, errdefs.Conflictf("sandbox %s is busy with a %s", sb.ID, sb.busy)
+	}
 	p, ok := sb.handle.(Pauser)
 	if !ok {
 		return nil, errdefs.Unavailablef("the %s backend cannot pause sandboxes", m.opt.Backend.Name())
@@ -54,6 +57,9 @@ func (m *Manager) Resume(ctx context.Context, id string) (*Info, error) {
 	defer sb.mu.Unlock()
 	if sb.terminating {
 		return nil, errdefs.Conflictf("sandbox %s is terminating", sb.ID)
+	}
+	if sb.busy != "" {
+		return nil, errdefs.Conflictf("sandbox %s is busy with a %s", sb.ID, sb.busy)
 	}
 	if sb.state != StatePaused {
 		if sb.state == StateReady || sb.state == StateRunning {

@@ -25,7 +25,8 @@ const poolRetry = 30 * time.Second
 
 // poolable reports whether a warm sandbox of spec.Image can serve spec.
 func (m *Manager) poolable(spec Spec) (Spec, bool) {
-	if m.opt.Pool[spec.Image] <= 0 || m.opt.PoolSpec == nil {
+	// A fork carries its snapshot's files: a warm sandbox has none.
+	if m.opt.Pool[spec.Image] <= 0 || m.opt.PoolSpec == nil || spec.Seed != "" {
 		return Spec{}, false
 	}
 	tmpl, err := m.opt.PoolSpec(spec.Image)

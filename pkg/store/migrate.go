@@ -162,6 +162,30 @@ CREATE TABLE port_exposures (
 ) STRICT;
 `,
 	},
+	{
+		version:     7,
+		description: "workspace snapshots",
+		sql: `
+-- One row per workspace snapshot (pkg/engine/snapshot.go): the archive
+-- state_dir/snapshots/<id>.tar.zst is named by its sha256, which is the id.
+-- No foreign key to sandboxes: a snapshot outlives its sandbox (forks,
+-- restores), and retention may drop the sandbox's row first.
+CREATE TABLE snapshots (
+	id            TEXT PRIMARY KEY,           -- hex sha256 of the archive
+	name          TEXT NOT NULL DEFAULT '',
+	sandbox_id    TEXT NOT NULL,              -- the sandbox it was taken of
+	language      TEXT NOT NULL,
+	image         TEXT NOT NULL,
+	image_digest  TEXT NOT NULL,
+	disk_backing  TEXT NOT NULL DEFAULT '',
+	size_bytes    INTEGER NOT NULL,           -- the archive (compressed)
+	content_bytes INTEGER NOT NULL,           -- its files' bytes (what a restore writes)
+	created_at    INTEGER NOT NULL
+) STRICT;
+CREATE INDEX snapshots_by_sandbox ON snapshots (sandbox_id, created_at);
+CREATE INDEX snapshots_by_age ON snapshots (created_at);
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.

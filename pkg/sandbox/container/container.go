@@ -108,8 +108,9 @@ type Backend struct {
 }
 
 var (
-	_ sandbox.Backend = (*Backend)(nil)
-	_ sandbox.Pauser  = (*handle)(nil)
+	_ sandbox.Backend       = (*Backend)(nil)
+	_ sandbox.Pauser        = (*handle)(nil)
+	_ sandbox.WritableState = (*handle)(nil)
 )
 
 // New checks the options, prepares the run dir and the cgroup parent, and
@@ -189,6 +190,14 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	crashpoint.Hit(CrashAfterLayers)
 	if err := writeIdentity(layers.Rootfs, req.ID); err != nil {
 		return nil, err
+	}
+	if spec.Seed != "" {
+		// A fork: the snapshot's files, before any sandbox process runs.
+		if err := storage.ApplySnapshot(spec.Seed, storage.ApplyTargets{
+			Rootfs: layers.Rootfs, SkipRoot: daemonFiles, Workspace: layers.Workspace, Tmp: layers.Tmp, UID: spec.UID,
+		}); err != nil {
+			return nil, fmt.Errorf("restore snapshot %s: %w", spec.SeedSnapshot, err)
+		}
 	}
 	if req.ResolvConf != nil {
 		// The image's resolv.conf may be a symlink (systemd-resolved
@@ -270,7 +279,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		return nil, err
 	}
 	crashpoint.Hit(CrashAfterContainer)
-	h := b.handle(req.ID, inst)
+	h := b.handle(req.ID, inst, spec.UID)
 	h.monitor = monitor
 	return h, nil
 }
@@ -358,9 +367,9 @@ func (b *Backend) mountDisk(ctx context.Context, id, disk string, spec sandbox.S
 	return storage.MountDisk(dev, disk)
 }
 
-func (b *Backend) handle(id string, inst *runtime.Instance) *handle {
+func (b *Backend) handle(id string, inst *runtime.Instance, uid int) *handle {
 	dir := b.dir(id)
-	return &handle{inst: inst, dir: dir, cgroup: b.cgroupPath(id),
+	return &handle{inst: inst, dir: dir, cgroup: b.cgroupPath(id), uid: uid,
 		dial: agent.UnixDialer(filepath.Join(dir, "agent", agentSocketName))}
 }
 
@@ -377,7 +386,7 @@ func (b *Backend) Adopt(ctx context.Context, req sandbox.AdoptRequest) (sandbox.
 	if req.Identity.PID != 0 && inst.Pid != req.Identity.PID {
 		return nil, fmt.Errorf("init pid %d does not match the recorded %d", inst.Pid, req.Identity.PID)
 	}
-	return b.handle(req.ID, inst), nil
+	return b.handle(req.ID, inst, req.Spec.UID), nil
 }
 
 // Scan implements sandbox.Backend: libcontainer state, sandbox dirs and
@@ -461,6 +470,7 @@ type handle struct {
 	monitor *seccomp.Monitor // nil without diagnostics, or once adopted
 	dir     string
 	cgroup  string
+	uid     int
 	dial    agent.Dialer
 }
 
@@ -474,6 +484,25 @@ func (h *handle) OOMKills() (uint64, error) {
 func (h *handle) Pause(context.Context) error  { return h.inst.Pause() }
 func (h *handle) Resume(context.Context) error { return h.inst.Resume() }
 func (h *handle) Paused() (bool, error)        { return h.inst.Paused() }
+
+// daemonFiles are the root file system's paths that Start writes for each
+// sandbox (writeIdentity, resolv.conf) and the runtime's mount points for
+// the agent (below /.sandboxd, made in the upper layer by libcontainer): a
+// snapshot's copies of them belong to another sandbox and are not restored,
+// and replacing a mount point through the host's view of the overlay would
+// detach the bind mount the running sandbox has there.
+var daemonFiles = []string{"etc/hosts", "etc/hostname", "etc/resolv.conf", strings.TrimPrefix(filepath.Dir(agentBinaryInside), "/")}
+
+// WritableDirs implements sandbox.WritableState (the layout is
+// image.PrepareLayers').
+func (h *handle) WritableDirs() sandbox.WritableDirs {
+	disk := filepath.Join(h.dir, "disk")
+	return sandbox.WritableDirs{
+		Upper: filepath.Join(disk, "upper"), Rootfs: filepath.Join(h.dir, "layers", "rootfs"),
+		Workspace: filepath.Join(disk, "workspace"), Tmp: filepath.Join(disk, "tmp"),
+		DaemonFiles: daemonFiles, UID: h.uid,
+	}
+}
 
 // BlockedSyscalls implements sandbox.SyscallReporter.
 func (h *handle) BlockedSyscalls(jobID string) map[string]uint64 {

@@ -1,0 +1,725 @@
+package storage
+
+// Workspace snapshots: a sandbox's writable state (the rootfs overlay's
+// upper layer, /workspace and /tmp) as one zstd-compressed tar, named by
+// the sha256 of its compressed bytes.
+//
+// Archive layout: entries below "upper/", "workspace/" and "tmp/", in
+// lexical walk order, with modes, owners, mtimes, symlinks and user.*
+// extended attributes (PAX SCHILY.xattr). The overlay's own markers are kept
+// as overlayfs writes them: a whiteout is a character device 0:0, an opaque
+// directory carries trusted.overlay.opaque=y. Hard links within a section
+// are kept (a tar link entry naming the first path of the file).
+//
+// Security boundary: a snapshot's content is sandbox-controlled (names,
+// symlinks, modes, xattrs are whatever a sandbox process made), so Apply
+// treats it as hostile:
+//   - every path is resolved inside its target directory through os.Root,
+//     which refuses ".." and symlinks (also ones created earlier by the
+//     same archive) that lead outside it;
+//   - only directories, regular files, hard links (to an earlier file of the
+//     same section), symlinks and fifos are created; a
+//     device node is refused, except the 0:0 whiteout of the upper layer,
+//     which is turned into a removal (never created);
+//   - owners are kept only when they are root or the sandbox's user, anything
+//     else becomes the sandbox's user; setuid/setgid bits of files are
+//     dropped (the mounts are nosuid anyway);
+//   - only user.* xattrs are restored, through the opened file's descriptor;
+//   - the bytes written are bounded by the sandbox's own file system (a full
+//     disk is ENOSPC) and by the caller's maxBytes.
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+)
+
+// Archive sections: each is one directory of a sandbox's writable state.
+const (
+	SectionUpper     = "upper"
+	SectionWorkspace = "workspace"
+	SectionTmp       = "tmp"
+)
+
+// snapshotSections in archive order.
+var snapshotSections = []string{SectionUpper, SectionWorkspace, SectionTmp}
+
+// SnapshotSuffix ends the file name of every snapshot archive.
+const SnapshotSuffix = ".tar.zst"
+
+const (
+	xattrPAXPrefix = "SCHILY.xattr."
+	opaqueXattr    = "trusted.overlay.opaque"
+)
+
+// ErrSnapshotTooLarge is returned by WriteSnapshot when the archive
+// outgrows its cap.
+var ErrSnapshotTooLarge = errors.New("snapshot exceeds its size cap")
+
+// ErrSnapshotContentTooLarge is returned by WriteSnapshot when the files
+// add up to more than its maxContent.
+var ErrSnapshotContentTooLarge = errors.New("snapshot's files exceed their cap")
+
+// SnapshotFile is an archive written by WriteSnapshot.
+type SnapshotFile struct {
+	Digest string // hex sha256 of the compressed archive: the snapshot's id
+	Path   string // dir/<digest>.tar.zst
+	Size   int64  // compressed bytes
+	// ContentBytes is the sum of the regular files' sizes, what restoring
+	// it needs on a sandbox's disk at least.
+	ContentBytes int64
+	Entries      int
+
+	maxContent int64
+	links      map[[2]uint64]string // (dev, inode) of files with several links → first name
+}
+
+// WriteSnapshot archives the directories of sections (section name → host
+// directory; SectionUpper, SectionWorkspace, SectionTmp) into
+// dir/<sha256>.tar.zst and returns it. If an archive with that digest exists
+// already it is kept (same bytes). maxBytes > 0 caps the compressed size,
+// maxContent > 0 the sum of the files' sizes (ErrSnapshotContentTooLarge):
+// a sparse file counts with its apparent size, as it is archived (and
+// restored) in full — without the cap, a sandbox's sparse terabyte would
+// keep it frozen for as long as it takes to compress.
+// The archive is not synced to disk: call Sync before recording it (a
+// caller that froze the sandbox for the copy thaws it first).
+func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent int64) (_ *SnapshotFile, err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("snapshot dir: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".partial-*")
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	defer func() {
+		_ = tmp.Close()
+		if err != nil {
+			_ = os.Remove(tmp.Name())
+		}
+	}()
+	h := sha256.New()
+	cw := &countingWriter{w: io.MultiWriter(tmp, h), max: maxBytes}
+	// One encoder goroutine: the output (hence the digest) depends only on
+	// the input.
+	zw, err := zstd.NewWriter(cw, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedFastest))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	tw := tar.NewWriter(zw)
+	out := &SnapshotFile{maxContent: maxContent, links: map[[2]uint64]string{}}
+	for _, sec := range snapshotSections {
+		src, ok := sections[sec]
+		if !ok {
+			continue
+		}
+		if err := archiveDir(tw, sec, src, out); err != nil {
+			_ = zw.Close()
+			if cw.over {
+				return nil, ErrSnapshotTooLarge
+			}
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, snapshotWriteErr(cw, err)
+	}
+	if err := zw.Close(); err != nil {
+		return nil, snapshotWriteErr(cw, err)
+	}
+	out.Digest = hex.EncodeToString(h.Sum(nil))
+	out.Size = cw.n
+	out.Path = filepath.Join(dir, out.Digest+SnapshotSuffix)
+	if err := os.Rename(tmp.Name(), out.Path); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	return out, nil
+}
+
+// Sync makes the archive and its name durable.
+func (f *SnapshotFile) Sync() error {
+	for _, p := range []string{f.Path, filepath.Dir(f.Path)} {
+		fd, err := os.Open(p)
+		if err != nil {
+			return fmt.Errorf("sync snapshot: %w", err)
+		}
+		err = fd.Sync()
+		fd.Close()
+		if err != nil {
+			return fmt.Errorf("sync snapshot: %w", err)
+		}
+	}
+	return nil
+}
+
+func snapshotWriteErr(cw *countingWriter, err error) error {
+	if cw.over {
+		return ErrSnapshotTooLarge
+	}
+	return fmt.Errorf("snapshot: %w", err)
+}
+
+type countingWriter struct {
+	w    io.Writer
+	n    int64
+	max  int64
+	over bool
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	if c.max > 0 && c.n+int64(len(p)) > c.max {
+		c.over = true
+		return 0, ErrSnapshotTooLarge
+	}
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// archiveDir adds src's tree below the name sec. It does not follow
+// symlinks; sockets are skipped (they mean nothing without their process).
+func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("snapshot %s: %w", sec, err)
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		name := sec
+		if rel != "." {
+			name = sec + "/" + filepath.ToSlash(rel)
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return fmt.Errorf("snapshot %s: %w", name, err)
+		}
+		if fi.Mode()&fs.ModeSocket != 0 {
+			return nil
+		}
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return fmt.Errorf("snapshot %s: %w", name, err)
+			}
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return fmt.Errorf("snapshot %s: %w", name, err)
+		}
+		hdr.Name = name
+		if fi.IsDir() {
+			hdr.Name += "/"
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
+			key := [2]uint64{st.Dev, st.Ino}
+			if first, seen := out.links[key]; seen {
+				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+			} else {
+				out.links[key] = name
+			}
+		}
+		// Numeric owners only: names would be the host's, not the image's.
+		hdr.Uname, hdr.Gname = "", ""
+		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
+		hdr.Format = tar.FormatPAX
+		if x, err := readXattrs(p, sec == SectionUpper); err != nil {
+			return fmt.Errorf("snapshot %s: %w", name, err)
+		} else if len(x) > 0 {
+			hdr.PAXRecords = x
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		out.Entries++
+		if hdr.Typeflag != tar.TypeReg {
+			return nil
+		}
+		if out.maxContent > 0 && out.ContentBytes+fi.Size() > out.maxContent {
+			return fmt.Errorf("%w: %s brings them past %d bytes", ErrSnapshotContentTooLarge, name, out.maxContent)
+		}
+		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			return fmt.Errorf("snapshot %s: %w", name, err)
+		}
+		defer f.Close()
+		n, err := io.CopyN(tw, f, fi.Size())
+		out.ContentBytes += n
+		if err != nil {
+			return fmt.Errorf("snapshot %s: %w", name, err)
+		}
+		return nil
+	})
+}
+
+// readXattrs returns p's user.* attributes, and the overlay's opaque marker
+// when upper is set, as PAX records.
+func readXattrs(p string, upper bool) (map[string]string, error) {
+	names, err := listXattrs(p)
+	if err != nil || len(names) == 0 {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, n := range names {
+		if !strings.HasPrefix(n, "user.") && !(upper && n == opaqueXattr) {
+			continue
+		}
+		v, err := getXattr(p, n)
+		if errors.Is(err, unix.ENODATA) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[xattrPAXPrefix+n] = string(v)
+	}
+	return out, nil
+}
+
+func listXattrs(p string) ([]string, error) {
+	sz, err := unix.Llistxattr(p, nil)
+	if err != nil || sz == 0 {
+		if errors.Is(err, unix.ENOTSUP) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	buf := make([]byte, sz)
+	if sz, err = unix.Llistxattr(p, buf); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, n := range bytes.Split(buf[:sz], []byte{0}) {
+		if len(n) > 0 {
+			out = append(out, string(n))
+		}
+	}
+	return out, nil
+}
+
+func getXattr(p, name string) ([]byte, error) {
+	sz, err := unix.Lgetxattr(p, name, nil)
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, sz)
+	sz, err = unix.Lgetxattr(p, name, buf)
+	if err != nil {
+		return nil, err
+	}
+	return buf[:sz], nil
+}
+
+// SnapshotEntries lists the paths (relative, slash-separated) of section
+// sec of the archive at archive.
+func SnapshotEntries(archive, sec string) (map[string]bool, error) {
+	f, err := os.Open(archive)
+	if err != nil {
+		return nil, fmt.Errorf("open snapshot: %w", err)
+	}
+	defer f.Close()
+	zr, err := zstd.NewReader(f, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return nil, fmt.Errorf("read snapshot: %w", err)
+	}
+	defer zr.Close()
+	out := map[string]bool{}
+	tr := tar.NewReader(zr)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read snapshot: %w", err)
+		}
+		s, rel, err := splitEntry(hdr.Name)
+		if err != nil {
+			return nil, err
+		}
+		if s == sec {
+			out[rel] = true
+		}
+	}
+}
+
+// ApplyTargets are where Apply puts each section of a snapshot.
+type ApplyTargets struct {
+	// Rootfs is the host path of the sandbox's mounted overlay (the merged
+	// view): the upper section is applied through it, so that overlayfs
+	// itself makes the upper layer's copies and whiteouts, and its lower
+	// layer, the image, is never written. Empty: skip the section.
+	Rootfs string
+	// SkipRoot names paths of the upper section (relative, slash-separated)
+	// that are not applied, nor anything below them: files the daemon
+	// writes per sandbox (/etc/hosts, /etc/hostname, /etc/resolv.conf) and
+	// the runtime's mount points (replacing a mount point on the host
+	// would detach what a running sandbox has mounted there).
+	SkipRoot  []string
+	Workspace string
+	Tmp       string
+	// UID is the sandbox's user: the only owner besides root kept from the
+	// archive.
+	UID int
+	// MaxBytes > 0 bounds the bytes of file content extracted.
+	MaxBytes int64
+}
+
+// ClearDir removes everything below dir, keeping dir. Names are resolved
+// inside dir (os.Root), so a symlink in it is removed, never followed.
+func ClearDir(dir string) error {
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	f, err := r.Open(".")
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := r.RemoveAll(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ApplySnapshot extracts the archive at archive into t. The workspace and
+// tmp sections replace their targets' contents entirely (the caller has
+// made sure nothing runs there); the upper section is laid over t.Rootfs.
+func ApplySnapshot(archive string, t ApplyTargets) error {
+	f, err := os.Open(archive)
+	if err != nil {
+		return fmt.Errorf("open snapshot: %w", err)
+	}
+	defer f.Close()
+	zr, err := zstd.NewReader(f, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return fmt.Errorf("read snapshot: %w", err)
+	}
+	defer zr.Close()
+	roots := map[string]*os.Root{}
+	defer func() {
+		for _, r := range roots {
+			r.Close()
+		}
+	}()
+	targets := map[string]string{SectionUpper: t.Rootfs, SectionWorkspace: t.Workspace, SectionTmp: t.Tmp}
+	var written int64
+	var dirTimes []dirTime
+	files := map[string]bool{} // regular files extracted so far: what a hard link may name
+	tr := tar.NewReader(zr)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read snapshot: %w", err)
+		}
+		sec, rel, err := splitEntry(hdr.Name)
+		if err != nil {
+			return err
+		}
+		dst := targets[sec]
+		if dst == "" {
+			continue
+		}
+		r := roots[sec]
+		if r == nil {
+			if sec != SectionUpper {
+				if err := ClearDir(dst); err != nil {
+					return fmt.Errorf("clear %s: %w", sec, err)
+				}
+			}
+			if r, err = os.OpenRoot(dst); err != nil {
+				return fmt.Errorf("restore %s: %w", sec, err)
+			}
+			roots[sec] = r
+		}
+		if sec == SectionUpper && UnderAny(rel, t.SkipRoot) {
+			continue
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			if t.MaxBytes > 0 && written+hdr.Size > t.MaxBytes {
+				return fmt.Errorf("snapshot: %s: content exceeds %d bytes", hdr.Name, t.MaxBytes)
+			}
+			written += hdr.Size
+		}
+		if hdr.Typeflag == tar.TypeLink && !files[hdr.Linkname] {
+			return fmt.Errorf("restore %s: hard link to %q, which is not an earlier file of the snapshot", hdr.Name, hdr.Linkname)
+		}
+		if err := applyEntry(r, sec, rel, hdr, tr, t.UID); err != nil {
+			return fmt.Errorf("restore %s: %w", hdr.Name, err)
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			files[sec+"/"+rel] = true
+		}
+		if hdr.Typeflag == tar.TypeDir {
+			dirTimes = append(dirTimes, dirTime{r, rel, hdr.ModTime})
+		}
+	}
+	// Directory mtimes last: creating their entries changed them.
+	for i := len(dirTimes) - 1; i >= 0; i-- {
+		d := dirTimes[i]
+		_ = d.root.Chtimes(d.rel, d.mtime, d.mtime)
+	}
+	return nil
+}
+
+type dirTime struct {
+	root  *os.Root
+	rel   string
+	mtime time.Time
+}
+
+// UnderAny reports whether rel (slash-separated, relative) is one of
+// prefixes or below one of them.
+func UnderAny(rel string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if rel == p || strings.HasPrefix(rel, p+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// splitEntry checks an entry's name: a known section, then a clean
+// relative path ("." for the section's own directory).
+func splitEntry(name string) (sec, rel string, err error) {
+	name = strings.TrimSuffix(name, "/")
+	sec, rel, _ = strings.Cut(name, "/")
+	if !slices.Contains(snapshotSections, sec) {
+		return "", "", fmt.Errorf("snapshot: entry %q outside the known sections", name)
+	}
+	if rel == "" {
+		return sec, ".", nil
+	}
+	if path.Clean(rel) != rel || path.IsAbs(rel) || rel == ".." || strings.HasPrefix(rel, "../") || strings.ContainsRune(rel, 0) {
+		return "", "", fmt.Errorf("snapshot: entry %q is not a clean relative path", name)
+	}
+	return sec, rel, nil
+}
+
+// applyEntry creates one entry inside r (see the security notes above).
+func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader, uid int) error {
+	mode := fs.FileMode(hdr.Mode) & (fs.ModePerm)
+	if hdr.Mode&unix.S_ISVTX != 0 {
+		mode |= fs.ModeSticky
+	}
+	owner, group := hdr.Uid, hdr.Gid
+	if owner != 0 && owner != uid {
+		owner = uid
+	}
+	if group != 0 && group != uid {
+		group = uid
+	}
+	replace := func() error {
+		if rel == "." {
+			return nil
+		}
+		fi, err := r.Lstat(rel)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if fi.IsDir() && hdr.Typeflag == tar.TypeDir {
+			return nil // kept: its entries follow
+		}
+		return r.RemoveAll(rel)
+	}
+	switch hdr.Typeflag {
+	case tar.TypeChar:
+		// The overlay's whiteout: the path is deleted in this layer.
+		if sec != SectionUpper || hdr.Devmajor != 0 || hdr.Devminor != 0 || rel == "." {
+			return fmt.Errorf("device nodes are not restored")
+		}
+		return r.RemoveAll(rel)
+	case tar.TypeDir:
+		if err := replace(); err != nil {
+			return err
+		}
+		if rel != "." {
+			if err := r.Mkdir(rel, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return err
+			}
+		}
+		if hdr.Mode&unix.S_ISGID != 0 {
+			mode |= fs.ModeSetgid
+		}
+		if sec == SectionUpper && hdr.PAXRecords[xattrPAXPrefix+opaqueXattr] == "y" {
+			// Opaque: nothing of the lower directory shows through.
+			if err := clearRootDir(r, rel); err != nil {
+				return err
+			}
+		}
+		if err := r.Lchown(rel, owner, group); err != nil {
+			return err
+		}
+		if err := r.Chmod(rel, mode); err != nil {
+			return err
+		}
+		return setUserXattrs(r, rel, hdr, true)
+	case tar.TypeReg:
+		if err := replace(); err != nil {
+			return err
+		}
+		f, err := r.OpenFile(rel, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = io.CopyN(f, content, hdr.Size)
+		if err == nil {
+			err = f.Chown(owner, group)
+		}
+		if err == nil {
+			err = f.Chmod(mode) // no setuid/setgid
+		}
+		if err == nil {
+			err = fsetUserXattrs(int(f.Fd()), hdr)
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		return r.Chtimes(rel, hdr.ModTime, hdr.ModTime)
+	case tar.TypeSymlink:
+		if err := replace(); err != nil {
+			return err
+		}
+		if rel == "." {
+			return fmt.Errorf("a section cannot be a symlink")
+		}
+		// The target is stored as is: it is resolved inside the sandbox,
+		// and Root refuses to follow it out of the target here.
+		if err := r.Symlink(hdr.Linkname, rel); err != nil {
+			return err
+		}
+		return r.Lchown(rel, owner, group)
+	case tar.TypeLink:
+		lsec, lrel, err := splitEntry(hdr.Linkname)
+		if err != nil {
+			return err
+		}
+		if lsec != sec || lrel == "." {
+			return fmt.Errorf("hard link to %q outside its section", hdr.Linkname)
+		}
+		if fi, err := r.Lstat(lrel); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("hard link to %q: not a regular file of the snapshot (%v)", hdr.Linkname, err)
+		}
+		if err := replace(); err != nil {
+			return err
+		}
+		return r.Link(lrel, rel)
+	case tar.TypeFifo:
+		if err := replace(); err != nil {
+			return err
+		}
+		return mkfifoIn(r, rel, uint32(mode.Perm()), owner, group)
+	default:
+		return fmt.Errorf("entry type %q is not restored", hdr.Typeflag)
+	}
+}
+
+// clearRootDir removes every entry of directory rel of r.
+func clearRootDir(r *os.Root, rel string) error {
+	d, err := r.Open(rel)
+	if err != nil {
+		return err
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := r.RemoveAll(path.Join(rel, n)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setUserXattrs sets hdr's user.* attributes on rel through a descriptor
+// opened inside r (a directory here; O_NOFOLLOW'd by Root's resolution).
+func setUserXattrs(r *os.Root, rel string, hdr *tar.Header, dir bool) error {
+	if !hasUserXattrs(hdr) {
+		return nil
+	}
+	flags := os.O_RDONLY
+	if dir {
+		flags |= unix.O_DIRECTORY
+	}
+	f, err := r.OpenFile(rel, flags|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return fsetUserXattrs(int(f.Fd()), hdr)
+}
+
+func hasUserXattrs(hdr *tar.Header) bool {
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, xattrPAXPrefix+"user.") {
+			return true
+		}
+	}
+	return false
+}
+
+func fsetUserXattrs(fd int, hdr *tar.Header) error {
+	for k, v := range hdr.PAXRecords {
+		name, ok := strings.CutPrefix(k, xattrPAXPrefix)
+		if !ok || !strings.HasPrefix(name, "user.") {
+			continue
+		}
+		if err := unix.Fsetxattr(fd, name, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
+			return fmt.Errorf("set xattr %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// mkfifoIn makes a fifo at rel inside r: mknodat relative to its parent
+// directory's descriptor, opened through r.
+func mkfifoIn(r *os.Root, rel string, perm uint32, uid, gid int) error {
+	parent, err := r.OpenFile(path.Dir(rel), os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer parent.Close()
+	base := path.Base(rel)
+	if err := unix.Mknodat(int(parent.Fd()), base, syscall.S_IFIFO|perm, 0); err != nil {
+		return err
+	}
+	if err := unix.Fchownat(int(parent.Fd()), base, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	return unix.Fchmodat(int(parent.Fd()), base, perm, 0)
+}
