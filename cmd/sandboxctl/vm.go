@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -213,46 +214,8 @@ func vmCmd(g *globals) *cobra.Command {
 		},
 	}
 
-	snapshot := &cobra.Command{
-		Use:   "snapshot ID NAME",
-		Short: "Save a VM's whole state under NAME",
-		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			r, err := c.SnapshotVM(cmd.Context(), args[0], args[1])
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return g.printJSON(r)
-			}
-			fmt.Fprintf(g.stdout, "%s\t%s\t%dms\n", r.VMID, r.Name, r.DurationMS)
-			return nil
-		},
-	}
-	restore := &cobra.Command{
-		Use:   "restore ID NAME",
-		Short: "Return a VM to snapshot NAME",
-		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			r, err := c.RestoreVM(cmd.Context(), args[0], args[1])
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return g.printJSON(r)
-			}
-			fmt.Fprintf(g.stdout, "%s\t%s\t%dms\n", r.VMID, r.Name, r.DurationMS)
-			return nil
-		},
-	}
+	snapshot := vmSnapshotCmd(g, "snapshot ID NAME", "Save a VM's whole state under NAME", (*client.Client).SnapshotVM)
+	restore := vmSnapshotCmd(g, "restore ID NAME", "Return a VM to snapshot NAME", (*client.Client).RestoreVM)
 	screenshot := &cobra.Command{
 		Use:   "screenshot ID FILE.png",
 		Short: "Save a screenshot of a VM's display as PNG (- for stdout)",
@@ -334,4 +297,29 @@ func vmRef(s string) (id, path string, ok bool) {
 		return "", "", false
 	}
 	return id, path, true
+}
+
+// vmSnapshotCmd is vm snapshot or restore: call with a VM and a snapshot
+// name, print the outcome.
+func vmSnapshotCmd(g *globals, use, short string, call func(*client.Client, context.Context, string, string) (*client.VMSnapshotResult, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			r, err := call(c, cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(r)
+			}
+			fmt.Fprintf(g.stdout, "%s\t%s\t%dms\n", r.VMID, r.Name, r.DurationMS)
+			return nil
+		},
+	}
 }

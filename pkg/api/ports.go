@@ -23,12 +23,10 @@ func (s *server) exposePort(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	id := r.PathValue("id")
-	if req.SandboxID != "" && req.SandboxID != id {
-		s.writeError(w, r, errdefs.Invalidf("sandbox_id: %q in the body contradicts %q in the path", req.SandboxID, id))
+	if err := pathID(r, "sandbox_id", &req.SandboxID); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
-	req.SandboxID = id
 	x, err := s.e.ExposePort(r.Context(), req)
 	if err != nil {
 		s.writeError(w, r, err)

@@ -80,12 +80,17 @@ func (s *server) decodeExec(w http.ResponseWriter, r *http.Request) (engine.Exec
 	if err := s.decodeJSON(w, r, &req); err != nil {
 		return req, err
 	}
+	return req, pathID(r, "sandbox_id", &req.SandboxID)
+}
+
+// pathID puts the path's id into a body's field, refusing a different one.
+func pathID(r *http.Request, field string, body *string) error {
 	id := r.PathValue("id")
-	if req.SandboxID != "" && req.SandboxID != id {
-		return req, errdefs.Invalidf("sandbox_id: %q in the body contradicts %q in the path", req.SandboxID, id)
+	if *body != "" && *body != id {
+		return errdefs.Invalidf("%s: %q in the body contradicts %q in the path", field, *body, id)
 	}
-	req.SandboxID = id
-	return req, nil
+	*body = id
+	return nil
 }
 
 // exec runs a command and streams its output as NDJSON. The status line is
@@ -228,12 +233,10 @@ func (s *server) sandboxNetwork(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	id := r.PathValue("id")
-	if req.SandboxID != "" && req.SandboxID != id {
-		s.writeError(w, r, errdefs.Invalidf("sandbox_id: %q in the body contradicts %q in the path", req.SandboxID, id))
+	if err := pathID(r, "sandbox_id", &req.SandboxID); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
-	req.SandboxID = id
 	st, err := s.e.SandboxNetwork(r.Context(), req)
 	if err != nil {
 		s.writeError(w, r, err)

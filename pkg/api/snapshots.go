@@ -4,7 +4,6 @@ import (
 	"net/http"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // Workspace snapshots: POST /v1/sandboxes/{id}/snapshots (take),
@@ -20,17 +19,6 @@ func (s *server) registerSnapshots(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
 }
 
-// pathSandbox puts the path's sandbox id into a body's, refusing a
-// different one.
-func pathSandbox(r *http.Request, body *string) error {
-	id := r.PathValue("id")
-	if *body != "" && *body != id {
-		return errdefs.Invalidf("sandbox_id: %q in the body contradicts %q in the path", *body, id)
-	}
-	*body = id
-	return nil
-}
-
 func (s *server) snapshotSandbox(w http.ResponseWriter, r *http.Request) {
 	var req apitypes.SnapshotRequest
 	if r.ContentLength != 0 { // the body is optional: {"name": ...}
@@ -39,7 +27,7 @@ func (s *server) snapshotSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if err := pathSandbox(r, &req.SandboxID); err != nil {
+	if err := pathID(r, "sandbox_id", &req.SandboxID); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -57,7 +45,7 @@ func (s *server) restoreSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := pathSandbox(r, &req.SandboxID); err != nil {
+	if err := pathID(r, "sandbox_id", &req.SandboxID); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

@@ -5,7 +5,6 @@ import (
 	"strconv"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // VMs (/v1/vms): a VM is a sandbox run by the VM backend, so exec and
@@ -106,12 +105,7 @@ func (s *server) decodeSnapshot(w http.ResponseWriter, r *http.Request) (apitype
 	if err := s.decodeJSON(w, r, &req); err != nil {
 		return req, err
 	}
-	id := r.PathValue("id")
-	if req.VMID != "" && req.VMID != id {
-		return req, errdefs.Invalidf("vm_id: %q in the body contradicts %q in the path", req.VMID, id)
-	}
-	req.VMID = id
-	return req, nil
+	return req, pathID(r, "vm_id", &req.VMID)
 }
 
 func (s *server) snapshotVM(w http.ResponseWriter, r *http.Request) {
