@@ -74,6 +74,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	if err := checkBuilt(cfg); err != nil {
 		return nil, err
 	}
+	if err := checkUsernsPool(cfg.Sandbox.UsernsPool); err != nil {
+		return nil, err
+	}
 	e := &Engine{cfg: cfg, log: log, seccomp: seccomp.Check(), started: time.Now()}
 	e.metrics = newMetrics(e)
 	var err error
@@ -128,6 +131,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		SeccompDiagnostics: cfg.Sandbox.SeccompDiagnostics && seccomp.MonitorSupported,
 		AgentPath:          cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, Storage: disks, Pool: e.disks,
 		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
+		Userns: usernsPool(cfg.Sandbox.UsernsPool, e.store),
 	}, e.ledger)
 	if err != nil {
 		cleanup()

@@ -68,6 +68,9 @@ var AgentCapabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETUID", "CAP_SETGID", "CAP_KILL",
 }
 
+// NofileLimit is RLIMIT_NOFILE of every sandbox process.
+const NofileLimit = 4096
+
 // Limits are the cgroup limits of one sandbox. Zero means unlimited.
 type Limits struct {
 	MemoryBytes int64   // memory limit; swap is not allowed on top of it
@@ -101,6 +104,10 @@ type Spec struct {
 	// NetNSPath is a network namespace to join (a bind-mounted nsfs file);
 	// empty gives the sandbox a new namespace with only loopback.
 	NetNSPath string
+	// UsernsPath is the sandbox's own user namespace to join (a pinned
+	// nsfs file, pkg/userns: owned by the sandbox's host uid, with its id
+	// range mapped); empty keeps the sandbox in the host's, as host root.
+	UsernsPath string
 }
 
 // Runtime starts and stops sandboxes, keeping libcontainer's state under Root
@@ -216,6 +223,12 @@ func BuildSpec(s *Spec) *specs.Spec {
 			spec.Linux.Resources.BlockIO = bio
 		}
 	}
+	if s.UsernsPath != "" {
+		// Everything in the sandbox, init included, runs as ids of its
+		// range; the capabilities below are the user namespace's only.
+		// runc reads the mapping from the namespace itself.
+		spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: s.UsernsPath})
+	}
 	spec.Linux.Seccomp = s.Seccomp
 	if len(s.Labels) > 0 {
 		spec.Annotations = s.Labels
@@ -320,9 +333,16 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 			Permitted: spec.Process.Capabilities.Permitted,
 		},
 		Rlimits: []configs.Rlimit{
-			{Type: unix.RLIMIT_NOFILE, Hard: 4096, Soft: 4096},
+			{Type: unix.RLIMIT_NOFILE, Hard: NofileLimit, Soft: NofileLimit},
 			{Type: unix.RLIMIT_CORE, Hard: 0, Soft: 0},
 		},
+	}
+	if s.UsernsPath != "" {
+		// runc sets them with prlimit(2) from the host once init runs as
+		// the namespace's uid, which needs CAP_SYS_RESOURCE on the host
+		// (hosts and container-in-VM setups that withhold it exist): init
+		// lowers its own limits instead (the agent's --nofile).
+		proc.Rlimits = nil
 	}
 	if err := ct.Run(proc); err != nil {
 		return nil, fmt.Errorf("start sandbox init: %w", err)
