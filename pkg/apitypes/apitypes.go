@@ -89,6 +89,9 @@ type CreateSandboxRequest struct {
 	// of an earlier one returns that sandbox (whatever its state now)
 	// instead of starting another, so a client may retry after a timeout.
 	RequestID string `json:"request_id,omitempty" jsonschema_description:"Client request id: a create with the id of an earlier one returns that sandbox instead of starting another (safe retries)."`
+	// Root runs commands and file operations as uid 0 inside the sandbox's
+	// own user namespace (an unprivileged uid on the host).
+	Root bool `json:"root,omitempty" jsonschema_description:"Run commands as root (uid 0) inside the sandbox, e.g. for apt-get install; the host sees an unprivileged uid of the sandbox's own range. Default: the unprivileged sandbox user."`
 }
 
 // Sandbox describes a sandbox, live or not.

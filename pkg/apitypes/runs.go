@@ -27,6 +27,8 @@ type RunCodeRequest struct {
 	MemoryMB *int64   `json:"memory_mb,omitempty" jsonschema_description:"Memory limit of the fresh sandbox in MiB."`
 	DiskMB   *int64   `json:"disk_mb,omitempty" jsonschema_description:"Disk limit of the fresh sandbox in MiB."`
 	CPUs     *float64 `json:"cpus,omitempty" jsonschema_description:"CPU limit of the fresh sandbox in cores, e.g. 0.5."`
+	// Root runs the fresh sandbox in root mode (CreateSandboxRequest.Root).
+	Root bool `json:"root,omitempty" jsonschema_description:"Run as root (uid 0) inside the fresh sandbox; the host sees an unprivileged uid."`
 	// MaxOutputBytes caps each stream in the result; 0 means the configured
 	// output limit. The run record keeps up to runs.log_cap regardless.
 	MaxOutputBytes int64 `json:"-"`

@@ -383,6 +383,13 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		},
 		Env: req.Env, Labels: req.Labels,
 	}
+	if req.Root {
+		// Root inside is root on the host without a user namespace.
+		if sc.UsernsPool.Count == 0 {
+			return nil, errdefs.New(errdefs.InvalidArgument, "root: root mode needs user namespaces, which this server runs without (sandbox.userns_pool.count is 0)")
+		}
+		spec.UID, spec.Root = 0, true
+	}
 	var err error
 	if req.MemoryMB != nil {
 		if spec.Limits.MemoryBytes, err = megabytes("memory_mb", *req.MemoryMB, minMemory, int64(sc.MaxMemory)); err != nil {

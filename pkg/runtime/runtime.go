@@ -108,6 +108,9 @@ type Spec struct {
 	// nsfs file, pkg/userns: owned by the sandbox's host uid, with its id
 	// range mapped); empty keeps the sandbox in the host's, as host root.
 	UsernsPath string
+	// WritableRoot mounts Rootfs read-write (root mode: apt-get install);
+	// writes land in the sandbox's upper layer, on its own disk.
+	WritableRoot bool
 }
 
 // Runtime starts and stops sandboxes, keeping libcontainer's state under Root
@@ -161,7 +164,7 @@ func (i *Instance) ExitDescription() string {
 // exported so the benchmark can hand the same spec to the runc CLI.
 func BuildSpec(s *Spec) *specs.Spec {
 	spec := specconv.Example()
-	spec.Root = &specs.Root{Path: s.Rootfs, Readonly: true}
+	spec.Root = &specs.Root{Path: s.Rootfs, Readonly: !s.WritableRoot}
 	spec.Hostname = s.ID
 	caps := append([]string(nil), AgentCapabilities...)
 	spec.Process = &specs.Process{

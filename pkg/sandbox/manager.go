@@ -59,6 +59,8 @@ type Spec struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	TTL    time.Duration     `json:"ttl,omitempty"` // 0: the configured max lifetime
 	UID    int               `json:"uid"`
+	// Root: UID is 0, inside the sandbox's own user namespace.
+	Root bool `json:"root,omitempty"`
 	// SeccompProfile is the profile name; empty: the backend's default.
 	SeccompProfile string `json:"seccomp_profile,omitempty"`
 	// ImageEnv is the image's environment, kept so that a restarted daemon

@@ -352,6 +352,8 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		CgroupPath: cg,
 		NetNSPath:  req.NetNSPath,
 		UsernsPath: usernsPath,
+		// Root mode exists only with a user namespace (pkg/engine).
+		WritableRoot: spec.Root && idmap != nil,
 		Limits: runtime.Limits{
 			MemoryBytes: spec.Limits.MemoryBytes, CPUs: spec.Limits.CPUs, Pids: spec.Limits.Pids,
 			IODevice: b.opt.IO.Device, IOReadBPS: b.opt.IO.ReadBPS, IOWriteBPS: b.opt.IO.WriteBPS,
