@@ -843,4 +843,19 @@ func TestFileReadObeysSandboxUserPermissions(t *testing.T) {
 	if err != nil || res.Content != "mine\n" {
 		t.Errorf("reading the user's own file: %+v %v", res, err)
 	}
+	// Writes and deletes too: a directory the user made read-only stays so
+	// for the file API (the agent's CAP_DAC_OVERRIDE does not apply).
+	env.sh(t, info.ID, "mkdir /workspace/ro; echo keep > /workspace/ro/f; chmod 0555 /workspace/ro")
+	if _, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: info.ID, Path: "/workspace/ro/new", Content: "x"}); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("file_write into a 0555 directory: %v, want permission denied", err)
+	}
+	if _, err := env.DeleteFile(ctx, info.ID, "/workspace/ro/f", false); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("deleting from a 0555 directory: %v, want permission denied", err)
+	}
+	if _, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: info.ID, Path: "/workspace/new/f", Content: "x"}); err != nil {
+		t.Errorf("file_write of the user's own new file: %v", err)
+	}
+	if out := env.sh(t, info.ID, "stat -c %u:%g /workspace/new /workspace/new/f; cat /workspace/ro/f").Stdout; out != "1000:1000\n1000:1000\nkeep\n" {
+		t.Errorf("owners and the kept file: %q", out)
+	}
 }
