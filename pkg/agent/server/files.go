@@ -194,7 +194,11 @@ func (fs *fileService) serve(req *agent.Request, r *bufio.Reader, rp *reply) err
 		}
 		return rp.send(&agent.Frame{Type: agent.FrameResult})
 	default: // agent.OpStat
-		fi, err := fs.stat(p)
+		var fi *agent.FileInfo
+		err := fs.asUser(func() (err error) {
+			fi, err = fs.stat(p)
+			return err
+		})
 		if err != nil {
 			return err
 		}
