@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -462,6 +463,32 @@ func TestBadInput(t *testing.T) {
 			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", DiskMB: ptr[int64](1 << 30)})
 			return err
 		}, errdefs.InvalidArgument, "disk_mb"},
+		// Numbers that overflow once scaled (MiB to bytes, seconds to a
+		// duration) are invalid_argument naming the field, never wrapped.
+		{"memory_mb overflowing", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", MemoryMB: ptr[int64](math.MaxInt64)})
+			return err
+		}, errdefs.InvalidArgument, "memory_mb"},
+		{"disk_mb overflowing", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", DiskMB: ptr[int64](math.MaxInt64/(1<<20) + 1)})
+			return err
+		}, errdefs.InvalidArgument, "disk_mb"},
+		{"ttl_seconds overflowing", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", TTLSeconds: ptr[int64](math.MaxInt64)})
+			return err
+		}, errdefs.InvalidArgument, "ttl_seconds"},
+		{"exec timeout overflowing", func() error {
+			_, err := env.Exec(ctx, ExecRequest{SandboxID: live.ID, Command: "true", TimeoutSeconds: ptr(1e300)}, nil)
+			return err
+		}, errdefs.InvalidArgument, "timeout_seconds"},
+		{"run_code timeout overflowing", func() error {
+			_, err := env.RunCode(ctx, RunCodeRequest{Language: "shell", Code: "true", TimeoutSeconds: ptr(float64(math.MaxInt64))}, nil)
+			return err
+		}, errdefs.InvalidArgument, "timeout_seconds"},
+		{"agent timeout overflowing", func() error {
+			_, err := env.AgentRun(ctx, AgentRunRequest{Prompt: "x", TimeoutSeconds: math.Inf(1)}, nil)
+			return err
+		}, errdefs.InvalidArgument, "timeout"},
 		{"bad network", func() error {
 			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Network: "bridge"})
 			return err

@@ -434,8 +434,22 @@ func (m *Manager) watchInit(sb *Sandbox) {
 	if n, err := h.OOMKills(); err == nil && n > 0 {
 		reason += "; the OOM killer fired in the sandbox"
 	}
-	if _, err := m.Terminate(context.Background(), sb.ID, reason); err != nil && !errdefs.Is(err, errdefs.NotFound) {
-		m.log.Error("terminate sandbox after init exit", "sandbox", sb.ID, "err", err)
+	// A failed state write leaves the sandbox live (see Terminate); its
+	// init is gone, so keep trying for a while (then reconcile at the next
+	// start settles it).
+	wait := time.Second
+	for attempt := 1; ; attempt++ {
+		_, err := m.Terminate(context.Background(), sb.ID, reason)
+		if err == nil || errdefs.Is(err, errdefs.NotFound) {
+			return
+		}
+		if attempt == 20 {
+			m.log.Error("terminate sandbox after init exit: giving up", "sandbox", sb.ID, "err", err)
+			return
+		}
+		m.log.Error("terminate sandbox after init exit (will retry)", "sandbox", sb.ID, "err", err, "retry_in", wait)
+		time.Sleep(wait)
+		wait = min(2*wait, 30*time.Second)
 	}
 }
 
@@ -541,14 +555,23 @@ func (m *Manager) Terminate(ctx context.Context, id, reason string) (*Info, erro
 	sb.terminating = true
 	sb.mu.Unlock()
 
-	m.teardown(ctx, sb)
-	m.forget(id)
 	if reason == "" {
 		reason = "terminated by request"
 	}
+	// The record says terminated before anything is released. If that
+	// write fails, nothing is torn down: the sandbox stays as its record
+	// says (live, usable, and the caller may retry), never a record saying
+	// ready with nothing behind it. A crash between the write and the
+	// release leaves ledger entries of a terminated sandbox, which
+	// reconcile and gc release.
 	if err := m.transition(context.WithoutCancel(ctx), sb, StateTerminated, reason); err != nil {
+		sb.mu.Lock()
+		sb.terminating = false
+		sb.mu.Unlock()
 		return nil, err
 	}
+	m.teardown(ctx, sb)
+	m.forget(id)
 	return m.Get(ctx, id)
 }
 
