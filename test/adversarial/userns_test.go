@@ -108,6 +108,18 @@ func TestUserNamespaces(t *testing.T) {
 	if !strings.HasPrefix(res.Stdout, "0\nwrote\nshadow-readable\n") || !strings.Contains(res.Stdout, "mknod=1") {
 		t.Errorf("root mode: %q %q, want uid 0 that writes /etc and reads its own image's /etc/shadow, but cannot make devices", res.Stdout, res.Stderr)
 	}
+	// Root mode installs packages: a local .deb through apt-get (no
+	// network here; the package manager's own steps — dpkg's chowns, apt's
+	// switch to _apt — run as root of the namespace).
+	res = mustExec(t, e, r.ID, `set -e; d=/tmp/pkg; mkdir -p $d/DEBIAN $d/usr/local/bin
+printf 'Package: sbx-hello\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@t>\nDescription: t\n' > $d/DEBIAN/control
+printf '#!/bin/sh\necho hello from a package\n' > $d/usr/local/bin/sbx-hello; chmod 755 $d/usr/local/bin/sbx-hello
+dpkg-deb --root-owner-group --build $d /tmp/sbx-hello.deb >/dev/null
+apt-get install -y -q /tmp/sbx-hello.deb >/tmp/apt.log 2>&1 || { cat /tmp/apt.log; exit 1; }
+sbx-hello; dpkg-query -W -f='${Status}\n' sbx-hello`)
+	if res.Stdout != "hello from a package\ninstall ok installed\n" {
+		t.Errorf("root mode: apt-get install of a local package: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
 	if res := mustExec(t, e, a.ID, "id -u"); res.Stdout != strconv.Itoa(cfg.Sandbox.User)+"\n" {
 		t.Errorf("default mode: id -u = %q", res.Stdout)
 	}
