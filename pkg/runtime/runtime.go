@@ -108,6 +108,11 @@ type Spec struct {
 	// nsfs file, pkg/userns: owned by the sandbox's host uid, with its id
 	// range mapped); empty keeps the sandbox in the host's, as host root.
 	UsernsPath string
+	// SysfsPath, if set, is a sysfs the caller mounted for the sandbox's
+	// network namespace, bound read-only at /sys instead of a new sysfs
+	// mount: a sandbox in its own user namespace that joins a network
+	// namespace it does not own may not mount sysfs itself.
+	SysfsPath string
 	// WritableRoot mounts Rootfs read-write (root mode: apt-get install);
 	// writes land in the sandbox's upper layer, on its own disk.
 	WritableRoot bool
@@ -195,6 +200,14 @@ func BuildSpec(s *Spec) *specs.Spec {
 	// runc's current default masks (Example's list predates some of them).
 	spec.Linux.MaskedPaths = append(spec.Linux.MaskedPaths,
 		"/proc/interrupts", "/proc/sched_debug", "/sys/devices/virtual/powercap", "/proc/kallsyms")
+	if s.SysfsPath != "" {
+		for i, m := range spec.Mounts {
+			if m.Destination == "/sys" {
+				spec.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: s.SysfsPath,
+					Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}}
+			}
+		}
+	}
 	spec.Linux.CgroupsPath = s.CgroupPath
 	if s.NetNSPath != "" {
 		for i, ns := range spec.Linux.Namespaces {

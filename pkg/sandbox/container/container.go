@@ -36,6 +36,8 @@ import (
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
@@ -43,6 +45,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
@@ -340,6 +343,13 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		}
 		binds = append(binds, runtime.Bind{Source: dir, Destination: filepath.Join(cgroupsInside, name), NoExec: true})
 	}
+	sysfs := ""
+	if idmap != nil && req.NetNSPath != "" {
+		sysfs = filepath.Join(dir, "sys")
+		if err := mountNetSysfs(req.NetNSPath, sysfs); err != nil {
+			return nil, err
+		}
+	}
 	initArgs := []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid,
 		"--retain-bytes", "1048576", "--max-finished", "32", "--cgroups", cgroupsInside}
 	if idmap != nil {
@@ -352,6 +362,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		CgroupPath: cg,
 		NetNSPath:  req.NetNSPath,
 		UsernsPath: usernsPath,
+		SysfsPath:  sysfs,
 		// Root mode exists only with a user namespace (pkg/engine).
 		WritableRoot: spec.Root && idmap != nil,
 		Limits: runtime.Limits{
@@ -636,6 +647,27 @@ func writeIdentity(rootfs, id string, owner int) error {
 		}
 	}
 	return nil
+}
+
+// mountNetSysfs mounts at dir (created) a read-only sysfs as seen from the
+// network namespace at nsPath (its /sys/class/net lists that namespace's
+// devices), from a thread of the daemon that joined it and is then
+// discarded (network.InNetNS). Released with the sandbox's dir.
+func mountNetSysfs(nsPath, dir string) error {
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return fmt.Errorf("sysfs for the sandbox's network: %w", err)
+	}
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return fmt.Errorf("sysfs for the sandbox's network: %w", err)
+	}
+	defer ns.Close()
+	return network.InNetNS(ns, func() error {
+		if err := unix.Mount("sysfs", dir, "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("mount sysfs for the sandbox's network: %w", err)
+		}
+		return nil
+	})
 }
 
 // addSearch lets everyone traverse dir (o+x, never read): the sandbox's
