@@ -434,22 +434,11 @@ func (m *Manager) watchInit(sb *Sandbox) {
 	if n, err := h.OOMKills(); err == nil && n > 0 {
 		reason += "; the OOM killer fired in the sandbox"
 	}
-	// A failed state write leaves the sandbox live (see Terminate); its
-	// init is gone, so keep trying for a while (then reconcile at the next
-	// start settles it).
-	wait := time.Second
-	for attempt := 1; ; attempt++ {
-		_, err := m.Terminate(context.Background(), sb.ID, reason)
-		if err == nil || errdefs.Is(err, errdefs.NotFound) {
-			return
-		}
-		if attempt == 20 {
-			m.log.Error("terminate sandbox after init exit: giving up", "sandbox", sb.ID, "err", err)
-			return
-		}
-		m.log.Error("terminate sandbox after init exit (will retry)", "sandbox", sb.ID, "err", err, "retry_in", wait)
-		time.Sleep(wait)
-		wait = min(2*wait, 30*time.Second)
+	// Its init is gone: there is nothing left to keep, so release first
+	// and record after (a failed write is settled by reconcile at the next
+	// start, which finds no init behind the record).
+	if _, err := m.terminate(context.Background(), sb.ID, reason, false); err != nil && !errdefs.Is(err, errdefs.NotFound) {
+		m.log.Error("terminate sandbox after init exit", "sandbox", sb.ID, "err", err)
 	}
 }
 
@@ -541,6 +530,13 @@ func (m *Manager) lifetime(spec Spec) time.Duration {
 // cgroups, mounts, state directories. Terminating a terminated sandbox is a
 // no-op that returns its description.
 func (m *Manager) Terminate(ctx context.Context, id, reason string) (*Info, error) {
+	return m.terminate(ctx, id, reason, true)
+}
+
+// terminate ends sandbox id. recordFirst writes the terminated state
+// before releasing anything (a sandbox that still runs); without it the
+// release comes first (a sandbox whose init is gone).
+func (m *Manager) terminate(ctx context.Context, id, reason string, recordFirst bool) (*Info, error) {
 	m.mu.Lock()
 	sb := m.sandboxes[id]
 	m.mu.Unlock()
@@ -564,14 +560,22 @@ func (m *Manager) Terminate(ctx context.Context, id, reason string) (*Info, erro
 	// ready with nothing behind it. A crash between the write and the
 	// release leaves ledger entries of a terminated sandbox, which
 	// reconcile and gc release.
+	if !recordFirst {
+		m.teardown(ctx, sb)
+		m.forget(id)
+	}
 	if err := m.transition(context.WithoutCancel(ctx), sb, StateTerminated, reason); err != nil {
-		sb.mu.Lock()
-		sb.terminating = false
-		sb.mu.Unlock()
+		if recordFirst {
+			sb.mu.Lock()
+			sb.terminating = false
+			sb.mu.Unlock()
+		}
 		return nil, err
 	}
-	m.teardown(ctx, sb)
-	m.forget(id)
+	if recordFirst {
+		m.teardown(ctx, sb)
+		m.forget(id)
+	}
 	return m.Get(ctx, id)
 }
 
