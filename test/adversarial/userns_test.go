@@ -2,7 +2,9 @@ package adversarial
 
 import (
 	"context"
+	"database/sql"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,6 +53,16 @@ func TestUserNamespaces(t *testing.T) {
 		}
 		_ = e.Close()
 		testenv.AssertNoLeftovers(t, cfg)
+		// Every range went back to the pool with its sandbox.
+		db, err := sql.Open("sqlite", "file:"+filepath.Join(cfg.Paths.StateDir, "state.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		var held int
+		if err := db.QueryRow("SELECT COUNT(*) FROM userns_ranges").Scan(&held); err != nil || held != 0 {
+			t.Errorf("id ranges still held after every sandbox ended: %d (%v)", held, err)
+		}
 	})
 	create := func(root bool) *apitypes.Sandbox {
 		sb, err := e.CreateSandbox(ctx, engine.CreateSandboxRequest{Language: "python", Root: root})
