@@ -111,9 +111,13 @@ func PrepareMappedLayers(img *Image, dir, disk string, uid, gid int, m *userns.I
 		}
 	}()
 	if m != nil {
-		// The sandbox's init (host uid m.HostID) mounts its root from
-		// dir/rootfs: it must be able to walk there, not to list.
-		if err := os.Chmod(dir, 0o711); err != nil {
+		// The sandbox's init (host uid and gid m.HostID) mounts its root
+		// from dir/rootfs: its group may walk there (not list); no other
+		// host user may.
+		if err := os.Chown(dir, 0, host(0)); err != nil {
+			return nil, fmt.Errorf("prepare layers: %w", err)
+		}
+		if err := os.Chmod(dir, 0o710); err != nil {
 			return nil, fmt.Errorf("prepare layers: %w", err)
 		}
 	}

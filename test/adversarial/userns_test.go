@@ -4,9 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -113,6 +115,20 @@ func TestUserNamespaces(t *testing.T) {
 		}
 		seen[agent] = c.sb.ID
 		t.Logf("%s: agent host uid %d, command host uid %d (inside %d)", c.sb.ID, agent, cmd, c.insideID)
+	}
+
+	// No other host user reaches a sandbox's files through the host paths
+	// its init walks (they are in /proc/mounts for everyone to read).
+	for _, rel := range []string{"layers/rootfs/etc/hostname", "disk/workspace"} {
+		p := filepath.Join(cfg.Paths.RunDir, "sandboxes", a.ID, rel)
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("host root: %v", err)
+		}
+		cmd := exec.Command("stat", p)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "Permission denied") {
+			t.Errorf("host user nobody: stat %s: %v %s, want permission denied", p, err, out)
+		}
 	}
 
 	// Root mode: uid 0 inside, with the capabilities of that namespace only.

@@ -168,7 +168,8 @@ func New(opt Options, l *ledger.Ledger) (*Backend, error) {
 			return nil, fmt.Errorf("sandbox.userns_pool: %w (set sandbox.userns_pool.count to 0 to run sandboxes without user namespaces)", err)
 		}
 		// A sandbox's init runs as an unprivileged host uid and must walk
-		// (not list) down to its root and binds; see Start.
+		// (not list) down to its root and binds; each sandbox's own dir
+		// lets only that sandbox's group through (see Start).
 		for _, d := range []string{opt.RunDir, filepath.Join(opt.RunDir, "sandboxes")} {
 			if err := addSearch(d); err != nil {
 				return nil, err
@@ -240,11 +241,17 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	var ns *os.File
 	usernsPath := ""
 	if idmap != nil {
+		// The sandbox's init walks through dir to its root and binds: its
+		// group (the range's first gid) may, no other host user may (the
+		// paths are in /proc/mounts for everyone to see).
+		if err := os.Chown(dir, 0, host(0)); err != nil {
+			return nil, fmt.Errorf("create sandbox dir: %w", err)
+		}
+		if err := os.Chmod(dir, 0o710); err != nil {
+			return nil, fmt.Errorf("create sandbox dir: %w", err)
+		}
 		// The agent (the sandbox's root) creates its socket here; only
 		// root on the host and that sandbox can reach it.
-		if err := addSearch(dir); err != nil {
-			return nil, err
-		}
 		if err := os.Chown(agentDir, host(0), host(0)); err != nil {
 			return nil, fmt.Errorf("create agent dir: %w", err)
 		}
