@@ -48,6 +48,7 @@ func main() {
 type options struct {
 	socket     string
 	virtioPort string
+	nofile     uint64
 	server.Options
 }
 
@@ -61,6 +62,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.GID, "gid", 1000, "default gid of commands and group of written files")
 	fs.IntVar(&o.RetainBytes, "retain-bytes", 1<<20, "output retained per stream of each job")
 	fs.IntVar(&o.MaxFinished, "max-finished", 256, "finished jobs kept before the oldest are dropped")
+	fs.Uint64Var(&o.nofile, "nofile", 0, "lower RLIMIT_NOFILE to this (0: keep) and RLIMIT_CORE to 0 at start, for runtimes that cannot set them (a user namespace owned by another uid)")
 	fs.StringVar(&o.Cgroups, "cgroups", "", "where the sandbox's delegated cgroups are mounted; every job then gets its own cgroup")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -79,6 +81,11 @@ func run(log *slog.Logger, args []string) error {
 	o, err := parseFlags(args)
 	if err != nil {
 		return err
+	}
+	if o.nofile > 0 {
+		if err := lowerRlimits(o.nofile); err != nil {
+			return err
+		}
 	}
 	if os.Getpid() != 1 {
 		// Orphans of our commands are then reparented to us, so the reaper
@@ -138,4 +145,22 @@ func listen(o *options) (net.Listener, error) {
 		return nil, fmt.Errorf("chmod socket: %w", err)
 	}
 	return ln, nil
+}
+
+// lowerRlimits sets RLIMIT_NOFILE to n (at most the current hard limit:
+// lowering needs no privilege, raising needs CAP_SYS_RESOURCE on the host)
+// and forbids core dumps; every command inherits both.
+func lowerRlimits(n uint64) error {
+	var cur unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &cur); err != nil {
+		return fmt.Errorf("getrlimit: %w", err)
+	}
+	n = min(n, cur.Max)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+		return fmt.Errorf("lower RLIMIT_NOFILE: %w", err)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
+		return fmt.Errorf("lower RLIMIT_CORE: %w", err)
+	}
+	return nil
 }

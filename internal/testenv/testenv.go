@@ -203,6 +203,16 @@ func Config(t testing.TB, prefix string) *config.Config {
 	// A bridge of its own: network gc only touches its own bridge and the
 	// veths on it, so a test daemon never disturbs another one's.
 	cfg.Network.Bridge = "sbxt" + RandHex(3)
+	// A block of the user namespace pool of its own (one of 32): test
+	// daemons running at the same time (other packages, other worktrees)
+	// then hand out different host ids, so per-uid kernel counts (and the
+	// tests asserting them) stay per sandbox across them.
+	if u := &cfg.Sandbox.UsernsPool; u.Count > 0 {
+		b := make([]byte, 1)
+		_, _ = rand.Read(b)
+		u.Count = 64
+		u.Base += int64(b[0]%32) * u.Count * u.Size
+	}
 	cfg.Sandbox.Memory = 256 << 20
 	cfg.Sandbox.Disk = 128 << 20
 	// Any free port: test daemons run side by side.

@@ -752,6 +752,18 @@ func TestFilesOwnedBySandboxUser(t *testing.T) {
 	testenv.RequireRoot(t)
 	a := startAgent(t, "--uid", "1000", "--gid", "1001")
 	ctx := testCtx(t)
+	// As in a sandbox: /workspace is the user's, / is root's. File
+	// operations act as the user, who may create below the one and not in
+	// the other.
+	if err := os.Mkdir(filepath.Join(a.root, "workspace"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(a.root, "workspace"), 1000, 1001); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/etc2/f", MkdirParents: true}, strings.NewReader("x")); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("creating a directory in the root-owned /: %v, want permission denied", err)
+	}
 	if _, err := a.WriteFile(ctx, agent.WriteFileRequest{Path: "/workspace/new/dir/f.txt", MkdirParents: true}, strings.NewReader("x")); err != nil {
 		t.Fatal(err)
 	}

@@ -92,6 +92,9 @@ type CreateSandboxRequest struct {
 	// FromSnapshot starts the sandbox from a workspace snapshot (a fork):
 	// its files, on its own disk, in the snapshot's language.
 	FromSnapshot string `json:"from_snapshot,omitempty" jsonschema_description:"Snapshot id (sandbox_snapshot): start the sandbox with that snapshot's /workspace, /tmp and root file system changes, on its own disk (a fork). Its language is the snapshot's."`
+	// Root runs commands and file operations as uid 0 inside the sandbox's
+	// own user namespace (an unprivileged uid on the host).
+	Root bool `json:"root,omitempty" jsonschema_description:"Run commands as root (uid 0) inside the sandbox, e.g. for apt-get install; the host sees an unprivileged uid of the sandbox's own range. Default: the unprivileged sandbox user."`
 }
 
 // Sandbox describes a sandbox, live or not.

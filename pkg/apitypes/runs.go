@@ -30,6 +30,8 @@ type RunCodeRequest struct {
 	// Backend of the fresh sandbox: "" (a container) or "vm" (a QEMU
 	// guest made from the language's image, images build --vm LANGUAGE).
 	Backend string `json:"backend,omitempty" jsonschema_description:"What the fresh sandbox is: container (default) or vm (a QEMU guest of the language; slower to start)." jsonschema:"enum=container,enum=vm"`
+	// Root runs the fresh sandbox in root mode (CreateSandboxRequest.Root).
+	Root bool `json:"root,omitempty" jsonschema_description:"Run as root (uid 0) inside the fresh sandbox; the host sees an unprivileged uid."`
 	// MaxOutputBytes caps each stream in the result; 0 means the configured
 	// output limit. The run record keeps up to runs.log_cap regardless.
 	MaxOutputBytes int64 `json:"-"`

@@ -449,3 +449,22 @@ func DelegatedDirs(p string) map[string]string {
 	}
 	return nil
 }
+
+// Delegate hands cgroup directory dir (one of DelegatedDirs) to uid:gid, the
+// host ids of a sandbox's root in its user namespace, the way systemd
+// delegates a cgroup to an unprivileged manager: the directory (to create
+// and remove children) and the files that move processes and enable
+// controllers below it. Every limit file stays root's, so the sandbox can
+// neither raise its own limits nor reach outside its cgroup (which its
+// cgroup namespace hides anyway).
+func Delegate(dir string, uid, gid int) error {
+	if err := os.Chown(dir, uid, gid); err != nil {
+		return fmt.Errorf("delegate cgroup %s: %w", dir, err)
+	}
+	for _, f := range []string{"cgroup.procs", "tasks", "cgroup.threads", "cgroup.subtree_control"} {
+		if err := os.Chown(filepath.Join(dir, f), uid, gid); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("delegate cgroup %s: %w", dir, err)
+		}
+	}
+	return nil
+}

@@ -144,6 +144,17 @@ type Sandbox struct {
 	// enters a cgroup of its own, and without it each such move can wait
 	// for an RCU grace period.
 	CgroupFavorDynMods bool `yaml:"cgroup_favordynmods"`
+	// UsernsPool is where each sandbox's own range of host ids comes from.
+	UsernsPool UsernsPool `yaml:"userns_pool"`
+}
+
+// UsernsPool is the host id space sandbox user namespaces are cut from:
+// Count ranges of Size ids from Base; range n is Base+n*Size ... Count 0
+// runs sandboxes without a user namespace (as host root and uid User).
+type UsernsPool struct {
+	Base  int64 `yaml:"base"`  // first host uid/gid of the pool
+	Size  int64 `yaml:"size"`  // ids per sandbox
+	Count int64 `yaml:"count"` // ranges (sandboxes at once); 0: no user namespaces
 }
 
 // SeccompRule gives the named syscalls an action (SCMP_ACT_ALLOW,
@@ -312,6 +323,7 @@ func Default() *Config {
 			SeccompDiagnostics: true,
 			CgroupParent:       "/mcp-sandboxd",
 			CgroupFavorDynMods: true,
+			UsernsPool:         UsernsPool{Base: 0x70000000, Size: 65536, Count: 2048},
 		},
 		Network: Network{
 			Bridge:      "sbx0",

@@ -163,6 +163,24 @@ sandbox:
   # Block I/O write throttle on the same device (size; 0: none). A sandbox's
   # own files live on its loop device or tmpfs, bounded by its disk limit.
   io_write_bps: 0
+  # Every sandbox runs in its own user namespace, with its own range of
+  # unprivileged host uids and gids: ids 0..size-1 inside are
+  # base+n*size.. on the host for the sandbox holding range n (allocations
+  # are kept in the database; a range is handed out again only after every
+  # process and file of its last holder is gone). The default pool
+  # (0x70000000, 2048 ranges of 65536) lies above the ranges /etc/subuid
+  # and systemd hand out and below 2^31; the daemon refuses to start if an
+  # account of /etc/passwd or group of /etc/group falls in it. count 0 runs
+  # sandboxes without a user namespace (needed on kernels before 5.19, whose
+  # overlayfs cannot use idmapped layers).
+  userns_pool:
+    # First host uid/gid of the pool.
+    base: 1879048192
+    # Ids per sandbox (at least 65535: inside ids 0 to nobody).
+    size: 65536
+    # Ranges, so sandboxes at once (at least max_sandboxes); 0: no user
+    # namespaces.
+    count: 2048
 
 network:
   # Bridge that sandboxes with network access are attached to (interface

@@ -197,6 +197,26 @@ func (s *Sandbox) validate(p *problems, languages []string) {
 	case path.Clean(s.CgroupParent) != s.CgroupParent:
 		p.add("sandbox.cgroup_parent", "", "%q is not a clean path (did you mean %q?)", s.CgroupParent, path.Clean(s.CgroupParent))
 	}
+	if u := s.UsernsPool; u.Count != 0 {
+		switch {
+		case u.Count < 0:
+			p.add("sandbox.userns_pool.count", "", "must not be negative, got %d", u.Count)
+		case u.Count < int64(s.MaxSandboxes):
+			p.add("sandbox.userns_pool.count", "", "%d ranges are fewer than sandbox.max_sandboxes %d", u.Count, s.MaxSandboxes)
+		}
+		switch {
+		case u.Size <= int64(s.User) || u.Size <= 65534:
+			p.add("sandbox.userns_pool.size", "", "must be at least 65535 ids (up to nobody, 65534) and more than sandbox.user, got %d", u.Size)
+		case u.Size > 1<<31:
+			p.add("sandbox.userns_pool.size", "", "must be at most 2^31, got %d", u.Size)
+		}
+		switch {
+		case u.Base < 65536:
+			p.add("sandbox.userns_pool.base", "", "must be at least 65536 (above every system and regular account), got %d", u.Base)
+		case u.Count > 0 && u.Size > 0 && u.Size <= 1<<31 && (u.Base+u.Size*u.Count-1 > 1<<32-2 || u.Count > 1<<32):
+			p.add("sandbox.userns_pool", "", "base %d + %d ranges of %d ids passes the largest uid 4294967294", u.Base, u.Count, u.Size)
+		}
+	}
 }
 
 // limit checks a default against its floor and against its cap, whose key is

@@ -64,10 +64,12 @@ func (e *Engine) AgentRun(ctx context.Context, req AgentRunRequest, progress fun
 	}
 	timeout := defaultAgentTimeout
 	if req.TimeoutSeconds != 0 {
-		if !(req.TimeoutSeconds > 0) || req.TimeoutSeconds > e.cfg.Sandbox.MaxLifetime.D().Seconds() {
-			return nil, errdefs.Invalidf("timeout: %v is outside (0, %v] seconds", req.TimeoutSeconds, e.cfg.Sandbox.MaxLifetime.D().Seconds())
+		// The shared validator: NaN, infinities and seconds that overflow
+		// a duration are invalid_argument, not a wrapped negative timeout.
+		var err error
+		if timeout, err = duration("timeout", req.TimeoutSeconds, e.cfg.Sandbox.MaxLifetime.D()); err != nil {
+			return nil, err
 		}
-		timeout = time.Duration(req.TimeoutSeconds * float64(time.Second))
 	}
 	for p := range req.Files {
 		if !filepath.IsLocal(p) {

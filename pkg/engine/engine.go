@@ -77,6 +77,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	if err := checkBuilt(cfg); err != nil {
 		return nil, err
 	}
+	if err := checkUsernsPool(cfg.Sandbox.UsernsPool); err != nil {
+		return nil, err
+	}
 	e := &Engine{cfg: cfg, log: log, seccomp: seccomp.Check(), started: time.Now()}
 	e.metrics = newMetrics(e)
 	var err error
@@ -140,6 +143,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		SeccompDiagnostics: cfg.Sandbox.SeccompDiagnostics && seccomp.MonitorSupported,
 		AgentPath:          cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, Storage: disks, Pool: e.disks,
 		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
+		Userns: usernsPool(cfg.Sandbox.UsernsPool, e.store),
 	}, e.ledger)
 	if err != nil {
 		cleanup()
@@ -417,6 +421,13 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 			MemoryBytes: int64(sc.Memory), CPUs: sc.CPUs, Pids: sc.Pids, DiskBytes: int64(sc.Disk),
 		},
 		Env: req.Env, Labels: req.Labels,
+	}
+	if req.Root {
+		// Root inside is root on the host without a user namespace.
+		if sc.UsernsPool.Count == 0 {
+			return nil, errdefs.New(errdefs.InvalidArgument, "root: root mode needs user namespaces, which this server runs without (sandbox.userns_pool.count is 0)")
+		}
+		spec.UID, spec.Root = 0, true
 	}
 	var err error
 	if req.MemoryMB != nil {

@@ -129,7 +129,7 @@ func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandb
 	// An image built on first use streams its phases like the run's output.
 	run, err := e.StartRun(withBuildOutput(ctx, onOutput), RunSpec{
 		Handler: h, SandboxID: req.SandboxID, Backend: req.Backend, Entrypoint: main, Args: req.Args, Deadline: time.Now().Add(budget),
-		Sandbox: CreateSandboxRequest{Network: network, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, CPUs: req.CPUs},
+		Sandbox: CreateSandboxRequest{Network: network, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, CPUs: req.CPUs, Root: req.Root},
 	})
 	if err != nil {
 		return nil, err

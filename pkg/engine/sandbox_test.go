@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -515,6 +516,32 @@ func TestBadInput(t *testing.T) {
 			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", DiskMB: ptr[int64](1 << 30)})
 			return err
 		}, errdefs.InvalidArgument, "disk_mb"},
+		// Numbers that overflow once scaled (MiB to bytes, seconds to a
+		// duration) are invalid_argument naming the field, never wrapped.
+		{"memory_mb overflowing", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", MemoryMB: ptr[int64](math.MaxInt64)})
+			return err
+		}, errdefs.InvalidArgument, "memory_mb"},
+		{"disk_mb overflowing", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", DiskMB: ptr[int64](math.MaxInt64/(1<<20) + 1)})
+			return err
+		}, errdefs.InvalidArgument, "disk_mb"},
+		{"ttl_seconds overflowing", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", TTLSeconds: ptr[int64](math.MaxInt64)})
+			return err
+		}, errdefs.InvalidArgument, "ttl_seconds"},
+		{"exec timeout overflowing", func() error {
+			_, err := env.Exec(ctx, ExecRequest{SandboxID: live.ID, Command: "true", TimeoutSeconds: ptr(1e300)}, nil)
+			return err
+		}, errdefs.InvalidArgument, "timeout_seconds"},
+		{"run_code timeout overflowing", func() error {
+			_, err := env.RunCode(ctx, RunCodeRequest{Language: "shell", Code: "true", TimeoutSeconds: ptr(float64(math.MaxInt64))}, nil)
+			return err
+		}, errdefs.InvalidArgument, "timeout_seconds"},
+		{"agent timeout overflowing", func() error {
+			_, err := env.AgentRun(ctx, AgentRunRequest{Prompt: "x", TimeoutSeconds: math.Inf(1)}, nil)
+			return err
+		}, errdefs.InvalidArgument, "timeout"},
 		{"bad network", func() error {
 			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Network: "bridge"})
 			return err
@@ -895,5 +922,20 @@ func TestFileReadObeysSandboxUserPermissions(t *testing.T) {
 	res, err := env.ReadFile(ctx, FileReadRequest{SandboxID: info.ID, Path: "/workspace/mine"})
 	if err != nil || res.Content != "mine\n" {
 		t.Errorf("reading the user's own file: %+v %v", res, err)
+	}
+	// Writes and deletes too: a directory the user made read-only stays so
+	// for the file API (the agent's CAP_DAC_OVERRIDE does not apply).
+	env.sh(t, info.ID, "mkdir /workspace/ro; echo keep > /workspace/ro/f; chmod 0555 /workspace/ro")
+	if _, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: info.ID, Path: "/workspace/ro/new", Content: "x"}); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("file_write into a 0555 directory: %v, want permission denied", err)
+	}
+	if _, err := env.DeleteFile(ctx, info.ID, "/workspace/ro/f", false); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("deleting from a 0555 directory: %v, want permission denied", err)
+	}
+	if _, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: info.ID, Path: "/workspace/new/f", Content: "x"}); err != nil {
+		t.Errorf("file_write of the user's own new file: %v", err)
+	}
+	if out := env.sh(t, info.ID, "stat -c %u:%g /workspace/new /workspace/new/f; cat /workspace/ro/f").Stdout; out != "1000:1000\n1000:1000\nkeep\n" {
+		t.Errorf("owners and the kept file: %q", out)
 	}
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/userns"
 )
 
 // Layers are the host paths of one sandbox's file systems: the overlay of
@@ -50,7 +52,25 @@ const (
 // the mode and owner of the image's /workspace/input and /workspace/output.
 // On error nothing is left mounted and dir is removed; disk is the
 // caller's.
-func PrepareLayers(img *Image, dir, disk string, uid, gid int) (_ *Layers, err error) {
+func PrepareLayers(img *Image, dir, disk string, uid, gid int) (*Layers, error) {
+	return PrepareMappedLayers(img, dir, disk, uid, gid, nil, nil)
+}
+
+// PrepareMappedLayers is PrepareLayers for a sandbox in its own user
+// namespace ns with mapping m (nil: none). uid and gid are ids inside the
+// sandbox; what is created on disk belongs to their host ids under m, and
+// the image is the overlay's lower layer through an idmapped clone
+// (pkg/userns), so that its files, owned by 0..n on the host, appear to
+// the sandbox owned by 0..n of its namespace while the host sees
+// m.HostID+0..n. Copy-up keeps those shifted owners in the upper layer.
+// The shared image on disk is never chowned, and the clone is read-only.
+func PrepareMappedLayers(img *Image, dir, disk string, uid, gid int, m *userns.IDMap, ns *os.File) (_ *Layers, err error) {
+	host := func(id int) int {
+		if m == nil {
+			return id
+		}
+		return m.Host(id)
+	}
 	dir, err = filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("prepare layers: %w", err)
@@ -90,19 +110,31 @@ func PrepareLayers(img *Image, dir, disk string, uid, gid int) (_ *Layers, err e
 			}
 		}
 	}()
+	if m != nil {
+		// The sandbox's init (host uid and gid m.HostID) mounts its root
+		// from dir/rootfs: its group may walk there (not list); no other
+		// host user may.
+		if err := os.Chown(dir, 0, host(0)); err != nil {
+			return nil, fmt.Errorf("prepare layers: %w", err)
+		}
+		if err := os.Chmod(dir, 0o710); err != nil {
+			return nil, fmt.Errorf("prepare layers: %w", err)
+		}
+	}
 	if err := os.Mkdir(l.Rootfs, 0o700); err != nil {
 		return nil, fmt.Errorf("prepare layers: %w", err)
 	}
 	upper, work := filepath.Join(disk, "upper"), filepath.Join(disk, "work")
 	for _, d := range []string{upper, work} {
-		if err := os.Mkdir(d, 0o755); err != nil {
+		// The upper dir's owner is the owner of the sandbox's "/".
+		if err := makeDir(d, 0o755, host(0), host(0)); err != nil {
 			return nil, fmt.Errorf("prepare layers: %w", err)
 		}
 	}
-	if err := makeDir(l.Tmp, os.ModePerm|os.ModeSticky, 0, 0); err != nil {
+	if err := makeDir(l.Tmp, os.ModePerm|os.ModeSticky, host(0), host(0)); err != nil {
 		return nil, fmt.Errorf("prepare layers: %w", err)
 	}
-	if err := makeDir(l.Workspace, 0o755, uid, gid); err != nil {
+	if err := makeDir(l.Workspace, 0o755, host(uid), host(gid)); err != nil {
 		return nil, fmt.Errorf("prepare layers: %w", err)
 	}
 	for _, sub := range []string{"input", "output"} {
@@ -111,7 +143,7 @@ func PrepareLayers(img *Image, dir, disk string, uid, gid int) (_ *Layers, err e
 			st := fi.Sys().(*syscall.Stat_t)
 			mode, owner, group = fi.Mode()&(os.ModePerm|os.ModeSticky|os.ModeSetgid), int(st.Uid), int(st.Gid)
 		}
-		if err := makeDir(filepath.Join(l.Workspace, sub), mode, owner, group); err != nil {
+		if err := makeDir(filepath.Join(l.Workspace, sub), mode, host(owner), host(group)); err != nil {
 			return nil, fmt.Errorf("prepare layers: %w", err)
 		}
 	}
@@ -119,11 +151,34 @@ func PrepareLayers(img *Image, dir, disk string, uid, gid int) (_ *Layers, err e
 	// nosuid and nodev carry over to the runtime's bind mount of the
 	// rootfs: setuid binaries of the image (su, mount, ...) stay inert even
 	// if a sandbox process somehow kept the privilege to use them.
-	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", img.Rootfs, upper, work)
+	lower := img.Rootfs
+	if m != nil {
+		if lower, err = mountMappedLower(img.Rootfs, filepath.Join(dir, "lower"), ns); err != nil {
+			return nil, fmt.Errorf("prepare layers: %w", err)
+		}
+	}
+	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
 	if err := unix.Mount("overlay", l.Rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl); err != nil {
 		return nil, fmt.Errorf("prepare layers: mount overlay on %s: %w", l.Rootfs, err)
 	}
+	if m != nil {
+		// overlayfs holds a private clone of each layer's mount (idmapping
+		// included): the attached clone is no longer needed.
+		_ = unix.Unmount(lower, unix.MNT_DETACH)
+		_ = os.Remove(lower)
+	}
 	return l, nil
+}
+
+// mountMappedLower attaches an idmapped, read-only clone of rootfs at at.
+func mountMappedLower(rootfs, at string, ns *os.File) (string, error) {
+	if err := os.Mkdir(at, 0o700); err != nil {
+		return "", err
+	}
+	if err := userns.MountIdmapped(rootfs, at, ns); err != nil {
+		return "", err
+	}
+	return at, nil
 }
 
 // Release unmounts the layers and removes their directory. It is

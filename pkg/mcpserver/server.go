@@ -188,11 +188,13 @@ func (s *srv) sessionEnded(ctx context.Context, id string) {
 // mcp-go's DNS-rebinding protection for loopback connections stays on.
 func NewHandler(e *engine.Engine, opt Options) http.Handler {
 	s := newSrv(e, opt)
+	sessions := newIssuedSessions()
 	h := server.NewStreamableHTTPServer(s.mcp,
 		server.WithStreamableHTTPLogger(s.log),
 		server.WithSessionIdleTTL(sessionIdleTTL),
+		server.WithSessionIdManager(sessions),
 	)
-	return flushable(withRequestStreams(h))
+	return flushable(refuseUnknownSessions(sessions, withRequestStreams(h)))
 }
 
 // flushable restores http.Flusher on response writers that middleware

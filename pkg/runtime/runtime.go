@@ -68,6 +68,9 @@ var AgentCapabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETUID", "CAP_SETGID", "CAP_KILL",
 }
 
+// NofileLimit is RLIMIT_NOFILE of every sandbox process.
+const NofileLimit = 4096
+
 // Limits are the cgroup limits of one sandbox. Zero means unlimited.
 type Limits struct {
 	MemoryBytes int64   // memory limit; swap is not allowed on top of it
@@ -101,6 +104,18 @@ type Spec struct {
 	// NetNSPath is a network namespace to join (a bind-mounted nsfs file);
 	// empty gives the sandbox a new namespace with only loopback.
 	NetNSPath string
+	// UsernsPath is the sandbox's own user namespace to join (a pinned
+	// nsfs file, pkg/userns: owned by the sandbox's host uid, with its id
+	// range mapped); empty keeps the sandbox in the host's, as host root.
+	UsernsPath string
+	// SysfsPath, if set, is a sysfs the caller mounted for the sandbox's
+	// network namespace, bound read-only at /sys instead of a new sysfs
+	// mount: a sandbox in its own user namespace that joins a network
+	// namespace it does not own may not mount sysfs itself.
+	SysfsPath string
+	// WritableRoot mounts Rootfs read-write (root mode: apt-get install);
+	// writes land in the sandbox's upper layer, on its own disk.
+	WritableRoot bool
 }
 
 // Runtime starts and stops sandboxes, keeping libcontainer's state under Root
@@ -154,7 +169,7 @@ func (i *Instance) ExitDescription() string {
 // exported so the benchmark can hand the same spec to the runc CLI.
 func BuildSpec(s *Spec) *specs.Spec {
 	spec := specconv.Example()
-	spec.Root = &specs.Root{Path: s.Rootfs, Readonly: true}
+	spec.Root = &specs.Root{Path: s.Rootfs, Readonly: !s.WritableRoot}
 	spec.Hostname = s.ID
 	caps := append([]string(nil), AgentCapabilities...)
 	spec.Process = &specs.Process{
@@ -185,6 +200,14 @@ func BuildSpec(s *Spec) *specs.Spec {
 	// runc's current default masks (Example's list predates some of them).
 	spec.Linux.MaskedPaths = append(spec.Linux.MaskedPaths,
 		"/proc/interrupts", "/proc/sched_debug", "/sys/devices/virtual/powercap", "/proc/kallsyms")
+	if s.SysfsPath != "" {
+		for i, m := range spec.Mounts {
+			if m.Destination == "/sys" {
+				spec.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: s.SysfsPath,
+					Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}}
+			}
+		}
+	}
 	spec.Linux.CgroupsPath = s.CgroupPath
 	if s.NetNSPath != "" {
 		for i, ns := range spec.Linux.Namespaces {
@@ -215,6 +238,12 @@ func BuildSpec(s *Spec) *specs.Spec {
 			}
 			spec.Linux.Resources.BlockIO = bio
 		}
+	}
+	if s.UsernsPath != "" {
+		// Everything in the sandbox, init included, runs as ids of its
+		// range; the capabilities below are the user namespace's only.
+		// runc reads the mapping from the namespace itself.
+		spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: s.UsernsPath})
 	}
 	spec.Linux.Seccomp = s.Seccomp
 	if len(s.Labels) > 0 {
@@ -320,9 +349,16 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 			Permitted: spec.Process.Capabilities.Permitted,
 		},
 		Rlimits: []configs.Rlimit{
-			{Type: unix.RLIMIT_NOFILE, Hard: 4096, Soft: 4096},
+			{Type: unix.RLIMIT_NOFILE, Hard: NofileLimit, Soft: NofileLimit},
 			{Type: unix.RLIMIT_CORE, Hard: 0, Soft: 0},
 		},
+	}
+	if s.UsernsPath != "" {
+		// runc sets them with prlimit(2) from the host once init runs as
+		// the namespace's uid, which needs CAP_SYS_RESOURCE on the host
+		// (hosts and container-in-VM setups that withhold it exist): init
+		// lowers its own limits instead (the agent's --nofile).
+		proc.Rlimits = nil
 	}
 	if err := ct.Run(proc); err != nil {
 		return nil, fmt.Errorf("start sandbox init: %w", err)

@@ -59,6 +59,8 @@ type Spec struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	TTL    time.Duration     `json:"ttl,omitempty"` // 0: the configured max lifetime
 	UID    int               `json:"uid"`
+	// Root: UID is 0, inside the sandbox's own user namespace.
+	Root bool `json:"root,omitempty"`
 	// SeccompProfile is the profile name; empty: the backend's default.
 	SeccompProfile string `json:"seccomp_profile,omitempty"`
 	// ImageEnv is the image's environment, kept so that a restarted daemon
@@ -440,7 +442,10 @@ func (m *Manager) watchInit(sb *Sandbox) {
 	if n, err := h.OOMKills(); err == nil && n > 0 {
 		reason += "; the OOM killer fired in the sandbox"
 	}
-	if _, err := m.Terminate(context.Background(), sb.ID, reason); err != nil && !errdefs.Is(err, errdefs.NotFound) {
+	// Its init is gone: there is nothing left to keep, so release first
+	// and record after (a failed write is settled by reconcile at the next
+	// start, which finds no init behind the record).
+	if _, err := m.terminate(context.Background(), sb.ID, reason, false); err != nil && !errdefs.Is(err, errdefs.NotFound) {
 		m.log.Error("terminate sandbox after init exit", "sandbox", sb.ID, "err", err)
 	}
 }
@@ -534,6 +539,13 @@ func (m *Manager) lifetime(spec Spec) time.Duration {
 // cgroups, mounts, state directories. Terminating a terminated sandbox is a
 // no-op that returns its description.
 func (m *Manager) Terminate(ctx context.Context, id, reason string) (*Info, error) {
+	return m.terminate(ctx, id, reason, true)
+}
+
+// terminate ends sandbox id. recordFirst writes the terminated state
+// before releasing anything (a sandbox that still runs); without it the
+// release comes first (a sandbox whose init is gone).
+func (m *Manager) terminate(ctx context.Context, id, reason string, recordFirst bool) (*Info, error) {
 	m.mu.Lock()
 	sb := m.sandboxes[id]
 	m.mu.Unlock()
@@ -548,13 +560,30 @@ func (m *Manager) Terminate(ctx context.Context, id, reason string) (*Info, erro
 	sb.terminating = true
 	sb.mu.Unlock()
 
-	m.teardown(ctx, sb)
-	m.forget(id)
 	if reason == "" {
 		reason = "terminated by request"
 	}
+	// The record says terminated before anything is released. If that
+	// write fails, nothing is torn down: the sandbox stays as its record
+	// says (live, usable, and the caller may retry), never a record saying
+	// ready with nothing behind it. A crash between the write and the
+	// release leaves ledger entries of a terminated sandbox, which
+	// reconcile and gc release.
+	if !recordFirst {
+		m.teardown(ctx, sb)
+		m.forget(id)
+	}
 	if err := m.transition(context.WithoutCancel(ctx), sb, StateTerminated, reason); err != nil {
+		if recordFirst {
+			sb.mu.Lock()
+			sb.terminating = false
+			sb.mu.Unlock()
+		}
 		return nil, err
+	}
+	if recordFirst {
+		m.teardown(ctx, sb)
+		m.forget(id)
 	}
 	return m.Get(ctx, id)
 }

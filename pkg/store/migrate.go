@@ -186,6 +186,22 @@ CREATE INDEX snapshots_by_sandbox ON snapshots (sandbox_id, created_at);
 CREATE INDEX snapshots_by_age ON snapshots (created_at);
 `,
 	},
+	{
+		version:     8,
+		description: "user namespace id ranges",
+		sql: `
+-- One range of host uids/gids of sandbox.userns_pool per sandbox
+-- (pkg/userns): slot n is ids base+n*size .. base+(n+1)*size-1. The
+-- primary key makes handing out a range twice impossible, also across
+-- restarts; a row is deleted only when the ledger releases the sandbox's
+-- range, after every process and file of it is gone.
+CREATE TABLE userns_ranges (
+	slot        INTEGER PRIMARY KEY,
+	sandbox_id  TEXT NOT NULL UNIQUE,
+	acquired_at INTEGER NOT NULL
+) STRICT;
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.

@@ -237,8 +237,14 @@ func TestCrashAndRestart(t *testing.T) {
 		t.Errorf("mounts of the dead sandbox left: %v", m)
 	}
 	for _, id := range []string{idle, busy} {
-		if m := testenv.MountsUnder(filepath.Join(d.Config.Paths.RunDir, "sandboxes", id)); len(m) != 2 {
-			t.Errorf("mounts of %s after restart: %v, want overlay and tmpfs", id, m)
+		// The overlay, the disk, and the pinned user namespace when there
+		// is one (pkg/userns).
+		want := 2
+		if d.Config.Sandbox.UsernsPool.Count > 0 {
+			want = 3
+		}
+		if m := testenv.MountsUnder(filepath.Join(d.Config.Paths.RunDir, "sandboxes", id)); len(m) != want {
+			t.Errorf("mounts of %s after restart: %v, want overlay, disk and user namespace", id, m)
 		}
 	}
 }

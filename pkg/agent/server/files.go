@@ -57,18 +57,37 @@ func newFileService(root, sockDir string, uid, gid int) (*fileService, error) {
 
 func (fs *fileService) close() { unix.Close(fs.rootFD) }
 
-// openAsUser opens p for reading with the sandbox user's file-system
-// credentials, so that what a read returns obeys the permissions the
-// sandbox user faces: a link planted in /workspace pointing at a root-only
-// file of the image opens with EACCES instead of through the agent's
-// CAP_DAC_OVERRIDE. setfsuid, setfsgid and setgroups (raw syscalls here,
-// not Go's all-threads versions) change this OS thread only; a non-zero
-// fsuid drops the file-system capabilities from its effective set, and
-// fsuid 0 brings them back. A thread whose credentials cannot be restored
-// stays locked and ends with its goroutine.
-func (fs *fileService) openAsUser(p string, flags uint64) (int, error) {
-	if !fs.chown {
-		return fs.open(p, flags, 0)
+// openAsUser opens p for reading with the sandbox user's credentials
+// (asUser), so that what a read returns obeys the permissions the sandbox
+// user faces: a link planted in /workspace pointing at a root-only file of
+// the image opens with EACCES instead of through the agent's
+// CAP_DAC_OVERRIDE.
+func (fs *fileService) openAsUser(p string, flags uint64) (fd int, err error) {
+	err = fs.asUser(func() error {
+		fd, err = fs.open(p, flags, 0)
+		return err
+	})
+	return fd, err
+}
+
+// dropsCreds reports whether file operations switch to the sandbox user:
+// the agent is root and the user is not (in root mode the user is root of
+// the sandbox's own user namespace, and so is the agent).
+func (fs *fileService) dropsCreds() bool { return fs.chown && fs.uid != 0 }
+
+// asUser runs f with the sandbox user's file-system credentials: every
+// open, create, rename and unlink in it obeys the permissions that user
+// faces, and what it creates is that user's. Security boundary: the file
+// API cannot be used to read or change what sandboxed code itself cannot
+// (a planted symlink to /etc/shadow, a root-owned file of the image).
+// setfsuid, setfsgid and setgroups (raw syscalls here, not Go's
+// all-threads versions) change this OS thread only; a non-zero fsuid drops
+// the file-system capabilities from its effective set, and fsuid 0 brings
+// them back. A thread whose credentials cannot be restored stays locked
+// and ends with its goroutine.
+func (fs *fileService) asUser(f func() error) error {
+	if !fs.dropsCreds() {
+		return f()
 	}
 	runtime.LockOSThread()
 	restored := false
@@ -79,21 +98,21 @@ func (fs *fileService) openAsUser(p string, flags uint64) (int, error) {
 	}()
 	groups, err := unix.Getgroups()
 	if err != nil {
-		return -1, fmt.Errorf("getgroups: %w", err)
+		return fmt.Errorf("getgroups: %w", err)
 	}
 	if err := unix.Setgroups([]int{fs.gid}); err != nil {
-		return -1, fmt.Errorf("setgroups: %w", err)
+		return fmt.Errorf("setgroups: %w", err)
 	}
 	_, _ = unix.SetfsgidRetGid(fs.gid)
 	_, _ = unix.SetfsuidRetUid(fs.uid)
-	fd, err := fs.open(p, flags, 0)
+	err = f()
 	_, _ = unix.SetfsuidRetUid(0)
 	_, _ = unix.SetfsgidRetGid(0)
 	// setfsuid(-1) changes nothing and returns the current fsuid.
 	if cur, _ := unix.SetfsuidRetUid(-1); cur == 0 && unix.Setgroups(groups) == nil {
 		restored = true
 	}
-	return fd, err
+	return err
 }
 
 // open resolves p inside the root.
@@ -162,7 +181,7 @@ func (fs *fileService) serve(req *agent.Request, r *bufio.Reader, rp *reply) err
 		// left unread is drained (up to the transfer cap), so the client
 		// can finish sending and read the error instead of a broken pipe.
 		lr := &io.LimitedReader{R: r, N: req.Len}
-		err := fs.write(req.Write, req.Len, bufio.NewReaderSize(lr, 64<<10), rp)
+		err := fs.asUser(func() error { return fs.write(req.Write, req.Len, bufio.NewReaderSize(lr, 64<<10), rp) })
 		if err != nil && req.Len <= agent.MaxTransferBytes {
 			_, _ = io.Copy(io.Discard, lr)
 		}
@@ -170,12 +189,16 @@ func (fs *fileService) serve(req *agent.Request, r *bufio.Reader, rp *reply) err
 	case agent.OpListFiles:
 		return fs.list(p, req.Recursive, rp)
 	case agent.OpDeleteFile:
-		if err := fs.delete(p, req.Recursive); err != nil {
+		if err := fs.asUser(func() error { return fs.delete(p, req.Recursive) }); err != nil {
 			return err
 		}
 		return rp.send(&agent.Frame{Type: agent.FrameResult})
 	default: // agent.OpStat
-		fi, err := fs.stat(p)
+		var fi *agent.FileInfo
+		err := fs.asUser(func() (err error) {
+			fi, err = fs.stat(p)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -324,7 +347,7 @@ func (fs *fileService) mkdirAll(dir string) (int, error) {
 		next, err := fs.open(cur, unix.O_PATH|unix.O_DIRECTORY, 0)
 		if agent.ErrorCode(err) == errdefs.NotFound {
 			err = unix.Mkdirat(fd, name, 0o755)
-			if err == nil && fs.chown {
+			if err == nil && fs.chown && !fs.dropsCreds() {
 				err = unix.Fchownat(fd, name, fs.uid, fs.gid, unix.AT_SYMLINK_NOFOLLOW)
 			}
 			if err != nil && err != unix.EEXIST {
@@ -401,7 +424,10 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 			_ = unix.Unlinkat(dirfd, tmp, 0)
 		}
 	}()
-	if fs.chown {
+	// With the user's credentials (asUser) the new file is the user's, as
+	// if the user had written and renamed it; only a root agent (root
+	// mode, or tests) keeps another owner.
+	if fs.chown && !fs.dropsCreds() {
 		if err := unix.Fchown(fd, owner[0], owner[1]); err != nil {
 			return errnoError(p, err)
 		}
@@ -456,7 +482,7 @@ func (fs *fileService) appendTo(dirfd int, p string, mode uint32, setMode bool, 
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return agent.Errorf(errdefs.InvalidArgument, "%s is not a regular file", p)
 	}
-	if created && fs.chown {
+	if created && fs.chown && !fs.dropsCreds() {
 		if err := unix.Fchown(fd, fs.uid, fs.gid); err != nil {
 			return errnoError(p, err)
 		}

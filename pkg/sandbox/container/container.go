@@ -6,6 +6,8 @@
 // What one sandbox holds, in acquisition order (each recorded in the ledger
 // before it is acquired, released in reverse):
 //
+//	userns     the sandbox's range of host ids (a row of pkg/store), when
+//	           sandboxes run in their own user namespace
 //	dir        RunDir/sandboxes/<id>: the agent's socket dir, its log
 //	image      SandboxesDir/<id>.img: the sparse ext4 image (disk backing)
 //	loop       the loop device backed by that image (disk backing)
@@ -34,20 +36,27 @@ import (
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/userns"
 )
 
 // Resource kinds of a container sandbox.
 const (
+	KindUserns    = "userns"
 	KindDir       = "dir"
 	KindImage     = "image"
 	KindLoop      = "loop"
@@ -91,7 +100,31 @@ type Options struct {
 	Pool               *storage.Pool  // ready disks of the default geometry; nil: none
 	CgroupParent       string
 	IO                 IOLimits // block I/O throttles of every sandbox
-	Log                *slog.Logger
+	// Userns gives every sandbox its own user namespace and range of host
+	// ids; nil runs sandboxes in the host's (as host root and uid UID).
+	Userns *UsernsPool
+	Log    *slog.Logger
+}
+
+// UsernsPool is the host id space of sandbox user namespaces: Count ranges
+// of Size ids from Base, range n held by at most one sandbox at a time as
+// Ranges records (pkg/store).
+type UsernsPool struct {
+	Base, Size uint32
+	Count      int
+	Ranges     IDRanges
+}
+
+// IDRanges hands out range numbers (pkg/store implements it in SQLite, so
+// a restart never hands out a held range again).
+type IDRanges interface {
+	AcquireIDRange(ctx context.Context, sandboxID string, count int) (int, error)
+	ReleaseIDRange(ctx context.Context, sandboxID string) error
+	IDRanges(ctx context.Context) (map[string]int, error)
+}
+
+func (p *UsernsPool) idMap(slot int) *userns.IDMap {
+	return &userns.IDMap{HostID: p.Base + uint32(slot)*p.Size, Size: p.Size}
 }
 
 // IOLimits throttle a sandbox's block I/O on one device; zero rates are none.
@@ -131,6 +164,22 @@ func New(opt Options, l *ledger.Ledger) (*Backend, error) {
 	if err := os.MkdirAll(filepath.Join(opt.RunDir, "sandboxes"), 0o700); err != nil {
 		return nil, fmt.Errorf("create sandbox run dir: %w", err)
 	}
+	if opt.Userns != nil {
+		if err := userns.Supported(); err != nil {
+			return nil, fmt.Errorf("sandbox.userns_pool: %w (set sandbox.userns_pool.count to 0 to run sandboxes without user namespaces)", err)
+		}
+		// A sandbox's init runs as an unprivileged host uid and must walk
+		// (not list) down to its root and binds; each sandbox's own dir
+		// lets only that sandbox's group through (see Start).
+		for _, d := range []string{opt.RunDir, filepath.Join(opt.RunDir, "sandboxes")} {
+			if err := addSearch(d); err != nil {
+				return nil, err
+			}
+		}
+		l.Register(KindUserns, func(ctx context.Context, r ledger.Resource) error {
+			return opt.Userns.Ranges.ReleaseIDRange(ctx, r.Key)
+		})
+	}
 	if err := cgroups.EnsureParent(opt.CgroupParent); err != nil {
 		return nil, err
 	}
@@ -162,6 +211,26 @@ func (b *Backend) cgroupPath(id string) string { return filepath.Join(b.opt.Cgro
 // Start implements sandbox.Backend: state dir, overlay layers, cgroup and
 // container, in that order.
 func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledger.Recorder) (sandbox.Handle, error) {
+	var err error
+	// host maps an id inside the sandbox to the host's.
+	var idmap *userns.IDMap
+	host := func(id int) int { return id }
+	if p := b.opt.Userns; p != nil {
+		// Recorded first, released last: the range is free again only once
+		// every process and file of the sandbox is gone.
+		if err := rec.Record(ctx, ledger.Resource{Kind: KindUserns, Key: req.ID}); err != nil {
+			return nil, err
+		}
+		slot, err := p.Ranges.AcquireIDRange(ctx, req.ID, p.Count)
+		if err != nil {
+			if errors.Is(err, store.ErrNoIDRange) {
+				return nil, errdefs.New(errdefs.LimitExceeded, "every one of the %d user namespace id ranges (sandbox.userns_pool.count) is in use", p.Count)
+			}
+			return nil, err
+		}
+		idmap = p.idMap(slot)
+		host = idmap.Host
+	}
 	dir := b.dir(req.ID)
 	if err := rec.Record(ctx, ledger.Resource{Kind: KindDir, Key: dir}); err != nil {
 		return nil, err
@@ -169,6 +238,34 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	agentDir := filepath.Join(dir, "agent")
 	if err := os.MkdirAll(agentDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create agent dir: %w", err)
+	}
+	var ns *os.File
+	usernsPath := ""
+	if idmap != nil {
+		// The sandbox's init walks through dir to its root and binds: its
+		// group (the range's first gid) may, no other host user may (the
+		// paths are in /proc/mounts for everyone to see).
+		if err := os.Chown(dir, 0, host(0)); err != nil {
+			return nil, fmt.Errorf("create sandbox dir: %w", err)
+		}
+		if err := os.Chmod(dir, 0o710); err != nil {
+			return nil, fmt.Errorf("create sandbox dir: %w", err)
+		}
+		// The agent (the sandbox's root) creates its socket here; only
+		// root on the host and that sandbox can reach it.
+		if err := os.Chown(agentDir, host(0), host(0)); err != nil {
+			return nil, fmt.Errorf("create agent dir: %w", err)
+		}
+		// The namespace is pinned in dir (released with it), where the
+		// runtime joins it; the layers idmap the image with it.
+		if ns, err = userns.NamespaceFD(*idmap); err != nil {
+			return nil, err
+		}
+		defer ns.Close()
+		usernsPath = filepath.Join(dir, "userns")
+		if err := userns.Pin(ns, usernsPath); err != nil {
+			return nil, err
+		}
 	}
 	crashpoint.Hit(CrashAfterDir)
 
@@ -183,12 +280,12 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	if err := rec.Record(ctx, ledger.Resource{Kind: KindLayers, Key: layersDir}); err != nil {
 		return nil, err
 	}
-	layers, err := image.PrepareLayers(req.Image, layersDir, disk, spec.UID, spec.UID)
+	layers, err := image.PrepareMappedLayers(req.Image, layersDir, disk, spec.UID, spec.UID, idmap, ns)
 	if err != nil {
 		return nil, fmt.Errorf("prepare filesystem: %w", err)
 	}
 	crashpoint.Hit(CrashAfterLayers)
-	if err := writeIdentity(layers.Rootfs, req.ID); err != nil {
+	if err := writeIdentity(layers.Rootfs, req.ID, host(0)); err != nil {
 		return nil, err
 	}
 	if spec.Seed != "" {
@@ -207,6 +304,9 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 			return nil, fmt.Errorf("write /etc/resolv.conf: %w", err)
 		}
 		if err := os.WriteFile(p, req.ResolvConf, 0o644); err != nil {
+			return nil, fmt.Errorf("write /etc/resolv.conf: %w", err)
+		}
+		if err := os.Lchown(p, host(0), host(0)); err != nil {
 			return nil, fmt.Errorf("write /etc/resolv.conf: %w", err)
 		}
 	}
@@ -250,7 +350,26 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("create cgroup: %w", err)
 		}
+		if idmap != nil {
+			// The agent is root of the sandbox's namespace only: the
+			// directory is delegated to that root's host uid.
+			if err := cgroups.Delegate(dir, host(0), host(0)); err != nil {
+				return nil, err
+			}
+		}
 		binds = append(binds, runtime.Bind{Source: dir, Destination: filepath.Join(cgroupsInside, name), NoExec: true})
+	}
+	sysfs := ""
+	if idmap != nil && req.NetNSPath != "" {
+		sysfs = filepath.Join(dir, "sys")
+		if err := mountNetSysfs(req.NetNSPath, sysfs); err != nil {
+			return nil, err
+		}
+	}
+	initArgs := []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid,
+		"--retain-bytes", "1048576", "--max-finished", "32", "--cgroups", cgroupsInside}
+	if idmap != nil {
+		initArgs = append(initArgs, "--nofile", strconv.Itoa(runtime.NofileLimit)) // see runtime.Start
 	}
 	inst, err := b.opt.Runtime.Start(&runtime.Spec{
 		ID:         req.ID,
@@ -258,6 +377,10 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		Binds:      binds,
 		CgroupPath: cg,
 		NetNSPath:  req.NetNSPath,
+		UsernsPath: usernsPath,
+		SysfsPath:  sysfs,
+		// Root mode exists only with a user namespace (pkg/engine).
+		WritableRoot: spec.Root && idmap != nil,
 		Limits: runtime.Limits{
 			MemoryBytes: spec.Limits.MemoryBytes, CPUs: spec.Limits.CPUs, Pids: spec.Limits.Pids,
 			IODevice: b.opt.IO.Device, IOReadBPS: b.opt.IO.ReadBPS, IOWriteBPS: b.opt.IO.WriteBPS,
@@ -266,11 +389,10 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		// Finished jobs are kept (for job_status and re-attach after a daemon
 		// restart) with up to 1 MiB of output tail each, charged to the
 		// sandbox's memory: bound how many.
-		InitArgs: []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid,
-			"--retain-bytes", "1048576", "--max-finished", "32", "--cgroups", cgroupsInside},
-		InitEnv: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		InitLog: filepath.Join(dir, "agent.log"),
-		Labels:  map[string]string{"sandboxd.id": req.ID},
+		InitArgs: initArgs,
+		InitEnv:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		InitLog:  filepath.Join(dir, "agent.log"),
+		Labels:   map[string]string{"sandboxd.id": req.ID},
 	})
 	if err != nil {
 		if monitor != nil {
@@ -444,6 +566,17 @@ func (b *Backend) Scan(ctx context.Context) (map[string][]ledger.Resource, error
 			}
 		}
 	}
+	if p := b.opt.Userns; p != nil {
+		// Ranges are acquired first: listed first, then reversed below,
+		// released last.
+		if held, err := p.Ranges.IDRanges(ctx); err != nil {
+			errs = append(errs, err)
+		} else {
+			for id := range held {
+				out[id] = append([]ledger.Resource{{Kind: KindUserns, Key: id}}, out[id]...)
+			}
+		}
+	}
 	if ids, err := b.opt.Runtime.List(); err != nil {
 		errs = append(errs, fmt.Errorf("list runtime state: %w", err))
 	} else {
@@ -536,13 +669,52 @@ func (h *handle) Usage(ctx context.Context) (*sandbox.Usage, error) {
 
 // writeIdentity gives the sandbox a hosts file naming itself. The rootfs is the
 // overlay's merged dir, so the write lands in the sandbox's own upper layer.
-func writeIdentity(rootfs, id string) error {
+// owner is the host uid (and gid) of the sandbox's root.
+func writeIdentity(rootfs, id string, owner int) error {
 	hosts := "127.0.0.1\tlocalhost " + id + "\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-	if err := os.WriteFile(filepath.Join(rootfs, "etc/hosts"), []byte(hosts), 0o644); err != nil {
-		return fmt.Errorf("write /etc/hosts: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(rootfs, "etc/hostname"), []byte(id+"\n"), 0o644); err != nil {
-		return fmt.Errorf("write /etc/hostname: %w", err)
+	files := map[string]string{"etc/hosts": hosts, "etc/hostname": id + "\n"}
+	for name, content := range files {
+		p := filepath.Join(rootfs, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			return fmt.Errorf("write /%s: %w", name, err)
+		}
+		if err := os.Lchown(p, owner, owner); err != nil {
+			return fmt.Errorf("write /%s: %w", name, err)
+		}
 	}
 	return nil
+}
+
+// mountNetSysfs mounts at dir (created) a read-only sysfs as seen from the
+// network namespace at nsPath (its /sys/class/net lists that namespace's
+// devices), from a thread of the daemon that joined it and is then
+// discarded (network.InNetNS). Released with the sandbox's dir.
+func mountNetSysfs(nsPath, dir string) error {
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return fmt.Errorf("sysfs for the sandbox's network: %w", err)
+	}
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return fmt.Errorf("sysfs for the sandbox's network: %w", err)
+	}
+	defer ns.Close()
+	return network.InNetNS(ns, func() error {
+		if err := unix.Mount("sysfs", dir, "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("mount sysfs for the sandbox's network: %w", err)
+		}
+		return nil
+	})
+}
+
+// addSearch lets everyone traverse dir (o+x, never read): the sandbox's
+// init, an unprivileged host uid, resolves paths below it.
+func addSearch(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&0o001 != 0 {
+		return nil
+	}
+	return os.Chmod(dir, fi.Mode().Perm()|0o011)
 }
