@@ -134,7 +134,7 @@ func (e *Engine) SnapshotSandbox(ctx context.Context, req apitypes.SnapshotReque
 		var err error
 		sf, err = storage.WriteSnapshot(e.snapshotsDir(), map[string]string{
 			storage.SectionUpper: d.Upper, storage.SectionWorkspace: d.Workspace, storage.SectionTmp: d.Tmp,
-		}, int64(e.cfg.Snapshots.MaxSize), info.Limits.DiskBytes)
+		}, int64(e.cfg.Snapshots.MaxSize), info.Limits.DiskBytes, storage.IDRange{Base: d.IDBase, Size: d.IDSize})
 		if err == nil {
 			crashpoint.Hit(CrashSnapshotFrozen)
 		}
@@ -264,6 +264,7 @@ func (e *Engine) RestoreSandbox(ctx context.Context, req apitypes.RestoreRequest
 		}
 		err := storage.ApplySnapshot(archive, storage.ApplyTargets{
 			Rootfs: d.Rootfs, SkipRoot: d.DaemonFiles, Workspace: d.Workspace, Tmp: d.Tmp, UID: d.UID,
+			IDs: storage.IDRange{Base: d.IDBase, Size: d.IDSize},
 		})
 		if err == nil {
 			crashpoint.Hit(CrashRestoreFrozen)

@@ -25,6 +25,9 @@ type WritableDirs struct {
 	// (its /etc/hosts, hostname, resolv.conf, the agent's mount points):
 	// they belong to the sandbox, not to a snapshot.
 	DaemonFiles []string
+	// IDBase is the host id of the sandbox's id 0 and IDSize the number
+	// of ids its user namespace maps (0: no user namespace, host ids).
+	IDBase, IDSize int
 	// UID is the sandbox's user.
 	UID int
 }

@@ -99,7 +99,7 @@ type SnapshotFile struct {
 // keep it frozen for as long as it takes to compress.
 // The archive is not synced to disk: call Sync before recording it (a
 // caller that froze the sandbox for the copy thaws it first).
-func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent int64) (_ *SnapshotFile, err error) {
+func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent int64, ids IDRange) (_ *SnapshotFile, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot dir: %w", err)
 	}
@@ -128,7 +128,7 @@ func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent 
 		if !ok {
 			continue
 		}
-		if err := archiveDir(tw, sec, src, out); err != nil {
+		if err := archiveDir(tw, sec, src, out, ids); err != nil {
 			_ = zw.Close()
 			if cw.over {
 				return nil, ErrSnapshotTooLarge
@@ -193,7 +193,7 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 
 // archiveDir adds src's tree below the name sec. It does not follow
 // symlinks; sockets are skipped (they mean nothing without their process).
-func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile) error {
+func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile, ids IDRange) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("snapshot %s: %w", sec, err)
@@ -235,8 +235,10 @@ func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile) error {
 				out.links[key] = name
 			}
 		}
-		// Numeric owners only: names would be the host's, not the image's.
+		// Numeric owners only, as the sandbox sees them: names would be the
+		// host's, not the image's, and host ids its user namespace's.
 		hdr.Uname, hdr.Gname = "", ""
+		hdr.Uid, hdr.Gid = ids.inside(hdr.Uid), ids.inside(hdr.Gid)
 		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
 		hdr.Format = tar.FormatPAX
 		if x, err := readXattrs(p, sec == SectionUpper); err != nil {
@@ -377,6 +379,9 @@ type ApplyTargets struct {
 	// UID is the sandbox's user: the only owner besides root kept from the
 	// archive.
 	UID int
+	// IDs is the sandbox's user namespace range: owners are written as
+	// the host ids of the archive's (sandbox-side) ones.
+	IDs IDRange
 	// MaxBytes > 0 bounds the bytes of file content extracted.
 	MaxBytes int64
 }
@@ -471,7 +476,7 @@ func ApplySnapshot(archive string, t ApplyTargets) error {
 		if hdr.Typeflag == tar.TypeLink && !files[hdr.Linkname] {
 			return fmt.Errorf("restore %s: hard link to %q, which is not an earlier file of the snapshot", hdr.Name, hdr.Linkname)
 		}
-		if err := applyEntry(r, sec, rel, hdr, tr, t.UID); err != nil {
+		if err := applyEntry(r, sec, rel, hdr, tr, t.UID, t.IDs); err != nil {
 			return fmt.Errorf("restore %s: %w", hdr.Name, err)
 		}
 		if hdr.Typeflag == tar.TypeReg {
@@ -524,7 +529,7 @@ func splitEntry(name string) (sec, rel string, err error) {
 }
 
 // applyEntry creates one entry inside r (see the security notes above).
-func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader, uid int) error {
+func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader, uid int, ids IDRange) error {
 	mode := fs.FileMode(hdr.Mode) & (fs.ModePerm)
 	if hdr.Mode&unix.S_ISVTX != 0 {
 		mode |= fs.ModeSticky
@@ -536,6 +541,7 @@ func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader,
 	if group != 0 && group != uid {
 		group = uid
 	}
+	owner, group = ids.host(owner), ids.host(group)
 	replace := func() error {
 		if rel == "." {
 			return nil
@@ -722,4 +728,35 @@ func mkfifoIn(r *os.Root, rel string, perm uint32, uid, gid int) error {
 		return err
 	}
 	return unix.Fchmodat(int(parent.Fd()), base, perm, 0)
+}
+
+// IDRange is a sandbox's user namespace mapping: its id 0 is host id Base,
+// for Size ids. Archives hold the sandbox's view of owners, so that a
+// snapshot restores into (and forks to) a sandbox of any range, or of none.
+// The zero value is the identity: no user namespace.
+type IDRange struct {
+	Base, Size int
+}
+
+// overflowID is the kernel's overflowuid/overflowgid: what the sandbox
+// sees for a host id outside its range.
+const overflowID = 65534
+
+// inside is the sandbox's view of host id.
+func (m IDRange) inside(id int) int {
+	if m.Size == 0 {
+		return id
+	}
+	if id >= m.Base && id < m.Base+m.Size {
+		return id - m.Base
+	}
+	return overflowID
+}
+
+// host is the host id of the sandbox's id.
+func (m IDRange) host(id int) int {
+	if m.Size == 0 {
+		return id
+	}
+	return m.Base + id
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -72,7 +73,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 
 	snaps := filepath.Join(base, "snapshots")
 	secs := map[string]string{storage.SectionUpper: upper, storage.SectionWorkspace: ws, storage.SectionTmp: tmp}
-	sf, err := storage.WriteSnapshot(snaps, secs, 0, 0)
+	sf, err := storage.WriteSnapshot(snaps, secs, 0, 0, storage.IDRange{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,11 +81,11 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatalf("snapshot file %+v", sf)
 	}
 	// Content-addressed: the same state gives the same archive.
-	again, err := storage.WriteSnapshot(snaps, secs, 0, 0)
+	again, err := storage.WriteSnapshot(snaps, secs, 0, 0, storage.IDRange{})
 	if err != nil || again.Digest != sf.Digest {
 		t.Fatalf("second snapshot %+v, %v; want digest %s", again, err, sf.Digest)
 	}
-	if _, err := storage.WriteSnapshot(snaps, secs, 64, 0); !errors.Is(err, storage.ErrSnapshotTooLarge) {
+	if _, err := storage.WriteSnapshot(snaps, secs, 64, 0, storage.IDRange{}); !errors.Is(err, storage.ErrSnapshotTooLarge) {
 		t.Fatalf("64-byte cap: %v, want ErrSnapshotTooLarge", err)
 	}
 	// A sparse file counts with its apparent size.
@@ -95,7 +96,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if err := os.Truncate(sparse, 1<<40); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := storage.WriteSnapshot(snaps, secs, 0, 1<<30); !errors.Is(err, storage.ErrSnapshotContentTooLarge) {
+	if _, err := storage.WriteSnapshot(snaps, secs, 0, 1<<30, storage.IDRange{}); !errors.Is(err, storage.ErrSnapshotContentTooLarge) {
 		t.Fatalf("sparse terabyte under a 1 GiB content cap: %v, want ErrSnapshotContentTooLarge", err)
 	}
 	if err := os.Remove(sparse); err != nil {
@@ -261,5 +262,49 @@ func TestApplySnapshotRefusesEscapes(t *testing.T) {
 			}
 			t.Log(strings.TrimSpace(err.Error()))
 		})
+	}
+}
+
+// TestSnapshotAcrossIDRanges: a sandbox with a user namespace owns its
+// files under host ids of its range; the archive holds the sandbox's view
+// (1000, 0), and applying it to another range (a fork) or to none gives
+// that range's host ids. A host id outside the range is the overflow id
+// inside, which a restore turns into the sandbox user.
+func TestSnapshotAcrossIDRanges(t *testing.T) {
+	testenv.RequireRoot(t)
+	base := t.TempDir()
+	src := storage.IDRange{Base: 0x70000000, Size: 65536}
+	ws := filepath.Join(base, "ws")
+	for name, owner := range map[string]int{"user.txt": src.Base + 1000, "root.txt": src.Base, "foreign.txt": 4242} {
+		mustWrite(t, filepath.Join(ws, name), name, 0o644)
+		if err := os.Chown(filepath.Join(ws, name), owner, owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(ws, src.Base+1000, src.Base+1000); err != nil {
+		t.Fatal(err)
+	}
+	sf, err := storage.WriteSnapshot(filepath.Join(base, "snapshots"), map[string]string{storage.SectionWorkspace: ws}, 0, 0, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dst := range []storage.IDRange{{Base: 0x70010000, Size: 65536}, {}} {
+		target := filepath.Join(base, "fork"+strconv.Itoa(dst.Base))
+		if err := os.MkdirAll(target, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := storage.ApplySnapshot(sf.Path, storage.ApplyTargets{Workspace: target, UID: 1000, IDs: dst}); err != nil {
+			t.Fatal(err)
+		}
+		host := func(id int) uint32 { return uint32(dst.Base + id) }
+		for name, want := range map[string]uint32{"user.txt": host(1000), "root.txt": host(0), "foreign.txt": host(1000)} {
+			var st unix.Stat_t
+			if err := unix.Lstat(filepath.Join(target, name), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Uid != want || st.Gid != want {
+				t.Errorf("range %+v: %s owned by %d:%d, want %d", dst, name, st.Uid, st.Gid, want)
+			}
+		}
 	}
 }

@@ -292,6 +292,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		// A fork: the snapshot's files, before any sandbox process runs.
 		if err := storage.ApplySnapshot(spec.Seed, storage.ApplyTargets{
 			Rootfs: layers.Rootfs, SkipRoot: daemonFiles, Workspace: layers.Workspace, Tmp: layers.Tmp, UID: spec.UID,
+			IDs: snapshotIDs(idmap),
 		}); err != nil {
 			return nil, fmt.Errorf("restore snapshot %s: %w", spec.SeedSnapshot, err)
 		}
@@ -630,11 +631,29 @@ var daemonFiles = []string{"etc/hosts", "etc/hostname", "etc/resolv.conf", strin
 // image.PrepareLayers').
 func (h *handle) WritableDirs() sandbox.WritableDirs {
 	disk := filepath.Join(h.dir, "disk")
-	return sandbox.WritableDirs{
+	d := sandbox.WritableDirs{
 		Upper: filepath.Join(disk, "upper"), Rootfs: filepath.Join(h.dir, "layers", "rootfs"),
 		Workspace: filepath.Join(disk, "workspace"), Tmp: filepath.Join(disk, "tmp"),
 		DaemonFiles: daemonFiles, UID: h.uid,
 	}
+	// The init's own mapping is the authority (an adopted sandbox's range
+	// is known to the store only): "0 HOST SIZE", or the identity map
+	// ("0 0 4294967295") without a user namespace.
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", h.inst.Pid)); err == nil {
+		var in, host, size int64
+		if n, _ := fmt.Sscan(string(b), &in, &host, &size); n == 3 && in == 0 && host != 0 {
+			d.IDBase, d.IDSize = int(host), int(size)
+		}
+	}
+	return d
+}
+
+// snapshotIDs is the id range a fork's files are written with.
+func snapshotIDs(m *userns.IDMap) storage.IDRange {
+	if m == nil {
+		return storage.IDRange{}
+	}
+	return storage.IDRange{Base: int(m.HostID), Size: int(m.Size)}
 }
 
 // BlockedSyscalls implements sandbox.SyscallReporter.
