@@ -128,20 +128,31 @@ func execStream(ctx context.Context, g *globals, c *client.Client, id string, ar
 		}
 		req.Stdin = string(in)
 	}
-	var onOutput client.OutputFunc
-	if !g.json {
-		onOutput = func(stream string, data []byte) {
-			if stream == "stderr" {
-				_, _ = g.stderr.Write(data)
-			} else {
-				_, _ = g.stdout.Write(data)
-			}
-		}
-	}
-	res, err := c.Exec(ctx, id, req, onOutput)
+	res, err := c.Exec(ctx, id, req, g.streamOutput())
 	if err != nil {
 		return err
 	}
+	return g.commandResult(res)
+}
+
+// streamOutput writes a command's output to our stdout and stderr as it
+// comes; nil under --json, which prints the whole result at the end.
+func (g *globals) streamOutput() client.OutputFunc {
+	if g.json {
+		return nil
+	}
+	return func(stream string, data []byte) {
+		if stream == "stderr" {
+			_, _ = g.stderr.Write(data)
+		} else {
+			_, _ = g.stdout.Write(data)
+		}
+	}
+}
+
+// commandResult prints a finished command's result under --json and exits
+// with the command's own exit code.
+func (g *globals) commandResult(res *client.ExecResult) error {
 	if g.json {
 		if err := g.printJSON(jsonResult(res)); err != nil {
 			return err

@@ -145,26 +145,11 @@ func vmCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var onOutput client.OutputFunc
-			if !g.json {
-				onOutput = func(stream string, data []byte) {
-					if stream == "stderr" {
-						_, _ = g.stderr.Write(data)
-					} else {
-						_, _ = g.stdout.Write(data)
-					}
-				}
-			}
-			res, err := c.VMExec(cmd.Context(), id, req, onOutput)
+			res, err := c.VMExec(cmd.Context(), id, req, g.streamOutput())
 			if err != nil {
 				return err
 			}
-			if g.json {
-				if err := g.printJSON(jsonResult(res)); err != nil {
-					return err
-				}
-			}
-			return &exitStatus{code: commandExitCode(res)}
+			return g.commandResult(res)
 		},
 	}
 	ef := execC.Flags()

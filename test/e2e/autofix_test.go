@@ -150,24 +150,10 @@ func TestAutofixClientOverMCPAcrossRestart(t *testing.T) {
 	d.Start()
 	call := func(name string, args map[string]any) apitypes.AutofixResult {
 		t.Helper()
-		waitHTTP(t, d)
-		c, err := mcpclient.NewStreamableHttpClient("http://"+d.HTTPAddr+"/mcp",
-			transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + d.Token()}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if err := c.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		init := mcp.InitializeRequest{}
-		init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-		init.Params.ClientInfo = mcp.Implementation{Name: "e2e", Version: "0"}
-		if _, err := c.Initialize(ctx, init); err != nil {
-			t.Fatal(err)
-		}
+		c := mcpSession(ctx, t, d)
+		defer c.Close()
 		req := mcp.CallToolRequest{}
 		req.Params.Name, req.Params.Arguments = name, args
 		res, err := c.CallTool(ctx, req)
@@ -272,6 +258,30 @@ func TestAutofixAnthropicKeyStaysOut(t *testing.T) {
 	if strings.Contains(d.Log(), "SECRET") || strings.Contains(out+errOut, "SECRET") {
 		t.Errorf("the API key is in the daemon's log or the CLI's output")
 	}
+}
+
+// mcpSession is an initialized MCP client session with daemon d over
+// streamable HTTP; the caller closes it.
+func mcpSession(ctx context.Context, t *testing.T, d *testenv.Daemon) *mcpclient.Client {
+	t.Helper()
+	waitHTTP(t, d)
+	c, err := mcpclient.NewStreamableHttpClient("http://"+d.HTTPAddr+"/mcp",
+		transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + d.Token()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	init := mcp.InitializeRequest{}
+	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+	init.Params.ClientInfo = mcp.Implementation{Name: "e2e", Version: "0"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	return c
 }
 
 // waitHTTP waits for the daemon's HTTP listener, which comes up after the

@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	mcpclient "github.com/mark3labs/mcp-go/client"
-	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
@@ -138,24 +136,10 @@ func TestVMDaemon(t *testing.T) {
 	}
 
 	// MCP: the vm tools, vm_exec and vm_screenshot's image.
-	waitHTTP(t, d)
-	mc, err := mcpclient.NewStreamableHttpClient("http://"+d.HTTPAddr+"/mcp",
-		transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + d.Token()}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := mc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	init := mcp.InitializeRequest{}
-	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "e2e", Version: "0"}
-	if _, err := mc.Initialize(ctx, init); err != nil {
-		t.Fatal(err)
-	}
+	mc := mcpSession(ctx, t, d)
+	defer mc.Close()
 	tools, err := mc.ListTools(ctx, mcp.ListToolsRequest{})
 	if err != nil {
 		t.Fatal(err)

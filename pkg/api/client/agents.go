@@ -1,10 +1,8 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/url"
 
@@ -24,16 +22,7 @@ type AgentLine struct {
 // waits for it; onProgress, if not nil, sees each event (started,
 // tool_call, file_changed, text, result) as the session streams it.
 func (c *Client) AgentRun(ctx context.Context, req apitypes.AgentRunRequest, onProgress func(apitypes.AgentProgress)) (*apitypes.AgentRunResult, error) {
-	b, err := json.Marshal(req)
-	if err != nil {
-		return nil, fmt.Errorf("encode request: %w", err)
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/v1/agent/run", url.Values{"stream": {"true"}}), bytes.NewReader(b))
-	if err != nil {
-		return nil, fmt.Errorf("build request: %w", err)
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := c.do(hreq)
+	resp, err := c.send(ctx, http.MethodPost, "/v1/agent/run", url.Values{"stream": {"true"}}, req)
 	if err != nil {
 		return nil, err
 	}

@@ -28,11 +28,7 @@ func (c *Client) ExportFiles(ctx context.Context, id, dir string) (*Artifact, er
 
 // DownloadArtifact writes artifact id to w and returns how many bytes it wrote.
 func (c *Client) DownloadArtifact(ctx context.Context, id string, w io.Writer) (int64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url("/v1/artifacts/"+url.PathEscape(id), nil), nil)
-	if err != nil {
-		return 0, fmt.Errorf("build request: %w", err)
-	}
-	resp, err := c.do(req)
+	resp, err := c.send(ctx, http.MethodGet, "/v1/artifacts/"+url.PathEscape(id), nil, nil)
 	if err != nil {
 		return 0, err
 	}

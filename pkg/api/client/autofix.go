@@ -1,10 +1,8 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -56,16 +54,7 @@ func (c *Client) AutofixStatus(ctx context.Context, id string) (*AutofixResult, 
 }
 
 func (c *Client) autofixStream(ctx context.Context, path string, body any, onEvent func(AutofixEvent)) (*AutofixResult, error) {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, fmt.Errorf("encode request: %w", err)
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(path, nil), bytes.NewReader(b))
-	if err != nil {
-		return nil, fmt.Errorf("build request: %w", err)
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := c.do(hreq)
+	resp, err := c.send(ctx, http.MethodPost, path, nil, body)
 	if err != nil {
 		return nil, err
 	}
@@ -90,11 +79,7 @@ func (c *Client) autofixStream(ctx context.Context, path string, body any, onEve
 // ExportCorrections reads the autofix corrections (GET
 // /v1/runs/export?format=jsonl) and copies the JSON lines to w.
 func (c *Client) ExportCorrections(ctx context.Context, w io.Writer) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url("/v1/runs/export", url.Values{"format": {"jsonl"}}), nil)
-	if err != nil {
-		return fmt.Errorf("build request: %w", err)
-	}
-	resp, err := c.do(req)
+	resp, err := c.send(ctx, http.MethodGet, "/v1/runs/export", url.Values{"format": {"jsonl"}}, nil)
 	if err != nil {
 		return err
 	}

@@ -179,22 +179,7 @@ func codeOfStatus(status int) errdefs.Code {
 // doJSON sends in (if not nil) as JSON and decodes the response into out (if
 // not nil).
 func (c *Client) doJSON(ctx context.Context, method, path string, q url.Values, in, out any, okStatus ...int) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return fmt.Errorf("encode request: %w", err)
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.url(path, q), body)
-	if err != nil {
-		return fmt.Errorf("build request: %w", err)
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.do(req, okStatus...)
+	resp, err := c.send(ctx, method, path, q, in, okStatus...)
 	if err != nil {
 		return err
 	}
@@ -206,6 +191,27 @@ func (c *Client) doJSON(ctx context.Context, method, path string, q url.Values, 
 		return fmt.Errorf("decode %s %s response: %w", method, path, err)
 	}
 	return nil
+}
+
+// send sends in (if not nil) as JSON and returns the response of an
+// accepted status; the caller closes its body.
+func (c *Client) send(ctx context.Context, method, path string, q url.Values, in any, okStatus ...int) (*http.Response, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, fmt.Errorf("encode request: %w", err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.url(path, q), body)
+	if err != nil {
+		return nil, fmt.Errorf("build request: %w", err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return c.do(req, okStatus...)
 }
 
 func sandboxPath(id string, rest string) string {
@@ -310,16 +316,7 @@ func (c *Client) Exec(ctx context.Context, id string, req ExecRequest, onOutput 
 
 // execAt runs a command through POST base/exec (a sandbox's or a VM's).
 func (c *Client) execAt(ctx context.Context, base string, req ExecRequest, onOutput OutputFunc) (*ExecResult, error) {
-	b, err := json.Marshal(req)
-	if err != nil {
-		return nil, fmt.Errorf("encode request: %w", err)
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(base+"/exec", nil), bytes.NewReader(b))
-	if err != nil {
-		return nil, fmt.Errorf("build request: %w", err)
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := c.do(hreq)
+	resp, err := c.send(ctx, http.MethodPost, base+"/exec", nil, req)
 	if err != nil {
 		return nil, err
 	}
@@ -409,11 +406,7 @@ func (c *Client) readFileAt(ctx context.Context, base, path string, offset, max 
 	if max != 0 {
 		q.Set("max_bytes", strconv.FormatInt(max, 10))
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url(base+"/files", q), nil)
-	if err != nil {
-		return nil, fmt.Errorf("build request: %w", err)
-	}
-	resp, err := c.do(req)
+	resp, err := c.send(ctx, http.MethodGet, base+"/files", q, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -89,11 +89,7 @@ func (c *Client) BuildVMImage(ctx context.Context, name string, log func(line st
 }
 
 func (c *Client) buildImage(ctx context.Context, name string, q url.Values, log func(line string)) (*Image, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/v1/images/"+url.PathEscape(name)+"/build", q), nil)
-	if err != nil {
-		return nil, fmt.Errorf("build request: %w", err)
-	}
-	resp, err := c.do(req)
+	resp, err := c.send(ctx, http.MethodPost, "/v1/images/"+url.PathEscape(name)+"/build", q, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -82,11 +82,7 @@ func (c *Client) RestoreVM(ctx context.Context, id, name string) (*VMSnapshotRes
 
 // ScreenshotVM returns a VM's screen as PNG.
 func (c *Client) ScreenshotVM(ctx context.Context, id string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url(vmPath(id, "/screenshot"), nil), nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.do(req)
+	resp, err := c.send(ctx, http.MethodGet, vmPath(id, "/screenshot"), nil, nil)
 	if err != nil {
 		return nil, err
 	}
