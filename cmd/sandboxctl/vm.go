@@ -36,7 +36,9 @@ func vmCmd(g *globals) *cobra.Command {
 			if cmd.Flags().Changed("cpus") {
 				create.CPUs = &cpus
 			}
-			v, err := c.CreateVM(cmd.Context(), create)
+			// Progress (a guest image built on first use, a disk guest
+			// booting) goes to stderr; stdout has only the id.
+			v, err := c.CreateVM(cmd.Context(), create, func(line string) { fmt.Fprintf(g.stderr, "vm: %s\n", line) })
 			if err != nil {
 				return err
 			}
@@ -48,7 +50,7 @@ func vmCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := createCmd.Flags()
-	f.StringVar(&create.OS, "os", "", "guest OS: linux (default) or windows")
+	f.StringVar(&create.OS, "os", "", "guest OS: linux (default) or windows (an administrator's disk, vm.images.windows)")
 	f.StringVar(&create.Image, "image", "", "guest image: linux (default) or a language made into a guest (python)")
 	f.Int64Var(&mem, "memory-mb", 0, "guest RAM in MiB")
 	f.Float64Var(&cpus, "cpus", 0, "virtual CPUs")

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
@@ -36,6 +38,12 @@ type fileList struct {
 // readFile downloads ?path= as raw bytes (offset= and max_bytes= page through
 // it), or with list=true lists it as a directory (recursive=).
 func (s *server) readFile(w http.ResponseWriter, r *http.Request) {
+	s.readFileWith(w, r, s.e.ReadFileRaw)
+}
+
+// readFileWith is readFile with read reading the file (a VM's: see
+// vmReadFile).
+func (s *server) readFileWith(w http.ResponseWriter, r *http.Request, read func(context.Context, engine.FileReadRequest) (*agent.FileData, error)) {
 	list, err := queryBool(r, "list")
 	if err != nil {
 		s.writeError(w, r, err)
@@ -58,7 +66,7 @@ func (s *server) readFile(w http.ResponseWriter, r *http.Request) {
 	if maxBytes == 0 {
 		maxBytes = engine.MaxFileBytes
 	}
-	d, err := s.e.ReadFileRaw(r.Context(), engine.FileReadRequest{
+	d, err := read(r.Context(), engine.FileReadRequest{
 		SandboxID: r.PathValue("id"), Path: r.URL.Query().Get("path"), Offset: offset, MaxBytes: maxBytes,
 	})
 	if err != nil {

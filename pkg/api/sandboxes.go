@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
@@ -99,6 +100,11 @@ func pathID(r *http.Request, field string, body *string) error {
 // still get their own HTTP status; after that, an error can only be a last
 // {"error": ...} line.
 func (s *server) exec(w http.ResponseWriter, r *http.Request) {
+	s.execWith(w, r, s.e.Exec)
+}
+
+// execWith is exec with run running the command (a VM's: see vmExec).
+func (s *server) execWith(w http.ResponseWriter, r *http.Request, run func(context.Context, engine.ExecRequest, sandbox.OutputFunc) (*sandbox.ExecResult, error)) {
 	req, err := s.decodeExec(w, r)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -106,7 +112,7 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	st := &execStream{w: w, rc: http.NewResponseController(w)}
 	// Cancelling the request (the client went away) kills the command.
-	res, err := s.e.Exec(r.Context(), req, st.output)
+	res, err := run(r.Context(), req, st.output)
 	if err != nil {
 		if !st.started {
 			s.writeError(w, r, err)

@@ -1,8 +1,15 @@
 package api
 
 import (
+	"context"
+	"encoding/json"
 	"net/http"
 	"strconv"
+	"sync"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
@@ -16,9 +23,9 @@ func (s *server) vmRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/vms/test", s.vmTest)
 	mux.HandleFunc("GET /v1/vms/{id}", s.getVM)
 	mux.HandleFunc("DELETE /v1/vms/{id}", s.destroyVM)
-	mux.HandleFunc("POST /v1/vms/{id}/exec", s.liveVMOnly(s.exec))
-	mux.HandleFunc("PUT /v1/vms/{id}/files", s.liveVMOnly(s.writeFile))
-	mux.HandleFunc("GET /v1/vms/{id}/files", s.liveVMOnly(s.readFile))
+	mux.HandleFunc("POST /v1/vms/{id}/exec", s.liveVMOnly(s.vmExec))
+	mux.HandleFunc("PUT /v1/vms/{id}/files", s.liveVMOnly(s.vmWriteFile))
+	mux.HandleFunc("GET /v1/vms/{id}/files", s.liveVMOnly(s.vmReadFile))
 	mux.HandleFunc("GET /v1/vms/{id}/snapshots", s.listVMSnapshots)
 	mux.HandleFunc("POST /v1/vms/{id}/snapshots", s.snapshotVM)
 	mux.HandleFunc("POST /v1/vms/{id}/restore", s.restoreVM)
@@ -36,18 +43,99 @@ func (s *server) liveVMOnly(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// createVM starts a VM. With ?stream=true the answer is NDJSON: {"log":
+// line} for each progress line (a guest image built on first use, a disk
+// guest booting), then {"vm": ...} or {"error": ...}; the status (200) is
+// sent with the first line, so an error before any keeps its own status.
 func (s *server) createVM(w http.ResponseWriter, r *http.Request) {
 	var req apitypes.VMCreateRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
+	stream, err := queryBool(r, "stream")
+	if err == nil {
+		err = s.decodeJSON(w, r, &req)
 	}
-	v, err := s.e.CreateVM(r.Context(), req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, v)
+	if !stream {
+		v, err := s.e.CreateVM(r.Context(), req, nil)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, v)
+		return
+	}
+	st := &vmCreateStream{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w)}
+	v, err := s.e.CreateVM(r.Context(), req, func(line string) { st.send(vmCreateLine{Log: line}) })
+	switch {
+	case err != nil && !st.started:
+		s.writeError(w, r, err)
+	case err != nil:
+		body := errorBodyOf(err)
+		st.send(vmCreateLine{Error: &body})
+	default:
+		st.send(vmCreateLine{VM: v})
+	}
+}
+
+// vmCreateLine is one line of the vm create stream (client.VMCreateLine on
+// the other side).
+type vmCreateLine struct {
+	Log   string       `json:"log,omitempty"`
+	VM    *apitypes.VM `json:"vm,omitempty"`
+	Error *errorBody   `json:"error,omitempty"`
+}
+
+type vmCreateStream struct {
+	mu      sync.Mutex
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	enc     *json.Encoder
+	started bool
+}
+
+func (st *vmCreateStream) send(l vmCreateLine) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.started {
+		st.started = true
+		st.w.Header().Set("Content-Type", "application/x-ndjson")
+		st.w.Header().Set("X-Content-Type-Options", "nosniff")
+		st.w.WriteHeader(http.StatusOK)
+	}
+	if st.enc.Encode(l) == nil {
+		_ = st.rc.Flush()
+	}
+}
+
+// vmExec is exec on a VM: through qemu-ga on a guest that runs only that
+// (engine.VMExec), else the sandbox exec.
+func (s *server) vmExec(w http.ResponseWriter, r *http.Request) {
+	s.execWith(w, r, func(ctx context.Context, req engine.ExecRequest, out sandbox.OutputFunc) (*sandbox.ExecResult, error) {
+		return s.e.VMExec(ctx, apitypes.VMExecRequest{VMID: req.SandboxID, Command: req.Command, Argv: req.Argv, Cwd: req.Cwd,
+			Env: req.Env, Stdin: req.Stdin, TimeoutSeconds: req.TimeoutSeconds, MaxOutputBytes: req.MaxOutputBytes}, out)
+	})
+}
+
+// vmWriteFile uploads a file into a VM (engine.VMWriteFileFrom).
+func (s *server) vmWriteFile(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength < 0 {
+		s.writeError(w, r, errdefs.Invalidf("Content-Length: required (uploads of unknown length are not supported)"))
+		return
+	}
+	res, err := s.e.VMWriteFileFrom(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.URL.Query().Get("mode"), r.ContentLength, r.Body)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// vmReadFile downloads a file of a VM (engine.VMReadFileRaw); listing is
+// the sandbox's (our guests only).
+func (s *server) vmReadFile(w http.ResponseWriter, r *http.Request) {
+	s.readFileWith(w, r, s.e.VMReadFileRaw)
 }
 
 type vmList struct {

@@ -20,9 +20,20 @@ type VM struct {
 	OS string `json:"os"`
 	// Accel is the accelerator QEMU runs the guest with: kvm or tcg
 	// (software emulation); empty when the VM is not live.
-	Accel     string   `json:"accel,omitempty"`
-	Snapshots []string `json:"snapshots,omitempty"`
+	Accel string `json:"accel,omitempty"`
+	// GuestAgent is what reaches the guest of a live VM: GuestAgentSandbox
+	// (our guests: every sandbox operation works) or GuestAgentQGA (an
+	// administrator's disk: vm_exec and vm_file_* through the QEMU guest
+	// agent only).
+	GuestAgent string   `json:"guest_agent,omitempty"`
+	Snapshots  []string `json:"snapshots,omitempty"`
 }
+
+// VM.GuestAgent values.
+const (
+	GuestAgentSandbox = "sandbox-agent"
+	GuestAgentQGA     = "qemu-ga"
+)
 
 // VMExecRequest is the input of vm_exec: exec_command's fields with vm_id.
 type VMExecRequest struct {

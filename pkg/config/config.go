@@ -266,6 +266,9 @@ type VM struct {
 	Accel  string            `yaml:"accel"`   // auto | kvm | tcg
 	Images map[string]string `yaml:"images"`  // guest base image per OS
 	MaxVMs int               `yaml:"max_vms"` // VMs at once; 0 disables VMs
+	// BootTimeout bounds how long a VM booting an administrator's disk
+	// (vm.images.<os>) may take until its QEMU guest agent answers.
+	BootTimeout Duration `yaml:"boot_timeout"`
 }
 
 // Log is the `log` section.
@@ -362,8 +365,9 @@ func Default() *Config {
 		},
 		VM: VM{
 			QEMU:   "qemu-system-x86_64",
-			Accel:  "auto",
-			MaxVMs: 2,
+			Accel:       "auto",
+			MaxVMs:      2,
+			BootTimeout: Duration(15 * time.Minute),
 		},
 		Log: Log{
 			Level:  "info",

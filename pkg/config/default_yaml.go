@@ -342,14 +342,21 @@ vm:
   # Accelerator: kvm, tcg (software emulation, slow) or auto (kvm when
   # /dev/kvm is usable, else tcg).
   accel: auto
-  # Administrator-prepared guest disk per OS (absolute paths), e.g.
+  # Administrator-prepared guest disk per OS (absolute paths, qcow2), e.g.
   # {windows: /var/lib/mcp-sandboxd/vm/windows.qcow2}; Windows VMs need one.
-  # Linux VMs boot the built Linux guest (images build --vm linux); a
-  # linux entry is not offered yet.
+  # Such a disk boots through its own boot loader (Windows: q35, OVMF with
+  # Secure Boot, a TPM 2.0; linux: q35, OVMF without Secure Boot) and must
+  # run the QEMU guest agent: vm_exec and vm_file_* go through it. Without a
+  # linux entry, Linux VMs boot the built Linux guest (images build --vm
+  # linux) with the sandbox agent. See README, "Windows guests".
   images: {}
   # Virtual machines that may run at once (count; 0 disables VMs). A VM's
   # memory and vCPUs are capped by sandbox.max_memory and sandbox.max_cpus.
   max_vms: 2
+  # How long a VM of an administrator's disk may boot until its QEMU guest
+  # agent answers (duration). Windows under software emulation (tcg) takes
+  # minutes.
+  boot_timeout: 15m
 
 log:
   # Least severe level logged: debug, info, warn or error.

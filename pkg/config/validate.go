@@ -429,6 +429,9 @@ func (v *VM) validate(p *problems) {
 	if v.MaxVMs < 0 {
 		p.add("vm.max_vms", "", "must not be negative (0 disables VMs), got %d", v.MaxVMs)
 	}
+	if v.BootTimeout <= 0 {
+		p.add("vm.boot_timeout", "", "must be positive, got %s", v.BootTimeout.D())
+	}
 }
 
 func (l *Log) validate(p *problems) {

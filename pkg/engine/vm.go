@@ -9,6 +9,7 @@ package engine
 // screenshots, the accelerator) goes through the backend's handle.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -74,6 +75,8 @@ func (e *Engine) initVM() sandbox.Backend {
 		QEMU: c.QEMU, Accel: c.Accel, AgentPath: e.cfg.Paths.AgentPath, RunDir: e.cfg.Paths.RunDir,
 		GuestCache: e.guestCache(), CgroupParent: e.cfg.Sandbox.CgroupParent, RunAs: runAs,
 		FastStart: true, Log: e.log,
+		Profile:     func(os string) (*vm.Profile, error) { return vm.ResolveProfile(&e.cfg.VM, os) },
+		BootTimeout: e.cfg.VM.BootTimeout.D(),
 	}, e.ledger)
 	if err != nil {
 		e.vm.err = errdefs.Wrap(errdefs.Unavailable, err, "VM backend")
@@ -163,8 +166,9 @@ func vmImageName(name string) string {
 }
 
 // vmImage returns the built guest image of name, building it on first use
-// when images.build_on_demand is on.
-func (e *Engine) vmImage(ctx context.Context, name string) (*image.Image, error) {
+// when images.build_on_demand is on; progress, if not nil, sees the build's
+// phase and log lines (it takes minutes).
+func (e *Engine) vmImage(ctx context.Context, name string, progress func(string)) (*image.Image, error) {
 	if strings.ContainsAny(name, "/\x00") {
 		return nil, errdefs.Invalidf("image: malformed image name %q", name)
 	}
@@ -179,12 +183,64 @@ func (e *Engine) vmImage(ctx context.Context, name string) (*image.Image, error)
 	}
 	e.vm.buildMu.Lock()
 	defer e.vm.buildMu.Unlock()
+	if img, err := e.images.Get(vm.GuestImageName(name)); err == nil {
+		return img, nil // built meanwhile by the holder of buildMu
+	}
 	e.log.Info("VM guest image not built yet; building it now (first use)", "image", vm.GuestImageName(name))
-	return e.ensureVMImage(ctx, name, io.Discard)
+	if progress == nil {
+		return e.ensureVMImage(ctx, name, io.Discard)
+	}
+	start := time.Now()
+	progress(fmt.Sprintf("building guest image %s (first use; this takes minutes)…", vm.GuestImageName(name)))
+	w := &lineWriter{emit: progress}
+	img, err := e.ensureVMImage(ctx, name, w)
+	w.flush()
+	if err != nil {
+		return nil, err
+	}
+	progress(fmt.Sprintf("guest image %s built in %s", img.Name, time.Since(start).Round(time.Second)))
+	return img, nil
+}
+
+// lineWriter hands every complete line written to it to emit (a build
+// log as progress lines).
+type lineWriter struct {
+	mu   sync.Mutex
+	buf  []byte
+	emit func(string)
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		if line := strings.TrimSpace(string(w.buf[:i])); line != "" {
+			w.emit(line)
+		}
+		w.buf = w.buf[i+1:]
+	}
+	return len(p), nil
+}
+
+func (w *lineWriter) flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if line := strings.TrimSpace(string(w.buf)); line != "" {
+		w.emit(line)
+	}
+	w.buf = nil
 }
 
 // vmSpec validates a VM request and returns the sandbox spec of the VM.
-func (e *Engine) vmSpec(ctx context.Context, osName, imageName string, memoryMB *int64, cpus *float64, labels, env map[string]string) (*sandbox.Spec, error) {
+// A request for windows, or for linux (image "" or linux) when
+// vm.images.linux is set, boots that administrator's disk: a QGA guest
+// (Spec.BootDisk). A language image is always our built guest.
+func (e *Engine) vmSpec(ctx context.Context, osName, imageName string, memoryMB *int64, cpus *float64, labels, env map[string]string, progress func(string)) (*sandbox.Spec, error) {
 	if e.vm.backend == nil {
 		return nil, e.vm.err
 	}
@@ -195,15 +251,18 @@ func (e *Engine) vmSpec(ctx context.Context, osName, imageName string, memoryMB 
 	if err != nil {
 		return nil, err
 	}
-	if prof.OS != vm.OSLinux {
-		// A Windows guest runs qemu-ga, not the sandbox agent: the sandbox
-		// operations (exec, files through the agent) do not reach it yet.
-		return nil, errdefs.Unavailablef("os: %s VMs are not offered by the daemon yet (only linux); the image %s is configured", prof.OS, prof.Disk)
-	}
-	if e.cfg.VM.Images[vm.OSLinux] != "" {
-		return nil, errdefs.Unavailablef("vm.images.linux: an administrator's Linux disk image is not offered yet; leave it empty to use the built Linux guest (images build --vm linux)")
+	name := vmImageName(imageName)
+	disk := prof.QGAOnly() && (prof.OS != vm.OSLinux || name == vm.OSLinux)
+	if prof.OS != vm.OSLinux && name != vm.OSLinux && name != prof.OS {
+		return nil, errdefs.Invalidf("image: a %s VM boots vm.images.%s; leave image empty (got %q)", prof.OS, prof.OS, imageName)
 	}
 	mem := int64(vmDefaultMemoryMiB) * mib
+	if disk && prof.DefaultMemoryMiB > 0 {
+		mem = int64(prof.DefaultMemoryMiB) * mib
+		if memoryMB == nil && mem > int64(e.cfg.Sandbox.MaxMemory) {
+			return nil, errdefs.Invalidf("memory_mb: a %s VM needs %d MiB by default, more than sandbox.max_memory (%s) allows; raise sandbox.max_memory", prof.OS, prof.DefaultMemoryMiB, e.cfg.Sandbox.MaxMemory)
+		}
+	}
 	if memoryMB != nil {
 		if mem, err = megabytes("memory_mb", *memoryMB, int64(prof.MinMemoryMiB)*mib, int64(e.cfg.Sandbox.MaxMemory)); err != nil {
 			return nil, err
@@ -215,9 +274,12 @@ func (e *Engine) vmSpec(ctx context.Context, osName, imageName string, memoryMB 
 		if !(n >= 1) || n != math.Trunc(n) {
 			return nil, errdefs.Invalidf("cpus: a VM has a whole number of virtual CPUs, at least 1; got %v", n)
 		}
-		if n > e.cfg.Sandbox.MaxCPUs {
-			return nil, errdefs.Invalidf("cpus: %v exceeds the maximum %v (sandbox.max_cpus)", n, e.cfg.Sandbox.MaxCPUs)
-		}
+	}
+	if n > e.cfg.Sandbox.MaxCPUs {
+		return nil, errdefs.Invalidf("cpus: %v exceeds the maximum %v (sandbox.max_cpus)", n, e.cfg.Sandbox.MaxCPUs)
+	}
+	if n < float64(prof.MinCPUs) {
+		return nil, errdefs.Invalidf("cpus: a %s VM needs at least %d virtual CPUs; got %v", prof.OS, prof.MinCPUs, n)
 	}
 	if err := checkEnv("env", env); err != nil {
 		return nil, err
@@ -225,8 +287,23 @@ func (e *Engine) vmSpec(ctx context.Context, osName, imageName string, memoryMB 
 	if err := checkLabels(labels); err != nil {
 		return nil, err
 	}
-	name := vmImageName(imageName)
-	img, err := e.vmImage(ctx, name)
+	if disk {
+		if prof.OS == vm.OSWindows {
+			for k, v := range env {
+				if err := checkWindowsEnv(k, v); err != nil {
+					return nil, err
+				}
+			}
+		}
+		// The OS is the VM's "language": it is what the sandbox record
+		// keeps of a disk guest, and vm_get reports it.
+		return &sandbox.Spec{
+			Language: prof.OS, Image: prof.Disk, BootDisk: prof.Disk, Network: NetworkNone, Backend: BackendVM,
+			Limits: sandbox.Limits{MemoryBytes: mem, CPUs: n, Pids: e.cfg.Sandbox.Pids},
+			Labels: labels, Env: env,
+		}, nil
+	}
+	img, err := e.vmImage(ctx, name, progress)
 	if err != nil {
 		return nil, err
 	}
@@ -265,11 +342,16 @@ func (e *Engine) liveVMs(ctx context.Context) ([]*sandbox.Info, error) {
 	return slices.DeleteFunc(all, func(s *sandbox.Info) bool { return s.Backend != BackendVM }), nil
 }
 
-// CreateVM starts a VM (vm_create).
-func (e *Engine) CreateVM(ctx context.Context, req apitypes.VMCreateRequest) (*apitypes.VM, error) {
-	spec, err := e.vmSpec(ctx, req.OS, req.Image, req.MemoryMB, req.CPUs, req.Labels, req.Env)
+// CreateVM starts a VM (vm_create). progress, if not nil, sees phase
+// lines of a slow start: the build of a guest image on its first use (its
+// log lines), the boot of a disk guest.
+func (e *Engine) CreateVM(ctx context.Context, req apitypes.VMCreateRequest, progress func(string)) (*apitypes.VM, error) {
+	spec, err := e.vmSpec(ctx, req.OS, req.Image, req.MemoryMB, req.CPUs, req.Labels, req.Env, progress)
 	if err != nil {
 		return nil, err
+	}
+	if progress != nil && spec.BootDisk != "" {
+		progress(fmt.Sprintf("booting %s from %s until its QEMU guest agent answers (at most vm.boot_timeout, %s)…", spec.Language, spec.BootDisk, e.cfg.VM.BootTimeout))
 	}
 	info, err := e.startVM(ctx, spec)
 	if err != nil {
@@ -278,15 +360,28 @@ func (e *Engine) CreateVM(ctx context.Context, req apitypes.VMCreateRequest) (*a
 	return e.describeVM(ctx, info, false), nil
 }
 
+// vmOS is the guest OS of a VM's record: a disk guest's language is its OS
+// (vmSpec); every other VM is one of our Linux guests.
+func vmOS(info *sandbox.Info) string {
+	if info.Language == vm.OSWindows {
+		return vm.OSWindows
+	}
+	return vm.OSLinux
+}
+
 // describeVM adds what only a VM has to its sandbox record.
 func (e *Engine) describeVM(ctx context.Context, info *sandbox.Info, snapshots bool) *apitypes.VM {
-	out := &apitypes.VM{Sandbox: *info, OS: vm.OSLinux}
+	out := &apitypes.VM{Sandbox: *info, OS: vmOS(info)}
 	if !info.State.Live() {
 		return out
 	}
 	if h, _, err := e.sandboxes.Handle(ctx, info.ID); err == nil {
 		if v := qemu.VM(h); v != nil {
 			out.Accel = v.Accel()
+			out.GuestAgent = apitypes.GuestAgentSandbox
+			if _, ok := qemu.QGAGuest(h); ok {
+				out.GuestAgent = apitypes.GuestAgentQGA
+			}
 			if snapshots {
 				if names, err := v.Snapshots(ctx); err == nil {
 					out.Snapshots = names
@@ -321,22 +416,40 @@ func (e *Engine) vmInfo(ctx context.Context, id string) (*sandbox.Info, error) {
 // liveVM returns the running VM id: exec, files, snapshots and
 // screenshots need one.
 func (e *Engine) liveVM(ctx context.Context, id string) (*sandbox.Info, *vm.VM, error) {
-	info, err := e.vmInfo(ctx, id)
+	r, err := e.liveVMRef(ctx, id)
 	if err != nil {
 		return nil, nil, err
 	}
+	return r.info, r.v, nil
+}
+
+// vmRef is a running VM.
+type vmRef struct {
+	info *sandbox.Info
+	v    *vm.VM
+	// qgaOS is the OS of a guest that runs only the QEMU guest agent (a
+	// disk guest); empty for our guests with the sandbox agent.
+	qgaOS string
+}
+
+func (e *Engine) liveVMRef(ctx context.Context, id string) (*vmRef, error) {
+	info, err := e.vmInfo(ctx, id)
+	if err != nil {
+		return nil, err
+	}
 	if !info.State.Live() {
-		return nil, nil, errdefs.Conflictf("vm_id: VM %s is %s (%s)", id, info.State, info.Reason)
+		return nil, errdefs.Conflictf("vm_id: VM %s is %s (%s)", id, info.State, info.Reason)
 	}
 	h, _, err := e.sandboxes.Handle(ctx, id)
 	if err != nil {
-		return nil, nil, errdefs.Conflictf("vm_id: VM %s is not running: %s", id, errdefs.MessageOf(err))
+		return nil, errdefs.Conflictf("vm_id: VM %s is not running: %s", id, errdefs.MessageOf(err))
 	}
 	v := qemu.VM(h)
 	if v == nil {
-		return nil, nil, errdefs.New(errdefs.Internal, "vm_id: %s has no VM handle", id)
+		return nil, errdefs.New(errdefs.Internal, "vm_id: %s has no VM handle", id)
 	}
-	return info, v, nil
+	osName, _ := qemu.QGAGuest(h)
+	return &vmRef{info: info, v: v, qgaOS: osName}, nil
 }
 
 // GetVM describes a VM, with its snapshots when it runs.
@@ -373,29 +486,42 @@ func (e *Engine) DestroyVM(ctx context.Context, id string) (*apitypes.VM, error)
 	if err != nil {
 		return nil, err
 	}
-	return &apitypes.VM{Sandbox: *info, OS: vm.OSLinux}, nil
+	return &apitypes.VM{Sandbox: *info, OS: vmOS(info)}, nil
 }
 
-// VMExec runs a command in a VM (vm_exec): exec_command on the VM.
+// VMExec runs a command in a VM (vm_exec): exec_command on the VM, or
+// through qemu-ga on a guest that runs only that (vm_qga.go).
 func (e *Engine) VMExec(ctx context.Context, req apitypes.VMExecRequest, onOutput sandbox.OutputFunc) (*sandbox.ExecResult, error) {
-	if _, _, err := e.liveVM(ctx, req.VMID); err != nil {
+	r, err := e.liveVMRef(ctx, req.VMID)
+	if err != nil {
 		return nil, err
+	}
+	if r.qgaOS != "" {
+		return e.qgaExec(ctx, r, req)
 	}
 	return e.Exec(ctx, req.ExecRequest(), onOutput)
 }
 
 // VMWriteFile writes a file in a VM (vm_file_write).
 func (e *Engine) VMWriteFile(ctx context.Context, req apitypes.VMFileWriteRequest) (*FileResult, error) {
-	if _, _, err := e.liveVM(ctx, req.VMID); err != nil {
+	r, err := e.liveVMRef(ctx, req.VMID)
+	if err != nil {
 		return nil, err
+	}
+	if r.qgaOS != "" {
+		return e.qgaWriteFile(ctx, r, req)
 	}
 	return e.WriteFile(ctx, FileWriteRequest{SandboxID: req.VMID, Path: req.Path, Content: req.Content, Encoding: req.Encoding, Mode: req.Mode})
 }
 
 // VMReadFile reads a file in a VM (vm_file_read).
 func (e *Engine) VMReadFile(ctx context.Context, req apitypes.VMFileReadRequest) (*FileReadResult, error) {
-	if _, _, err := e.liveVM(ctx, req.VMID); err != nil {
+	r, err := e.liveVMRef(ctx, req.VMID)
+	if err != nil {
 		return nil, err
+	}
+	if r.qgaOS != "" {
+		return e.qgaReadFile(ctx, r, req)
 	}
 	return e.ReadFile(ctx, FileReadRequest{SandboxID: req.VMID, Path: req.Path, Encoding: req.Encoding, Offset: req.Offset, MaxBytes: req.MaxBytes})
 }
@@ -467,7 +593,7 @@ func (e *Engine) createRunVM(ctx context.Context, language string, req CreateSan
 		c := math.Ceil(*req.CPUs)
 		cpus = &c
 	}
-	spec, err := e.vmSpec(ctx, vm.OSLinux, language, req.MemoryMB, cpus, req.Labels, nil)
+	spec, err := e.vmSpec(ctx, vm.OSLinux, language, req.MemoryMB, cpus, req.Labels, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -509,9 +635,15 @@ func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apity
 	if err != nil {
 		return nil, err
 	}
-	spec, err := e.vmSpec(ctx, req.OS, req.Image, req.MemoryMB, req.CPUs, map[string]string{"sandboxd.vm_test": "1"}, nil)
+	spec, err := e.vmSpec(ctx, req.OS, req.Image, req.MemoryMB, req.CPUs, map[string]string{"sandboxd.vm_test": "1"}, nil, nil)
 	if err != nil {
 		return nil, err
+	}
+	if spec.BootDisk != "" {
+		// The run pipeline's steps go through the sandbox agent (files,
+		// commands, the record's outputs): not offered on a guest with
+		// only qemu-ga yet.
+		return nil, errdefs.Unavailablef("os: vm_test runs on the built guests (image linux or a language); a %s VM booting vm.images.%s has only the QEMU guest agent: use vm_create, vm_file_write and vm_exec", spec.Language, spec.Language)
 	}
 	start := time.Now()
 	info, err := e.startVM(ctx, spec)

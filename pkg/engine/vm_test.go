@@ -53,17 +53,17 @@ func TestVMs(t *testing.T) {
 		code  errdefs.Code
 		field string
 	}{
-		{"unknown os", func() error { _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{OS: "bsd"}); return err }, errdefs.InvalidArgument, "os:"},
+		{"unknown os", func() error { _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{OS: "bsd"}, nil); return err }, errdefs.InvalidArgument, "os:"},
 		{"windows without image", func() error {
-			_, err := env.CreateVM(ctx, apitypes.VMCreateRequest{OS: "windows"})
+			_, err := env.CreateVM(ctx, apitypes.VMCreateRequest{OS: "windows"}, nil)
 			return err
 		}, errdefs.Unavailable, "vm.images.windows"},
 		{"memory over the cap", func() error {
-			_, err := env.CreateVM(ctx, apitypes.VMCreateRequest{MemoryMB: &big})
+			_, err := env.CreateVM(ctx, apitypes.VMCreateRequest{MemoryMB: &big}, nil)
 			return err
 		}, errdefs.InvalidArgument, "memory_mb:"},
-		{"fractional cpus", func() error { _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{CPUs: &half}); return err }, errdefs.InvalidArgument, "cpus:"},
-		{"unknown image", func() error { _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "cobol"}); return err }, errdefs.InvalidArgument, "image:"},
+		{"fractional cpus", func() error { _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{CPUs: &half}, nil); return err }, errdefs.InvalidArgument, "cpus:"},
+		{"unknown image", func() error { _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "cobol"}, nil); return err }, errdefs.InvalidArgument, "image:"},
 		{"snapshot name with /", func() error {
 			_, err := env.SnapshotVM(ctx, apitypes.VMSnapshotRequest{VMID: "sb-x", Name: "a/b"})
 			return err
@@ -86,7 +86,7 @@ func TestVMs(t *testing.T) {
 	}
 
 	t0 = time.Now()
-	v, err := env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "python"})
+	v, err := env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "python"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestVMs(t *testing.T) {
 	if c := vmCheck(); c.Status != CheckOK || !strings.Contains(c.Reason, "kvm: ") || !strings.Contains(c.Reason, "accel: "+v.Accel) {
 		t.Errorf("readiness vm: %+v", c)
 	}
-	if _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "python"}); !errdefs.Is(err, errdefs.LimitExceeded) || !strings.Contains(err.Error(), "vm.max_vms") {
+	if _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "python"}, nil); !errdefs.Is(err, errdefs.LimitExceeded) || !strings.Contains(err.Error(), "vm.max_vms") {
 		t.Errorf("a VM over vm.max_vms: %v", err)
 	}
 	if l, err := env.ListVMs(ctx, ""); err != nil || len(l) != 1 || l[0].ID != v.ID {
@@ -257,7 +257,7 @@ func TestVMs(t *testing.T) {
 
 	// A VM whose QEMU died (killed from the host) is no longer live: exec
 	// on it is a conflict naming vm_id.
-	v, err = env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "python"})
+	v, err = env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "python"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,13 @@ func (s *srv) addVMTools() {
 		func(ctx context.Context, c *call, in *apitypes.VMCreateRequest) (*result, error) {
 			req := *in
 			req.Labels = c.withSessionLabel(in.Labels)
-			v, err := s.e.CreateVM(ctx, req)
+			var progress func(string)
+			if out := c.progress.outputFunc(); out != nil {
+				// A first use builds the guest image (minutes): its
+				// phase and log lines, one notification each.
+				progress = func(line string) { out("stdout", []byte(line+"\n")) }
+			}
+			v, err := s.e.CreateVM(ctx, req, progress)
 			if err != nil {
 				return nil, err
 			}

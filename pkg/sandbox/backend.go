@@ -82,6 +82,26 @@ type Handle interface {
 	OOMKills() (uint64, error)
 }
 
+// Agentless is a Handle whose sandbox runs no sandbox agent: a VM booting
+// an administrator's disk (Windows, a Linux disk of one's own), whose guest
+// runs only the QEMU guest agent. The Manager then waits for WaitReady
+// instead of pinging an agent, at start and when it adopts the sandbox after
+// a daemon restart, and refuses every agent operation on the sandbox
+// (commands, files, jobs, terminals, ports, workspace snapshots) at once
+// with an unavailable error carrying NoAgent, instead of dialling an agent
+// that is not there. The backend's own operations (RunCommand) reach the
+// guest; the lifecycle, ledger and cleanup are those of any sandbox.
+type Agentless interface {
+	// NoAgent says why the sandbox has no agent and what reaches it
+	// instead; it is the message of the refusals.
+	NoAgent() string
+	// WaitReady returns once the sandbox is ready (its guest agent
+	// answers), or an error; it bounds its own wait (the backend's boot
+	// timeout) as well as by ctx, and returns when the sandbox's process
+	// exits first.
+	WaitReady(ctx context.Context) error
+}
+
 // Pauser is a Handle that can freeze and thaw every process of its sandbox
 // (the container backend through the cgroup freezer; a VM backend would
 // stop and continue its vCPUs). Pause and Resume are idempotent.

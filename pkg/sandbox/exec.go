@@ -124,7 +124,7 @@ func (sb *Sandbox) env(extra map[string]string) []string {
 // Exec runs a command in sandbox id and waits for it. onOutput, if not nil,
 // sees the output as it comes.
 func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput OutputFunc) (*ExecResult, error) {
-	sb, err := m.lookup(ctx, id)
+	sb, err := m.lookupAgent(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -362,9 +362,23 @@ func (m *Manager) DeleteFile(ctx context.Context, id, path string, recursive boo
 	return nil
 }
 
-// live returns sandbox id if it accepts work (ready or running).
-func (m *Manager) live(ctx context.Context, id string) (*Sandbox, error) {
+// lookupAgent is lookup for an agent operation: a sandbox without an
+// agent (Agentless) is refused.
+func (m *Manager) lookupAgent(ctx context.Context, id string) (*Sandbox, error) {
 	sb, err := m.lookup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := sb.noAgent(); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+// live returns sandbox id if it accepts work through its agent (ready or
+// running, and it has an agent).
+func (m *Manager) live(ctx context.Context, id string) (*Sandbox, error) {
+	sb, err := m.lookupAgent(ctx, id)
 	if err != nil {
 		return nil, err
 	}

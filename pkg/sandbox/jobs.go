@@ -59,7 +59,7 @@ func (m *Manager) publishOutput(sb *Sandbox, jobID string, c agent.Chunk) {
 // StartJob starts a command in the background and returns its job id at
 // once; JobStatus pages its output and reports its outcome.
 func (m *Manager) StartJob(ctx context.Context, id string, spec ExecSpec) (string, error) {
-	sb, err := m.lookup(ctx, id)
+	sb, err := m.lookupAgent(ctx, id)
 	if err != nil {
 		return "", err
 	}
@@ -170,7 +170,7 @@ type Terminal struct {
 
 // OpenTerminal starts spec on a new pseudo-terminal in sandbox id.
 func (m *Manager) OpenTerminal(ctx context.Context, id string, spec TerminalSpec) (*Terminal, error) {
-	sb, err := m.lookup(ctx, id)
+	sb, err := m.lookupAgent(ctx, id)
 	if err != nil {
 		return nil, err
 	}

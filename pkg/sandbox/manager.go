@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"sort"
 	"strings"
@@ -74,6 +75,11 @@ type Spec struct {
 	// writable state before it starts (a fork); SeedSnapshot is its id.
 	Seed         string `json:"seed,omitempty"`
 	SeedSnapshot string `json:"seed_snapshot,omitempty"`
+	// BootDisk is set for a VM that boots an administrator's disk image
+	// (vm.images.<os>) instead of an image of the store: its path, which
+	// Image repeats for clients; Language then is the guest's OS. Such a
+	// sandbox is not made from the image store (StartRequest.Image is nil).
+	BootDisk string `json:"boot_disk,omitempty"`
 }
 
 // Info is the externally visible description of a sandbox.
@@ -236,12 +242,16 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 	if _, err := m.backend(spec.Backend); err != nil {
 		return nil, err
 	}
-	img, err := m.opt.Images.Get(spec.Image)
-	if errors.Is(err, image.ErrNotFound) {
-		return nil, errdefs.Unavailablef("image %q is not built (sandboxctl images build %s)", spec.Image, spec.Image)
-	}
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "look up image %q", spec.Image)
+	img := &image.Image{} // a boot disk is no image of the store
+	if spec.BootDisk == "" {
+		var err error
+		img, err = m.opt.Images.Get(spec.Image)
+		if errors.Is(err, image.ErrNotFound) {
+			return nil, errdefs.Unavailablef("image %q is not built (sandboxctl images build %s)", spec.Image, spec.Image)
+		}
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "look up image %q", spec.Image)
+		}
 	}
 
 	m.mu.Lock()
@@ -303,6 +313,9 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 // boot has the backend start the sandbox and waits for its agent.
 func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error {
 	req := StartRequest{ID: sb.ID, Spec: sb.spec, Image: img}
+	if sb.spec.BootDisk != "" {
+		req.Image = nil
+	}
 	if sb.spec.Network != "" && sb.spec.Network != "none" {
 		if m.opt.Network == nil {
 			return errdefs.Unavailablef("network: mode %q needs the network subsystem, which is not configured", sb.spec.Network)
@@ -333,16 +346,22 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 	if err != nil {
 		return err
 	}
-	client := agent.NewClient(h.Dial)
+	client := agentClient(h)
 	sb.mu.Lock()
 	sb.handle, sb.agent = h, client
 	sb.mu.Unlock()
-	limit := m.opt.AgentStartup
-	if as, ok := b.(AgentStarter); ok && as.AgentStartup() > limit {
-		limit = as.AgentStartup()
-	}
-	if err := waitAgent(ctx, client, h, limit); err != nil {
-		return err
+	if al, ok := h.(Agentless); ok {
+		if err := al.WaitReady(ctx); err != nil {
+			return err
+		}
+	} else {
+		limit := m.opt.AgentStartup
+		if as, ok := b.(AgentStarter); ok && as.AgentStartup() > limit {
+			limit = as.AgentStartup()
+		}
+		if err := waitAgent(ctx, client, h, limit); err != nil {
+			return err
+		}
 	}
 	crashpoint.Hit(CrashAfterAgent)
 	id := h.Identity()
@@ -351,6 +370,50 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 	})
 	crashpoint.Hit(CrashAfterReady)
 	return err
+}
+
+// agentClient is the agent client of h. An Agentless handle gets one whose
+// every call fails at once with the handle's reason (the explicit checks,
+// noAgent, come first; this keeps a path that misses them from dialling).
+func agentClient(h Handle) *agent.Client {
+	if al, ok := h.(Agentless); ok {
+		return agent.NewClient(func(context.Context) (net.Conn, error) {
+			return nil, errdefs.Unavailablef("%s", al.NoAgent())
+		})
+	}
+	return agent.NewClient(h.Dial)
+}
+
+// noAgent is the refusal of an agent operation on a sandbox without an
+// agent (see Agentless), or nil.
+func (sb *Sandbox) noAgent() error {
+	sb.mu.Lock()
+	h := sb.handle
+	sb.mu.Unlock()
+	if al, ok := h.(Agentless); ok {
+		return errdefs.Unavailablef("sandbox %s: %s", sb.ID, al.NoAgent())
+	}
+	return nil
+}
+
+// RunCommand runs fn, a command of live sandbox id that its backend runs
+// without the sandbox agent (a VM guest's QEMU guest agent), with the
+// sandbox's handle: the sandbox is running while fn runs, which counts as
+// activity like any command (idle timeout), and refused like one while it
+// is not ready or running.
+func (m *Manager) RunCommand(ctx context.Context, id string, fn func(Handle) error) error {
+	sb, err := m.lookup(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := m.beginCommand(ctx, sb); err != nil {
+		return err
+	}
+	defer m.endCommand(sb)
+	sb.mu.Lock()
+	h := sb.handle
+	sb.mu.Unlock()
+	return fn(h)
 }
 
 // Crash points (internal/crashpoint) of a sandbox's start, around the

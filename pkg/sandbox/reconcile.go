@@ -92,7 +92,11 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 		dead(err.Error())
 		return
 	}
-	sb.handle, sb.agent = h, agent.NewClient(h.Dial)
+	sb.handle, sb.agent = h, agentClient(h)
+	if al, ok := h.(Agentless); ok {
+		m.adoptAgentless(ctx, sb, al, rep)
+		return
+	}
 	// A frozen agent cannot answer. Thaw it for the ping and the list of
 	// jobs, and freeze it again if it is recorded paused: the record wins
 	// over a pause or resume the daemon died in the middle of.
@@ -152,6 +156,37 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 	rep.Adopted = append(rep.Adopted, sb.ID)
 	m.log.Info("reconcile: adopted sandbox", "sandbox", sb.ID, "state", sb.state, "running_commands", running)
 }
+
+// adoptAgentless adopts a sandbox without an agent (see Agentless): its
+// backend found its process and identity in Adopt; its guest agent is
+// reconnected here. A guest agent that does not answer yet does not make it
+// dead (its process is alive and it may hold a user's work: a Windows guest
+// busy installing updates answers minutes later); the failure is logged,
+// and calls reaching the guest report it until it answers. Without an
+// agent no command of the daemon's survives a restart, so a sandbox
+// recorded running is ready again.
+func (m *Manager) adoptAgentless(ctx context.Context, sb *Sandbox, al Agentless, rep *GCReport) {
+	wctx, cancel := context.WithTimeout(ctx, adoptReadyWait)
+	if err := al.WaitReady(wctx); err != nil {
+		m.log.Warn("reconcile: adopted sandbox's guest agent does not answer yet", "sandbox", sb.ID, "err", err)
+	}
+	cancel()
+	m.mu.Lock()
+	m.sandboxes[sb.ID] = sb
+	m.mu.Unlock()
+	if sb.state == StateRunning {
+		if err := m.transition(ctx, sb, StateReady, "commands finished while the daemon was down"); err != nil {
+			reportError(rep, "%s: %v", sb.ID, err)
+		}
+	}
+	go m.watchInit(sb)
+	rep.Adopted = append(rep.Adopted, sb.ID)
+	m.log.Info("reconcile: adopted sandbox without an agent", "sandbox", sb.ID, "state", sb.state)
+}
+
+// adoptReadyWait bounds the wait for an adopted agentless sandbox's guest
+// agent.
+const adoptReadyWait = 10 * time.Second
 
 // release releases what sandbox id holds — its ledger, plus anything of it
 // the backend's scan found — and reports each resource.

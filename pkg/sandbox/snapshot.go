@@ -75,6 +75,9 @@ func (m *Manager) markBusyLocked(sb *Sandbox, what string, states ...State) erro
 	if sb.busy != "" {
 		return errdefs.Conflictf("sandbox_id: sandbox %s is busy with a %s", sb.ID, sb.busy)
 	}
+	if al, ok := sb.handle.(Agentless); ok {
+		return errdefs.Unavailablef("sandbox_id: sandbox %s: %s", sb.ID, al.NoAgent())
+	}
 	if _, ok := sb.handle.(WritableState); !ok {
 		return errdefs.Unavailablef("the %s backend cannot snapshot sandboxes", m.opt.Backend.Name())
 	}

@@ -33,8 +33,15 @@ type Profile struct {
 	Firmware     *Firmware
 	TPM          bool
 	MinMemoryMiB int
-	MinCPUs      int
+	// DefaultMemoryMiB is a disk guest's RAM when the request names none
+	// (0: the caller's default for our own guests).
+	DefaultMemoryMiB int
+	MinCPUs          int
 }
+
+// QGAOnly says that VMs of the profile boot an administrator's disk whose
+// guest runs only the QEMU guest agent (no sandbox-agent).
+func (p *Profile) QGAOnly() bool { return p.Disk != "" }
 
 // ResolveProfile returns the profile of os under the vm section of the
 // configuration. Windows needs an image an administrator prepared (an
@@ -43,7 +50,23 @@ type Profile struct {
 func ResolveProfile(cfg *config.VM, os string) (*Profile, error) {
 	switch os {
 	case OSLinux:
-		return &Profile{OS: os, Disk: cfg.Images[OSLinux], MinMemoryMiB: 128, MinCPUs: 1}, nil
+		disk := cfg.Images[OSLinux]
+		if disk == "" {
+			return &Profile{OS: os, MinMemoryMiB: 128, MinCPUs: 1}, nil
+		}
+		if err := fileReadable(disk); err != nil {
+			return nil, errdefs.Wrap(errdefs.Unavailable, err, "vm.images.linux: %s", disk)
+		}
+		// An administrator's Linux disk boots through its own boot loader
+		// under UEFI (OVMF), without Secure Boot: current distributions'
+		// cloud and installer images boot UEFI (most also BIOS), and a
+		// disk an administrator built need not carry a shim signed with
+		// Microsoft's keys. The machine (q35) is the one our guests use.
+		return &Profile{
+			OS: os, Disk: disk,
+			Firmware:     &Firmware{Code: OVMFCode, Vars: OVMFVars},
+			MinMemoryMiB: 256, DefaultMemoryMiB: 1024, MinCPUs: 1,
+		}, nil
 	case OSWindows:
 		disk := cfg.Images[OSWindows]
 		if disk == "" {
@@ -59,7 +82,7 @@ func ResolveProfile(cfg *config.VM, os string) (*Profile, error) {
 			OS: os, Disk: disk,
 			Firmware:     &Firmware{Code: OVMFSecureCode, Vars: OVMFSecureVars, SecureBoot: true},
 			TPM:          true,
-			MinMemoryMiB: 4096, MinCPUs: 2,
+			MinMemoryMiB: 4096, DefaultMemoryMiB: 4096, MinCPUs: 2,
 		}, nil
 	default:
 		return nil, errdefs.Invalidf("os: %q is not linux or windows", os)

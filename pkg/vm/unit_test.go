@@ -28,8 +28,17 @@ func TestResolveProfile(t *testing.T) {
 	if err != nil || !p.TPM || p.Firmware == nil || !p.Firmware.SecureBoot || p.MinMemoryMiB < 4096 || p.Disk != img {
 		t.Fatalf("windows profile: %+v %v", p, err)
 	}
-	if p, err := ResolveProfile(&cfg, OSLinux); err != nil || p.Disk != "" || p.TPM {
+	if p, err := ResolveProfile(&cfg, OSLinux); err != nil || p.Disk != "" || p.TPM || p.QGAOnly() || p.Firmware != nil {
 		t.Fatalf("linux profile: %+v %v", p, err)
+	}
+	// An administrator's Linux disk: UEFI without Secure Boot, no TPM.
+	cfg.Images[OSLinux] = "/nonexistent/linux.qcow2"
+	if _, err := ResolveProfile(&cfg, OSLinux); !errdefs.Is(err, errdefs.Unavailable) || !strings.Contains(err.Error(), "vm.images.linux") {
+		t.Fatalf("linux with a missing disk: %v", err)
+	}
+	cfg.Images[OSLinux] = img
+	if p, err := ResolveProfile(&cfg, OSLinux); err != nil || p.Disk != img || !p.QGAOnly() || p.TPM || p.Firmware == nil || p.Firmware.SecureBoot || p.Firmware.Code != OVMFCode {
+		t.Fatalf("linux disk profile: %+v %v", p, err)
 	}
 	if _, err := ResolveProfile(&cfg, "plan9"); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), "os:") {
 		t.Fatalf("unknown os: %v", err)
@@ -101,6 +110,11 @@ func TestArgs(t *testing.T) {
 	}
 	if strings.Contains(a, "-kernel") {
 		t.Errorf("disk guest booted with -kernel: %s", a)
+	}
+	// A disk guest runs only qemu-ga: no sandbox-agent port, and it may
+	// reboot.
+	if strings.Contains(a, "org.sandboxrunner.agent") || strings.Contains(a, "-no-reboot") || !strings.Contains(a, "name=org.qemu.guest_agent.0") {
+		t.Errorf("disk guest: want only the guest agent's port and no -no-reboot: %s", a)
 	}
 }
 

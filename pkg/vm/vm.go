@@ -320,7 +320,7 @@ func (s *Spec) args() []string {
 		"-name", s.ID + ",debug-threads=on",
 		"-machine", machine, "-accel", accel, "-cpu", cpu,
 		"-m", strconv.Itoa(s.MemoryMiB), "-smp", strconv.Itoa(s.CPUs),
-		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-nodefaults", "-no-user-config", "-display", "none",
 		"-sandbox", s.sandboxOpt(),
 		"-qmp", "unix:" + filepath.Join(d, qmpSocket) + ",server=on,wait=off",
 		"-chardev", "file,id=console,path=" + filepath.Join(d, consoleLog),
@@ -332,8 +332,16 @@ func (s *Spec) args() []string {
 		"-chardev", "socket,id=qga0,path=" + filepath.Join(d, qgaSocket) + ",server=on,wait=off",
 		"-device", "virtio-serial-pci",
 		"-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
-		"-chardev", "socket,id=agent0,path=" + filepath.Join(d, agentSock) + ",server=on,wait=off",
-		"-device", "virtserialport,chardev=agent0,name=" + vport.AgentPortName,
+	}
+	if s.Guest.Kernel != "" {
+		// Our guests: the sandbox-agent's port, and a kernel panic
+		// (panic=-1) or reboot ends QEMU. A disk guest (an administrator's
+		// image) has no sandbox-agent, so it gets no agent port (its
+		// guest sees only qemu-ga's), and may reboot (Windows does, after
+		// updates) without ending the VM.
+		a = append(a, "-no-reboot",
+			"-chardev", "socket,id=agent0,path="+filepath.Join(d, agentSock)+",server=on,wait=off",
+			"-device", "virtserialport,chardev=agent0,name="+vport.AgentPortName)
 	}
 	for i, disk := range s.DataDisks {
 		a = append(a,

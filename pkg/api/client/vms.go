@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -22,10 +23,43 @@ type (
 
 func vmPath(id, rest string) string { return "/v1/vms/" + url.PathEscape(id) + rest }
 
-// CreateVM starts a VM (POST /v1/vms).
-func (c *Client) CreateVM(ctx context.Context, req VMCreateRequest) (*VM, error) {
-	var v VM
-	return &v, c.doJSON(ctx, http.MethodPost, "/v1/vms", nil, req, &v, http.StatusCreated)
+// VMCreateLine is one line of the vm create stream (POST
+// /v1/vms?stream=true): a progress line, the VM, or the error that ended
+// the create.
+type VMCreateLine struct {
+	Log   string     `json:"log,omitempty"`
+	VM    *VM        `json:"vm,omitempty"`
+	Error *ErrorBody `json:"error,omitempty"`
+}
+
+// CreateVM starts a VM (POST /v1/vms). onLog, if not nil, sees the
+// progress lines of a slow start (a guest image built on its first use, a
+// disk guest booting) as they come.
+func (c *Client) CreateVM(ctx context.Context, req VMCreateRequest, onLog func(string)) (*VM, error) {
+	if onLog == nil {
+		var v VM
+		return &v, c.doJSON(ctx, http.MethodPost, "/v1/vms", nil, req, &v, http.StatusCreated)
+	}
+	resp, err := c.send(ctx, http.MethodPost, "/v1/vms", url.Values{"stream": {"true"}}, req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var line VMCreateLine
+		if err := readLine(dec, "vm create", &line); err != nil {
+			return nil, err
+		}
+		switch {
+		case line.Error != nil:
+			return nil, line.Error.Err()
+		case line.VM != nil:
+			return line.VM, nil
+		case line.Log != "":
+			onLog(line.Log)
+		}
+	}
 }
 
 // ListVMs lists VMs in state ("" for the live ones, "all").

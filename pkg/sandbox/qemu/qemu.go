@@ -64,7 +64,14 @@ type Options struct {
 	// RunAs is the user QEMU drops to; empty keeps it root.
 	RunAs     string
 	FastStart bool
-	Log       *slog.Logger
+	// Profile resolves the profile of a guest OS (vm.ResolveProfile under
+	// the configuration): the firmware and TPM of VMs booting an
+	// administrator's disk (Spec.BootDisk). Nil: such VMs are refused.
+	Profile func(os string) (*vm.Profile, error)
+	// BootTimeout bounds how long such a VM may boot until its QEMU guest
+	// agent answers (vm.boot_timeout); default 15 minutes.
+	BootTimeout time.Duration
+	Log         *slog.Logger
 }
 
 // Backend runs sandboxes as VMs.
@@ -92,6 +99,9 @@ func New(opt Options, l *ledger.Ledger) (*Backend, error) {
 	case vm.AccelKVM, vm.AccelTCG:
 	default:
 		return nil, errdefs.Invalidf("vm.accel: %q is not auto, kvm or tcg", opt.Accel)
+	}
+	if opt.BootTimeout <= 0 {
+		opt.BootTimeout = 15 * time.Minute
 	}
 	if _, err := os.Stat(opt.AgentPath); err != nil {
 		return nil, fmt.Errorf("sandbox agent binary: %w", err)
@@ -131,6 +141,9 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	if req.NetNSPath != "" {
 		return nil, errdefs.Unavailablef("network: VM sandboxes have no network device yet; use network none")
 	}
+	if req.Spec.BootDisk != "" {
+		return b.startDisk(ctx, req, rec)
+	}
 	guest, err := vm.PrepareGuest(ctx, req.Image, b.opt.AgentPath, b.opt.GuestCache)
 	if err != nil {
 		return nil, err
@@ -154,6 +167,55 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		return nil, err
 	}
 	return &handle{v: v, cgroup: spec.Cgroup}, nil
+}
+
+// startDisk starts a VM that boots an administrator's disk
+// (Spec.BootDisk, the guest's OS in Spec.Language) through its firmware:
+// the OS's profile gives the firmware and TPM. There is no fast-start
+// template for such disks: a template is a snapshot of the booted guest's
+// RAM on the disk, a Windows guest's is gigabytes, and an administrator's
+// disk changes under the daemon's feet (the template would silently
+// resurrect the old one). The guest runs only qemu-ga: the handle is
+// Agentless.
+func (b *Backend) startDisk(ctx context.Context, req sandbox.StartRequest, rec ledger.Recorder) (sandbox.Handle, error) {
+	if b.opt.Profile == nil {
+		return nil, errdefs.Unavailablef("vm: this backend boots no administrator's disks")
+	}
+	osName := req.Spec.Language
+	prof, err := b.opt.Profile(osName)
+	if err != nil {
+		return nil, err
+	}
+	spec := b.spec(req.ID, vm.DiskGuest(osName, req.Spec.BootDisk), req.Spec.Limits)
+	spec.Firmware, spec.TPM = prof.Firmware, prof.TPM
+	if spec.Accel == "" {
+		// The KVM probe boots a Linux kernel; a disk guest has none of
+		// its own, so it borrows one of our guests' (or the host's).
+		spec.Accel, _ = vm.DetectAccel(spec.QEMU, b.probeKernel())
+	}
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindCgroup, Key: spec.Cgroup}); err != nil {
+		return nil, err
+	}
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindVM, Key: spec.Dir}); err != nil {
+		return nil, err
+	}
+	v, err := vm.Start(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &qgaHandle{handle: handle{v: v, cgroup: spec.Cgroup}, os: osName, bootTimeout: b.opt.BootTimeout}, nil
+}
+
+// probeKernel is a Linux kernel for the KVM probe: one of the guests made
+// under GuestCache, else the host's; "" if there is none (the probe then
+// settles on tcg and says why).
+func (b *Backend) probeKernel() string {
+	for _, pattern := range []string{filepath.Join(b.opt.GuestCache, "*", "vmlinuz"), "/boot/vmlinuz-*"} {
+		if m, _ := filepath.Glob(pattern); len(m) > 0 {
+			return m[len(m)-1]
+		}
+	}
+	return ""
 }
 
 // spec is the VM of a sandbox with limits: memory in MiB (at least 128),
@@ -242,6 +304,9 @@ func (b *Backend) Adopt(ctx context.Context, req sandbox.AdoptRequest) (sandbox.
 		v.Close()
 		return nil, fmt.Errorf("qemu pid %d does not match the recorded %d", v.PID(), id.PID)
 	}
+	if req.Spec.BootDisk != "" {
+		return &qgaHandle{handle: handle{v: v, cgroup: cg}, os: req.Spec.Language, bootTimeout: b.opt.BootTimeout}, nil
+	}
 	return &handle{v: v, cgroup: cg}, nil
 }
 
@@ -305,11 +370,58 @@ func (h *handle) Usage(ctx context.Context) (*sandbox.Usage, error) {
 // VM returns the VM behind a handle of this backend (for VM-only
 // operations: snapshots, screenshots, QGA), or nil.
 func VM(h sandbox.Handle) *vm.VM {
-	if vh, ok := h.(*handle); ok {
+	switch vh := h.(type) {
+	case *handle:
+		return vh.v
+	case *qgaHandle:
 		return vh.v
 	}
 	return nil
 }
+
+// QGAGuest returns the OS of a VM that runs only the QEMU guest agent (a
+// disk guest: its commands and files go through VM(h).QGA), and whether h
+// is one.
+func QGAGuest(h sandbox.Handle) (os string, ok bool) {
+	if qh, ok := h.(*qgaHandle); ok {
+		return qh.os, true
+	}
+	return "", false
+}
+
+// qgaHandle is a VM sandbox booting an administrator's disk: no
+// sandbox-agent, ready when qemu-ga answers (sandbox.Agentless).
+type qgaHandle struct {
+	handle
+	os          string
+	bootTimeout time.Duration
+}
+
+var _ sandbox.Agentless = (*qgaHandle)(nil)
+
+func (h *qgaHandle) NoAgent() string {
+	return fmt.Sprintf("the %s guest runs only the QEMU guest agent, no sandbox agent: use vm_exec, vm_file_write, vm_file_read and vm_snapshot (the sandbox tools' commands, files, jobs, terminals, ports and workspace snapshots need the sandbox agent)", h.os)
+}
+
+// Dial implements sandbox.Handle: there is no agent to dial.
+func (h *qgaHandle) Dial(context.Context) (net.Conn, error) {
+	return nil, errdefs.Unavailablef("%s", h.NoAgent())
+}
+
+// WaitReady implements sandbox.Agentless: qemu-ga answers
+// guest-sync-delimited within vm.boot_timeout.
+func (h *qgaHandle) WaitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, h.bootTimeout, errBootTimeout)
+	defer cancel()
+	err := h.v.WaitReady(ctx)
+	if err != nil && errors.Is(context.Cause(ctx), errBootTimeout) {
+		return errdefs.Wrap(errdefs.Unavailable, err, "vm.boot_timeout: the %s guest's QEMU guest agent did not answer within %s (is qemu-ga installed and started at boot, and does the disk boot on this machine: q35, UEFI?); console: %s",
+			h.os, h.bootTimeout, h.v.Console(1000))
+	}
+	return err
+}
+
+var errBootTimeout = errors.New("vm.boot_timeout reached")
 
 // AgentStartup implements sandbox.AgentStarter: a cold boot under TCG on
 // a busy host takes tens of seconds (the first start of a guest also boots

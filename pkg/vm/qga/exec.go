@@ -63,10 +63,36 @@ const (
 	pollMax = 250 * time.Millisecond
 )
 
+// RunningError is Exec's error when ctx ended while the program still
+// ran: PID is its process id in the guest (on Windows too: qemu-ga
+// reports GetProcessId of its handle), for the caller to kill it with
+// another guest-exec and collect what it wrote with Status.
+type RunningError struct {
+	PID int
+	Err error
+}
+
+func (e *RunningError) Error() string { return e.Err.Error() }
+func (e *RunningError) Unwrap() error { return e.Err }
+
+// Status returns the result of guest-exec pid if it has exited, or nil
+// while it runs.
+func (c *Client) Status(ctx context.Context, pid int) (*ExecResult, error) {
+	var st execStatus
+	if err := c.Call(ctx, "guest-exec-status", map[string]int{"pid": pid}, &st); err != nil {
+		return nil, err
+	}
+	if !st.Exited {
+		return nil, nil
+	}
+	return st.result(pid, 0)
+}
+
 // Exec starts a program with guest-exec, polls guest-exec-status until it
-// exits and returns its result. When ctx ends first the error says so;
-// qemu-ga offers no way to kill the process, so the caller decides what to
-// do with the guest (qemu-ga 7.2 has no guest-exec timeout argument).
+// exits and returns its result. When ctx ends first the error is a
+// *RunningError; qemu-ga offers no way to kill the process, so the caller
+// decides what to do with it (qemu-ga 7.2 has no guest-exec timeout
+// argument).
 func (c *Client) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) {
 	if r.Path == "" {
 		return nil, errdefs.Invalidf("path: required")
@@ -121,7 +147,7 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, errdefs.Wrap(errdefs.Unavailable, ctx.Err(), "qga: pid %d still running", pid)
+			return nil, &RunningError{PID: pid, Err: errdefs.Wrap(errdefs.Unavailable, ctx.Err(), "qga: pid %d still running", pid)}
 		case <-t.C:
 		}
 		wait = min(wait*2, pollMax)

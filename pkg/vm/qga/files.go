@@ -107,3 +107,64 @@ func (c *Client) ReadFile(ctx context.Context, path string, limit int64) (data [
 		}
 	}
 }
+
+// seekPos is guest-file-seek's reply.
+type seekPos struct {
+	Position int64 `json:"position"`
+	EOF      bool  `json:"eof"`
+}
+
+// ReadFileAt reads at most max bytes of path from offset (ReadChunk
+// pieces) and returns them with the file's size, found by seeking to its
+// end: a page of a file of any size.
+func (c *Client) ReadFileAt(ctx context.Context, path string, offset, max int64) (data []byte, size int64, err error) {
+	if offset < 0 || max < 0 {
+		return nil, 0, errdefs.Invalidf("offset: must not be negative")
+	}
+	h, err := c.openFile(ctx, path, "rb")
+	if err != nil {
+		return nil, 0, err
+	}
+	defer func() {
+		if cerr := c.closeFile(ctx, h); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	var pos seekPos
+	if err := c.Call(ctx, "guest-file-seek", map[string]any{"handle": h, "offset": 0, "whence": "end"}, &pos); err != nil {
+		return nil, 0, err
+	}
+	size = pos.Position
+	if offset >= size || max == 0 {
+		return nil, size, nil
+	}
+	if err := c.Call(ctx, "guest-file-seek", map[string]any{"handle": h, "offset": offset, "whence": "set"}, &pos); err != nil {
+		return nil, 0, err
+	}
+	if pos.Position != offset {
+		return nil, 0, errdefs.Unavailablef("qga guest-file-seek %s: at %d, not %d", path, pos.Position, offset)
+	}
+	for int64(len(data)) < max {
+		want := min(int64(ReadChunk), max-int64(len(data)))
+		var rep struct {
+			Count int64  `json:"count"`
+			Buf   string `json:"buf-b64"`
+			EOF   bool   `json:"eof"`
+		}
+		if err := c.Call(ctx, "guest-file-read", map[string]int64{"handle": h, "count": want}, &rep); err != nil {
+			return nil, 0, err
+		}
+		b, err := b64(rep.Buf)
+		if err != nil {
+			return nil, 0, errdefs.Wrap(errdefs.Unavailable, err, "qga guest-file-read %s: buf-b64", path)
+		}
+		if int64(len(b)) != rep.Count || int64(len(b)) > want {
+			return nil, 0, errdefs.Unavailablef("qga guest-file-read %s: count %d but %d bytes", path, rep.Count, len(b))
+		}
+		data = append(data, b...)
+		if rep.EOF || len(b) == 0 {
+			break
+		}
+	}
+	return data, size, nil
+}
