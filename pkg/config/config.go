@@ -364,7 +364,7 @@ func Default() *Config {
 			APIKeyEnv:      "ANTHROPIC_API_KEY",
 		},
 		VM: VM{
-			QEMU:   "qemu-system-x86_64",
+			QEMU:        "qemu-system-x86_64",
 			Accel:       "auto",
 			MaxVMs:      2,
 			BootTimeout: Duration(15 * time.Minute),
