@@ -59,40 +59,11 @@ func (e *Engine) qgaExec(ctx context.Context, r *vmRef, req apitypes.VMExecReque
 		return nil, err
 	}
 	osName := r.qgaOS
-	if req.Cwd != "" {
-		return nil, errdefs.Invalidf("cwd: qemu-ga starts commands in its own working directory; a %s guest with only the QEMU guest agent takes no cwd (cd in the command)", osName)
-	}
-	env := mergedEnv(r.info.Env, req.Env)
-	x := qga.ExecRequest{Stdin: spec.Stdin, Windows: osName == vm.OSWindows}
-	switch {
-	case req.Command != "" && osName == vm.OSWindows:
-		// cmd.exe's set: guest-exec's env would replace the whole
-		// environment, which Windows programs need (SystemRoot, PATH).
-		var pre strings.Builder
-		for _, kv := range env {
-			k, v, _ := strings.Cut(kv, "=")
-			if err := checkWindowsEnv(k, v); err != nil {
-				return nil, err
-			}
-			fmt.Fprintf(&pre, "set \"%s=%s\" & ", k, v)
-		}
-		x.Path, x.Args, err = qga.ShellCommand(osName, pre.String()+req.Command)
-	case osName == vm.OSWindows:
-		if len(env) > 0 {
-			return nil, errdefs.Invalidf("env: a Windows guest takes environment variables with command, not argv (qemu-ga would replace the whole environment)")
-		}
-		x.Path, x.Args = req.Argv[0], req.Argv[1:]
-	case req.Command != "":
-		x.Path, x.Args, err = qga.ShellCommand(osName, req.Command)
-	default:
-		x.Path, x.Args = req.Argv[0], req.Argv[1:]
-	}
+	x, err := qgaCommand(osName, req, r.info.Env)
 	if err != nil {
 		return nil, err
 	}
-	if osName != vm.OSWindows {
-		x.Env = append([]string{"PATH=" + qgaLinuxPath, "LANG=C.UTF-8", "HOME=/root"}, env...)
-	}
+	x.Stdin = spec.Stdin
 	limit := spec.MaxResultBytes
 	if limit <= 0 || limit > int64(e.cfg.Sandbox.OutputLimit) {
 		limit = int64(e.cfg.Sandbox.OutputLimit)
@@ -142,6 +113,44 @@ func (e *Engine) qgaExec(ctx context.Context, r *vmRef, req apitypes.VMExecReque
 	e.metrics.execTime.Observe(float64(res.DurationMS) / 1000)
 	e.metrics.causes.WithLabelValues(res.Termination.Cause).Inc()
 	return res, nil
+}
+
+// qgaCommand is the guest-exec of a vm_exec request (checked by execSpec)
+// on a QGA guest of osName whose VM has the environment vmEnv.
+func qgaCommand(osName string, req apitypes.VMExecRequest, vmEnv map[string]string) (qga.ExecRequest, error) {
+	if req.Cwd != "" {
+		return qga.ExecRequest{}, errdefs.Invalidf("cwd: qemu-ga starts commands in its own working directory; a %s guest with only the QEMU guest agent takes no cwd (cd in the command)", osName)
+	}
+	env := mergedEnv(vmEnv, req.Env)
+	x := qga.ExecRequest{Windows: osName == vm.OSWindows}
+	var err error
+	switch {
+	case req.Command != "" && osName == vm.OSWindows:
+		// cmd.exe's set: guest-exec's env would replace the whole
+		// environment, which Windows programs need (SystemRoot, PATH).
+		var pre strings.Builder
+		for _, kv := range env {
+			k, v, _ := strings.Cut(kv, "=")
+			if err := checkWindowsEnv(k, v); err != nil {
+				return x, err
+			}
+			fmt.Fprintf(&pre, "set \"%s=%s\" & ", k, v)
+		}
+		x.Path, x.Args, err = qga.ShellCommand(osName, pre.String()+req.Command)
+	case osName == vm.OSWindows:
+		if len(env) > 0 {
+			return x, errdefs.Invalidf("env: a Windows guest takes environment variables with command, not argv (qemu-ga would replace the whole environment)")
+		}
+		x.Path, x.Args = req.Argv[0], req.Argv[1:]
+	case req.Command != "":
+		x.Path, x.Args, err = qga.ShellCommand(osName, req.Command)
+	default:
+		x.Path, x.Args = req.Argv[0], req.Argv[1:]
+	}
+	if osName != vm.OSWindows {
+		x.Env = append([]string{"PATH=" + qgaLinuxPath, "LANG=C.UTF-8", "HOME=/root"}, env...)
+	}
+	return x, err
 }
 
 // mergedEnv is the VM's environment with the request's over it, sorted
