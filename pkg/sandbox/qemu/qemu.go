@@ -32,6 +32,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -415,13 +416,48 @@ func (h *qgaHandle) WaitReady(ctx context.Context) error {
 	defer cancel()
 	err := h.v.WaitReady(ctx)
 	if err != nil && errors.Is(context.Cause(ctx), errBootTimeout) {
-		return errdefs.Wrap(errdefs.Unavailable, err, "vm.boot_timeout: the %s guest's QEMU guest agent did not answer within %s (is qemu-ga installed and started at boot, and does the disk boot on this machine: q35, UEFI?); console: %s",
-			h.os, h.bootTimeout, h.v.Console(1000))
+		// Not wrapped: WaitReady's error repeats the raw console.
+		return errdefs.Unavailablef("vm.boot_timeout: the %s guest's QEMU guest agent did not answer within %s (is qemu-ga installed and started at boot, and does the disk boot on this machine: q35, UEFI?); console: %s",
+			h.os, h.bootTimeout, consoleText(h.v.Console(4000), 1000))
 	}
 	return err
 }
 
 var errBootTimeout = errors.New("vm.boot_timeout reached")
+
+// terminalControl matches the escape sequences firmware and boot loaders
+// write to the serial console (cursor moves, screen clears).
+var terminalControl = regexp.MustCompile(`\x1b(\[[0-9;=?]*[ -/]*[@-~]|[@-Z\\-_])`)
+
+// consoleText is the last max bytes of a console log as text for an error
+// message: escape sequences and carriage returns removed, other control
+// characters dropped, lines joined with " | ".
+func consoleText(raw string, max int) string {
+	s := terminalControl.ReplaceAllString(raw, "")
+	s = strings.Map(func(r rune) rune {
+		if r == '\n' {
+			return r
+		}
+		if r < 0x20 || r == 0x7f {
+			return -1
+		}
+		return r
+	}, strings.ToValidUTF8(s, ""))
+	var lines []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	s = strings.Join(lines, " | ")
+	if len(s) > max {
+		s = "…" + strings.ToValidUTF8(s[len(s)-max:], "")
+	}
+	if s == "" {
+		return "(empty)"
+	}
+	return s
+}
 
 // AgentStartup implements sandbox.AgentStarter: a cold boot under TCG on
 // a busy host takes tens of seconds (the first start of a guest also boots

@@ -184,3 +184,16 @@ func TestBackend(t *testing.T) {
 		t.Fatalf("adopt released: %v", err)
 	}
 }
+
+func TestConsoleText(t *testing.T) {
+	raw := "\x1b[2J\x1b[01;01H\x1b[=3h\x1b[2J\x1b[01;01HBdsDxe: failed to load Boot0001\r\nBdsDxe: No bootable option or device was found.\r\n\x07"
+	if got := consoleText(raw, 1000); got != "BdsDxe: failed to load Boot0001 | BdsDxe: No bootable option or device was found." {
+		t.Errorf("consoleText = %q", got)
+	}
+	if got := consoleText("", 10); got != "(empty)" {
+		t.Errorf("empty console = %q", got)
+	}
+	if got := consoleText("0123456789abcdef", 4); got != "…cdef" {
+		t.Errorf("cut console = %q", got)
+	}
+}
