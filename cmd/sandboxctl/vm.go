@@ -123,16 +123,20 @@ func vmCmd(g *globals) *cobra.Command {
 	}
 
 	var xo execOptions
+	var shellLine string
 	execC := &cobra.Command{
-		Use:   "exec [--timeout D] [--env K=V] [--cwd DIR] ID -- CMD ARGS...",
+		Use:   "exec [--timeout D] [--env K=V] [--cwd DIR] ID (-c 'SHELL LINE' | -- CMD ARGS...)",
 		Short: "Run a command in a VM and exit with its exit code",
-		Args:  cobra.MinimumNArgs(2),
+		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, argv := args[0], args[1:]
-			if argv[0] == "--" {
+			if len(argv) > 0 && argv[0] == "--" {
 				argv = argv[1:]
 			}
-			if len(argv) == 0 {
+			switch {
+			case shellLine != "" && len(argv) > 0:
+				return usagef("vm exec: give -c or a command after the VM ID, not both")
+			case shellLine == "" && len(argv) == 0:
 				return usagef("vm exec: missing command after the VM ID")
 			}
 			env, err := parseKV("env", xo.env)
@@ -142,6 +146,9 @@ func vmCmd(g *globals) *cobra.Command {
 			req, err := xo.request(argv, env)
 			if err != nil {
 				return err
+			}
+			if shellLine != "" {
+				req.Argv, req.Command = nil, shellLine
 			}
 			c, err := g.client()
 			if err != nil {
@@ -156,6 +163,7 @@ func vmCmd(g *globals) *cobra.Command {
 	}
 	ef := execC.Flags()
 	ef.SetInterspersed(false)
+	ef.StringVarP(&shellLine, "command", "c", "", "a shell command line (/bin/sh -c; cmd.exe on a Windows guest) instead of CMD ARGS")
 	ef.DurationVar(&xo.timeout, "timeout", 0, "kill the command after this long")
 	ef.StringArrayVarP(&xo.env, "env", "e", nil, "environment variable NAME=VALUE (repeatable)")
 	ef.StringVarP(&xo.cwd, "cwd", "w", "", "working directory (default /workspace)")
