@@ -47,7 +47,7 @@ import (
 // Boot disk geometry, in bytes.
 const (
 	bootDiskAlign = 1 << 20  // first partition start, alignment, and room for the backup GPT
-	bootESPBytes  = 64 << 20 // kernel (~8 MB) + initramfs (~5 MB) + GRUB (~3 MB), with room
+	bootESPBytes  = 64 << 20 // kernel (14 MB) + initramfs (3-5 MB) + GRUB (3 MB), with room
 )
 
 // BootDiskCmdline is the kernel command line a boot disk's GRUB passes.
