@@ -80,7 +80,8 @@ func TestArgs(t *testing.T) {
 	a := strings.Join(s.args(), " ")
 	for _, want := range []string{"-accel tcg,tb-size=64", "-cpu max", "-m 256", "-nodefaults", "-no-reboot",
 		"-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-		"-qmp unix:/run/x/qmp.sock,server=on,wait=off", "path=/run/x/console.log", "-kernel /k"} {
+		"-qmp unix:/run/x/qmp.sock,server=on,wait=off", "path=/run/x/console.log", "-kernel /k",
+		"path=/run/x/agent.sock,server=on,wait=off", "name=org.sandboxrunner.agent.0"} {
 		if !strings.Contains(a, want) {
 			t.Errorf("args lack %q: %s", want, a)
 		}
