@@ -306,6 +306,7 @@ func seccompRules(rs []config.SeccompRule) []seccomp.Rule {
 func (e *Engine) Close() error {
 	e.stopSnapshotJanitor()
 	e.sandboxes.Close()
+	e.detachVMs()
 	if e.net != nil {
 		e.net.Close() // the network stays; a restarted daemon adopts it
 	}

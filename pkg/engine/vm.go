@@ -87,6 +87,25 @@ func (e *Engine) initVM() sandbox.Backend {
 	return b
 }
 
+// detachVMs closes the daemon's QMP and guest-agent connections of the
+// live VMs, which keep running (they outlive the daemon like every
+// sandbox). A daemon that exits closes them anyway; an engine closed and
+// made again in one process (tests) needs it, because QEMU serves one QMP
+// client at a time and the new engine adopts the VMs through QMP.
+func (e *Engine) detachVMs() {
+	if e.vm.backend == nil {
+		return
+	}
+	ctx := context.Background()
+	for _, id := range e.sandboxes.IDs() {
+		if h, _, err := e.sandboxes.Handle(ctx, id); err == nil {
+			if v := qemu.VM(h); v != nil {
+				v.Close()
+			}
+		}
+	}
+}
+
 // guestCache holds the guests made from images and the fast-start
 // templates, beside the images they are made from (shared like them).
 func (e *Engine) guestCache() string { return filepath.Join(e.imagesDir(), "vm-guests") }

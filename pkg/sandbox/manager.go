@@ -130,6 +130,8 @@ type Manager struct {
 	reaperDone chan struct{}
 	poolDone   chan struct{}
 	poolPoke   chan struct{}
+	closed     chan struct{} // closed by Close
+	closeOnce  sync.Once
 }
 
 // Sandbox is one live sandbox.
@@ -170,7 +172,7 @@ func NewManager(opt Options) (*Manager, error) {
 	if opt.AgentStartup <= 0 {
 		opt.AgentStartup = 15 * time.Second
 	}
-	return &Manager{opt: opt, log: opt.Log, sandboxes: map[string]*Sandbox{}, poolPoke: make(chan struct{}, 1)}, nil
+	return &Manager{opt: opt, log: opt.Log, sandboxes: map[string]*Sandbox{}, poolPoke: make(chan struct{}, 1), closed: make(chan struct{})}, nil
 }
 
 // backend returns the backend called name ("" is the default one).
@@ -212,6 +214,10 @@ func (m *Manager) Start() {
 // Close stops the background work. Sandboxes keep running: they outlive the
 // daemon, warm ones included.
 func (m *Manager) Close() {
+	// The watchers of sandboxes' inits stop too: a sandbox that ends
+	// after this is found by the next daemon's reconciliation, not
+	// recorded through a store this one is closing.
+	m.closeOnce.Do(func() { close(m.closed) })
 	if m.stopReaper != nil {
 		m.stopReaper()
 		<-m.reaperDone
@@ -491,7 +497,11 @@ func (m *Manager) watchInit(sb *Sandbox) {
 	if h == nil {
 		return
 	}
-	<-h.Done()
+	select {
+	case <-h.Done():
+	case <-m.closed:
+		return
+	}
 	sb.mu.Lock()
 	terminating := sb.terminating
 	sb.mu.Unlock()
