@@ -516,7 +516,7 @@ func (e *Engine) VMExec(ctx context.Context, req apitypes.VMExecRequest, onOutpu
 		return nil, err
 	}
 	if r.qgaOS != "" {
-		return e.qgaExec(ctx, r, req)
+		return e.qgaExec(ctx, r, req, onOutput)
 	}
 	return e.Exec(ctx, req.ExecRequest(), onOutput)
 }

@@ -53,7 +53,7 @@ const qgaKillWait = 10 * time.Second
 // qgaKill). There is no working directory (guest-exec has none): cwd is
 // refused; commands start in qemu-ga's (/ on Linux, C:\Windows\System32 on
 // Windows).
-func (e *Engine) qgaExec(ctx context.Context, r *vmRef, req apitypes.VMExecRequest) (*sandbox.ExecResult, error) {
+func (e *Engine) qgaExec(ctx context.Context, r *vmRef, req apitypes.VMExecRequest, onOutput sandbox.OutputFunc) (*sandbox.ExecResult, error) {
 	spec, err := e.execSpec(req.ExecRequest()) // the checks and timeout of exec_command
 	if err != nil {
 		return nil, err
@@ -109,6 +109,14 @@ func (e *Engine) qgaExec(ctx context.Context, r *vmRef, req apitypes.VMExecReque
 	})
 	if err != nil {
 		return nil, err
+	}
+	if onOutput != nil {
+		// qemu-ga returns the output at the end, not as it comes.
+		for _, o := range []struct{ stream, data string }{{"stdout", res.Stdout}, {"stderr", res.Stderr}} {
+			if o.data != "" {
+				onOutput(o.stream, []byte(o.data))
+			}
+		}
 	}
 	e.metrics.execTime.Observe(float64(res.DurationMS) / 1000)
 	e.metrics.causes.WithLabelValues(res.Termination.Cause).Inc()
@@ -295,20 +303,22 @@ func (e *Engine) qgaWriteFile(ctx context.Context, r *vmRef, req apitypes.VMFile
 
 // qgaWrite writes a file in a QGA guest with guest-file-write (creating or
 // truncating it), creating its parent directory when the open fails for
-// want of one. Mode is not offered: qemu-ga creates files with its own
-// default (0666 less its umask on Linux).
-func (e *Engine) qgaWrite(ctx context.Context, r *vmRef, p, mode string, data []byte) (*FileResult, error) {
+// want of one. qemu-ga creates files with its own default mode (0666 less
+// its umask on Linux); a mode is then set with chmod on Linux, and has no
+// meaning on Windows (ignored there).
+func (e *Engine) qgaWrite(ctx context.Context, r *vmRef, p, modeText string, data []byte) (*FileResult, error) {
 	if err := qgaPath(r.qgaOS, p); err != nil {
 		return nil, err
 	}
-	if mode != "" {
-		return nil, errdefs.Invalidf("mode: a guest with only the QEMU guest agent takes no mode (qemu-ga creates files with its default)")
+	mode, err := parseMode(modeText)
+	if err != nil {
+		return nil, err
 	}
 	if len(data) > MaxFileBytes {
 		return nil, errdefs.Invalidf("content: %d bytes exceeds the maximum %d", len(data), MaxFileBytes)
 	}
 	var n int64
-	err := e.sandboxes.RunCommand(ctx, r.info.ID, func(sandbox.Handle) error {
+	err = e.sandboxes.RunCommand(ctx, r.info.ID, func(sandbox.Handle) error {
 		c, err := r.v.QGA(ctx)
 		if err != nil {
 			return err
@@ -324,12 +334,27 @@ func (e *Engine) qgaWrite(ctx context.Context, r *vmRef, p, mode string, data []
 		if errors.As(err, &qe) {
 			return errdefs.Wrap(errdefs.InvalidArgument, err, "path: cannot write %s in the guest: %s", p, qe.Desc)
 		}
+		if err == nil && modeText != "" && r.qgaOS != vm.OSWindows {
+			err = qgaChmod(ctx, c, p, mode)
+		}
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &FileResult{Path: p, Size: n}, nil
+}
+
+// qgaChmod sets a file's permission bits in a Linux guest.
+func qgaChmod(ctx context.Context, c *qga.Client, p string, mode uint32) error {
+	res, err := c.Exec(ctx, qga.ExecRequest{Path: "/bin/chmod", Args: []string{fmt.Sprintf("%04o", mode), "--", p}})
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 {
+		return errdefs.Invalidf("mode: chmod in the guest exited %d: %s", res.ExitCode, strings.TrimSpace(string(res.Stderr)))
+	}
+	return nil
 }
 
 // qgaMkdirParent creates p's parent directory in the guest.

@@ -146,6 +146,13 @@ func TestVMQGALinuxDisk(t *testing.T) {
 	if res := run(e1, apitypes.VMExecRequest{Command: "sha256sum < /root/qga/blob"}); !strings.HasPrefix(res.Stdout, fmt.Sprintf("%x", sha256.Sum256(data))) {
 		t.Errorf("sha256 in the guest: %+v", res)
 	}
+	// A mode is set with chmod after the write.
+	if _, err := e1.VMWriteFile(ctx, apitypes.VMFileWriteRequest{VMID: v.ID, Path: "/root/hello.sh", Content: "#!/bin/sh\necho hi\n", Mode: "0750"}); err != nil {
+		t.Fatal(err)
+	}
+	if res := run(e1, apitypes.VMExecRequest{Command: "stat -c %a /root/hello.sh; /root/hello.sh"}); res.Stdout != "750\nhi\n" {
+		t.Errorf("a file written with mode 0750: %+v", res)
+	}
 
 	// Bad input and the sandbox operations: taxonomy errors, at once.
 	for name, c := range map[string]struct {
@@ -157,8 +164,8 @@ func TestVMQGALinuxDisk(t *testing.T) {
 			_, err := e1.VMWriteFile(ctx, apitypes.VMFileWriteRequest{VMID: v.ID, Path: "x.txt", Content: "x"})
 			return err
 		}, errdefs.InvalidArgument, "path:"},
-		"mode": {func() error {
-			_, err := e1.VMWriteFile(ctx, apitypes.VMFileWriteRequest{VMID: v.ID, Path: "/root/x", Content: "x", Mode: "0755"})
+		"setuid mode": {func() error {
+			_, err := e1.VMWriteFile(ctx, apitypes.VMFileWriteRequest{VMID: v.ID, Path: "/root/x", Content: "x", Mode: "4755"})
 			return err
 		}, errdefs.InvalidArgument, "mode:"},
 		"cwd": {func() error {
