@@ -100,6 +100,8 @@ func (a *fakeAgent) fileCmd(cmd string, raw json.RawMessage) string {
 		Handle int64  `json:"handle"`
 		Buf    string `json:"buf-b64"`
 		Count  int    `json:"count"`
+		Offset int    `json:"offset"`
+		Whence string `json:"whence"`
 	}
 	_ = json.Unmarshal(raw, &args)
 	switch cmd {
@@ -122,6 +124,17 @@ func (a *fakeAgent) fileCmd(cmd string, raw json.RawMessage) string {
 		end := min(off+args.Count, len(data))
 		a.reads[args.Handle] = end
 		return ret(map[string]any{"count": end - off, "buf-b64": base64.StdEncoding.EncodeToString(data[off:end]), "eof": end == len(data)})
+	case "guest-file-seek":
+		size := a.files[a.handles[args.Handle]].Len()
+		pos := args.Offset
+		switch args.Whence {
+		case "end":
+			pos += size
+		case "cur":
+			pos += a.reads[args.Handle]
+		}
+		a.reads[args.Handle] = pos
+		return ret(map[string]any{"position": pos, "eof": pos >= size})
 	case "guest-file-close":
 		delete(a.handles, args.Handle)
 		return ret(map[string]any{})
@@ -382,5 +395,72 @@ func TestShutdownNoReplyIsSuccess(t *testing.T) {
 	}
 	if err := c.Shutdown(ctxT(t, 5*time.Second), "explode"); !errdefs.Is(err, errdefs.InvalidArgument) {
 		t.Fatalf("bad mode: %v", err)
+	}
+}
+
+// TestReadFileAt: a page of a file at an offset, in ReadChunk pieces, with
+// the file's size from a seek to its end.
+func TestReadFileAt(t *testing.T) {
+	c, a := newFake(t, func(a *fakeAgent, cmd string, raw json.RawMessage) string { return a.fileCmd(cmd, raw) })
+	data := make([]byte, 2*ReadChunk+100)
+	for i := range data {
+		data[i] = byte(i * 13)
+	}
+	ctx := ctxT(t, 10*time.Second)
+	if _, err := c.WriteFile(ctx, "/f", bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	off, max := int64(ReadChunk-5), int64(ReadChunk+10)
+	got, size, err := c.ReadFileAt(ctx, "/f", off, max)
+	if err != nil || size != int64(len(data)) || !bytes.Equal(got, data[off:off+max]) {
+		t.Fatalf("page: %d bytes, size %d, %v", len(got), size, err)
+	}
+	got, size, err = c.ReadFileAt(ctx, "/f", int64(len(data))-3, 100)
+	if err != nil || size != int64(len(data)) || !bytes.Equal(got, data[len(data)-3:]) {
+		t.Fatalf("the tail: %q, size %d, %v", got, size, err)
+	}
+	if got, size, err := c.ReadFileAt(ctx, "/f", int64(len(data))+5, 100); err != nil || len(got) != 0 || size != int64(len(data)) {
+		t.Fatalf("past the end: %q, size %d, %v", got, size, err)
+	}
+	if len(a.handles) != 0 {
+		t.Fatalf("handles left open: %v", a.handles)
+	}
+}
+
+// TestExecStillRunning: when the context ends first, Exec reports the pid
+// (for the caller's kill), and Status reports the outcome once it exited.
+func TestExecStillRunning(t *testing.T) {
+	var mu sync.Mutex
+	exited := false
+	c, _ := newFake(t, func(a *fakeAgent, cmd string, raw json.RawMessage) string {
+		mu.Lock()
+		defer mu.Unlock()
+		switch cmd {
+		case "guest-exec":
+			return ret(map[string]int{"pid": 77})
+		case "guest-exec-status":
+			if !exited {
+				return ret(map[string]any{"exited": false})
+			}
+			return ret(map[string]any{"exited": true, "signal": 9, "out-data": base64.StdEncoding.EncodeToString([]byte("partial"))})
+		}
+		return ""
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := c.Exec(ctx, ExecRequest{Path: "/bin/sleep", Args: []string{"100"}})
+	var re *RunningError
+	if !errors.As(err, &re) || re.PID != 77 || !errdefs.Is(err, errdefs.Unavailable) {
+		t.Fatalf("exec past its context: %v", err)
+	}
+	if res, err := c.Status(ctxT(t, time.Second), 77); err != nil || res != nil {
+		t.Fatalf("status while running: %+v %v", res, err)
+	}
+	mu.Lock()
+	exited = true
+	mu.Unlock()
+	res, err := c.Status(ctxT(t, time.Second), 77)
+	if err != nil || res == nil || !res.Signaled || res.Signal != 9 || string(res.Stdout) != "partial" {
+		t.Fatalf("status after the kill: %+v %v", res, err)
 	}
 }
