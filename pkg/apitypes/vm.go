@@ -6,9 +6,9 @@ package apitypes
 
 // VMCreateRequest is the input of vm_create.
 type VMCreateRequest struct {
-	OS       string            `json:"os,omitempty" jsonschema_description:"Guest OS: linux (default) or windows (needs vm.images.windows)." jsonschema:"enum=linux,enum=windows"`
+	OS       string            `json:"os,omitempty" jsonschema_description:"Guest OS: linux (default) or windows (boots vm.images.windows; only the QEMU guest agent runs in it)." jsonschema:"enum=linux,enum=windows"`
 	Image    string            `json:"image,omitempty" jsonschema_description:"Guest image: linux (the Linux test guest, default) or a language (python, ...) made into a guest (images build --vm LANGUAGE)."`
-	MemoryMB *int64            `json:"memory_mb,omitempty" jsonschema_description:"Guest RAM in MiB (default 512, at most sandbox.max_memory)."`
+	MemoryMB *int64            `json:"memory_mb,omitempty" jsonschema_description:"Guest RAM in MiB (default 256; an administrator's disk: Windows 4096, Linux 1024; at most sandbox.max_memory)."`
 	CPUs     *float64          `json:"cpus,omitempty" jsonschema_description:"Virtual CPUs (whole numbers, default 1, at most sandbox.max_cpus)."`
 	Labels   map[string]string `json:"labels,omitempty" jsonschema_description:"Labels (key -> value) kept with the VM."`
 	Env      map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every command in the VM."`

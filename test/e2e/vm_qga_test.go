@@ -20,7 +20,8 @@ import (
 // its progress to stderr and prints the id, vm exec -c and argv go
 // through qemu-ga (exit code kept), vm cp in and out through the REST
 // file routes, exec through the sandbox route is refused with the clear
-// error, vm rm leaves nothing.
+// error; SIGKILL of the daemon, a restart that adopts the VM and reads the
+// file back; vm rm leaves nothing.
 func TestVMQGADaemon(t *testing.T) {
 	testenv.RequireRoot(t)
 	if testing.Short() {
@@ -67,6 +68,16 @@ func TestVMQGADaemon(t *testing.T) {
 	}
 	if got := d.MustCtl("vm", "inspect", id); !strings.Contains(got, `"guest_agent": "qemu-ga"`) && !strings.Contains(got, `"guest_agent":"qemu-ga"`) {
 		t.Errorf("vm inspect: %s", got)
+	}
+	// kill -9 of the daemon with the VM running; the restarted daemon
+	// adopts it and reconnects to its guest agent.
+	d.Crash()
+	d.Start()
+	if got := d.MustCtl("vm", "cp", id+":/root/in/in.txt", "-"); got != "through qemu-ga\n" {
+		t.Errorf("vm cp out after the crash: %q", got)
+	}
+	if log, _ := os.ReadFile(d.LogPath); !strings.Contains(string(log), "adopted sandbox without an agent") {
+		t.Errorf("no adoption in the daemon's log:\n%s", d.Log())
 	}
 	d.MustCtl("vm", "rm", id)
 	if ids := d.LiveIDs(); len(ids) != 0 {
