@@ -132,6 +132,11 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) {
 	for {
 		var st execStatus
 		if err := c.Call(ctx, "guest-exec-status", map[string]int{"pid": pid}, &st); err != nil {
+			if ctx.Err() != nil {
+				// The context ended during the poll rather than between
+				// polls: the program still runs all the same.
+				return nil, &RunningError{PID: pid, Err: errdefs.Wrap(errdefs.Unavailable, ctx.Err(), "qga: pid %d still running", pid)}
+			}
 			var qe *Error
 			if errors.As(err, &qe) {
 				// The agent forgot the pid: restarted, or restored from a

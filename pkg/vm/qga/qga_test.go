@@ -464,3 +464,21 @@ func TestExecStillRunning(t *testing.T) {
 		t.Fatalf("status after the kill: %+v %v", res, err)
 	}
 }
+
+// TestExecStillRunningDuringPoll: the context ending while a
+// guest-exec-status call waits for its answer is the same RunningError.
+func TestExecStillRunningDuringPoll(t *testing.T) {
+	c, _ := newFake(t, func(a *fakeAgent, cmd string, raw json.RawMessage) string {
+		if cmd == "guest-exec" {
+			return ret(map[string]int{"pid": 78})
+		}
+		return "" // guest-exec-status: no answer
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err := c.Exec(ctx, ExecRequest{Path: "/bin/true"})
+	var re *RunningError
+	if !errors.As(err, &re) || re.PID != 78 {
+		t.Fatalf("exec whose status poll outlives its context: %v", err)
+	}
+}
