@@ -311,22 +311,18 @@ func (r *CodeRun) step(ctx context.Context, a *Attempt, res *RunResult, name str
 		var err error
 		er, err = r.e.sandboxes.Exec(ctx, r.Sandbox.ID, sandbox.ExecSpec{
 			Argv: argv, Env: env, Cwd: lang.Workspace, Stdin: stdin, Timeout: remaining, MaxResultBytes: a.MaxOutputBytes,
-		}, func(stream string, data []byte) {
-			if stream == "stdout" {
-				r.Record.Stdout.Write(data)
-			} else {
-				r.Record.Stderr.Write(data)
-			}
-			if a.OnOutput != nil {
-				a.OnOutput(stream, data)
-			}
-		})
+		}, r.recordOutput(a))
 		if err != nil {
 			return nil, err
 		}
 		r.e.metrics.execTime.Observe(float64(er.DurationMS) / 1000)
 		r.e.metrics.causes.WithLabelValues(er.Termination.Cause).Inc()
 	}
+	return r.recordStep(res, name, argv, er), nil
+}
+
+// recordStep adds a step's outcome to the result and the run record.
+func (r *CodeRun) recordStep(res *RunResult, name string, argv []string, er *sandbox.ExecResult) *RunStep {
 	st := RunStep{Name: name, ExitCode: er.ExitCode, Stdout: er.Stdout, Stderr: er.Stderr,
 		StdoutTruncated: er.StdoutTruncated, StderrTruncated: er.StderrTruncated,
 		Termination: er.Termination, DurationMS: er.DurationMS, BlockedSyscalls: er.BlockedSyscalls}
@@ -342,7 +338,22 @@ func (r *CodeRun) step(ctx context.Context, a *Attempt, res *RunResult, name str
 	})
 	r.Meta.StdoutBytes += er.StdoutBytes
 	r.Meta.StderrBytes += er.StderrBytes
-	return &res.Steps[len(res.Steps)-1], nil
+	return &res.Steps[len(res.Steps)-1]
+}
+
+// recordOutput is an OutputFunc that keeps a step's output in the run
+// record and passes it on to a.OnOutput.
+func (r *CodeRun) recordOutput(a *Attempt) sandbox.OutputFunc {
+	return func(stream string, data []byte) {
+		if stream == "stdout" {
+			r.Record.Stdout.Write(data)
+		} else {
+			r.Record.Stderr.Write(data)
+		}
+		if a.OnOutput != nil {
+			a.OnOutput(stream, data)
+		}
+	}
 }
 
 func recordTermination(t sandbox.Termination) runs.Termination {

@@ -627,7 +627,9 @@ const (
 
 // VMTest copies files into a clean VM, runs the setup then the test
 // commands (stopping at the first that fails), takes a screenshot when one
-// fails, and keeps a run record (kind vm_test) of it all.
+// fails, and keeps a run record (kind vm_test) of it all. On a guest with
+// only qemu-ga the files go to a directory of the run (qgaTestDir) and the
+// steps run there through the guest's shell (cmd.exe on Windows).
 func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apitypes.VMTestResult, error) {
 	if len(req.Test) == 0 {
 		return nil, errdefs.Invalidf("test: at least one test command is required")
@@ -658,12 +660,6 @@ func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apity
 	if err != nil {
 		return nil, err
 	}
-	if spec.BootDisk != "" {
-		// The run pipeline's steps go through the sandbox agent (files,
-		// commands, the record's outputs): not offered on a guest with
-		// only qemu-ga yet.
-		return nil, errdefs.Unavailablef("os: vm_test runs on the built guests (image linux or a language); a %s VM booting vm.images.%s has only the QEMU guest agent: use vm_create, vm_file_write and vm_exec", spec.Language, spec.Language)
-	}
 	start := time.Now()
 	info, err := e.startVM(ctx, spec)
 	if err != nil {
@@ -689,7 +685,14 @@ func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apity
 		return nil, err
 	}
 	res.RunID = run.Record.ID
-	runRes, runErr := e.vmTestSteps(ctx, run, req, files, res)
+	var guest *vmRef // a guest with only qemu-ga: files and steps through it
+	if spec.BootDisk != "" {
+		if guest, err = e.liveVMRef(ctx, info.ID); err != nil {
+			_ = run.Finish(context.WithoutCancel(ctx), nil, err)
+			return nil, err
+		}
+	}
+	runRes, runErr := e.vmTestSteps(ctx, run, req, files, res, guest)
 	if err := run.Finish(context.WithoutCancel(ctx), runRes, runErr); err != nil {
 		e.log.Error("write run record", "run", run.Record.ID, "err", err)
 	}
@@ -700,8 +703,10 @@ func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apity
 	return res, nil
 }
 
-// vmTestSteps writes the files and runs the steps of a vm_test.
-func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMTestRequest, files map[string][]byte, res *apitypes.VMTestResult) (*RunResult, error) {
+// vmTestSteps writes the files and runs the steps of a vm_test: through
+// the sandbox agent, or through qemu-ga on a guest with only that (guest
+// not nil; vm_qga.go).
+func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMTestRequest, files map[string][]byte, res *apitypes.VMTestResult, guest *vmRef) (*RunResult, error) {
 	names := make([]string, 0, len(files))
 	for n := range files {
 		names = append(names, n)
@@ -711,7 +716,18 @@ func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMT
 		return nil, errdefs.Wrap(errdefs.Internal, err, "write code snapshot")
 	}
 	run.Meta.Files = names
-	if err := run.writeFiles(ctx, files, names, ""); err != nil {
+	var dir string
+	if guest != nil {
+		dir = qgaTestDir(guest.qgaOS, run.Record.ID)
+		if err := e.qgaMkdir(ctx, guest, dir); err != nil {
+			return nil, err
+		}
+		for _, n := range names {
+			if _, err := e.qgaWrite(ctx, guest, qgaJoin(guest.qgaOS, dir, n), "", files[n]); err != nil {
+				return nil, err
+			}
+		}
+	} else if err := run.writeFiles(ctx, files, names, ""); err != nil {
 		return nil, err
 	}
 	a := &Attempt{Env: req.Env}
@@ -726,7 +742,14 @@ func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMT
 	}
 	rr.Success = true
 	for i, s := range steps {
-		st, err := run.step(ctx, a, rr, fmt.Sprintf("%s %d", s.phase, i+1), []string{"/bin/sh", "-c", s.cmd}, nil, nil)
+		name := fmt.Sprintf("%s %d", s.phase, i+1)
+		var st *RunStep
+		var err error
+		if guest != nil {
+			st, err = e.qgaTestStep(ctx, run, guest, a, rr, name, dir, s.cmd)
+		} else {
+			st, err = run.step(ctx, a, rr, name, []string{"/bin/sh", "-c", s.cmd}, nil, nil)
+		}
 		if err != nil {
 			return nil, err
 		}

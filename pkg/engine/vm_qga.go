@@ -477,3 +477,57 @@ func (e *Engine) VMReadFileRaw(ctx context.Context, req FileReadRequest) (*agent
 	}
 	return e.qgaRead(ctx, r, req.Path, req.Offset, req.MaxBytes)
 }
+
+// qgaTestDir is where a vm_test on a QGA guest puts its files and runs its
+// steps: a directory of the run under the guest's temporary directory (an
+// administrator's disk has no /workspace).
+func qgaTestDir(osName, runID string) string {
+	if osName == vm.OSWindows {
+		return `C:\Windows\Temp\sandboxd-vm-test\` + runID
+	}
+	return "/var/tmp/sandboxd-vm-test/" + runID
+}
+
+// qgaJoin joins a clean relative path (WorkspaceRel) to a directory of the
+// guest's OS.
+func qgaJoin(osName, dir, rel string) string {
+	if osName == vm.OSWindows {
+		return dir + `\` + strings.ReplaceAll(rel, "/", `\`)
+	}
+	return dir + "/" + rel
+}
+
+// qgaTestStep runs one vm_test step on a QGA guest, in dir, under what is
+// left of the run's deadline, and records it like the pipeline's steps.
+func (e *Engine) qgaTestStep(ctx context.Context, run *CodeRun, r *vmRef, a *Attempt, res *RunResult, name, dir, command string) (*RunStep, error) {
+	line := "cd '" + dir + "' && " + command
+	if r.qgaOS == vm.OSWindows {
+		line = `cd /d "` + dir + `" && ` + command
+	}
+	remaining := min(time.Until(run.deadline), e.cfg.Sandbox.MaxExecTimeout.D())
+	var er *sandbox.ExecResult
+	if remaining < 10*time.Millisecond {
+		er = &sandbox.ExecResult{ExitCode: -1, Termination: sandbox.Termination{Cause: sandbox.CauseTimeout, Detail: "no time left for this step"}}
+	} else {
+		secs := remaining.Seconds()
+		var err error
+		if er, err = e.qgaExec(ctx, r, apitypes.VMExecRequest{VMID: r.info.ID, Command: line, Env: a.Env, TimeoutSeconds: &secs,
+			MaxOutputBytes: a.MaxOutputBytes}, run.recordOutput(a)); err != nil {
+			return nil, err
+		}
+	}
+	prog, args, _ := qga.ShellCommand(r.qgaOS, line)
+	return run.recordStep(res, name, append([]string{prog}, args...), er), nil
+}
+
+// qgaMkdir makes directory dir (and its parents) in a QGA guest.
+func (e *Engine) qgaMkdir(ctx context.Context, r *vmRef, dir string) error {
+	return e.sandboxes.RunCommand(ctx, r.info.ID, func(sandbox.Handle) error {
+		c, err := r.v.QGA(ctx)
+		if err != nil {
+			return err
+		}
+		// qgaMkdirParent makes the parent of a path: of one inside dir.
+		return qgaMkdirParent(ctx, c, r.qgaOS, qgaJoin(r.qgaOS, dir, "x"))
+	})
+}

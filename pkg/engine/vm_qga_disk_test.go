@@ -192,10 +192,6 @@ func TestVMQGALinuxDisk(t *testing.T) {
 			_, err := e1.SnapshotSandbox(ctx, apitypes.SnapshotRequest{SandboxID: v.ID})
 			return err
 		}, errdefs.Unavailable, "only the QEMU guest agent"},
-		"vm_test": {func() error {
-			_, err := e1.VMTest(ctx, apitypes.VMTestRequest{Test: []string{"true"}})
-			return err
-		}, errdefs.Unavailable, "vm_test"},
 	} {
 		t2 := time.Now()
 		err := c.err()
@@ -280,5 +276,27 @@ func TestVMQGALinuxDisk(t *testing.T) {
 	}
 	if _, err := e2.VMExec(ctx, apitypes.VMExecRequest{VMID: v.ID, Command: "true"}, nil); !errdefs.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), "vm_id:") {
 		t.Errorf("exec on a destroyed VM: %v", err)
+	}
+
+	// vm_test on the disk guest: files and steps through qemu-ga in a
+	// directory of the run, stopping at the failing step, a screenshot,
+	// the record, the VM destroyed.
+	t0 = time.Now()
+	tr, err := e2.VMTest(ctx, apitypes.VMTestRequest{Files: map[string]string{"a.txt": "x", "sub/b.txt": "y"},
+		Env: map[string]string{"GREETING": "hi"}, Setup: []string{"test -s a.txt"},
+		Test: []string{"cat sub/b.txt; echo $GREETING", "echo boom; exit 2", "echo never"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("vm_test on the disk guest in %v", time.Since(t0))
+	if tr.Passed || tr.FailedStep != 2 || len(tr.Steps) != 3 || tr.Steps[0].ExitCode != 0 || tr.Steps[1].Stdout != "yhi\n" ||
+		tr.Steps[2].ExitCode != 2 || tr.Steps[2].Stdout != "boom\n" || !tr.Destroyed {
+		t.Errorf("vm_test on the disk guest: %+v", tr)
+	}
+	if _, err := png.Decode(bytes.NewReader(tr.Screenshot)); err != nil {
+		t.Errorf("vm_test screenshot: %v", err)
+	}
+	if rr, err := e2.GetRun(ctx, tr.RunID, 0); err != nil || rr.Metadata.Kind != "vm_test" || rr.Metadata.Success || rr.Code["sub/b.txt"] != "y" || len(rr.Metadata.Steps) != 3 {
+		t.Errorf("vm_test run record: %+v %v", rr, err)
 	}
 }
