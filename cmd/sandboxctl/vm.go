@@ -275,6 +275,7 @@ func vmCmd(g *globals) *cobra.Command {
 		},
 	}
 	tf := testC.Flags()
+	tf.StringVar(&tr.OS, "os", "", "guest OS: linux (default) or windows (an administrator's disk, vm.images.windows)")
 	tf.StringVar(&tr.Image, "image", "", "guest image: linux (default) or a language guest (python)")
 	tf.StringArrayVar(&testFiles, "file", nil, "a file copied to /workspace under its relative path (repeatable)")
 	tf.StringArrayVar(&tr.Setup, "setup", nil, "setup command line (repeatable)")
