@@ -31,9 +31,9 @@ const (
 
 // aptFromMirror: a root-mode sandbox whose network reaches only the mirror
 // points apt at it (signed-by the test's key, the image's own sources
-// removed), runs apt-get update and install, and runs the program. apt
+// removed), runs apt-get update and install, and runs the programs. apt
 // downloads as its _apt user, which the sandbox's user namespace maps: the
-// HTTP method serving the download is, seen from the host, the sandbox's
+// HTTP method fetching the download is, seen from the host, the sandbox's
 // range start + _apt's uid, not root and not the sandbox's root.
 func aptFromMirror(t *testing.T, tp *testenv.Topology, e *engine.Engine, r *apitypes.Sandbox) {
 	t.Helper()
