@@ -22,10 +22,16 @@ set -euo pipefail
 #                              (testenv.NewAptRepository)
 #   e2fsprogs                  mkfs.ext4: the Linux guest's root disk (-d, no loop mount) and the
 #                              templates of disk-backed sandboxes (pkg/storage)
+#   grub-efi-amd64-bin grub-common mtools dosfstools fdisk
+#                              the UEFI boot disk made from the Linux guest (pkg/vm MakeBootDisk:
+#                              a stock image that boots by itself): grub-mkstandalone with the
+#                              x86_64-efi modules, the FAT EFI partition made and filled on an
+#                              image file (mkfs.vfat, mcopy -i), the GPT written by sfdisk
 # (The Linux guest's kernel, qemu-guest-agent and busybox come from Debian packages
 # installed into the guest image by rootfs/vm/vm-linux.yaml, not on the host.)
 packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd chromium
-	qemu-system-x86 qemu-utils ovmf swtpm e2fsprogs git apt-utils gnupg)
+	qemu-system-x86 qemu-utils ovmf swtpm e2fsprogs git apt-utils gnupg
+	grub-efi-amd64-bin grub-common mtools dosfstools fdisk)
 # The MCP black-box tests drive the server with the official TypeScript SDK,
 # and the web editor is bundled with esbuild: Node.js from Debian unless a
 # node is already on PATH.

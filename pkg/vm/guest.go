@@ -1,12 +1,14 @@
 package vm
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,15 +58,20 @@ const guestFreeBytes = 1 << 30
 // agentPath, making it under cacheDir unless it exists. The disk and the
 // kernel are content-addressed by the image digest and the guest format;
 // the initramfs, which carries the agent, also by the agent binary
-// (initrd-<sha256 prefix>.img beside them), so that a new agent build
+// and its /init script (initrd-<sha256 prefix>.img beside them), so that a new agent build
 // costs a 4 MB initramfs, not a new root disk.
 func PrepareGuest(ctx context.Context, img *image.Image, agentPath, cacheDir string) (*Guest, error) {
 	ab, err := os.ReadFile(agentPath)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox-agent: %w", err)
 	}
-	agentSum := sha256.Sum256(ab)
-	initrdName := "initrd-" + hex.EncodeToString(agentSum[:8]) + ".img"
+	// The initramfs is named after what it holds beyond the guest's own
+	// files: the agent and the /init script (a changed script makes a new
+	// initramfs, not a new root disk).
+	h := sha256.New()
+	h.Write(ab)
+	h.Write([]byte(initScript))
+	initrdName := "initrd-" + hex.EncodeToString(h.Sum(nil)[:8]) + ".img"
 	sum := sha256.Sum256([]byte(img.Digest + "\x00" + guestFormat))
 	key := hex.EncodeToString(sum[:16])
 	dir := filepath.Join(cacheDir, key)
@@ -192,16 +199,29 @@ func makeGuest(ctx context.Context, img *image.Image, dir string) (*Guest, error
 
 // run runs a tool and returns its output in the error when it fails.
 func run(ctx context.Context, name string, args ...string) error {
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	if err != nil {
-		msg := strings.TrimSpace(string(out))
+	_, err := runTool(ctx, "", name, args...)
+	return err
+}
+
+// runTool runs a tool with stdin (if not empty) and returns its standard
+// output; when it fails, the error holds its output (the end of it).
+func runTool(ctx context.Context, stdin, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	var stdout, both bytes.Buffer
+	cmd.Stdout = io.MultiWriter(&stdout, &both)
+	cmd.Stderr = &both
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(both.String())
 		if len(msg) > 2000 {
 			msg = msg[len(msg)-2000:]
 		}
 		if errors.Is(err, exec.ErrNotFound) {
-			return errdefs.Wrap(errdefs.Unavailable, err, "%s not installed (scripts/install-deps.sh)", name)
+			return "", errdefs.Wrap(errdefs.Unavailable, err, "%s not installed (scripts/install-deps.sh)", name)
 		}
-		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+		return "", fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
 	}
-	return nil
+	return stdout.String(), nil
 }

@@ -33,12 +33,19 @@ mount -t proc proc /proc
 mount -t devtmpfs devtmpfs /dev
 fail() { echo "initramfs: $*" > /dev/console; poweroff -f; }
 for m in $(cat /modules.order); do insmod "/$m" || fail "insmod $m"; done
+# The root file system: the whole first disk (the built guest's root disk,
+# direct kernel boot), or root=/dev/... from the kernel command line (a
+# boot disk's partition, e.g. root=/dev/vda2; see MakeBootDisk).
+root=/dev/vda
+for a in $(cat /proc/cmdline); do
+	case "$a" in root=/dev/*) root="${a#root=}" ;; esac
+done
 i=0
-while [ ! -b /dev/vda ]; do
-	i=$((i+1)); [ $i -gt 1000 ] && fail "no /dev/vda"
+while [ ! -b "$root" ]; do
+	i=$((i+1)); [ $i -gt 1000 ] && fail "no $root"
 	sleep 0.01
 done
-mount -t ext4 -o rw,noatime /dev/vda /newroot || fail "mount /dev/vda"
+mount -t ext4 -o rw,noatime "$root" /newroot || fail "mount $root"
 # The daemon's sandbox-agent, for this boot only: /run of the new root is a
 # tmpfs made here (sandbox-init leaves a mounted /run alone).
 mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /newroot/run || fail "mount /run"

@@ -71,7 +71,8 @@ func TestArgs(t *testing.T) {
 	a := strings.Join(s.args(), " ")
 	for _, want := range []string{"-accel tcg,tb-size=64", "-cpu max", "-m 256", "-nodefaults", "-no-reboot",
 		"-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-		"-qmp unix:/run/x/qmp.sock,server=on,wait=off", "path=/run/x/console.log", "-kernel /k"} {
+		"-qmp unix:/run/x/qmp.sock,server=on,wait=off", "path=/run/x/console.log", "-kernel /k",
+		"path=/run/x/agent.sock,server=on,wait=off", "name=org.sandboxrunner.agent.0"} {
 		if !strings.Contains(a, want) {
 			t.Errorf("args lack %q: %s", want, a)
 		}
@@ -101,6 +102,10 @@ func TestArgs(t *testing.T) {
 	}
 	if strings.Contains(a, "-kernel") {
 		t.Errorf("disk guest booted with -kernel: %s", a)
+	}
+	// A disk guest runs qemu-ga alone: no sandbox-agent port.
+	if strings.Contains(a, "agent.sock") || strings.Contains(a, "org.sandboxrunner.agent") || !strings.Contains(a, "name=org.qemu.guest_agent.0") {
+		t.Errorf("disk guest's virtio-serial ports: %s", a)
 	}
 }
 

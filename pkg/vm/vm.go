@@ -332,8 +332,15 @@ func (s *Spec) args() []string {
 		"-chardev", "socket,id=qga0,path=" + filepath.Join(d, qgaSocket) + ",server=on,wait=off",
 		"-device", "virtio-serial-pci",
 		"-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
-		"-chardev", "socket,id=agent0,path=" + filepath.Join(d, agentSock) + ",server=on,wait=off",
-		"-device", "virtserialport,chardev=agent0,name=" + vport.AgentPortName,
+	}
+	// The sandbox-agent's port only for the guests that carry our agent
+	// (booted with our kernel and initramfs): a disk guest booted by its
+	// firmware (an administrator's image, DiskGuest) runs qemu-ga alone,
+	// and sandbox-init starts the agent only when the port exists.
+	if s.Guest.Kernel != "" {
+		a = append(a,
+			"-chardev", "socket,id=agent0,path="+filepath.Join(d, agentSock)+",server=on,wait=off",
+			"-device", "virtserialport,chardev=agent0,name="+vport.AgentPortName)
 	}
 	for i, disk := range s.DataDisks {
 		a = append(a,
