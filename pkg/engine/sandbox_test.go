@@ -127,8 +127,13 @@ func TestIsolation(t *testing.T) {
 	}{
 		{"uid", "id -u", "1000"},
 		{"gid", "id -g", "1000"},
-		{"no effective capabilities", "grep CapEff /proc/self/status | cut -f2", "0000000000000000"},
-		{"no ambient capabilities", "grep CapAmb /proc/self/status | cut -f2", "0000000000000000"},
+		// A command has no capability in any set, not even in its bounding
+		// set (the job-exec helper drops it: pkg/agent/server/jobexec.go).
+		{"no capabilities", "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status | tr -s '\\t' ' ' | tr '\\n' ' '", "CapInh: 0000000000000000 CapPrm: 0000000000000000 CapEff: 0000000000000000 CapBnd: 0000000000000000 CapAmb: 0000000000000000"},
+		// The agent holds exactly runtime.AgentCapabilities — KILL (5),
+		// SETGID (6), SETUID (7), SETPCAP (8) — as bounding, permitted and
+		// effective set: 0x1e0.
+		{"agent capabilities", "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/1/status | tr -s '\\t' ' ' | tr '\\n' ' '", "CapInh: 0000000000000000 CapPrm: 00000000000001e0 CapEff: 00000000000001e0 CapBnd: 00000000000001e0 CapAmb: 0000000000000000 NoNewPrivs: 1"},
 		{"no_new_privs", "grep NoNewPrivs /proc/self/status | cut -f2", "1"},
 		{"seccomp filter", "grep '^Seccomp:' /proc/self/status | cut -f2", "2"},
 		{"hostname is the id", "hostname", id},
