@@ -53,7 +53,7 @@ type spareSpec struct {
 	GID  int      `json:"gid"`
 	// KeepCaps keeps the bounding set (jobCreds.keepCaps).
 	KeepCaps bool `json:"keep_caps,omitempty"`
-	TTY  bool     `json:"tty"` // descriptor 0 is a terminal to make the controlling one
+	TTY      bool `json:"tty"` // descriptor 0 is a terminal to make the controlling one
 }
 
 // spare is the agent's side of one spare helper.

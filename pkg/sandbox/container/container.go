@@ -383,13 +383,13 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		initArgs = append(initArgs, "--nofile", strconv.Itoa(runtime.NofileLimit)) // see runtime.Start
 	}
 	inst, err := b.opt.Runtime.Start(&runtime.Spec{
-		ID:         req.ID,
-		Rootfs:     layers.Rootfs,
-		Binds:      binds,
-		CgroupPath: cg,
-		NetNSPath:  req.NetNSPath,
-		UsernsPath: usernsPath,
-		SysfsPath:  sysfs,
+		ID:           req.ID,
+		Rootfs:       layers.Rootfs,
+		Binds:        binds,
+		CgroupPath:   cg,
+		NetNSPath:    req.NetNSPath,
+		UsernsPath:   usernsPath,
+		SysfsPath:    sysfs,
 		WritableRoot: rootMode,
 		Capabilities: runtime.Capabilities(rootMode),
 		Limits: runtime.Limits{
