@@ -139,14 +139,18 @@ func TestUserNamespaces(t *testing.T) {
 	}
 	// Root mode installs packages: a local .deb through apt-get (no
 	// network here; the package manager's own steps — dpkg's chowns, apt's
-	// switch to _apt — run as root of the namespace).
+	// switch to _apt — run as root of the namespace). The package holds a
+	// setgid file of another user and group, which dpkg can only unpack
+	// with CAP_CHOWN and CAP_FSETID (root is not in group 50).
 	res = mustExec(t, e, r.ID, `set -e; d=/tmp/pkg; mkdir -p $d/DEBIAN $d/usr/local/bin
 printf 'Package: sbx-hello\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@t>\nDescription: t\n' > $d/DEBIAN/control
 printf '#!/bin/sh\necho hello from a package\n' > $d/usr/local/bin/sbx-hello; chmod 755 $d/usr/local/bin/sbx-hello
-dpkg-deb --root-owner-group --build $d /tmp/sbx-hello.deb >/dev/null
+mkdir -p $d/usr/local/lib/sbx-hello; echo x > $d/usr/local/lib/sbx-hello/owned
+chown -R 0:0 $d; chown 1000:50 $d/usr/local/lib/sbx-hello/owned; chmod 2755 $d/usr/local/lib/sbx-hello/owned
+dpkg-deb --build $d /tmp/sbx-hello.deb >/dev/null
 apt-get install -y -q /tmp/sbx-hello.deb >/tmp/apt.log 2>&1 || { cat /tmp/apt.log; exit 1; }
-sbx-hello; dpkg-query -W -f='${Status}\n' sbx-hello`)
-	if res.Stdout != "hello from a package\ninstall ok installed\n" {
+sbx-hello; dpkg-query -W -f='${Status}\n' sbx-hello; stat -c '%u %g %a' /usr/local/lib/sbx-hello/owned`)
+	if res.Stdout != "hello from a package\ninstall ok installed\n1000 50 2755\n" {
 		t.Errorf("root mode: apt-get install of a local package: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
 	// Capabilities per mode (pkg/runtime.AgentCapabilities and
