@@ -132,7 +132,10 @@ var AgentCapabilities = []string{
 //     to its inheritable set (tools such as setpriv, capsh); it can raise
 //     nothing beyond this set.
 //   - CAP_NET_BIND_SERVICE: servers on ports below 1024, in the sandbox's
-//     network namespace only.
+//     network namespace only. It takes effect only where that namespace
+//     belongs to the sandbox's user namespace (a sandbox without network);
+//     a networked sandbox joins one the daemon made, owned by the host's
+//     user namespace, where low ports stay refused whatever the set.
 //   - CAP_SYS_CHROOT: chroot inside the sandbox's own mount namespace (build
 //     tools, debootstrap-like scripts); the process's root stays below the
 //     sandbox's pivoted root, so ".." cannot leave it.
