@@ -80,6 +80,8 @@ func MaybeInit() {
 // uid 0: pkg/agent/server/jobexec.go) and so its root-mode jobs lack too.
 // So the bounding set is both what the agent holds and the most a job may
 // ever have; the helper narrows it further for jobs of normal mode.
+// The agent drops nothing itself after its start: none of these is used
+// only during setup (in root mode its file API acts as root with the set).
 //
 // Normal mode (jobs run as the sandbox user, uid 1000): AgentCapabilities.
 // Jobs get none at all — the helper drops the whole bounding set and the
