@@ -144,12 +144,13 @@ var AgentCapabilities = []string{
 //
 // Left out of Docker's default set:
 //   - CAP_MKNOD: device nodes are refused (the adversarial suite checks it;
-//     a user namespace could not open them anyway).
+//     in a user namespace the kernel refuses them anyway, but that should
+//     not be the only fence).
 //   - CAP_NET_RAW: raw and packet sockets could forge addresses and frames
 //     on the sandbox's network (the adversarial suite checks it).
-//   - CAP_SETFCAP: file capabilities are inert under no_new_privs, and the
-//     xattr would travel with snapshots and forks; Debian's maintainer
-//     scripts that call setcap fall back to setuid bits.
+//   - CAP_SETFCAP: file capabilities are inert under no_new_privs (no exec
+//     in the sandbox gains them), so setting them buys nothing; Debian's
+//     maintainer scripts that call setcap fall back to setuid bits.
 //   - CAP_AUDIT_WRITE: the kernel refuses audit messages from a non-initial
 //     user namespace whatever the capabilities, so it would buy nothing.
 var RootModeCapabilities = []string{
