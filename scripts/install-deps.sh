@@ -17,6 +17,9 @@ set -euo pipefail
 #                              (tested by booting the Linux guest with them)
 #   git                        the cargo registry index the network install test serves (a bare
 #                              repository over git's dumb HTTP protocol, pkg/engine)
+#   apt-utils gnupg            the Debian mirror root-mode apt-get installs from in the adversarial
+#                              suite: apt-ftparchive makes its indexes and Release, gpg signs it
+#                              (testenv.NewAptRepository)
 #   e2fsprogs                  mkfs.ext4: the Linux guest's root disk (-d, no loop mount) and the
 #                              templates of disk-backed sandboxes (pkg/storage)
 #   grub-efi-amd64-bin grub-common mtools dosfstools fdisk
@@ -27,7 +30,7 @@ set -euo pipefail
 # (The Linux guest's kernel, qemu-guest-agent and busybox come from Debian packages
 # installed into the guest image by rootfs/vm/vm-linux.yaml, not on the host.)
 packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd chromium
-	qemu-system-x86 qemu-utils ovmf swtpm e2fsprogs git
+	qemu-system-x86 qemu-utils ovmf swtpm e2fsprogs git apt-utils gnupg
 	grub-efi-amd64-bin grub-common mtools dosfstools fdisk)
 # The MCP black-box tests drive the server with the official TypeScript SDK,
 # and the web editor is bundled with esbuild: Node.js from Debian unless a

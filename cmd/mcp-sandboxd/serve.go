@@ -225,18 +225,20 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	defer eng.Close()
 
-	var servers []*http.Server
-	errc := make(chan error, 3)
-	start := func(l net.Listener, h http.Handler, what string) {
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-		servers = append(servers, srv)
-		go func() {
-			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("%s: %w", what, err)
-			}
-		}()
-		log.Info("serving", "api", what, "addr", l.Addr().String())
+	// Every listener is opened (and the token read or created) before any
+	// of them serves: a client that sees the socket answer can rely on the
+	// HTTP listener and its token file being there too.
+	type listener struct {
+		l    net.Listener
+		h    http.Handler
+		what string
 	}
+	var listeners []listener
+	defer func() {
+		for _, l := range listeners {
+			_ = l.l.Close()
+		}
+	}()
 
 	ul, err := listenUnix(cfg.Server, log)
 	if err != nil {
@@ -250,7 +252,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// `sandboxctl ui` mints a login URL on the socket, the browser uses it
 	// over HTTP.
 	ui := api.NewUIAuth(api.UIAuthOptions{BaseURL: uiBaseURL(cfg.Server.HTTPAddr)})
-	start(ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix")
+	listeners = append(listeners, listener{ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix"})
 
 	if cfg.Server.HTTPAddr != "" {
 		token, err := readToken(cfg.Server.AuthTokenFile, log)
@@ -261,7 +263,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("server.http_addr: %w", err)
 		}
-		start(tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http")
+		listeners = append(listeners, listener{tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http"})
 	}
 
 	pl, ph, err := listenPreview(cfg, eng, log)
@@ -270,7 +272,20 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	if pl != nil {
 		defer ph.Close()
-		start(pl, ph, "preview")
+		listeners = append(listeners, listener{pl, ph, "preview"})
+	}
+
+	var servers []*http.Server
+	errc := make(chan error, len(listeners))
+	for _, l := range listeners {
+		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		servers = append(servers, srv)
+		go func(l listener) {
+			if err := srv.Serve(l.l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("%s: %w", l.what, err)
+			}
+		}(l)
+		log.Info("serving", "api", l.what, "addr", l.l.Addr().String())
 	}
 
 	// Only now can clients connect: tell systemd (Type=notify).

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,35 +11,17 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/sandboxrunner/mcp-sandboxd/internal/fakemessages"
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
 )
 
 // serveMessages serves a scripted Messages API on 198.18.0.2:8088 in the
 // topology's upstream namespace.
 func serveMessages(t *testing.T, tp *netTopology, api *fakemessages.Server) {
-	upNS, err := netns.GetFromName(tp.up)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer upNS.Close()
-	var ln net.Listener
-	if err := network.InNetNS(upNS, func() error {
-		var err error
-		ln, err = net.Listen("tcp4", "198.18.0.2:8088")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: api}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	tp.ServeHTTP(t, testenv.UpstreamAddr+":8088", api)
 }
 
 // agentEngine is an engine in the topology's host namespace with the
@@ -51,7 +31,7 @@ func agentEngine(t *testing.T, tp *netTopology, maxRequests int64) *testEnv {
 	if err := os.WriteFile(secretFile, []byte(engineTestSecret), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return newEngineIn(t, tp.hostNS, func(c *config.Config) {
+	return newEngineIn(t, tp.HostNS, func(c *config.Config) {
 		c.Network.DNS = []string{"198.18.0.2"}
 		c.Sandbox.Memory = 1 << 30 // Claude Code's runtime
 		c.Sandbox.Disk = 256 << 20

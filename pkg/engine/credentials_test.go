@@ -18,6 +18,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -42,29 +43,14 @@ func (k *keyRecorder) seen() []string {
 // serveFakeAPI listens on 198.18.0.2:8088 in the topology's upstream
 // namespace.
 func serveFakeAPI(t *testing.T, tp *netTopology) *keyRecorder {
-	upNS, err := netns.GetFromName(tp.up)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer upNS.Close()
-	var ln net.Listener
-	if err := network.InNetNS(upNS, func() error {
-		var err error
-		ln, err = net.Listen("tcp4", "198.18.0.2:8088")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
 	rec := &keyRecorder{}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	tp.ServeHTTP(t, testenv.UpstreamAddr+":8088", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec.mu.Lock()
 		rec.keys = append(rec.keys, r.Header.Get("x-api-key"))
 		rec.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"type":"message","usage":{"input_tokens":7,"output_tokens":3}}`)
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	}))
 	return rec
 }
 
@@ -87,7 +73,7 @@ func TestCredentialsWithContainers(t *testing.T) {
 	if err := os.WriteFile(secretFile, []byte(engineTestSecret), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env := newEngineIn(t, tp.hostNS, func(c *config.Config) {
+	env := newEngineIn(t, tp.HostNS, func(c *config.Config) {
 		c.Network.DNS = []string{"198.18.0.2"}
 		c.Network.Bridge = "sbxc0"
 		c.Network.Credentials = map[string]config.Credential{"anthropic": {
@@ -176,7 +162,7 @@ func TestCredentialsWithContainers(t *testing.T) {
 		t.Fatalf("other sandbox with the token: %s %s", res.Stdout, res.Stderr)
 	}
 	for _, u := range []string{proxyURL, "http://10.88.0.1:8119/anthropic"} {
-		if st, body := postFrom(t, tp.hostNS, u+"/v1/messages"); st != http.StatusForbidden || !strings.Contains(body, "is not a sandbox") {
+		if st, body := postFrom(t, tp.HostNS, u+"/v1/messages"); st != http.StatusForbidden || !strings.Contains(body, "is not a sandbox") {
 			t.Fatalf("host namespace %s: %d %s", u, st, body)
 		}
 	}
@@ -212,7 +198,7 @@ func TestCredentialsWithContainers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	err = network.InNetNS(tp.hostNS, func() error {
+	err = network.InNetNS(tp.HostNS, func() error {
 		c, err := net.DialTimeout("tcp4", "10.88.0.1:8119", time.Second)
 		if err == nil {
 			c.Close()

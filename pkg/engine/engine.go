@@ -101,12 +101,29 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		cleanup()
 		return nil, err
 	}
-	prof, err := e.loadSeccomp()
+	// Every profile is resolved for each mode's capability set (see
+	// runtime.AgentCapabilities).
+	prof, err := e.loadSeccomp(runtime.AgentCapabilities)
 	if err != nil {
 		cleanup()
 		return nil, err
 	}
-	if e.seccompProfiles, err = e.loadSeccompProfiles(); err != nil {
+	rootProf, err := e.loadSeccomp(runtime.RootModeCapabilities)
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	if prof == nil {
+		e.log.Warn("seccomp is turned off by configuration (sandbox.seccomp_profile: unconfined)")
+	} else if !e.seccomp.OK() {
+		e.log.Error("seccomp cannot be enforced; sandboxes will not start", "reason", e.seccomp.Reason)
+	}
+	if e.seccompProfiles, err = e.loadSeccompProfiles(runtime.AgentCapabilities); err != nil {
+		cleanup()
+		return nil, err
+	}
+	rootProfiles, err := e.loadSeccompProfiles(runtime.RootModeCapabilities)
+	if err != nil {
 		cleanup()
 		return nil, err
 	}
@@ -140,6 +157,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	}
 	backend, err := container.New(container.Options{
 		Runtime: e.runtime, Seccomp: prof, SeccompProfiles: e.seccompProfiles,
+		RootSeccomp: rootProf, RootSeccompProfiles: rootProfiles,
 		SeccompDiagnostics: cfg.Sandbox.SeccompDiagnostics && seccomp.MonitorSupported,
 		AgentPath:          cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, Storage: disks, Pool: e.disks,
 		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
@@ -247,35 +265,33 @@ func (e *Engine) imagesDir() string {
 	return filepath.Join(e.cfg.Paths.StateDir, "images")
 }
 
-// loadSeccomp resolves the configured profile. A profile that cannot be
-// enforced is not an error here: sandbox creation refuses instead, and
-// readiness reports why, so an operator can still reach the daemon.
-func (e *Engine) loadSeccomp() (*specs.LinuxSeccomp, error) {
+// loadSeccomp resolves the configured profile for a capability bounding
+// set; nil when unconfined. A profile that cannot be enforced is not an
+// error here: sandbox creation refuses instead, and readiness reports why,
+// so an operator can still reach the daemon.
+func (e *Engine) loadSeccomp(caps []string) (*specs.LinuxSeccomp, error) {
 	name := e.cfg.Sandbox.SeccompProfile
 	if name == seccomp.Unconfined {
-		e.log.Warn("seccomp is turned off by configuration (sandbox.seccomp_profile: unconfined)")
 		return nil, nil
 	}
-	prof, err := seccomp.Load(e.cfg.Paths.SeccompDir, name, runtime.AgentCapabilities, seccompRules(e.cfg.Sandbox.SeccompRules[name])...)
+	prof, err := seccomp.Load(e.cfg.Paths.SeccompDir, name, caps, seccompRules(e.cfg.Sandbox.SeccompRules[name])...)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox.seccomp_profile: %w", err)
-	}
-	if !e.seccomp.OK() {
-		e.log.Error("seccomp cannot be enforced; sandboxes will not start", "reason", e.seccomp.Reason)
 	}
 	return prof, nil
 }
 
 // loadSeccompProfiles loads every profile of seccomp_dir with the rules the
-// configuration adds to it, for creates that choose one by name.
-func (e *Engine) loadSeccompProfiles() (map[string]*specs.LinuxSeccomp, error) {
+// configuration adds to it, for creates that choose one by name, resolved
+// for a capability bounding set.
+func (e *Engine) loadSeccompProfiles(caps []string) (map[string]*specs.LinuxSeccomp, error) {
 	names, err := seccomp.Profiles(e.cfg.Paths.SeccompDir)
 	if err != nil {
 		return nil, fmt.Errorf("paths.seccomp_dir: %w", err)
 	}
 	out := map[string]*specs.LinuxSeccomp{}
 	for _, n := range names {
-		p, err := seccomp.Load(e.cfg.Paths.SeccompDir, n, runtime.AgentCapabilities, seccompRules(e.cfg.Sandbox.SeccompRules[n])...)
+		p, err := seccomp.Load(e.cfg.Paths.SeccompDir, n, caps, seccompRules(e.cfg.Sandbox.SeccompRules[n])...)
 		if err != nil {
 			return nil, fmt.Errorf("seccomp profile %s: %w", n, err)
 		}

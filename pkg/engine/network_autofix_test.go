@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
 
@@ -53,7 +54,7 @@ func TestAutofixFlaskFromPackageIndex(t *testing.T) {
 	dir, cmd := scriptedFixer(t, "requirements.txt is missing flask:\n\n"+
 		"```diff\n--- a/requirements.txt\n+++ b/requirements.txt\n@@ -1 +1,2 @@\n # the app's dependencies\n+flask\n```\n")
 	var env *testEnv
-	inNamespace(t, tp.hostNS, func() {
+	testenv.InNamespace(t, tp.HostNS, func() {
 		env = newRunEngine(t, []string{"python"}, upstreamNetwork("sbxt3"), commandFixer(cmd))
 	})
 	files := map[string]string{

@@ -79,7 +79,7 @@ func TestNetworkInstallsCargo(t *testing.T) {
 	reg := &upstreamRegistries{served: map[string]int{}}
 	addCargoRegistry(t, tp, reg)
 	testenv.EnsureImages(t, "shell", "rust")
-	env := newEngineIn(t, tp.hostNS, upstreamNetwork("sbxt"+randHex(2)))
+	env := newEngineIn(t, tp.HostNS, upstreamNetwork("sbxt"+randHex(2)))
 
 	run := env.runCode(t, RunCodeRequest{Language: "rust", Network: NetworkEgress, Entrypoint: "src/main.rs", Files: map[string]string{
 		"src/main.rs": "fn main() { println!(\"{}\", greetrs::hello()); }\n",

@@ -166,7 +166,7 @@ func TestNetworkInstallsNpmAndGo(t *testing.T) {
 	tp := newNetTopology(t)
 	reg := addUpstreamRegistries(t, tp)
 	testenv.EnsureImages(t, "shell", "javascript", "go")
-	env := newEngineIn(t, tp.hostNS, upstreamNetwork("sbxt"+randHex(2)), func(c *config.Config) {
+	env := newEngineIn(t, tp.HostNS, upstreamNetwork("sbxt"+randHex(2)), func(c *config.Config) {
 		c.Network.PackageIndexes.NpmRegistry = "http://pkg.example.test/npm/"
 		c.Network.PackageIndexes.GoProxy = "http://pkg.example.test/goproxy"
 	})

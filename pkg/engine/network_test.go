@@ -6,8 +6,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,7 +14,6 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
@@ -26,13 +23,12 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
 )
 
-// netTopology is a "host" namespace, where the engine's network host side
-// lives, joined by a veth to an "upstream" namespace with the test's HTTP
-// and DNS servers (198.18.0.2). Built with ip(8) (tests only); the
-// machine's own namespace is never changed.
+// netTopology is testenv's simulated host and upstream namespaces with
+// the engine tests' servers upstream: HTTP on 198.18.0.2:80 (mux) and DNS
+// for pkg.example.test (198.18.0.2) and other.example.test (203.0.113.10,
+// a second upstream address).
 type netTopology struct {
-	host, up string // namespace names under /run/netns
-	hostNS   netns.NsHandle
+	*testenv.Topology
 	// mux is the upstream HTTP server's; tests may add routes.
 	mux *http.ServeMux
 
@@ -56,49 +52,9 @@ func wheelFile(name, version string) string { return name + "-" + version + "-py
 
 func newNetTopology(t testing.TB, pkgs ...indexPackage) *netTopology {
 	t.Helper()
-	sfx := randHex(3)
-	tp := &netTopology{host: "sbxh-" + sfx, up: "sbxu-" + sfx, downloads: map[string]int{}}
-	ipc := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	for _, n := range []string{tp.host, tp.up} {
-		ipc("netns", "add", n)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n).Run() })
-		ipc("-n", n, "link", "set", "lo", "up")
-	}
-	ipc("-n", tp.host, "link", "add", "uplink0", "type", "veth", "peer", "name", "down0", "netns", tp.up)
-	ipc("-n", tp.host, "addr", "add", "198.18.0.1/24", "dev", "uplink0")
-	ipc("-n", tp.host, "link", "set", "uplink0", "up")
-	ipc("-n", tp.host, "route", "add", "default", "via", "198.18.0.2")
-	ipc("-n", tp.up, "addr", "add", "198.18.0.2/24", "dev", "down0")
-	ipc("-n", tp.up, "addr", "add", "203.0.113.10/32", "dev", "lo")
-	ipc("-n", tp.up, "link", "set", "down0", "up")
-	var err error
-	if tp.hostNS, err = netns.GetFromName(tp.host); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tp.hostNS.Close() })
-	upNS, err := netns.GetFromName(tp.up)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer upNS.Close()
+	tp := &netTopology{Topology: testenv.NewTopology(t, "sbx"), downloads: map[string]int{}}
+	tp.IP(t, "-n", tp.Upstream, "addr", "add", "203.0.113.10/32", "dev", "lo")
 
-	var ln net.Listener
-	var pc net.PacketConn
-	if err := network.InNetNS(upNS, func() error {
-		var err error
-		if ln, err = net.Listen("tcp4", ":80"); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp4", "198.18.0.2:53")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
 	// "/" answers with the client's address as seen upstream; /simple/ and
 	// /files/ are a PEP 503 index with the test's packages, which counts
 	// the wheels it serves.
@@ -123,25 +79,8 @@ func newNetTopology(t testing.TB, pkgs ...indexPackage) *netTopology {
 		})
 	}
 	tp.mux = mux
-	srv := &http.Server{Handler: mux}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	zone := map[string]string{"pkg.example.test.": "198.18.0.2", "other.example.test.": "203.0.113.10"}
-	started := make(chan struct{})
-	ds := &dns.Server{PacketConn: pc, NotifyStartedFunc: func() { close(started) }, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		q := r.Question[0]
-		if ip, ok := zone[strings.ToLower(q.Name)]; !ok {
-			m.Rcode = dns.RcodeNameError
-		} else if q.Qtype == dns.TypeA {
-			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300}, A: net.ParseIP(ip)})
-		}
-		_ = w.WriteMsg(m)
-	})}
-	go ds.ActivateAndServe()
-	<-started
-	t.Cleanup(func() { ds.Shutdown() })
+	tp.ServeHTTP(t, ":80", mux)
+	tp.ServeDNS(t, map[string]string{"pkg.example.test.": testenv.UpstreamAddr, "other.example.test.": "203.0.113.10"})
 	return tp
 }
 
@@ -161,7 +100,7 @@ func upstreamNetwork(bridge string) func(*config.Config) {
 func newEngineIn(t testing.TB, ns netns.NsHandle, tweak ...func(*config.Config)) *testEnv {
 	t.Helper()
 	var env *testEnv
-	inNamespace(t, ns, func() { env = newTestEngine(t, tweak...) })
+	testenv.InNamespace(t, ns, func() { env = newTestEngine(t, tweak...) })
 	return env
 }
 
@@ -175,7 +114,7 @@ func TestNetworkWithContainers(t *testing.T) {
 	requireRoot(t)
 	tp := newNetTopology(t, indexPackage{"greetpkg", "1.0", "def hello():\n    return 'hello from the index'\n"})
 	testenv.EnsureImages(t, "shell", "python")
-	env := newEngineIn(t, tp.hostNS, upstreamNetwork("sbxt0"), func(c *config.Config) {
+	env := newEngineIn(t, tp.HostNS, upstreamNetwork("sbxt0"), func(c *config.Config) {
 		c.Network.Presets = map[string][]string{"testidx": {"pkg.example.test"}}
 		c.Network.Bandwidth, c.Network.MaxBandwidth = 100<<20, 200<<20
 	})
@@ -309,7 +248,7 @@ func TestNetworkWithContainers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h, err := netlink.NewHandleAt(tp.hostNS)
+	h, err := netlink.NewHandleAt(tp.HostNS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +259,7 @@ func TestNetworkWithContainers(t *testing.T) {
 			t.Errorf("link %s left after terminate", n)
 		}
 	}
-	c, err := nftables.New(nftables.WithNetNSFd(int(tp.hostNS)))
+	c, err := nftables.New(nftables.WithNetNSFd(int(tp.HostNS)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +267,7 @@ func TestNetworkWithContainers(t *testing.T) {
 		t.Error("nftables table left after the last sandbox with network")
 	}
 	var fwd []byte
-	if err := network.InNetNS(tp.hostNS, func() error {
+	if err := network.InNetNS(tp.HostNS, func() error {
 		var err error
 		fwd, err = os.ReadFile("/proc/sys/net/ipv4/ip_forward")
 		return err
@@ -338,27 +277,6 @@ func TestNetworkWithContainers(t *testing.T) {
 	if st, err := env.SandboxNetwork(ctx, SandboxNetworkRequest{SandboxID: info.ID}); !errdefs.Is(err, errdefs.Conflict) {
 		t.Errorf("network of a terminated sandbox: %+v %v", st, err)
 	}
-}
-
-// inNamespace runs fn on this goroutine's thread while it is inside ns
-// (engine.New takes the namespace it is called in as the network's host
-// side).
-func inNamespace(t testing.TB, ns netns.NsHandle, fn func()) {
-	t.Helper()
-	goruntime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		t.Fatal(err)
-	}
-	fn()
-	if err := netns.Set(orig); err != nil {
-		t.Fatalf("back to the test's namespace: %v", err)
-	}
-	goruntime.UnlockOSThread()
 }
 
 // A restarted daemon adopts a sandbox with network: its address, rules
@@ -372,7 +290,7 @@ func TestNetworkAdoptedAfterRestart(t *testing.T) {
 	ctx := context.Background()
 	var e1, e2 *Engine
 	var err error
-	inNamespace(t, tp.hostNS, func() { e1, err = New(ctx, cfg, testenv.Logger(t)) })
+	testenv.InNamespace(t, tp.HostNS, func() { e1, err = New(ctx, cfg, testenv.Logger(t)) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,7 +301,7 @@ func TestNetworkAdoptedAfterRestart(t *testing.T) {
 	e1.sandboxes.Close()
 	_ = e1.Close() // sandboxes and their network stay
 
-	inNamespace(t, tp.hostNS, func() { e2, err = New(ctx, cfg, testenv.Logger(t)) })
+	testenv.InNamespace(t, tp.HostNS, func() { e2, err = New(ctx, cfg, testenv.Logger(t)) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +323,7 @@ func TestNetworkAdoptedAfterRestart(t *testing.T) {
 	if _, err := e2.TerminateSandbox(ctx, info.ID); err != nil {
 		t.Fatal(err)
 	}
-	c, err := nftables.New(nftables.WithNetNSFd(int(tp.hostNS)))
+	c, err := nftables.New(nftables.WithNetNSFd(int(tp.HostNS)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -420,7 +338,7 @@ func TestNetworkAdoptedAfterRestart(t *testing.T) {
 func BenchmarkCreateNetwork(b *testing.B) {
 	requireRoot(b)
 	tp := newNetTopology(b)
-	env := newEngineIn(b, tp.hostNS, upstreamNetwork("sbxt2"))
+	env := newEngineIn(b, tp.HostNS, upstreamNetwork("sbxt2"))
 	ctx := context.Background()
 	times := map[string][]time.Duration{}
 	for b.Loop() {

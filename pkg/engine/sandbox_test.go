@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -118,6 +119,80 @@ func TestLifecycle(t *testing.T) {
 	}
 }
 
+// TestNormalModeCapabilities runs what needs each of the agent's
+// capabilities (runtime.AgentCapabilities) with and without a user
+// namespace (without one they are host capabilities): commands as the
+// sandbox user (SETUID, SETGID, and SETPCAP for their empty bounding set),
+// file operations with the user's credentials (SETUID, SETGID), a signal
+// other than SIGKILL to a job of another uid (KILL: it is delivered with
+// kill(2), not through the job's cgroup), a timeout, a working directory
+// only the user may enter (entered as the user, without DAC_OVERRIDE).
+func TestNormalModeCapabilities(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		userns bool
+	}{{"userns", true}, {"no userns", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			env := newTestEngine(t, func(cfg *config.Config) {
+				if !c.userns {
+					cfg.Sandbox.UsernsPool.Count = 0
+				}
+			})
+			ctx := context.Background()
+			id := env.create(t, CreateSandboxRequest{}).ID
+			caps := "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/%s/status | tr -s '\\t' ' ' | tr '\\n' ' '"
+			if got := strings.TrimSpace(env.sh(t, id, fmt.Sprintf(caps, "1")).Stdout); got != "CapInh: 0000000000000000 CapPrm: 00000000000001e0 CapEff: 00000000000001e0 CapBnd: 00000000000001e0 CapAmb: 0000000000000000 NoNewPrivs: 1" {
+				t.Errorf("agent: %q, want KILL, SETGID, SETUID, SETPCAP (0x1e0)", got)
+			}
+			if got := strings.TrimSpace(env.sh(t, id, fmt.Sprintf(caps, "self")).Stdout); got != "CapInh: 0000000000000000 CapPrm: 0000000000000000 CapEff: 0000000000000000 CapBnd: 0000000000000000 CapAmb: 0000000000000000 NoNewPrivs: 1" {
+				t.Errorf("command: %q, want no capability in any set", got)
+			}
+			if got := strings.TrimSpace(env.sh(t, id, "id -u; cat /proc/self/oom_score_adj").Stdout); got != "1000\n500" {
+				t.Errorf("command: uid and oom_score_adj %q, want 1000 and 500", got)
+			}
+
+			// The file API as the user: its files are the user's, a
+			// directory it made private stays reachable for it.
+			if _, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: id, Path: "/workspace/priv/f", Content: "secret"}); err != nil {
+				t.Fatal(err)
+			}
+			env.sh(t, id, "chmod 700 /workspace/priv")
+			if rd, err := env.ReadFile(ctx, FileReadRequest{SandboxID: id, Path: "/workspace/priv/f"}); err != nil || rd.Content != "secret" {
+				t.Errorf("read back: %+v, %v", rd, err)
+			}
+			if got := strings.TrimSpace(env.sh(t, id, "stat -c '%u %a' /workspace/priv/f").Stdout); got != "1000 644" {
+				t.Errorf("written file: owner and mode %q, want 1000 644", got)
+			}
+			// A working directory only the user may enter.
+			res, err := env.Exec(ctx, ExecRequest{SandboxID: id, Command: "pwd", Cwd: "/workspace/priv"}, nil)
+			if err != nil || strings.TrimSpace(res.Stdout) != "/workspace/priv" {
+				t.Errorf("cwd in a 0700 directory of the user: %+v, %v", res, err)
+			}
+
+			// SIGTERM to a job of another uid.
+			job, err := env.StartJob(ctx, ExecRequest{SandboxID: id, Command: "exec sleep 60"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if kr, err := env.KillJob(ctx, apitypes.JobKillRequest{SandboxID: id, JobID: job, Signal: "SIGTERM"}); err != nil || kr.State != "finished" {
+				t.Errorf("SIGTERM: %+v, %v; want the job finished", kr, err)
+			}
+			st, err := env.JobStatus(ctx, JobStatusRequest{SandboxID: id, JobID: job})
+			if err != nil || st.Termination == nil || st.Termination.Signal != "SIGTERM" {
+				t.Errorf("job after SIGTERM: %+v, %v; want ended by SIGTERM", st, err)
+			}
+
+			// A timeout empties the job, setsid children included.
+			if res := env.sh(t, id, "(setsid sleep 1001 &); sleep 100", 1); res.Termination.Cause != "timeout" {
+				t.Errorf("timeout: %+v", res.Termination)
+			}
+			if got := strings.TrimSpace(env.sh(t, id, "cat /proc/[0-9]*/comm 2>/dev/null | grep -c '^sleep$' || true").Stdout); got != "0" {
+				t.Errorf("sleeps left after the timeout: %s", got)
+			}
+		})
+	}
+}
+
 func TestIsolation(t *testing.T) {
 	env := newTestEngine(t)
 	info := env.create(t, CreateSandboxRequest{})
@@ -127,8 +202,13 @@ func TestIsolation(t *testing.T) {
 	}{
 		{"uid", "id -u", "1000"},
 		{"gid", "id -g", "1000"},
-		{"no effective capabilities", "grep CapEff /proc/self/status | cut -f2", "0000000000000000"},
-		{"no ambient capabilities", "grep CapAmb /proc/self/status | cut -f2", "0000000000000000"},
+		// A command has no capability in any set, not even in its bounding
+		// set (the job-exec helper drops it: pkg/agent/server/jobexec.go).
+		{"no capabilities", "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status | tr -s '\\t' ' ' | tr '\\n' ' '", "CapInh: 0000000000000000 CapPrm: 0000000000000000 CapEff: 0000000000000000 CapBnd: 0000000000000000 CapAmb: 0000000000000000"},
+		// The agent holds exactly runtime.AgentCapabilities — KILL (5),
+		// SETGID (6), SETUID (7), SETPCAP (8) — as bounding, permitted and
+		// effective set: 0x1e0.
+		{"agent capabilities", "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/1/status | tr -s '\\t' ' ' | tr '\\n' ' '", "CapInh: 0000000000000000 CapPrm: 00000000000001e0 CapEff: 00000000000001e0 CapBnd: 00000000000001e0 CapAmb: 0000000000000000 NoNewPrivs: 1"},
 		{"no_new_privs", "grep NoNewPrivs /proc/self/status | cut -f2", "1"},
 		{"seccomp filter", "grep '^Seccomp:' /proc/self/status | cut -f2", "2"},
 		{"hostname is the id", "hostname", id},

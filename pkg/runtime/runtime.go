@@ -10,9 +10,12 @@
 //   - the image rootfs is mounted read-only; only /workspace and /tmp (on the
 //     sandbox's size-limited tmpfs) and the agent's socket directory are writable;
 //   - runc's masked and read-only /proc and /sys paths, a minimal /dev;
-//   - no_new_privs, a seccomp filter, and a capability set restricted to what
-//     the agent needs to switch to the sandbox user and manage its files; the
-//     commands it spawns as the sandbox user have none;
+//   - no_new_privs, a seccomp filter, and a capability set per mode
+//     (AgentCapabilities, RootModeCapabilities): in normal mode what the
+//     agent needs to start commands as the sandbox user, signal them and act
+//     as that user in the file API, and the commands have none at all (not
+//     even a bounding set); in root mode what root of a container needs to
+//     install packages;
 //   - cgroup limits (memory without swap, CPU quota, pids, block I/O) at an
 //     absolute path under the daemon's cgroup parent.
 //
@@ -60,12 +63,108 @@ func MaybeInit() {
 	}
 }
 
-// AgentCapabilities is the capability set of the sandbox's PID 1 (the agent):
-// enough to start commands as the sandbox user, deliver signals to them and
-// manage files on their behalf. Commands switch to a non-zero uid, which
-// clears every capability, so they run with none.
+// Capabilities of a sandbox, per mode. Security boundary: with a user
+// namespace (pkg/userns) every capability below is the sandbox's own
+// namespace's only — over its own files, processes and mounts, never the
+// host's; without one (sandbox.userns_pool.count 0, normal mode only) they
+// are host capabilities confined by the PID, mount and network namespaces,
+// which is why the normal-mode set is kept to what the agent itself uses.
+//
+// The set is given to PID 1 (the agent) as its bounding, permitted and
+// effective set alike: the agent runs as uid 0, and an execve by uid 0
+// recomputes the effective set as the permitted one and the permitted set
+// as the bounding set limited (no_new_privs) by the permitted set before.
+// A narrower effective or permitted set in the runtime spec would not
+// survive the exec of the agent, and whatever the agent lacks in its
+// permitted set its job-exec helpers (the agent binary again, exec'd as
+// uid 0: pkg/agent/server/jobexec.go) and so its root-mode jobs lack too.
+// So the bounding set is both what the agent holds and the most a job may
+// ever have; the helper narrows it further for jobs of normal mode.
+// The agent drops nothing itself after its start: none of these is used
+// only during setup (in root mode its file API acts as root with the set).
+//
+// Normal mode (jobs run as the sandbox user, uid 1000): AgentCapabilities.
+// Jobs get none at all — the helper drops the whole bounding set and the
+// ambient set before it switches to the job's uid, which clears the
+// permitted and effective sets; no_new_privs (set for PID 1, inherited)
+// keeps setuid binaries and file capabilities from giving any back.
+//
+// Root mode (jobs run as uid 0 of the namespace, for apt-get install):
+// RootModeCapabilities, held by the agent and by every job alike. The
+// agent is then no boundary against the jobs (they are root of the same
+// namespace); the boundary is the user namespace and this set.
+//
+// The seccomp profile is resolved for the mode's set (pkg/seccomp: Docker
+// profiles allow some syscalls only to holders of a capability, e.g.
+// chroot to CAP_SYS_CHROOT).
+//
+// AgentCapabilities is the normal-mode set; each entry is used by the agent:
+//   - CAP_SETUID, CAP_SETGID: the job-exec helper and the spare switch to the
+//     job's uid, gid and groups (setgroups, setgid, setuid); the file API
+//     acts with the sandbox user's credentials (setfsuid, setfsgid and
+//     setgroups on one thread, pkg/agent/server/files.go).
+//   - CAP_KILL: signals to jobs, which run as another uid than the agent
+//     (kill and signal requests, the session sweep of proc.go, the v1
+//     freezer kill); v2's cgroup.kill would need none.
+//   - CAP_SETPCAP: the helper drops the job's bounding set (PR_CAPBSET_DROP).
+//
+// Not in the set, because nothing of the agent needs it (each was in the
+// set before and is covered by the tests of pkg/engine and test/adversarial):
+// CAP_CHOWN, CAP_FOWNER (the file API gives files to the sandbox user by
+// creating them with its fsuid, not by chown; in normal mode it never
+// chowns), CAP_DAC_OVERRIDE (the agent owns what it writes: its socket
+// directory and the delegated cgroup files are its uid's; the job's
+// oom_score_adj is written by the job's own helper; the working directory
+// is entered after the switch to the job's uid). Nor CAP_SYS_RESOURCE: the
+// agent only lowers rlimits (--nofile), which needs none.
 var AgentCapabilities = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETUID", "CAP_SETGID", "CAP_KILL",
+	"CAP_KILL", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID",
+}
+
+// RootModeCapabilities is the root-mode set: Docker's default set for root
+// in a container minus what the sandbox forbids. In it:
+//   - CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID: dpkg unpacks files
+//     with their owners and modes, setuid/setgid bits included, into
+//     directories of any owner.
+//   - CAP_SETUID, CAP_SETGID: apt drops to the _apt user for downloads; su,
+//     runuser and daemons that switch users; the job-exec helper.
+//   - CAP_KILL: apt and service scripts signal processes of other uids (its
+//     _apt methods).
+//   - CAP_SETPCAP: lets a job only lower its own capabilities or move them
+//     to its inheritable set (tools such as setpriv, capsh); it can raise
+//     nothing beyond this set.
+//   - CAP_NET_BIND_SERVICE: servers on ports below 1024, in the sandbox's
+//     network namespace only. It takes effect only where that namespace
+//     belongs to the sandbox's user namespace (a sandbox without network);
+//     a networked sandbox joins one the daemon made, owned by the host's
+//     user namespace, where low ports stay refused whatever the set.
+//   - CAP_SYS_CHROOT: chroot inside the sandbox's own mount namespace (build
+//     tools, debootstrap-like scripts); the process's root stays below the
+//     sandbox's pivoted root, so ".." cannot leave it.
+//
+// Left out of Docker's default set:
+//   - CAP_MKNOD: device nodes are refused (the adversarial suite checks it;
+//     in a user namespace the kernel refuses them anyway, but that should
+//     not be the only fence).
+//   - CAP_NET_RAW: raw and packet sockets could forge addresses and frames
+//     on the sandbox's network (the adversarial suite checks it).
+//   - CAP_SETFCAP: file capabilities are inert under no_new_privs (no exec
+//     in the sandbox gains them), so setting them buys nothing; Debian's
+//     maintainer scripts that call setcap fall back to setuid bits.
+//   - CAP_AUDIT_WRITE: the kernel refuses audit messages from a non-initial
+//     user namespace whatever the capabilities, so it would buy nothing.
+var RootModeCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+	"CAP_NET_BIND_SERVICE", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT",
+}
+
+// Capabilities returns the capability set of a sandbox's PID 1 in root
+// mode or in normal mode (see AgentCapabilities).
+func Capabilities(rootMode bool) []string {
+	if rootMode {
+		return RootModeCapabilities
+	}
+	return AgentCapabilities
 }
 
 // NofileLimit is RLIMIT_NOFILE of every sandbox process.
@@ -116,6 +215,9 @@ type Spec struct {
 	// WritableRoot mounts Rootfs read-write (root mode: apt-get install);
 	// writes land in the sandbox's upper layer, on its own disk.
 	WritableRoot bool
+	// Capabilities is PID 1's capability set, Capabilities(rootMode);
+	// nil means AgentCapabilities (normal mode).
+	Capabilities []string
 }
 
 // Runtime starts and stops sandboxes, keeping libcontainer's state under Root
@@ -171,7 +273,11 @@ func BuildSpec(s *Spec) *specs.Spec {
 	spec := specconv.Example()
 	spec.Root = &specs.Root{Path: s.Rootfs, Readonly: !s.WritableRoot}
 	spec.Hostname = s.ID
-	caps := append([]string(nil), AgentCapabilities...)
+	caps := s.Capabilities
+	if caps == nil {
+		caps = AgentCapabilities
+	}
+	caps = append([]string(nil), caps...)
 	spec.Process = &specs.Process{
 		Args:            s.InitArgs,
 		Env:             s.InitEnv,

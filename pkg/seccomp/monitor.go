@@ -104,13 +104,15 @@ func (m *Monitor) serve() {
 		}
 		// The caller is parked in the syscall, so its /proc entry is there.
 		key := m.attribute(int(req.Pid))
-		_ = libseccomp.NotifRespond(libseccomp.ScmpFd(fd), &libseccomp.ScmpNotifResp{ID: req.ID, Error: int32(unix.EPERM)})
+		// Counted before the answer: once answered, the caller may exit and
+		// its result be collected (Take) before this goroutine runs again.
 		m.mu.Lock()
 		if m.counts[key] == nil {
 			m.counts[key] = map[string]uint64{}
 		}
 		m.counts[key][name]++
 		m.mu.Unlock()
+		_ = libseccomp.NotifRespond(libseccomp.ScmpFd(fd), &libseccomp.ScmpNotifResp{ID: req.ID, Error: int32(unix.EPERM)})
 	}
 }
 

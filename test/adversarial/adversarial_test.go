@@ -86,7 +86,7 @@ var attacks = []attack{
 	{name: "read /etc/shadow", sh: "cat /etc/shadow; echo rc=$?", want: []string{"rc=1", "Permission denied"}},
 	// cgroups.
 	{name: "write the sandbox's cgroup limits", sh: "for f in /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max /.sandboxd/cgroup/memory/memory.limit_in_bytes /.sandboxd/cgroup/memory.max; do [ -e $f ] && { echo 9999999999 > $f; echo rc=$?; }; done; true", want: []string{"rc="}},
-	{name: "move into another cgroup", sh: "for f in /.sandboxd/cgroup/unified/cgroup.procs /.sandboxd/cgroup/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs; do [ -e $f ] && { echo $$ > $f; echo rc=$?; }; done; true", want: []string{"rc="}},
+	{name: "move into another cgroup", sh: "for f in /.sandboxd/cgroup/unified/cgroup.procs /.sandboxd/cgroup/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs /.sandboxd/cgroup/freezer/cgroup.procs /.sandboxd/cgroup/cpuacct/cgroup.procs; do [ -e $f ] && { echo $$ > $f; echo rc=$?; }; done; true", want: []string{"rc="}},
 	// Bombs.
 	{name: "fork bomb", sh: "b() { b | b & }; b; sleep 5", want: []string{"Cannot fork"}, secs: 8},
 	{name: "memory bomb", py: "x = []\nwhile True:\n    x.append(bytearray(16 << 20))", cause: "oom"},

@@ -43,7 +43,15 @@ func TestUserNamespaces(t *testing.T) {
 	cfg := testenv.Config(t, "userns")
 	testenv.EnsureImages(t, "python")
 	ctx := context.Background()
-	e, err := engine.New(ctx, cfg, testenv.Logger(t))
+	// Root mode installs from a Debian mirror: the engine's network host
+	// side lives in a simulated host namespace whose upstream serves the
+	// mirror (pkg.example.test, by the upstream's DNS server).
+	tp := testenv.NewTopology(t, "sbxa")
+	tp.ServeDNS(t, map[string]string{mirrorHost + ".": testenv.UpstreamAddr})
+	cfg.Network.DNS = []string{testenv.UpstreamAddr}
+	var e *engine.Engine
+	var err error
+	testenv.InNamespace(t, tp.HostNS, func() { e, err = engine.New(ctx, cfg, testenv.Logger(t)) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,14 +74,17 @@ func TestUserNamespaces(t *testing.T) {
 			t.Errorf("id ranges still held after every sandbox ended: %d (%v)", held, err)
 		}
 	})
-	create := func(root bool) *apitypes.Sandbox {
-		sb, err := e.CreateSandbox(ctx, engine.CreateSandboxRequest{Language: "python", Root: root})
+	create := func(req engine.CreateSandboxRequest) *apitypes.Sandbox {
+		req.Language = "python"
+		sb, err := e.CreateSandbox(ctx, req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return sb
 	}
-	a, b, r := create(false), create(false), create(true)
+	// r may reach the mirror and nothing else.
+	a, b := create(engine.CreateSandboxRequest{}), create(engine.CreateSandboxRequest{})
+	r := create(engine.CreateSandboxRequest{Root: true, Network: engine.NetworkAllowlist, Allow: []string{mirrorHost}})
 	pool := cfg.Sandbox.UsernsPool
 	accounts := hostIDs(t, "/etc/passwd")
 
@@ -136,18 +147,8 @@ func TestUserNamespaces(t *testing.T) {
 	if !strings.HasPrefix(res.Stdout, "0\nwrote\nshadow-readable\n") || !strings.Contains(res.Stdout, "mknod=1") {
 		t.Errorf("root mode: %q %q, want uid 0 that writes /etc and reads its own image's /etc/shadow, but cannot make devices", res.Stdout, res.Stderr)
 	}
-	// Root mode installs packages: a local .deb through apt-get (no
-	// network here; the package manager's own steps — dpkg's chowns, apt's
-	// switch to _apt — run as root of the namespace).
-	res = mustExec(t, e, r.ID, `set -e; d=/tmp/pkg; mkdir -p $d/DEBIAN $d/usr/local/bin
-printf 'Package: sbx-hello\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@t>\nDescription: t\n' > $d/DEBIAN/control
-printf '#!/bin/sh\necho hello from a package\n' > $d/usr/local/bin/sbx-hello; chmod 755 $d/usr/local/bin/sbx-hello
-dpkg-deb --root-owner-group --build $d /tmp/sbx-hello.deb >/dev/null
-apt-get install -y -q /tmp/sbx-hello.deb >/tmp/apt.log 2>&1 || { cat /tmp/apt.log; exit 1; }
-sbx-hello; dpkg-query -W -f='${Status}\n' sbx-hello`)
-	if res.Stdout != "hello from a package\ninstall ok installed\n" {
-		t.Errorf("root mode: apt-get install of a local package: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
-	}
+	// Root mode installs packages from a Debian mirror with apt-get.
+	aptFromMirror(t, tp, e, r)
 	if res := mustExec(t, e, a.ID, "id -u"); res.Stdout != strconv.Itoa(cfg.Sandbox.User)+"\n" {
 		t.Errorf("default mode: id -u = %q", res.Stdout)
 	}
@@ -189,22 +190,11 @@ sbx-hello; dpkg-query -W -f='${Status}\n' sbx-hello`)
 // statusIDs returns the four ids of a /proc/PID/status line ("Uid:").
 func statusIDs(t *testing.T, pid, key string) []int {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + pid + "/status")
+	ids, err := procIDs(pid, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) == 5 && f[0] == key {
-			var out []int
-			for _, s := range f[1:] {
-				n, _ := strconv.Atoi(s)
-				out = append(out, n)
-			}
-			return out
-		}
-	}
-	t.Fatalf("/proc/%s/status has no %s line", pid, key)
-	return nil
+	return ids
 }
 
 // hostIDs maps the ids of a passwd-format file to their names.

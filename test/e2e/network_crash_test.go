@@ -23,10 +23,10 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
-// simulatedHost is a network namespace standing in for the daemon's host
-// (with an uplink to an "upstream" namespace holding its default route),
-// so that the daemon's bridge, NAT table and ip_forward are the test's own;
-// the machine's root namespace is never touched. Built with ip(8).
+// simulatedHost is testenv's simulated host namespace (with its uplink to
+// an upstream namespace holding its default route), so that the daemon's
+// bridge, NAT table and ip_forward are the test's own; the machine's root
+// namespace is never touched.
 type simulatedHost struct {
 	name string
 	ns   netns.NsHandle
@@ -34,32 +34,8 @@ type simulatedHost struct {
 
 func newSimulatedHost(t *testing.T) *simulatedHost {
 	t.Helper()
-	sfx := testenv.RandHex(3)
-	h := &simulatedHost{name: "sbxch-" + sfx}
-	up := "sbxcu-" + sfx
-	ipc := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	for _, n := range []string{h.name, up} {
-		ipc("netns", "add", n)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n).Run() })
-		ipc("-n", n, "link", "set", "lo", "up")
-	}
-	ipc("-n", h.name, "link", "add", "uplink0", "type", "veth", "peer", "name", "down0", "netns", up)
-	ipc("-n", h.name, "addr", "add", "198.18.0.1/24", "dev", "uplink0")
-	ipc("-n", h.name, "link", "set", "uplink0", "up")
-	ipc("-n", h.name, "route", "add", "default", "via", "198.18.0.2")
-	ipc("-n", up, "addr", "add", "198.18.0.2/24", "dev", "down0")
-	ipc("-n", up, "link", "set", "down0", "up")
-	var err error
-	if h.ns, err = netns.GetFromName(h.name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.ns.Close() })
-	return h
+	tp := testenv.NewTopology(t, "sbxc")
+	return &simulatedHost{name: tp.Host, ns: tp.HostNS}
 }
 
 // veths lists the sandbox veths (and the bridge, if any) in the namespace.

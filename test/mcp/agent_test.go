@@ -2,23 +2,18 @@ package mcp
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/sandboxrunner/mcp-sandboxd/internal/fakemessages"
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
 )
 
 // agentSecret is the "real" API key: only the daemon's secret file and the
@@ -31,42 +26,9 @@ const agentSecret = "sk-ant-mcp-test-real-key-0123456789abcdef"
 // 198.18.0.2:8088. It returns the host namespace's name.
 func agentTopology(t *testing.T, api http.Handler) string {
 	t.Helper()
-	sfx := testenv.RandHex(3)
-	host, up := "sbxmh-"+sfx, "sbxmu-"+sfx
-	ipc := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	for _, n := range []string{host, up} {
-		ipc("netns", "add", n)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n).Run() })
-		ipc("-n", n, "link", "set", "lo", "up")
-	}
-	ipc("-n", host, "link", "add", "uplink0", "type", "veth", "peer", "name", "down0", "netns", up)
-	ipc("-n", host, "addr", "add", "198.18.0.1/24", "dev", "uplink0")
-	ipc("-n", host, "link", "set", "uplink0", "up")
-	ipc("-n", host, "route", "add", "default", "via", "198.18.0.2")
-	ipc("-n", up, "addr", "add", "198.18.0.2/24", "dev", "down0")
-	ipc("-n", up, "link", "set", "down0", "up")
-	upNS, err := netns.GetFromName(up)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer upNS.Close()
-	var ln net.Listener
-	if err := network.InNetNS(upNS, func() error {
-		var err error
-		ln, err = net.Listen("tcp4", "198.18.0.2:8088")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: api}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	return host
+	tp := testenv.NewTopology(t, "sbxm")
+	tp.ServeHTTP(t, testenv.UpstreamAddr+":8088", api)
+	return tp.Host
 }
 
 type toolError struct {

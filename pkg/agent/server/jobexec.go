@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,13 +17,30 @@ import (
 // job-exec helper (see jobcgroup.go) instead of serving.
 const JobExecArg = "__job-exec"
 
-// helperArgv is the helper's argv for a command: the cgroup.procs files to
-// enter, the credentials to take, then the command's own path and argv.
+// helperArgv is the helper's argv for a command: the credentials to take,
+// whether it keeps the capabilities (see jobCreds), its working directory,
+// the cgroup.procs files to enter, then the command's own path and argv.
 //
-//	agent __job-exec <uid> <gid> <procs,...> <path> <argv...>
-func helperArgv(self string, procs []string, uid, gid int, path string, argv []string) []string {
-	out := []string{self, JobExecArg, strconv.Itoa(uid), strconv.Itoa(gid), strings.Join(procs, ","), path}
+//	agent __job-exec <uid> <gid> <keep|drop> <dir> <procs,...> <path> <argv...>
+func helperArgv(self string, c jobCreds, dir string, procs []string, path string, argv []string) []string {
+	caps := "drop"
+	if c.keepCaps {
+		caps = "keep"
+	}
+	out := []string{self, JobExecArg, strconv.Itoa(c.uid), strconv.Itoa(c.gid), caps, dir, strings.Join(procs, ","), path}
 	return append(out, argv...)
+}
+
+// jobCreds is who a job runs as.
+type jobCreds struct {
+	uid, gid int
+	// keepCaps keeps the capability bounding set the sandbox gave the
+	// agent: only for a root-mode sandbox's jobs as uid 0, which are to
+	// have root mode's capabilities (pkg/runtime.RootModeCapabilities).
+	// Every other job loses its bounding and ambient sets before it
+	// switches credentials, so it has no capability at all and can never
+	// gain one.
+	keepCaps bool
 }
 
 // helperStatusFD is the helper's descriptor of a close-on-exec pipe to the
@@ -38,7 +56,7 @@ func MaybeJobExec(args []string) {
 	if len(args) == 3 && args[1] == SpareArg {
 		runSpare(args[2])
 	}
-	if len(args) < 7 || args[1] != JobExecArg {
+	if len(args) < 9 || args[1] != JobExecArg {
 		return
 	}
 	status := os.NewFile(helperStatusFD, "status")
@@ -49,36 +67,83 @@ func MaybeJobExec(args []string) {
 	}
 	uid, err1 := strconv.Atoi(args[2])
 	gid, err2 := strconv.Atoi(args[3])
-	if err1 != nil || err2 != nil {
-		fail(syscall.EINVAL, "bad credentials %q %q", args[2], args[3])
+	if err1 != nil || err2 != nil || (args[4] != "keep" && args[4] != "drop") {
+		fail(syscall.EINVAL, "bad credentials %q %q %q", args[2], args[3], args[4])
 	}
-	if args[4] != "" {
-		for _, f := range strings.Split(args[4], ",") {
+	creds := jobCreds{uid: uid, gid: gid, keepCaps: args[4] == "keep"}
+	if args[6] != "" {
+		for _, f := range strings.Split(args[6], ",") {
 			// "0" is the writing process: the whole thread group moves.
 			if err := os.WriteFile(f, []byte("0"), 0); err != nil {
 				fail(errnoOf(err), "enter job cgroup: %v", err)
 			}
 		}
 	}
-	becomeAndExec(uid, gid, args[5], args[6:], os.Environ(), fail)
+	becomeAndExec(creds, args[5], args[7], args[8:], os.Environ(), fail)
 }
 
-// becomeAndExec drops to uid/gid and executes path; fail reports what went
-// wrong and does not return.
-func becomeAndExec(uid, gid int, path string, argv, env []string, fail func(syscall.Errno, string, ...any)) {
+// becomeAndExec drops to the job's credentials, enters dir and executes
+// path; fail reports what went wrong and does not return.
+//
+// Security boundary: after it, a job that does not keep the capabilities
+// has none — empty permitted, effective, inheritable, ambient and bounding
+// sets — and no_new_privs (inherited from PID 1) keeps setuid binaries and
+// file capabilities from giving any back.
+func becomeAndExec(c jobCreds, dir, path string, argv, env []string, fail func(syscall.Errno, string, ...any)) {
+	// Make the OOM killer pick the command rather than the agent; raising
+	// one's own score needs no privilege, and the file is still ours here
+	// (after the switch it would be the job's and the agent's write would
+	// need CAP_DAC_OVERRIDE). Failure only costs that preference.
+	_ = os.WriteFile("/proc/self/oom_score_adj", []byte(oomScoreAdj), 0)
+	// The bounding and ambient sets are per thread and execve passes on the
+	// calling thread's: drop them on the thread that execs.
+	runtime.LockOSThread()
+	if !c.keepCaps {
+		if err := dropBoundingSet(); err != nil {
+			fail(errnoOf(err), "%v", err)
+		}
+	}
 	// Go applies these to every thread. Switching to a non-zero uid clears
-	// every capability; supplementary groups are reset to the command's gid.
-	if err := syscall.Setgroups([]int{gid}); err != nil {
+	// the permitted and effective sets; supplementary groups are reset to
+	// the command's gid.
+	if err := syscall.Setgroups([]int{c.gid}); err != nil {
 		fail(errnoOf(err), "setgroups: %v", err)
 	}
-	if err := syscall.Setgid(gid); err != nil {
+	if err := syscall.Setgid(c.gid); err != nil {
 		fail(errnoOf(err), "setgid: %v", err)
 	}
-	if err := syscall.Setuid(uid); err != nil {
+	if err := syscall.Setuid(c.uid); err != nil {
 		fail(errnoOf(err), "setuid: %v", err)
+	}
+	// With the job's credentials, so a directory only the job's user may
+	// enter works and one it may not fails, whatever the agent may.
+	if err := unix.Chdir(dir); err != nil {
+		fail(errnoOf(err), "chdir %s: %v", dir, err)
 	}
 	err := unix.Exec(path, argv, env)
 	fail(errnoOf(err), "%v", err)
+}
+
+// oomScoreAdj is every job's /proc/PID/oom_score_adj.
+const oomScoreAdj = "500"
+
+// dropBoundingSet empties the calling thread's capability bounding set and
+// its ambient set. PR_CAPBSET_DROP needs CAP_SETPCAP, which the agent holds
+// for this (pkg/runtime.AgentCapabilities); it answers EINVAL past the
+// kernel's last capability.
+func dropBoundingSet() error {
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("clear ambient capabilities: %w", err)
+	}
+	for c := 0; ; c++ {
+		err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0)
+		if err == unix.EINVAL && c > 0 {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
+		}
+	}
 }
 
 func errnoOf(err error) syscall.Errno {

@@ -51,7 +51,9 @@ type spareSpec struct {
 	Dir  string   `json:"dir"`
 	UID  int      `json:"uid"`
 	GID  int      `json:"gid"`
-	TTY  bool     `json:"tty"` // descriptor 0 is a terminal to make the controlling one
+	// KeepCaps keeps the bounding set (jobCreds.keepCaps).
+	KeepCaps bool `json:"keep_caps,omitempty"`
+	TTY      bool `json:"tty"` // descriptor 0 is a terminal to make the controlling one
 }
 
 // spare is the agent's side of one spare helper.
@@ -264,8 +266,5 @@ func runSpare(procs string) {
 			fail(errnoOf(err), "controlling terminal: %v", err)
 		}
 	}
-	if err := unix.Chdir(spec.Dir); err != nil {
-		fail(errnoOf(err), "chdir %s: %v", spec.Dir, err)
-	}
-	becomeAndExec(spec.UID, spec.GID, spec.Path, spec.Argv, spec.Env, fail)
+	becomeAndExec(jobCreds{uid: spec.UID, gid: spec.GID, keepCaps: spec.KeepCaps}, spec.Dir, spec.Path, spec.Argv, spec.Env, fail)
 }

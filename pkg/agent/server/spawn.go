@@ -129,9 +129,13 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 	}
 	// Added before the readers start: the job cannot finish before that.
 	t.add(j)
-	// Make the OOM killer pick the command rather than the agent. Raising
-	// the score needs no privilege; failure only costs that preference.
-	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("500"), 0)
+	if t.cgroups == nil {
+		// Make the OOM killer pick the command rather than the agent (the
+		// job-exec helper does it itself when there is one). Raising the
+		// score needs no privilege, writing another uid's file does;
+		// failure only costs that preference.
+		_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(oomScoreAdj), 0)
+	}
 
 	var wg sync.WaitGroup
 	for i, f := range j.readers {
@@ -166,11 +170,8 @@ func (t *jobTable) startOnSpareIfReady(j *job, argv0 string, argv, env []string,
 	if t.cgroups == nil {
 		return 0, errSpareGone
 	}
-	uid, gid := os.Geteuid(), os.Getegid()
-	if cred != nil {
-		uid, gid = int(cred.Uid), int(cred.Gid)
-	}
-	spec, err := json.Marshal(spareSpec{Path: argv0, Argv: argv, Env: env, Dir: cwd, UID: uid, GID: gid, TTY: j.tty})
+	c := t.jobCreds(cred)
+	spec, err := json.Marshal(spareSpec{Path: argv0, Argv: argv, Env: env, Dir: cwd, UID: c.uid, GID: c.gid, KeepCaps: c.keepCaps, TTY: j.tty})
 	if err != nil || len(spec) > spareMaxSpec {
 		t.prepareSpare()
 		return 0, errSpareGone
@@ -206,12 +207,12 @@ func (t *jobTable) startDirect(j *job, argv0 string, argv []string, attr *syscal
 		status = r
 		defer r.Close()
 		attr.Files = append(attr.Files, w.Fd())
-		uid, gid := os.Geteuid(), os.Getegid()
-		if cred != nil {
-			uid, gid = int(cred.Uid), int(cred.Gid)
-		}
-		attr.Sys.Credential = nil // the helper switches after entering the cgroup
-		hargv := helperArgv(t.self, j.cg.procsFiles(), uid, gid, argv0, argv)
+		// The helper switches credentials after entering the cgroup, then
+		// enters the working directory as the job's user.
+		attr.Sys.Credential = nil
+		cwd := attr.Dir
+		attr.Dir = ""
+		hargv := helperArgv(t.self, t.jobCreds(cred), cwd, j.cg.procsFiles(), argv0, argv)
 		forkExec = func() (int, error) {
 			defer w.Close()
 			return syscall.ForkExec(t.self, hargv, attr)
@@ -229,6 +230,18 @@ func (t *jobTable) startDirect(j *job, argv0 string, argv []string, attr *syscal
 		}
 	}
 	return pid, err
+}
+
+// jobCreds is who a job started through the helper runs as: cred, or
+// the agent's own identity without one. Only jobs as uid 0 of an agent
+// whose default user is uid 0 (root mode) keep the capability bounding set.
+func (t *jobTable) jobCreds(cred *syscall.Credential) jobCreds {
+	c := jobCreds{uid: os.Geteuid(), gid: os.Getegid()}
+	if cred != nil {
+		c.uid, c.gid = int(cred.Uid), int(cred.Gid)
+	}
+	c.keepCaps = c.uid == 0 && t.opts.UID == 0
+	return c
 }
 
 func credUID(c *syscall.Credential) int {

@@ -91,6 +91,11 @@ type Options struct {
 	// SeccompProfiles are the profiles a sandbox may choose by name
 	// (sandbox.Spec.SeccompProfile); Seccomp applies when it names none.
 	SeccompProfiles map[string]*specs.LinuxSeccomp
+	// RootSeccomp and RootSeccompProfiles are the same profiles resolved
+	// for root mode's capability set (runtime.RootModeCapabilities): a
+	// profile allows some syscalls only to holders of a capability.
+	RootSeccomp         *specs.LinuxSeccomp
+	RootSeccompProfiles map[string]*specs.LinuxSeccomp
 	// SeccompDiagnostics counts each job's refused syscalls (see
 	// pkg/seccomp/diagnose.go) through a notification listener per sandbox.
 	SeccompDiagnostics bool
@@ -319,9 +324,14 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	if err := rec.Record(ctx, ledger.Resource{Kind: KindContainer, Key: req.ID}); err != nil {
 		return nil, err
 	}
-	prof := b.opt.Seccomp
+	// Root mode exists only with a user namespace (pkg/engine).
+	rootMode := spec.Root && idmap != nil
+	prof, profiles := b.opt.Seccomp, b.opt.SeccompProfiles
+	if rootMode {
+		prof, profiles = b.opt.RootSeccomp, b.opt.RootSeccompProfiles
+	}
 	if spec.SeccompProfile != "" {
-		p, ok := b.opt.SeccompProfiles[spec.SeccompProfile]
+		p, ok := profiles[spec.SeccompProfile]
 		if !ok {
 			return nil, fmt.Errorf("unknown seccomp profile %q", spec.SeccompProfile)
 		}
@@ -373,15 +383,15 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		initArgs = append(initArgs, "--nofile", strconv.Itoa(runtime.NofileLimit)) // see runtime.Start
 	}
 	inst, err := b.opt.Runtime.Start(&runtime.Spec{
-		ID:         req.ID,
-		Rootfs:     layers.Rootfs,
-		Binds:      binds,
-		CgroupPath: cg,
-		NetNSPath:  req.NetNSPath,
-		UsernsPath: usernsPath,
-		SysfsPath:  sysfs,
-		// Root mode exists only with a user namespace (pkg/engine).
-		WritableRoot: spec.Root && idmap != nil,
+		ID:           req.ID,
+		Rootfs:       layers.Rootfs,
+		Binds:        binds,
+		CgroupPath:   cg,
+		NetNSPath:    req.NetNSPath,
+		UsernsPath:   usernsPath,
+		SysfsPath:    sysfs,
+		WritableRoot: rootMode,
+		Capabilities: runtime.Capabilities(rootMode),
 		Limits: runtime.Limits{
 			MemoryBytes: spec.Limits.MemoryBytes, CPUs: spec.Limits.CPUs, Pids: spec.Limits.Pids,
 			IODevice: b.opt.IO.Device, IOReadBPS: b.opt.IO.ReadBPS, IOWriteBPS: b.opt.IO.WriteBPS,
