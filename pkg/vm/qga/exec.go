@@ -75,6 +75,17 @@ type RunningError struct {
 func (e *RunningError) Error() string { return e.Err.Error() }
 func (e *RunningError) Unwrap() error { return e.Err }
 
+// ended reports whether ctx is done or its deadline has passed: a call cut
+// by the connection's deadline (set from ctx's) may return before ctx's own
+// timer has fired.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
 // Status returns the result of guest-exec pid if it has exited, or nil
 // while it runs.
 func (c *Client) Status(ctx context.Context, pid int) (*ExecResult, error) {
@@ -132,7 +143,7 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) {
 	for {
 		var st execStatus
 		if err := c.Call(ctx, "guest-exec-status", map[string]int{"pid": pid}, &st); err != nil {
-			if ctx.Err() != nil {
+			if ended(ctx) {
 				// The context ended during the poll rather than between
 				// polls: the program still runs all the same.
 				return nil, &RunningError{PID: pid, Err: errdefs.Wrap(errdefs.Unavailable, ctx.Err(), "qga: pid %d still running", pid)}
