@@ -44,6 +44,9 @@ func newTestEngine(t testing.TB, tweak ...func(*config.Config)) *testEnv {
 	env := &testEnv{Engine: e, cfg: cfg}
 	t.Cleanup(func() {
 		ctx := context.Background()
+		// A test that restarts the engine on the same state replaces
+		// env.Engine with the new one, which owns the sandboxes then.
+		e := env.Engine
 		e.sandboxes.Close() // no reaping or pool refills while we clean up
 		for _, id := range e.sandboxes.IDs() {
 			if _, err := e.TerminateSandbox(ctx, id); err != nil {
