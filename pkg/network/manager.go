@@ -300,6 +300,9 @@ func (m *Manager) Attach(ctx context.Context, id string, req Request, rec Record
 		return nil, fmt.Errorf("network: open %s: %w", sb.nsPath, err)
 	}
 	defer ns.Close()
+	if err := setSandboxSysctls(ns); err != nil {
+		return nil, fmt.Errorf("network: namespace of %s: %w", id, err)
+	}
 	if err := bringUpLoopback(ns); err != nil {
 		return nil, fmt.Errorf("network: loopback of %s: %w", id, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -127,4 +128,41 @@ func trimNL(b []byte) []byte {
 		b = b[:len(b)-1]
 	}
 	return b
+}
+
+// SandboxSysctls are the sysctls of every sandbox's own network namespace,
+// in the dotted form of the OCI spec's linux.sysctl. This package writes
+// them into the namespaces it makes (Attach, setSandboxSysctls); a sandbox
+// without network gets a new namespace from libcontainer, and the container
+// backend hands them to its init through the runtime spec (runtime.Spec
+// NetSysctls), written there by the sandbox's own root, whose user
+// namespace owns that network namespace.
+//
+// net.ipv4.ip_unprivileged_port_start=0, as Docker (20.10 and later) sets
+// in every container's namespace: any process of the sandbox, root mode or
+// not, may bind ports below 1024, so a dev server on port 80 works without
+// privileges. Why this is safe: the value belongs to one network namespace
+// (IPv6 binds read the same per-namespace field) and that namespace is the
+// sandbox's alone, so it opens only the sandbox's own ports to the
+// sandbox's own processes; nothing on the host or in another sandbox can
+// be bound through it, and nothing outside can connect in (firewall.go).
+// The host's namespace keeps its value: the daemon writes it only through
+// a handle of a namespace it made, never the one it runs in, and the host
+// reaches a sandbox's port only through the preview proxy (a connection
+// the sandbox's agent opens inside the namespace), never by a bind.
+func SandboxSysctls() map[string]string {
+	return map[string]string{"net.ipv4.ip_unprivileged_port_start": "0"}
+}
+
+// setSandboxSysctls writes SandboxSysctls in ns, a sandbox's namespace,
+// before the sandbox joins it; the namespace keeps them for its life, so
+// a restarted daemon that adopts it has nothing to redo (writing them
+// again is a no-op).
+func setSandboxSysctls(ns netns.NsHandle) error {
+	for name, value := range SandboxSysctls() {
+		if _, err := writeSysctl(ns, strings.ReplaceAll(name, ".", "/"), value); err != nil {
+			return fmt.Errorf("sysctl %s=%s: %w", name, value, err)
+		}
+	}
+	return nil
 }

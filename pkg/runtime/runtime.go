@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -203,6 +204,13 @@ type Spec struct {
 	// NetNSPath is a network namespace to join (a bind-mounted nsfs file);
 	// empty gives the sandbox a new namespace with only loopback.
 	NetNSPath string
+	// NetSysctls are written by the sandbox's init into its network
+	// namespace (the spec's linux.sysctl, net.* names). The init is root
+	// of the sandbox's user namespace, so they can be set only in a
+	// namespace that user namespace owns: the new one made when NetNSPath
+	// is empty. A joined namespace gets its sysctls from its maker
+	// (pkg/network); see network.SandboxSysctls for what is set and why.
+	NetSysctls map[string]string
 	// UsernsPath is the sandbox's own user namespace to join (a pinned
 	// nsfs file, pkg/userns: owned by the sandbox's host uid, with its id
 	// range mapped); empty keeps the sandbox in the host's, as host root.
@@ -321,6 +329,9 @@ func BuildSpec(s *Spec) *specs.Spec {
 				spec.Linux.Namespaces[i].Path = s.NetNSPath
 			}
 		}
+	}
+	if len(s.NetSysctls) > 0 {
+		spec.Linux.Sysctl = maps.Clone(s.NetSysctls)
 	}
 	hasCgroupNS := false
 	for _, ns := range spec.Linux.Namespaces {
