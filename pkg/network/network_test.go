@@ -59,6 +59,14 @@ func TestEgressMasqueradeAndDeny(t *testing.T) {
 	if v, err := readSysctl(ans, "net/ipv6/conf/all/disable_ipv6"); err != nil || v != "1" {
 		t.Fatalf("disable_ipv6 in the sandbox = %q (%v), want 1", v, err)
 	}
+	// Low ports are the sandbox's in its own namespace (SandboxSysctls);
+	// the host namespace keeps the kernel's default.
+	if v, err := readSysctl(ans, "net/ipv4/ip_unprivileged_port_start"); err != nil || v != "0" {
+		t.Fatalf("ip_unprivileged_port_start in the sandbox = %q (%v), want 0", v, err)
+	}
+	if v, err := readSysctl(tp.hostNS, "net/ipv4/ip_unprivileged_port_start"); err != nil || v != "1024" {
+		t.Fatalf("ip_unprivileged_port_start of the host namespace = %q (%v), want 1024 untouched", v, err)
+	}
 
 	// The deny list, wherever the route leads.
 	dialFails(t, a, upstreamDenied+":80", true)
