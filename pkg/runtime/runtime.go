@@ -134,11 +134,13 @@ var AgentCapabilities = []string{
 //   - CAP_SETPCAP: lets a job only lower its own capabilities or move them
 //     to its inheritable set (tools such as setpriv, capsh); it can raise
 //     nothing beyond this set.
-//   - CAP_NET_BIND_SERVICE: servers on ports below 1024, in the sandbox's
-//     network namespace only. It takes effect only where that namespace
-//     belongs to the sandbox's user namespace (a sandbox without network);
-//     a networked sandbox joins one the daemon made, owned by the host's
-//     user namespace, where low ports stay refused whatever the set.
+//   - CAP_NET_BIND_SERVICE: kept from Docker's set, for programs that
+//     check for it before binding a port below 1024; the binding itself
+//     needs no capability in any mode, since every sandbox's network
+//     namespace has ip_unprivileged_port_start 0 (network.SandboxSysctls).
+//     Alone it would work only where the namespace belongs to the
+//     sandbox's user namespace (a sandbox without network), not in the
+//     one pkg/network makes, owned by the host's user namespace.
 //   - CAP_SYS_CHROOT: chroot inside the sandbox's own mount namespace (build
 //     tools, debootstrap-like scripts); the process's root stays below the
 //     sandbox's pivoted root, so ".." cannot leave it.
