@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -119,6 +121,10 @@ func TestNetworkWithContainers(t *testing.T) {
 		c.Network.Bandwidth, c.Network.MaxBandwidth = 100<<20, 200<<20
 	})
 	ctx := context.Background()
+	hostPortStart, err := readSysctlIn(tp.HostNS, "net/ipv4/ip_unprivileged_port_start")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// egress: by name, masqueraded; resolv.conf names the gateway; the
 	// package index reaches the environment.
@@ -128,6 +134,21 @@ func TestNetworkWithContainers(t *testing.T) {
 		!strings.Contains(res.Stdout, "nameserver 10.88.0.1") || !strings.Contains(res.Stdout, "PIP=http://pkg.example.test/simple/") {
 		t.Fatalf("egress sandbox: exit %d\n%s\n%s", res.ExitCode, res.Stdout, res.Stderr)
 	}
+	// A normal-mode command (uid 1000, no capabilities) serves on port 80
+	// of the sandbox's namespace, which pkg/network made with
+	// ip_unprivileged_port_start 0, and the preview path (the agent's
+	// connect) reaches it; the simulated host namespace keeps its value.
+	web := env.create(t, CreateSandboxRequest{Language: "python", Network: NetworkEgress})
+	if res := env.sh(t, web.ID, "id -u; cat /proc/sys/net/ipv4/ip_unprivileged_port_start"); res.Stdout != "1000\n0\n" {
+		t.Fatalf("egress sandbox: uid and port start %q %q, want 1000 and 0", res.Stdout, res.Stderr)
+	}
+	if got := httpThroughAgent(t, env, web.ID, 80, "python3 -m http.server 80 --bind 0.0.0.0"); !strings.HasPrefix(got, "HTTP/1.0 200") {
+		t.Fatalf("GET / on port 80 through the agent: %q", got)
+	}
+	if v, err := readSysctlIn(tp.HostNS, "net/ipv4/ip_unprivileged_port_start"); err != nil || v != hostPortStart {
+		t.Fatalf("ip_unprivileged_port_start of the host namespace = %q (%v), was %s", v, err, hostPortStart)
+	}
+
 	// run_code installs requirements.txt from the configured index over
 	// the network and imports the package.
 	run := env.runCode(t, RunCodeRequest{Language: "python", Network: NetworkEgress, Files: map[string]string{
@@ -243,7 +264,7 @@ func TestNetworkWithContainers(t *testing.T) {
 	}
 
 	// Terminate: nothing of the network is left in the host namespace.
-	for _, id := range []string{info.ID, none.ID, limited.ID} {
+	for _, id := range []string{info.ID, web.ID, none.ID, limited.ID} {
 		if _, err := env.TerminateSandbox(ctx, id); err != nil {
 			t.Fatal(err)
 		}
@@ -266,16 +287,62 @@ func TestNetworkWithContainers(t *testing.T) {
 	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == network.TableName }) {
 		t.Error("nftables table left after the last sandbox with network")
 	}
-	var fwd []byte
-	if err := network.InNetNS(tp.HostNS, func() error {
-		var err error
-		fwd, err = os.ReadFile("/proc/sys/net/ipv4/ip_forward")
-		return err
-	}); err != nil || strings.TrimSpace(string(fwd)) != "0" {
+	if fwd, err := readSysctlIn(tp.HostNS, "net/ipv4/ip_forward"); err != nil || fwd != "0" {
 		t.Errorf("ip_forward of the host namespace = %q (%v), want 0 restored", fwd, err)
 	}
 	if st, err := env.SandboxNetwork(ctx, SandboxNetworkRequest{SandboxID: info.ID}); !errdefs.Is(err, errdefs.Conflict) {
 		t.Errorf("network of a terminated sandbox: %+v %v", st, err)
+	}
+}
+
+// readSysctlIn reads a /proc/sys file as seen from ns.
+func readSysctlIn(ns netns.NsHandle, name string) (string, error) {
+	var b []byte
+	err := network.InNetNS(ns, func() error {
+		var err error
+		b, err = os.ReadFile("/proc/sys/" + name)
+		return err
+	})
+	return strings.TrimSpace(string(b)), err
+}
+
+// httpThroughAgent starts server in the background in sandbox id, exposes
+// port and sends GET / through the agent's connect (DialExposed, the
+// preview proxy's path), retrying until the server listens; it returns the
+// answer's first line. The server ends with the sandbox.
+func httpThroughAgent(t *testing.T, env *testEnv, id string, port int, server string) string {
+	t.Helper()
+	ctx := context.Background()
+	job, err := env.StartJob(ctx, ExecRequest{SandboxID: id, Command: server})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Exposures need the preview listener's address only for the URLs
+	// they return; nothing here goes through the listener.
+	env.SetPreviewURL("http://127.0.0.1:1")
+	if _, err := env.ExposePort(ctx, ExposePortRequest{SandboxID: id, Port: port}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		c, err := env.DialExposed(ctx, id, port)
+		if err == nil {
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.WriteString(c, "GET / HTTP/1.0\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil {
+				t.Fatalf("read from port %d: %v", port, err)
+			}
+			return strings.TrimSpace(line)
+		}
+		st, serr := env.JobStatus(ctx, JobStatusRequest{SandboxID: id, JobID: job})
+		if serr != nil || st.State != "running" || !errdefs.Is(err, errdefs.Unavailable) || time.Now().After(deadline) {
+			t.Fatalf("connect to port %d: %v; server job: %+v %v", port, err, st, serr)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

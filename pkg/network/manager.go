@@ -292,7 +292,9 @@ func (m *Manager) Attach(ctx context.Context, id string, req Request, rec Record
 	if err := rec(KindNetNS, sb.nsPath); err != nil {
 		return nil, err
 	}
-	if err := CreateNetNS(sb.nsPath); err != nil {
+	// The sandbox's sysctls (low ports, SandboxSysctls) go in as the
+	// namespace is made, before the sandbox can join it.
+	if err := CreateNetNS(sb.nsPath, SandboxSysctls()); err != nil {
 		return nil, fmt.Errorf("network: namespace of %s: %w", id, err)
 	}
 	ns, err := netns.GetFromPath(sb.nsPath)

@@ -59,6 +59,14 @@ func TestEgressMasqueradeAndDeny(t *testing.T) {
 	if v, err := readSysctl(ans, "net/ipv6/conf/all/disable_ipv6"); err != nil || v != "1" {
 		t.Fatalf("disable_ipv6 in the sandbox = %q (%v), want 1", v, err)
 	}
+	// Low ports are the sandbox's in its own namespace (SandboxSysctls);
+	// the host namespace keeps the kernel's default.
+	if v, err := readSysctl(ans, "net/ipv4/ip_unprivileged_port_start"); err != nil || v != "0" {
+		t.Fatalf("ip_unprivileged_port_start in the sandbox = %q (%v), want 0", v, err)
+	}
+	if v, err := readSysctl(tp.hostNS, "net/ipv4/ip_unprivileged_port_start"); err != nil || v != "1024" {
+		t.Fatalf("ip_unprivileged_port_start of the host namespace = %q (%v), want 1024 untouched", v, err)
+	}
 
 	// The deny list, wherever the route leads.
 	dialFails(t, a, upstreamDenied+":80", true)
@@ -266,11 +274,23 @@ func TestGCAfterCrash(t *testing.T) {
 	}
 	m1.Close() // no Detach
 
+	// sb-crash-0's namespace as an older daemon made it: privileged low
+	// ports.
+	ns0, err := netns.GetFromPath(m1.NetNSPath("sb-crash-0"))
+	must(t, err)
+	defer ns0.Close()
+	if old, err := writeSysctl(ns0, "net/ipv4/ip_unprivileged_port_start", "1024"); err != nil || old != "0" {
+		t.Fatalf("ip_unprivileged_port_start of a new sandbox namespace = %q (%v), want 0", old, err)
+	}
+
 	m2 := tp.manager(t, nil)
 	// The restarted daemon adopts the live sandbox: same address, and its
 	// network works (the forwarder is back, the rules are in place).
 	a, err := m2.Attach(ctx, "sb-crash-0", Request{Policy: Policy{Mode: ModeEgress}}, nil)
 	must(t, err)
+	if v, err := readSysctl(ns0, "net/ipv4/ip_unprivileged_port_start"); err != nil || v != "0" {
+		t.Fatalf("ip_unprivileged_port_start of the adopted namespace = %q (%v), want 0 written again", v, err)
+	}
 	if a.IP != netip.MustParseAddr("10.88.0.2") {
 		t.Fatalf("adopted sandbox got %s, want its old address 10.88.0.2", a.IP)
 	}

@@ -67,7 +67,7 @@ func newTopology(t testing.TB) *topology {
 	tp := &topology{dir: dir, hostPath: filepath.Join(dir, "host.ns")}
 	upPath := filepath.Join(dir, "upstream.ns")
 	for _, p := range []string{tp.hostPath, upPath} {
-		if err := CreateNetNS(p); err != nil {
+		if err := CreateNetNS(p, nil); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {

@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -133,11 +134,13 @@ var AgentCapabilities = []string{
 //   - CAP_SETPCAP: lets a job only lower its own capabilities or move them
 //     to its inheritable set (tools such as setpriv, capsh); it can raise
 //     nothing beyond this set.
-//   - CAP_NET_BIND_SERVICE: servers on ports below 1024, in the sandbox's
-//     network namespace only. It takes effect only where that namespace
-//     belongs to the sandbox's user namespace (a sandbox without network);
-//     a networked sandbox joins one the daemon made, owned by the host's
-//     user namespace, where low ports stay refused whatever the set.
+//   - CAP_NET_BIND_SERVICE: kept from Docker's set, for programs that
+//     check for it before binding a port below 1024; the binding itself
+//     needs no capability in any mode, since every sandbox's network
+//     namespace has ip_unprivileged_port_start 0 (network.SandboxSysctls).
+//     Alone it would work only where the namespace belongs to the
+//     sandbox's user namespace (a sandbox without network), not in the
+//     one pkg/network makes, owned by the host's user namespace.
 //   - CAP_SYS_CHROOT: chroot inside the sandbox's own mount namespace (build
 //     tools, debootstrap-like scripts); the process's root stays below the
 //     sandbox's pivoted root, so ".." cannot leave it.
@@ -203,6 +206,13 @@ type Spec struct {
 	// NetNSPath is a network namespace to join (a bind-mounted nsfs file);
 	// empty gives the sandbox a new namespace with only loopback.
 	NetNSPath string
+	// NetSysctls are written by the sandbox's init into its network
+	// namespace (the spec's linux.sysctl, net.* names). The init is root
+	// of the sandbox's user namespace, so they can be set only in a
+	// namespace that user namespace owns: the new one made when NetNSPath
+	// is empty. A joined namespace gets its sysctls from its maker
+	// (pkg/network); see network.SandboxSysctls for what is set and why.
+	NetSysctls map[string]string
 	// UsernsPath is the sandbox's own user namespace to join (a pinned
 	// nsfs file, pkg/userns: owned by the sandbox's host uid, with its id
 	// range mapped); empty keeps the sandbox in the host's, as host root.
@@ -321,6 +331,9 @@ func BuildSpec(s *Spec) *specs.Spec {
 				spec.Linux.Namespaces[i].Path = s.NetNSPath
 			}
 		}
+	}
+	if len(s.NetSysctls) > 0 {
+		spec.Linux.Sysctl = maps.Clone(s.NetSysctls)
 	}
 	hasCgroupNS := false
 	for _, ns := range spec.Linux.Namespaces {

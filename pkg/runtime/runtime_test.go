@@ -63,6 +63,13 @@ func TestBuildSpec(t *testing.T) {
 	if r.BlockIO == nil || len(r.BlockIO.ThrottleReadBpsDevice) != 1 || r.BlockIO.ThrottleReadBpsDevice[0].Major != 8 {
 		t.Errorf("block I/O %+v", r.BlockIO)
 	}
+	if len(s.Linux.Sysctl) != 0 {
+		t.Errorf("sysctls %v, none asked for", s.Linux.Sysctl)
+	}
+	withSysctl := BuildSpec(&Spec{ID: "sb-0123456789ab", Rootfs: "/r", NetSysctls: map[string]string{"net.ipv4.ip_unprivileged_port_start": "0"}})
+	if got := withSysctl.Linux.Sysctl; len(got) != 1 || got["net.ipv4.ip_unprivileged_port_start"] != "0" {
+		t.Errorf("sysctls %v, want the port start of NetSysctls", got)
+	}
 	if !slices.Contains(s.Linux.MaskedPaths, "/proc/kcore") || !slices.Contains(s.Linux.ReadonlyPaths, "/proc/sys") {
 		t.Error("runc's masked and read-only paths are missing")
 	}

@@ -377,6 +377,13 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 			return nil, err
 		}
 	}
+	var netSysctls map[string]string
+	if req.NetNSPath == "" {
+		// libcontainer makes the namespace, inside the sandbox's user
+		// namespace: the sandbox's init writes them (pkg/network wrote
+		// them into a namespace it made).
+		netSysctls = network.SandboxSysctls()
+	}
 	initArgs := []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid,
 		"--retain-bytes", "1048576", "--max-finished", "32", "--cgroups", cgroupsInside}
 	if idmap != nil {
@@ -388,6 +395,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		Binds:        binds,
 		CgroupPath:   cg,
 		NetNSPath:    req.NetNSPath,
+		NetSysctls:   netSysctls,
 		UsernsPath:   usernsPath,
 		SysfsPath:    sysfs,
 		WritableRoot: rootMode,
