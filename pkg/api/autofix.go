@@ -20,47 +20,31 @@ type autofixLine struct {
 // autofixStream writes the loop's events as NDJSON. A request refused
 // before the loop starts gets a plain error response with its status.
 type autofixStream struct {
-	s       *server
-	w       http.ResponseWriter
-	r       *http.Request
-	rc      *http.ResponseController
-	enc     *json.Encoder
-	started bool
+	*ndjsonStream
+	s *server
+	r *http.Request
 }
 
 func (s *server) newAutofixStream(w http.ResponseWriter, r *http.Request) *autofixStream {
-	return &autofixStream{s: s, w: w, r: r, rc: http.NewResponseController(w), enc: json.NewEncoder(w)}
-}
-
-func (st *autofixStream) write(l autofixLine) {
-	if !st.started {
-		st.w.Header().Set("Content-Type", "application/x-ndjson")
-		st.w.WriteHeader(http.StatusOK)
-		st.started = true
-	}
-	_ = st.enc.Encode(l)
-	_ = st.rc.Flush()
+	return &autofixStream{ndjsonStream: newNDJSONStream(w), s: s, r: r}
 }
 
 func (st *autofixStream) options() engine.AutofixOptions {
 	return engine.AutofixOptions{OnEvent: func(ev apitypes.AutofixEvent) {
 		if ev.Type != "result" { // the final line carries the answer
-			st.write(autofixLine{AutofixEvent: ev})
+			st.send(autofixLine{AutofixEvent: ev})
 		}
 	}}
 }
 
 func (st *autofixStream) finish(res *apitypes.AutofixResult, err error) {
 	if err != nil {
-		if !st.started {
-			st.s.writeError(st.w, st.r, err)
-			return
-		}
-		eb := errorBodyOf(err)
-		st.write(autofixLine{AutofixEvent: apitypes.AutofixEvent{Type: "error"}, Error: &eb})
+		st.fail(st.s, st.r, err, func(b errorBody) any {
+			return autofixLine{AutofixEvent: apitypes.AutofixEvent{Type: "error"}, Error: &b}
+		})
 		return
 	}
-	st.write(autofixLine{AutofixEvent: apitypes.AutofixEvent{Type: "result", AutofixID: res.AutofixID, RunID: res.RunID, Result: res}})
+	st.send(autofixLine{AutofixEvent: apitypes.AutofixEvent{Type: "result", AutofixID: res.AutofixID, RunID: res.RunID, Result: res}})
 }
 
 // autofix is POST /v1/autofix with an AutofixRequest: the loop, streamed.

@@ -34,15 +34,10 @@ func (s *server) runCode(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, res)
 		return
 	}
-	st := &execStream{w: w, rc: http.NewResponseController(w)}
+	st := &execStream{ndjsonStream: newNDJSONStream(w)}
 	res, err := s.e.RunCode(r.Context(), req, st.output)
 	if err != nil {
-		if !st.started {
-			s.writeError(w, r, err)
-			return
-		}
-		body := errorBodyOf(err)
-		st.send(execLine{Error: &body})
+		st.fail(s, r, err, func(b errorBody) any { return execLine{Error: &b} })
 		return
 	}
 	st.flush()

@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"net/http"
 	"unicode/utf8"
 
@@ -110,19 +109,14 @@ func (s *server) execWith(w http.ResponseWriter, r *http.Request, run func(conte
 		s.writeError(w, r, err)
 		return
 	}
-	st := &execStream{w: w, rc: http.NewResponseController(w)}
+	st := &execStream{ndjsonStream: newNDJSONStream(w)}
 	// Cancelling the request (the client went away) kills the command.
 	res, err := run(r.Context(), req, st.output)
 	if err != nil {
-		if !st.started {
-			s.writeError(w, r, err)
-			return
-		}
-		if errdefs.CodeOf(err) == errdefs.Internal {
+		if st.hasStarted() && errdefs.CodeOf(err) == errdefs.Internal {
 			s.log.Error("exec failed", "sandbox", req.SandboxID, "err", err)
 		}
-		body := errorBodyOf(err)
-		st.send(execLine{Error: &body})
+		st.fail(s, r, err, func(b errorBody) any { return execLine{Error: &b} })
 		return
 	}
 	st.flush()
@@ -153,9 +147,7 @@ type exitResult struct {
 // back until the next chunk of its stream completes it, so that text stays
 // text; output that is not UTF-8 at all goes out base64-encoded, byte-exact.
 type execStream struct {
-	w       http.ResponseWriter
-	rc      *http.ResponseController
-	started bool
+	*ndjsonStream
 	pending map[string][]byte
 }
 
@@ -189,24 +181,6 @@ func (st *execStream) chunk(stream string, data []byte) {
 		st.send(execLine{Stream: stream, Data: string(data)})
 	default:
 		st.send(execLine{Stream: stream, Data: base64.StdEncoding.EncodeToString(data), Encoding: "base64"})
-	}
-}
-
-func (st *execStream) send(l execLine) {
-	if !st.started {
-		st.started = true
-		st.w.Header().Set("Content-Type", "application/x-ndjson")
-		st.w.Header().Set("X-Content-Type-Options", "nosniff")
-		st.w.WriteHeader(http.StatusOK)
-	}
-	b, err := json.Marshal(l)
-	if err != nil {
-		panic(err) // strings, numbers and bools only: cannot fail
-	}
-	// Write errors mean the client went away; the request's context is
-	// cancelled then, which ends the command.
-	if _, err := st.w.Write(append(b, '\n')); err == nil {
-		_ = st.rc.Flush()
 	}
 }
 

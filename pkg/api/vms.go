@@ -2,10 +2,8 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"strconv"
-	"sync"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -66,17 +64,13 @@ func (s *server) createVM(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusCreated, v)
 		return
 	}
-	st := &vmCreateStream{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w)}
+	st := newNDJSONStream(w)
 	v, err := s.e.CreateVM(r.Context(), req, func(line string) { st.send(vmCreateLine{Log: line}) })
-	switch {
-	case err != nil && !st.started:
-		s.writeError(w, r, err)
-	case err != nil:
-		body := errorBodyOf(err)
-		st.send(vmCreateLine{Error: &body})
-	default:
-		st.send(vmCreateLine{VM: v})
+	if err != nil {
+		st.fail(s, r, err, func(b errorBody) any { return vmCreateLine{Error: &b} })
+		return
 	}
+	st.send(vmCreateLine{VM: v})
 }
 
 // vmCreateLine is one line of the vm create stream (client.VMCreateLine on
@@ -85,28 +79,6 @@ type vmCreateLine struct {
 	Log   string       `json:"log,omitempty"`
 	VM    *apitypes.VM `json:"vm,omitempty"`
 	Error *errorBody   `json:"error,omitempty"`
-}
-
-type vmCreateStream struct {
-	mu      sync.Mutex
-	w       http.ResponseWriter
-	rc      *http.ResponseController
-	enc     *json.Encoder
-	started bool
-}
-
-func (st *vmCreateStream) send(l vmCreateLine) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if !st.started {
-		st.started = true
-		st.w.Header().Set("Content-Type", "application/x-ndjson")
-		st.w.Header().Set("X-Content-Type-Options", "nosniff")
-		st.w.WriteHeader(http.StatusOK)
-	}
-	if st.enc.Encode(l) == nil {
-		_ = st.rc.Flush()
-	}
 }
 
 // vmExec is exec on a VM: through qemu-ga on a guest that runs only that

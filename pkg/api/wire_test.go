@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strings"
@@ -92,7 +91,7 @@ func dropEmpty(v any) any {
 func streamLines(t *testing.T, chunks [][2]string) []client.ExecLine {
 	t.Helper()
 	w := httptest.NewRecorder()
-	st := &execStream{w: w, rc: http.NewResponseController(w)}
+	st := &execStream{ndjsonStream: newNDJSONStream(w)}
 	for _, c := range chunks {
 		st.output(c[0], []byte(c[1]))
 	}

@@ -299,20 +299,9 @@ func (e *Engine) WriteFile(ctx context.Context, req FileWriteRequest) (*FileResu
 	if err := checkPath("path", req.Path); err != nil {
 		return nil, err
 	}
-	var data []byte
-	switch req.Encoding {
-	case "", "utf-8", "utf8":
-		if !utf8.ValidString(req.Content) {
-			return nil, errdefs.Invalidf("content: not valid UTF-8 (use encoding base64)")
-		}
-		data = []byte(req.Content)
-	case "base64":
-		var err error
-		if data, err = base64.StdEncoding.DecodeString(req.Content); err != nil {
-			return nil, errdefs.Invalidf("content: invalid base64: %v", err)
-		}
-	default:
-		return nil, errdefs.Invalidf("encoding: must be utf-8 or base64, got %q", req.Encoding)
+	data, err := decodeContent(req.Encoding, req.Content)
+	if err != nil {
+		return nil, err
 	}
 	return e.WriteFileFrom(ctx, req.SandboxID, req.Path, req.Mode, req.Append, int64(len(data)), bytes.NewReader(data))
 }
@@ -457,4 +446,24 @@ func (e *Engine) DeleteFile(ctx context.Context, id, p string, recursive bool) (
 		return nil, err
 	}
 	return &FileResult{Path: p}, nil
+}
+
+// decodeContent is a file write's content in its encoding (utf-8, the
+// default, or base64).
+func decodeContent(encoding, content string) ([]byte, error) {
+	switch encoding {
+	case "", "utf-8", "utf8":
+		if !utf8.ValidString(content) {
+			return nil, errdefs.Invalidf("content: not valid UTF-8 (use encoding base64)")
+		}
+		return []byte(content), nil
+	case "base64":
+		data, err := base64.StdEncoding.DecodeString(content)
+		if err != nil {
+			return nil, errdefs.Invalidf("content: invalid base64: %v", err)
+		}
+		return data, nil
+	default:
+		return nil, errdefs.Invalidf("encoding: must be utf-8 or base64, got %q", encoding)
+	}
 }

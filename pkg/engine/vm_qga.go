@@ -283,20 +283,9 @@ func qgaPath(osName, p string) error {
 
 // qgaWriteFile is vm_file_write on a QGA guest.
 func (e *Engine) qgaWriteFile(ctx context.Context, r *vmRef, req apitypes.VMFileWriteRequest) (*FileResult, error) {
-	var data []byte
-	switch req.Encoding {
-	case "", "utf-8", "utf8":
-		if !utf8.ValidString(req.Content) {
-			return nil, errdefs.Invalidf("content: not valid UTF-8 (use encoding base64)")
-		}
-		data = []byte(req.Content)
-	case "base64":
-		var err error
-		if data, err = base64.StdEncoding.DecodeString(req.Content); err != nil {
-			return nil, errdefs.Invalidf("content: invalid base64: %v", err)
-		}
-	default:
-		return nil, errdefs.Invalidf("encoding: must be utf-8 or base64, got %q", req.Encoding)
+	data, err := decodeContent(req.Encoding, req.Content)
+	if err != nil {
+		return nil, err
 	}
 	return e.qgaWrite(ctx, r, req.Path, req.Mode, data)
 }
