@@ -202,17 +202,7 @@ func TestCgroupAdoptedAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := &testEnv{Engine: e2, cfg: cfg}
-	t.Cleanup(func() {
-		e2.sandboxes.Close()
-		for _, id := range e2.sandboxes.IDs() {
-			if _, err := e2.TerminateSandbox(ctx, id); err != nil {
-				t.Errorf("cleanup: terminate %s: %v", id, err)
-			}
-		}
-		_ = e2.Close()
-		env.assertNoLeftovers(t)
-	})
+	env := watchEngine(t, e2, cfg)
 	limit := filepath.Join(cgroups.Root, info.CgroupPath, "memory.max")
 	if cgroups.HostMode() != cgroups.ModeUnified {
 		limit = filepath.Join(cgroups.Root, "memory", info.CgroupPath, "memory.limit_in_bytes")

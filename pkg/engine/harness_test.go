@@ -41,6 +41,15 @@ func newTestEngine(t testing.TB, tweak ...func(*config.Config)) *testEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return watchEngine(t, e, cfg)
+}
+
+// watchEngine wraps an engine on cfg (a new one, or one re-created on the
+// state of an earlier one, as after a daemon restart) and registers the
+// cleanup that terminates its sandboxes, closes it and checks that nothing
+// was left behind.
+func watchEngine(t testing.TB, e *Engine, cfg *config.Config) *testEnv {
+	t.Helper()
 	env := &testEnv{Engine: e, cfg: cfg}
 	t.Cleanup(func() {
 		ctx := context.Background()

@@ -372,17 +372,7 @@ func TestNetworkAdoptedAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := &testEnv{Engine: e2, cfg: cfg}
-	t.Cleanup(func() {
-		e2.sandboxes.Close()
-		for _, id := range e2.sandboxes.IDs() {
-			if _, err := e2.TerminateSandbox(ctx, id); err != nil {
-				t.Errorf("cleanup: terminate %s: %v", id, err)
-			}
-		}
-		_ = e2.Close()
-		env.assertNoLeftovers(t)
-	})
+	env := watchEngine(t, e2, cfg)
 	res := env.sh(t, info.ID, fetch("pkg.example.test"))
 	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "client=198.18.0.1") {
 		t.Fatalf("adopted sandbox: exit %d\n%s\n%s", res.ExitCode, res.Stdout, res.Stderr)

@@ -237,17 +237,7 @@ func TestVMQGALinuxDisk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env2 := &testEnv{Engine: e2, cfg: cfg}
-	t.Cleanup(func() {
-		e2.sandboxes.Close()
-		for _, id := range e2.sandboxes.IDs() {
-			if _, err := e2.TerminateSandbox(ctx, id); err != nil {
-				t.Errorf("cleanup: terminate %s: %v", id, err)
-			}
-		}
-		_ = e2.Close()
-		env2.assertNoLeftovers(t)
-	})
+	watchEngine(t, e2, cfg)
 	t.Logf("engine re-created (VM adopted) in %v", time.Since(t0))
 	if g, err := e2.GetVM(ctx, v.ID); err != nil || !g.State.Live() || g.GuestAgent != apitypes.GuestAgentQGA || g.OS != vm.OSLinux || !slices.Contains(g.Snapshots, "clean") {
 		t.Fatalf("adopted VM: %+v %v", g, err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
@@ -109,15 +110,7 @@ func TestAttacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		for _, id := range liveIDs(t, e) {
-			if _, err := e.TerminateSandbox(ctx, id); err != nil {
-				t.Errorf("terminate %s: %v", id, err)
-			}
-		}
-		_ = e.Close()
-		testenv.AssertNoLeftovers(t, cfg)
-	})
+	cleanupEngine(t, e, cfg)
 	host := snapshotHost(t)
 
 	disk := int64(64)
@@ -230,6 +223,21 @@ func blocked(bs []apitypes.BlockedSyscall, name string) bool {
 		}
 	}
 	return false
+}
+
+// cleanupEngine registers the end of a test's engine: every sandbox still
+// live terminated, the engine closed, nothing of them left on the host.
+func cleanupEngine(t *testing.T, e *engine.Engine, cfg *config.Config) {
+	t.Cleanup(func() {
+		ctx := context.Background()
+		for _, id := range liveIDs(t, e) {
+			if _, err := e.TerminateSandbox(ctx, id); err != nil {
+				t.Errorf("terminate %s: %v", id, err)
+			}
+		}
+		_ = e.Close()
+		testenv.AssertNoLeftovers(t, cfg)
+	})
 }
 
 func liveIDs(t *testing.T, e *engine.Engine) []string {

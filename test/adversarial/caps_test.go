@@ -37,15 +37,7 @@ func TestCapabilitiesPerMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		for _, id := range liveIDs(t, e) {
-			if _, err := e.TerminateSandbox(ctx, id); err != nil {
-				t.Errorf("terminate %s: %v", id, err)
-			}
-		}
-		_ = e.Close()
-		testenv.AssertNoLeftovers(t, cfg)
-	})
+	cleanupEngine(t, e, cfg)
 	create := func(root bool) *apitypes.Sandbox {
 		sb, err := e.CreateSandbox(ctx, engine.CreateSandboxRequest{Language: "python", Root: root})
 		if err != nil {

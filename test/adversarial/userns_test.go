@@ -55,14 +55,8 @@ func TestUserNamespaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Cleanups run last registered first: this check after cleanupEngine's.
 	t.Cleanup(func() {
-		for _, id := range liveIDs(t, e) {
-			if _, err := e.TerminateSandbox(ctx, id); err != nil {
-				t.Errorf("terminate %s: %v", id, err)
-			}
-		}
-		_ = e.Close()
-		testenv.AssertNoLeftovers(t, cfg)
 		// Every range went back to the pool with its sandbox.
 		db, err := sql.Open("sqlite", "file:"+filepath.Join(cfg.Paths.StateDir, "state.db"))
 		if err != nil {
@@ -74,6 +68,7 @@ func TestUserNamespaces(t *testing.T) {
 			t.Errorf("id ranges still held after every sandbox ended: %d (%v)", held, err)
 		}
 	})
+	cleanupEngine(t, e, cfg)
 	create := func(req engine.CreateSandboxRequest) *apitypes.Sandbox {
 		req.Language = "python"
 		sb, err := e.CreateSandbox(ctx, req)
