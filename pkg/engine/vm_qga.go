@@ -50,9 +50,9 @@ const qgaKillWait = 10 * time.Second
 // qgaExec runs a vm_exec on a QGA guest: command through the guest's shell
 // (qga.ShellCommand: /bin/sh -c, or cmd.exe on Windows) or argv as is,
 // stdin as guest-exec input, env, and the timeout enforced from here (see
-// qgaKill). There is no working directory (guest-exec has none): cwd is
-// refused; commands start in qemu-ga's (/ on Linux, C:\Windows\System32 on
-// Windows).
+// qgaKill). guest-exec has no working directory: with cwd a shell changes
+// to it first (qgaCommand); without, commands start in qemu-ga's (/ on
+// Linux, C:\Windows\System32 on Windows).
 func (e *Engine) qgaExec(ctx context.Context, r *vmRef, req apitypes.VMExecRequest, onOutput sandbox.OutputFunc) (*sandbox.ExecResult, error) {
 	spec, err := e.execSpec(req.ExecRequest()) // the checks and timeout of exec_command
 	if err != nil {
@@ -127,7 +127,15 @@ func (e *Engine) qgaExec(ctx context.Context, r *vmRef, req apitypes.VMExecReque
 // on a QGA guest of osName whose VM has the environment vmEnv.
 func qgaCommand(osName string, req apitypes.VMExecRequest, vmEnv map[string]string) (qga.ExecRequest, error) {
 	if req.Cwd != "" {
-		return qga.ExecRequest{}, errdefs.Invalidf("cwd: qemu-ga starts commands in its own working directory; a %s guest with only the QEMU guest agent takes no cwd (cd in the command)", osName)
+		if err := qga.CheckPath(osName, req.Cwd); err != nil {
+			return qga.ExecRequest{}, errdefs.Invalidf("cwd: %s", strings.TrimPrefix(errdefs.MessageOf(err), "path: "))
+		}
+		if osName == vm.OSWindows && req.Command == "" {
+			return qga.ExecRequest{}, errdefs.Invalidf("cwd: a Windows guest takes cwd with command, not argv (guest-exec has no working directory; cmd.exe changes to it)")
+		}
+		if osName == vm.OSWindows && strings.ContainsAny(req.Cwd, "\"%\r\n") {
+			return qga.ExecRequest{}, errdefs.Invalidf("cwd: a Windows guest's directory must not contain \", %% or line breaks")
+		}
 	}
 	env := mergedEnv(vmEnv, req.Env)
 	x := qga.ExecRequest{Windows: osName == vm.OSWindows}
@@ -136,7 +144,12 @@ func qgaCommand(osName string, req apitypes.VMExecRequest, vmEnv map[string]stri
 	case req.Command != "" && osName == vm.OSWindows:
 		// cmd.exe's set: guest-exec's env would replace the whole
 		// environment, which Windows programs need (SystemRoot, PATH).
+		// The working directory by cd, which ends the command when it
+		// fails ("a || b & c" is "(a || b) & c" in cmd.exe).
 		var pre strings.Builder
+		if req.Cwd != "" {
+			fmt.Fprintf(&pre, "cd /d \"%s\" || exit %d & ", req.Cwd, qgaCwdExit)
+		}
 		for _, kv := range env {
 			k, v, _ := strings.Cut(kv, "=")
 			if err := checkWindowsEnv(k, v); err != nil {
@@ -157,9 +170,21 @@ func qgaCommand(osName string, req apitypes.VMExecRequest, vmEnv map[string]stri
 	}
 	if osName != vm.OSWindows {
 		x.Env = append([]string{"PATH=" + qgaLinuxPath, "LANG=C.UTF-8", "HOME=/root"}, env...)
+		if req.Cwd != "" && err == nil {
+			// guest-exec has no working directory: a shell changes to
+			// it and execs the command (argv or the command's shell) in
+			// place, so the exit status and signals are the command's.
+			x.Args = append([]string{"-c", `cd -- "$1" || exit ` + fmt.Sprint(qgaCwdExit) + `; shift; exec "$@"`, "sh", req.Cwd, x.Path}, x.Args...)
+			x.Path = "/bin/sh"
+		}
 	}
 	return x, err
 }
+
+// qgaCwdExit is the exit status of a command on a QGA guest whose working
+// directory could not be entered (the shell's own message on stderr says
+// why), as env(1) and chroot(1) answer 125 when they fail themselves.
+const qgaCwdExit = 125
 
 // mergedEnv is the VM's environment with the request's over it, sorted
 // KEY=VALUE.

@@ -114,6 +114,18 @@ func TestVMQGALinuxDisk(t *testing.T) {
 		t.Errorf("command with exit 3 and stderr: %+v", res)
 	}
 
+	// A working directory (a shell changes to it, then execs the command):
+	// a command, argv, and a directory that does not exist.
+	if res = run(e1, apitypes.VMExecRequest{Command: "pwd", Cwd: "/var/tmp"}); res.Stdout != "/var/tmp\n" || res.ExitCode != 0 {
+		t.Errorf("command in cwd /var/tmp: %+v", res)
+	}
+	if res = run(e1, apitypes.VMExecRequest{Argv: []string{"pwd"}, Cwd: "/etc"}); res.Stdout != "/etc\n" || res.ExitCode != 0 {
+		t.Errorf("argv in cwd /etc: %+v", res)
+	}
+	if res = run(e1, apitypes.VMExecRequest{Command: "echo never", Cwd: "/nonexistent"}); res.ExitCode != 125 || res.Stdout != "" || !strings.Contains(res.Stderr, "/nonexistent") {
+		t.Errorf("command in a missing cwd: %+v", res)
+	}
+
 	// A timed-out command: killed with its process tree, its output kept.
 	t1 := time.Now()
 	timeout := 2.0
@@ -168,8 +180,8 @@ func TestVMQGALinuxDisk(t *testing.T) {
 			_, err := e1.VMWriteFile(ctx, apitypes.VMFileWriteRequest{VMID: v.ID, Path: "/root/x", Content: "x", Mode: "4755"})
 			return err
 		}, errdefs.InvalidArgument, "mode:"},
-		"cwd": {func() error {
-			_, err := e1.VMExec(ctx, apitypes.VMExecRequest{VMID: v.ID, Command: "pwd", Cwd: "/root"}, nil)
+		"relative cwd": {func() error {
+			_, err := e1.VMExec(ctx, apitypes.VMExecRequest{VMID: v.ID, Command: "pwd", Cwd: "root"}, nil)
 			return err
 		}, errdefs.InvalidArgument, "cwd:"},
 		"missing file": {func() error {

@@ -35,12 +35,29 @@ func TestQGACommand(t *testing.T) {
 		!strings.HasPrefix(x.Env[0], "PATH=/usr/local/sbin:") || !slices.Contains(x.Env, "A=req") || !slices.Contains(x.Env, "B=x y") || slices.Contains(x.Env, "A=vm") {
 		t.Errorf("linux command: %+v %v", x, err)
 	}
+	// A working directory: cmd.exe changes to it (and ends if it cannot);
+	// on Linux a shell does, then execs the command in its place.
+	x, err = qgaCommand("windows", apitypes.VMExecRequest{Command: "dir", Cwd: `C:\Users\Public`, Env: map[string]string{"K": "v"}}, nil)
+	if err != nil || x.Args[len(x.Args)-1] != `chcp 65001 >NUL & cd /d "C:\Users\Public" || exit 125 & set "K=v" & dir` {
+		t.Errorf("windows cwd: %+v %v", x, err)
+	}
+	x, err = qgaCommand("linux", apitypes.VMExecRequest{Argv: []string{"ls", "-l"}, Cwd: "/var/tmp"}, nil)
+	if err != nil || x.Path != "/bin/sh" || !slices.Equal(x.Args, []string{"-c", `cd -- "$1" || exit 125; shift; exec "$@"`, "sh", "/var/tmp", "ls", "-l"}) {
+		t.Errorf("linux cwd argv: %+v %v", x, err)
+	}
+	x, err = qgaCommand("linux", apitypes.VMExecRequest{Command: "pwd", Cwd: "/var/tmp"}, nil)
+	if err != nil || x.Path != "/bin/sh" || !slices.Equal(x.Args[3:], []string{"/var/tmp", "/bin/sh", "-c", "pwd"}) {
+		t.Errorf("linux cwd command: %+v %v", x, err)
+	}
 	for name, c := range map[string]struct {
 		os    string
 		req   apitypes.VMExecRequest
 		field string
 	}{
-		"cwd":                  {"linux", apitypes.VMExecRequest{Command: "true", Cwd: "/tmp"}, "cwd:"},
+		"cwd relative":         {"linux", apitypes.VMExecRequest{Command: "true", Cwd: "tmp"}, "cwd:"},
+		"windows cwd argv":     {"windows", apitypes.VMExecRequest{Argv: []string{`C:\x.exe`}, Cwd: `C:\Users`}, "cwd:"},
+		"windows cwd relative": {"windows", apitypes.VMExecRequest{Command: "dir", Cwd: `Users`}, "cwd:"},
+		"windows cwd quote":    {"windows", apitypes.VMExecRequest{Command: "dir", Cwd: `C:\a"b`}, "cwd:"},
 		"windows argv env":     {"windows", apitypes.VMExecRequest{Argv: []string{`C:\x.exe`}, Env: map[string]string{"K": "v"}}, "env:"},
 		"windows env quote":    {"windows", apitypes.VMExecRequest{Command: "ver", Env: map[string]string{"K": `a"b`}}, "env.K:"},
 		"windows env percent":  {"windows", apitypes.VMExecRequest{Command: "ver", Env: map[string]string{"K": "%PATH%"}}, "env.K:"},

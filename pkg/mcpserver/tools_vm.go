@@ -58,7 +58,7 @@ func (s *srv) addVMTools() {
 		joinLines(
 			"Start a virtual machine (QEMU) and return its vm_id once its agent answers. A VM is slower than a sandbox (seconds from a saved snapshot, tens of seconds the first time) but has its own kernel: use it for code that needs a real kernel or is too dangerous for a container.",
 			"os: linux (default). image: linux (a minimal Debian guest with python3) or a language (python has pytest). The guest has user 1000, a writable /workspace and /tmp, and no network. windows needs an administrator-prepared image (vm.images.windows).",
-			"An administrator's disk (os windows, or linux when vm.images.linux is set and image is empty or linux) boots for seconds to minutes and runs only the QEMU guest agent (guest_agent: qemu-ga in the result): vm_exec, vm_file_* (as root/SYSTEM, absolute paths, no cwd) and vm_test work, the sandbox tools do not.",
+			"An administrator's disk (os windows, or linux when vm.images.linux is set and image is empty or linux) boots for seconds to minutes and runs only the QEMU guest agent (guest_agent: qemu-ga in the result): vm_exec, vm_file_* (as root/SYSTEM, absolute paths) and vm_test work, the sandbox tools do not.",
 			fmt.Sprintf("Limits: at most %d VMs at once; memory_mb up to %s.", s.cfg.VM.MaxVMs, s.cfg.Sandbox.MaxMemory),
 		),
 		annotations{},
@@ -122,7 +122,7 @@ func (s *srv) addVMTools() {
 		joinLines(
 			"Run a command in a VM and wait for it, like exec_command: command (a shell line) or argv; exit_code, stdout, stderr, duration, termination.",
 			fmt.Sprintf("Prerequisite: a live vm_id from vm_create. Runs in /workspace as user 1000. Limits: %s.", s.limits()),
-			"On a guest with only the QEMU guest agent (guest_agent qemu-ga): runs as root (Windows: SYSTEM; command under cmd.exe, output in UTF-8), in the agent's directory (no cwd: cd in the command), output at the end.",
+			"On a guest with only the QEMU guest agent (guest_agent qemu-ga): runs as root (Windows: SYSTEM; command under cmd.exe, output in UTF-8), cwd absolute (Windows: with command only), output at the end.",
 		),
 		annotations{destructive: true},
 		func(ctx context.Context, c *call, in *apitypes.VMExecRequest) (*result, error) {
