@@ -694,9 +694,7 @@ func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "build image %s", name)
 	}
-	pub := publicImage(img)
-	e.describeImage(&pub)
-	return &pub, nil
+	return e.describedImage(ctx, img)
 }
 
 // Images lists the built images.
@@ -712,13 +710,7 @@ func (e *Engine) Images() ([]apitypes.Image, error) {
 	out := make([]apitypes.Image, len(imgs))
 	for i, im := range imgs {
 		out[i] = publicImage(im)
-		for _, sb := range live {
-			if sb.Image == im.Name && sb.ImageDigest == im.Digest {
-				out[i].Users = append(out[i].Users, sb.ID)
-			}
-		}
-		out[i].InUse = len(out[i].Users)
-		e.describeImage(&out[i])
+		e.describeImage(&out[i], live)
 	}
 	return out, nil
 }

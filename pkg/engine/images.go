@@ -7,6 +7,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm"
 )
 
@@ -46,8 +47,30 @@ func (e *Engine) imageRecipe(name string) (r *image.Recipe, build string, guest 
 	return nil, "", false
 }
 
-// describeImage fills in an image's recipe and whether it is up to date.
-func (e *Engine) describeImage(im *apitypes.Image) {
+// describedImage is img as clients see it (describeImage), among the
+// live sandboxes now.
+func (e *Engine) describedImage(ctx context.Context, img *image.Image) (*apitypes.Image, error) {
+	live, err := e.sandboxes.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pub := publicImage(img)
+	e.describeImage(&pub, live)
+	return &pub, nil
+}
+
+// describeImage fills in an image's users among the live sandboxes, its
+// recipe and whether it is up to date.
+func (e *Engine) describeImage(im *apitypes.Image, live []*sandbox.Info) {
+	for _, sb := range live {
+		// A sandbox that does not record its digest (a VM: its guest
+		// disk is made from the current image) counts as a user, as
+		// RemoveImage counts it.
+		if sb.Image == im.Name && (sb.ImageDigest == im.Digest || sb.ImageDigest == "") {
+			im.Users = append(im.Users, sb.ID)
+		}
+	}
+	im.InUse = len(im.Users)
 	r, build, guest := e.imageRecipe(im.Name)
 	if r == nil {
 		return

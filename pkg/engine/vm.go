@@ -148,9 +148,7 @@ func (e *Engine) EnsureVMImage(ctx context.Context, name string, log io.Writer) 
 	if err != nil {
 		return nil, err
 	}
-	pub := publicImage(img)
-	e.describeImage(&pub)
-	return &pub, nil
+	return e.describedImage(ctx, img)
 }
 
 func (e *Engine) ensureVMImage(ctx context.Context, name string, log io.Writer) (*image.Image, error) {

@@ -39,6 +39,13 @@ func imageText(im *apitypes.Image) string {
 	return s + fmt.Sprintf(", in use by %d sandboxes", im.InUse)
 }
 
+func orNone(l []string) string {
+	if len(l) == 0 {
+		return "none"
+	}
+	return strings.Join(l, ", ")
+}
+
 func shortDigest(d string) string {
 	if len(d) > 12 {
 		return d[:12]
@@ -75,17 +82,21 @@ func (s *srv) addImageTools() {
 				// Only users lists can grow (up to server limits):
 				// they share what the budget leaves.
 				per := max(limit/(24*len(l.Images)+1), 1)
-				var text strings.Builder
-				fmt.Fprintf(&text, "%d images built:\n", len(l.Images))
+				var names, stale, used, unbuilt []string
 				for i, im := range l.Images {
 					if len(im.Users) > per {
 						im.Users = im.Users[:per]
 						out.Note = "users lists cut to fit the result (in_use has the counts); sandbox_list shows every sandbox"
 					}
 					out.Images[i] = im
-					text.WriteString(imageText(&im) + "\n")
+					names = append(names, im.Name)
+					if im.UpToDate != nil && !*im.UpToDate {
+						stale = append(stale, im.Name)
+					}
+					if im.InUse > 0 {
+						used = append(used, fmt.Sprintf("%s (%d)", im.Name, im.InUse))
+					}
 				}
-				var unbuilt []string
 				for _, r := range l.Unbuilt {
 					if r.VM {
 						unbuilt = append(unbuilt, r.Name+" (vm)")
@@ -93,8 +104,10 @@ func (s *srv) addImageTools() {
 						unbuilt = append(unbuilt, r.Name)
 					}
 				}
-				fmt.Fprintf(&text, "not built: %s", strings.Join(unbuilt, ", "))
-				return &result{structured: out, text: text.String()}
+				// A summary: the structured content carries the list.
+				text := fmt.Sprintf("%d images built: %s\nout of date: %s\nin use: %s\nnot built: %s",
+					len(names), orNone(names), orNone(stale), orNone(used), orNone(unbuilt))
+				return &result{structured: out, text: text}
 			}), nil
 		})
 

@@ -84,7 +84,12 @@ func TestImageTools(t *testing.T) {
 	e := newEngine(t, func(c *config.Config) { c.Paths.ImagesDir = store })
 	c := newClient(t, e, Options{})
 
-	l := ok[imageListOut](c, "image_list", map[string]any{})
+	res := c.call("image_list", map[string]any{}, nil)
+	var l imageListOut
+	decodeStructured(t, res, &l)
+	if txt := text(res); !strings.HasPrefix(txt, "1 images built: shell\nout of date: shell\nin use: none\nnot built: ") {
+		t.Errorf("image_list text part = %q", txt)
+	}
 	sh := findImage(l, "shell")
 	if sh == nil || sh.Recipe != "shell" || sh.VM || sh.UpToDate == nil || *sh.UpToDate || sh.Digest == digest || sh.InUse != 0 {
 		t.Fatalf("image_list shell = %+v, want the fabricated out-of-date build", sh)
@@ -100,7 +105,7 @@ func TestImageTools(t *testing.T) {
 
 	// The shell tree of the current recipe is in the store: image_build
 	// makes it current again without building, and logs that.
-	res := c.call("image_build", map[string]any{"name": "shell"}, &mcp.Meta{ProgressToken: "b1"})
+	res = c.call("image_build", map[string]any{"name": "shell"}, &mcp.Meta{ProgressToken: "b1"})
 	if res.IsError {
 		t.Fatal(text(res))
 	}
@@ -137,6 +142,9 @@ func TestImageTools(t *testing.T) {
 	sh = findImage(ok[imageListOut](c, "image_list", map[string]any{}), "shell")
 	if sh == nil || sh.InUse != 1 || !slices.Equal(sh.Users, []string{sb.ID}) {
 		t.Fatalf("shell with %s live = %+v", sb.ID, sh)
+	}
+	if b := ok[apitypes.Image](c, "image_build", map[string]any{"name": "shell"}); b.InUse != 1 || !slices.Equal(b.Users, []string{sb.ID}) {
+		t.Errorf("image_build with %s live = %+v", sb.ID, b)
 	}
 	code, msg := errCode(t, c.call("image_delete", map[string]any{"name": "shell"}, nil))
 	if code != "conflict" || !strings.Contains(msg, sb.ID) {
