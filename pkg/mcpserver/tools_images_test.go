@@ -227,3 +227,20 @@ func TestImageToolsBadInput(t *testing.T) {
 		t.Errorf("shell after bad input: %+v", sh)
 	}
 }
+
+// TestImageBuildVMGuest: image_build {vm: true} of the Linux guest, which
+// the shared cache has up to date, returns its guest image (making the
+// bootable guest for this agent if the cache has none yet).
+func TestImageBuildVMGuest(t *testing.T) {
+	e := newEngine(t)
+	c := newClient(t, e, Options{})
+	if findImage(ok[imageListOut](c, "image_list", map[string]any{}), "vm-linux") == nil {
+		t.Skip("the shared image cache has no vm-linux guest image (a VM test builds it); not building one here")
+	}
+	start := time.Now()
+	img := ok[apitypes.Image](c, "image_build", map[string]any{"name": "linux", "vm": true})
+	if img.Name != "vm-linux" || !img.VM || img.Recipe != "linux" || img.UpToDate == nil || !*img.UpToDate {
+		t.Errorf("image_build {linux, vm} = %+v", img)
+	}
+	t.Logf("image_build {linux, vm: true} took %s", time.Since(start))
+}
