@@ -143,10 +143,6 @@ func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
 	_ = enc.Encode(buildLine{Image: img})
 }
 
-type imageRemoved struct {
-	Name string `json:"name"`
-}
-
 // pruneImages removes stale images no sandbox uses.
 func (s *server) pruneImages(w http.ResponseWriter, r *http.Request) {
 	removed, err := s.e.PruneImages(r.Context())
@@ -163,5 +159,5 @@ func (s *server) removeImage(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, imageRemoved{Name: r.PathValue("name")})
+	writeJSON(w, http.StatusOK, apitypes.ImageDeleteResult{Name: r.PathValue("name"), Deleted: true})
 }

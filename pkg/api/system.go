@@ -47,13 +47,14 @@ type imageList struct {
 	Images []apitypes.Image `json:"images"`
 }
 
+// images is image_list: GET /v1/images.
 func (s *server) images(w http.ResponseWriter, r *http.Request) {
-	imgs, err := s.e.Images()
+	l, err := s.e.ImageList(r.Context())
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, imageList{Images: nonNil(imgs)})
+	writeJSON(w, http.StatusOK, l)
 }
 
 func (s *server) gc(w http.ResponseWriter, r *http.Request) {

@@ -161,4 +161,15 @@ type Image struct {
 	Packages     int       `json:"packages"` // how many Debian packages it holds
 	// Users are the live sandboxes running on this image (its digest).
 	Users []string `json:"users,omitempty"`
+	// InUse counts Users (it stays right when a result cuts the list).
+	InUse int `json:"in_use"`
+	// Recipe is what builds this image, as image_build takes it: the
+	// image's own name (a language or another recipe), or for a VM guest
+	// image vm-NAME its NAME with VM true. Empty when no recipe of that
+	// name is known any more.
+	Recipe string `json:"recipe,omitempty"`
+	VM     bool   `json:"vm,omitempty"`
+	// UpToDate is whether the image is built from its recipe as it is now
+	// (same digest); absent when that cannot be told (no recipe).
+	UpToDate *bool `json:"up_to_date,omitempty"`
 }

@@ -678,17 +678,23 @@ func checkSandboxID(id string) error {
 // EnsureImage builds the image for recipe name unless an image with the
 // recipe's digest exists already.
 func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error) {
+	if err := checkImageName("name", name); err != nil {
+		return nil, err
+	}
 	r, ok := e.catalog.Recipe(name)
 	if !ok {
-		return nil, errdefs.Invalidf("language: no recipe %q (known: %s)", name, strings.Join(e.knownImages(), ", "))
+		hint := ""
+		if strings.HasPrefix(name, vmGuestPrefix) {
+			hint = "; a VM guest image " + name + " is built as a guest (vm) of " + strings.TrimPrefix(name, vmGuestPrefix)
+		}
+		return nil, errdefs.Invalidf("name: no recipe %q (known: %s)%s", name, strings.Join(e.catalog.ImageNames(), ", "), hint)
 	}
 	b := &image.Builder{Store: e.images, Mirror: e.cfg.Images.Mirror, Suite: e.cfg.Images.Suite, Log: log}
 	img, err := b.Ensure(ctx, r)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "build image %s", name)
 	}
-	pub := publicImage(img)
-	return &pub, nil
+	return e.describedImage(ctx, img)
 }
 
 // Images lists the built images.
@@ -704,11 +710,7 @@ func (e *Engine) Images() ([]apitypes.Image, error) {
 	out := make([]apitypes.Image, len(imgs))
 	for i, im := range imgs {
 		out[i] = publicImage(im)
-		for _, sb := range live {
-			if sb.Image == im.Name && sb.ImageDigest == im.Digest {
-				out[i].Users = append(out[i].Users, sb.ID)
-			}
-		}
+		e.describeImage(&out[i], live)
 	}
 	return out, nil
 }
@@ -792,8 +794,8 @@ func (e *Engine) TerminateLabeled(ctx context.Context, key, value, reason string
 // RemoveImage deletes the built images of recipe name. An image in use by a
 // live sandbox is refused: it is the lower layer of that sandbox's root.
 func (e *Engine) RemoveImage(ctx context.Context, name string) error {
-	if name == "" || strings.ContainsAny(name, "/\x00") {
-		return errdefs.Invalidf("name: malformed image name %q", name)
+	if err := checkImageName("name", name); err != nil {
+		return err
 	}
 	if _, err := e.images.Get(name); errors.Is(err, image.ErrNotFound) {
 		return errdefs.NotFoundf("name: no built image %q", name)

@@ -138,16 +138,21 @@ func (e *Engine) vmReadiness() Check {
 // date, and makes it a bootable guest (kernel, initramfs with the agent,
 // qcow2 root disk).
 func (e *Engine) EnsureVMImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error) {
+	if err := checkImageName("name", name); err != nil {
+		return nil, err
+	}
+	if _, err := e.vmRecipe("name", name); err != nil {
+		return nil, err
+	}
 	img, err := e.ensureVMImage(ctx, name, log)
 	if err != nil {
 		return nil, err
 	}
-	pub := publicImage(img)
-	return &pub, nil
+	return e.describedImage(ctx, img)
 }
 
 func (e *Engine) ensureVMImage(ctx context.Context, name string, log io.Writer) (*image.Image, error) {
-	r, err := e.vmRecipe(name)
+	r, err := e.vmRecipe("image", name)
 	if err != nil {
 		return nil, err
 	}
@@ -162,14 +167,15 @@ func (e *Engine) ensureVMImage(ctx context.Context, name string, log io.Writer) 
 	return img, nil
 }
 
-// vmRecipe is the recipe of the guest image of name (linux or a language).
-func (e *Engine) vmRecipe(name string) (*image.Recipe, error) {
+// vmRecipe is the recipe of the guest image of name (linux or a language);
+// an unknown name is an invalid_argument naming field.
+func (e *Engine) vmRecipe(field, name string) (*image.Recipe, error) {
 	if name == vm.OSLinux {
 		return vm.GuestRecipe(e.cfg.Paths.RecipesDir, name, nil)
 	}
 	r, ok := e.catalog.Recipe(name)
 	if !ok {
-		return nil, errdefs.Invalidf("image: no guest image %q: linux or a language (known: %s)", name, strings.Join(e.catalog.Names(), ", "))
+		return nil, errdefs.Invalidf("%s: no guest image %q: linux or a language (known: %s)", field, name, strings.Join(e.catalog.Names(), ", "))
 	}
 	return vm.GuestRecipe(e.cfg.Paths.RecipesDir, name, r)
 }
@@ -191,7 +197,7 @@ func (e *Engine) vmImage(ctx context.Context, name string, progress func(string)
 	if strings.ContainsAny(name, "/\x00") {
 		return nil, errdefs.Invalidf("image: malformed image name %q", name)
 	}
-	if _, err := e.vmRecipe(name); err != nil {
+	if _, err := e.vmRecipe("image", name); err != nil {
 		return nil, err
 	}
 	if img, err := e.images.Get(vm.GuestImageName(name)); err == nil {

@@ -168,6 +168,10 @@ var (
 // builder needs for the package list and users need for apt.
 var variants = []string{"essential", "apt", "required", "minbase", "buildd", "important", "debootstrap", "standard"}
 
+// ValidName reports whether name can name a recipe and its image: 1 to 63
+// of a-z, 0-9, '_' and '-', starting with a letter.
+func ValidName(name string) bool { return nameRE.MatchString(name) }
+
 // LoadRecipe reads, defaults and validates one recipe file. Unknown keys,
 // invalid values and missing file sources are errors naming the field; all
 // such errors are errdefs.InvalidArgument.

@@ -284,6 +284,9 @@ type progressNotifier struct {
 	stream_  string // stream of the last pending bytes
 	seq      int
 	lastSent time.Time // of the last notification; loop goroutine only
+	// sendRest: output still pending at stop is sent, not dropped (see
+	// sendRestAtStop).
+	sendRest bool
 	wake     chan struct{}
 	done     chan struct{}
 	stopped  chan struct{}
@@ -363,10 +366,27 @@ func (p *progressNotifier) loop() {
 	}
 }
 
+// sendRestAtStop makes stop send the output still pending: for a tool
+// whose result does not carry that output (image_build's log).
+func (p *progressNotifier) sendRestAtStop() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.sendRest = true
+	p.mu.Unlock()
+}
+
 // settle ends the notifier: output still pending is not sent (the result
-// carries it), and the result waits until progressSettle has passed since
-// the last notification.
+// carries it) unless sendRestAtStop said so, and the result waits until
+// progressSettle has passed since the last notification.
 func (p *progressNotifier) settle() {
+	p.mu.Lock()
+	rest := p.sendRest
+	p.mu.Unlock()
+	if rest {
+		p.flush()
+	}
 	if p.lastSent.IsZero() {
 		return
 	}

@@ -156,6 +156,9 @@ func newSrv(e *engine.Engine, opt Options) *srv {
 		s.addRunResources()
 		s.addAgentTools()
 	}
+	if enabled("images") {
+		s.addImageTools()
+	}
 	if enabled("autofix") {
 		s.addAutofixTools()
 	}

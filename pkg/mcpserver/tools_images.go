@@ -1,0 +1,148 @@
+package mcpserver
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+)
+
+// The images tool group: the language and VM guest images through the
+// engine's image operations, as REST /v1/images and `sandboxctl images`
+// use them.
+
+type imageListIn struct{}
+
+type imageListOut struct {
+	apitypes.ImageList
+	// Note says that lists of users were cut to fit the result.
+	Note string `json:"note,omitempty"`
+}
+
+func imageText(im *apitypes.Image) string {
+	s := fmt.Sprintf("%s: digest %s, %d MiB, built %s", im.Name, shortDigest(im.Digest), im.SizeBytes>>20, im.BuiltAt.UTC().Format("2006-01-02T15:04:05Z"))
+	if im.Recipe != "" {
+		kind := "recipe " + im.Recipe
+		if im.VM {
+			kind = "VM guest of " + im.Recipe
+		}
+		s += ", " + kind
+	}
+	if im.UpToDate != nil {
+		if *im.UpToDate {
+			s += ", up to date"
+		} else {
+			s += ", out of date (image_build rebuilds it)"
+		}
+	}
+	return s + fmt.Sprintf(", in use by %d sandboxes", im.InUse)
+}
+
+func orNone(l []string) string {
+	if len(l) == 0 {
+		return "none"
+	}
+	return strings.Join(l, ", ")
+}
+
+func shortDigest(d string) string {
+	if len(d) > 12 {
+		return d[:12]
+	}
+	return d
+}
+
+// progressWriter hands what an image build logs to the call's progress
+// notifier (nil without a progress token), which sends it as progress
+// notifications, coalesced like command output.
+type progressWriter struct{ out func(string, []byte) }
+
+func (w progressWriter) Write(p []byte) (int, error) {
+	if w.out != nil {
+		w.out("stdout", p)
+	}
+	return len(p), nil
+}
+
+func (s *srv) addImageTools() {
+	addTool[imageListIn, imageListOut](s, "image_list", "List images",
+		joinLines(
+			"List the built images — name, recipe (what image_build takes; vm true for a VM guest image vm-NAME), size, built_at, digest, in_use (live sandboxes on it; users lists them), up_to_date (built from the recipe as it is now) — and the recipes not built yet (unbuilt: what image_build can make).",
+			"A language image that is not built is also built on first use by sandbox_create/run_code when images.build_on_demand is on.",
+		),
+		annotations{readOnly: true, idempotent: true},
+		func(ctx context.Context, c *call, in *imageListIn) (*result, error) {
+			l, err := s.e.ImageList(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return s.fit(func(limit int) *result {
+				out := imageListOut{ImageList: apitypes.ImageList{Unbuilt: l.Unbuilt, Images: make([]apitypes.Image, len(l.Images))}}
+				// Only users lists can grow (up to server limits):
+				// they share what the budget leaves.
+				per := max(limit/(24*len(l.Images)+1), 1)
+				var names, stale, used, unbuilt []string
+				for i, im := range l.Images {
+					if len(im.Users) > per {
+						im.Users = im.Users[:per]
+						out.Note = "users lists cut to fit the result (in_use has the counts); sandbox_list shows every sandbox"
+					}
+					out.Images[i] = im
+					names = append(names, im.Name)
+					if im.UpToDate != nil && !*im.UpToDate {
+						stale = append(stale, im.Name)
+					}
+					if im.InUse > 0 {
+						used = append(used, fmt.Sprintf("%s (%d)", im.Name, im.InUse))
+					}
+				}
+				for _, r := range l.Unbuilt {
+					if r.VM {
+						unbuilt = append(unbuilt, r.Name+" (vm)")
+					} else {
+						unbuilt = append(unbuilt, r.Name)
+					}
+				}
+				// A summary: the structured content carries the list.
+				text := fmt.Sprintf("%d images built: %s\nout of date: %s\nin use: %s\nnot built: %s",
+					len(names), orNone(names), orNone(stale), orNone(used), orNone(unbuilt))
+				return &result{structured: out, text: text}
+			}), nil
+		})
+
+	addTool[apitypes.ImageBuildRequest, apitypes.Image](s, "image_build", "Build an image",
+		joinLines(
+			"Build the image of a recipe unless it is up to date, and return it (name, digest, size, built_at, recipe, up_to_date). An up-to-date image returns at once; otherwise the build (Debian packages with mmdebstrap) takes from tens of seconds to several minutes, and the image becomes current for new sandboxes while running sandboxes keep the one they started on.",
+			"name: a recipe from image_list (a language or another recipe such as agent); with vm: true, a VM guest image (vm-NAME for vm_create and vm_test) of linux or a language.",
+			"With a progress token, the build log is sent as progress notifications while it builds; without one the call stays silent but heartbeats keep it alive. Cancelling the call stops the build, and so does a client giving up at its tool timeout (Claude Code: MCP_TOOL_TIMEOUT, raise it for builds) — or build ahead with `sandboxctl images build NAME`.",
+		),
+		annotations{idempotent: true},
+		func(ctx context.Context, c *call, in *apitypes.ImageBuildRequest) (*result, error) {
+			// The result does not carry the log: its last lines are
+			// sent too.
+			c.progress.sendRestAtStop()
+			build := s.e.EnsureImage
+			if in.VM {
+				build = s.e.EnsureVMImage
+			}
+			img, err := build(ctx, in.Name, progressWriter{c.progress.outputFunc()})
+			if err != nil {
+				return nil, err
+			}
+			return &result{structured: img, text: "image " + imageText(img)}, nil
+		})
+
+	addTool[apitypes.ImageDeleteRequest, apitypes.ImageDeleteResult](s, "image_delete", "Delete an image",
+		joinLines(
+			"Delete a built image (every tree built for that name) from the image store. Refused with conflict while a live sandbox runs on it: terminate those first (image_list: users).",
+			"A deleted language image is built again on the next sandbox_create/run_code of that language (minutes) when images.build_on_demand is on, or by image_build.",
+		),
+		annotations{destructive: true},
+		func(ctx context.Context, c *call, in *apitypes.ImageDeleteRequest) (*result, error) {
+			if err := s.e.RemoveImage(ctx, in.Name); err != nil {
+				return nil, err
+			}
+			return &result{structured: apitypes.ImageDeleteResult{Name: in.Name, Deleted: true}, text: "image " + in.Name + " deleted"}, nil
+		})
+}
