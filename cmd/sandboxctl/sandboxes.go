@@ -195,25 +195,32 @@ func createCmd(g *globals) *cobra.Command {
 }
 
 func pauseCmd(g *globals) *cobra.Command {
-	return freezeCmd(g, "pause ID", "Freeze every process of a sandbox (no CPU, no idle timeout) until resume", (*client.Client).PauseSandbox)
+	return stateChangeCmd(g, "pause ID", "Freeze every process of a sandbox (no CPU, no idle timeout) until resume", 1,
+		func(c *client.Client, ctx context.Context, args []string) (*client.Sandbox, error) {
+			return c.PauseSandbox(ctx, args[0])
+		})
 }
 
 func resumeCmd(g *globals) *cobra.Command {
-	return freezeCmd(g, "resume ID", "Thaw a paused sandbox", (*client.Client).ResumeSandbox)
+	return stateChangeCmd(g, "resume ID", "Thaw a paused sandbox", 1,
+		func(c *client.Client, ctx context.Context, args []string) (*client.Sandbox, error) {
+			return c.ResumeSandbox(ctx, args[0])
+		})
 }
 
-// freezeCmd is pause or resume: call on one sandbox, print its new state.
-func freezeCmd(g *globals, use, short string, call func(*client.Client, context.Context, string) (*client.Sandbox, error)) *cobra.Command {
+// stateChangeCmd is a command that changes one sandbox (pause, resume,
+// restore): call with its nargs arguments, print the sandbox's new state.
+func stateChangeCmd(g *globals, use, short string, nargs int, call func(*client.Client, context.Context, []string) (*client.Sandbox, error)) *cobra.Command {
 	return &cobra.Command{
 		Use:   use,
 		Short: short,
-		Args:  cobra.ExactArgs(1),
+		Args:  cobra.ExactArgs(nargs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			s, err := call(c, cmd.Context(), args[0])
+			s, err := call(c, cmd.Context(), args)
 			if err != nil {
 				return err
 			}

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"text/tabwriter"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
 	"github.com/spf13/cobra"
 )
 
@@ -38,26 +40,10 @@ func snapshotCmd(g *globals) *cobra.Command {
 }
 
 func restoreCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "restore ID SNAPSHOT",
-		Short: "Roll a sandbox back to a snapshot (its running commands are killed)",
-		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			s, err := c.RestoreSandbox(cmd.Context(), args[0], args[1])
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return g.printJSON(s)
-			}
-			fmt.Fprintf(g.stdout, "%s %s\n", s.ID, s.State)
-			return nil
-		},
-	}
+	return stateChangeCmd(g, "restore ID SNAPSHOT", "Roll a sandbox back to a snapshot (its running commands are killed)", 2,
+		func(c *client.Client, ctx context.Context, args []string) (*client.Sandbox, error) {
+			return c.RestoreSandbox(ctx, args[0], args[1])
+		})
 }
 
 func snapshotsCmd(g *globals) *cobra.Command {

@@ -16,21 +16,14 @@ import (
 // their own status, as with the other streams.
 func (s *server) agentRun(w http.ResponseWriter, r *http.Request) {
 	var req engine.AgentRunRequest
-	stream, err := queryBool(r, "stream")
-	if err == nil {
-		err = s.decodeJSON(w, r, &req)
-	}
+	stream, err := s.decodeStreamable(w, r, &req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	if !stream {
 		res, err := s.e.AgentRun(r.Context(), req, nil)
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, res)
+		s.reply(w, r, http.StatusOK, res, err)
 		return
 	}
 	st := newNDJSONStream(w)

@@ -260,6 +260,26 @@ func httpStatus(c errdefs.Code) int {
 	}
 }
 
+// reply is the end of most handlers: the engine's error in the taxonomy's
+// JSON, or v with status. v must be safe to build when err is set (the
+// engine's result, or a literal around it that does not dereference it).
+func (s *server) reply(w http.ResponseWriter, r *http.Request, status int, v any, err error) {
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, status, v)
+}
+
+// decodeStreamable reads a request that may ask for a streamed answer
+// (?stream=true) and its JSON body into v.
+func (s *server) decodeStreamable(w http.ResponseWriter, r *http.Request, v any) (stream bool, err error) {
+	if stream, err = queryBool(r, "stream"); err != nil {
+		return false, err
+	}
+	return stream, s.decodeJSON(w, r, v)
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -10,11 +10,7 @@ import (
 // DIR (default /workspace) into an artifact.
 func (s *server) exportFiles(w http.ResponseWriter, r *http.Request) {
 	art, err := s.e.ExportFiles(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, art)
+	s.reply(w, r, http.StatusCreated, art, err)
 }
 
 // downloadArtifact streams an artifact: GET /v1/artifacts/{id}.

@@ -393,9 +393,5 @@ func (s *server) mintLogin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	l, err := s.opt.UI.MintLogin()
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, l)
+	s.reply(w, r, http.StatusCreated, l, err)
 }

@@ -75,11 +75,7 @@ func (s *server) autofixSubmit(w http.ResponseWriter, r *http.Request) {
 // autofixStatus is GET /v1/autofix/{id}.
 func (s *server) autofixStatus(w http.ResponseWriter, r *http.Request) {
 	res, err := s.e.AutofixStatus(r.Context(), r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
+	s.reply(w, r, http.StatusOK, res, err)
 }
 
 // exportRuns is GET /v1/runs/export?format=jsonl: the autofix corrections

@@ -24,11 +24,7 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.e.WriteFileFrom(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.URL.Query().Get("mode"), appendTo, r.ContentLength, r.Body)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
+	s.reply(w, r, http.StatusOK, res, err)
 }
 
 type fileList struct {
@@ -89,11 +85,7 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	l, err := s.e.ListFiles(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), recursive)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, fileList{Entries: nonNil(l)})
+	s.reply(w, r, http.StatusOK, fileList{Entries: nonNil(l)}, err)
 }
 
 func (s *server) deleteFile(w http.ResponseWriter, r *http.Request) {
@@ -103,9 +95,5 @@ func (s *server) deleteFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.e.DeleteFile(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), recursive)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
+	s.reply(w, r, http.StatusOK, res, err)
 }

@@ -19,11 +19,7 @@ func (s *server) startJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	jobID, err := s.e.StartJob(r.Context(), req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusAccepted, jobStarted{JobID: jobID})
+	s.reply(w, r, http.StatusAccepted, jobStarted{JobID: jobID}, err)
 }
 
 type jobList struct {
@@ -32,11 +28,7 @@ type jobList struct {
 
 func (s *server) listJobs(w http.ResponseWriter, r *http.Request) {
 	jobs, err := s.e.ListJobs(r.Context(), r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, jobList{Jobs: nonNil(jobs)})
+	s.reply(w, r, http.StatusOK, jobList{Jobs: nonNil(jobs)}, err)
 }
 
 // jobStatus pages a job's output: ?stdout_offset=&stderr_offset=&max_bytes=.
@@ -58,11 +50,7 @@ func (s *server) jobStatus(w http.ResponseWriter, r *http.Request) {
 	}
 	req.MaxBytes = int(max)
 	st, err := s.e.JobStatus(r.Context(), req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, st)
+	s.reply(w, r, http.StatusOK, st, err)
 }
 
 // killJob signals a job: ?signal=SIGTERM (default SIGKILL), and says its
@@ -70,9 +58,5 @@ func (s *server) jobStatus(w http.ResponseWriter, r *http.Request) {
 func (s *server) killJob(w http.ResponseWriter, r *http.Request) {
 	res, err := s.e.KillJob(r.Context(), apitypes.JobKillRequest{
 		SandboxID: r.PathValue("id"), JobID: r.PathValue("job"), Signal: r.URL.Query().Get("signal")})
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
+	s.reply(w, r, http.StatusOK, res, err)
 }

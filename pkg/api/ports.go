@@ -19,29 +19,17 @@ func (s *server) routePorts(mux *http.ServeMux) {
 
 func (s *server) exposePort(w http.ResponseWriter, r *http.Request) {
 	var req engine.ExposePortRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if err := pathID(r, "sandbox_id", &req.SandboxID); err != nil {
+	if err := s.decodeFor(w, r, &req, "sandbox_id", &req.SandboxID); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	x, err := s.e.ExposePort(r.Context(), req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, x)
+	s.reply(w, r, http.StatusOK, x, err)
 }
 
 func (s *server) listPorts(w http.ResponseWriter, r *http.Request) {
 	xs, err := s.e.Ports(r.Context(), r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"ports": xs})
+	s.reply(w, r, http.StatusOK, map[string]any{"ports": xs}, err)
 }
 
 func (s *server) unexposePort(w http.ResponseWriter, r *http.Request) {

@@ -17,21 +17,14 @@ import (
 // line (or {"error": ...}); errors before any output keep their status.
 func (s *server) runCode(w http.ResponseWriter, r *http.Request) {
 	var req engine.RunCodeRequest
-	stream, err := queryBool(r, "stream")
-	if err == nil {
-		err = s.decodeJSON(w, r, &req)
-	}
+	stream, err := s.decodeStreamable(w, r, &req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	if !stream {
 		res, err := s.e.RunCode(r.Context(), req, nil)
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, res)
+		s.reply(w, r, http.StatusOK, res, err)
 		return
 	}
 	st := &execStream{ndjsonStream: newNDJSONStream(w)}
@@ -62,11 +55,7 @@ func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
 	}
 	f := engine.RunFilter{Language: r.URL.Query().Get("language"), Limit: int(limit), Success: success}
 	l, err := s.e.ListRuns(r.Context(), f)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, runList{Runs: nonNil(l)})
+	s.reply(w, r, http.StatusOK, runList{Runs: nonNil(l)}, err)
 }
 
 // getRun is run_get: GET /v1/runs/{id}?max_bytes= (of each log; default 64 KiB).
@@ -80,11 +69,7 @@ func (s *server) getRun(w http.ResponseWriter, r *http.Request) {
 		max = 64 << 10
 	}
 	run, err := s.e.GetRun(r.Context(), r.PathValue("id"), max)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, run)
+	s.reply(w, r, http.StatusOK, run, err)
 }
 
 type languageList struct {
@@ -94,11 +79,7 @@ type languageList struct {
 // languages is languages_list: GET /v1/languages.
 func (s *server) languages(w http.ResponseWriter, r *http.Request) {
 	l, err := s.e.Languages(r.Context())
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, languageList{Languages: nonNil(l)})
+	s.reply(w, r, http.StatusOK, languageList{Languages: nonNil(l)}, err)
 }
 
 // buildLine is one line of the image build stream: a line of the build log,
@@ -146,11 +127,7 @@ func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
 // pruneImages removes stale images no sandbox uses.
 func (s *server) pruneImages(w http.ResponseWriter, r *http.Request) {
 	removed, err := s.e.PruneImages(r.Context())
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, imageList{Images: nonNil(removed)})
+	s.reply(w, r, http.StatusOK, imageList{Images: nonNil(removed)}, err)
 }
 
 // removeImage deletes the built images of recipe {name}.

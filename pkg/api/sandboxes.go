@@ -18,11 +18,7 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info, err := s.e.CreateSandbox(r.Context(), req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, info)
+	s.reply(w, r, http.StatusCreated, info, err)
 }
 
 type sandboxList struct {
@@ -31,56 +27,33 @@ type sandboxList struct {
 
 func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	l, err := s.e.ListSandboxes(r.Context(), r.URL.Query().Get("state"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, sandboxList{Sandboxes: nonNil(l)})
+	s.reply(w, r, http.StatusOK, sandboxList{Sandboxes: nonNil(l)}, err)
 }
 
 func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
 	d, err := s.e.GetSandbox(r.Context(), r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, d)
+	s.reply(w, r, http.StatusOK, d, err)
 }
 
 func (s *server) terminateSandbox(w http.ResponseWriter, r *http.Request) {
 	info, err := s.e.TerminateSandbox(r.Context(), r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, info)
+	s.reply(w, r, http.StatusOK, info, err)
 }
 
 func (s *server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 	info, err := s.e.PauseSandbox(r.Context(), r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, info)
+	s.reply(w, r, http.StatusOK, info, err)
 }
 
 func (s *server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	info, err := s.e.ResumeSandbox(r.Context(), r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, info)
+	s.reply(w, r, http.StatusOK, info, err)
 }
 
 // decodeExec reads an exec request whose sandbox is the one in the path.
 func (s *server) decodeExec(w http.ResponseWriter, r *http.Request) (engine.ExecRequest, error) {
 	var req engine.ExecRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
-		return req, err
-	}
-	return req, pathID(r, "sandbox_id", &req.SandboxID)
+	return req, s.decodeFor(w, r, &req, "sandbox_id", &req.SandboxID)
 }
 
 // pathID puts the path's id into a body's field, refusing a different one.
@@ -91,6 +64,15 @@ func pathID(r *http.Request, field string, body *string) error {
 	}
 	*body = id
 	return nil
+}
+
+// decodeFor reads a request body into v whose id field (named field in
+// messages) is the resource in the path.
+func (s *server) decodeFor(w http.ResponseWriter, r *http.Request, v any, field string, id *string) error {
+	if err := s.decodeJSON(w, r, v); err != nil {
+		return err
+	}
+	return pathID(r, field, id)
 }
 
 // exec runs a command and streams its output as NDJSON. The status line is
@@ -218,9 +200,5 @@ func (s *server) sandboxNetwork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st, err := s.e.SandboxNetwork(r.Context(), req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, st)
+	s.reply(w, r, http.StatusOK, st, err)
 }

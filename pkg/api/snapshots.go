@@ -32,29 +32,17 @@ func (s *server) snapshotSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	snap, err := s.e.SnapshotSandbox(r.Context(), req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, snap)
+	s.reply(w, r, http.StatusCreated, snap, err)
 }
 
 func (s *server) restoreSandbox(w http.ResponseWriter, r *http.Request) {
 	var req apitypes.RestoreRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if err := pathID(r, "sandbox_id", &req.SandboxID); err != nil {
+	if err := s.decodeFor(w, r, &req, "sandbox_id", &req.SandboxID); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	info, err := s.e.RestoreSandbox(r.Context(), req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, info)
+	s.reply(w, r, http.StatusOK, info, err)
 }
 
 // SnapshotList is the body of GET /v1/snapshots.
@@ -64,20 +52,12 @@ type SnapshotList struct {
 
 func (s *server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	l, err := s.e.ListSnapshots(r.Context(), r.URL.Query().Get("sandbox_id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, SnapshotList{Snapshots: l})
+	s.reply(w, r, http.StatusOK, SnapshotList{Snapshots: l}, err)
 }
 
 func (s *server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 	snap, err := s.e.GetSnapshot(r.Context(), r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, snap)
+	s.reply(w, r, http.StatusOK, snap, err)
 }
 
 func (s *server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {

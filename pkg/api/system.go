@@ -36,11 +36,7 @@ func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) status(w http.ResponseWriter, r *http.Request) {
 	st, err := s.e.Status(r.Context())
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, st)
+	s.reply(w, r, http.StatusOK, st, err)
 }
 
 type imageList struct {
@@ -50,20 +46,12 @@ type imageList struct {
 // images is image_list: GET /v1/images.
 func (s *server) images(w http.ResponseWriter, r *http.Request) {
 	l, err := s.e.ImageList(r.Context())
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, l)
+	s.reply(w, r, http.StatusOK, l, err)
 }
 
 func (s *server) gc(w http.ResponseWriter, r *http.Request) {
 	rep, err := s.e.GC(r.Context())
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, rep)
+	s.reply(w, r, http.StatusOK, rep, err)
 }
 
 // nonNil makes empty lists encode as [] rather than null.

@@ -47,21 +47,14 @@ func (s *server) liveVMOnly(h http.HandlerFunc) http.HandlerFunc {
 // sent with the first line, so an error before any keeps its own status.
 func (s *server) createVM(w http.ResponseWriter, r *http.Request) {
 	var req apitypes.VMCreateRequest
-	stream, err := queryBool(r, "stream")
-	if err == nil {
-		err = s.decodeJSON(w, r, &req)
-	}
+	stream, err := s.decodeStreamable(w, r, &req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	if !stream {
 		v, err := s.e.CreateVM(r.Context(), req, nil)
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		writeJSON(w, http.StatusCreated, v)
+		s.reply(w, r, http.StatusCreated, v, err)
 		return
 	}
 	st := newNDJSONStream(w)
@@ -97,11 +90,7 @@ func (s *server) vmWriteFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.e.VMWriteFileFrom(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.URL.Query().Get("mode"), r.ContentLength, r.Body)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
+	s.reply(w, r, http.StatusOK, res, err)
 }
 
 // vmReadFile downloads a file of a VM (engine.VMReadFileRaw); listing is
@@ -116,29 +105,17 @@ type vmList struct {
 
 func (s *server) listVMs(w http.ResponseWriter, r *http.Request) {
 	l, err := s.e.ListVMs(r.Context(), r.URL.Query().Get("state"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, vmList{VMs: nonNil(l)})
+	s.reply(w, r, http.StatusOK, vmList{VMs: nonNil(l)}, err)
 }
 
 func (s *server) getVM(w http.ResponseWriter, r *http.Request) {
 	v, err := s.e.GetVM(r.Context(), r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, v)
+	s.reply(w, r, http.StatusOK, v, err)
 }
 
 func (s *server) destroyVM(w http.ResponseWriter, r *http.Request) {
 	v, err := s.e.DestroyVM(r.Context(), r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, v)
+	s.reply(w, r, http.StatusOK, v, err)
 }
 
 type vmSnapshotList struct {
@@ -162,10 +139,7 @@ func (s *server) listVMSnapshots(w http.ResponseWriter, r *http.Request) {
 // decodeSnapshot reads a snapshot request whose VM is the one in the path.
 func (s *server) decodeSnapshot(w http.ResponseWriter, r *http.Request) (apitypes.VMSnapshotRequest, error) {
 	var req apitypes.VMSnapshotRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
-		return req, err
-	}
-	return req, pathID(r, "vm_id", &req.VMID)
+	return req, s.decodeFor(w, r, &req, "vm_id", &req.VMID)
 }
 
 func (s *server) snapshotVM(w http.ResponseWriter, r *http.Request) {
@@ -175,11 +149,7 @@ func (s *server) snapshotVM(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.e.SnapshotVM(r.Context(), req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, res)
+	s.reply(w, r, http.StatusCreated, res, err)
 }
 
 func (s *server) restoreVM(w http.ResponseWriter, r *http.Request) {
@@ -189,11 +159,7 @@ func (s *server) restoreVM(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.e.RestoreVM(r.Context(), req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
+	s.reply(w, r, http.StatusOK, res, err)
 }
 
 func (s *server) screenshotVM(w http.ResponseWriter, r *http.Request) {
@@ -215,9 +181,5 @@ func (s *server) vmTest(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.e.VMTest(r.Context(), req)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
+	s.reply(w, r, http.StatusOK, res, err)
 }

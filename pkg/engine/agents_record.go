@@ -42,13 +42,9 @@ func (e *Engine) startAgentRecord(ctx context.Context, id string, files map[stri
 	if err != nil {
 		return nil, err
 	}
-	rs, err := e.runStore()
+	rec, err := e.newRunRecord()
 	if err != nil {
 		return nil, err
-	}
-	rec, err := rs.Create()
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "create run record")
 	}
 	r := &agentRecord{Record: rec, e: e, transcriptPath: filepath.Join(rec.Dir, runs.TranscriptJSONL)}
 	names := make([]string, 0, len(files))

@@ -391,17 +391,9 @@ func (e *Engine) ReadFileRaw(ctx context.Context, req FileReadRequest) (*agent.F
 	default:
 		return nil, errdefs.Invalidf("encoding: must be utf-8 or base64, got %q", req.Encoding)
 	}
-	if req.Offset < 0 {
-		return nil, errdefs.Invalidf("offset: must not be negative")
-	}
-	max := req.MaxBytes
-	switch {
-	case max < 0:
-		return nil, errdefs.Invalidf("max_bytes: must not be negative")
-	case max == 0:
-		max = DefaultReadBytes
-	case max > MaxFileBytes:
-		return nil, errdefs.Invalidf("max_bytes: exceeds the maximum %d", MaxFileBytes)
+	max, err := readWindow(req.Offset, req.MaxBytes)
+	if err != nil {
+		return nil, err
 	}
 	return e.sandboxes.ReadFile(ctx, req.SandboxID, req.Path, req.Offset, max)
 }
@@ -466,4 +458,21 @@ func decodeContent(encoding, content string) ([]byte, error) {
 	default:
 		return nil, errdefs.Invalidf("encoding: must be utf-8 or base64, got %q", encoding)
 	}
+}
+
+// readWindow checks a file read's offset and size, and returns the size
+// to read (max_bytes 0 is DefaultReadBytes).
+func readWindow(offset, max int64) (int64, error) {
+	if offset < 0 {
+		return 0, errdefs.Invalidf("offset: must not be negative")
+	}
+	switch {
+	case max < 0:
+		return 0, errdefs.Invalidf("max_bytes: must not be negative")
+	case max == 0:
+		return DefaultReadBytes, nil
+	case max > MaxFileBytes:
+		return 0, errdefs.Invalidf("max_bytes: exceeds the maximum %d", MaxFileBytes)
+	}
+	return max, nil
 }

@@ -2,9 +2,6 @@ package engine
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,37 +135,8 @@ func TestPruneImages(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", filepath.Dir(shared.Rootfs), filepath.Join(private, x)).CombinedOutput(); err != nil {
 		t.Fatalf("copy image: %v %s", err, out)
 	}
-	fabricate := func(seed string) string {
-		sum := sha256.Sum256([]byte(seed))
-		d := hex.EncodeToString(sum[:])
-		data, err := os.ReadFile(filepath.Join(private, x, "image.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var meta map[string]any
-		if err := json.Unmarshal(data, &meta); err != nil {
-			t.Fatal(err)
-		}
-		meta["digest"] = d
-		data, _ = json.Marshal(meta)
-		if err := os.MkdirAll(filepath.Join(private, d, "rootfs"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(private, d, "image.json"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	setCurrent := func(d string) {
-		link := filepath.Join(private, "by-name", "shell")
-		_ = os.Remove(link)
-		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Symlink(filepath.Join("..", d), link); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fabricate := func(seed string) string { return testenv.FakeImageVersion(t, private, x, seed) }
+	setCurrent := func(d string) { testenv.SetCurrentImage(t, private, "shell", d) }
 	setCurrent(x)
 	env := newTestEngine(t, func(c *config.Config) { c.Paths.ImagesDir = private })
 	ctx := context.Background()

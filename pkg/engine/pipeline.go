@@ -98,13 +98,9 @@ func (e *Engine) StartRun(ctx context.Context, spec RunSpec) (*CodeRun, error) {
 			return nil, errdefs.Invalidf("sandbox_id: sandbox %s runs the %q image, not %q", given.ID, given.Image, h.Name)
 		}
 	}
-	rs, err := e.runStore()
+	rec, err := e.newRunRecord()
 	if err != nil {
 		return nil, err
-	}
-	rec, err := rs.Create()
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "create run record")
 	}
 	r := &CodeRun{e: e, h: h, Record: rec, deadline: spec.Deadline, ephemeral: given == nil}
 	r.Meta = runs.Metadata{Kind: spec.Kind, Language: h.Name, StartTime: rec.StartedAt.UTC(), Image: h.Name,

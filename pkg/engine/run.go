@@ -82,6 +82,19 @@ func (e *Engine) runStore() (*runs.Store, error) {
 	return e.runs, nil
 }
 
+// newRunRecord creates the directory and metadata of a new run record.
+func (e *Engine) newRunRecord() (*runs.Record, error) {
+	rs, err := e.runStore()
+	if err != nil {
+		return nil, err
+	}
+	rec, err := rs.Create()
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "create run record")
+	}
+	return rec, nil
+}
+
 // RunCodeRequest is the input of run_code.
 type RunCodeRequest = apitypes.RunCodeRequest
 

@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -137,7 +136,7 @@ func qgaCommand(osName string, req apitypes.VMExecRequest, vmEnv map[string]stri
 			return qga.ExecRequest{}, errdefs.Invalidf("cwd: a Windows guest's directory must not contain \", %% or line breaks")
 		}
 	}
-	env := mergedEnv(vmEnv, req.Env)
+	env := sandbox.MergeEnv(vmEnv, req.Env)
 	x := qga.ExecRequest{Windows: osName == vm.OSWindows}
 	var err error
 	switch {
@@ -185,23 +184,6 @@ func qgaCommand(osName string, req apitypes.VMExecRequest, vmEnv map[string]stri
 // directory could not be entered (the shell's own message on stderr says
 // why), as env(1) and chroot(1) answer 125 when they fail themselves.
 const qgaCwdExit = 125
-
-// mergedEnv is the VM's environment with the request's over it, sorted
-// KEY=VALUE.
-func mergedEnv(layers ...map[string]string) []string {
-	m := map[string]string{}
-	for _, l := range layers {
-		for k, v := range l {
-			m[k] = v
-		}
-	}
-	out := make([]string, 0, len(m))
-	for k, v := range m {
-		out = append(out, k+"="+v)
-	}
-	sort.Strings(out)
-	return out
-}
 
 // checkWindowsEnv checks a variable for cmd.exe's set "K=V": a quote would
 // end it, a % would expand, and a line break would end the command.
@@ -425,19 +407,12 @@ func (e *Engine) qgaRead(ctx context.Context, r *vmRef, p string, offset, max in
 	if err := qgaPath(r.qgaOS, p); err != nil {
 		return nil, err
 	}
-	if offset < 0 {
-		return nil, errdefs.Invalidf("offset: must not be negative")
-	}
-	switch {
-	case max < 0:
-		return nil, errdefs.Invalidf("max_bytes: must not be negative")
-	case max == 0:
-		max = DefaultReadBytes
-	case max > MaxFileBytes:
-		return nil, errdefs.Invalidf("max_bytes: exceeds the maximum %d", MaxFileBytes)
+	max, err := readWindow(offset, max)
+	if err != nil {
+		return nil, err
 	}
 	d := &agent.FileData{Path: p}
-	err := e.sandboxes.RunCommand(ctx, r.info.ID, func(sandbox.Handle) error {
+	err = e.sandboxes.RunCommand(ctx, r.info.ID, func(sandbox.Handle) error {
 		c, err := r.v.QGA(ctx)
 		if err != nil {
 			return err

@@ -1,9 +1,6 @@
 package mcpserver
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,30 +32,7 @@ func privateShellStore(t *testing.T) (string, string) {
 	if out, err := exec.Command("cp", "-al", filepath.Dir(shared.Rootfs), filepath.Join(dir, shared.Digest)).CombinedOutput(); err != nil {
 		t.Fatalf("link image: %v %s", err, out)
 	}
-	sum := sha256.Sum256([]byte("an older shell"))
-	old := hex.EncodeToString(sum[:])
-	data, err := os.ReadFile(filepath.Join(dir, shared.Digest, "image.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var meta map[string]any
-	if err := json.Unmarshal(data, &meta); err != nil {
-		t.Fatal(err)
-	}
-	meta["digest"] = old
-	data, _ = json.Marshal(meta)
-	if err := os.MkdirAll(filepath.Join(dir, old, "rootfs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, old, "image.json"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Join(dir, "by-name"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(filepath.Join("..", old), filepath.Join(dir, "by-name", "shell")); err != nil {
-		t.Fatal(err)
-	}
+	testenv.SetCurrentImage(t, dir, "shell", testenv.FakeImageVersion(t, dir, shared.Digest, "an older shell"))
 	return dir, shared.Digest
 }
 

@@ -104,11 +104,18 @@ func (m *Manager) touch(sb *Sandbox) {
 // env builds a command's environment: defaults, then the image's, the
 // sandbox's and the request's variables, later ones winning.
 func (sb *Sandbox) env(extra map[string]string) []string {
-	vars := map[string]string{
+	defaults := map[string]string{
 		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME": "/home/sandbox", "USER": "sandbox", "LANG": "C.UTF-8", "HOSTNAME": sb.ID,
 	}
-	for _, layer := range []map[string]string{sb.spec.ImageEnv, sb.spec.Env, sb.spec.NetEnv, extra} {
+	return MergeEnv(defaults, sb.spec.ImageEnv, sb.spec.Env, sb.spec.NetEnv, extra)
+}
+
+// MergeEnv flattens layers of variables into sorted KEY=VALUE, later layers
+// winning.
+func MergeEnv(layers ...map[string]string) []string {
+	vars := map[string]string{}
+	for _, layer := range layers {
 		for k, v := range layer {
 			vars[k] = v
 		}

@@ -2,8 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
 	"net/url"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
@@ -22,24 +20,15 @@ type AgentLine struct {
 // waits for it; onProgress, if not nil, sees each event (started,
 // tool_call, file_changed, text, result) as the session streams it.
 func (c *Client) AgentRun(ctx context.Context, req apitypes.AgentRunRequest, onProgress func(apitypes.AgentProgress)) (*apitypes.AgentRunResult, error) {
-	resp, err := c.send(ctx, http.MethodPost, "/v1/agent/run", url.Values{"stream": {"true"}}, req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
-	for {
-		var line AgentLine
-		if err := readLine(dec, "agent_run", &line); err != nil {
-			return nil, err
-		}
+	return postStream(ctx, c, "/v1/agent/run", url.Values{"stream": {"true"}}, req, "agent_run", func(line *AgentLine) (bool, *apitypes.AgentRunResult, error) {
 		switch {
 		case line.Error != nil:
-			return nil, line.Error.Err()
+			return true, nil, line.Error.Err()
 		case line.Result != nil:
-			return line.Result, nil
+			return true, line.Result, nil
 		case line.Progress != nil && onProgress != nil:
 			onProgress(*line.Progress)
 		}
-	}
+		return false, nil, nil
+	})
 }

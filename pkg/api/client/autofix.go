@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -54,26 +53,17 @@ func (c *Client) AutofixStatus(ctx context.Context, id string) (*AutofixResult, 
 }
 
 func (c *Client) autofixStream(ctx context.Context, path string, body any, onEvent func(AutofixEvent)) (*AutofixResult, error) {
-	resp, err := c.send(ctx, http.MethodPost, path, nil, body)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
-	for {
-		var line autofixLine
-		if err := readLine(dec, "autofix", &line); err != nil {
-			return nil, err
-		}
+	return postStream(ctx, c, path, nil, body, "autofix", func(line *autofixLine) (bool, *AutofixResult, error) {
 		switch {
 		case line.Error != nil:
-			return nil, line.Error.Err()
+			return true, nil, line.Error.Err()
 		case line.Type == "result" && line.Result != nil:
-			return line.Result, nil
+			return true, line.Result, nil
 		case onEvent != nil:
 			onEvent(line.AutofixEvent)
 		}
-	}
+		return false, nil, nil
+	})
 }
 
 // ExportCorrections reads the autofix corrections (GET

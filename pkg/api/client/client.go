@@ -141,16 +141,29 @@ func decodeError(resp *http.Response) error {
 	return &errdefs.Error{Code: codeOfStatus(resp.StatusCode), Message: msg}
 }
 
-// readLine decodes the next line of an NDJSON answer into v: the stream
-// ending before its final line is an error.
-func readLine(dec *json.Decoder, what string, v any) error {
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
-		return fmt.Errorf("read %s stream: %w", what, err)
+// postStream posts body to path and reads the NDJSON answer (pkg/api's
+// ndjsonStream), one line into a fresh L at a time, until each says the
+// line ends the stream (with its result or the error it carries). The
+// stream ending before such a line is an error naming what was read.
+func postStream[L, R any](ctx context.Context, c *Client, path string, q url.Values, body any, what string, each func(*L) (done bool, res *R, err error)) (*R, error) {
+	resp, err := c.send(ctx, http.MethodPost, path, q, body)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var line L
+		if err := dec.Decode(&line); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, fmt.Errorf("read %s stream: %w", what, err)
+		}
+		if done, res, err := each(&line); done || err != nil {
+			return res, err
+		}
+	}
 }
 
 // codeOfStatus inverts the daemon's code → status mapping (pkg/api) for
@@ -316,29 +329,19 @@ func (c *Client) Exec(ctx context.Context, id string, req ExecRequest, onOutput 
 
 // execAt runs a command through POST base/exec (a sandbox's or a VM's).
 func (c *Client) execAt(ctx context.Context, base string, req ExecRequest, onOutput OutputFunc) (*ExecResult, error) {
-	resp, err := c.send(ctx, http.MethodPost, base+"/exec", nil, req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
 	var stdout, stderr strings.Builder
-	dec := json.NewDecoder(resp.Body)
-	for {
-		var line ExecLine
-		if err := readLine(dec, "exec", &line); err != nil {
-			return nil, err
-		}
+	return postStream(ctx, c, base+"/exec", nil, req, "exec", func(line *ExecLine) (bool, *ExecResult, error) {
 		switch {
 		case line.Error != nil:
-			return nil, line.Error.Err()
+			return true, nil, line.Error.Err()
 		case line.Exit != nil:
 			res := line.Exit
 			res.Stdout, res.Stderr = stdout.String(), stderr.String()
-			return res, nil
+			return true, res, nil
 		case line.Stream != "":
 			data, err := line.decoded()
 			if err != nil {
-				return nil, fmt.Errorf("read exec stream: %w", err)
+				return true, nil, fmt.Errorf("read exec stream: %w", err)
 			}
 			if line.Stream == "stderr" {
 				stderr.Write(data)
@@ -349,7 +352,8 @@ func (c *Client) execAt(ctx context.Context, base string, req ExecRequest, onOut
 				onOutput(line.Stream, data)
 			}
 		}
-	}
+		return false, nil, nil
+	})
 }
 
 // WriteFile uploads size bytes from r to path in sandbox id, creating parent

@@ -1,10 +1,7 @@
 package client
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -89,35 +86,22 @@ func (c *Client) BuildVMImage(ctx context.Context, name string, log func(line st
 }
 
 func (c *Client) buildImage(ctx context.Context, name string, q url.Values, log func(line string)) (*Image, error) {
-	resp, err := c.send(ctx, http.MethodPost, "/v1/images/"+url.PathEscape(name)+"/build", q, nil)
-	if err != nil {
-		return nil, err
+	type buildLine struct {
+		Log   string     `json:"log"`
+		Image *Image     `json:"image"`
+		Error *ErrorBody `json:"error"`
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		var line struct {
-			Log   string     `json:"log"`
-			Image *Image     `json:"image"`
-			Error *ErrorBody `json:"error"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			return nil, fmt.Errorf("decode build stream: %w", err)
-		}
+	return postStream(ctx, c, "/v1/images/"+url.PathEscape(name)+"/build", q, nil, "build", func(line *buildLine) (bool, *Image, error) {
 		switch {
 		case line.Error != nil:
-			return nil, line.Error.Err()
+			return true, nil, line.Error.Err()
 		case line.Image != nil:
-			return line.Image, nil
+			return true, line.Image, nil
 		case log != nil:
 			log(line.Log)
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read build stream: %w", err)
-	}
-	return nil, fmt.Errorf("build stream ended without a result")
+		return false, nil, nil
+	})
 }
 
 // PruneImages removes the stale images no sandbox uses and returns them.

@@ -3,7 +3,6 @@ package client
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -40,26 +39,17 @@ func (c *Client) CreateVM(ctx context.Context, req VMCreateRequest, onLog func(s
 		var v VM
 		return &v, c.doJSON(ctx, http.MethodPost, "/v1/vms", nil, req, &v, http.StatusCreated)
 	}
-	resp, err := c.send(ctx, http.MethodPost, "/v1/vms", url.Values{"stream": {"true"}}, req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
-	for {
-		var line VMCreateLine
-		if err := readLine(dec, "vm create", &line); err != nil {
-			return nil, err
-		}
+	return postStream(ctx, c, "/v1/vms", url.Values{"stream": {"true"}}, req, "vm create", func(line *VMCreateLine) (bool, *VM, error) {
 		switch {
 		case line.Error != nil:
-			return nil, line.Error.Err()
+			return true, nil, line.Error.Err()
 		case line.VM != nil:
-			return line.VM, nil
+			return true, line.VM, nil
 		case line.Log != "":
 			onLog(line.Log)
 		}
-	}
+		return false, nil, nil
+	})
 }
 
 // ListVMs lists VMs in state ("" for the live ones, "all").

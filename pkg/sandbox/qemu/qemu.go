@@ -157,13 +157,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		}
 		spec.FromTemplate = tmpl
 	}
-	if err := rec.Record(ctx, ledger.Resource{Kind: KindCgroup, Key: spec.Cgroup}); err != nil {
-		return nil, err
-	}
-	if err := rec.Record(ctx, ledger.Resource{Kind: KindVM, Key: spec.Dir}); err != nil {
-		return nil, err
-	}
-	v, err := vm.Start(ctx, spec)
+	v, err := startRecorded(ctx, spec, rec)
 	if err != nil {
 		return nil, err
 	}
@@ -194,13 +188,7 @@ func (b *Backend) startDisk(ctx context.Context, req sandbox.StartRequest, rec l
 		// its own, so it borrows one of our guests' (or the host's).
 		spec.Accel, _ = vm.DetectAccel(spec.QEMU, b.probeKernel())
 	}
-	if err := rec.Record(ctx, ledger.Resource{Kind: KindCgroup, Key: spec.Cgroup}); err != nil {
-		return nil, err
-	}
-	if err := rec.Record(ctx, ledger.Resource{Kind: KindVM, Key: spec.Dir}); err != nil {
-		return nil, err
-	}
-	v, err := vm.Start(ctx, spec)
+	v, err := startRecorded(ctx, spec, rec)
 	if err != nil {
 		return nil, err
 	}
@@ -217,6 +205,18 @@ func (b *Backend) probeKernel() string {
 		}
 	}
 	return ""
+}
+
+// startRecorded records the VM's cgroup and state directory in the ledger,
+// in acquisition order, before starting it.
+func startRecorded(ctx context.Context, spec vm.Spec, rec ledger.Recorder) (*vm.VM, error) {
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindCgroup, Key: spec.Cgroup}); err != nil {
+		return nil, err
+	}
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindVM, Key: spec.Dir}); err != nil {
+		return nil, err
+	}
+	return vm.Start(ctx, spec)
 }
 
 // spec is the VM of a sandbox with limits: memory in MiB (at least 128),
