@@ -42,7 +42,14 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
 )
+
+// CrashOwnerAlive is the crash point (internal/crashpoint) at which the
+// namespace's owner process exists and the daemon has not yet killed it:
+// a daemon dying here must not leave it behind.
+const CrashOwnerAlive = "userns-owner-alive"
 
 // NamespaceFD returns an open user namespace (an nsfs file) with mapping m,
 // owned by host uid m.HostID.
@@ -88,6 +95,7 @@ func NamespaceFD(m IDMap) (*os.File, error) {
 	if b[0] != 0 {
 		return nil, fmt.Errorf("user namespace owned by %d: %w", m.HostID, syscall.Errno(b[0]))
 	}
+	crashpoint.Hit(CrashOwnerAlive)
 	proc := "/proc/" + strconv.Itoa(int(pid))
 	for _, f := range []string{"uid_map", "gid_map"} {
 		if err := os.WriteFile(proc+"/"+f, []byte(m.String()), 0); err != nil {
