@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lifetime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/mcpserver"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
@@ -76,10 +77,23 @@ func newLogger(c config.Log, w *os.File) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
+// lockStartTimeout bounds how long a start waits for the state lock after
+// it ended an earlier daemon's leftovers (they die at once on SIGKILL).
+const lockStartTimeout = 2 * time.Second
+
 // lockStateDir takes the state directory's exclusive lock, so that two
 // daemons (or a daemon and an in-process stdio server) never share state.
-// The lock is released when the process exits, however it exits.
-func lockStateDir(dir string) (*os.File, error) {
+// The lock is released when the process exits, however it exits — and
+// when every process sharing its descriptor exits, which is why nothing
+// the daemon starts may inherit it.
+//
+// The lock file names the pid of its holder. That pid alive and marked as
+// a daemon of this directory (pkg/lifetime) means another daemon runs: the
+// start is refused. Otherwise the processes an earlier daemon left (marked,
+// not a sandbox's) are ended first, so that a stale pid or a flock held by
+// an orphan never keeps the daemon down.
+func lockStateDir(cfg *config.Config, log *slog.Logger) (*os.File, error) {
+	dir := cfg.Paths.StateDir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
@@ -88,13 +102,46 @@ func lockStateDir(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open lock file: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
+	tryLock := func() (bool, error) {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			holder, _ := os.ReadFile(path)
-			return nil, fmt.Errorf("state directory %s is in use by another mcp-sandboxd (pid %s)", dir, strings.TrimSpace(string(holder)))
+			return false, nil
 		}
+		return err == nil, err
+	}
+	locked, err := tryLock()
+	if err != nil {
+		f.Close()
 		return nil, fmt.Errorf("lock state dir: %w", err)
+	}
+	if !locked {
+		holder, _ := os.ReadFile(path)
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(holder))); err == nil && pid != os.Getpid() && lifetime.Marked(pid, dir) {
+			f.Close()
+			return nil, fmt.Errorf("state directory %s is in use by another mcp-sandboxd (pid %d)", dir, pid)
+		}
+	}
+	// No live daemon here: end what earlier ones left — sandboxes (in the
+	// sandbox cgroups; QEMU and swtpm carry no marker) stay, to be adopted.
+	keep := func(pid int) bool { return lifetime.InCgroup(pid, cfg.Sandbox.CgroupParent) }
+	killed, err := lifetime.Sweep(dir, keep, lockStartTimeout)
+	if len(killed) > 0 {
+		log.Warn("ended processes an earlier mcp-sandboxd left behind", "pids", killed)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	for deadline := time.Now().Add(lockStartTimeout); !locked; time.Sleep(10 * time.Millisecond) {
+		if locked, err = tryLock(); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock state dir: %w", err)
+		}
+		if !locked && time.Now().After(deadline) {
+			holders := lifetime.LockHolders(f)
+			f.Close()
+			return nil, fmt.Errorf("state directory %s is locked by pid %v, which is not a mcp-sandboxd of it", dir, holders)
+		}
 	}
 	_ = f.Truncate(0)
 	_, _ = f.WriteAt([]byte(fmt.Sprintf("%d\n", os.Getpid())), 0)
@@ -155,16 +202,30 @@ func listenUnix(sc config.Server, log *slog.Logger) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("server.socket: %w", err)
 	}
-	// A socket file left by a crashed daemon; we hold the state lock, so no
-	// live daemon of ours owns it.
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("server.socket: remove stale socket: %w", err)
+	// Bound under a temporary name, given its owner and mode, and only then
+	// renamed over the socket path: a socket file a dead daemon left (and,
+	// in the worst case, a listener a leftover of it still holds) is
+	// replaced in one step, so a client connects either to nothing or to
+	// this daemon, never queues on a dead listener, and never finds the
+	// socket with the wrong mode. We hold the state lock, so no live daemon
+	// of ours owns either name.
+	tmp := path + ".new"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("server.socket: remove stale %s: %w", tmp, err)
 	}
-	old := unix.Umask(0o117)
-	l, err := net.Listen("unix", path)
+	old := unix.Umask(0o177)
+	l, err := net.Listen("unix", tmp)
 	unix.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("server.socket: %w", err)
+	}
+	// Closing must not unlink the temporary name (it is gone; the socket
+	// path is removed by serve).
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	fail := func(err error) (net.Listener, error) {
+		l.Close()
+		_ = os.Remove(tmp)
+		return nil, err
 	}
 	// The socket's owner, group and mode are the access control of the
 	// unauthenticated socket API (REST and MCP): root and members of
@@ -173,14 +234,15 @@ func listenUnix(sc config.Server, log *slog.Logger) (net.Listener, error) {
 		gid, err := lookupGroup(sc.SocketGroup)
 		if err != nil {
 			log.Warn("server.socket_group: the socket stays root's", "group", sc.SocketGroup, "err", err)
-		} else if err := os.Lchown(path, 0, gid); err != nil {
-			l.Close()
-			return nil, fmt.Errorf("server.socket_group: %w", err)
+		} else if err := os.Lchown(tmp, 0, gid); err != nil {
+			return fail(fmt.Errorf("server.socket_group: %w", err))
 		}
 	}
-	if err := os.Chmod(path, sc.SocketPerm()); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("server.socket_mode: %w", err)
+	if err := os.Chmod(tmp, sc.SocketPerm()); err != nil {
+		return fail(fmt.Errorf("server.socket_mode: %w", err))
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(fmt.Errorf("server.socket: %w", err))
 	}
 	// The group reaches the socket only through its directory, which the
 	// engine may have created 0700 (the run dir): let others search it, not
@@ -210,7 +272,13 @@ func lookupGroup(name string) (int, error) {
 }
 
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
-	lock, err := lockStateDir(cfg.Paths.StateDir)
+	if err := lifetime.EnsureMarked(cfg.Paths.StateDir); err != nil {
+		return err
+	}
+	if err := lifetime.CloseInheritedOnExec(); err != nil {
+		return err
+	}
+	lock, err := lockStateDir(cfg, log)
 	if err != nil {
 		return err
 	}

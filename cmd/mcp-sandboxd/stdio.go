@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lifetime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/mcpserver"
 )
 
@@ -76,7 +77,15 @@ func serveStdio(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 			cfg.Server.Socket, daemonErr, cfg.Server.SocketGroup, cfg.Server.SocketGroup))
 	}
 	log.Debug("mcp stdio: no daemon answers; running the engine in-process", "socket", cfg.Server.Socket, "reason", daemonErr)
-	lock, err := lockStateDir(cfg.Paths.StateDir)
+	// Marked (re-executed, nothing read from stdin yet) like a daemon: what
+	// the in-process engine starts is found the same way after a crash.
+	if err := lifetime.EnsureMarked(cfg.Paths.StateDir); err != nil {
+		return refuse(err.Error())
+	}
+	if err := lifetime.CloseInheritedOnExec(); err != nil {
+		return refuse(err.Error())
+	}
+	lock, err := lockStateDir(cfg, log)
 	if err != nil {
 		return refuse(fmt.Sprintf("mcp-sandboxd stdio without a daemon serves one client at a time and another one holds %s (%v). "+
 			"Start the daemon (sudo systemctl start mcp-sandboxd, or sudo mcp-sandboxd serve) for any number of clients.",

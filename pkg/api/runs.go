@@ -2,7 +2,6 @@ package api
 
 import (
 	"bufio"
-	"encoding/json"
 	"io"
 	"net/http"
 
@@ -91,11 +90,12 @@ type buildLine struct {
 }
 
 // buildImage builds (if out of date) the image of recipe {name}, streaming
-// its log as NDJSON; the whole log is also kept in the image store.
+// its log as NDJSON; the whole log is also kept in the image store. The
+// stream (and its 200) starts with the first log line: an error known
+// before that (a malformed or unknown name) is a plain error answer with
+// its status, as for /v1/run.
 func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	rc := http.NewResponseController(w)
-	enc := json.NewEncoder(w)
+	st := newNDJSONStream(w)
 	pr, pw := io.Pipe()
 	done := make(chan struct{})
 	go func() {
@@ -103,8 +103,7 @@ func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			_ = enc.Encode(buildLine{Log: sc.Text()})
-			_ = rc.Flush()
+			st.send(buildLine{Log: sc.Text()})
 		}
 		_, _ = io.Copy(io.Discard, pr)
 	}()
@@ -117,11 +116,10 @@ func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
 	<-done
 	if err != nil {
 		s.log.Error("image build failed", "image", r.PathValue("name"), "err", err)
-		eb := errorBodyOf(err)
-		_ = enc.Encode(buildLine{Error: &eb})
+		st.fail(s, r, err, func(b errorBody) any { return buildLine{Error: &b} })
 		return
 	}
-	_ = enc.Encode(buildLine{Image: img})
+	st.send(buildLine{Image: img})
 }
 
 // pruneImages removes stale images no sandbox uses.

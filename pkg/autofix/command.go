@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lifetime"
 )
 
 // maxCommandAnswer caps what the command provider reads from the fixer's
@@ -44,12 +46,13 @@ func (p *CommandProvider) Fix(ctx context.Context, req *FixRequest) (*Answer, er
 		defer cancel()
 	}
 	cmd := exec.CommandContext(ctx, p.Argv[0], p.Argv[1:]...)
-	cmd.Env = p.Env
+	cmd.Env = lifetime.Inherit(p.Env)
 	cmd.Stdin = strings.NewReader(req.Prompt())
 	var stdout, stderr limitedBuffer
 	stdout.max, stderr.max = maxCommandAnswer, 64<<10
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Dies with the daemon (the group's other members carry its marker).
+	cmd.SysProcAttr = lifetime.DieWithParent()
 	// The fixer may start children (a shell script does): kill the whole
 	// group, and stop waiting for its pipes soon after.
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }

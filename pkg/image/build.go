@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lifetime"
 )
 
 // Builder builds recipes into a Store with mmdebstrap. It needs root: the
@@ -290,7 +291,9 @@ func (b *Builder) mmdebstrap(ctx context.Context, r *Recipe, suite, mirror, root
 	cmd.Env = buildEnv()
 	cmd.Stdout = log
 	cmd.Stderr = log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Dies with the daemon; its children (apt, dpkg, hooks) carry the
+	// daemon's marker, and a restarted daemon ends them (pkg/lifetime).
+	cmd.SysProcAttr = lifetime.DieWithParent()
 	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGTERM) }
 	cmd.WaitDelay = killGrace
 	fmt.Fprintf(log, "+ mmdebstrap %s\n", strings.Join(args, " "))
@@ -325,7 +328,7 @@ func buildEnv() []string {
 			env = append(env, k+"="+v)
 		}
 	}
-	return env
+	return lifetime.Inherit(env)
 }
 
 var proxyVars = []string{"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"}
@@ -390,8 +393,10 @@ func verify(ctx context.Context, root string, u UserSpec) error {
 			return fmt.Errorf("/%s is not an executable file", p)
 		}
 	}
-	out, err := exec.CommandContext(ctx, "chroot", root, "/usr/bin/env", "-i", "PATH="+chrootPath,
-		"/bin/sh", "-c", `id -u "$0"`, u.Name).CombinedOutput()
+	cmd := exec.CommandContext(ctx, "chroot", root, "/usr/bin/env", "-i", "PATH="+chrootPath,
+		"/bin/sh", "-c", `id -u "$0"`, u.Name)
+	cmd.SysProcAttr = lifetime.DieWithParent()
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("id -u %s in the image: %w: %s", u.Name, err, bytes.TrimSpace(out))
 	}
@@ -404,8 +409,10 @@ func verify(ctx context.Context, root string, u UserSpec) error {
 // installedPackages asks the host's dpkg-query about the tree's package
 // database, so the image needs no working chroot for it.
 func installedPackages(ctx context.Context, root string) (map[string]string, error) {
-	out, err := exec.CommandContext(ctx, "dpkg-query", "--admindir="+filepath.Join(root, "var/lib/dpkg"),
-		"-W", "-f=${db:Status-Abbrev}\t${Package}\t${Version}\n").Output()
+	cmd := exec.CommandContext(ctx, "dpkg-query", "--admindir="+filepath.Join(root, "var/lib/dpkg"),
+		"-W", "-f=${db:Status-Abbrev}\t${Package}\t${Version}\n")
+	cmd.SysProcAttr = lifetime.DieWithParent()
+	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {

@@ -48,6 +48,8 @@ import (
 
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lifetime"
 )
 
 // Backings of a sandbox's writable file system.
@@ -260,6 +262,7 @@ func formatImage(ctx context.Context, mkfs, path string, size, inodes int64) err
 	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4",
 		"-O", "^has_journal", "-m", "0", "-N", strconv.FormatInt(inodes, 10),
 		"-E", "lazy_itable_init=1,nodiscard", "-L", "sandbox", path)
+	cmd.SysProcAttr = lifetime.DieWithParent()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("mkfs.ext4: %w: %s", err, strings.TrimSpace(string(out)))
 	}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lifetime"
 )
 
 // Accelerators QEMU can run guests with.
@@ -68,6 +70,7 @@ func probeKVM(qemu, kernel string) (string, string) {
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", kernel, "-append", "console=ttyS0 earlyprintk=serial panic=-1",
 		"-serial", "file:"+out)
+	cmd.SysProcAttr = lifetime.DieWithParent()
 	if err := cmd.Start(); err != nil {
 		return AccelTCG, "probe: " + err.Error()
 	}

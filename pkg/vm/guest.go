@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lifetime"
 )
 
 // Guest is a bootable Linux guest made from an image of the image store:
@@ -207,6 +208,7 @@ func run(ctx context.Context, name string, args ...string) error {
 // output; when it fails, the error holds its output (the end of it).
 func runTool(ctx context.Context, stdin, name string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = lifetime.DieWithParent()
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}

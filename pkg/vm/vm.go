@@ -39,6 +39,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lifetime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm/qga"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm/vport"
 )
@@ -210,8 +211,11 @@ func Start(ctx context.Context, s Spec) (_ *VM, err error) {
 	cmd := exec.Command(s.QEMU, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own session: QEMU outlives the daemon (it is adopted after a
-	// restart) and signals to the daemon's process group miss it.
+	// restart) and signals to the daemon's process group miss it. Without
+	// the daemon's marker, so a restarting daemon does not end it as a
+	// leftover (pkg/lifetime).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Env = lifetime.Unmarked(os.Environ())
 	if err := cmd.Start(); err != nil {
 		return nil, errdefs.Wrap(errdefs.Unavailable, err, "start %s", s.QEMU)
 	}
@@ -398,7 +402,8 @@ func (v *VM) startTPM(ctx context.Context, s Spec) error {
 	sock := filepath.Join(s.Dir, tpmSocket)
 	cmd := exec.Command("swtpm", "socket", "--tpm2", "--tpmstate", "dir="+state,
 		"--ctrl", "type=unixio,path="+sock, "--terminate", "--log", "file="+filepath.Join(s.Dir, "swtpm.log"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // outlives the daemon, as QEMU
+	cmd.Env = lifetime.Unmarked(os.Environ())
 	if err := cmd.Start(); err != nil {
 		return errdefs.Wrap(errdefs.Unavailable, err, "start swtpm (package swtpm)")
 	}

@@ -19,7 +19,7 @@ var layer = map[string]int{
 	"pkg/errdefs": 0, "pkg/version": 0, "pkg/webui": 0,
 
 	"pkg/apitypes": 1, "pkg/config": 1, "pkg/store": 1, "pkg/userns": 1, "pkg/cgroups": 1, "pkg/seccomp": 1, "pkg/storage": 1,
-	"internal/crashpoint": 1,
+	"internal/crashpoint": 1, "pkg/lifetime": 1,
 
 	"pkg/agent": 2, "pkg/ledger": 2, "pkg/image": 2, "pkg/runtime": 2, "pkg/runs": 2,
 	"pkg/artifacts": 2, "pkg/lang": 2, "pkg/network": 2, "pkg/autofix": 2, "pkg/vm/qga": 2, "pkg/vm/vport": 2,
