@@ -1,8 +1,10 @@
 package testenv
 
 import (
+	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	goruntime "runtime"
 	"strings"
@@ -31,6 +33,42 @@ type Topology struct {
 	Host, Upstream string         // namespace names under /run/netns
 	HostNS         netns.NsHandle // open until cleanup
 	UpstreamNS     netns.NsHandle // open until cleanup
+	// Forward is net.ipv4.ip_forward of Host as the topology was built
+	// (HostForward): what a daemon must leave behind.
+	Forward string
+}
+
+// ForwardEnv names the value ("0" or "1") of net.ipv4.ip_forward that a
+// test's simulated host namespace starts with. Unset, it keeps what a new
+// namespace inherits from the machine's (1 on hosts that run Docker or
+// Kubernetes, under the default net.core.devconf_inherit_init_net). Set it
+// to run the network tests as on such a host, or not, whatever the machine.
+const ForwardEnv = "SANDBOXD_TEST_IP_FORWARD"
+
+// HostForward applies ForwardEnv to the simulated host namespace ns (never
+// the machine's) and returns the value of net.ipv4.ip_forward it starts
+// with: tests compare with that, not with a constant.
+func HostForward(t testing.TB, ns netns.NsHandle) string {
+	t.Helper()
+	const path = "/proc/sys/net/ipv4/ip_forward"
+	var v []byte
+	var err error
+	InNamespace(t, ns, func() {
+		if want := os.Getenv(ForwardEnv); want != "" {
+			if want != "0" && want != "1" {
+				err = fmt.Errorf("%s=%q: want 0 or 1", ForwardEnv, want)
+				return
+			}
+			if err = os.WriteFile(path, []byte(want), 0); err != nil {
+				return
+			}
+		}
+		v, err = os.ReadFile(path)
+	})
+	if err != nil {
+		t.Fatalf("ip_forward of the simulated host: %v", err)
+	}
+	return strings.TrimSpace(string(v))
 }
 
 // NewTopology builds the two namespaces; prefix (a few letters) starts
@@ -59,6 +97,7 @@ func NewTopology(t testing.TB, prefix string) *Topology {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tp.UpstreamNS.Close() })
+	tp.Forward = HostForward(t, tp.HostNS)
 	return tp
 }
 

@@ -287,8 +287,8 @@ func TestNetworkWithContainers(t *testing.T) {
 	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == network.TableName }) {
 		t.Error("nftables table left after the last sandbox with network")
 	}
-	if fwd, err := readSysctlIn(tp.HostNS, "net/ipv4/ip_forward"); err != nil || fwd != "0" {
-		t.Errorf("ip_forward of the host namespace = %q (%v), want 0 restored", fwd, err)
+	if fwd, err := readSysctlIn(tp.HostNS, "net/ipv4/ip_forward"); err != nil || fwd != tp.Forward {
+		t.Errorf("ip_forward of the host namespace = %q (%v), want %s restored (the value it started with)", fwd, err, tp.Forward)
 	}
 	if st, err := env.SandboxNetwork(ctx, SandboxNetworkRequest{SandboxID: info.ID}); !errdefs.Is(err, errdefs.Conflict) {
 		t.Errorf("network of a terminated sandbox: %+v %v", st, err)

@@ -380,3 +380,53 @@ func TestConnRateLimit(t *testing.T) {
 		t.Fatalf("20 connections at 5/s: %d ok, %d failed, counters %+v: want the excess dropped and counted", ok, failed, st.Counters)
 	}
 }
+
+// TestIPForwardRestoredToFound: whatever net.ipv4.ip_forward the host
+// starts with (0 on a plain host, 1 on one that runs Docker or Kubernetes),
+// it is 1 while a sandbox has network and is back to that value after the
+// last one goes, by detach or by a restarted daemon's gc after a crash.
+func TestIPForwardRestoredToFound(t *testing.T) {
+	for _, found := range []string{"0", "1"} {
+		t.Run("found="+found, func(t *testing.T) {
+			tp := newTopology(t)
+			if _, err := writeSysctl(tp.hostNS, "net/ipv4/ip_forward", found); err != nil {
+				t.Fatal(err)
+			}
+			tp.forward = found
+			ctx := context.Background()
+			cfg := tp.config()
+			forward := func() string {
+				v, err := readSysctl(tp.hostNS, "net/ipv4/ip_forward")
+				must(t, err)
+				return v
+			}
+
+			m1, err := New(cfg, tp.hostNS, tp.store)
+			must(t, err)
+			if _, err := m1.Attach(ctx, "sb-fwd-0", Request{Policy: Policy{Mode: ModeEgress}}, nil); err != nil {
+				t.Fatal(err)
+			}
+			if v := forward(); v != "1" {
+				t.Errorf("ip_forward with a sandbox attached: %s, want 1", v)
+			}
+			must(t, m1.Detach(ctx, "sb-fwd-0"))
+			if v := forward(); v != found {
+				t.Errorf("ip_forward after the last detach: %s, want %s", v, found)
+			}
+
+			// Again, and the manager stops without detaching (a crash).
+			if _, err := m1.Attach(ctx, "sb-fwd-1", Request{Policy: Policy{Mode: ModeEgress}}, nil); err != nil {
+				t.Fatal(err)
+			}
+			m1.Close()
+			m2 := tp.manager(t, nil)
+			if v := forward(); v != "1" {
+				t.Errorf("ip_forward after a restart with a sandbox left: %s, want 1", v)
+			}
+			if _, err := m2.GC(ctx, func(string) bool { return false }); err != nil {
+				t.Fatal(err)
+			}
+			tp.assertHostClean(t, cfg)
+		})
+	}
+}

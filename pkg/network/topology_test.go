@@ -56,6 +56,7 @@ type topology struct {
 	hostNS, upNS netns.NsHandle
 	hostPath     string
 	store        *store.Store
+	forward      string // ip_forward of hostNS as built (testenv.HostForward)
 }
 
 // newTopology builds the host and upstream namespaces and starts the
@@ -85,6 +86,7 @@ func newTopology(t testing.TB) *topology {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tp.upNS.Close() })
+	tp.forward = testenv.HostForward(t, tp.hostNS)
 
 	hh, err := netlink.NewHandleAt(tp.hostNS)
 	if err != nil {
@@ -370,8 +372,8 @@ func (tp *topology) assertHostClean(t testing.TB, cfg Config) {
 	if ok, err := newFirewall(tp.hostNS, cfg.Bridge).exists(); err != nil || ok {
 		t.Errorf("nftables table left (exists=%v, err=%v)", ok, err)
 	}
-	if v, err := readSysctl(tp.hostNS, "net/ipv4/ip_forward"); err != nil || v != "0" {
-		t.Errorf("ip_forward = %q (%v), want 0 restored", v, err)
+	if v, err := readSysctl(tp.hostNS, "net/ipv4/ip_forward"); err != nil || v != tp.forward {
+		t.Errorf("ip_forward = %q (%v), want %s restored (the value the namespace started with)", v, err, tp.forward)
 	}
 	entries, _ := os.ReadDir(filepath.Join(cfg.RunDir, "netns"))
 	if len(entries) != 0 {

@@ -28,14 +28,15 @@ import (
 // bridge, NAT table and ip_forward are the test's own; the machine's root
 // namespace is never touched.
 type simulatedHost struct {
-	name string
-	ns   netns.NsHandle
+	name    string
+	ns      netns.NsHandle
+	forward string // ip_forward as the namespace was built
 }
 
 func newSimulatedHost(t *testing.T) *simulatedHost {
 	t.Helper()
 	tp := testenv.NewTopology(t, "sbxc")
-	return &simulatedHost{name: tp.Host, ns: tp.HostNS}
+	return &simulatedHost{name: tp.Host, ns: tp.HostNS, forward: tp.Forward}
 }
 
 // veths lists the sandbox veths (and the bridge, if any) in the namespace.
@@ -124,15 +125,15 @@ func leases(t *testing.T, d *testenv.Daemon) []store.Lease {
 // elements) five at a time. After a restart (which adopts every sandbox
 // whose create answered and fails the half-made ones), the creation of the
 // rest of the 30, their removal and gc, no veth, bridge, namespace file, lease, set element or table is
-// left, and ip_forward is back to 0.
+// left, and ip_forward is back to the value the host started with.
 func TestKillDaemonWhileCreatingNetworkSandboxes(t *testing.T) {
 	h := newSimulatedHost(t)
 	d := testenv.NewDaemon(t)
 	d.Wrapper = []string{"nsenter", "--net=/run/netns/" + h.name}
 	d.Start()
 	bridge := d.Config.Network.Bridge
-	if v := h.ipForward(t); v != "0" {
-		t.Fatalf("ip_forward of a fresh namespace: %s", v)
+	if v := h.ipForward(t); v != h.forward {
+		t.Fatalf("ip_forward of the simulated host after the daemon started: %s, it started with %s", v, h.forward)
 	}
 
 	const total, workers, crashAfter = 30, 5, 12
@@ -256,8 +257,8 @@ func TestKillDaemonWhileCreatingNetworkSandboxes(t *testing.T) {
 	if ok, n := h.table(t); ok || n != 0 {
 		t.Errorf("nftables table left (exists=%v, %d set elements)", ok, n)
 	}
-	if v := h.ipForward(t); v != "0" {
-		t.Errorf("ip_forward = %s, want 0 restored", v)
+	if v := h.ipForward(t); v != h.forward {
+		t.Errorf("ip_forward = %s, want %s restored (the value it started with)", v, h.forward)
 	}
 	if entries, _ := os.ReadDir(filepath.Join(d.Config.Paths.RunDir, "netns")); len(entries) != 0 {
 		t.Errorf("namespace files left: %d", len(entries))
