@@ -116,7 +116,7 @@ func lockStateDir(cfg *config.Config, log *slog.Logger) (*os.File, error) {
 	}
 	if !locked {
 		holder, _ := os.ReadFile(path)
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(holder))); err == nil && pid != os.Getpid() && lifetime.Marked(pid, dir) {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(holder))); err == nil && pid != os.Getpid() && lifetime.Daemon(pid, dir) {
 			f.Close()
 			return nil, fmt.Errorf("state directory %s is in use by another mcp-sandboxd (pid %d)", dir, pid)
 		}

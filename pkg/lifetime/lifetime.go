@@ -125,6 +125,17 @@ func Marked(pid int, stateDir string) bool {
 	return false
 }
 
+// Daemon reports whether pid is a live daemon of stateDir: marked, and
+// root's (the marker alone is an environment variable any user may set on
+// a process of theirs; that must not keep the daemon from starting).
+func Daemon(pid int, stateDir string) bool {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/"+strconv.Itoa(pid), &st); err != nil || st.Uid != 0 {
+		return false
+	}
+	return Marked(pid, stateDir)
+}
+
 // Leftovers lists the live processes, other than the caller, that carry
 // the marker of stateDir and started before the caller (a daemon starting
 // at the same moment is not an earlier one's leftover), minus those keep
