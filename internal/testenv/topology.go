@@ -68,6 +68,7 @@ func HostForward(t testing.TB, ns netns.NsHandle) string {
 	if err != nil {
 		t.Fatalf("ip_forward of the simulated host: %v", err)
 	}
+	t.Logf("the simulated host starts with net.ipv4.ip_forward %s", strings.TrimSpace(string(v)))
 	return strings.TrimSpace(string(v))
 }
 
