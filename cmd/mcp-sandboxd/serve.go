@@ -140,7 +140,7 @@ func lockStateDir(cfg *config.Config, log *slog.Logger) (*os.File, error) {
 		if !locked && time.Now().After(deadline) {
 			holders := lifetime.LockHolders(f)
 			f.Close()
-			return nil, fmt.Errorf("state directory %s is locked by pid %v, which is not a mcp-sandboxd of it", dir, holders)
+			return nil, fmt.Errorf("state directory %s is locked by pid %v, which carries no %s marker of it (a daemon older than the marker, or another program)", dir, holders, lifetime.MarkerVar)
 		}
 	}
 	_ = f.Truncate(0)
