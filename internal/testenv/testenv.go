@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +28,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lifetime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 )
 
@@ -310,4 +312,36 @@ func AssertNoLeftovers(t testing.TB, cfg *config.Config) {
 			t.Errorf("leftover loop device %s of %s", dev, backing)
 		}
 	}
+	// Helpers of a daemon of this state dir (marked, pkg/lifetime) die with
+	// it: a parent-death signal is delivered as it exits, give it a moment.
+	// A daemon still running (it names itself in the lock) is no leftover.
+	var marked []string
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		marked = markedProcesses(cfg.Paths.StateDir)
+		if len(marked) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, p := range marked {
+		t.Errorf("leftover process of the daemon: %s", p)
+	}
+}
+
+// markedProcesses lists the live processes, other than the daemon that
+// holds the lock, that carry the marker of the daemon of stateDir, as
+// "pid (command line)".
+func markedProcesses(stateDir string) []string {
+	var out []string
+	b, _ := os.ReadFile(filepath.Join(stateDir, "lock"))
+	daemon, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(filepath.Base(d))
+		if err != nil || pid == daemon || !lifetime.Marked(pid, stateDir) {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join(d, "cmdline"))
+		out = append(out, fmt.Sprintf("%d (%s)", pid, strings.ReplaceAll(strings.TrimRight(string(cmd), "\x00"), "\x00", " ")))
+	}
+	return out
 }
