@@ -53,6 +53,7 @@ func (p *CommandProvider) Fix(ctx context.Context, req *FixRequest) (*Answer, er
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	// Dies with the daemon (the group's other members carry its marker).
 	cmd.SysProcAttr = lifetime.DieWithParent()
+	cmd.SysProcAttr.Setpgid = true
 	// The fixer may start children (a shell script does): kill the whole
 	// group, and stop waiting for its pipes soon after.
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }

@@ -294,6 +294,7 @@ func (b *Builder) mmdebstrap(ctx context.Context, r *Recipe, suite, mirror, root
 	// Dies with the daemon; its children (apt, dpkg, hooks) carry the
 	// daemon's marker, and a restarted daemon ends them (pkg/lifetime).
 	cmd.SysProcAttr = lifetime.DieWithParent()
+	cmd.SysProcAttr.Setpgid = true
 	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGTERM) }
 	cmd.WaitDelay = killGrace
 	fmt.Fprintf(log, "+ mmdebstrap %s\n", strings.Join(args, " "))

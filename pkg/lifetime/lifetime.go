@@ -103,7 +103,7 @@ func CloseInheritedOnExec() error {
 // started a process unless a goroutine exits while locked to it; the
 // daemon's locked goroutines (network namespaces) start no helpers.
 func DieWithParent() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
 // Marked reports whether process pid carries the marker of stateDir and is
