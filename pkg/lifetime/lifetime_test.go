@@ -1,10 +1,13 @@
 package lifetime
 
 import (
+	"bufio"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,5 +98,57 @@ func TestCloseInheritedOnExec(t *testing.T) {
 	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
 	if err != nil || flags&unix.FD_CLOEXEC == 0 {
 		t.Errorf("descriptor %d flags %#x (%v): want FD_CLOEXEC", fd, flags, err)
+	}
+}
+
+// helperEnv makes the test binary a parent that starts `sleep` with
+// DieWithParent, prints its pid and waits to be killed.
+const helperEnv = "LIFETIME_TEST_PARENT"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "1" {
+		cmd := exec.Command("sleep", "60")
+		cmd.SysProcAttr = DieWithParent()
+		if err := cmd.Start(); err != nil {
+			os.Exit(3)
+		}
+		os.Stdout.WriteString(strconv.Itoa(cmd.Process.Pid) + "\n")
+		select {}
+	}
+	os.Exit(m.Run())
+}
+
+// TestDieWithParent: a helper started with DieWithParent dies when its
+// parent is killed with SIGKILL.
+func TestDieWithParent(t *testing.T) {
+	parent := exec.Command(os.Args[0], "-test.run=^$")
+	parent.Env = append(os.Environ(), helperEnv+"=1")
+	out, err := parent.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		_ = parent.Process.Kill()
+		t.Fatalf("the parent printed no pid: %v", err)
+	}
+	child, _ := strconv.Atoi(strings.TrimSpace(line))
+	t.Cleanup(func() { _ = unix.Kill(child, unix.SIGKILL) })
+	if _, st, ok := stat(child); !ok || st == 'Z' {
+		t.Fatalf("the helper %d is not running", child)
+	}
+	_ = parent.Process.Kill()
+	_ = parent.Wait()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		// Re-parented to init (or a subreaper), it is reaped there.
+		if _, st, ok := stat(child); !ok || st == 'Z' {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the helper %d outlived its parent by 5s", child)
+		}
 	}
 }
