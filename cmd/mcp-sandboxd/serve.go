@@ -210,6 +210,10 @@ func listenUnix(sc config.Server, log *slog.Logger) (net.Listener, error) {
 	// socket with the wrong mode. We hold the state lock, so no live daemon
 	// of ours owns either name.
 	tmp := path + ".new"
+	// sun_path holds 108 bytes with the terminating NUL.
+	if len(tmp) > 107 {
+		return nil, fmt.Errorf("server.socket: %s is too long for a unix socket (with the temporary suffix .new: %d bytes, at most 107)", path, len(tmp))
+	}
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("server.socket: remove stale %s: %w", tmp, err)
 	}
