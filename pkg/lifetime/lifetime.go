@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -205,30 +206,51 @@ func InCgroup(pid int, parent string) bool {
 	return false
 }
 
-// LockHolders lists the pids that hold a lock (flock or POSIX) on the file
-// f, from /proc/locks.
+// LockHolders lists the live processes, other than the caller, that may
+// hold a lock on the file f: those /proc/locks names and those with f
+// open. /proc/locks names the process that took a flock, which may be long
+// dead while a child that inherited its descriptor keeps the lock.
 func LockHolders(f *os.File) []int {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return nil
 	}
-	data, err := os.ReadFile("/proc/locks")
-	if err != nil {
-		return nil
+	self := os.Getpid()
+	seen := map[int]bool{}
+	add := func(pid int) {
+		if _, state, ok := stat(pid); ok && state != 'Z' && pid != self {
+			seen[pid] = true
+		}
 	}
-	id := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
-	var out []int
-	for _, line := range strings.Split(string(data), "\n") {
-		fs := strings.Fields(line)
-		// "1: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END"; a
-		// waiter has "->" after the number.
-		if len(fs) < 6 || fs[1] == "->" || fs[5] != id {
+	if data, err := os.ReadFile("/proc/locks"); err == nil {
+		id := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+		for _, line := range strings.Split(string(data), "\n") {
+			fs := strings.Fields(line)
+			// "1: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END"; a
+			// waiter has "->" after the number.
+			if len(fs) < 6 || fs[1] == "->" || fs[5] != id {
+				continue
+			}
+			if pid, err := strconv.Atoi(fs[4]); err == nil {
+				add(pid)
+			}
+		}
+	}
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, p := range fds {
+		var fst unix.Stat_t
+		if unix.Stat(p, &fst) != nil || fst.Dev != st.Dev || fst.Ino != st.Ino {
 			continue
 		}
-		if pid, err := strconv.Atoi(fs[4]); err == nil {
-			out = append(out, pid)
+		if pid, err := strconv.Atoi(strings.Split(p, "/")[2]); err == nil {
+			add(pid)
 		}
 	}
+	out := make([]int, 0, len(seen))
+	for pid := range seen {
+		out = append(out, pid)
+	}
+	slices.Sort(out)
 	return out
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -76,13 +77,30 @@ func TestLockHolders(t *testing.T) {
 	}
 	defer f.Close()
 	if h := LockHolders(f); len(h) != 0 {
-		t.Errorf("holders of an unlocked file: %v", h)
+		t.Errorf("holders of a file only the caller has open: %v", h)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+	// A child that inherited the locked descriptor holds the lock after
+	// the process that took it is gone: flock(1) forks sleep.
+	cmd := exec.Command("flock", f.Name(), "sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if h := LockHolders(f); !slices.Equal(h, []int{os.Getpid()}) {
-		t.Errorf("holders = %v, want [%d]", h, os.Getpid())
+	t.Cleanup(func() { _ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL); _ = cmd.Wait() })
+	var h []int
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if h = LockHolders(f); len(h) == 2 {
+			break
+		}
+	}
+	if len(h) != 2 || !slices.Contains(h, cmd.Process.Pid) {
+		t.Fatalf("holders = %v, want flock (%d) and its sleep", h, cmd.Process.Pid)
+	}
+	// flock itself killed: its sleep still holds the lock, and is named.
+	_ = unix.Kill(cmd.Process.Pid, unix.SIGKILL)
+	_ = cmd.Wait()
+	if h = LockHolders(f); len(h) != 1 || h[0] == cmd.Process.Pid {
+		t.Errorf("holders after flock died = %v, want its sleep only", h)
 	}
 }
 
