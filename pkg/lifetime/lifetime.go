@@ -100,9 +100,12 @@ func CloseInheritedOnExec() error {
 // DieWithParent is the SysProcAttr of a helper that must not outlive the
 // daemon: SIGKILL when the daemon's thread that started it dies. Go sets it
 // in the child after any credential change and checks that the parent did
-// not die before (syscall.forkAndExecInChild). Go never ends a thread that
-// started a process unless a goroutine exits while locked to it; the
-// daemon's locked goroutines (network namespaces) start no helpers.
+// not die before (syscall.forkAndExecInChild). The signal follows the
+// thread, not the process: Go ends a thread only when a goroutine exits
+// while locked to it, which the daemon does only to discard a thread whose
+// network namespace could not be restored; a helper that thread started
+// earlier would die with it, failing its operation rather than outliving
+// anything.
 func DieWithParent() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
