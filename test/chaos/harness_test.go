@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
@@ -401,14 +403,8 @@ func loopDevices(t *testing.T) map[string]string {
 // on the simulated host's loopback: the connection is made from inside
 // that namespace.
 func (r *rig) previewGet(ctx context.Context, url, header, token string) (int, error) {
-	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		var err error
-		testenv.InNamespace(r.t, r.tp.HostNS, func() {
-			d := net.Dialer{Timeout: 5 * time.Second}
-			c, err = d.DialContext(ctx, network, addr)
-		})
-		return c, err
+	tr := &http.Transport{DialContext: func(_ context.Context, network, addr string) (net.Conn, error) {
+		return dialIn(r.tp.HostNS, network, addr)
 	}}
 	defer tr.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -422,6 +418,32 @@ func (r *rig) previewGet(ctx context.Context, url, header, token string) (int, e
 	}
 	res.Body.Close()
 	return res.StatusCode, nil
+}
+
+// dialIn connects from inside network namespace ns: the socket is made on
+// this goroutine's thread while it is in ns, then the thread goes back. A
+// thread that cannot go back stays locked, so Go retires it.
+func dialIn(ns netns.NsHandle, network, addr string) (net.Conn, error) {
+	goruntime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		goruntime.UnlockOSThread()
+		return nil, err
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		goruntime.UnlockOSThread()
+		return nil, err
+	}
+	c, err := net.DialTimeout(network, addr, 5*time.Second)
+	if serr := netns.Set(orig); serr != nil {
+		if c != nil {
+			c.Close()
+		}
+		return nil, fmt.Errorf("back to the test's namespace: %w", serr)
+	}
+	goruntime.UnlockOSThread()
+	return c, err
 }
 
 // percentile returns the p-th percentile (0..100, nearest rank) of ds.
