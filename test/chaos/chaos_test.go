@@ -789,7 +789,7 @@ func (o *orchestrator) verify(epoch int) {
 		if !live(s.State) {
 			continue
 		}
-		if s.Network != "" && s.Network != "none" {
+		if known[s.ID] && s.Network != "" && s.Network != "none" {
 			netLive++
 		}
 		if !known[s.ID] {
@@ -800,7 +800,8 @@ func (o *orchestrator) verify(epoch int) {
 			}
 		}
 	}
-	// One veth per live sandbox with network, no more.
+	// One veth per live sandbox with network, no more (the ones just
+	// terminated took theirs along).
 	if vs, _ := o.r.veths(); len(vs) != netLive {
 		fail("%d sandbox veths in the simulated host, want %d (live sandboxes with network): %v", len(vs), netLive, vs)
 	}
