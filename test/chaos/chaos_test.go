@@ -23,6 +23,7 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv/vmenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
@@ -159,6 +160,7 @@ type report struct {
 // done before each kill still depends on timing), CHAOS_REPORT names a
 // file for the figures as JSON.
 func TestChaos(t *testing.T) {
+	testenv.RequireRoot(t)
 	kills := 50
 	if s := os.Getenv("CHAOS_KILLS"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -194,7 +196,7 @@ func TestChaos(t *testing.T) {
 
 	// The VM is created by client 0 in one epoch, which lasts until the
 	// create answers; the kill then comes at a random moment after.
-	vmEpoch := 1 + o.rng.IntN(max(1, kills/4))
+	vmEpoch := min(1+o.rng.IntN(max(1, kills/4)), kills-1)
 	for epoch := 0; epoch <= kills; epoch++ {
 		o.startAndCheck(epoch)
 		if epoch == kills {
@@ -203,6 +205,9 @@ func TestChaos(t *testing.T) {
 		o.workers[0].vmCreate = epoch == vmEpoch
 		delay := 150*time.Millisecond + time.Duration(o.rng.Int64N(int64(4*time.Second)))
 		o.runEpoch(epoch, delay, epoch == vmEpoch)
+	}
+	if !strings.HasPrefix(o.rep.VM, "created ") {
+		t.Errorf("the run's VM was not created (%q)", o.rep.VM)
 	}
 	o.endAll()
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
@@ -74,6 +75,7 @@ type soakReport struct {
 // soakBounds); at the end nothing may be left. SOAK_REPORT names a file
 // for the figures as JSON.
 func TestSoak(t *testing.T) {
+	testenv.RequireRoot(t)
 	cycles := 10000
 	if s := os.Getenv("SOAK_CYCLES"); s != "" {
 		n, err := strconv.Atoi(s)
