@@ -41,8 +41,11 @@ const (
 	// survivorGrace is how long processes of a killed daemon may take to
 	// go (parent-death signals are delivered asynchronously).
 	survivorGrace = 2 * time.Second
-	reqLabel      = "chaos-req"
-	previewPort   = 8000
+	// returnLimit is how soon after a kill the operations in flight must
+	// have returned (their connections reset).
+	returnLimit = 3 * time.Second
+	reqLabel    = "chaos-req"
+	previewPort = 8000
 )
 
 // Client-side time limits of each operation: generous for two loaded
@@ -111,9 +114,10 @@ type worker struct {
 	problems []string // acknowledged answers that were wrong, client timeouts
 	// maxAfterKill is the longest an operation in flight at a kill took
 	// to return after it.
-	maxAfterKill time.Duration
-	timeouts     int  // operations that reached their time limit
-	vmCreate     bool // create the VM in this epoch
+	maxAfterKill  time.Duration
+	lastAfterKill time.Duration // the same, in this epoch
+	timeouts      int           // operations that reached their time limit
+	vmCreate      bool          // create the VM in this epoch
 }
 
 // orchestrator runs the epochs: start, check, load, kill.
@@ -259,10 +263,24 @@ func (o *orchestrator) runEpoch(epoch int, delay time.Duration, vm bool) {
 	}
 	time.Sleep(delay)
 	pid := o.r.d.PID()
-	o.killedAt.Store(time.Now().UnixNano())
+	killed := time.Now()
+	o.killedAt.Store(killed.UnixNano())
 	o.stop.Store(true)
 	o.r.d.Crash()
 	o.rep.Kills++
+	// Processes of the killed daemon are looked for while the clients are
+	// still waiting: a survivor holding the daemon's descriptors (its
+	// listeners, the server side of the clients' connections) leaves them
+	// hanging until it is gone. Found, reported and ended, so that the run
+	// goes on and says how often it happened.
+	if ss := o.r.waitSurvivors(survivorGrace); len(ss) != 0 {
+		for _, s := range ss {
+			o.rep.Survivors = append(o.rep.Survivors, fmt.Sprintf("kill %d of daemon pid %d: %s", epoch+1, pid, s))
+		}
+		t.Errorf("kill %d (daemon pid %d): %d process(es) of the killed daemon outlived it by %v: %v", epoch+1, pid, len(ss), survivorGrace, ss)
+		killSurvivors(ss)
+		o.r.waitSurvivors(survivorGrace)
+	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
@@ -277,19 +295,17 @@ func (o *orchestrator) runEpoch(epoch int, delay time.Duration, vm bool) {
 			w.mcp.Close()
 			w.mcp = nil
 		}
+		// An operation in flight at the kill fails at once (its connection
+		// is reset) unless something of the dead daemon holds it open.
+		if w.lastAfterKill > returnLimit {
+			w.problems = append(w.problems, fmt.Sprintf("an operation in flight at the kill returned %v after it (want within %v): the client was left hanging", w.lastAfterKill.Round(time.Millisecond), returnLimit))
+		}
+		w.lastAfterKill = 0
 		for _, p := range w.problems {
 			t.Errorf("epoch %d client %d: %s", epoch, w.n, p)
 		}
 		o.rep.Problems += len(w.problems)
 		w.problems = nil
-	}
-	if ss := o.r.waitSurvivors(survivorGrace); len(ss) != 0 {
-		for _, s := range ss {
-			o.rep.Survivors = append(o.rep.Survivors, fmt.Sprintf("kill %d of daemon pid %d: %s", epoch+1, pid, s))
-		}
-		t.Errorf("kill %d (daemon pid %d): %d process(es) of the killed daemon outlived it by %v: %v", epoch+1, pid, len(ss), survivorGrace, ss)
-		killSurvivors(ss)
-		o.r.waitSurvivors(survivorGrace)
 	}
 }
 
@@ -328,6 +344,7 @@ func (w *worker) do(kind string, fn func(ctx context.Context) error) error {
 		code = "daemon killed"
 		if k := time.Unix(0, w.o.killedAt.Load()); end.After(k) {
 			w.maxAfterKill = max(w.maxAfterKill, end.Sub(k))
+			w.lastAfterKill = max(w.lastAfterKill, end.Sub(k))
 		}
 	}
 	oc.Codes[code]++
