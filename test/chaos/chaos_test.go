@@ -45,6 +45,8 @@ const (
 	// have returned (their connections reset).
 	returnLimit = 3 * time.Second
 	reqLabel    = "chaos-req"
+	// runLabel marks run_code's own sandbox (pkg/engine StartRun).
+	runLabel    = "sandboxd.run"
 	previewPort = 8000
 )
 
@@ -348,6 +350,9 @@ func (w *worker) do(kind string, fn func(ctx context.Context) error) error {
 		}
 	}
 	oc.Codes[code]++
+	if oc.Codes[code] <= 3 && code != "daemon killed" {
+		w.o.t.Logf("client %d: %s failed with the daemon up: %v", w.n, kind, err)
+	}
 	if isTimeout(err) || end.Sub(t0) > limit+2*time.Second {
 		w.timeouts++
 		w.problems = append(w.problems, fmt.Sprintf("%s waited %v (its time limit %v): %v", kind, end.Sub(t0).Round(time.Millisecond), limit, err))
@@ -803,9 +808,11 @@ func (o *orchestrator) verify(epoch int) {
 		w.runs = nil
 	}
 
-	// Live sandboxes no client knows: run_code's own sandboxes whose run
-	// the kill interrupted. Reported, and removed so that they do not pile
-	// up towards sandbox.max_sandboxes.
+	// Live sandboxes no client knows must be run_code's own sandboxes
+	// whose run the kill interrupted: the restarted daemon adopts them,
+	// with no run left to end them, until sandbox.idle_timeout. Reported
+	// (orphaned_run_sandboxes), and removed so that they do not pile up
+	// towards sandbox.max_sandboxes.
 	var netLive int
 	for _, s := range all {
 		if !live(s.State) {
@@ -813,6 +820,9 @@ func (o *orchestrator) verify(epoch int) {
 		}
 		if known[s.ID] && s.Network != "" && s.Network != "none" {
 			netLive++
+		}
+		if !known[s.ID] && s.Labels[runLabel] == "" {
+			fail("live sandbox %s (%s, labels %v) belongs to no client and to no run", s.ID, s.Language, s.Labels)
 		}
 		if !known[s.ID] {
 			o.rep.OrphanRunSandboxes++
