@@ -73,10 +73,25 @@ type sbx struct {
 	port      *client.PortExposure // acknowledged exposure of a job's server
 	portFresh bool
 	snaps     []snapModel // acknowledged snapshots of it
+	from      string      // origin of the snapshot it was forked from
+	restored  []string    // origins of the snapshots restored into it
+}
+
+// origin says where a sandbox's files come from, for messages.
+func (s *sbx) origin() string {
+	o := s.flavour
+	if s.from != "" {
+		o += "<" + s.from
+	}
+	for _, r := range s.restored {
+		o += " restored<" + r
+	}
+	return o
 }
 
 type snapModel struct {
 	id        string
+	origin    string // flavours of the sandboxes it descends from
 	files     map[string]string
 	uncertain bool
 }
@@ -478,6 +493,7 @@ func (w *worker) create() {
 func newSbx(id, flavour string, snap *snapModel) *sbx {
 	s := &sbx{id: id, flavour: flavour, files: map[string]string{}}
 	if snap != nil {
+		s.from = snap.origin
 		s.files, s.uncertain = maps.Clone(snap.files), snap.uncertain
 		s.fresh = slices.Collect(maps.Keys(s.files))
 	}
@@ -519,6 +535,8 @@ func (w *worker) write(s *sbx) {
 	if err == nil {
 		s.files[path] = body
 		s.fresh = append(s.fresh, path)
+	} else if !w.o.stop.Load() {
+		w.o.t.Logf("client %d: write to %s (%s) failed with the daemon up: %v", w.n, s.id, s.origin(), err)
 	}
 }
 
@@ -535,7 +553,7 @@ func (w *worker) snapshot(s *sbx) {
 		w.problems = append(w.problems, fmt.Sprintf("snapshot of %s answered %+v", s.id, snap))
 		return
 	}
-	sm := snapModel{id: snap.ID, files: maps.Clone(s.files), uncertain: s.uncertain}
+	sm := snapModel{id: snap.ID, files: maps.Clone(s.files), uncertain: s.uncertain, origin: s.origin()}
 	s.snaps = append(s.snaps, sm)
 	w.snaps = append(w.snaps, sm)
 	w.newSnaps = append(w.newSnaps, snap.ID)
@@ -552,6 +570,7 @@ func (w *worker) restore(s *sbx, sm snapModel) {
 	}
 	s.files, s.uncertain = maps.Clone(sm.files), sm.uncertain
 	s.fresh = slices.Collect(maps.Keys(s.files))
+	s.restored = append(s.restored, sm.origin)
 }
 
 // runCode calls run_code through MCP, the front end agents use for it
