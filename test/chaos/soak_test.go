@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,6 +54,9 @@ type soakSample struct {
 	RSSKiB     int `json:"rss_kib"`
 	FDs        int `json:"fds"`
 	Goroutines int `json:"goroutines"`
+	// FDKinds counts the descriptors by what they are (socket, pipe, a
+	// path's directory), to tell what leaks.
+	FDKinds map[string]int `json:"fd_kinds,omitempty"`
 }
 
 type soakReport struct {
@@ -189,6 +194,21 @@ func TestSoak(t *testing.T) {
 		}
 	}
 
+	if rep.LeakVerdict == "leak" {
+		// What the daemon's sockets are connected to, to tell what leaks
+		// (ss in the simulated host, where the daemon's network side is).
+		out, err := exec.Command("nsenter", "--net=/run/netns/"+r.tp.Host, "ss", "-apn", "-A", "all").CombinedOutput()
+		var mine []string
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, fmt.Sprintf("pid=%d,", pid)) {
+				mine = append(mine, l)
+			}
+		}
+		t.Logf("the daemon's sockets (%v):\n%s", err, strings.Join(mine, "\n"))
+		if lsof, err := exec.Command("lsof", "-n", "-p", strconv.Itoa(pid)).CombinedOutput(); err == nil {
+			t.Logf("lsof:\n%s", lsof)
+		}
+	}
 	if live, err := c.ListSandboxes(context.Background(), ""); err != nil || len(live) != 0 {
 		t.Errorf("live sandboxes after the soak: %v %v", live, err)
 	}
@@ -216,20 +236,37 @@ func sampleDaemon(t *testing.T, r *rig, pid, cycles int) soakSample {
 	}
 	if fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid)); err == nil {
 		s.FDs = len(fds)
+		s.FDKinds = map[string]int{}
+		for _, fd := range fds {
+			l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+			if i := strings.IndexAny(l, ":["); i > 0 && !strings.HasPrefix(l, "/") {
+				l = l[:i]
+			} else {
+				l = filepath.Dir(l)
+			}
+			s.FDKinds[l]++
+		}
 	} else {
 		t.Errorf("daemon descriptors: %v", err)
 	}
-	res, err := r.d.UnixGet("/metrics")
-	if err != nil {
-		t.Errorf("/metrics: %v", err)
-		return s
-	}
-	body, _ := io.ReadAll(res.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
-			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			s.Goroutines = int(f)
+	// The least of three reads: short-lived goroutines (timers, a
+	// connection being closed) come and go between batches.
+	for i := range 3 {
+		res, err := r.d.UnixGet("/metrics")
+		if err != nil {
+			t.Errorf("/metrics: %v", err)
+			return s
 		}
+		body, _ := io.ReadAll(res.Body)
+		for _, line := range strings.Split(string(body), "\n") {
+			if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
+				f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				if i == 0 || int(f) < s.Goroutines {
+					s.Goroutines = int(f)
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if s.RSSKiB == 0 || s.Goroutines == 0 {
 		t.Errorf("sample at %d cycles incomplete: %+v", cycles, s)
