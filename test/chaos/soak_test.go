@@ -54,6 +54,9 @@ type soakSample struct {
 	RSSKiB     int `json:"rss_kib"`
 	FDs        int `json:"fds"`
 	Goroutines int `json:"goroutines"`
+	// HeapKiB is the Go heap in use (go_memstats_heap_inuse_bytes): what
+	// of the RSS is the daemon's own live and not yet collected data.
+	HeapKiB int `json:"heap_inuse_kib"`
 	// FDKinds counts the descriptors by what they are (socket, pipe, a
 	// path's directory), to tell what leaks.
 	FDKinds map[string]int `json:"fd_kinds,omitempty"`
@@ -177,12 +180,17 @@ func TestSoak(t *testing.T) {
 		series["fds"] = append(series["fds"], float64(s.FDs))
 		series["goroutines"] = append(series["goroutines"], float64(s.Goroutines))
 		series["rss_kib"] = append(series["rss_kib"], float64(s.RSSKiB))
+		series["heap_inuse_kib"] = append(series["heap_inuse_kib"], float64(s.HeapKiB))
 	}
 	if len(xs) < 3 {
 		t.Fatalf("%d samples after the warm-up: too few to fit a line", len(xs))
 	}
 	window := xs[len(xs)-1] - xs[0]
 	rep.LeakVerdict = "flat"
+	// The heap's slope is reported beside the RSS's, to tell the daemon's
+	// own data from the runtime's and SQLite's caches; the bound is on RSS.
+	rep.Slopes["heap_inuse_kib"] = fitSlope(xs, series["heap_inuse_kib"]) * 1000
+	rep.Growth["heap_inuse_kib"] = rep.Slopes["heap_inuse_kib"] * window / 1000
 	for _, b := range soakBounds {
 		slope := fitSlope(xs, series[b.name]) * 1000
 		rep.Slopes[b.name] = slope
@@ -259,6 +267,10 @@ func sampleDaemon(t *testing.T, r *rig, pid, cycles int) soakSample {
 		}
 		body, _ := io.ReadAll(res.Body)
 		for _, line := range strings.Split(string(body), "\n") {
+			if v, ok := strings.CutPrefix(line, "go_memstats_heap_inuse_bytes "); ok && i == 0 {
+				f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				s.HeapKiB = int(f / 1024)
+			}
 			if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
 				f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
 				if i == 0 || int(f) < s.Goroutines {
