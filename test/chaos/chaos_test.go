@@ -159,6 +159,7 @@ type verified struct {
 	Snapshots   int `json:"snapshots"`
 	Runs        int `json:"run_records"`
 	Terminated  int `json:"terminates"`
+	PendingSeen int `json:"unanswered_creates_found"`
 	PendingLive int `json:"unanswered_creates_live"`
 	Released    int `json:"failed_or_terminated_released"`
 }
@@ -783,8 +784,9 @@ func (o *orchestrator) verify(epoch int) {
 		for _, p := range w.pending {
 			s, ok := byReq[p.req]
 			if !ok {
-				continue
+				continue // it never reached the daemon's state
 			}
+			o.rep.Verified.PendingSeen++
 			if live(s.State) {
 				w.owned = append(w.owned, newSbx(s.ID, p.flavour, p.snap))
 				o.rep.Verified.PendingLive++
