@@ -218,6 +218,9 @@ func (d *Daemon) UnixGet(path string) (*http.Response, error) {
 			return dl.DialContext(ctx, "unix", d.Socket)
 		},
 	}}
+	// Its connection is closed with it: a kept-alive one per call would
+	// stay open in the daemon (make soak counts the daemon's descriptors).
+	defer c.CloseIdleConnections()
 	res, err := c.Get("http://daemon" + path)
 	if err != nil {
 		return nil, err
