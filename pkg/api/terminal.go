@@ -7,6 +7,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
@@ -17,14 +18,7 @@ const maxTerminalInput = 1 << 20
 
 // terminalMessage is a JSON text message on the terminal WebSocket
 // (client.TerminalMessage on the other side).
-type terminalMessage struct {
-	Type        string               `json:"type"`
-	Rows        uint16               `json:"rows,omitempty"`
-	Cols        uint16               `json:"cols,omitempty"`
-	ExitCode    *int                 `json:"exit_code,omitempty"`
-	Termination *sandbox.Termination `json:"termination,omitempty"`
-	Error       *errorBody           `json:"error,omitempty"`
-}
+type terminalMessage = apitypes.TerminalMessage
 
 // terminal runs a command on a pseudo-terminal and bridges it to a
 // WebSocket: binary messages carry the bytes both ways, text messages are

@@ -14,11 +14,7 @@ import (
 
 type imageListIn struct{}
 
-type imageListOut struct {
-	apitypes.ImageList
-	// Note says that lists of users were cut to fit the result.
-	Note string `json:"note,omitempty"`
-}
+type imageListOut = apitypes.ImageList
 
 func imageText(im *apitypes.Image) string {
 	s := fmt.Sprintf("%s: digest %s, %d MiB, built %s", im.Name, shortDigest(im.Digest), im.SizeBytes>>20, im.BuiltAt.UTC().Format("2006-01-02T15:04:05Z"))
@@ -78,7 +74,7 @@ func (s *srv) addImageTools() {
 				return nil, err
 			}
 			return s.fit(func(limit int) *result {
-				out := imageListOut{ImageList: apitypes.ImageList{Unbuilt: l.Unbuilt, Images: make([]apitypes.Image, len(l.Images))}}
+				out := imageListOut{Unbuilt: l.Unbuilt, Images: make([]apitypes.Image, len(l.Images))}
 				// Only users lists can grow (up to server limits):
 				// they share what the budget leaves.
 				per := max(limit/(24*len(l.Images)+1), 1)

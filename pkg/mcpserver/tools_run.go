@@ -14,11 +14,7 @@ import (
 // pkg/apitypes only.
 type runCodeIn = apitypes.RunCodeRequest
 
-type runCodeOut struct {
-	apitypes.RunResult
-	// Note says where cut output went, when it was cut.
-	Note string `json:"note,omitempty"`
-}
+type runCodeOut = apitypes.RunResult
 
 type runTaskIn = apitypes.RunTaskRequest
 
@@ -28,10 +24,7 @@ type runGetIn struct {
 	RunID string `json:"run_id" jsonschema_description:"Run id from run_code or run_list."`
 }
 
-type runGetOut struct {
-	apitypes.RunRecord
-	Note string `json:"note,omitempty"`
-}
+type runGetOut = apitypes.RunRecord
 
 type runListIn struct {
 	Limit    int    `json:"limit,omitempty" jsonschema_description:"Most runs to list, newest first (default 50, at most 1000)."`
@@ -39,10 +32,7 @@ type runListIn struct {
 	Success  *bool  `json:"success,omitempty" jsonschema_description:"Only successful (true) or failed (false) runs."`
 }
 
-type runListOut struct {
-	Runs      []apitypes.RunMetadata `json:"runs"`
-	Truncated bool                   `json:"truncated,omitempty"`
-}
+type runListOut = apitypes.RunList
 
 func (s *srv) addRunTools() {
 	addTool[runCodeIn, runCodeOut](s, "run_code", "Run code",
@@ -100,7 +90,7 @@ func (s *srv) addRunTools() {
 				rec.Attempts = []apitypes.FixedAttempt{}
 			}
 			return s.fit(func(limit int) *result {
-				out := runGetOut{RunRecord: *rec}
+				out := *rec
 				lo, le := split(limit, len(rec.Stdout), len(rec.Stderr))
 				var c1, c2 bool
 				out.Stdout, c1 = cut(rec.Stdout, lo, "whole log in "+filepath.Join(rec.Dir, "stdout.log"))
@@ -156,7 +146,7 @@ func (s *srv) addRunTools() {
 func (s *srv) runResult(res *apitypes.RunResult) *result {
 	where := fmt.Sprintf("the run record keeps it: run_get {run_id: %q}, resource run://%s/stdout.log", res.RunID, res.RunID)
 	return s.fit(func(limit int) *result {
-		out := runCodeOut{RunResult: *res}
+		out := *res
 		out.Steps = make([]apitypes.RunStep, len(res.Steps))
 		cutAny := false
 		earlier := 0

@@ -10,39 +10,25 @@ import (
 
 type sandboxCreateIn = apitypes.CreateSandboxRequest
 
-// sandboxOut is a sandbox as the tools show it.
-type sandboxOut struct {
-	apitypes.Sandbox
-	Usage           *apitypes.Usage                     `json:"usage,omitempty"`
-	NetworkStatus   *apitypes.NetworkStatus             `json:"network_status,omitempty"`
-	CredentialUsage map[string]apitypes.CredentialUsage `json:"credential_usage,omitempty"`
-}
+// sandboxOut is a sandbox as the tools show it: sandbox_get's detail, of
+// which sandbox_create fills the sandbox only.
+type sandboxOut = apitypes.SandboxDetail
 
 type sandboxListIn struct {
 	State string `json:"state,omitempty" jsonschema_description:"Only sandboxes in this state; default: the live ones (creating, ready, running); all: every state." jsonschema:"enum=creating,enum=ready,enum=running,enum=terminated,enum=failed,enum=all"`
 }
 
-type sandboxListOut struct {
-	Sandboxes []apitypes.Sandbox `json:"sandboxes"`
-	// Truncated is set when the list was cut to fit the result size.
-	Truncated bool `json:"truncated,omitempty"`
-	Total     int  `json:"total"`
-}
+type sandboxListOut = apitypes.SandboxList
 
 type sandboxIDIn struct {
 	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of the sandbox, as sandbox_create returned it (sb-...)."`
 }
 
-type sandboxTerminateOut struct {
-	SandboxID string `json:"sandbox_id"`
-	State     string `json:"state"`
-}
+type sandboxTerminateOut = apitypes.SandboxState
 
 type languagesIn struct{}
 
-type languagesOut struct {
-	Languages []apitypes.LanguageInfo `json:"languages"`
-}
+type languagesOut = apitypes.LanguageList
 
 func (s *srv) addSandboxTools() {
 	addTool[sandboxCreateIn, sandboxOut](s, "sandbox_create", "Create a sandbox",

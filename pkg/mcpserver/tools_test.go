@@ -234,7 +234,7 @@ func TestTools(t *testing.T) {
 			}
 		}
 		ex := ok[filesExportOut](c, "files_export", map[string]any{"sandbox_id": id})
-		if ex.Size == 0 || len(ex.SHA256) != 64 || ex.DownloadPath != "/v1/artifacts/"+ex.ArtifactID {
+		if ex.Size == 0 || len(ex.SHA256) != 64 || ex.DownloadPath != "/v1/artifacts/"+ex.ID {
 			t.Errorf("files_export = %+v", ex)
 		}
 		if code, _ := errCode(t, c.call("files_export", map[string]any{"sandbox_id": id, "path": "/workspace/nope"}, nil)); code != "not_found" {
