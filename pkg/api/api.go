@@ -24,7 +24,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
 )
@@ -53,14 +52,14 @@ type Options struct {
 }
 
 type server struct {
-	e   *engine.Engine
+	e   Engine
 	opt Options
 	log *slog.Logger
 	mux *http.ServeMux // the routes, for GET /v1/system's features
 }
 
 // NewHandler returns the REST API over e.
-func NewHandler(e *engine.Engine, opt Options) http.Handler {
+func NewHandler(e Engine, opt Options) http.Handler {
 	if opt.Log == nil {
 		opt.Log = slog.Default()
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -43,6 +44,7 @@ func addTool[In, Out any](s *srv, name, title, description string, a annotations
 	opts := []mcp.ToolOption{mcp.WithDescription(description), mcp.WithInputSchema[In](), mcp.WithOutputSchema[Out]()}
 	opts = append(opts, a.options(title)...)
 	tool := mcp.NewTool(name, opts...)
+	s.outputs[name] = reflect.TypeFor[Out]()
 	required := requiredOf(tool.RawInputSchema)
 	s.mcp.AddTool(tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		var in In

@@ -66,7 +66,7 @@ type mcpClient struct {
 	notifs []mcp.JSONRPCNotification
 }
 
-func newClient(t *testing.T, e *engine.Engine, opt Options) *mcpClient {
+func newClient(t *testing.T, e Engine, opt Options) *mcpClient {
 	t.Helper()
 	if opt.Log == nil {
 		opt.Log = testenv.Logger(t)

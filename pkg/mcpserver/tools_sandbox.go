@@ -95,7 +95,7 @@ func (s *srv) addSandboxTools() {
 			for name, u := range d.CredentialUsage {
 				text += fmt.Sprintf("credential %s: %d requests, %d input + %d output tokens, %d refused %s\n", name, u.Requests, u.InputTokens, u.OutputTokens, u.Refused, u.CapReached)
 			}
-			return &result{structured: sandboxOut{Sandbox: d.Sandbox, Usage: d.Usage, NetworkStatus: d.NetworkStatus, CredentialUsage: d.CredentialUsage}, text: text}, nil
+			return &result{structured: *d, text: text}, nil
 		})
 
 	addTool[apitypes.SandboxNetworkRequest, apitypes.NetworkStatus](s, "sandbox_network", "Show or change a sandbox's network",
