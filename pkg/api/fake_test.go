@@ -279,8 +279,8 @@ func TestFakeCreateDecode(t *testing.T) {
 	}
 	for body, want := range map[string]string{
 		`{"language":"python","colour":"red"}`: `unknown field \"colour\"`,
-		`{"memory_mb":"lots"}`:                  "memory_mb: want an integer",
-		`{"language":`:                          "truncated JSON",
+		`{"memory_mb":"lots"}`:                 "memory_mb: want an integer",
+		`{"language":`:                         "truncated JSON",
 	} {
 		f.create = apitypes.CreateSandboxRequest{}
 		st, got := do(t, hs, "POST", "/v1/sandboxes", body)
