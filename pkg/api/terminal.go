@@ -93,14 +93,7 @@ func (s *server) terminal(w http.ResponseWriter, r *http.Request) {
 	if ctx.Err() != nil {
 		return
 	}
-	exit := terminalMessage{Type: "exit"}
-	if err != nil {
-		body := errorBodyOf(err)
-		exit.Error = &body
-	} else {
-		exit.ExitCode, exit.Termination = &res.ExitCode, &res.Termination
-	}
-	b, err := json.Marshal(exit)
+	b, err := json.Marshal(terminalExit(res, err))
 	if err != nil {
 		panic(err) // plain data: cannot fail
 	}
@@ -108,6 +101,19 @@ func (s *server) terminal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_ = conn.Close(websocket.StatusNormalClosure, "")
+}
+
+// terminalExit is the terminal's last message: how the command ended, or
+// the error that lost it.
+func terminalExit(res *apitypes.ExecResult, err error) terminalMessage {
+	exit := terminalMessage{Type: apitypes.TerminalExit}
+	if err != nil {
+		body := errorBodyOf(err)
+		exit.Error = &body
+	} else {
+		exit.ExitCode, exit.Termination = &res.ExitCode, &res.Termination
+	}
+	return exit
 }
 
 // terminalInput forwards the client's messages to the terminal until the
@@ -127,7 +133,7 @@ func (s *server) terminalInput(ctx context.Context, cancel context.CancelFunc, c
 			continue
 		}
 		var m terminalMessage
-		if err := json.Unmarshal(data, &m); err != nil || m.Type != "resize" {
+		if err := json.Unmarshal(data, &m); err != nil || m.Type != apitypes.TerminalResize {
 			_ = conn.Close(websocket.StatusUnsupportedData, `want {"type":"resize","rows":R,"cols":C}`)
 			return
 		}

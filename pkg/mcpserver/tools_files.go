@@ -60,40 +60,7 @@ func (s *srv) addFileTools() {
 	addTool[fileListIn, fileListOut](s, "file_list", "List files in a sandbox",
 		"List a directory in a sandbox (default /workspace), or with recursive the whole tree: path, type, size, mode, mtime of each entry. Prerequisite: a live sandbox_id. A list too long for one result is cut (truncated: true): list a subdirectory instead.",
 		annotations{readOnly: true, idempotent: true},
-		func(ctx context.Context, c *call, in *fileListIn) (*result, error) {
-			req := *in
-			if req.MaxEntries == 0 {
-				// The result's size cuts the list below, not a count.
-				req.MaxEntries = engine.MaxListEntries
-			}
-			l, err := s.e.ListFilesPage(ctx, req)
-			if err != nil {
-				return nil, err
-			}
-			entries := l.Entries
-			return s.fit(func(limit int) *result {
-				out := fileListOut{Entries: []apitypes.FileEntry{}, Total: l.Total, Truncated: l.Truncated}
-				var text strings.Builder
-				size := 0
-				for _, fe := range entries {
-					line := fmt.Sprintf("%s %o %8d %s\n", fe.Type, fe.Mode, fe.Size, fe.Path)
-					size += 2*len(fe.Path) + 120
-					if size > limit {
-						out.Truncated = true
-						break
-					}
-					out.Entries = append(out.Entries, fe)
-					text.WriteString(line)
-				}
-				if out.Truncated {
-					fmt.Fprintf(&text, "[list cut at %d of %d entries to fit the result; list a subdirectory]\n", len(out.Entries), out.Total)
-				}
-				if len(entries) == 0 {
-					text.WriteString("(empty)\n")
-				}
-				return &result{structured: out, text: text.String()}
-			}), nil
-		})
+		s.fileList)
 
 	addTool[fileDeleteIn, fileDeleteOut](s, "file_delete", "Delete a file in a sandbox",
 		"Delete a file, or with recursive a directory tree, in a sandbox. Prerequisite: a live sandbox_id. Deleting / is refused.",
@@ -147,4 +114,41 @@ func (s *srv) readFilePaged(ctx context.Context, in *fileReadIn, read func(conte
 		}
 		page /= 2
 	}
+}
+
+// fileList is file_list: the engine's page of the listing, cut further to
+// fit the result.
+func (s *srv) fileList(ctx context.Context, c *call, in *fileListIn) (*result, error) {
+	req := *in
+	if req.MaxEntries == 0 {
+		// The result's size cuts the list below, not a count.
+		req.MaxEntries = engine.MaxListEntries
+	}
+	l, err := s.e.ListFilesPage(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	entries := l.Entries
+	return s.fit(func(limit int) *result {
+		out := fileListOut{Entries: []apitypes.FileEntry{}, Total: l.Total, Truncated: l.Truncated}
+		var text strings.Builder
+		size := 0
+		for _, fe := range entries {
+			line := fmt.Sprintf("%s %o %8d %s\n", fe.Type, fe.Mode, fe.Size, fe.Path)
+			size += 2*len(fe.Path) + 120
+			if size > limit {
+				out.Truncated = true
+				break
+			}
+			out.Entries = append(out.Entries, fe)
+			text.WriteString(line)
+		}
+		if out.Truncated {
+			fmt.Fprintf(&text, "[list cut at %d of %d entries to fit the result; list a subdirectory]\n", len(out.Entries), out.Total)
+		}
+		if len(entries) == 0 {
+			text.WriteString("(empty)\n")
+		}
+		return &result{structured: out, text: text.String()}
+	}), nil
 }
