@@ -253,3 +253,9 @@ type ProgressMessage struct {
 	Progress      int    `json:"progress"`
 	Message       string `json:"message"`
 }
+
+// Params is m as the notification's params object (the MCP library takes
+// a map).
+func (m ProgressMessage) Params() map[string]any {
+	return map[string]any{"progressToken": m.ProgressToken, "progress": m.Progress, "message": m.Message}
+}

@@ -379,9 +379,9 @@ func (p *progressNotifier) send(msg string) {
 	// nothing to tell anyone.
 	_ = p.stream.event(mcp.JSONRPCNotification{JSONRPC: mcp.JSONRPC_VERSION, Notification: mcp.Notification{
 		Method: string(mcp.MethodNotificationProgress),
-		Params: mcp.NotificationParams{AdditionalFields: map[string]any{
-			"progressToken": p.token, "progress": p.seq, "message": msg,
-		}},
+		Params: mcp.NotificationParams{AdditionalFields: apitypes.ProgressMessage{
+			ProgressToken: p.token, Progress: p.seq, Message: msg,
+		}.Params()},
 	}})
 }
 

@@ -88,9 +88,9 @@ func (s *srv) autofixOptions(ctx context.Context, c *call) engine.AutofixOptions
 			if ev.Attempt == nil {
 				return
 			}
-			_ = srv.SendNotificationToClient(ctx, string(mcp.MethodNotificationProgress), map[string]any{
-				"progressToken": token, "progress": ev.Attempt.Attempt, "message": attemptLine(ev.Type, ev.Attempt),
-			})
+			_ = srv.SendNotificationToClient(ctx, string(mcp.MethodNotificationProgress), apitypes.ProgressMessage{
+				ProgressToken: token, Progress: ev.Attempt.Attempt, Message: attemptLine(ev.Type, ev.Attempt),
+			}.Params())
 		}
 	}
 	return opts
