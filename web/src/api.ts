@@ -56,8 +56,9 @@ export async function json<T>(method: string, path: string, body?: object): Prom
   return (await request(method, path, body)).json();
 }
 
-/** Reads an NDJSON stream line by line as it arrives. */
-export async function ndjson(r: Response, onLine: (v: any) => void): Promise<void> {
+/** Reads an NDJSON stream line by line as it arrives; T is the stream's
+ * line type (ExecLine, BuildLine, AutofixLine, ...). */
+export async function ndjson<T>(r: Response, onLine: (v: T) => void): Promise<void> {
   const reader = r.body!.getReader();
   const dec = new TextDecoder();
   let buf = '';
