@@ -115,6 +115,20 @@ func (f *fakeEngine) StartJob(_ context.Context, req apitypes.ExecRequest) (stri
 
 func (f *fakeEngine) Uptime() time.Duration { return time.Second }
 
+func (f *fakeEngine) GC(context.Context) (*apitypes.GCReport, error) {
+	return ex[apitypes.GCReport](), f.err
+}
+
+// SubscribeEvents sends nothing and ends with ctx, as a quiet daemon's.
+func (f *fakeEngine) SubscribeEvents(ctx context.Context, _ string) <-chan apitypes.Event {
+	ch := make(chan apitypes.Event)
+	go func() {
+		<-ctx.Done()
+		close(ch)
+	}()
+	return ch
+}
+
 func (f *fakeEngine) MetricsRegistry() *prometheus.Registry {
 	if f.metrics == nil {
 		f.metrics = prometheus.NewRegistry()
