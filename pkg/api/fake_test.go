@@ -338,7 +338,13 @@ func TestFakeExecStream(t *testing.T) {
 		t.Fatalf("output lines: %s", body)
 	}
 	exit := lines[3].Exit
-	if exit == nil || exit.Usage == nil || len(exit.BlockedSyscalls) != 1 || exit.Stdout != "" || exit.Stderr != "" {
+	if exit == nil || exit.ExecResult == nil || exit.Usage == nil || len(exit.BlockedSyscalls) != 1 {
 		t.Fatalf("exit line: %s", body)
+	}
+	// The output went out in the lines before: the exit line has none.
+	last := strings.TrimSpace(string(body))
+	last = last[strings.LastIndex(last, "\n")+1:]
+	if strings.Contains(last, `"stdout"`) || strings.Contains(last, `"stderr"`) {
+		t.Errorf("exit line carries the output again: %s", last)
 	}
 }

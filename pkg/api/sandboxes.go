@@ -109,9 +109,7 @@ func (s *server) execWith(w http.ResponseWriter, r *http.Request, run func(conte
 // exitLine ends an exec stream with the command's outcome, without its
 // output, which went out in the stream lines already.
 func exitLine(res *apitypes.ExecResult) execLine {
-	exit := *res
-	exit.Stdout, exit.Stderr = "", ""
-	return execLine{Exit: &exit}
+	return execLine{Exit: apitypes.NewExecExit(res)}
 }
 
 // execLine is one line of the exec stream.

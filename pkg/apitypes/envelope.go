@@ -192,12 +192,24 @@ type ExecLine struct {
 	Data   string `json:"data,omitempty"`
 	// Encoding is "base64" when the output chunk is not valid UTF-8 and
 	// Data holds it base64-encoded; empty otherwise.
-	Encoding string      `json:"encoding,omitempty"`
-	Exit     *ExecResult `json:"exit,omitempty"`
+	Encoding string    `json:"encoding,omitempty"`
+	Exit     *ExecExit `json:"exit,omitempty"`
 	// Result ends a streamed run_code.
 	Result *RunResult `json:"result,omitempty"`
 	Error  *ErrorBody `json:"error,omitempty"`
 }
+
+// ExecExit is the outcome line of an exec stream: the ExecResult without
+// its output, which went out in the lines before — the empty members below
+// shadow the embedded ones, so that the line has no stdout or stderr at all.
+type ExecExit struct {
+	*ExecResult
+	Stdout string `json:"stdout,omitempty"`
+	Stderr string `json:"stderr,omitempty"`
+}
+
+// NewExecExit is res as an exit line.
+func NewExecExit(res *ExecResult) *ExecExit { return &ExecExit{ExecResult: res} }
 
 // BuildLine is one line of the image build stream (POST
 // /v1/images/{name}/build): a line of the build log, then the built image,

@@ -41,7 +41,7 @@ func TestTypeScriptTypesComplete(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := string(b)
-	for _, root := range append([]reflect.Type{reflect.TypeFor[apitypes.ExecResult](), reflect.TypeFor[apitypes.RunResult]()}, tsgen.Roots...) {
+	for _, root := range append([]reflect.Type{reflect.TypeFor[apitypes.ExecExit](), reflect.TypeFor[apitypes.RunResult]()}, tsgen.Roots...) {
 		start := strings.Index(src, "export interface "+root.Name()+" {\n")
 		if start < 0 {
 			t.Errorf("%s: no interface", root.Name())

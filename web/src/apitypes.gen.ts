@@ -103,7 +103,7 @@ export interface ExecLine {
   stream?: string;
   data?: string;
   encoding?: string;
-  exit?: ExecResult;
+  exit?: ExecExit;
   result?: RunResult;
   error?: ErrorBody;
 }
@@ -287,11 +287,11 @@ export interface FileEntry {
   mtime: string;
 }
 
-export interface ExecResult {
+export interface ExecExit {
   job_id?: string;
   exit_code: number;
-  stdout: string;
-  stderr: string;
+  stdout?: string;
+  stderr?: string;
   stdout_truncated: boolean;
   stderr_truncated: boolean;
   stdout_bytes: number;

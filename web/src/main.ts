@@ -23,7 +23,7 @@ import 'monaco-editor/languages/definitions/ini/register.js';
 import 'monaco-editor/languages/definitions/dockerfile/register.js';
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
-import { api, APIError, initSession, lineData, ndjson, request, socket, type AutofixLine, type AutofixResult, type BuildLine, type Event as SandboxEvent, type ExecLine, type ExecResult,
+import { api, APIError, initSession, lineData, ndjson, request, socket, type AutofixLine, type AutofixResult, type BuildLine, type Event as SandboxEvent, type ExecExit, type ExecLine,
   type FileEntry, type RunResult, type Sandbox, type TerminalMessage } from './api';
 
 // Monaco's one worker (diffs, links), bundled beside app.js.
@@ -314,7 +314,7 @@ async function createPath(ev: Event) {
 /** Runs a command through the exec API and fails on a non-zero exit. */
 async function execOK(argv: string[]) {
   const r = await api.exec(state.sandbox!.sandbox_id, argv);
-  let exit = null as ExecResult | null, err = '';
+  let exit = null as ExecExit | null, err = '';
   await ndjson<ExecLine>(r, (l) => { if (l.exit) exit = l.exit; if (l.stream === 'stderr') err += lineData(l); if (l.error) err += l.error.message; });
   if (!exit || exit.exit_code !== 0) throw new Error(`${argv[0]}: ${err || 'failed'}`);
 }

@@ -318,7 +318,10 @@ func (c *Client) execAt(ctx context.Context, base string, req ExecRequest, onOut
 		case line.Error != nil:
 			return true, nil, line.Error.Err()
 		case line.Exit != nil:
-			res := line.Exit
+			res := line.Exit.ExecResult
+			if res == nil { // {"exit": {}}: nothing the contract promises
+				return true, nil, fmt.Errorf("read exec stream: an empty exit line")
+			}
 			res.Stdout, res.Stderr = stdout.String(), stderr.String()
 			return true, res, nil
 		case line.Stream != "":
