@@ -54,6 +54,17 @@ func RequireRoot(t testing.TB) {
 	}
 }
 
+// SkipOrFail ends a test this host cannot run (the reason formatted): a
+// skip normally, a failure under SANDBOXD_INTEGRATION=1, where make test
+// must not pass without running it.
+func SkipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("SANDBOXD_INTEGRATION") == "1" {
+		t.Fatalf("cannot run here (SANDBOXD_INTEGRATION=1 forbids skipping): "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
 // RandHex returns n random bytes in hex.
 func RandHex(n int) string {
 	b := make([]byte, n)

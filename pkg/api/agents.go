@@ -35,10 +35,5 @@ func (s *server) agentRun(w http.ResponseWriter, r *http.Request) {
 	st.send(agentLine{Result: res})
 }
 
-// agentLine is one line of the agent_run stream (client.AgentLine on the
-// other side).
-type agentLine struct {
-	Progress *apitypes.AgentProgress  `json:"progress,omitempty"`
-	Result   *apitypes.AgentRunResult `json:"result,omitempty"`
-	Error    *errorBody               `json:"error,omitempty"`
-}
+// agentLine is one line of the agent_run stream.
+type agentLine = apitypes.AgentLine

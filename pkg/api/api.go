@@ -24,8 +24,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
 )
 
 // DefaultMaxBodyBytes caps JSON request bodies unless Options say otherwise.
@@ -52,14 +52,14 @@ type Options struct {
 }
 
 type server struct {
-	e   *engine.Engine
+	e   Engine
 	opt Options
 	log *slog.Logger
 	mux *http.ServeMux // the routes, for GET /v1/system's features
 }
 
 // NewHandler returns the REST API over e.
-func NewHandler(e *engine.Engine, opt Options) http.Handler {
+func NewHandler(e Engine, opt Options) http.Handler {
 	if opt.Log == nil {
 		opt.Log = slog.Default()
 	}
@@ -212,52 +212,24 @@ func (s *server) logRequests(next http.Handler) http.Handler {
 	})
 }
 
-type errorBody struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
+// errorBody and errorResponse are the contract's error object
+// (pkg/apitypes), named short for the handlers.
+type (
+	errorBody     = apitypes.ErrorBody
+	errorResponse = apitypes.ErrorResponse
+)
 
-type errorResponse struct {
-	Error errorBody `json:"error"`
-}
+func errorBodyOf(err error) errorBody { return apitypes.ErrorBodyOf(err) }
 
-func errorBodyOf(err error) errorBody {
-	return errorBody{Code: string(errdefs.CodeOf(err)), Message: errdefs.MessageOf(err)}
-}
-
-// writeError is the one place where errors become HTTP responses. Internal
-// errors are logged with their cause, which the client never sees.
+// writeError is the one place where errors become HTTP responses, with the
+// status of pkg/errdefs/errhttp's one table. Internal errors are logged with
+// their cause, which the client never sees.
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	status := httpStatus(errdefs.CodeOf(err))
+	status := errhttp.ToHTTP(err)
 	if status >= http.StatusInternalServerError {
 		s.log.Error("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeJSON(w, status, errorResponse{Error: errorBodyOf(err)})
-}
-
-// httpStatus maps a taxonomy code to its HTTP status. This is the only such
-// mapping; the Go client inverts it (pkg/api/client).
-func httpStatus(c errdefs.Code) int {
-	switch c {
-	case errdefs.InvalidArgument:
-		return http.StatusBadRequest
-	case errdefs.NotFound:
-		return http.StatusNotFound
-	case errdefs.Conflict:
-		return http.StatusConflict
-	case errdefs.LimitExceeded:
-		return http.StatusTooManyRequests
-	case errdefs.Unavailable:
-		return http.StatusServiceUnavailable
-	case errdefs.Unauthenticated:
-		return http.StatusUnauthorized
-	case errdefs.PermissionDenied:
-		return http.StatusForbidden
-	case "":
-		return http.StatusOK
-	default:
-		return http.StatusInternalServerError
-	}
 }
 
 // reply is the end of most handlers: the engine's error in the taxonomy's

@@ -12,10 +12,7 @@ import (
 // autofixLine is one line of the /v1/autofix NDJSON stream: an attempt or
 // a fix as it happens (type attempt, fix), then the loop's answer (type
 // result) or the error that ended it (type error).
-type autofixLine struct {
-	apitypes.AutofixEvent
-	Error *errorBody `json:"error,omitempty"`
-}
+type autofixLine = apitypes.AutofixLine
 
 // autofixStream writes the loop's events as NDJSON. A request refused
 // before the loop starts gets a plain error response with its status.

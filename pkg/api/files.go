@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
@@ -25,10 +26,6 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.e.WriteFileFrom(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.URL.Query().Get("mode"), appendTo, r.ContentLength, r.Body)
 	s.reply(w, r, http.StatusOK, res, err)
-}
-
-type fileList struct {
-	Entries []engine.FileEntry `json:"entries"`
 }
 
 // readFile downloads ?path= as raw bytes (offset= and max_bytes= page through
@@ -84,8 +81,14 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	l, err := s.e.ListFiles(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), recursive)
-	s.reply(w, r, http.StatusOK, fileList{Entries: nonNil(l)}, err)
+	max, err := queryInt(r, "max_entries", 32)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	l, err := s.e.ListFilesPage(r.Context(), apitypes.FileListRequest{SandboxID: r.PathValue("id"),
+		Path: r.URL.Query().Get("path"), Recursive: recursive, MaxEntries: int(max)})
+	s.reply(w, r, http.StatusOK, l, err)
 }
 
 func (s *server) deleteFile(w http.ResponseWriter, r *http.Request) {

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -48,7 +49,34 @@ func newTestServer(t *testing.T) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{engine: e, socket: filepath.Join(cfg.Paths.RunDir, "api.sock")}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		live, err := e.ListSandboxes(ctx, "")
+		if err != nil {
+			t.Errorf("cleanup: list sandboxes: %v", err)
+		}
+		for _, s := range live {
+			if _, err := e.TerminateSandbox(ctx, s.ID); err != nil {
+				t.Errorf("cleanup: terminate %s: %v", s.ID, err)
+			}
+		}
+		_ = e.Close()
+		testenv.AssertNoLeftovers(t, cfg)
+	})
+	// Registered after the engine's cleanup, so run before it: the
+	// listeners close first.
+	ts := serveTestServer(t, e, filepath.Join(cfg.Paths.RunDir, "api.sock"), log)
+	ts.engine = e
+	return ts
+}
+
+// serveTestServer serves the API over e as the daemon does: on a unix
+// socket at socket without authentication, and on TCP behind testToken or
+// a web editor session. Its listeners close at cleanup (before the
+// cleanups registered earlier: the engine's).
+func serveTestServer(t *testing.T, e Engine, socket string, log *slog.Logger) *testServer {
+	t.Helper()
+	ts := &testServer{socket: socket}
 	ts.http = httptest.NewUnstartedServer(nil)
 	ts.ui = NewUIAuth(UIAuthOptions{BaseURL: "http://" + ts.http.Listener.Addr().String()})
 	ts.http.Config.Handler = NewHandler(e, Options{Token: testToken, Log: log, UI: ts.ui})
@@ -66,24 +94,20 @@ func newTestServer(t *testing.T) *testServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx := context.Background()
 		ts.unix.Close()
 		ts.tcp.Close()
 		ts.http.Close()
 		_ = unixSrv.Close()
-		live, err := e.ListSandboxes(ctx, "")
-		if err != nil {
-			t.Errorf("cleanup: list sandboxes: %v", err)
-		}
-		for _, s := range live {
-			if _, err := e.TerminateSandbox(ctx, s.ID); err != nil {
-				t.Errorf("cleanup: terminate %s: %v", s.ID, err)
-			}
-		}
-		_ = e.Close()
-		testenv.AssertNoLeftovers(t, cfg)
 	})
 	return ts
+}
+
+// newFakeTestServer is a testServer over a fake engine (fake_test.go):
+// for the tests of what the handlers do before and around the engine
+// (authentication, the web editor's sessions), which need no root.
+func newFakeTestServer(t *testing.T, f *fakeEngine) *testServer {
+	t.Helper()
+	return serveTestServer(t, f, filepath.Join(t.TempDir(), "api.sock"), testenv.Logger(t))
 }
 
 // request sends a raw request to the TCP server with the token (unless

@@ -7,10 +7,6 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 )
 
-type jobStarted struct {
-	JobID string `json:"job_id"`
-}
-
 // startJob runs a command in the background (exec_command with background: true).
 func (s *server) startJob(w http.ResponseWriter, r *http.Request) {
 	req, err := s.decodeExec(w, r)
@@ -19,16 +15,12 @@ func (s *server) startJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	jobID, err := s.e.StartJob(r.Context(), req)
-	s.reply(w, r, http.StatusAccepted, jobStarted{JobID: jobID}, err)
-}
-
-type jobList struct {
-	Jobs []apitypes.JobInfo `json:"jobs"`
+	s.reply(w, r, http.StatusAccepted, apitypes.JobStarted{JobID: jobID}, err)
 }
 
 func (s *server) listJobs(w http.ResponseWriter, r *http.Request) {
 	jobs, err := s.e.ListJobs(r.Context(), r.PathValue("id"))
-	s.reply(w, r, http.StatusOK, jobList{Jobs: nonNil(jobs)}, err)
+	s.reply(w, r, http.StatusOK, apitypes.JobList{Jobs: nonNil(jobs)}, err)
 }
 
 // jobStatus pages a job's output: ?stdout_offset=&stderr_offset=&max_bytes=.

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
@@ -29,7 +30,7 @@ func (s *server) exposePort(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) listPorts(w http.ResponseWriter, r *http.Request) {
 	xs, err := s.e.Ports(r.Context(), r.PathValue("id"))
-	s.reply(w, r, http.StatusOK, map[string]any{"ports": xs}, err)
+	s.reply(w, r, http.StatusOK, apitypes.PortList{Ports: nonNil(xs)}, err)
 }
 
 func (s *server) unexposePort(w http.ResponseWriter, r *http.Request) {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
 )
 
 // runCode is run_code: POST /v1/run with an engine.RunCodeRequest. With
@@ -36,10 +35,6 @@ func (s *server) runCode(w http.ResponseWriter, r *http.Request) {
 	st.send(execLine{Result: res})
 }
 
-type runList struct {
-	Runs []runs.Metadata `json:"runs"`
-}
-
 // listRuns is run_list: GET /v1/runs?limit=&language=&success=.
 func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
 	limit, err := queryInt(r, "limit", 32)
@@ -54,7 +49,7 @@ func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
 	}
 	f := engine.RunFilter{Language: r.URL.Query().Get("language"), Limit: int(limit), Success: success}
 	l, err := s.e.ListRuns(r.Context(), f)
-	s.reply(w, r, http.StatusOK, runList{Runs: nonNil(l)}, err)
+	s.reply(w, r, http.StatusOK, apitypes.RunList{Runs: nonNil(l)}, err)
 }
 
 // getRun is run_get: GET /v1/runs/{id}?max_bytes= (of each log; default 64 KiB).
@@ -71,23 +66,14 @@ func (s *server) getRun(w http.ResponseWriter, r *http.Request) {
 	s.reply(w, r, http.StatusOK, run, err)
 }
 
-type languageList struct {
-	Languages []engine.LanguageInfo `json:"languages"`
-}
-
 // languages is languages_list: GET /v1/languages.
 func (s *server) languages(w http.ResponseWriter, r *http.Request) {
 	l, err := s.e.Languages(r.Context())
-	s.reply(w, r, http.StatusOK, languageList{Languages: nonNil(l)}, err)
+	s.reply(w, r, http.StatusOK, apitypes.LanguageList{Languages: nonNil(l)}, err)
 }
 
-// buildLine is one line of the image build stream: a line of the build log,
-// then the built image, or an error that ended the build.
-type buildLine struct {
-	Log   string          `json:"log,omitempty"`
-	Image *apitypes.Image `json:"image,omitempty"`
-	Error *errorBody      `json:"error,omitempty"`
-}
+// buildLine is one line of the image build stream.
+type buildLine = apitypes.BuildLine
 
 // buildImage builds (if out of date) the image of recipe {name}, streaming
 // its log as NDJSON; the whole log is also kept in the image store. The

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"unicode/utf8"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
@@ -21,13 +22,13 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	s.reply(w, r, http.StatusCreated, info, err)
 }
 
-type sandboxList struct {
-	Sandboxes []*sandbox.Info `json:"sandboxes"`
-}
-
 func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	l, err := s.e.ListSandboxes(r.Context(), r.URL.Query().Get("state"))
-	s.reply(w, r, http.StatusOK, sandboxList{Sandboxes: nonNil(l)}, err)
+	out := apitypes.SandboxList{Sandboxes: make([]apitypes.Sandbox, 0, len(l)), Total: len(l)}
+	for _, sb := range l {
+		out.Sandboxes = append(out.Sandboxes, *sb)
+	}
+	s.reply(w, r, http.StatusOK, out, err)
 }
 
 func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
@@ -102,27 +103,17 @@ func (s *server) execWith(w http.ResponseWriter, r *http.Request, run func(conte
 		return
 	}
 	st.flush()
-	st.send(execLine{Exit: &exitResult{ExecResult: res}})
+	st.send(exitLine(res))
 }
 
-// execLine is one line of the exec stream (client.ExecLine on the other side).
-type execLine struct {
-	Stream   string      `json:"stream,omitempty"`
-	Data     string      `json:"data,omitempty"`
-	Encoding string      `json:"encoding,omitempty"`
-	Exit     *exitResult `json:"exit,omitempty"`
-	// Result ends a streamed run_code (POST /v1/run?stream=true).
-	Result *engine.RunResult `json:"result,omitempty"`
-	Error  *errorBody        `json:"error,omitempty"`
+// exitLine ends an exec stream with the command's outcome, without its
+// output, which went out in the stream lines already.
+func exitLine(res *apitypes.ExecResult) execLine {
+	return execLine{Exit: apitypes.NewExecExit(res)}
 }
 
-// exitResult is an ExecResult without its output, which went out in the
-// stream lines already: the empty fields below shadow the embedded ones.
-type exitResult struct {
-	*sandbox.ExecResult
-	Stdout string `json:"stdout,omitempty"`
-	Stderr string `json:"stderr,omitempty"`
-}
+// execLine is one line of the exec stream.
+type execLine = apitypes.ExecLine
 
 // execStream writes the exec NDJSON stream. Output chunks are cut anywhere,
 // also inside a multi-byte character: the incomplete tail of a chunk is held

@@ -46,9 +46,7 @@ func (s *server) restoreSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 // SnapshotList is the body of GET /v1/snapshots.
-type SnapshotList struct {
-	Snapshots []apitypes.Snapshot `json:"snapshots"`
-}
+type SnapshotList = apitypes.SnapshotList
 
 func (s *server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	l, err := s.e.ListSnapshots(r.Context(), r.URL.Query().Get("sandbox_id"))

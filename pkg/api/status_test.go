@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
 )
 
 func TestHTTPStatus(t *testing.T) {
@@ -21,8 +22,8 @@ func TestHTTPStatus(t *testing.T) {
 		{errdefs.Internal, http.StatusInternalServerError},
 		{"", http.StatusOK},
 	} {
-		if got := httpStatus(c.code); got != c.status {
-			t.Errorf("httpStatus(%q) = %d, want %d", c.code, got, c.status)
+		if got := errhttp.Status(c.code); got != c.status {
+			t.Errorf("errhttp.Status(%q) = %d, want %d", c.code, got, c.status)
 		}
 	}
 }

@@ -8,30 +8,19 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
-type health struct {
-	Status  string  `json:"status"`
-	Version string  `json:"version"`
-	UptimeS float64 `json:"uptime_s"`
-}
-
 // healthz answers while the process serves (liveness); readiness is /readyz.
 func (s *server) healthz(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, health{Status: "ok", Version: version.Version, UptimeS: s.e.Uptime().Seconds()})
-}
-
-type readiness struct {
-	Status string         `json:"status"`
-	Checks []engine.Check `json:"checks"`
+	writeJSON(w, http.StatusOK, apitypes.Health{Status: "ok", Version: version.Version, UptimeS: s.e.Uptime().Seconds()})
 }
 
 // readyz runs the engine's readiness checks: 503 while a required one fails.
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	checks := s.e.Readiness(r.Context())
 	if engine.Ready(checks) {
-		writeJSON(w, http.StatusOK, readiness{Status: "ready", Checks: checks})
+		writeJSON(w, http.StatusOK, apitypes.Readiness{Status: apitypes.StatusReady, Checks: checks})
 		return
 	}
-	writeJSON(w, http.StatusServiceUnavailable, readiness{Status: "not_ready", Checks: checks})
+	writeJSON(w, http.StatusServiceUnavailable, apitypes.Readiness{Status: apitypes.StatusNotReady, Checks: checks})
 }
 
 func (s *server) status(w http.ResponseWriter, r *http.Request) {

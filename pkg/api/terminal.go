@@ -7,6 +7,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
@@ -17,14 +18,7 @@ const maxTerminalInput = 1 << 20
 
 // terminalMessage is a JSON text message on the terminal WebSocket
 // (client.TerminalMessage on the other side).
-type terminalMessage struct {
-	Type        string               `json:"type"`
-	Rows        uint16               `json:"rows,omitempty"`
-	Cols        uint16               `json:"cols,omitempty"`
-	ExitCode    *int                 `json:"exit_code,omitempty"`
-	Termination *sandbox.Termination `json:"termination,omitempty"`
-	Error       *errorBody           `json:"error,omitempty"`
-}
+type terminalMessage = apitypes.TerminalMessage
 
 // terminal runs a command on a pseudo-terminal and bridges it to a
 // WebSocket: binary messages carry the bytes both ways, text messages are
@@ -99,14 +93,7 @@ func (s *server) terminal(w http.ResponseWriter, r *http.Request) {
 	if ctx.Err() != nil {
 		return
 	}
-	exit := terminalMessage{Type: "exit"}
-	if err != nil {
-		body := errorBodyOf(err)
-		exit.Error = &body
-	} else {
-		exit.ExitCode, exit.Termination = &res.ExitCode, &res.Termination
-	}
-	b, err := json.Marshal(exit)
+	b, err := json.Marshal(terminalExit(res, err))
 	if err != nil {
 		panic(err) // plain data: cannot fail
 	}
@@ -114,6 +101,19 @@ func (s *server) terminal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_ = conn.Close(websocket.StatusNormalClosure, "")
+}
+
+// terminalExit is the terminal's last message: how the command ended, or
+// the error that lost it.
+func terminalExit(res *apitypes.ExecResult, err error) terminalMessage {
+	exit := terminalMessage{Type: apitypes.TerminalExit}
+	if err != nil {
+		body := errorBodyOf(err)
+		exit.Error = &body
+	} else {
+		exit.ExitCode, exit.Termination = &res.ExitCode, &res.Termination
+	}
+	return exit
 }
 
 // terminalInput forwards the client's messages to the terminal until the
@@ -133,7 +133,7 @@ func (s *server) terminalInput(ctx context.Context, cancel context.CancelFunc, c
 			continue
 		}
 		var m terminalMessage
-		if err := json.Unmarshal(data, &m); err != nil || m.Type != "resize" {
+		if err := json.Unmarshal(data, &m); err != nil || m.Type != apitypes.TerminalResize {
 			_ = conn.Close(websocket.StatusUnsupportedData, `want {"type":"resize","rows":R,"cols":C}`)
 			return
 		}

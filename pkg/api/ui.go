@@ -8,6 +8,7 @@ import (
 	"path"
 	"strings"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/webui"
 )
@@ -102,14 +103,8 @@ func (s *server) loginPage(w http.ResponseWriter, status int, msg string) {
 	_ = loginTmpl.Execute(w, msg)
 }
 
-// systemInfo is GET /v1/system: what this daemon offers, so that clients
-// (the editor's AutoFix button) adapt to it at run time.
-type systemInfo struct {
-	Version string `json:"version"`
-	Commit  string `json:"commit"`
-	// Features name optional API parts and whether this daemon serves them.
-	Features map[string]bool `json:"features"`
-}
+// systemInfo is GET /v1/system.
+type systemInfo = apitypes.SystemInfo
 
 // features maps a feature to the route that provides it.
 var features = map[string]string{

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
@@ -31,11 +32,11 @@ func TestWireCompatibility(t *testing.T) {
 		from, to any // from is marshalled, decoded strictly into to
 	}{
 		{"file result", &engine.FileResult{Path: "/p", Size: 1}, &client.FileResult{}},
-		{"health", &health{Status: "ok", Version: "v", UptimeS: 1}, &client.Health{}},
-		{"readiness", &readiness{Status: "ready", Checks: []engine.Check{{Name: "n"}}}, &client.Readiness{}},
+		{"health", &apitypes.Health{Status: "ok", Version: "v", UptimeS: 1}, &client.Health{}},
+		{"readiness", &apitypes.Readiness{Status: "ready", Checks: []engine.Check{{Name: "n"}}}, &client.Readiness{}},
 		{"error", &errorResponse{Error: errorBody{Code: "c", Message: "m"}}, &client.ErrorResponse{}},
 		{"exec output line", &execLine{Stream: "stdout", Data: "eA==", Encoding: "base64"}, &client.ExecLine{}},
-		{"exec exit line", &execLine{Exit: &exitResult{ExecResult: result}}, &client.ExecLine{}},
+		{"exec exit line", ptr(exitLine(result)), &client.ExecLine{}},
 		{"exec error line", &execLine{Error: &errorBody{Code: "c", Message: "m"}}, &client.ExecLine{}},
 		{"terminal exit", &terminalMessage{Type: "exit", ExitCode: &code, Termination: &result.Termination,
 			Error: &errorBody{Code: "c", Message: "m"}}, &client.TerminalMessage{}},
@@ -170,3 +171,5 @@ func TestDecodeJSONNamesTheProblem(t *testing.T) {
 		}
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -227,6 +227,9 @@ type JobStatus struct {
 	ExitCode         *int         `json:"exit_code,omitempty"`
 	Termination      *Termination `json:"termination,omitempty"`
 	DurationMS       int64        `json:"duration_ms,omitempty"`
+	// More is set when output past the next offsets is already there: call
+	// again with the next offsets without waiting.
+	More bool `json:"more"`
 }
 
 // Event is a state change or a piece of command output (/v1/events).
@@ -291,6 +294,8 @@ type Artifact struct {
 	Size      int64     `json:"size"`
 	SHA256    string    `json:"sha256"`
 	CreatedAt time.Time `json:"created_at"`
+	// DownloadPath is where REST serves the archive: /v1/artifacts/{id}.
+	DownloadPath string `json:"download_path,omitempty"`
 }
 
 // SandboxNetworkRequest is the input of sandbox_network

@@ -129,6 +129,8 @@ type AutofixResult struct {
 	// prompt; answer with autofix_submit before ExpiresAt.
 	Prompt    string     `json:"prompt,omitempty"`
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// Note says where output cut to fit a tool result went (MCP only).
+	Note string `json:"note,omitempty"`
 }
 
 // AutofixEvent is one line of the /v1/autofix NDJSON stream and of the

@@ -6,6 +6,7 @@ import (
 	"io"
 	"reflect"
 	"strings"
+	"unicode"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
@@ -28,7 +29,7 @@ func DecodeError(whole string, err error) error {
 	case errors.As(err, &syntax):
 		return errdefs.Wrap(errdefs.InvalidArgument, err, "%s: malformed JSON at byte %d: %v", whole, syntax.Offset, syntax)
 	case errors.As(err, &typ):
-		field := typ.Field
+		field := jsonPath(typ.Field)
 		if field == "" {
 			field = whole
 		}
@@ -38,6 +39,21 @@ func DecodeError(whole string, err error) error {
 		return errdefs.Wrap(errdefs.InvalidArgument, err, "%s: %s", whole, strings.TrimPrefix(err.Error(), "json: "))
 	}
 	return errdefs.Wrap(errdefs.InvalidArgument, err, "%s: %v", whole, err)
+}
+
+// jsonPath is the JSON path of a field as encoding/json reports it, without
+// the Go names of the embedded structs it passed through
+// ("ExecRequest.timeout_seconds" is timeout_seconds): the contract's JSON
+// names are never capitalised, Go's exported names always are.
+func jsonPath(field string) string {
+	parts := strings.Split(field, ".")
+	out := parts[:0]
+	for _, p := range parts {
+		if p != "" && !unicode.IsUpper([]rune(p)[0]) {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, ".")
 }
 
 // JSONTypeName names the JSON type that a Go type decodes from.

@@ -34,3 +34,23 @@ func FuzzDecodeRequests(f *testing.F) {
 		}
 	})
 }
+
+// TestProgressParams: the params map a progress notification carries
+// names every member of ProgressMessage, spelled as its JSON tags.
+func TestProgressParams(t *testing.T) {
+	p := ProgressMessage{ProgressToken: "t", Progress: 3, Message: "m"}.Params()
+	b, err := json.Marshal(ProgressMessage{ProgressToken: "t", Progress: 3, Message: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]any
+	if err := json.Unmarshal(b, &want); err != nil {
+		t.Fatal(err)
+	}
+	// Both as maps: encoding/json writes map keys sorted.
+	got, _ := json.Marshal(p)
+	wantJSON, _ := json.Marshal(want)
+	if string(got) != string(wantJSON) {
+		t.Errorf("Params() = %s, want %s", got, wantJSON)
+	}
+}

@@ -8,6 +8,9 @@ package apitypes
 type ImageList struct {
 	Images  []Image       `json:"images"`
 	Unbuilt []ImageRecipe `json:"unbuilt"`
+	// Note says that lists of users were cut to fit a tool result (MCP
+	// only).
+	Note string `json:"note,omitempty"`
 }
 
 // ImageRecipe is a recipe without a built image: what image_build can make.

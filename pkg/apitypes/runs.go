@@ -71,6 +71,8 @@ type RunResult struct {
 	// OutputFiles lists what the program left in /workspace/output (kept
 	// in the run record's output/).
 	OutputFiles []string `json:"output_files,omitempty"`
+	// Note says where output cut to fit a tool result went (MCP only).
+	Note string `json:"note,omitempty"`
 }
 
 // LanguageInfo is one entry of languages_list.
@@ -177,4 +179,6 @@ type RunRecord struct {
 	// (binary, or over the total cap).
 	Code          map[string]string `json:"code"`
 	CodeTruncated bool              `json:"code_truncated,omitempty"`
+	// Note says where output cut to fit a tool result went (MCP only).
+	Note string `json:"note,omitempty"`
 }

@@ -72,6 +72,7 @@ func (e *Engine) ExportFiles(ctx context.Context, id, dir string) (*Artifact, er
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "export %s", dir)
 	}
+	art.DownloadPath = ArtifactPath(art.ID)
 	return art, nil
 }
 

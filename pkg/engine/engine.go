@@ -143,8 +143,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		return nil, err
 	}
 	// Ready disks of the default geometry keep the disk backing's create
-	// as fast as a tmpfs's (docs/notes-storage.md); two cover a burst of
-	// creates while the pool refills in the background.
+	// as fast as a tmpfs's (docs/storage.md "Ready disks" and
+	// "Benchmark"); two cover a burst of creates while the pool refills
+	// in the background.
 	if e.disks, err = disks.NewPool(int64(cfg.Sandbox.Disk), storage.DefaultInodes(int64(cfg.Sandbox.Disk)), readyDisks, log); err != nil {
 		disks.Close()
 		cleanup()

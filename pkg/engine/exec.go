@@ -72,7 +72,12 @@ func (e *Engine) JobStatus(ctx context.Context, req JobStatusRequest) (*sandbox.
 	case max > 16<<20:
 		return nil, errdefs.Invalidf("max_bytes: exceeds the maximum %d", 16<<20)
 	}
-	return e.sandboxes.JobStatus(ctx, req.SandboxID, req.JobID, req.StdoutOffset, req.StderrOffset, max)
+	st, err := e.sandboxes.JobStatus(ctx, req.SandboxID, req.JobID, req.StdoutOffset, req.StderrOffset, max)
+	if err != nil {
+		return nil, err
+	}
+	pageJobOutput(st, max)
+	return st, nil
 }
 
 // DefaultKillSignal is what job_kill sends when no signal is given.

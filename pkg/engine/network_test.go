@@ -390,7 +390,7 @@ func TestNetworkAdoptedAfterRestart(t *testing.T) {
 }
 
 // BenchmarkCreateNetwork: create→ready of a shell sandbox with network none
-// versus egress, medians in one run (docs/notes-net.md).
+// versus egress, medians in one run (docs/network.md "Measurements").
 // Run with: go test -tags seccomp -run '^$' -bench CreateNetwork -benchtime 10x ./pkg/engine
 func BenchmarkCreateNetwork(b *testing.B) {
 	requireRoot(b)

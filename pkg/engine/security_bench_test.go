@@ -12,7 +12,8 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 )
 
-// TestMeasureDiagnosticsOverhead prints the figures of docs/notes-security.md:
+// TestMeasureDiagnosticsOverhead prints the figures of docs/security.md §2
+// ("Blocked-syscall diagnostics", the measured table):
 // exec of true with and without blocked-syscall diagnostics (medians, the
 // two alternating), and the cost of one refused syscall each way. Only with
 // SANDBOXD_MEASURE=1: it asserts nothing worth a slot in make test.

@@ -4,9 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
@@ -44,6 +44,7 @@ func addTool[In, Out any](s *srv, name, title, description string, a annotations
 	opts := []mcp.ToolOption{mcp.WithDescription(description), mcp.WithInputSchema[In](), mcp.WithOutputSchema[Out]()}
 	opts = append(opts, a.options(title)...)
 	tool := mcp.NewTool(name, opts...)
+	s.outputs[name] = reflect.TypeFor[Out]()
 	required := requiredOf(tool.RawInputSchema)
 	s.mcp.AddTool(tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		var in In
@@ -108,46 +109,11 @@ func decodeArgs(raw any, required []string, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		var typ *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &typ):
-			field := typ.Field
-			if field == "" {
-				field = "arguments"
-			}
-			return errdefs.Invalidf("%s: want %s, got JSON %s", field, jsonType(typ.Type.Kind().String()), typ.Value)
-		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			return errdefs.Invalidf("arguments: %s", strings.TrimPrefix(err.Error(), "json: "))
-		case errors.Is(err, io.EOF):
-			return nil
-		}
-		return errdefs.Invalidf("arguments: %v", err)
+		// The object parsed above, so the decoder cannot meet an empty
+		// document: every error is the contract's, worded as REST words it.
+		return apitypes.DecodeError("arguments", err)
 	}
 	return nil
-}
-
-func jsonType(kind string) string {
-	switch {
-	case strings.HasPrefix(kind, "int"), strings.HasPrefix(kind, "uint"):
-		return "an integer"
-	case strings.HasPrefix(kind, "float"):
-		return "a number"
-	case kind == "string":
-		return "a string"
-	case kind == "bool":
-		return "a boolean"
-	case kind == "slice", kind == "array":
-		return "an array"
-	case kind == "map", kind == "struct":
-		return "an object"
-	}
-	return kind
-}
-
-// errorBody is docs/SPEC.md's error object.
-type errorBody struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
 }
 
 // errorResult is the one place where errors become tool results. Internal
@@ -157,8 +123,7 @@ func (s *srv) errorResult(tool string, err error) *mcp.CallToolResult {
 	if code == errdefs.Internal {
 		s.log.Error("mcp tool failed", "tool", tool, "err", err)
 	}
-	body := map[string]errorBody{"error": {Code: string(code), Message: errdefs.MessageOf(err)}}
-	text, _ := json.Marshal(body)
+	text, _ := json.Marshal(apitypes.ErrorResponse{Error: apitypes.ErrorBodyOf(err)})
 	// No structuredContent: clients validate it against the tool's output
 	// schema even on errors (the TypeScript SDK does).
 	return &mcp.CallToolResult{Content: []mcp.Content{mcp.NewTextContent(string(text))}, IsError: true}
@@ -246,21 +211,6 @@ func validSuffix(s string) string {
 		s = s[1:]
 	}
 	return s
-}
-
-// incompleteTail is how many bytes at the end of b begin a UTF-8 sequence
-// that b does not finish (0 when b ends on a rune boundary).
-func incompleteTail(b string) int {
-	for i := 1; i <= utf8.UTFMax-1 && i <= len(b); i++ {
-		c := b[len(b)-i]
-		if utf8.RuneStart(c) {
-			if c >= 0x80 && !utf8.FullRuneInString(b[len(b)-i:]) {
-				return i
-			}
-			return 0
-		}
-	}
-	return 0
 }
 
 // progressNotifier keeps a running call's client informed, on the
@@ -429,9 +379,9 @@ func (p *progressNotifier) send(msg string) {
 	// nothing to tell anyone.
 	_ = p.stream.event(mcp.JSONRPCNotification{JSONRPC: mcp.JSONRPC_VERSION, Notification: mcp.Notification{
 		Method: string(mcp.MethodNotificationProgress),
-		Params: mcp.NotificationParams{AdditionalFields: map[string]any{
-			"progressToken": p.token, "progress": p.seq, "message": msg,
-		}},
+		Params: mcp.NotificationParams{AdditionalFields: apitypes.ProgressMessage{
+			ProgressToken: p.token, Progress: p.seq, Message: msg,
+		}.Params()},
 	}})
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
@@ -65,7 +66,7 @@ type mcpClient struct {
 	notifs []mcp.JSONRPCNotification
 }
 
-func newClient(t *testing.T, e *engine.Engine, opt Options) *mcpClient {
+func newClient(t *testing.T, e Engine, opt Options) *mcpClient {
 	t.Helper()
 	if opt.Log == nil {
 		opt.Log = testenv.Logger(t)
@@ -149,7 +150,7 @@ func errCode(t *testing.T, res *mcp.CallToolResult) (string, string) {
 		t.Errorf("error result with structured content %v (clients validate it against the output schema)", res.StructuredContent)
 	}
 	var body struct {
-		Error errorBody `json:"error"`
+		Error apitypes.ErrorBody `json:"error"`
 	}
 	if err := json.Unmarshal([]byte(text(res)), &body); err != nil || body.Error.Code == "" {
 		t.Errorf("text part %q does not carry the error: %v", text(res), err)

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -25,7 +26,6 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -98,22 +98,25 @@ Errors come back as isError results with {"error": {"code", "message"}}; codes: 
 
 // srv is the state the tool handlers share.
 type srv struct {
-	e   *engine.Engine
+	e   Engine
 	cfg *config.Config
 	opt Options
 	log *slog.Logger
 	mcp *server.MCPServer
+	// outputs is each tool's output type, from which its output schema
+	// is generated: the contract test checks that it is pkg/apitypes'.
+	outputs map[string]reflect.Type
 }
 
 // NewServer returns the MCP server over e with the enabled tool groups.
-func NewServer(e *engine.Engine, opt Options) *server.MCPServer {
+func NewServer(e Engine, opt Options) *server.MCPServer {
 	return newSrv(e, opt).mcp
 }
 
-func newSrv(e *engine.Engine, opt Options) *srv {
+func newSrv(e Engine, opt Options) *srv {
 	cfg := e.Config()
 	opt = opt.withDefaults(cfg)
-	s := &srv{e: e, cfg: cfg, opt: opt, log: opt.Log}
+	s := &srv{e: e, cfg: cfg, opt: opt, log: opt.Log, outputs: map[string]reflect.Type{}}
 	hooks := &server.Hooks{}
 	hooks.AddOnUnregisterSession(func(ctx context.Context, sess server.ClientSession) {
 		s.sessionEnded(ctx, sess.SessionID())
@@ -189,7 +192,7 @@ func (s *srv) sessionEnded(ctx context.Context, id string) {
 // at /mcp. It does no authentication: mount it behind the bearer-token check
 // on TCP, bare on the unix socket (whose file mode is the access control).
 // mcp-go's DNS-rebinding protection for loopback connections stays on.
-func NewHandler(e *engine.Engine, opt Options) http.Handler {
+func NewHandler(e Engine, opt Options) http.Handler {
 	s := newSrv(e, opt)
 	sessions := newIssuedSessions()
 	h := server.NewStreamableHTTPServer(s.mcp,

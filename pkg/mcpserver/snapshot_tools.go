@@ -12,14 +12,9 @@ import (
 // sandbox_restore, snapshot_list, snapshot_delete. A fork is sandbox_create
 // with from_snapshot.
 
-type snapshotListOut struct {
-	Snapshots []apitypes.Snapshot `json:"snapshots"`
-}
+type snapshotListOut = apitypes.SnapshotList
 
-type snapshotDeleteOut struct {
-	SnapshotID string `json:"snapshot_id"`
-	Deleted    bool   `json:"deleted"`
-}
+type snapshotDeleteOut = apitypes.SnapshotDeleteResult
 
 func (s *srv) addSnapshotTools() {
 	expiry := "Snapshots are kept until snapshot_delete"

@@ -17,8 +17,6 @@ import (
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
-
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 )
 
 // ServeStdio serves one MCP client on in and out (newline-delimited
@@ -29,7 +27,7 @@ import (
 // notifications before its result hold alike. Nothing but protocol
 // messages is written to out. When it returns the session has ended (see
 // Options.OnSessionEnd).
-func ServeStdio(ctx context.Context, e *engine.Engine, opt Options, in io.Reader, out io.Writer) error {
+func ServeStdio(ctx context.Context, e Engine, opt Options, in io.Reader, out io.Writer) error {
 	h := NewHandler(e, opt)
 	l := newPipeListener()
 	hs := &http.Server{Handler: h, ErrorLog: log.New(slogWriter{opt.Log}, "", 0), ReadHeaderTimeout: 10 * time.Second}

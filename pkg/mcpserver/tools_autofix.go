@@ -22,10 +22,7 @@ type autofixStatusIn struct {
 	AutofixID string `json:"autofix_id" jsonschema_description:"The autofix_id of an autofix answer."`
 }
 
-type autofixOut struct {
-	apitypes.AutofixResult
-	Note string `json:"note,omitempty"`
-}
+type autofixOut = apitypes.AutofixResult
 
 func (s *srv) addAutofixTools() {
 	// Sampling (provider sampling) asks a client that declared the
@@ -91,9 +88,9 @@ func (s *srv) autofixOptions(ctx context.Context, c *call) engine.AutofixOptions
 			if ev.Attempt == nil {
 				return
 			}
-			_ = srv.SendNotificationToClient(ctx, string(mcp.MethodNotificationProgress), map[string]any{
-				"progressToken": token, "progress": ev.Attempt.Attempt, "message": attemptLine(ev.Type, ev.Attempt),
-			})
+			_ = srv.SendNotificationToClient(ctx, string(mcp.MethodNotificationProgress), apitypes.ProgressMessage{
+				ProgressToken: token, Progress: ev.Attempt.Attempt, Message: attemptLine(ev.Type, ev.Attempt),
+			}.Params())
 		}
 	}
 	return opts
@@ -181,7 +178,7 @@ func attemptLine(kind string, a *apitypes.AutofixAttempt) string {
 func (s *srv) autofixResult(res *apitypes.AutofixResult) *result {
 	where := fmt.Sprintf("the run record keeps it: run_get {run_id: %q}", res.RunID)
 	return s.fit(func(limit int) *result {
-		out := autofixOut{AutofixResult: *res}
+		out := *res
 		if res.LastResult != nil {
 			lr := *res.LastResult
 			lr.Steps = nil

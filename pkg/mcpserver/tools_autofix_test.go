@@ -21,18 +21,18 @@ func TestAutofixClientTools(t *testing.T) {
 	c := newClient(t, e, Options{})
 	res := ok[autofixOut](c, "autofix", map[string]any{"language": "python", "code": "print(undefined_name)\n"})
 	if res.Status != apitypes.AutofixNeedsFix || res.Provider != "client" || !strings.Contains(res.Prompt, "NameError") || res.ExpiresAt == nil {
-		t.Fatalf("autofix: %+v", res.AutofixResult)
+		t.Fatalf("autofix: %+v", res)
 	}
 	st := ok[autofixOut](c, "autofix_status", map[string]any{"autofix_id": res.AutofixID})
 	if st.Status != apitypes.AutofixNeedsFix || st.Attempts != 1 || !strings.Contains(st.History[0].ErrorExcerpt, "NameError") {
-		t.Fatalf("autofix_status: %+v", st.AutofixResult)
+		t.Fatalf("autofix_status: %+v", st)
 	}
 	// An answer that patches outside /workspace is refused, and recorded.
 	res = ok[autofixOut](c, "autofix_submit", map[string]any{"autofix_id": res.AutofixID,
 		"answer": "--- /dev/null\n+++ /etc/evil\n@@ -0,0 +1 @@\n+x\n"})
 	if res.Status != apitypes.AutofixNeedsFix || res.Attempts != 1 || !strings.Contains(res.History[0].Refused, "outside /workspace") ||
 		!strings.Contains(res.Prompt, "could not be applied") {
-		t.Fatalf("refused submit: %+v", res.AutofixResult)
+		t.Fatalf("refused submit: %+v", res)
 	}
 	out := c.call("autofix_submit", map[string]any{"autofix_id": res.AutofixID, "code": "print('fixed')\n"}, nil)
 	if out.IsError {
@@ -41,7 +41,7 @@ func TestAutofixClientTools(t *testing.T) {
 	var fixed autofixOut
 	decodeStructured(t, out, &fixed)
 	if fixed.Status != apitypes.AutofixFixed || !fixed.Success || fixed.Attempts != 2 || fixed.LastResult.Stdout != "fixed\n" {
-		t.Fatalf("autofix_submit: %+v", fixed.AutofixResult)
+		t.Fatalf("autofix_submit: %+v", fixed)
 	}
 	if !strings.Contains(text(out), "+print('fixed')") {
 		t.Errorf("text part lacks the diff:\n%s", text(out))
@@ -120,7 +120,7 @@ func TestAutofixSampling(t *testing.T) {
 	var res autofixOut
 	decodeStructured(t, out, &res)
 	if res.Status != apitypes.AutofixFixed || res.Provider != "sampling" || res.Attempts != 2 || res.LastResult.Stdout != "sampled\n" {
-		t.Fatalf("autofix: %+v", res.AutofixResult)
+		t.Fatalf("autofix: %+v", res)
 	}
 	if len(model.prompts) != 1 || !strings.Contains(model.prompts[0], "NameError") {
 		t.Fatalf("prompts: %q", model.prompts)
@@ -147,7 +147,7 @@ func TestAutofixSamplingFallsBack(t *testing.T) {
 	c := newClient(t, e, Options{})
 	res := ok[autofixOut](c, "autofix", map[string]any{"language": "python", "code": "print(undefined_name)\n", "provider": "sampling"})
 	if res.Status != apitypes.AutofixNeedsFix || res.Provider != "client" {
-		t.Fatalf("autofix: %+v", res.AutofixResult)
+		t.Fatalf("autofix: %+v", res)
 	}
 	ok[autofixOut](c, "autofix_submit", map[string]any{"autofix_id": res.AutofixID, "code": "print(1)\n"})
 }

@@ -16,21 +16,7 @@ type execIn struct {
 
 // execOut is the outcome of a command (exec_command, run_task,
 // packages_install); with background only job_id and state are set.
-type execOut struct {
-	JobID           string                `json:"job_id,omitempty"`
-	State           string                `json:"state"` // finished | running
-	ExitCode        *int                  `json:"exit_code,omitempty"`
-	Stdout          string                `json:"stdout"`
-	Stderr          string                `json:"stderr"`
-	StdoutTruncated bool                  `json:"stdout_truncated"`
-	StderrTruncated bool                  `json:"stderr_truncated"`
-	StdoutBytes     int64                 `json:"stdout_bytes"`
-	StderrBytes     int64                 `json:"stderr_bytes"`
-	DurationMS      int64                 `json:"duration_ms"`
-	Termination     *apitypes.Termination `json:"termination,omitempty"`
-	// Note says where cut output went, when it was cut.
-	Note string `json:"note,omitempty"`
-}
+type execOut = apitypes.CommandResult
 
 type jobStatusIn struct {
 	SandboxID    string `json:"sandbox_id" jsonschema_description:"Id of the sandbox the job runs in."`
@@ -39,12 +25,7 @@ type jobStatusIn struct {
 	StderrOffset int64  `json:"stderr_offset,omitempty" jsonschema_description:"Byte offset in stderr to read from: 0 first, then next_stderr_offset of the previous answer."`
 }
 
-type jobStatusOut struct {
-	apitypes.JobStatus
-	// More is set when output past the next offsets is already there: call
-	// again with the next offsets without waiting.
-	More bool `json:"more"`
-}
+type jobStatusOut = apitypes.JobStatus
 
 type jobKillIn = apitypes.JobKillRequest
 
@@ -66,7 +47,7 @@ func (s *srv) addExecTools() {
 				if err != nil {
 					return nil, err
 				}
-				out := execOut{JobID: id, State: "running"}
+				out := execOut{JobID: id, State: apitypes.JobRunning}
 				return &result{structured: out, text: fmt.Sprintf("started job %s in sandbox %s; poll job_status {sandbox_id: %q, job_id: %q, stdout_offset: 0, stderr_offset: 0}", id, in.SandboxID, in.SandboxID, id)}, nil
 			}
 			res, err := s.e.Exec(ctx, req, c.progress.outputFunc())
@@ -90,16 +71,9 @@ func (s *srv) addExecTools() {
 				if err != nil {
 					return nil, err
 				}
-				out := jobStatusOut{JobStatus: *st}
-				// Never split a UTF-8 sequence between two pages.
-				if n := incompleteTail(out.Stdout); n > 0 && len(out.Stdout) > n {
-					out.Stdout, out.NextStdoutOffset = out.Stdout[:len(out.Stdout)-n], out.NextStdoutOffset-int64(n)
-				}
-				if n := incompleteTail(out.Stderr); n > 0 && len(out.Stderr) > n {
-					out.Stderr, out.NextStderrOffset = out.Stderr[:len(out.Stderr)-n], out.NextStderrOffset-int64(n)
-				}
-				out.More = len(st.Stdout) >= page || len(st.Stderr) >= page
-				r := &result{structured: out, text: jobText(&out)}
+				// The engine pages the output: never a UTF-8 sequence
+				// split between two pages, more when a page was full.
+				r := &result{structured: *st, text: jobText(st)}
 				if resultSize(r) <= s.opt.MaxResultBytes || page <= 512 {
 					return r, nil
 				}
@@ -126,17 +100,13 @@ func (s *srv) execResult(res *apitypes.ExecResult, where string) *result {
 		lo, le := split(limit, len(res.Stdout), len(res.Stderr))
 		stdout, cutOut := cut(res.Stdout, lo, where)
 		stderr, cutErr := cut(res.Stderr, le, where)
-		code := res.ExitCode
-		term := res.Termination
-		out := execOut{JobID: res.JobID, State: "finished", ExitCode: &code, Stdout: stdout, Stderr: stderr,
-			StdoutTruncated: res.StdoutTruncated || cutOut, StderrTruncated: res.StderrTruncated || cutErr,
-			StdoutBytes: res.StdoutBytes, StderrBytes: res.StderrBytes, DurationMS: res.DurationMS, Termination: &term}
+		out := apitypes.FinishedCommand(res)
+		out.Stdout, out.Stderr = stdout, stderr
+		out.StdoutTruncated, out.StderrTruncated = res.StdoutTruncated || cutOut, res.StderrTruncated || cutErr
 		if cutOut || cutErr {
 			out.Note = "output cut to fit the result; " + where
 		}
-		// The job is gone once a synchronous command finished.
-		out.JobID = ""
-		return &result{structured: out, text: summaryText(termText(code, term, res.DurationMS), res.StdoutBytes, res.StderrBytes)}
+		return &result{structured: out, text: summaryText(termText(res.ExitCode, res.Termination, res.DurationMS), res.StdoutBytes, res.StderrBytes)}
 	})
 }
 

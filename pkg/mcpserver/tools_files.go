@@ -17,18 +17,9 @@ type fileReadIn = apitypes.FileReadRequest
 
 type fileReadOut = apitypes.FileReadResult
 
-type fileListIn struct {
-	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
-	Path      string `json:"path,omitempty" jsonschema_description:"Absolute path of a directory; default /workspace."`
-	Recursive bool   `json:"recursive,omitempty" jsonschema_description:"List the whole tree under path."`
-}
+type fileListIn = apitypes.FileListRequest
 
-type fileListOut struct {
-	Entries []engine.FileEntry `json:"entries"`
-	Total   int                `json:"total"`
-	// Truncated is set when the list was cut to fit the result.
-	Truncated bool `json:"truncated,omitempty"`
-}
+type fileListOut = apitypes.FileList
 
 type fileDeleteIn struct {
 	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
@@ -36,21 +27,15 @@ type fileDeleteIn struct {
 	Recursive bool   `json:"recursive,omitempty" jsonschema_description:"Delete a directory and everything under it."`
 }
 
-type fileDeleteOut struct {
-	Path string `json:"path"`
-}
+// fileDeleteOut is file_delete's answer, as REST's: the path (size 0).
+type fileDeleteOut = apitypes.FileResult
 
 type filesExportIn struct {
 	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of a live sandbox (sandbox_create)."`
 	Path      string `json:"path,omitempty" jsonschema_description:"Absolute path of the directory to export; default /workspace."`
 }
 
-type filesExportOut struct {
-	ArtifactID   string `json:"artifact_id"`
-	Size         int64  `json:"size"`
-	SHA256       string `json:"sha256"`
-	DownloadPath string `json:"download_path"`
-}
+type filesExportOut = apitypes.Artifact
 
 func (s *srv) addFileTools() {
 	addTool[fileWriteIn, fileOut](s, "file_write", "Write a file in a sandbox",
@@ -75,34 +60,7 @@ func (s *srv) addFileTools() {
 	addTool[fileListIn, fileListOut](s, "file_list", "List files in a sandbox",
 		"List a directory in a sandbox (default /workspace), or with recursive the whole tree: path, type, size, mode, mtime of each entry. Prerequisite: a live sandbox_id. A list too long for one result is cut (truncated: true): list a subdirectory instead.",
 		annotations{readOnly: true, idempotent: true},
-		func(ctx context.Context, c *call, in *fileListIn) (*result, error) {
-			entries, err := s.e.ListFiles(ctx, in.SandboxID, in.Path, in.Recursive)
-			if err != nil {
-				return nil, err
-			}
-			return s.fit(func(limit int) *result {
-				out := fileListOut{Entries: []engine.FileEntry{}, Total: len(entries)}
-				var text strings.Builder
-				size := 0
-				for _, fe := range entries {
-					line := fmt.Sprintf("%s %o %8d %s\n", fe.Type, fe.Mode, fe.Size, fe.Path)
-					size += 2*len(fe.Path) + 120
-					if size > limit {
-						out.Truncated = true
-						break
-					}
-					out.Entries = append(out.Entries, fe)
-					text.WriteString(line)
-				}
-				if out.Truncated {
-					fmt.Fprintf(&text, "[list cut at %d of %d entries to fit the result; list a subdirectory]\n", len(out.Entries), len(entries))
-				}
-				if len(entries) == 0 {
-					text.WriteString("(empty)\n")
-				}
-				return &result{structured: out, text: text.String()}
-			}), nil
-		})
+		s.fileList)
 
 	addTool[fileDeleteIn, fileDeleteOut](s, "file_delete", "Delete a file in a sandbox",
 		"Delete a file, or with recursive a directory tree, in a sandbox. Prerequisite: a live sandbox_id. Deleting / is refused.",
@@ -112,7 +70,7 @@ func (s *srv) addFileTools() {
 			if err != nil {
 				return nil, err
 			}
-			return &result{structured: fileDeleteOut{Path: res.Path}, text: "deleted " + res.Path}, nil
+			return &result{structured: *res, text: "deleted " + res.Path}, nil
 		})
 
 	addTool[filesExportIn, filesExportOut](s, "files_export", "Export a sandbox directory as tar.gz",
@@ -123,9 +81,8 @@ func (s *srv) addFileTools() {
 			if err != nil {
 				return nil, err
 			}
-			out := filesExportOut{ArtifactID: art.ID, Size: art.Size, SHA256: art.SHA256, DownloadPath: "/v1/artifacts/" + art.ID}
-			return &result{structured: out, text: fmt.Sprintf("exported %s of %s as %s (%d bytes, sha256 %s); download: GET %s",
-				art.Path, art.SandboxID, art.ID, art.Size, art.SHA256, out.DownloadPath)}, nil
+			return &result{structured: *art, text: fmt.Sprintf("exported %s of %s as %s (%d bytes, sha256 %s); download: GET %s",
+				art.Path, art.SandboxID, art.ID, art.Size, art.SHA256, art.DownloadPath)}, nil
 		})
 }
 
@@ -157,4 +114,41 @@ func (s *srv) readFilePaged(ctx context.Context, in *fileReadIn, read func(conte
 		}
 		page /= 2
 	}
+}
+
+// fileList is file_list: the engine's page of the listing, cut further to
+// fit the result.
+func (s *srv) fileList(ctx context.Context, c *call, in *fileListIn) (*result, error) {
+	req := *in
+	if req.MaxEntries == 0 {
+		// The result's size cuts the list below, not a count.
+		req.MaxEntries = engine.MaxListEntries
+	}
+	l, err := s.e.ListFilesPage(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	entries := l.Entries
+	return s.fit(func(limit int) *result {
+		out := fileListOut{Entries: []apitypes.FileEntry{}, Total: l.Total, Truncated: l.Truncated}
+		var text strings.Builder
+		size := 0
+		for _, fe := range entries {
+			line := fmt.Sprintf("%s %o %8d %s\n", fe.Type, fe.Mode, fe.Size, fe.Path)
+			size += 2*len(fe.Path) + 120
+			if size > limit {
+				out.Truncated = true
+				break
+			}
+			out.Entries = append(out.Entries, fe)
+			text.WriteString(line)
+		}
+		if out.Truncated {
+			fmt.Fprintf(&text, "[list cut at %d of %d entries to fit the result; list a subdirectory]\n", len(out.Entries), out.Total)
+		}
+		if len(entries) == 0 {
+			text.WriteString("(empty)\n")
+		}
+		return &result{structured: out, text: text.String()}
+	}), nil
 }

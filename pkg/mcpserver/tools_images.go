@@ -14,11 +14,7 @@ import (
 
 type imageListIn struct{}
 
-type imageListOut struct {
-	apitypes.ImageList
-	// Note says that lists of users were cut to fit the result.
-	Note string `json:"note,omitempty"`
-}
+type imageListOut = apitypes.ImageList
 
 func imageText(im *apitypes.Image) string {
 	s := fmt.Sprintf("%s: digest %s, %d MiB, built %s", im.Name, shortDigest(im.Digest), im.SizeBytes>>20, im.BuiltAt.UTC().Format("2006-01-02T15:04:05Z"))
@@ -72,44 +68,7 @@ func (s *srv) addImageTools() {
 			"A language image that is not built is also built on first use by sandbox_create/run_code when images.build_on_demand is on.",
 		),
 		annotations{readOnly: true, idempotent: true},
-		func(ctx context.Context, c *call, in *imageListIn) (*result, error) {
-			l, err := s.e.ImageList(ctx)
-			if err != nil {
-				return nil, err
-			}
-			return s.fit(func(limit int) *result {
-				out := imageListOut{ImageList: apitypes.ImageList{Unbuilt: l.Unbuilt, Images: make([]apitypes.Image, len(l.Images))}}
-				// Only users lists can grow (up to server limits):
-				// they share what the budget leaves.
-				per := max(limit/(24*len(l.Images)+1), 1)
-				var names, stale, used, unbuilt []string
-				for i, im := range l.Images {
-					if len(im.Users) > per {
-						im.Users = im.Users[:per]
-						out.Note = "users lists cut to fit the result (in_use has the counts); sandbox_list shows every sandbox"
-					}
-					out.Images[i] = im
-					names = append(names, im.Name)
-					if im.UpToDate != nil && !*im.UpToDate {
-						stale = append(stale, im.Name)
-					}
-					if im.InUse > 0 {
-						used = append(used, fmt.Sprintf("%s (%d)", im.Name, im.InUse))
-					}
-				}
-				for _, r := range l.Unbuilt {
-					if r.VM {
-						unbuilt = append(unbuilt, r.Name+" (vm)")
-					} else {
-						unbuilt = append(unbuilt, r.Name)
-					}
-				}
-				// A summary: the structured content carries the list.
-				text := fmt.Sprintf("%d images built: %s\nout of date: %s\nin use: %s\nnot built: %s",
-					len(names), orNone(names), orNone(stale), orNone(used), orNone(unbuilt))
-				return &result{structured: out, text: text}
-			}), nil
-		})
+		s.imageList)
 
 	addTool[apitypes.ImageBuildRequest, apitypes.Image](s, "image_build", "Build an image",
 		joinLines(
@@ -145,4 +104,45 @@ func (s *srv) addImageTools() {
 			}
 			return &result{structured: apitypes.ImageDeleteResult{Name: in.Name, Deleted: true}, text: "image " + in.Name + " deleted"}, nil
 		})
+}
+
+// imageList is image_list: the images and recipes, users lists cut to fit
+// the result.
+func (s *srv) imageList(ctx context.Context, c *call, in *imageListIn) (*result, error) {
+	l, err := s.e.ImageList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.fit(func(limit int) *result {
+		out := imageListOut{Unbuilt: l.Unbuilt, Images: make([]apitypes.Image, len(l.Images))}
+		// Only users lists can grow (up to server limits):
+		// they share what the budget leaves.
+		per := max(limit/(24*len(l.Images)+1), 1)
+		var names, stale, used, unbuilt []string
+		for i, im := range l.Images {
+			if len(im.Users) > per {
+				im.Users = im.Users[:per]
+				out.Note = "users lists cut to fit the result (in_use has the counts); sandbox_list shows every sandbox"
+			}
+			out.Images[i] = im
+			names = append(names, im.Name)
+			if im.UpToDate != nil && !*im.UpToDate {
+				stale = append(stale, im.Name)
+			}
+			if im.InUse > 0 {
+				used = append(used, fmt.Sprintf("%s (%d)", im.Name, im.InUse))
+			}
+		}
+		for _, r := range l.Unbuilt {
+			if r.VM {
+				unbuilt = append(unbuilt, r.Name+" (vm)")
+			} else {
+				unbuilt = append(unbuilt, r.Name)
+			}
+		}
+		// A summary: the structured content carries the list.
+		text := fmt.Sprintf("%d images built: %s\nout of date: %s\nin use: %s\nnot built: %s",
+			len(names), orNone(names), orNone(stale), orNone(used), orNone(unbuilt))
+		return &result{structured: out, text: text}
+	}), nil
 }

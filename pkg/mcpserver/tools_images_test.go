@@ -54,6 +54,7 @@ func unbuilt(l imageListOut, name string, vm bool) bool {
 // and returns at once when it is up to date; image_delete is refused while
 // a sandbox runs on the image and then deletes it.
 func TestImageTools(t *testing.T) {
+	testenv.RequireRoot(t) // before the private store, which links the shared cache's files
 	store, digest := privateShellStore(t)
 	e := newEngine(t, func(c *config.Config) { c.Paths.ImagesDir = store })
 	c := newClient(t, e, Options{})

@@ -14,11 +14,7 @@ import (
 // pkg/apitypes only.
 type runCodeIn = apitypes.RunCodeRequest
 
-type runCodeOut struct {
-	apitypes.RunResult
-	// Note says where cut output went, when it was cut.
-	Note string `json:"note,omitempty"`
-}
+type runCodeOut = apitypes.RunResult
 
 type runTaskIn = apitypes.RunTaskRequest
 
@@ -28,10 +24,7 @@ type runGetIn struct {
 	RunID string `json:"run_id" jsonschema_description:"Run id from run_code or run_list."`
 }
 
-type runGetOut struct {
-	apitypes.RunRecord
-	Note string `json:"note,omitempty"`
-}
+type runGetOut = apitypes.RunRecord
 
 type runListIn struct {
 	Limit    int    `json:"limit,omitempty" jsonschema_description:"Most runs to list, newest first (default 50, at most 1000)."`
@@ -39,10 +32,7 @@ type runListIn struct {
 	Success  *bool  `json:"success,omitempty" jsonschema_description:"Only successful (true) or failed (false) runs."`
 }
 
-type runListOut struct {
-	Runs      []apitypes.RunMetadata `json:"runs"`
-	Truncated bool                   `json:"truncated,omitempty"`
-}
+type runListOut = apitypes.RunList
 
 func (s *srv) addRunTools() {
 	addTool[runCodeIn, runCodeOut](s, "run_code", "Run code",
@@ -91,62 +81,12 @@ func (s *srv) addRunTools() {
 	addTool[runGetIn, runGetOut](s, "run_get", "Show a run record",
 		"Show a run record: its metadata (language, steps, exit code, termination, duration, files), the start of its stdout and stderr logs and, for autofix runs, the attempts. Long logs are cut; the record's directory (dir) holds them whole.",
 		annotations{readOnly: true, idempotent: true},
-		func(ctx context.Context, c *call, in *runGetIn) (*result, error) {
-			rec, err := s.e.GetRun(ctx, in.RunID, int64(s.opt.MaxResultBytes))
-			if err != nil {
-				return nil, err
-			}
-			if rec.Attempts == nil {
-				rec.Attempts = []apitypes.FixedAttempt{}
-			}
-			return s.fit(func(limit int) *result {
-				out := runGetOut{RunRecord: *rec}
-				lo, le := split(limit, len(rec.Stdout), len(rec.Stderr))
-				var c1, c2 bool
-				out.Stdout, c1 = cut(rec.Stdout, lo, "whole log in "+filepath.Join(rec.Dir, "stdout.log"))
-				out.Stderr, c2 = cut(rec.Stderr, le, "whole log in "+filepath.Join(rec.Dir, "stderr.log"))
-				out.StdoutTruncated = rec.StdoutTruncated || c1
-				out.StderrTruncated = rec.StderrTruncated || c2
-				if c1 || c2 || rec.StdoutTruncated || rec.StderrTruncated {
-					out.Note = "logs cut to fit the result; the whole logs are in " + rec.Dir
-				}
-				m := rec.Metadata
-				head := fmt.Sprintf("run %s: %s, success %v, exit code %d (%s), %d ms, sandbox %s\nrecord: %s", m.RunID, m.Language, m.Success,
-					m.ExitCode, m.Termination.Cause, m.DurationMS, m.SandboxID, rec.Dir)
-				return &result{structured: out, text: summaryText(head, int64(len(rec.Stdout)), int64(len(rec.Stderr)))}
-			}), nil
-		})
+		s.runGet)
 
 	addTool[runListIn, runListOut](s, "run_list", "List run records",
 		"List run records (run_code and autofix runs), newest first: run id, language, start and end time, duration, exit code, success, sandbox. Filter by language and success. Use run_get for one run's output.",
 		annotations{readOnly: true, idempotent: true},
-		func(ctx context.Context, c *call, in *runListIn) (*result, error) {
-			list, err := s.e.ListRuns(ctx, engine.RunFilter{Limit: in.Limit, Language: in.Language, Success: in.Success})
-			if err != nil {
-				return nil, err
-			}
-			return s.fit(func(limit int) *result {
-				out := runListOut{Runs: []apitypes.RunMetadata{}}
-				var text strings.Builder
-				size := 0
-				for _, m := range list {
-					size += 900 + 40*len(m.Files)
-					if size > limit {
-						out.Truncated = true
-						break
-					}
-					out.Runs = append(out.Runs, m)
-					fmt.Fprintf(&text, "%s %-8s success=%v exit=%d %dms %s\n", m.RunID, m.Language, m.Success, m.ExitCode, m.DurationMS, m.StartTime.Format("2006-01-02 15:04:05"))
-				}
-				if out.Truncated {
-					fmt.Fprintf(&text, "[list cut at %d runs to fit the result; ask for a smaller limit]\n", len(out.Runs))
-				}
-				if len(list) == 0 {
-					text.WriteString("no runs\n")
-				}
-				return &result{structured: out, text: text.String()}
-			}), nil
-		})
+		s.runList)
 }
 
 // runResult shapes run_code's outcome into the result budget, spending it
@@ -156,7 +96,7 @@ func (s *srv) addRunTools() {
 func (s *srv) runResult(res *apitypes.RunResult) *result {
 	where := fmt.Sprintf("the run record keeps it: run_get {run_id: %q}, resource run://%s/stdout.log", res.RunID, res.RunID)
 	return s.fit(func(limit int) *result {
-		out := runCodeOut{RunResult: *res}
+		out := *res
 		out.Steps = make([]apitypes.RunStep, len(res.Steps))
 		cutAny := false
 		earlier := 0
@@ -204,4 +144,60 @@ func (s *srv) runResult(res *apitypes.RunResult) *result {
 		}
 		return &result{structured: out, text: summaryText(strings.TrimSuffix(head.String(), "\n"), int64(len(res.Stdout)), int64(len(res.Stderr)))}
 	})
+}
+
+// runGet is run_get: a run record with its logs cut to fit the result.
+func (s *srv) runGet(ctx context.Context, c *call, in *runGetIn) (*result, error) {
+	rec, err := s.e.GetRun(ctx, in.RunID, int64(s.opt.MaxResultBytes))
+	if err != nil {
+		return nil, err
+	}
+	if rec.Attempts == nil {
+		rec.Attempts = []apitypes.FixedAttempt{}
+	}
+	return s.fit(func(limit int) *result {
+		out := *rec
+		lo, le := split(limit, len(rec.Stdout), len(rec.Stderr))
+		var c1, c2 bool
+		out.Stdout, c1 = cut(rec.Stdout, lo, "whole log in "+filepath.Join(rec.Dir, "stdout.log"))
+		out.Stderr, c2 = cut(rec.Stderr, le, "whole log in "+filepath.Join(rec.Dir, "stderr.log"))
+		out.StdoutTruncated = rec.StdoutTruncated || c1
+		out.StderrTruncated = rec.StderrTruncated || c2
+		if c1 || c2 || rec.StdoutTruncated || rec.StderrTruncated {
+			out.Note = "logs cut to fit the result; the whole logs are in " + rec.Dir
+		}
+		m := rec.Metadata
+		head := fmt.Sprintf("run %s: %s, success %v, exit code %d (%s), %d ms, sandbox %s\nrecord: %s", m.RunID, m.Language, m.Success,
+			m.ExitCode, m.Termination.Cause, m.DurationMS, m.SandboxID, rec.Dir)
+		return &result{structured: out, text: summaryText(head, int64(len(rec.Stdout)), int64(len(rec.Stderr)))}
+	}), nil
+}
+
+// runList is run_list: as many run records as the result holds.
+func (s *srv) runList(ctx context.Context, c *call, in *runListIn) (*result, error) {
+	list, err := s.e.ListRuns(ctx, engine.RunFilter{Limit: in.Limit, Language: in.Language, Success: in.Success})
+	if err != nil {
+		return nil, err
+	}
+	return s.fit(func(limit int) *result {
+		out := runListOut{Runs: []apitypes.RunMetadata{}}
+		var text strings.Builder
+		size := 0
+		for _, m := range list {
+			size += 900 + 40*len(m.Files)
+			if size > limit {
+				out.Truncated = true
+				break
+			}
+			out.Runs = append(out.Runs, m)
+			fmt.Fprintf(&text, "%s %-8s success=%v exit=%d %dms %s\n", m.RunID, m.Language, m.Success, m.ExitCode, m.DurationMS, m.StartTime.Format("2006-01-02 15:04:05"))
+		}
+		if out.Truncated {
+			fmt.Fprintf(&text, "[list cut at %d runs to fit the result; ask for a smaller limit]\n", len(out.Runs))
+		}
+		if len(list) == 0 {
+			text.WriteString("no runs\n")
+		}
+		return &result{structured: out, text: text.String()}
+	}), nil
 }

@@ -10,39 +10,25 @@ import (
 
 type sandboxCreateIn = apitypes.CreateSandboxRequest
 
-// sandboxOut is a sandbox as the tools show it.
-type sandboxOut struct {
-	apitypes.Sandbox
-	Usage           *apitypes.Usage                     `json:"usage,omitempty"`
-	NetworkStatus   *apitypes.NetworkStatus             `json:"network_status,omitempty"`
-	CredentialUsage map[string]apitypes.CredentialUsage `json:"credential_usage,omitempty"`
-}
+// sandboxOut is a sandbox as the tools show it: sandbox_get's detail, of
+// which sandbox_create fills the sandbox only.
+type sandboxOut = apitypes.SandboxDetail
 
 type sandboxListIn struct {
 	State string `json:"state,omitempty" jsonschema_description:"Only sandboxes in this state; default: the live ones (creating, ready, running); all: every state." jsonschema:"enum=creating,enum=ready,enum=running,enum=terminated,enum=failed,enum=all"`
 }
 
-type sandboxListOut struct {
-	Sandboxes []apitypes.Sandbox `json:"sandboxes"`
-	// Truncated is set when the list was cut to fit the result size.
-	Truncated bool `json:"truncated,omitempty"`
-	Total     int  `json:"total"`
-}
+type sandboxListOut = apitypes.SandboxList
 
 type sandboxIDIn struct {
 	SandboxID string `json:"sandbox_id" jsonschema_description:"Id of the sandbox, as sandbox_create returned it (sb-...)."`
 }
 
-type sandboxTerminateOut struct {
-	SandboxID string `json:"sandbox_id"`
-	State     string `json:"state"`
-}
+type sandboxTerminateOut = apitypes.SandboxState
 
 type languagesIn struct{}
 
-type languagesOut struct {
-	Languages []apitypes.LanguageInfo `json:"languages"`
-}
+type languagesOut = apitypes.LanguageList
 
 func (s *srv) addSandboxTools() {
 	addTool[sandboxCreateIn, sandboxOut](s, "sandbox_create", "Create a sandbox",
@@ -67,50 +53,12 @@ func (s *srv) addSandboxTools() {
 	addTool[sandboxListIn, sandboxListOut](s, "sandbox_list", "List sandboxes",
 		"List sandboxes: by default the live ones (creating, ready, running), every one the server holds (created over MCP, REST or sandboxctl). state filters; \"all\" includes terminated and failed ones.",
 		annotations{readOnly: true, idempotent: true},
-		func(ctx context.Context, c *call, in *sandboxListIn) (*result, error) {
-			list, err := s.e.ListSandboxes(ctx, in.State)
-			if err != nil {
-				return nil, err
-			}
-			return s.fit(func(limit int) *result {
-				out := sandboxListOut{Sandboxes: []apitypes.Sandbox{}, Total: len(list)}
-				size := 0
-				var text strings.Builder
-				fmt.Fprintf(&text, "%d sandboxes\n", len(list))
-				for _, sb := range list {
-					line := fmt.Sprintf("%s  %-10s %-8s created %s\n", sb.ID, sb.State, sb.Language, sb.CreatedAt.Format("2006-01-02 15:04:05"))
-					size += 600 + len(line)
-					if size > limit {
-						out.Truncated = true
-						break
-					}
-					out.Sandboxes = append(out.Sandboxes, *sb)
-					text.WriteString(line)
-				}
-				if out.Truncated {
-					fmt.Fprintf(&text, "[list cut at %d of %d to fit the result; filter with state]\n", len(out.Sandboxes), len(list))
-				}
-				return &result{structured: out, text: text.String()}
-			}), nil
-		})
+		s.sandboxList)
 
 	addTool[sandboxIDIn, sandboxOut](s, "sandbox_get", "Describe a sandbox",
 		"Describe one sandbox: state, language, limits, network, labels, timestamps, and for a live sandbox its current usage (memory_bytes, cpu_seconds, pids, disk_bytes).",
 		annotations{readOnly: true, idempotent: true},
-		func(ctx context.Context, c *call, in *sandboxIDIn) (*result, error) {
-			d, err := s.e.GetSandbox(ctx, in.SandboxID)
-			if err != nil {
-				return nil, err
-			}
-			text := sandboxText(&d.Sandbox, d.Usage)
-			if n := d.NetworkStatus; n != nil {
-				text += networkText(n)
-			}
-			for name, u := range d.CredentialUsage {
-				text += fmt.Sprintf("credential %s: %d requests, %d input + %d output tokens, %d refused %s\n", name, u.Requests, u.InputTokens, u.OutputTokens, u.Refused, u.CapReached)
-			}
-			return &result{structured: sandboxOut{Sandbox: d.Sandbox, Usage: d.Usage, NetworkStatus: d.NetworkStatus, CredentialUsage: d.CredentialUsage}, text: text}, nil
-		})
+		s.sandboxGet)
 
 	addTool[apitypes.SandboxNetworkRequest, apitypes.NetworkStatus](s, "sandbox_network", "Show or change a sandbox's network",
 		"Change a running sandbox's network policy without recreating it: mode egress (every public destination) or allowlist (only the names, *.domain wildcards, IPv4 CIDRs and @presets in allow; other names do not resolve). With neither mode nor allow, report the policy. The answer has the counters of allowed and denied connection attempts and the recent denied destinations. A sandbox created with network none keeps it.",
@@ -202,4 +150,50 @@ func sandboxText(sb *apitypes.Sandbox, u *apitypes.Usage) string {
 		fmt.Fprintf(&b, "reason: %s\n", sb.Reason)
 	}
 	return b.String()
+}
+
+// sandboxList is sandbox_list: the sandboxes in a state, as many as the
+// result holds, with the total.
+func (s *srv) sandboxList(ctx context.Context, c *call, in *sandboxListIn) (*result, error) {
+	list, err := s.e.ListSandboxes(ctx, in.State)
+	if err != nil {
+		return nil, err
+	}
+	return s.fit(func(limit int) *result {
+		out := sandboxListOut{Sandboxes: []apitypes.Sandbox{}, Total: len(list)}
+		size := 0
+		var text strings.Builder
+		fmt.Fprintf(&text, "%d sandboxes\n", len(list))
+		for _, sb := range list {
+			line := fmt.Sprintf("%s  %-10s %-8s created %s\n", sb.ID, sb.State, sb.Language, sb.CreatedAt.Format("2006-01-02 15:04:05"))
+			size += 600 + len(line)
+			if size > limit {
+				out.Truncated = true
+				break
+			}
+			out.Sandboxes = append(out.Sandboxes, *sb)
+			text.WriteString(line)
+		}
+		if out.Truncated {
+			fmt.Fprintf(&text, "[list cut at %d of %d to fit the result; filter with state]\n", len(out.Sandboxes), len(list))
+		}
+		return &result{structured: out, text: text.String()}
+	}), nil
+}
+
+// sandboxGet is sandbox_get: the sandbox with its usage, network and
+// credential counters.
+func (s *srv) sandboxGet(ctx context.Context, c *call, in *sandboxIDIn) (*result, error) {
+	d, err := s.e.GetSandbox(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	text := sandboxText(&d.Sandbox, d.Usage)
+	if n := d.NetworkStatus; n != nil {
+		text += networkText(n)
+	}
+	for name, u := range d.CredentialUsage {
+		text += fmt.Sprintf("credential %s: %d requests, %d input + %d output tokens, %d refused %s\n", name, u.Requests, u.InputTokens, u.OutputTokens, u.Refused, u.CapReached)
+	}
+	return &result{structured: *d, text: text}, nil
 }

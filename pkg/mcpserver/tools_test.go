@@ -164,6 +164,20 @@ func TestTools(t *testing.T) {
 		}
 	})
 
+	// The contract's fields of a command's outcome reach MCP as SPEC
+	// promises (issue 20: MCP dropped them): the command's own cgroup
+	// usage, and the syscalls seccomp refused it, counted.
+	t.Run("exec_command usage and blocked_syscalls", func(t *testing.T) {
+		r := ok[execOut](c, "exec_command", map[string]any{"sandbox_id": id, "argv": []string{"python3", "-c",
+			"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nfor _ in range(2): libc.unshare(0x10000000)\nsum(range(10**6))"}})
+		if r.ExitCode == nil || *r.ExitCode != 0 || r.Usage == nil || r.Usage.CPUSeconds <= 0 {
+			t.Errorf("exec_command usage: %+v (usage %+v)", r, r.Usage)
+		}
+		if len(r.BlockedSyscalls) != 1 || r.BlockedSyscalls[0].Name != "unshare" || r.BlockedSyscalls[0].Count != 2 {
+			t.Errorf("exec_command blocked_syscalls = %+v, want unshare ×2", r.BlockedSyscalls)
+		}
+	})
+
 	t.Run("background", func(t *testing.T) {
 		r := ok[execResult](c, "exec_command", map[string]any{"sandbox_id": id, "background": true,
 			"command": "for i in 1 2 3 4 5; do echo line $i; sleep 0.2; done; echo done >&2; exit 4"})
@@ -234,7 +248,7 @@ func TestTools(t *testing.T) {
 			}
 		}
 		ex := ok[filesExportOut](c, "files_export", map[string]any{"sandbox_id": id})
-		if ex.Size == 0 || len(ex.SHA256) != 64 || ex.DownloadPath != "/v1/artifacts/"+ex.ArtifactID {
+		if ex.Size == 0 || len(ex.SHA256) != 64 || ex.DownloadPath != "/v1/artifacts/"+ex.ID {
 			t.Errorf("files_export = %+v", ex)
 		}
 		if code, _ := errCode(t, c.call("files_export", map[string]any{"sandbox_id": id, "path": "/workspace/nope"}, nil)); code != "not_found" {

@@ -149,7 +149,7 @@ func writeError(w http.ResponseWriter, status int, code errdefs.Code, msg string
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": string(code), "message": msg}})
+	_ = json.NewEncoder(w).Encode(apitypes.ErrorResponse{Error: apitypes.ErrorBody{Code: string(code), Message: msg}})
 }
 
 // parseHost recognises the host-name form p{port}-{sandbox_id}.localhost,

@@ -16,7 +16,7 @@ import (
 // libcontainer's listenerPath), which counts it against the calling job
 // and answers EPERM — the profile's own answer. Allowed syscalls never
 // reach the daemon, so they cost nothing; a refused one costs a round
-// trip to the daemon (figures in docs/notes-security.md). The kernel
+// trip to the daemon (figures in docs/security.md §2). The kernel
 // audit log (SCMP_ACT_LOG / SECCOMP_FILTER_FLAG_LOG) was the alternative:
 // it is global, printk-rate-limited (lossy under a flood, which sandboxed
 // code controls) and pollutes the host's log, and a process often exits

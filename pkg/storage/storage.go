@@ -13,7 +13,8 @@
 // made once by mkfs.ext4 and then copied sparsely (FICLONE where the file
 // system can share extents, else only the template's data extents): a copy is
 // a few hundred KiB of metadata, an order of magnitude faster than running
-// mkfs.ext4 per sandbox (see docs/notes-storage.md for the figures).
+// mkfs.ext4 per sandbox (docs/storage.md "Template vs mkfs, measured" has
+// the figures).
 //
 // Loop devices are attached with LO_FLAGS_AUTOCLEAR: the kernel detaches the
 // device when its last opener goes, which is the mount once the daemon has

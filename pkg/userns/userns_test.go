@@ -23,7 +23,7 @@ const nsGetOwnerUID = 0xb704
 func TestNamespaceAndIdmappedClone(t *testing.T) {
 	testenv.RequireRoot(t)
 	if err := userns.Supported(); err != nil {
-		t.Skipf("kernel: %v", err)
+		testenv.SkipOrFail(t, "kernel: %v", err)
 	}
 	m := userns.IDMap{HostID: 0x7f000000, Size: 65536}
 	ns, err := userns.NamespaceFD(m)

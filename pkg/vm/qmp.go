@@ -17,7 +17,7 @@ import (
 )
 
 // monitor is a QMP connection through go-qemu's SocketMonitor, made safe
-// against the library's three traps (see docs/notes-vm.md):
+// against the library's three traps (docs/vm.md "go-qemu's three traps"):
 //
 //  1. go-qemu has no timeouts: Connect and Run block for ever on a wedged
 //     QEMU. Every call here runs under a deadline; when it passes the

@@ -360,7 +360,7 @@ func assertGone(t *testing.T, dir string, pid int, cg string) {
 
 // TestFastStart saves a template from a booted guest and starts a VM from
 // it. SANDBOXD_VM_BOOTS=n (default 1) repeats cold boots and fast starts n
-// times each and logs the medians (docs/notes-vm.md has the figures).
+// times each and logs the medians (docs/vm.md "Figures" has them).
 func TestFastStart(t *testing.T) {
 	testenv.RequireRoot(t)
 	g := vmenv.Guest(t)

@@ -16,10 +16,10 @@ const module = "github.com/sandboxrunner/mcp-sandboxd/"
 // layer of every package, lowest first. A package may import packages of its
 // own layer or below; the Go compiler already refuses cycles.
 var layer = map[string]int{
-	"pkg/errdefs": 0, "pkg/version": 0, "pkg/webui": 0,
+	"pkg/errdefs": 0, "pkg/errdefs/errhttp": 0, "pkg/version": 0, "pkg/webui": 0, "internal/contract": 0,
 
 	"pkg/apitypes": 1, "pkg/config": 1, "pkg/store": 1, "pkg/userns": 1, "pkg/cgroups": 1, "pkg/seccomp": 1, "pkg/storage": 1,
-	"internal/crashpoint": 1, "pkg/lifetime": 1,
+	"internal/crashpoint": 1, "pkg/lifetime": 1, "internal/tsgen": 1,
 
 	"pkg/agent": 2, "pkg/ledger": 2, "pkg/image": 2, "pkg/runtime": 2, "pkg/runs": 2,
 	"pkg/artifacts": 2, "pkg/lang": 2, "pkg/network": 2, "pkg/autofix": 2, "pkg/vm/qga": 2, "pkg/vm/vport": 2,
@@ -32,7 +32,7 @@ var layer = map[string]int{
 
 	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6, "pkg/preview": 6,
 
-	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7,
+	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7, "cmd/tsgen": 7,
 
 	// Test harnesses and black-box tests sit above everything.
 	"internal/testenv": 8, "internal/testenv/vmenv": 8, "internal/fakemessages": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,

@@ -2,32 +2,21 @@
 // it: same-origin requests carrying the HttpOnly session cookie, and the
 // session's CSRF token on every state-changing request.
 
-export interface Limits { memory_bytes: number; cpus: number; pids: number; disk_bytes: number }
-export interface Usage { memory_bytes: number; cpu_seconds: number; pids: number; disk_bytes: number; oom_kills: number }
-export interface Sandbox {
-  sandbox_id: string; state: string; language: string; image: string; limits: Limits;
-  network: string; created_at: string; labels?: Record<string, string>; usage?: Usage;
-}
-export interface FileEntry { path: string; type: string; size: number; mode: number; mtime: string }
-export interface Termination { cause: string; exit_code?: number; signal?: string; detail?: string }
-export interface RunStep { name: string; exit_code: number; stdout: string; stderr: string; termination: Termination; duration_ms: number }
-export interface RunResult {
-  run_id: string; sandbox_id: string; language: string; success: boolean; steps: RunStep[];
-  exit_code: number; stdout: string; stderr: string; termination: Termination; duration_ms: number;
-}
-export interface RunMeta {
-  runId: string; language: string; startTime: string; durationMs: number; exitCode: number;
-  success: boolean; kind: string; sandboxId: string; attempts: number; entrypoint?: string;
-  termination: { cause: string; detail?: string }; error?: string;
-}
-export interface Attempt { attempt: number; error: string; fix: string; exit_code: number; duration_ms: number }
-export interface RunRecord {
-  metadata: RunMeta; stdout: string; stderr: string; attempts: Attempt[];
-  code: Record<string, string>; code_truncated?: boolean;
-}
-export interface Language { name: string; version: string; image_ready: boolean; extensions: string[]; entrypoint: string; compiled: boolean }
-export interface Artifact { artifact_id: string; size: number; sha256: string }
-export interface SystemInfo { version: string; commit: string; features: Record<string, boolean> }
+// The JSON types are generated from the daemon's pkg/apitypes
+// (apitypes.gen.ts, by cmd/tsgen; pkg/webui's test fails on drift): the
+// editor reads exactly what the daemon writes.
+import type {
+  Artifact, FileEntry, FileList, FixedAttempt, LanguageInfo, LanguageList, Readiness, RunList,
+  RunMetadata, RunRecord, RunResult, SandboxDetail, SandboxList, SystemInfo,
+} from './apitypes.gen';
+
+export type * from './apitypes.gen';
+/** A sandbox as the list and detail routes answer it (usage in the detail only). */
+export type Sandbox = SandboxDetail;
+export type Language = LanguageInfo;
+export type RunMeta = RunMetadata;
+export type Attempt = FixedAttempt;
+export type { Artifact, FileEntry, RunRecord, RunResult, SystemInfo };
 
 export class APIError extends Error {
   constructor(public status: number, public code: string, message: string) { super(message); }
@@ -67,8 +56,9 @@ export async function json<T>(method: string, path: string, body?: object): Prom
   return (await request(method, path, body)).json();
 }
 
-/** Reads an NDJSON stream line by line as it arrives. */
-export async function ndjson(r: Response, onLine: (v: any) => void): Promise<void> {
+/** Reads an NDJSON stream line by line as it arrives; T is the stream's
+ * line type (ExecLine, BuildLine, AutofixLine, ...). */
+export async function ndjson<T>(r: Response, onLine: (v: T) => void): Promise<void> {
   const reader = r.body!.getReader();
   const dec = new TextDecoder();
   let buf = '';
@@ -97,20 +87,20 @@ export function lineData(l: { data?: string; encoding?: string }): string {
 const enc = encodeURIComponent;
 export const api = {
   system: () => json<SystemInfo>('GET', '/v1/system'),
-  ready: async () => (await fetch('/readyz', { cache: 'no-store' })).json() as Promise<{ status: string }>,
-  languages: async () => (await json<{ languages: Language[] }>('GET', '/v1/languages')).languages,
-  sandboxes: async () => (await json<{ sandboxes: Sandbox[] }>('GET', '/v1/sandboxes')).sandboxes,
+  ready: async () => (await fetch('/readyz', { cache: 'no-store' })).json() as Promise<Readiness>,
+  languages: async () => (await json<LanguageList>('GET', '/v1/languages')).languages,
+  sandboxes: async () => (await json<SandboxList>('GET', '/v1/sandboxes')).sandboxes as Sandbox[],
   sandbox: (id: string) => json<Sandbox>('GET', `/v1/sandboxes/${enc(id)}`),
   createSandbox: (req: object) => json<Sandbox>('POST', '/v1/sandboxes', req),
   terminate: (id: string) => json<Sandbox>('DELETE', `/v1/sandboxes/${enc(id)}`),
   list: async (id: string, path = '/workspace') =>
-    (await json<{ entries: FileEntry[] }>('GET', `/v1/sandboxes/${enc(id)}/files?list=true&recursive=true&path=${enc(path)}`)).entries,
+    (await json<FileList>('GET', `/v1/sandboxes/${enc(id)}/files?list=true&recursive=true&path=${enc(path)}`)).entries,
   read: (id: string, path: string) => request('GET', `/v1/sandboxes/${enc(id)}/files?path=${enc(path)}`),
   write: (id: string, path: string, data: string | Blob) => request('PUT', `/v1/sandboxes/${enc(id)}/files?path=${enc(path)}`, data),
   remove: (id: string, path: string) => json('DELETE', `/v1/sandboxes/${enc(id)}/files?path=${enc(path)}&recursive=true`),
   exec: (id: string, argv: string[]) => request('POST', `/v1/sandboxes/${enc(id)}/exec`, { argv }),
   runStream: (req: object) => request('POST', '/v1/run?stream=true', req),
-  runs: async () => (await json<{ runs: RunMeta[] }>('GET', '/v1/runs?limit=100')).runs,
+  runs: async () => (await json<RunList>('GET', '/v1/runs?limit=100')).runs,
   run: (id: string) => json<RunRecord>('GET', `/v1/runs/${enc(id)}`),
   exportWorkspace: (id: string) => json<Artifact>('POST', `/v1/sandboxes/${enc(id)}/export`),
   buildImage: (name: string) => request('POST', `/v1/images/${enc(name)}/build`),

@@ -23,7 +23,8 @@ import 'monaco-editor/languages/definitions/ini/register.js';
 import 'monaco-editor/languages/definitions/dockerfile/register.js';
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
-import { api, APIError, initSession, lineData, ndjson, request, socket, type FileEntry, type RunResult, type Sandbox } from './api';
+import { api, APIError, initSession, lineData, ndjson, request, socket, type AutofixLine, type AutofixResult, type BuildLine, type Event as SandboxEvent, type ExecExit, type ExecLine,
+  type FileEntry, type RunResult, type Sandbox, type TerminalMessage } from './api';
 
 // Monaco's one worker (diffs, links), bundled beside app.js.
 (self as any).MonacoEnvironment = { getWorkerUrl: () => '/assets/editor.worker.js' };
@@ -313,8 +314,8 @@ async function createPath(ev: Event) {
 /** Runs a command through the exec API and fails on a non-zero exit. */
 async function execOK(argv: string[]) {
   const r = await api.exec(state.sandbox!.sandbox_id, argv);
-  let exit: any = null, err = '';
-  await ndjson(r, (l) => { if (l.exit) exit = l.exit; if (l.stream === 'stderr') err += lineData(l); if (l.error) err += l.error.message; });
+  let exit = null as ExecExit | null, err = '';
+  await ndjson<ExecLine>(r, (l) => { if (l.exit) exit = l.exit; if (l.stream === 'stderr') err += lineData(l); if (l.error) err += l.error.message; });
   if (!exit || exit.exit_code !== 0) throw new Error(`${argv[0]}: ${err || 'failed'}`);
 }
 
@@ -424,7 +425,7 @@ async function runProject() {
     status('running…');
     const r = await api.runStream({ language: s.language, sandbox_id: s.sandbox_id, files, entrypoint: entry });
     let result = null as RunResult | null;
-    await ndjson(r, (l) => {
+    await ndjson<ExecLine>(r, (l) => {
       if (l.stream) append(l.stream, lineData(l), l.stream === 'stderr' ? 'err' : undefined);
       if (l.result) result = l.result;
       if (l.error) append('stderr', `\n[error] ${l.error.code}: ${l.error.message}\n`, 'cause');
@@ -469,7 +470,7 @@ async function rebuild() {
   append('build-output', `$ build image ${s.image || s.language}\n`);
   try {
     const r = await api.buildImage(s.image || s.language);
-    await ndjson(r, (l) => {
+    await ndjson<BuildLine>(r, (l) => {
       if (l.log !== undefined) append('build-output', l.log + '\n');
       if (l.image) append('build-output', `[image ${l.image.name} ${String(l.image.digest).slice(0, 12)} ready]\n`, 'cause ok');
       if (l.error) append('build-output', `[error] ${l.error.code}: ${l.error.message}\n`, 'cause');
@@ -510,15 +511,15 @@ async function autofix() {
     showPane('output-pane');
     status('autofix running…');
     const r = await request('POST', '/v1/autofix', { language: s.language, files, entrypoint: files[entry ?? ''] !== undefined ? entry : undefined });
-    let result: any = null;
-    await ndjson(r, (l) => {
+    let result = null as AutofixResult | null;
+    await ndjson<AutofixLine>(r, (l) => {
       const a = l.attempt;
       if (l.type === 'attempt' && a) {
         append('stdout', `attempt ${a.attempt}: ${a.success ? 'success' : 'failed'} (exit ${a.exit_code}, ${a.termination?.cause ?? ''}, ${a.duration_ms} ms)\n`);
         if (a.error_excerpt) append('stderr', `attempt ${a.attempt}:\n${a.error_excerpt}\n`, 'err');
       }
       if (l.type === 'fix' && a) append('stdout', `  fix${a.provider ? ' by ' + a.provider : ''}: ${a.refused ? 'refused: ' + a.refused : a.fix_summary ?? ''}\n`, 'cause');
-      if (l.type === 'result') result = l.result;
+      if (l.type === 'result') result = l.result ?? null;
       if (l.type === 'error' && l.error) append('stderr', `[error] ${l.error.code}: ${l.error.message}\n`, 'cause');
     });
     await refreshRuns();
@@ -631,7 +632,7 @@ function openTerminal() {
   ws.binaryType = 'arraybuffer';
   ws.onmessage = (ev) => {
     if (typeof ev.data === 'string') {
-      const m = JSON.parse(ev.data);
+      const m = JSON.parse(ev.data) as TerminalMessage;
       if (m.type === 'exit') term.write(`\r\n[exited: ${m.exit_code ?? ''} ${m.termination?.cause ?? m.error?.message ?? ''}]\r\n`);
       return;
     }
@@ -682,7 +683,7 @@ function watchEvents() {
   const ws = socket('/v1/events');
   let pending = 0;
   ws.onmessage = (ev) => {
-    const e = JSON.parse(ev.data);
+    const e = JSON.parse(ev.data) as SandboxEvent;
     if (e.type === 'state' && !pending) pending = window.setTimeout(() => { pending = 0; void refreshSandboxes(); }, 200);
   };
   ws.onclose = () => setTimeout(watchEvents, 3000);

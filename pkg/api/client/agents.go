@@ -10,11 +10,7 @@ import (
 // AgentLine is one line of the agent_run stream (POST
 // /v1/agent/run?stream=true): a progress event, the result, or the error
 // that ended the session.
-type AgentLine struct {
-	Progress *apitypes.AgentProgress  `json:"progress,omitempty"`
-	Result   *apitypes.AgentRunResult `json:"result,omitempty"`
-	Error    *ErrorBody               `json:"error,omitempty"`
-}
+type AgentLine = apitypes.AgentLine
 
 // AgentRun runs an agent session (POST /v1/agent/run?stream=true) and
 // waits for it; onProgress, if not nil, sees each event (started,

@@ -26,10 +26,7 @@ type (
 
 // autofixLine is a line of the stream: an event, or the error that ended
 // the loop.
-type autofixLine struct {
-	AutofixEvent
-	Error *ErrorBody `json:"error,omitempty"`
-}
+type autofixLine = apitypes.AutofixLine
 
 // Autofix runs the autofix loop (POST /v1/autofix); onEvent, if not nil,
 // sees each attempt and fix as it happens.

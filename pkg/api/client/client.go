@@ -21,7 +21,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
 )
 
 // DefaultSocket is the daemon's default API socket (server.socket).
@@ -166,28 +168,9 @@ func postStream[L, R any](ctx context.Context, c *Client, path string, q url.Val
 	}
 }
 
-// codeOfStatus inverts the daemon's code → status mapping (pkg/api) for
-// answers that carry only a status.
-func codeOfStatus(status int) errdefs.Code {
-	switch status {
-	case http.StatusBadRequest:
-		return errdefs.InvalidArgument
-	case http.StatusNotFound:
-		return errdefs.NotFound
-	case http.StatusConflict:
-		return errdefs.Conflict
-	case http.StatusTooManyRequests:
-		return errdefs.LimitExceeded
-	case http.StatusServiceUnavailable:
-		return errdefs.Unavailable
-	case http.StatusUnauthorized:
-		return errdefs.Unauthenticated
-	case http.StatusForbidden:
-		return errdefs.PermissionDenied
-	default:
-		return errdefs.Internal
-	}
-}
+// codeOfStatus reads the daemon's one code → status table
+// (pkg/errdefs/errhttp) backwards, for answers that carry only a status.
+func codeOfStatus(status int) errdefs.Code { return errhttp.CodeOf(status) }
 
 // doJSON sends in (if not nil) as JSON and decodes the response into out (if
 // not nil).
@@ -335,11 +318,14 @@ func (c *Client) execAt(ctx context.Context, base string, req ExecRequest, onOut
 		case line.Error != nil:
 			return true, nil, line.Error.Err()
 		case line.Exit != nil:
-			res := line.Exit
+			res := line.Exit.ExecResult
+			if res == nil { // {"exit": {}}: nothing the contract promises
+				return true, nil, fmt.Errorf("read exec stream: an empty exit line")
+			}
 			res.Stdout, res.Stderr = stdout.String(), stderr.String()
 			return true, res, nil
 		case line.Stream != "":
-			data, err := line.decoded()
+			data, err := decoded(line)
 			if err != nil {
 				return true, nil, fmt.Errorf("read exec stream: %w", err)
 			}
@@ -437,10 +423,28 @@ func (c *Client) ListFiles(ctx context.Context, id, path string, recursive bool)
 	if recursive {
 		q.Set("recursive", "true")
 	}
-	var l struct {
-		Entries []FileEntry `json:"entries"`
+	l, err := c.ListFilesPage(ctx, apitypes.FileListRequest{SandboxID: id, Path: path, Recursive: recursive})
+	if err != nil {
+		return nil, err
 	}
-	return l.Entries, c.doJSON(ctx, http.MethodGet, sandboxPath(id, "/files"), q, nil, &l)
+	return l.Entries, nil
+}
+
+// ListFilesPage lists a directory with the listing's total and whether
+// the entries stop short of it (req.MaxEntries; 0: the daemon's default).
+func (c *Client) ListFilesPage(ctx context.Context, req apitypes.FileListRequest) (*apitypes.FileList, error) {
+	q := url.Values{"list": {"true"}}
+	if req.Path != "" {
+		q.Set("path", req.Path)
+	}
+	if req.Recursive {
+		q.Set("recursive", "true")
+	}
+	if req.MaxEntries != 0 {
+		q.Set("max_entries", strconv.Itoa(req.MaxEntries))
+	}
+	var l apitypes.FileList
+	return &l, c.doJSON(ctx, http.MethodGet, sandboxPath(req.SandboxID, "/files"), q, nil, &l)
 }
 
 // DeleteFile deletes path in sandbox id (a directory tree with recursive).

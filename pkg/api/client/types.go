@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // The types below are the REST API's JSON, as clients see it. The daemon
@@ -13,42 +12,26 @@ import (
 // imported here because they link libcontainer (cgo) and sandboxctl is a
 // static binary; pkg/api's tests check that both sides produce the same JSON.
 
-// ErrorBody is the error object of every failed request.
-type ErrorBody struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
-// Err is the error the body describes, with its taxonomy code.
-func (b *ErrorBody) Err() error {
-	return &errdefs.Error{Code: errdefs.Code(b.Code), Message: b.Message}
-}
+// ErrorBody is the error object of every failed request; its Err is the
+// error it describes, with its taxonomy code.
+type ErrorBody = apitypes.ErrorBody
 
 // ErrorResponse is the body of every failed request: {"error": {...}}.
-type ErrorResponse struct {
-	Error ErrorBody `json:"error"`
-}
+type ErrorResponse = apitypes.ErrorResponse
 
 // Health is the body of GET /healthz.
-type Health struct {
-	Status  string  `json:"status"`
-	Version string  `json:"version"`
-	UptimeS float64 `json:"uptime_s"`
-}
+type Health = apitypes.Health
 
 // Check is one readiness check.
 type Check = apitypes.Check
 
 // Readiness is the body of GET /readyz (status 200 or 503).
-type Readiness struct {
-	Status string  `json:"status"` // ready | not_ready
-	Checks []Check `json:"checks"`
-}
+type Readiness = apitypes.Readiness
 
 // Readiness statuses.
 const (
-	StatusReady    = "ready"
-	StatusNotReady = "not_ready"
+	StatusReady    = apitypes.StatusReady
+	StatusNotReady = apitypes.StatusNotReady
 )
 
 // Status is the body of GET /v1/status.
@@ -83,21 +66,14 @@ type ExecResult = apitypes.ExecResult
 // ExecLine is one line of the exec NDJSON stream: output (Stream and Data),
 // the final outcome (Exit, whose stdout and stderr are empty because the
 // output came in the stream lines) or an error that ended the stream.
-type ExecLine struct {
-	Stream string `json:"stream,omitempty"` // stdout | stderr
-	Data   string `json:"data,omitempty"`
-	// Encoding is "base64" when the output chunk is not valid UTF-8 and Data
-	// holds it base64-encoded; empty otherwise.
-	Encoding string      `json:"encoding,omitempty"`
-	Exit     *ExecResult `json:"exit,omitempty"`
-	Error    *ErrorBody  `json:"error,omitempty"`
-}
+// A streamed run_code ends with Result instead of Exit.
+type ExecLine = apitypes.ExecLine
 
 // EncodingBase64 marks base64-encoded data in stream lines.
-const EncodingBase64 = "base64"
+const EncodingBase64 = apitypes.EncodingBase64
 
 // decoded returns a stream line's output bytes.
-func (l *ExecLine) decoded() ([]byte, error) {
+func decoded(l *ExecLine) ([]byte, error) {
 	if l.Encoding == EncodingBase64 {
 		b, err := base64.StdEncoding.DecodeString(l.Data)
 		if err != nil {
@@ -129,20 +105,12 @@ type TerminalRequest = apitypes.TerminalRequest
 
 // TerminalMessage is a JSON text message on the terminal WebSocket: "resize"
 // from the client, "exit" from the server as its last message.
-type TerminalMessage struct {
-	Type        string       `json:"type"`
-	Rows        uint16       `json:"rows,omitempty"`
-	Cols        uint16       `json:"cols,omitempty"`
-	ExitCode    *int         `json:"exit_code,omitempty"`
-	Termination *Termination `json:"termination,omitempty"`
-	// Error is set on an exit message when the daemon lost the terminal.
-	Error *ErrorBody `json:"error,omitempty"`
-}
+type TerminalMessage = apitypes.TerminalMessage
 
 // Terminal message types.
 const (
-	TerminalResize = "resize"
-	TerminalExit   = "exit"
+	TerminalResize = apitypes.TerminalResize
+	TerminalExit   = apitypes.TerminalExit
 )
 
 // Event is a sandbox state change or a piece of command output
