@@ -245,3 +245,11 @@ func (m *Manager) Screenshot(ctx context.Context, id string) ([]byte, error) {
 	}
 	return h.(Screenshotter).Screenshot(ctx)
 }
+
+// Require fails unless live sandbox id's handle has capability want, with
+// the refusal every operation needing it gets (for checks made before the
+// operation, such as exposing a port).
+func (m *Manager) Require(ctx context.Context, id string, want Capability) error {
+	_, _, err := m.lookupFor(ctx, id, want)
+	return err
+}

@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
@@ -153,6 +154,15 @@ type Sandbox struct {
 	// busy is busySnapshot or busyRestore while Frozen or Replace run
 	// (snapshot.go); empty otherwise.
 	busy string
+	// caps is the handle's Capabilities().List(), set with the handle:
+	// descriptions read it without sb.mu (they are made under it).
+	caps atomic.Pointer[[]string]
+}
+
+// setCaps records h's capabilities for descriptions.
+func (sb *Sandbox) setCaps(h Handle) {
+	l := h.Capabilities().List()
+	sb.caps.Store(&l)
 }
 
 // NewManager returns a Manager. Call Start to run the reaper.
@@ -355,6 +365,7 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 	client := agentClient(h)
 	sb.mu.Lock()
 	sb.handle, sb.agent = h, client
+	sb.setCaps(h)
 	sb.mu.Unlock()
 	if al, ok := h.(Agentless); ok {
 		if err := al.WaitReady(ctx); err != nil {
@@ -566,6 +577,16 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason, Backend: spec.Backend,
 		FromSnapshot: spec.SeedSnapshot,
+	}
+	if in.State.Live() {
+		m.mu.Lock()
+		sb := m.sandboxes[r.ID]
+		m.mu.Unlock()
+		if sb != nil {
+			if l := sb.caps.Load(); l != nil {
+				in.Capabilities = *l
+			}
+		}
 	}
 	if life := m.lifetime(spec); life > 0 && in.State.Live() {
 		exp := r.CreatedAt.Add(life)
