@@ -673,7 +673,11 @@ func (e *Engine) TerminateSandbox(ctx context.Context, id string) (*sandbox.Info
 	if err := checkSandboxID(id); err != nil {
 		return nil, err
 	}
-	return e.sandboxes.Terminate(ctx, id, "terminated by request")
+	info, err := e.sandboxes.Terminate(ctx, id, "terminated by request")
+	if err == nil {
+		e.describeVM(ctx, info, false)
+	}
+	return info, err
 }
 
 // PauseSandbox freezes every process of a sandbox (state paused; see
