@@ -328,7 +328,7 @@ func (e *Engine) vmSpec(ctx context.Context, osName, imageName string, memoryMB 
 			}
 		}
 		// The OS is the VM's "language": it is what the sandbox record
-		// keeps of a disk guest, and vm_get reports it.
+		// keeps of a disk guest, and sandbox_get reports it (vm.os).
 		return &sandbox.Spec{
 			Language: prof.OS, Image: prof.Disk, BootDisk: prof.Disk, Network: NetworkNone, Backend: BackendVM,
 			Limits: sandbox.Limits{MemoryBytes: mem, CPUs: n, Pids: e.cfg.Sandbox.Pids},
