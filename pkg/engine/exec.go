@@ -444,7 +444,7 @@ func (e *Engine) ListFiles(ctx context.Context, id, p string, recursive bool) ([
 	if p == "" {
 		p = "/workspace"
 	}
-	if err := checkPath("path", p); err != nil {
+	if err := e.checkSandboxPath(ctx, id, "path", p); err != nil {
 		return nil, err
 	}
 	list, err := e.sandboxes.ListFiles(ctx, id, path.Clean(p), recursive)
