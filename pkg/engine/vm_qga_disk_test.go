@@ -209,6 +209,10 @@ func TestVMQGALinuxDisk(t *testing.T) {
 			_, err := e1.ListFiles(ctx, v.ID, "/root", false)
 			return err
 		}, errdefs.Unavailable, "lacks the file_list capability"},
+		"files_export": {func() error {
+			_, err := e1.ExportFiles(ctx, v.ID, "/root")
+			return err
+		}, errdefs.Unavailable, "lacks the file_list capability"},
 		"terminal": {func() error {
 			_, err := e1.OpenTerminal(ctx, TerminalRequest{SandboxID: v.ID})
 			return err
