@@ -117,7 +117,7 @@ func TestVMs(t *testing.T) {
 		t.Errorf("created VM: %+v", v)
 	}
 	if v.VM.OS != "linux" || v.VM.GuestAgent != apitypes.GuestAgentSandbox ||
-		!slices.Equal(v.Capabilities, []string{"exec", "jobs", "pty", "files", "file_list", "ports", "memory_snapshot", "screenshot"}) {
+		!slices.Equal(v.Capabilities, []string{"exec", "jobs", "pty", "files", "file_list", "ports", "memory_snapshot", "screenshot", "pause"}) {
 		t.Errorf("created VM's os, guest agent and capabilities: %+v %v", v.VM, v.Capabilities)
 	}
 	vmCheck := func() Check {
@@ -207,9 +207,22 @@ func TestVMs(t *testing.T) {
 	if g, err := env.GetSandbox(ctx, v.ID); err != nil || g.VM == nil || !slices.Contains(g.VM.Snapshots, "clean") {
 		t.Errorf("sandbox_get's VM snapshots: %+v %v", g, err)
 	}
-	// Pausing is no capability of a VM: refused naming it.
-	if _, err := env.PauseSandbox(ctx, v.ID); !errdefs.Is(err, errdefs.Unavailable) || !strings.Contains(err.Error(), v.ID) || !strings.Contains(err.Error(), "pause capability") {
-		t.Errorf("pause of a VM: %v", err)
+	// Pause stops the VM's vCPUs: commands and a restore wait for the
+	// resume, after which it runs on where it was.
+	if p, err := env.PauseSandbox(ctx, v.ID); err != nil || p.State != sandbox.StatePaused {
+		t.Fatalf("pause of a VM: %+v %v", p, err)
+	}
+	if _, err := env.Exec(ctx, ExecRequest{SandboxID: v.ID, Command: "true"}, nil); !errdefs.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), "paused") {
+		t.Errorf("exec on a paused VM: %v", err)
+	}
+	if _, err := env.RestoreSandbox(ctx, apitypes.RestoreRequest{SandboxID: v.ID, SnapshotID: snap.ID}); !errdefs.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), "resume it") {
+		t.Errorf("restore of a paused VM: %v", err)
+	}
+	if r, err := env.ResumeSandbox(ctx, v.ID); err != nil || r.State != sandbox.StateReady {
+		t.Fatalf("resume of a VM: %+v %v", r, err)
+	}
+	if res, err := env.Exec(ctx, ExecRequest{SandboxID: v.ID, Command: "cat /workspace/blob | wc -c"}, nil); err != nil || res.Stdout != "1048576\n" {
+		t.Errorf("exec after resume: %+v %v", res, err)
 	}
 
 	shot, err := env.ScreenshotSandbox(ctx, v.ID)

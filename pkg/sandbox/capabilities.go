@@ -224,6 +224,13 @@ func (m *Manager) RestoreMachineSnapshot(ctx context.Context, id, name string) e
 	if err != nil {
 		return err
 	}
+	sb.mu.Lock()
+	paused := sb.state == StatePaused
+	sb.mu.Unlock()
+	if paused {
+		// The restored machine would run while recorded paused.
+		return errdefs.Conflictf("sandbox_id: sandbox %s is paused; resume it before a restore", sb.ID)
+	}
 	m.touch(sb)
 	return h.(MachineSnapshotter).RestoreSnapshot(ctx, name)
 }

@@ -274,7 +274,6 @@ async function vmCommon(client, report, dir) {
   report.after_restore = await ok(client, "exec_command", { sandbox_id: id, command: `ls ${dir}/notes` });
   report.get = await ok(client, "sandbox_get", { sandbox_id: id });
   report.screenshot = await screenshot(client, id);
-  report.pause = await refusal(client, "sandbox_pause", { sandbox_id: id });
   return id;
 }
 
@@ -303,6 +302,10 @@ async function vm() {
     await new Promise((r) => setTimeout(r, 250));
   }
   report.job = st;
+  report.pause = await ok(client, "sandbox_pause", { sandbox_id: id });
+  report.paused_exec = await refusal(client, "exec_command", { sandbox_id: id, command: "true" });
+  report.resume = await ok(client, "sandbox_resume", { sandbox_id: id });
+  report.resumed_exec = await ok(client, "exec_command", { sandbox_id: id, command: "cat /workspace/notes/a.txt" });
   return vmEnd(client, report, id);
 }
 
@@ -316,6 +319,7 @@ async function vmqga() {
   report.list = await refusal(client, "file_list", { sandbox_id: id, path: "/root/notes" });
   report.job = await refusal(client, "exec_command", { sandbox_id: id, background: true, command: "true" });
   report.expose = await refusal(client, "sandbox_expose_port", { sandbox_id: id, port: 8000 });
+  report.pause = await refusal(client, "sandbox_pause", { sandbox_id: id });
   return vmEnd(client, report, id);
 }
 

@@ -74,7 +74,6 @@ type vmReport struct {
 			PNG      bool   `json:"png"`
 		} `json:"images"`
 	} `json:"screenshot"`
-	Pause     errResult `json:"pause"`
 	Terminate struct {
 		State string `json:"state"`
 	} `json:"terminate"`
@@ -110,7 +109,6 @@ func checkVMCommon(t *testing.T, r *vmReport, uid, agent string, caps []string) 
 		!s.Images[0].PNG || s.Images[0].Bytes != s.Structured.SizeBytes || s.Images[0].MIMEType != "image/png" {
 		t.Errorf("sandbox_screenshot of the VM: %+v", s)
 	}
-	refused(t, "sandbox_pause", r.Pause, c.ID, "pause")
 	if r.Terminate.State != "terminated" || !r.AfterTerminate.IsError || !strings.Contains(r.AfterTerminate.Text, "conflict") {
 		t.Errorf("sandbox_terminate: %+v, exec after: %+v", r.Terminate, r.AfterTerminate)
 	}
@@ -149,9 +147,16 @@ func TestVMThroughSDK(t *testing.T) {
 			ExitCode *int   `json:"exit_code"`
 			Stdout   string `json:"stdout"`
 		} `json:"job"`
+		Pause       struct{ State string }  `json:"pause"`
+		PausedExec  errResult               `json:"paused_exec"`
+		Resume      struct{ State string }  `json:"resume"`
+		ResumedExec struct{ Stdout string } `json:"resumed_exec"`
 	}
 	runClient(t, "vm", httpTransport(d), 0, &r)
-	checkVMCommon(t, &r.vmReport, "1000", "sandbox-agent", []string{"exec", "jobs", "pty", "files", "file_list", "ports", "memory_snapshot", "screenshot"})
+	checkVMCommon(t, &r.vmReport, "1000", "sandbox-agent", []string{"exec", "jobs", "pty", "files", "file_list", "ports", "memory_snapshot", "screenshot", "pause"})
+	if r.Pause.State != "paused" || !r.PausedExec.IsError || !strings.Contains(r.PausedExec.Text, "conflict") || r.Resume.State != "ready" || r.ResumedExec.Stdout != "hello from the SDK\n" {
+		t.Errorf("pause and resume of the VM: %+v %+v %+v %+v", r.Pause, r.PausedExec, r.Resume, r.ResumedExec)
+	}
 	if !slices.Equal(r.Tools, wantTools) {
 		t.Errorf("tools = %v\nwant %v", r.Tools, wantTools)
 	}
@@ -188,6 +193,7 @@ func TestQGAVMThroughSDK(t *testing.T) {
 		List   errResult `json:"list"`
 		Job    errResult `json:"job"`
 		Expose errResult `json:"expose"`
+		Pause  errResult `json:"pause"`
 	}
 	runClient(t, "vmqga", httpTransport(d), 0, &r)
 	checkVMCommon(t, &r.vmReport, "0", "qemu-ga", []string{"exec", "files", "memory_snapshot", "screenshot"})
@@ -197,6 +203,7 @@ func TestQGAVMThroughSDK(t *testing.T) {
 	refused(t, "file_list", r.List, r.Created.ID, "file_list")
 	refused(t, "a background job", r.Job, r.Created.ID, "jobs")
 	refused(t, "sandbox_expose_port", r.Expose, r.Created.ID, "ports")
+	refused(t, "sandbox_pause", r.Pause, r.Created.ID, "pause")
 	if !strings.Contains(r.Job.Text, "only the QEMU guest agent") {
 		t.Errorf("the refusal does not say why: %s", r.Job.Text)
 	}

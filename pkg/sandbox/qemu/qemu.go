@@ -131,10 +131,10 @@ func New(opt Options, l *ledger.Ledger) (*Backend, error) {
 func (b *Backend) Name() string { return "vm" }
 
 // agentCapabilities are those of a VM of our guests: the sandbox agent in
-// the guest (exec, jobs, PTY, files, ports), the whole machine's snapshots
-// and its screen. Workspace snapshots need the writable state on the host
-// (a VM's is inside its disk) and pausing is not offered (yet).
-var agentCapabilities = sandbox.Capabilities{Agent: true, MemorySnapshot: true, Screenshot: true}
+// the guest (exec, jobs, PTY, files, ports), the whole machine's snapshots,
+// its screen, and pause (its vCPUs stopped). Workspace snapshots need the
+// writable state on the host (a VM's is inside its disk).
+var agentCapabilities = sandbox.Capabilities{Agent: true, MemorySnapshot: true, Screenshot: true, Pause: true}
 
 // Capabilities implements sandbox.Backend: a VM of our guests can do the
 // most (a disk guest's handle, qgaCapabilities, less).
@@ -381,6 +381,22 @@ func (h *handle) Usage(ctx context.Context) (*sandbox.Usage, error) {
 		MemoryBytes: u.MemoryBytes, MemoryMaxBytes: u.MemoryMaxBytes, CPUSeconds: u.CPUSeconds,
 		Pids: u.Pids, OOMKills: u.OOMKills, CPUThrottledSec: u.CPUThrottledSec,
 	}, nil
+}
+
+// Pause implements sandbox.Pauser: the vCPUs stop (QMP stop). A disk
+// guest's handle has the method too, but not the capability: adopting a
+// paused guest reached only through qemu-ga would wait for an answer that
+// cannot come.
+func (h *handle) Pause(ctx context.Context) error { return h.v.Pause(ctx) }
+
+// Resume implements sandbox.Pauser (QMP cont).
+func (h *handle) Resume(ctx context.Context) error { return h.v.Resume(ctx) }
+
+// Paused implements sandbox.Pauser.
+func (h *handle) Paused() (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return h.v.Paused(ctx)
 }
 
 // SaveSnapshot implements sandbox.MachineSnapshotter.
