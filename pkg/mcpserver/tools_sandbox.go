@@ -151,7 +151,7 @@ func networkText(n *apitypes.NetworkStatus) string {
 
 func (s *srv) addPauseTools() {
 	addTool[sandboxIDIn, sandboxTerminateOut](s, "sandbox_pause", "Pause a sandbox",
-		"Freeze every process of a sandbox: it keeps its memory, files and running commands but uses no CPU, and the idle timeout does not run while it is paused. Commands and file operations are refused (conflict) until sandbox_resume. Pausing a paused sandbox is a no-op.",
+		"Freeze every process of a sandbox: it keeps its memory, files and running commands but uses no CPU, and the idle timeout does not run while it is paused. Commands and file operations are refused (conflict) until sandbox_resume. Pausing a paused sandbox is a no-op. A VM's vCPUs stop; a sandbox without the pause capability (a VM of an administrator's disk) answers unavailable.",
 		annotations{idempotent: true},
 		func(ctx context.Context, c *call, in *sandboxIDIn) (*result, error) {
 			info, err := s.e.PauseSandbox(ctx, in.SandboxID)
