@@ -94,7 +94,7 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 		psCmd(g), inspectCmd(g), createCmd(g), rmCmd(g), pauseCmd(g), resumeCmd(g),
 		execCmd(g), cpCmd(g), exportCmd(g), jobsCmd(g), logsCmd(g), killCmd(g),
 		runCmd(g), runsCmd(g), languagesCmd(g), autofixCmd(g), agentCmd(g),
-		imagesCmd(g), gcCmd(g), uiCmd(g), networkCmd(g), portCmd(g), vmCmd(g),
+		imagesCmd(g), gcCmd(g), uiCmd(g), networkCmd(g), portCmd(g), screenshotCmd(g), vmTestCmd(g),
 		snapshotCmd(g), snapshotsCmd(g), restoreCmd(g),
 	)
 	return root, g

@@ -105,7 +105,7 @@ func createCmd(g *globals) *cobra.Command {
 		envFlags, labelFlags []string
 	)
 	cmd := &cobra.Command{
-		Use:   "create --lang L [flags]",
+		Use:   "create --lang L [flags] | create --backend vm [--os OS] [--image linux|LANG]",
 		Short: "Create a sandbox and print its ID",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -162,7 +162,12 @@ func createCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := c.CreateSandbox(cmd.Context(), req)
+			var onLog func(string)
+			if req.Backend == "vm" {
+				// A VM's first use builds its guest image (minutes).
+				onLog = func(line string) { fmt.Fprintf(g.stderr, "create: %s\n", line) }
+			}
+			s, err := c.CreateSandboxProgress(cmd.Context(), req, onLog)
 			if err != nil {
 				return err
 			}
@@ -174,7 +179,9 @@ func createCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&req.Language, "lang", "l", "", "language (image) of the sandbox")
+	f.StringVar(&req.Backend, "backend", "", "what runs the sandbox: container (default) or vm (a QEMU guest with its own kernel)")
+	f.StringVar(&req.OS, "os", "", "with --backend vm: guest OS, linux (default) or windows (an administrator's disk, vm.images.windows)")
+	f.StringVarP(&req.Language, "lang", "l", "", "language (image) of the sandbox (with --backend vm: the language's guest)")
 	f.StringVar(&req.Image, "image", "", "image, when it differs from the language")
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512M or 1G (default: the daemon's)")
 	f.StringVar(&disk, "disk", "", "disk limit for /workspace and other writes, e.g. 1G")

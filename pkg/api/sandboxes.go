@@ -12,10 +12,17 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
 
+// createSandbox creates a sandbox; with ?stream=true the answer is NDJSON
+// with progress lines (createSandboxStream).
 func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	var req engine.CreateSandboxRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
+	stream, err := s.decodeStreamable(w, r, &req)
+	if err != nil {
 		s.writeError(w, r, err)
+		return
+	}
+	if stream {
+		s.createSandboxStream(w, r, req)
 		return
 	}
 	info, err := s.e.CreateSandbox(r.Context(), req)

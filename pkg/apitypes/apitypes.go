@@ -57,8 +57,13 @@ type Limits struct {
 // CreateSandboxRequest is the input of sandbox_create (POST /v1/sandboxes).
 // Nil pointers and empty strings take the configured defaults.
 type CreateSandboxRequest struct {
-	Language string   `json:"language,omitempty" jsonschema_description:"Language of the sandbox (see languages_list), e.g. python, c, node. Picks the image of the same name."`
-	Image    string   `json:"image,omitempty" jsonschema_description:"Image to use instead of the language's own (rarely needed)."`
+	// Backend is what runs the sandbox: "container" (the default) or "vm"
+	// (a QEMU guest: its own kernel; OS picks the guest).
+	Backend string `json:"backend,omitempty" jsonschema_description:"What runs the sandbox: container (default) or vm (a QEMU virtual machine with its own kernel: slower to start, for code that needs a real kernel or is too dangerous for a container; no network)." jsonschema:"enum=container,enum=vm"`
+	// OS is a VM's guest OS: linux (default) or windows.
+	OS       string   `json:"os,omitempty" jsonschema_description:"With backend vm: the guest OS, linux (default) or windows (boots the administrator's disk vm.images.windows, reached through the QEMU guest agent only)." jsonschema:"enum=linux,enum=windows"`
+	Language string   `json:"language,omitempty" jsonschema_description:"Language of the sandbox (see languages_list), e.g. python, c, node. Picks the image of the same name (with backend vm: the language's guest image)."`
+	Image    string   `json:"image,omitempty" jsonschema_description:"Image to use instead of the language's own (rarely needed). With backend vm: linux (the Linux test guest, the default) or a language made into a guest."`
 	MemoryMB *int64   `json:"memory_mb,omitempty" jsonschema_description:"Memory limit in MiB (no swap). Default from the server configuration."`
 	CPUs     *float64 `json:"cpus,omitempty" jsonschema_description:"CPU limit in cores, e.g. 0.5 or 2."`
 	Pids     *int64   `json:"pids,omitempty" jsonschema_description:"Maximum number of processes and threads."`
@@ -125,6 +130,12 @@ type Sandbox struct {
 	Backend string `json:"backend,omitempty"`
 	// FromSnapshot is the snapshot a fork started from.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// Capabilities are what a live sandbox can do (exec, jobs, pty, files,
+	// file_list, ports, file_snapshot, memory_snapshot, screenshot,
+	// pause); an operation it cannot do answers unavailable naming it.
+	Capabilities []string `json:"capabilities,omitempty"`
+	// VM is what only a VM has (backend vm).
+	VM *VMInfo `json:"vm,omitempty"`
 }
 
 // Usage is a live sandbox's resource usage as the kernel accounts it.

@@ -28,7 +28,7 @@ type ImageRecipe struct {
 // /v1/images/{name}/build, ?vm=true).
 type ImageBuildRequest struct {
 	Name string `json:"name" jsonschema_description:"Recipe to build: a language (python, c, ...) or another recipe from image_list (built images' recipe, or unbuilt). With vm: linux or a language."`
-	VM   bool   `json:"vm,omitempty" jsonschema_description:"Build a VM guest image (vm-NAME, for vm_create/vm_test) instead of a container image: name is linux (the Linux test guest) or a language."`
+	VM   bool   `json:"vm,omitempty" jsonschema_description:"Build a VM guest image (vm-NAME, for sandbox_create {backend: vm} and vm_test) instead of a container image: name is linux (the Linux test guest) or a language."`
 }
 
 // ImageDeleteRequest is the input of image_delete (REST: DELETE

@@ -13,8 +13,12 @@ type SnapshotRequest struct {
 // and root file system layer, archived at one moment.
 type Snapshot struct {
 	// ID is the hex sha256 of the snapshot's compressed archive.
-	ID          string     `json:"snapshot_id"`
-	Name        string     `json:"name,omitempty"`
+	ID   string `json:"snapshot_id"`
+	Name string `json:"name,omitempty"`
+	// Kind is SnapshotFiles (a workspace archive on the host) or
+	// SnapshotMemory (a VM's whole machine, kept in the VM's disk until it
+	// is terminated; sandbox_restore of the same sandbox only).
+	Kind        string     `json:"kind"`
 	SandboxID   string     `json:"sandbox_id"` // the sandbox it was taken of
 	Language    string     `json:"language"`
 	Image       string     `json:"image"`
@@ -25,6 +29,12 @@ type Snapshot struct {
 	CreatedAt   time.Time  `json:"created_at"`
 	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
 }
+
+// Snapshot.Kind values.
+const (
+	SnapshotFiles  = "files"
+	SnapshotMemory = "memory"
+)
 
 // RestoreRequest is the input of sandbox_restore (POST
 // /v1/sandboxes/{id}/restore).

@@ -346,7 +346,7 @@ vm:
   # {windows: /var/lib/mcp-sandboxd/vm/windows.qcow2}; Windows VMs need one.
   # Such a disk boots through its own boot loader (Windows: q35, OVMF with
   # Secure Boot, a TPM 2.0; linux: q35, OVMF without Secure Boot) and must
-  # run the QEMU guest agent: vm_exec and vm_file_* go through it. Without a
+  # run the QEMU guest agent: exec_command and file_* go through it. Without a
   # linux entry, Linux VMs boot the built Linux guest (images build --vm
   # linux) with the sandbox agent. See README, "Windows guests".
   images: {}

@@ -39,6 +39,11 @@ func (e *Engine) ExportFiles(ctx context.Context, id, dir string) (*Artifact, er
 		return nil, err
 	}
 	dir = path.Clean(dir)
+	// The archive streams out of our agent; a guest agent returns output
+	// at the end, as text, cut at the result's size.
+	if err := e.sandboxes.Require(ctx, id, sandbox.CapFileList); err != nil {
+		return nil, err
+	}
 	w, err := e.artifacts().Create(id, dir)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "export %s", dir)

@@ -357,6 +357,23 @@ const (
 
 // CreateSandbox validates req, applies defaults and caps, and starts a sandbox.
 func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*sandbox.Info, error) {
+	return e.CreateSandboxProgress(ctx, req, nil)
+}
+
+// CreateSandboxProgress is CreateSandbox whose progress, if not nil, sees
+// phase lines of a slow start (a VM's guest image built on first use, a
+// disk guest booting).
+func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxRequest, progress func(string)) (*sandbox.Info, error) {
+	switch req.Backend {
+	case BackendVM:
+		return e.createVM(ctx, req, progress)
+	case "", BackendContainer:
+	default:
+		return nil, errdefs.Invalidf("backend: must be %s or %s, got %q", BackendContainer, BackendVM, req.Backend)
+	}
+	if req.OS != "" {
+		return nil, errdefs.Invalidf("os: only with backend vm (a container runs Linux)")
+	}
 	seed, err := e.forkSeed(ctx, &req)
 	if err != nil {
 		return nil, err
@@ -607,6 +624,7 @@ func (e *Engine) GetSandbox(ctx context.Context, id string) (*SandboxDetail, err
 	if err != nil {
 		return nil, err
 	}
+	e.describeVM(ctx, info, true)
 	d := &SandboxDetail{Sandbox: *info}
 	if info.State.Live() && e.net != nil && info.Network != "" && info.Network != NetworkNone {
 		if st, err := e.networkStatus(id); err == nil {
@@ -630,15 +648,25 @@ func (e *Engine) GetSandbox(ctx context.Context, id string) (*SandboxDetail, err
 // ListSandboxes lists sandboxes in state (all live ones when empty; "all" for
 // every state).
 func (e *Engine) ListSandboxes(ctx context.Context, state string) ([]*sandbox.Info, error) {
+	var l []*sandbox.Info
+	var err error
 	switch {
 	case state == "":
-		return e.sandboxes.List(ctx)
+		l, err = e.sandboxes.List(ctx)
 	case state == "all":
-		return e.sandboxes.List(ctx, sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateTerminated, sandbox.StateFailed)
+		l, err = e.sandboxes.List(ctx, sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateTerminated, sandbox.StateFailed)
 	case sandbox.State(state).Valid():
-		return e.sandboxes.List(ctx, sandbox.State(state))
+		l, err = e.sandboxes.List(ctx, sandbox.State(state))
+	default:
+		return nil, errdefs.Invalidf("state: must be one of creating, ready, running, terminated, failed, all; got %q", state)
 	}
-	return nil, errdefs.Invalidf("state: must be one of creating, ready, running, terminated, failed, all; got %q", state)
+	for _, info := range l {
+		if info.Backend == BackendVM {
+			// The OS only: a listing asks no VM's handle.
+			info.VM = &apitypes.VMInfo{OS: vmOS(info)}
+		}
+	}
+	return l, err
 }
 
 // TerminateSandbox stops a sandbox and removes every trace of it.
@@ -646,7 +674,11 @@ func (e *Engine) TerminateSandbox(ctx context.Context, id string) (*sandbox.Info
 	if err := checkSandboxID(id); err != nil {
 		return nil, err
 	}
-	return e.sandboxes.Terminate(ctx, id, "terminated by request")
+	info, err := e.sandboxes.Terminate(ctx, id, "terminated by request")
+	if err == nil {
+		e.describeVM(ctx, info, false)
+	}
+	return info, err
 }
 
 // PauseSandbox freezes every process of a sandbox (state paused; see

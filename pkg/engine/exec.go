@@ -26,7 +26,7 @@ const maxStdin = 16 << 20
 // Exec runs a command in a sandbox and waits for it. onOutput, if not nil,
 // receives output as it arrives.
 func (e *Engine) Exec(ctx context.Context, req ExecRequest, onOutput sandbox.OutputFunc) (*sandbox.ExecResult, error) {
-	spec, err := e.execSpec(req)
+	spec, err := e.execSpecFor(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -186,6 +186,30 @@ func (e *Engine) ListJobs(ctx context.Context, id string) ([]apitypes.JobInfo, e
 	return out, nil
 }
 
+// execSpecFor is execSpec for a command of sandbox req.SandboxID, whose
+// working directory, on a guest reached through its own guest agent, is a
+// path of the guest's OS, checked by the guest's handle.
+func (e *Engine) execSpecFor(ctx context.Context, req ExecRequest) (*sandbox.ExecSpec, error) {
+	if err := checkSandboxID(req.SandboxID); err != nil {
+		return nil, err
+	}
+	if req.Cwd != "" {
+		if guest, err := e.sandboxes.GuestCheckPath(ctx, req.SandboxID, "cwd", req.Cwd); guest {
+			if err != nil {
+				return nil, err
+			}
+			cwd := req.Cwd
+			req.Cwd = ""
+			spec, err := e.execSpec(req)
+			if spec != nil {
+				spec.Cwd = cwd
+			}
+			return spec, err
+		}
+	}
+	return e.execSpec(req)
+}
+
 func (e *Engine) execSpec(req ExecRequest) (*sandbox.ExecSpec, error) {
 	if err := checkSandboxID(req.SandboxID); err != nil {
 		return nil, err
@@ -211,7 +235,7 @@ func (e *Engine) execSpec(req ExecRequest) (*sandbox.ExecSpec, error) {
 		return nil, errdefs.Invalidf("command: required (or a non-empty argv)")
 	}
 	sc := e.cfg.Sandbox
-	spec := &sandbox.ExecSpec{Argv: argv, Env: req.Env, Timeout: sc.ExecTimeout.D(), MaxResultBytes: req.MaxOutputBytes}
+	spec := &sandbox.ExecSpec{Argv: argv, Command: req.Command, Env: req.Env, Timeout: sc.ExecTimeout.D(), MaxResultBytes: req.MaxOutputBytes}
 	if req.Cwd != "" {
 		if err := checkPath("cwd", req.Cwd); err != nil {
 			return nil, err
@@ -270,6 +294,17 @@ func checkArgvSize(argv []string, env map[string]string) error {
 	return nil
 }
 
+// checkSandboxPath checks path p of sandbox id: a path of the guest's OS,
+// checked by its handle, on a guest reached through its own guest agent
+// (C:\... on Windows; absolute, with no working directory to resolve a
+// relative one against); else checkPath.
+func (e *Engine) checkSandboxPath(ctx context.Context, id, field, p string) error {
+	if guest, err := e.sandboxes.GuestCheckPath(ctx, id, field, p); guest {
+		return err
+	}
+	return checkPath(field, p)
+}
+
 // checkPath validates a path inside a sandbox: absolute, clean of NULs and
 // within the length limits. ".." components are resolved lexically here and
 // again, against the sandbox's own root, by the agent.
@@ -301,7 +336,7 @@ func (e *Engine) WriteFile(ctx context.Context, req FileWriteRequest) (*FileResu
 	if err := checkSandboxID(req.SandboxID); err != nil {
 		return nil, err
 	}
-	if err := checkPath("path", req.Path); err != nil {
+	if err := e.checkSandboxPath(ctx, req.SandboxID, "path", req.Path); err != nil {
 		return nil, err
 	}
 	data, err := decodeContent(req.Encoding, req.Content)
@@ -318,7 +353,7 @@ func (e *Engine) WriteFileFrom(ctx context.Context, id, p, modeText string, appe
 	if err := checkSandboxID(id); err != nil {
 		return nil, err
 	}
-	if err := checkPath("path", p); err != nil {
+	if err := e.checkSandboxPath(ctx, id, "path", p); err != nil {
 		return nil, err
 	}
 	mode, err := parseMode(modeText)
@@ -388,7 +423,7 @@ func (e *Engine) ReadFileRaw(ctx context.Context, req FileReadRequest) (*agent.F
 	if err := checkSandboxID(req.SandboxID); err != nil {
 		return nil, err
 	}
-	if err := checkPath("path", req.Path); err != nil {
+	if err := e.checkSandboxPath(ctx, req.SandboxID, "path", req.Path); err != nil {
 		return nil, err
 	}
 	switch req.Encoding {
@@ -414,7 +449,7 @@ func (e *Engine) ListFiles(ctx context.Context, id, p string, recursive bool) ([
 	if p == "" {
 		p = "/workspace"
 	}
-	if err := checkPath("path", p); err != nil {
+	if err := e.checkSandboxPath(ctx, id, "path", p); err != nil {
 		return nil, err
 	}
 	list, err := e.sandboxes.ListFiles(ctx, id, path.Clean(p), recursive)

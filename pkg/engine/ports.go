@@ -167,7 +167,10 @@ func (e *Engine) checkExposable(ctx context.Context, id string) error {
 	if !info.State.Live() {
 		return errdefs.Conflictf("sandbox_id: sandbox %s is %s", id, info.State)
 	}
-	return nil
+	if info.State == sandbox.StateCreating {
+		return nil // its agent answers before it is ready; dialling waits
+	}
+	return e.sandboxes.Require(ctx, id, sandbox.CapPorts)
 }
 
 // Ports lists the sandbox's exposed ports, by port.

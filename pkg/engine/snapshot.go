@@ -8,6 +8,9 @@ package engine
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io/fs"
 	"os"
@@ -71,7 +74,7 @@ func checkSnapshotID(id string) error {
 
 func (e *Engine) publicSnapshot(r *store.SnapshotRecord) apitypes.Snapshot {
 	s := apitypes.Snapshot{
-		ID: r.ID, Name: r.Name, SandboxID: r.SandboxID, Language: r.Language, Image: r.Image,
+		ID: r.ID, Name: r.Name, Kind: apitypes.SnapshotFiles, SandboxID: r.SandboxID, Language: r.Language, Image: r.Image,
 		ImageDigest: r.ImageDigest, DiskBacking: r.DiskBacking, Size: r.SizeBytes, ContentSize: r.ContentBytes,
 		CreatedAt: r.CreatedAt,
 	}
@@ -125,6 +128,9 @@ func (e *Engine) SnapshotSandbox(ctx context.Context, req apitypes.SnapshotReque
 	info, err := e.liveSandbox(ctx, req.SandboxID)
 	if err != nil {
 		return nil, err
+	}
+	if e.machineSnapshots(ctx, info.ID) {
+		return e.snapshotMachine(ctx, info, req.Name)
 	}
 	e.snapMu.RLock()
 	defer e.snapMu.RUnlock()
@@ -241,6 +247,9 @@ func (e *Engine) RestoreSandbox(ctx context.Context, req apitypes.RestoreRequest
 	info, err := e.liveSandbox(ctx, req.SandboxID)
 	if err != nil {
 		return nil, err
+	}
+	if e.machineSnapshots(ctx, info.ID) {
+		return e.restoreMachine(ctx, info, req.SnapshotID)
 	}
 	e.snapMu.RLock()
 	defer e.snapMu.RUnlock()
@@ -447,4 +456,62 @@ func (e *Engine) sweepSnapshots(ctx context.Context, orphans bool) {
 			e.log.Info("removed orphaned snapshot archive", "file", name)
 		}
 	}
+}
+
+// machineSnapshots reports whether sandbox id's snapshots are of its whole
+// machine: it can take those and no workspace snapshots (a VM, whose files
+// are inside its disk). Anything else takes workspace snapshots, or is
+// refused naming the file_snapshot capability.
+func (e *Engine) machineSnapshots(ctx context.Context, id string) bool {
+	caps, err := e.sandboxes.Capabilities(ctx, id)
+	return err == nil && !caps.Has(sandbox.CapFileSnapshot) && caps.Has(sandbox.CapMemorySnapshot)
+}
+
+// machineSnapshotID is the snapshot_id of sandbox id's machine snapshot
+// name: 64 hex digits like a workspace snapshot's, which sandbox_restore
+// of the same sandbox takes.
+func machineSnapshotID(id, name string) string {
+	sum := sha256.Sum256([]byte("machine-snapshot\x00" + id + "\x00" + name))
+	return hex.EncodeToString(sum[:])
+}
+
+// snapshotMachine is sandbox_snapshot of a VM: its whole machine (memory,
+// devices, disk) saved under name (a new one when empty; the same name
+// replaces a snapshot), kept in the VM's disk until it is terminated.
+func (e *Engine) snapshotMachine(ctx context.Context, info *sandbox.Info, name string) (*apitypes.Snapshot, error) {
+	if name == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		name = "snap-" + hex.EncodeToString(b[:])
+	}
+	start := time.Now()
+	if err := e.sandboxes.SaveMachineSnapshot(ctx, info.ID, name); err != nil {
+		return nil, err
+	}
+	e.log.Info("machine snapshot taken", "sandbox", info.ID, "name", name, "duration", time.Since(start))
+	return &apitypes.Snapshot{ID: machineSnapshotID(info.ID, name), Name: name, Kind: apitypes.SnapshotMemory,
+		SandboxID: info.ID, Language: info.Language, Image: info.Image, ImageDigest: info.ImageDigest, CreatedAt: time.Now().UTC()}, nil
+}
+
+// restoreMachine is sandbox_restore of a VM to one of its machine
+// snapshots (snapshot_id as snapshotMachine answered it).
+func (e *Engine) restoreMachine(ctx context.Context, info *sandbox.Info, snapshotID string) (*sandbox.Info, error) {
+	if err := checkSnapshotID(snapshotID); err != nil {
+		return nil, err
+	}
+	names, err := e.sandboxes.MachineSnapshots(ctx, info.ID)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if machineSnapshotID(info.ID, n) == snapshotID {
+			start := time.Now()
+			if err := e.sandboxes.RestoreMachineSnapshot(ctx, info.ID, n); err != nil {
+				return nil, err
+			}
+			e.log.Info("sandbox restored", "sandbox", info.ID, "machine_snapshot", n, "duration", time.Since(start))
+			return e.sandboxes.Get(ctx, info.ID)
+		}
+	}
+	return nil, errdefs.NotFoundf("snapshot_id: sandbox %s has no machine snapshot %q (it has %d: %s)", info.ID, snapshotID, len(names), strings.Join(names, ", "))
 }

@@ -1,18 +1,20 @@
 package engine
 
-// VMs: the VM backend (pkg/sandbox/qemu) as the engine offers it — vm_*
-// tools, /v1/vms, `sandboxctl vm` and run_code {backend: vm}. A VM is a
-// sandbox whose Spec.Backend is "vm": the sandbox manager runs its state
-// machine, ledger, reaper and reconciliation exactly as for containers,
-// and the agent inside the guest serves the same protocol, so exec and
-// files are the sandbox operations. What only a VM has (snapshots,
-// screenshots, the accelerator) goes through the backend's handle.
+// VMs: the VM backend (pkg/sandbox/qemu) as the engine offers it —
+// sandbox_create {backend: vm}, run_code {backend: vm} and vm_test. A VM is
+// a sandbox whose Spec.Backend is "vm": the sandbox manager runs its state
+// machine, ledger, reaper and reconciliation exactly as for containers, and
+// every sandbox operation goes through the manager, which checks the VM
+// handle's capabilities (our agent in our guests; qemu-ga in an
+// administrator's disk) and routes it. What only a VM has (machine
+// snapshots, screenshots) are capabilities too (snapshot.go, Screenshot).
 
 import (
 	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os/exec"
 	"os/user"
@@ -23,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
@@ -30,10 +33,14 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/qemu"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm/qga"
 )
 
-// BackendVM is the sandbox backend name of VMs.
-const BackendVM = "vm"
+// Backend names of sandbox_create {backend}.
+const (
+	BackendContainer = "container"
+	BackendVM        = "vm"
+)
 
 // vmDefaultMemoryMiB is a VM's RAM when the request names none: enough
 // for an interpreter and a test suite, and small enough that the
@@ -315,13 +322,13 @@ func (e *Engine) vmSpec(ctx context.Context, osName, imageName string, memoryMB 
 	if disk {
 		if prof.OS == vm.OSWindows {
 			for k, v := range env {
-				if err := checkWindowsEnv(k, v); err != nil {
+				if err := qemu.CheckWindowsEnv(k, v); err != nil {
 					return nil, err
 				}
 			}
 		}
 		// The OS is the VM's "language": it is what the sandbox record
-		// keeps of a disk guest, and vm_get reports it.
+		// keeps of a disk guest, and sandbox_get reports it (vm.os).
 		return &sandbox.Spec{
 			Language: prof.OS, Image: prof.Disk, BootDisk: prof.Disk, Network: NetworkNone, Backend: BackendVM,
 			Limits: sandbox.Limits{MemoryBytes: mem, CPUs: n, Pids: e.cfg.Sandbox.Pids},
@@ -367,13 +374,54 @@ func (e *Engine) liveVMs(ctx context.Context) ([]*sandbox.Info, error) {
 	return slices.DeleteFunc(all, func(s *sandbox.Info) bool { return s.Backend != BackendVM }), nil
 }
 
-// CreateVM starts a VM (vm_create). progress, if not nil, sees phase
-// lines of a slow start: the build of a guest image on its first use (its
-// log lines), the boot of a disk guest.
-func (e *Engine) CreateVM(ctx context.Context, req apitypes.VMCreateRequest, progress func(string)) (*apitypes.VM, error) {
-	spec, err := e.vmSpec(ctx, req.OS, req.Image, req.MemoryMB, req.CPUs, req.Labels, req.Env, progress)
+// createVM starts the VM of a sandbox_create {backend: vm}. progress, if
+// not nil, sees phase lines of a slow start: the build of a guest image on
+// its first use (its log lines), the boot of a disk guest. Fields only a
+// container has are refused, naming the field.
+func (e *Engine) createVM(ctx context.Context, req CreateSandboxRequest, progress func(string)) (*sandbox.Info, error) {
+	for field, set := range map[string]bool{
+		"pids": req.Pids != nil, "disk_mb": req.DiskMB != nil, "inodes": req.Inodes != nil,
+		"disk_backing": req.DiskBacking != "", "allow": len(req.Allow) > 0, "credentials": len(req.Credentials) > 0,
+		"network_bandwidth": req.NetworkBandwidth != nil, "network_conn_rate": req.NetworkConnRate != nil,
+		"seccomp_profile": req.SeccompProfile != "", "from_snapshot": req.FromSnapshot != "", "root": req.Root,
+	} {
+		if set {
+			return nil, errdefs.Invalidf("%s: not supported with backend vm (a VM is sized by memory_mb and cpus; its guest is its boundary)", field)
+		}
+	}
+	if req.Network != "" && req.Network != NetworkNone {
+		return nil, errdefs.Unavailablef("network: VMs have no network device yet; use network none with backend vm")
+	}
+	if _, ok := req.Labels[RequestIDLabel]; ok {
+		return nil, errdefs.Invalidf("labels.%s: reserved; use request_id", RequestIDLabel)
+	}
+	if req.RequestID != "" && !requestIDRe.MatchString(req.RequestID) {
+		return nil, errdefs.Invalidf("request_id: %q is not 1 to 128 letters, digits and ._:- (starting with a letter or digit)", req.RequestID)
+	}
+	imageName := req.Image
+	if imageName == "" {
+		imageName = req.Language
+	}
+	spec, err := e.vmSpec(ctx, req.OS, imageName, req.MemoryMB, req.CPUs, req.Labels, req.Env, progress)
 	if err != nil {
 		return nil, err
+	}
+	if req.TTLSeconds != nil {
+		if spec.TTL, err = wholeSeconds("ttl_seconds", *req.TTLSeconds, e.cfg.Sandbox.MaxLifetime.D()); err != nil {
+			return nil, err
+		}
+	}
+	if req.RequestID != "" {
+		e.requestMu.Lock()
+		defer e.requestMu.Unlock()
+		if info, err := e.sandboxByRequestID(ctx, req.RequestID); info != nil || err != nil {
+			return info, err
+		}
+		spec.Labels = maps.Clone(spec.Labels)
+		if spec.Labels == nil {
+			spec.Labels = map[string]string{}
+		}
+		spec.Labels[RequestIDLabel] = req.RequestID
 	}
 	if progress != nil && spec.BootDisk != "" {
 		progress(fmt.Sprintf("booting %s from %s until its QEMU guest agent answers (at most vm.boot_timeout, %s)…", spec.Language, spec.BootDisk, e.cfg.VM.BootTimeout))
@@ -382,7 +430,8 @@ func (e *Engine) CreateVM(ctx context.Context, req apitypes.VMCreateRequest, pro
 	if err != nil {
 		return nil, err
 	}
-	return e.describeVM(ctx, info, false), nil
+	e.describeVM(ctx, info, false)
+	return info, nil
 }
 
 // vmOS is the guest OS of a VM's record: a disk guest's language is its OS
@@ -394,217 +443,35 @@ func vmOS(info *sandbox.Info) string {
 	return vm.OSLinux
 }
 
-// describeVM adds what only a VM has to its sandbox record.
-func (e *Engine) describeVM(ctx context.Context, info *sandbox.Info, snapshots bool) *apitypes.VM {
-	out := &apitypes.VM{Sandbox: *info, OS: vmOS(info)}
-	if !info.State.Live() {
-		return out
-	}
-	if h, _, err := e.sandboxes.Handle(ctx, info.ID); err == nil {
-		if v := qemu.VM(h); v != nil {
-			out.Accel = v.Accel()
-			out.GuestAgent = apitypes.GuestAgentSandbox
-			if _, ok := qemu.QGAGuest(h); ok {
-				out.GuestAgent = apitypes.GuestAgentQGA
-			}
-			if snapshots {
-				if names, err := v.Snapshots(ctx); err == nil {
-					out.Snapshots = names
-				}
-			}
-		}
-	}
-	return out
-}
-
-// vmInfo returns VM id's record; it must be a VM.
-func (e *Engine) vmInfo(ctx context.Context, id string) (*sandbox.Info, error) {
-	if id == "" {
-		return nil, errdefs.Invalidf("vm_id: required")
-	}
-	if len(id) > 64 || strings.ContainsAny(id, "/\x00 ") {
-		return nil, errdefs.Invalidf("vm_id: malformed %q", id)
-	}
-	info, err := e.sandboxes.Get(ctx, id)
-	if errdefs.Is(err, errdefs.NotFound) {
-		return nil, errdefs.NotFoundf("vm_id: no VM %q", id)
-	}
-	if err != nil {
-		return nil, err
-	}
+// describeVM adds what only a VM has to its description (nothing for a
+// container): its OS, and for a live one what its handle says (the
+// accelerator, the guest agent) and, with snapshots, its machine snapshots.
+func (e *Engine) describeVM(ctx context.Context, info *sandbox.Info, snapshots bool) {
 	if info.Backend != BackendVM {
-		return nil, errdefs.Invalidf("vm_id: %s is a container sandbox, not a VM (use the sandbox tools)", id)
+		return
 	}
-	return info, nil
-}
-
-// liveVM returns the running VM id: exec, files, snapshots and
-// screenshots need one.
-func (e *Engine) liveVM(ctx context.Context, id string) (*sandbox.Info, *vm.VM, error) {
-	r, err := e.liveVMRef(ctx, id)
-	if err != nil {
-		return nil, nil, err
-	}
-	return r.info, r.v, nil
-}
-
-// vmRef is a running VM.
-type vmRef struct {
-	info *sandbox.Info
-	v    *vm.VM
-	// qgaOS is the OS of a guest that runs only the QEMU guest agent (a
-	// disk guest); empty for our guests with the sandbox agent.
-	qgaOS string
-}
-
-func (e *Engine) liveVMRef(ctx context.Context, id string) (*vmRef, error) {
-	info, err := e.vmInfo(ctx, id)
-	if err != nil {
-		return nil, err
-	}
+	info.VM = &apitypes.VMInfo{OS: vmOS(info)}
 	if !info.State.Live() {
-		return nil, errdefs.Conflictf("vm_id: VM %s is %s (%s)", id, info.State, info.Reason)
+		return
 	}
-	h, _, err := e.sandboxes.Handle(ctx, id)
-	if err != nil {
-		return nil, errdefs.Conflictf("vm_id: VM %s is not running: %s", id, errdefs.MessageOf(err))
+	if d := e.sandboxes.Describe(ctx, info.ID); d != nil {
+		info.VM.Accel, info.VM.GuestAgent = d[qemu.DescribeAccel], d[qemu.DescribeGuestAgent]
 	}
-	v := qemu.VM(h)
-	if v == nil {
-		return nil, errdefs.New(errdefs.Internal, "vm_id: %s has no VM handle", id)
-	}
-	osName, _ := qemu.QGAGuest(h)
-	return &vmRef{info: info, v: v, qgaOS: osName}, nil
-}
-
-// GetVM describes a VM, with its snapshots when it runs.
-func (e *Engine) GetVM(ctx context.Context, id string) (*apitypes.VM, error) {
-	info, err := e.vmInfo(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return e.describeVM(ctx, info, true), nil
-}
-
-// ListVMs lists VMs in state (see ListSandboxes).
-func (e *Engine) ListVMs(ctx context.Context, state string) ([]*apitypes.VM, error) {
-	all, err := e.ListSandboxes(ctx, state)
-	if err != nil {
-		return nil, err
-	}
-	out := []*apitypes.VM{}
-	for _, s := range all {
-		if s.Backend == BackendVM {
-			out = append(out, e.describeVM(ctx, s, false))
+	if snapshots {
+		if names, err := e.sandboxes.MachineSnapshots(ctx, info.ID); err == nil {
+			info.VM.Snapshots = names
 		}
 	}
-	return out, nil
 }
 
-// DestroyVM stops a VM and removes its QEMU process, overlay, sockets
-// and cgroup (through the ledger).
-func (e *Engine) DestroyVM(ctx context.Context, id string) (*apitypes.VM, error) {
-	if _, err := e.vmInfo(ctx, id); err != nil {
+// ScreenshotSandbox returns a live sandbox's screen as PNG
+// (sandbox_screenshot): a VM's display; a sandbox without a screen answers
+// unavailable naming the screenshot capability.
+func (e *Engine) ScreenshotSandbox(ctx context.Context, id string) ([]byte, error) {
+	if err := checkSandboxID(id); err != nil {
 		return nil, err
 	}
-	info, err := e.sandboxes.Terminate(ctx, id, "destroyed by request")
-	if err != nil {
-		return nil, err
-	}
-	return &apitypes.VM{Sandbox: *info, OS: vmOS(info)}, nil
-}
-
-// VMExec runs a command in a VM (vm_exec): exec_command on the VM, or
-// through qemu-ga on a guest that runs only that (vm_qga.go).
-func (e *Engine) VMExec(ctx context.Context, req apitypes.VMExecRequest, onOutput sandbox.OutputFunc) (*sandbox.ExecResult, error) {
-	r, err := e.liveVMRef(ctx, req.VMID)
-	if err != nil {
-		return nil, err
-	}
-	if r.qgaOS != "" {
-		return e.qgaExec(ctx, r, req, onOutput)
-	}
-	return e.Exec(ctx, req.ExecRequest(), onOutput)
-}
-
-// VMWriteFile writes a file in a VM (vm_file_write).
-func (e *Engine) VMWriteFile(ctx context.Context, req apitypes.VMFileWriteRequest) (*FileResult, error) {
-	r, err := e.liveVMRef(ctx, req.VMID)
-	if err != nil {
-		return nil, err
-	}
-	if r.qgaOS != "" {
-		return e.qgaWriteFile(ctx, r, req)
-	}
-	return e.WriteFile(ctx, FileWriteRequest{SandboxID: req.VMID, Path: req.Path, Content: req.Content, Encoding: req.Encoding, Mode: req.Mode})
-}
-
-// VMReadFile reads a file in a VM (vm_file_read).
-func (e *Engine) VMReadFile(ctx context.Context, req apitypes.VMFileReadRequest) (*FileReadResult, error) {
-	r, err := e.liveVMRef(ctx, req.VMID)
-	if err != nil {
-		return nil, err
-	}
-	if r.qgaOS != "" {
-		return e.qgaReadFile(ctx, r, req)
-	}
-	return e.ReadFile(ctx, FileReadRequest{SandboxID: req.VMID, Path: req.Path, Encoding: req.Encoding, Offset: req.Offset, MaxBytes: req.MaxBytes})
-}
-
-// SnapshotVM saves the running VM's whole state under a name (vm_snapshot).
-func (e *Engine) SnapshotVM(ctx context.Context, req apitypes.VMSnapshotRequest) (*apitypes.VMSnapshotResult, error) {
-	return e.snapshotOp(ctx, req, (*vm.VM).Snapshot)
-}
-
-// RestoreVM returns the VM to a snapshot (vm_restore): files written
-// since are gone, processes started since never ran.
-func (e *Engine) RestoreVM(ctx context.Context, req apitypes.VMSnapshotRequest) (*apitypes.VMSnapshotResult, error) {
-	return e.snapshotOp(ctx, req, func(v *vm.VM, ctx context.Context, name string) error {
-		names, err := v.Snapshots(ctx)
-		if err != nil {
-			return err
-		}
-		if !slices.Contains(names, name) {
-			return errdefs.NotFoundf("name: VM %s has no snapshot %q (has: %s)", req.VMID, name, strings.Join(names, ", "))
-		}
-		return v.Restore(ctx, name)
-	})
-}
-
-func (e *Engine) snapshotOp(ctx context.Context, req apitypes.VMSnapshotRequest, op func(*vm.VM, context.Context, string) error) (*apitypes.VMSnapshotResult, error) {
-	if err := vm.CheckSnapshotName(req.Name); err != nil {
-		return nil, err
-	}
-	_, v, err := e.liveVM(ctx, req.VMID)
-	if err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	if err := op(v, ctx, req.Name); err != nil {
-		if errdefs.CodeOf(err) == errdefs.Internal {
-			return nil, errdefs.Wrap(errdefs.Internal, err, "VM %s", req.VMID)
-		}
-		return nil, err
-	}
-	res := &apitypes.VMSnapshotResult{VMID: req.VMID, Name: req.Name, DurationMS: time.Since(start).Milliseconds()}
-	if res.Snapshots, err = v.Snapshots(ctx); err != nil {
-		res.Snapshots = []string{req.Name}
-	}
-	sort.Strings(res.Snapshots)
-	return res, nil
-}
-
-// ScreenshotVM returns the VM's screen as PNG (vm_screenshot).
-func (e *Engine) ScreenshotVM(ctx context.Context, id string) ([]byte, error) {
-	_, v, err := e.liveVM(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	png, err := v.Screenshot(ctx)
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "screenshot of VM %s", id)
-	}
-	return png, nil
+	return e.sandboxes.Screenshot(ctx, id)
 }
 
 // createRunVM starts the VM of a run_code {backend: vm}: the language's
@@ -671,7 +538,7 @@ func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apity
 	if err != nil {
 		return nil, err
 	}
-	res := &apitypes.VMTestResult{VMID: info.ID, FailedStep: -1, Steps: []apitypes.VMTestStep{}}
+	res := &apitypes.VMTestResult{SandboxID: info.ID, FailedStep: -1, Steps: []apitypes.VMTestStep{}}
 	if !req.Keep {
 		defer func() {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -691,14 +558,11 @@ func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apity
 		return nil, err
 	}
 	res.RunID = run.Record.ID
-	var guest *vmRef // a guest with only qemu-ga: files and steps through it
+	guestOS := "" // a guest with only qemu-ga: files and steps through it
 	if spec.BootDisk != "" {
-		if guest, err = e.liveVMRef(ctx, info.ID); err != nil {
-			_ = run.Finish(context.WithoutCancel(ctx), nil, err)
-			return nil, err
-		}
+		guestOS = spec.Language
 	}
-	runRes, runErr := e.vmTestSteps(ctx, run, req, files, res, guest)
+	runRes, runErr := e.vmTestSteps(ctx, run, req, files, res, guestOS)
 	if err := run.Finish(context.WithoutCancel(ctx), runRes, runErr); err != nil {
 		e.log.Error("write run record", "run", run.Record.ID, "err", err)
 	}
@@ -710,9 +574,9 @@ func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apity
 }
 
 // vmTestSteps writes the files and runs the steps of a vm_test: through
-// the sandbox agent, or through qemu-ga on a guest with only that (guest
-// not nil; vm_qga.go).
-func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMTestRequest, files map[string][]byte, res *apitypes.VMTestResult, guest *vmRef) (*RunResult, error) {
+// the sandbox agent, or through qemu-ga on a guest of guestOS with only
+// that (in a directory of the run: qemu.GuestTestDir).
+func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMTestRequest, files map[string][]byte, res *apitypes.VMTestResult, guestOS string) (*RunResult, error) {
 	names := make([]string, 0, len(files))
 	for n := range files {
 		names = append(names, n)
@@ -723,13 +587,13 @@ func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMT
 	}
 	run.Meta.Files = names
 	var dir string
-	if guest != nil {
-		dir = qgaTestDir(guest.qgaOS, run.Record.ID)
-		if err := e.qgaMkdir(ctx, guest, dir); err != nil {
+	if guestOS != "" {
+		dir = qemu.GuestTestDir(guestOS, run.Record.ID)
+		if err := e.guestMkdir(ctx, res.SandboxID, dir); err != nil {
 			return nil, err
 		}
 		for _, n := range names {
-			if _, err := e.qgaWrite(ctx, guest, qgaJoin(guest.qgaOS, dir, n), "", files[n]); err != nil {
+			if _, err := e.sandboxes.WriteFile(ctx, res.SandboxID, agent.WriteFileRequest{Path: qemu.GuestJoin(guestOS, dir, n), Size: int64(len(files[n]))}, bytes.NewReader(files[n])); err != nil {
 				return nil, err
 			}
 		}
@@ -737,7 +601,7 @@ func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMT
 		return nil, err
 	}
 	a := &Attempt{Env: req.Env}
-	rr := &RunResult{RunID: run.Record.ID, SandboxID: res.VMID, Language: run.h.Name, Steps: []RunStep{}}
+	rr := &RunResult{RunID: run.Record.ID, SandboxID: res.SandboxID, Language: run.h.Name, Steps: []RunStep{}}
 	type step struct{ phase, cmd string }
 	var steps []step
 	for _, c := range req.Setup {
@@ -751,8 +615,8 @@ func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMT
 		name := fmt.Sprintf("%s %d", s.phase, i+1)
 		var st *RunStep
 		var err error
-		if guest != nil {
-			st, err = e.qgaTestStep(ctx, run, guest, a, rr, name, dir, s.cmd)
+		if guestOS != "" {
+			st, err = e.guestTestStep(ctx, run, res.SandboxID, guestOS, a, rr, name, dir, s.cmd)
 		} else {
 			st, err = run.step(ctx, a, rr, name, []string{"/bin/sh", "-c", s.cmd}, nil, nil)
 		}
@@ -763,9 +627,9 @@ func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMT
 		if !stepOK(st) {
 			rr.Success = false
 			res.FailedStep = i
-			png, err := e.ScreenshotVM(ctx, res.VMID)
+			png, err := e.sandboxes.Screenshot(ctx, res.SandboxID)
 			if err != nil {
-				e.log.Warn("vm_test screenshot", "vm", res.VMID, "err", err)
+				e.log.Warn("vm_test screenshot", "vm", res.SandboxID, "err", err)
 				break
 			}
 			res.Screenshot = png
@@ -779,10 +643,37 @@ func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMT
 	return rr, nil
 }
 
-// CheckLiveVM reports whether id is a running VM, with the error a VM
-// operation on it would get (front ends that route sandbox operations to
-// VMs check with it first).
-func (e *Engine) CheckLiveVM(ctx context.Context, id string) error {
-	_, _, err := e.liveVM(ctx, id)
-	return err
+// guestMkdir makes directory dir (and its parents) in VM id's guest,
+// which runs only qemu-ga.
+func (e *Engine) guestMkdir(ctx context.Context, id, dir string) error {
+	h, _, err := e.sandboxes.Handle(ctx, id)
+	if err != nil {
+		return err
+	}
+	return qemu.GuestMkdir(ctx, h, dir)
+}
+
+// guestTestStep runs one vm_test step on a guest of osName with only
+// qemu-ga, in dir, under what is left of the run's deadline, and records
+// it like the pipeline's steps. It is an exec_command like any other: the
+// sandbox manager routes it to the guest agent.
+func (e *Engine) guestTestStep(ctx context.Context, run *CodeRun, id, osName string, a *Attempt, res *RunResult, name, dir, command string) (*RunStep, error) {
+	line := "cd '" + dir + "' && " + command
+	if osName == vm.OSWindows {
+		line = `cd /d "` + dir + `" && ` + command
+	}
+	remaining := min(time.Until(run.deadline), e.cfg.Sandbox.MaxExecTimeout.D())
+	var er *sandbox.ExecResult
+	if remaining < 10*time.Millisecond {
+		er = &sandbox.ExecResult{ExitCode: -1, Termination: sandbox.Termination{Cause: sandbox.CauseTimeout, Detail: "no time left for this step"}}
+	} else {
+		secs := remaining.Seconds()
+		var err error
+		if er, err = e.Exec(ctx, ExecRequest{SandboxID: id, Command: line, Env: a.Env, TimeoutSeconds: &secs,
+			MaxOutputBytes: a.MaxOutputBytes}, run.recordOutput(a)); err != nil {
+			return nil, err
+		}
+	}
+	prog, args, _ := qga.ShellCommand(osName, line)
+	return run.recordStep(res, name, append([]string{prog}, args...), er), nil
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
@@ -74,7 +73,7 @@ func pidAlive(pid int) bool {
 	return i > 0 && !strings.HasPrefix(strings.TrimSpace(string(b[i+1:])), "Z")
 }
 
-// TestVMWindowsNeverReady: vm_create {os: windows} with vm.images.windows
+// TestVMWindowsNeverReady: sandbox_create {backend: vm, os: windows} with vm.images.windows
 // pointing at a disk that is no Windows (an empty qcow2) starts QEMU with
 // the Windows machine (q35 with SMM, OVMF's Secure Boot code and per-VM
 // variables, a swtpm TPM 2.0, no sandbox-agent port), the guest never
@@ -95,15 +94,16 @@ func TestVMWindowsNeverReady(t *testing.T) {
 	ctx := context.Background()
 	small, one := int64(1024), 1.0
 	for name, c := range map[string]struct {
-		req   apitypes.VMCreateRequest
+		req   CreateSandboxRequest
 		field string
 	}{
-		"memory below windows' minimum": {apitypes.VMCreateRequest{OS: "windows", MemoryMB: &small}, "memory_mb:"},
-		"one vcpu":                      {apitypes.VMCreateRequest{OS: "windows", CPUs: &one}, "cpus:"},
-		"a language image":              {apitypes.VMCreateRequest{OS: "windows", Image: "python"}, "image:"},
-		"env with a quote":              {apitypes.VMCreateRequest{OS: "windows", Env: map[string]string{"K": `"`}}, "env.K:"},
+		"memory below windows' minimum": {CreateSandboxRequest{OS: "windows", MemoryMB: &small}, "memory_mb:"},
+		"one vcpu":                      {CreateSandboxRequest{OS: "windows", CPUs: &one}, "cpus:"},
+		"a language image":              {CreateSandboxRequest{OS: "windows", Image: "python"}, "image:"},
+		"env with a quote":              {CreateSandboxRequest{OS: "windows", Env: map[string]string{"K": `"`}}, "env.K:"},
 	} {
-		if _, err := env.CreateVM(ctx, c.req, nil); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), c.field) {
+		c.req.Backend = BackendVM
+		if _, err := env.CreateSandbox(ctx, c.req); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%s: got %v, want invalid_argument naming %s", name, err, c.field)
 		}
 	}
@@ -111,7 +111,7 @@ func TestVMWindowsNeverReady(t *testing.T) {
 	stop := watchVMRecord(env.cfg.Paths.RunDir)
 	var progress []string
 	t0 := time.Now()
-	_, err := env.CreateVM(ctx, apitypes.VMCreateRequest{OS: "windows"}, func(l string) { progress = append(progress, l) })
+	_, err := env.CreateSandboxProgress(ctx, CreateSandboxRequest{Backend: BackendVM, OS: "windows"}, func(l string) { progress = append(progress, l) })
 	rec := stop()
 	t.Logf("create failed after %v: %v", time.Since(t0), err)
 	if !errdefs.Is(err, errdefs.Unavailable) || !strings.Contains(errdefs.MessageOf(err), "vm.boot_timeout") ||
@@ -150,12 +150,12 @@ func TestVMWindowsNeverReady(t *testing.T) {
 	if owners, err := env.ledger.Owners(ctx); err != nil || len(owners) > 0 {
 		t.Errorf("ledger rows left: %v %v", owners, err)
 	}
-	failed, err := env.ListVMs(ctx, string(sandbox.StateFailed))
-	if err != nil || len(failed) != 1 || failed[0].OS != vm.OSWindows || failed[0].Image != disk || !strings.Contains(failed[0].Reason, "vm.boot_timeout") {
-		t.Errorf("the failed VM's record: %+v %v", failed, err)
+	failed := listVMs(t, env, string(sandbox.StateFailed))
+	if len(failed) != 1 || failed[0].VM == nil || failed[0].VM.OS != vm.OSWindows || failed[0].Image != disk || !strings.Contains(failed[0].Reason, "vm.boot_timeout") {
+		t.Errorf("the failed VM's record: %+v", failed)
 	}
-	if l, err := env.ListVMs(ctx, ""); err != nil || len(l) != 0 {
-		t.Errorf("live VMs: %+v %v", l, err)
+	if l := listVMs(t, env, ""); len(l) != 0 {
+		t.Errorf("live VMs: %+v", l)
 	}
 	for _, f := range failed {
 		for _, cg := range testenv.CgroupDirs(env.cfg.Sandbox.CgroupParent + "/vms/" + f.ID) {

@@ -25,9 +25,10 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
 
-// TestVMs drives the VM surface of the engine on one engine with real
-// QEMU (TCG here): the python guest image, vm_create → exec → 1 MiB in and
-// out → snapshot/restore → screenshot → max_vms → destroy leaves nothing,
+// TestVMs drives VMs through the engine's sandbox operations on one engine
+// with real QEMU (TCG here): the python guest image, sandbox_create
+// {backend: vm} → exec → 1 MiB in and out → machine snapshot/restore →
+// screenshot → max_vms → terminate leaves nothing,
 // vm_test passing and failing (with a screenshot), run_code {backend: vm}
 // with the container's result shape, and the bad-input taxonomy. VMs start
 // from the fast-start snapshot after the first boot, so the boots are
@@ -39,6 +40,10 @@ func TestVMs(t *testing.T) {
 	}
 	env := newTestEngine(t, func(c *config.Config) { c.VM.MaxVMs = 1 })
 	ctx := context.Background()
+	createVM := func(req CreateSandboxRequest) (*sandbox.Info, error) {
+		req.Backend = BackendVM
+		return env.CreateSandbox(ctx, req)
+	}
 	t0 := time.Now()
 	if _, err := env.EnsureVMImage(ctx, "python", io.Discard); err != nil {
 		t.Fatal(err)
@@ -53,25 +58,39 @@ func TestVMs(t *testing.T) {
 		code  errdefs.Code
 		field string
 	}{
-		{"unknown os", func() error { _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{OS: "bsd"}, nil); return err }, errdefs.InvalidArgument, "os:"},
+		{"unknown os", func() error { _, err := createVM(CreateSandboxRequest{OS: "bsd"}); return err }, errdefs.InvalidArgument, "os:"},
 		{"windows without image", func() error {
-			_, err := env.CreateVM(ctx, apitypes.VMCreateRequest{OS: "windows"}, nil)
+			_, err := createVM(CreateSandboxRequest{OS: "windows"})
 			return err
 		}, errdefs.Unavailable, "vm.images.windows"},
 		{"memory over the cap", func() error {
-			_, err := env.CreateVM(ctx, apitypes.VMCreateRequest{MemoryMB: &big}, nil)
+			_, err := createVM(CreateSandboxRequest{MemoryMB: &big})
 			return err
 		}, errdefs.InvalidArgument, "memory_mb:"},
-		{"fractional cpus", func() error { _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{CPUs: &half}, nil); return err }, errdefs.InvalidArgument, "cpus:"},
-		{"unknown image", func() error { _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "cobol"}, nil); return err }, errdefs.InvalidArgument, "image:"},
+		{"fractional cpus", func() error { _, err := createVM(CreateSandboxRequest{CPUs: &half}); return err }, errdefs.InvalidArgument, "cpus:"},
+		{"unknown image", func() error { _, err := createVM(CreateSandboxRequest{Image: "cobol"}); return err }, errdefs.InvalidArgument, "image:"},
+		{"a container's field", func() error { _, err := createVM(CreateSandboxRequest{DiskMB: &big}); return err }, errdefs.InvalidArgument, "disk_mb:"},
+		{"a VM with network", func() error { _, err := createVM(CreateSandboxRequest{Network: NetworkEgress}); return err }, errdefs.Unavailable, "network:"},
+		{"unknown backend", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Backend: "bhyve", Language: "python"})
+			return err
+		}, errdefs.InvalidArgument, "backend:"},
+		{"os of a container", func() error {
+			_, err := env.CreateSandbox(ctx, CreateSandboxRequest{OS: "windows", Language: "python"})
+			return err
+		}, errdefs.InvalidArgument, "os:"},
 		{"snapshot name with /", func() error {
-			_, err := env.SnapshotVM(ctx, apitypes.VMSnapshotRequest{VMID: "sb-x", Name: "a/b"})
+			_, err := env.SnapshotSandbox(ctx, apitypes.SnapshotRequest{SandboxID: "sb-x", Name: "a/b"})
 			return err
 		}, errdefs.InvalidArgument, "name:"},
 		{"exec on no VM", func() error {
-			_, err := env.VMExec(ctx, apitypes.VMExecRequest{VMID: "sb-nonexistent", Command: "true"}, nil)
+			_, err := env.Exec(ctx, ExecRequest{SandboxID: "sb-nonexistent", Command: "true"}, nil)
 			return err
-		}, errdefs.NotFound, "vm_id:"},
+		}, errdefs.NotFound, "sandbox_id:"},
+		{"screenshot of no VM", func() error {
+			_, err := env.ScreenshotSandbox(ctx, "sb-nonexistent")
+			return err
+		}, errdefs.NotFound, "sandbox_id:"},
 		{"unknown run backend", func() error {
 			_, err := env.RunCode(ctx, RunCodeRequest{Language: "python", Code: "print(1)", Backend: "bhyve"}, nil)
 			return err
@@ -86,13 +105,20 @@ func TestVMs(t *testing.T) {
 	}
 
 	t0 = time.Now()
-	v, err := env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "python"}, nil)
+	v, err := createVM(CreateSandboxRequest{Image: "python"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("vm %s ready in %v (accel %s; the first start boots the fast-start template)", v.ID, time.Since(t0), v.Accel)
-	if v.Backend != BackendVM || v.Language != "python" || v.Image != "vm-python" || v.Accel == "" || v.Limits.MemoryBytes != vmDefaultMemoryMiB<<20 {
+	if v.VM == nil {
+		t.Fatalf("created VM without vm: %+v", v)
+	}
+	t.Logf("vm %s ready in %v (accel %s; the first start boots the fast-start template)", v.ID, time.Since(t0), v.VM.Accel)
+	if v.Backend != BackendVM || v.Language != "python" || v.Image != "vm-python" || v.VM.Accel == "" || v.Limits.MemoryBytes != vmDefaultMemoryMiB<<20 {
 		t.Errorf("created VM: %+v", v)
+	}
+	if v.VM.OS != "linux" || v.VM.GuestAgent != apitypes.GuestAgentSandbox ||
+		!slices.Equal(v.Capabilities, []string{"exec", "jobs", "pty", "files", "file_list", "ports", "memory_snapshot", "screenshot", "pause"}) {
+		t.Errorf("created VM's os, guest agent and capabilities: %+v %v", v.VM, v.Capabilities)
 	}
 	vmCheck := func() Check {
 		for _, c := range env.Readiness(ctx) {
@@ -102,24 +128,24 @@ func TestVMs(t *testing.T) {
 		}
 		return Check{}
 	}
-	if c := vmCheck(); c.Status != CheckOK || !strings.Contains(c.Reason, "kvm: ") || !strings.Contains(c.Reason, "accel: "+v.Accel) {
+	if c := vmCheck(); c.Status != CheckOK || !strings.Contains(c.Reason, "kvm: ") || !strings.Contains(c.Reason, "accel: "+v.VM.Accel) {
 		t.Errorf("readiness vm: %+v", c)
 	}
-	if _, err := env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "python"}, nil); !errdefs.Is(err, errdefs.LimitExceeded) || !strings.Contains(err.Error(), "vm.max_vms") {
+	if _, err := createVM(CreateSandboxRequest{Image: "python"}); !errdefs.Is(err, errdefs.LimitExceeded) || !strings.Contains(err.Error(), "vm.max_vms") {
 		t.Errorf("a VM over vm.max_vms: %v", err)
 	}
-	if l, err := env.ListVMs(ctx, ""); err != nil || len(l) != 1 || l[0].ID != v.ID {
-		t.Errorf("vm_list: %v %v", l, err)
+	if l := listVMs(t, env, ""); len(l) != 1 || l[0].ID != v.ID || l[0].VM == nil || l[0].VM.OS != "linux" {
+		t.Errorf("sandbox_list's VMs: %v", l)
 	}
 
-	res, err := env.VMExec(ctx, apitypes.VMExecRequest{VMID: v.ID, Command: "uname -r; id -u; pwd"}, nil)
+	res, err := env.Exec(ctx, ExecRequest{SandboxID: v.ID, Command: "uname -r; id -u; pwd"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res.ExitCode != 0 || !regexp.MustCompile(`^\d+\.\d+\S*-cloud-amd64\n1000\n/workspace\n$`).MatchString(res.Stdout) {
 		t.Errorf("uname -r; id -u; pwd: %+v", res)
 	}
-	res, err = env.VMExec(ctx, apitypes.VMExecRequest{VMID: v.ID, Argv: []string{"python3", "-c", "import pytest; print(pytest.__name__)"}}, nil)
+	res, err = env.Exec(ctx, ExecRequest{SandboxID: v.ID, Argv: []string{"python3", "-c", "import pytest; print(pytest.__name__)"}}, nil)
 	if err != nil || res.ExitCode != 0 || res.Stdout != "pytest\n" {
 		t.Errorf("python3 with pytest in the guest: %+v %v", res, err)
 	}
@@ -127,10 +153,10 @@ func TestVMs(t *testing.T) {
 	// 1 MiB of random bytes in and out, byte for byte.
 	data := make([]byte, 1<<20)
 	_, _ = rand.Read(data)
-	if _, err := env.VMWriteFile(ctx, apitypes.VMFileWriteRequest{VMID: v.ID, Path: "/workspace/blob", Content: base64.StdEncoding.EncodeToString(data), Encoding: "base64"}); err != nil {
+	if _, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: v.ID, Path: "/workspace/blob", Content: base64.StdEncoding.EncodeToString(data), Encoding: "base64"}); err != nil {
 		t.Fatal(err)
 	}
-	fr, err := env.VMReadFile(ctx, apitypes.VMFileReadRequest{VMID: v.ID, Path: "/workspace/blob", Encoding: "base64", MaxBytes: 1 << 20})
+	fr, err := env.ReadFile(ctx, FileReadRequest{SandboxID: v.ID, Path: "/workspace/blob", Encoding: "base64", MaxBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,29 +164,68 @@ func TestVMs(t *testing.T) {
 		t.Errorf("1 MiB file: got %d bytes back (truncated %v), equal %v", len(got), fr.Truncated, bytes.Equal(got, data))
 	}
 
-	// Snapshot, write, restore: the file is gone.
-	snap, err := env.SnapshotVM(ctx, apitypes.VMSnapshotRequest{VMID: v.ID, Name: "clean"})
-	if err != nil || !slices.Contains(snap.Snapshots, "clean") {
+	// A file listing and a background job: our agent in the guest.
+	if l, err := env.ListFiles(ctx, v.ID, "/workspace", false); err != nil || !slices.ContainsFunc(l, func(f FileEntry) bool { return f.Path == "/workspace/blob" && f.Size == 1<<20 }) {
+		t.Errorf("file_list in the VM: %+v %v", l, err)
+	}
+	job, err := env.StartJob(ctx, ExecRequest{SandboxID: v.ID, Command: "echo job"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st, err := env.JobStatus(ctx, JobStatusRequest{SandboxID: v.ID, JobID: job})
+		if err != nil || st.State == "finished" || time.Now().After(deadline) {
+			if err != nil || st.State != "finished" || st.Stdout != "job\n" || st.ExitCode == nil || *st.ExitCode != 0 {
+				t.Errorf("a job in the VM: %+v %v", st, err)
+			}
+			break
+		}
+	}
+
+	// Snapshot (the whole machine: a VM has no workspace snapshots), write,
+	// restore: the file is gone.
+	snap, err := env.SnapshotSandbox(ctx, apitypes.SnapshotRequest{SandboxID: v.ID, Name: "clean"})
+	if err != nil || snap.Kind != apitypes.SnapshotMemory || snap.Name != "clean" || snap.ID != machineSnapshotID(v.ID, "clean") {
 		t.Fatalf("snapshot: %+v %v", snap, err)
 	}
-	if _, err := env.VMWriteFile(ctx, apitypes.VMFileWriteRequest{VMID: v.ID, Path: "/workspace/after.txt", Content: "later"}); err != nil {
+	if names, err := env.sandboxes.MachineSnapshots(ctx, v.ID); err != nil || !slices.Contains(names, "clean") {
+		t.Fatalf("machine snapshots: %v %v", names, err)
+	}
+	if _, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: v.ID, Path: "/workspace/after.txt", Content: "later"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := env.RestoreVM(ctx, apitypes.VMSnapshotRequest{VMID: v.ID, Name: "nope"}); !errdefs.Is(err, errdefs.NotFound) || !strings.Contains(err.Error(), "name:") {
+	if _, err := env.RestoreSandbox(ctx, apitypes.RestoreRequest{SandboxID: v.ID, SnapshotID: machineSnapshotID(v.ID, "nope")}); !errdefs.Is(err, errdefs.NotFound) || !strings.Contains(err.Error(), "snapshot_id:") {
 		t.Errorf("restore of an unknown snapshot: %v", err)
 	}
-	if _, err := env.RestoreVM(ctx, apitypes.VMSnapshotRequest{VMID: v.ID, Name: "clean"}); err != nil {
+	if _, err := env.RestoreSandbox(ctx, apitypes.RestoreRequest{SandboxID: v.ID, SnapshotID: snap.ID}); err != nil {
 		t.Fatal(err)
 	}
-	res, err = env.VMExec(ctx, apitypes.VMExecRequest{VMID: v.ID, Command: "test -e /workspace/after.txt; echo $?; test -e /workspace/blob; echo $?"}, nil)
+	res, err = env.Exec(ctx, ExecRequest{SandboxID: v.ID, Command: "test -e /workspace/after.txt; echo $?; test -e /workspace/blob; echo $?"}, nil)
 	if err != nil || res.Stdout != "1\n0\n" {
 		t.Errorf("after restore (after.txt gone, blob kept): %+v %v", res, err)
 	}
-	if g, err := env.GetVM(ctx, v.ID); err != nil || !slices.Contains(g.Snapshots, "clean") {
-		t.Errorf("vm_get snapshots: %+v %v", g, err)
+	if g, err := env.GetSandbox(ctx, v.ID); err != nil || g.VM == nil || !slices.Contains(g.VM.Snapshots, "clean") {
+		t.Errorf("sandbox_get's VM snapshots: %+v %v", g, err)
+	}
+	// Pause stops the VM's vCPUs: commands and a restore wait for the
+	// resume, after which it runs on where it was.
+	if p, err := env.PauseSandbox(ctx, v.ID); err != nil || p.State != sandbox.StatePaused {
+		t.Fatalf("pause of a VM: %+v %v", p, err)
+	}
+	if _, err := env.Exec(ctx, ExecRequest{SandboxID: v.ID, Command: "true"}, nil); !errdefs.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), "paused") {
+		t.Errorf("exec on a paused VM: %v", err)
+	}
+	if _, err := env.RestoreSandbox(ctx, apitypes.RestoreRequest{SandboxID: v.ID, SnapshotID: snap.ID}); !errdefs.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), "resume it") {
+		t.Errorf("restore of a paused VM: %v", err)
+	}
+	if r, err := env.ResumeSandbox(ctx, v.ID); err != nil || r.State != sandbox.StateReady {
+		t.Fatalf("resume of a VM: %+v %v", r, err)
+	}
+	if res, err := env.Exec(ctx, ExecRequest{SandboxID: v.ID, Command: "cat /workspace/blob | wc -c"}, nil); err != nil || res.Stdout != "1048576\n" {
+		t.Errorf("exec after resume: %+v %v", res, err)
 	}
 
-	shot, err := env.ScreenshotVM(ctx, v.ID)
+	shot, err := env.ScreenshotSandbox(ctx, v.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +233,7 @@ func TestVMs(t *testing.T) {
 		t.Errorf("screenshot: %v", err)
 	}
 
-	// Destroy leaves no QEMU process, socket, overlay or cgroup.
+	// Terminate leaves no QEMU process, socket, overlay or cgroup.
 	dir := filepath.Join(env.cfg.Paths.RunDir, "vms", v.ID)
 	var rec struct {
 		PID int `json:"pid"`
@@ -176,8 +241,8 @@ func TestVMs(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(dir, "vm.json")); err != nil || json.Unmarshal(b, &rec) != nil || rec.PID == 0 {
 		t.Fatalf("vm.json: %v", err)
 	}
-	if d, err := env.DestroyVM(ctx, v.ID); err != nil || d.State != sandbox.StateTerminated {
-		t.Fatalf("destroy: %+v %v", d, err)
+	if d, err := env.TerminateSandbox(ctx, v.ID); err != nil || d.State != sandbox.StateTerminated {
+		t.Fatalf("terminate: %+v %v", d, err)
 	}
 	if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(rec.PID))); err == nil {
 		t.Errorf("qemu pid %d still exists after destroy", rec.PID)
@@ -190,8 +255,8 @@ func TestVMs(t *testing.T) {
 			t.Errorf("VM cgroup %s left", cg)
 		}
 	}
-	if _, err := env.VMExec(ctx, apitypes.VMExecRequest{VMID: v.ID, Command: "true"}, nil); !errdefs.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), "vm_id:") {
-		t.Errorf("exec on a destroyed VM: %v", err)
+	if _, err := env.Exec(ctx, ExecRequest{SandboxID: v.ID, Command: "true"}, nil); !errdefs.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), "sandbox "+v.ID+" is terminated") {
+		t.Errorf("exec on a terminated VM: %v", err)
 	}
 
 	// vm_test: a small Python project with a pytest suite, passing then failing.
@@ -251,13 +316,13 @@ func TestVMs(t *testing.T) {
 	if sb, err := env.sandboxes.Get(ctx, inVM.SandboxID); err != nil || sb.Backend != BackendVM || sb.State != sandbox.StateTerminated {
 		t.Errorf("run_code's VM: %+v %v", sb, err)
 	}
-	if l, err := env.ListVMs(ctx, ""); err != nil || len(l) != 0 {
-		t.Errorf("VMs left live: %v %v", l, err)
+	if l := listVMs(t, env, ""); len(l) != 0 {
+		t.Errorf("VMs left live: %v", l)
 	}
 
 	// A VM whose QEMU died (killed from the host) is no longer live: exec
-	// on it is a conflict naming vm_id.
-	v, err = env.CreateVM(ctx, apitypes.VMCreateRequest{Image: "python"}, nil)
+	// on it is a conflict naming the sandbox.
+	v, err = createVM(CreateSandboxRequest{Image: "python"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,16 +334,28 @@ func TestVMs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if g, err := env.GetVM(ctx, v.ID); err == nil && !g.State.Live() {
+		if g, err := env.GetSandbox(ctx, v.ID); err == nil && !g.State.Live() {
 			break
 		}
 	}
-	if _, err := env.VMExec(ctx, apitypes.VMExecRequest{VMID: v.ID, Command: "true"}, nil); !errdefs.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), "vm_id:") {
+	if _, err := env.Exec(ctx, ExecRequest{SandboxID: v.ID, Command: "true"}, nil); !errdefs.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), "sandbox "+v.ID+" is ") {
 		t.Errorf("exec on a VM whose QEMU died: %v", err)
 	}
-	if _, err := env.SnapshotVM(ctx, apitypes.VMSnapshotRequest{VMID: v.ID, Name: "x"}); !errdefs.Is(err, errdefs.Conflict) {
+	if _, err := env.SnapshotSandbox(ctx, apitypes.SnapshotRequest{SandboxID: v.ID, Name: "x"}); !errdefs.Is(err, errdefs.Conflict) {
 		t.Errorf("snapshot of a stopped VM: %v", err)
 	}
+}
+
+// listVMs is sandbox_list's VMs in state.
+func listVMs(t *testing.T, e interface {
+	ListSandboxes(context.Context, string) ([]*sandbox.Info, error)
+}, state string) []*sandbox.Info {
+	t.Helper()
+	all, err := e.ListSandboxes(context.Background(), state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.DeleteFunc(all, func(s *sandbox.Info) bool { return s.Backend != BackendVM })
 }
 
 func jsonKeys(t *testing.T, v any) []string {

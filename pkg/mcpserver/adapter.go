@@ -34,7 +34,7 @@ type call struct {
 type result struct {
 	structured any
 	text       string
-	// extra are more content blocks after the text (vm_screenshot's image).
+	// extra are more content blocks after the text (sandbox_screenshot's image).
 	extra []mcp.Content
 }
 

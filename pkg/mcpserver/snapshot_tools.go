@@ -26,6 +26,7 @@ func (s *srv) addSnapshotTools() {
 			"Save a live sandbox's files — /workspace, /tmp and its root file system changes — as a snapshot, and return its snapshot_id (the sha256 of the compressed archive), size and created_at. The sandbox is frozen while the files are read (usually well under a second) and then continues.",
 			"Use the snapshot_id with sandbox_restore {sandbox_id, snapshot_id} to roll a sandbox back, or sandbox_create {from_snapshot} to start a copy (a fork) on its own disk. Processes and memory are not saved, only files.",
 			expiry+". Snapshotting unchanged files again returns the same snapshot.",
+			"A VM (sandbox_create {backend: vm}) has no workspace snapshots: its whole machine (memory, devices, disk) is saved instead under name (kind memory; the same name replaces it), kept until the VM is terminated, for sandbox_restore of the same VM.",
 		),
 		annotations{},
 		func(ctx context.Context, c *call, in *apitypes.SnapshotRequest) (*result, error) {
@@ -33,10 +34,13 @@ func (s *srv) addSnapshotTools() {
 			if err != nil {
 				return nil, err
 			}
+			if snap.Kind == apitypes.SnapshotMemory {
+				return &result{structured: snap, text: fmt.Sprintf("machine snapshot %s (%s) of %s saved", snap.ID, snap.Name, snap.SandboxID)}, nil
+			}
 			return &result{structured: snap, text: fmt.Sprintf("snapshot %s of %s: %d bytes (%d bytes of files)", snap.ID, snap.SandboxID, snap.Size, snap.ContentSize)}, nil
 		})
 	addTool[apitypes.RestoreRequest, sandboxTerminateOut](s, "sandbox_restore", "Restore a sandbox from a snapshot",
-		"Roll a live sandbox back to a snapshot of the same language: its running commands are killed, and /workspace and /tmp become exactly the snapshot's. The sandbox keeps its id, limits and network.",
+		"Roll a live sandbox back to a snapshot of the same language: its running commands are killed, and /workspace and /tmp become exactly the snapshot's. The sandbox keeps its id, limits and network. A VM returns to one of its machine snapshots (kind memory): files written and processes started since are gone.",
 		annotations{destructive: true, idempotent: true},
 		func(ctx context.Context, c *call, in *apitypes.RestoreRequest) (*result, error) {
 			info, err := s.e.RestoreSandbox(ctx, *in)

@@ -86,8 +86,8 @@ func (s *srv) addFileTools() {
 		})
 }
 
-// readFilePaged reads as much of a file as one tool result holds (file_read
-// and vm_file_read): the content travels once, in the structured content.
+// readFilePaged reads as much of a file as one tool result holds
+// (file_read): the content travels once, in the structured content.
 func (s *srv) readFilePaged(ctx context.Context, in *fileReadIn, read func(context.Context, apitypes.FileReadRequest) (*apitypes.FileReadResult, error)) (*result, error) {
 	page := int64(s.opt.MaxResultBytes - 2048)
 	if in.Encoding == "base64" {

@@ -73,7 +73,7 @@ func (s *srv) addImageTools() {
 	addTool[apitypes.ImageBuildRequest, apitypes.Image](s, "image_build", "Build an image",
 		joinLines(
 			"Build the image of a recipe unless it is up to date, and return it (name, digest, size, built_at, recipe, up_to_date). An up-to-date image returns at once; otherwise the build (Debian packages with mmdebstrap) takes from tens of seconds to several minutes, and the image becomes current for new sandboxes while running sandboxes keep the one they started on.",
-			"name: a recipe from image_list (a language or another recipe such as agent); with vm: true, a VM guest image (vm-NAME for vm_create and vm_test) of linux or a language.",
+			"name: a recipe from image_list (a language or another recipe such as agent); with vm: true, a VM guest image (vm-NAME for sandbox_create {backend: vm} and vm_test) of linux or a language.",
 			"With a progress token, the build log is sent as progress notifications while it builds; without one the call stays silent but heartbeats keep it alive. Cancelling the call stops the build, and so does a client giving up at its tool timeout (Claude Code: MCP_TOOL_TIMEOUT, raise it for builds) — or build ahead with `sandboxctl images build NAME`.",
 		),
 		annotations{idempotent: true},

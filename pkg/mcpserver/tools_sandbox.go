@@ -38,12 +38,20 @@ func (s *srv) addSandboxTools() {
 			fmt.Sprintf("Limits: defaults memory %s, %v CPUs, %d pids, disk %s; at most %d sandboxes at once. Network is none unless asked for. An idle sandbox is terminated after %s, any sandbox after %s.",
 				s.cfg.Sandbox.Memory, s.cfg.Sandbox.CPUs, s.cfg.Sandbox.Pids, s.cfg.Sandbox.Disk, s.cfg.Sandbox.MaxSandboxes, s.cfg.Sandbox.IdleTimeout, s.cfg.Sandbox.MaxLifetime),
 			"For a single program, run_code without sandbox_id is simpler: it creates and removes its own sandbox.",
+			fmt.Sprintf("backend vm starts a QEMU virtual machine instead (own kernel, no network; seconds from a saved snapshot, tens of seconds the first time; at most %d at once): image linux (a minimal Debian guest with python3) or a language (python has pytest). The sandbox tools work on it as far as its capabilities (in the result) go; os windows, or linux when the server has vm.images.linux, boots an administrator's disk reached through the QEMU guest agent: exec_command, file_read/file_write (as root/SYSTEM, absolute paths), sandbox_snapshot/restore (the whole machine) and sandbox_screenshot.", s.cfg.VM.MaxVMs),
 		),
 		annotations{},
 		func(ctx context.Context, c *call, in *sandboxCreateIn) (*result, error) {
 			req := *in
 			req.Labels = c.withSessionLabel(in.Labels)
-			info, err := s.e.CreateSandbox(ctx, req)
+			var progress func(string)
+			if out := c.progress.outputFunc(); out != nil {
+				// A VM's first use builds its guest image (minutes), a
+				// disk guest boots: their phase and log lines, one
+				// notification each.
+				progress = func(line string) { out("stdout", []byte(line+"\n")) }
+			}
+			info, err := s.e.CreateSandboxProgress(ctx, req, progress)
 			if err != nil {
 				return nil, err
 			}
@@ -91,7 +99,7 @@ func networkText(n *apitypes.NetworkStatus) string {
 
 func (s *srv) addPauseTools() {
 	addTool[sandboxIDIn, sandboxTerminateOut](s, "sandbox_pause", "Pause a sandbox",
-		"Freeze every process of a sandbox: it keeps its memory, files and running commands but uses no CPU, and the idle timeout does not run while it is paused. Commands and file operations are refused (conflict) until sandbox_resume. Pausing a paused sandbox is a no-op.",
+		"Freeze every process of a sandbox: it keeps its memory, files and running commands but uses no CPU, and the idle timeout does not run while it is paused. Commands and file operations are refused (conflict) until sandbox_resume. Pausing a paused sandbox is a no-op. A VM's vCPUs stop; a sandbox without the pause capability (a VM of an administrator's disk) answers unavailable.",
 		annotations{idempotent: true},
 		func(ctx context.Context, c *call, in *sandboxIDIn) (*result, error) {
 			info, err := s.e.PauseSandbox(ctx, in.SandboxID)
@@ -145,6 +153,19 @@ func sandboxText(sb *apitypes.Sandbox, u *apitypes.Usage) string {
 	fmt.Fprintf(&b, "limits: memory %d MiB, %v CPUs, %d pids, disk %d MiB\n", sb.Limits.MemoryBytes>>20, sb.Limits.CPUs, sb.Limits.Pids, sb.Limits.DiskBytes>>20)
 	if u != nil {
 		fmt.Fprintf(&b, "usage: memory %d bytes, cpu %.2f s, %d pids, disk %d bytes\n", u.MemoryBytes, u.CPUSeconds, u.Pids, u.DiskBytes)
+	}
+	if v := sb.VM; v != nil {
+		fmt.Fprintf(&b, "vm: os %s", v.OS)
+		if v.Accel != "" {
+			fmt.Fprintf(&b, ", accel %s, guest agent %s", v.Accel, v.GuestAgent)
+		}
+		if len(v.Snapshots) > 0 {
+			fmt.Fprintf(&b, ", snapshots %s", strings.Join(v.Snapshots, " "))
+		}
+		b.WriteString("\n")
+	}
+	if len(sb.Capabilities) > 0 {
+		fmt.Fprintf(&b, "capabilities: %s\n", strings.Join(sb.Capabilities, ", "))
 	}
 	if sb.Reason != "" {
 		fmt.Fprintf(&b, "reason: %s\n", sb.Reason)

@@ -22,9 +22,9 @@ var allTools = []string{
 	"agent_run", "autofix", "autofix_status", "autofix_submit", "exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export",
 	"image_build", "image_delete", "image_list", "job_kill", "job_status",
 	"languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task",
-	"sandbox_create", "sandbox_expose_port", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_restore", "sandbox_resume", "sandbox_snapshot", "sandbox_terminate",
+	"sandbox_create", "sandbox_expose_port", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_restore", "sandbox_resume", "sandbox_screenshot", "sandbox_snapshot", "sandbox_terminate",
 	"snapshot_delete", "snapshot_list",
-	"vm_create", "vm_destroy", "vm_exec", "vm_file_read", "vm_file_write", "vm_get", "vm_list", "vm_restore", "vm_screenshot", "vm_snapshot", "vm_test",
+	"vm_test",
 }
 
 func toolNames(t *testing.T, c *mcpClient) map[string]mcp.Tool {
@@ -78,7 +78,7 @@ func TestCatalogue(t *testing.T) {
 			t.Errorf("%s: annotations not all set: %+v", name, a)
 			continue
 		}
-		readOnly := strings.HasSuffix(name, "_list") || strings.HasSuffix(name, "_get") || name == "file_read" || name == "job_status" || name == "autofix_status" || name == "vm_file_read" || name == "vm_screenshot"
+		readOnly := strings.HasSuffix(name, "_list") || strings.HasSuffix(name, "_get") || name == "file_read" || name == "job_status" || name == "autofix_status" || name == "sandbox_screenshot"
 		if *a.ReadOnlyHint != readOnly || (readOnly && *a.DestructiveHint) {
 			t.Errorf("%s: readOnly %v destructive %v", name, *a.ReadOnlyHint, *a.DestructiveHint)
 		}
@@ -141,6 +141,14 @@ func TestTools(t *testing.T) {
 	got := ok[sandboxOut](c, "sandbox_get", map[string]any{"sandbox_id": id})
 	if got.ID != id || got.Usage == nil {
 		t.Errorf("sandbox_get = %+v", got)
+	}
+	// What a container can do, and what it cannot: a screenshot is refused
+	// naming the sandbox and the capability.
+	if want := []string{"exec", "jobs", "pty", "files", "file_list", "ports", "file_snapshot", "pause"}; !slices.Equal(got.Capabilities, want) || got.VM != nil {
+		t.Errorf("sandbox_get capabilities = %v (vm %+v), want %v", got.Capabilities, got.VM, want)
+	}
+	if code, msg := errCode(t, c.call("sandbox_screenshot", map[string]any{"sandbox_id": id}, nil)); code != "unavailable" || !strings.Contains(msg, id) || !strings.Contains(msg, "screenshot capability") {
+		t.Errorf("sandbox_screenshot of a container: %s %s", code, msg)
 	}
 
 	t.Run("exec_command", func(t *testing.T) {

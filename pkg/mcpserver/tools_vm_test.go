@@ -12,8 +12,8 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 )
 
-// TestVMCreateProgress: vm_create sends the engine's progress lines as
-// progress notifications. Here the line of a disk guest booting (a
+// TestVMCreateProgress: sandbox_create {backend: vm} sends the engine's
+// progress lines as progress notifications. Here the line of a disk guest booting (a
 // vm.images.windows that is no Windows: the guest never answers, and the
 // call ends in the vm.boot_timeout error after the notification); the
 // first-use build of a guest image goes the same way.
@@ -27,9 +27,9 @@ func TestVMCreateProgress(t *testing.T) {
 		c.VM.BootTimeout = config.Duration(5 * time.Second)
 	})
 	c := newClient(t, e, Options{})
-	res := c.call("vm_create", map[string]any{"os": "windows"}, &mcp.Meta{ProgressToken: "vm1"})
+	res := c.call("sandbox_create", map[string]any{"backend": "vm", "os": "windows"}, &mcp.Meta{ProgressToken: "vm1"})
 	if !res.IsError || !strings.Contains(text(res), "vm.boot_timeout") {
-		t.Errorf("vm_create of a guest that never answers: %s", text(res))
+		t.Errorf("sandbox_create {backend: vm} of a guest that never answers: %s", text(res))
 	}
 	var msgs []string
 	for _, n := range c.notifications() {

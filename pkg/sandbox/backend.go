@@ -10,10 +10,15 @@ import (
 
 // Backend is the seam between the lifecycle (state machine, pool, reaper,
 // events — the Manager) and the machine a sandbox runs in. The container
-// backend (pkg/sandbox/container) runs a libcontainer container; a VM
-// backend runs a QEMU guest. Every backend runs the same agent
-// (pkg/agent/server) inside, reached through Handle.Dial, so commands,
-// files and terminals work the same whatever runs them.
+// backend (pkg/sandbox/container) runs a libcontainer container; the VM
+// backend (pkg/sandbox/qemu) runs a QEMU guest. Where it can, a backend runs
+// the same agent (pkg/agent/server) inside, reached through Handle.Dial, so
+// commands, files and terminals work the same whatever runs them; a guest
+// that cannot run it (an administrator's disk) is reached through its own
+// guest agent instead (GuestOps). Each backend and each live handle says
+// what it can do (Capabilities): the Manager checks the handle's before
+// every operation and refuses the others with unavailable, naming the
+// sandbox and the missing capability.
 //
 // A backend records every resource it acquires in the sandbox's ledger
 // before acquiring it and registers a releaser for each kind; the Manager
@@ -23,6 +28,8 @@ import (
 type Backend interface {
 	// Name is the backend's name in the API ("container", "vm").
 	Name() string
+	// Capabilities is the most any handle of this backend can do.
+	Capabilities() Capabilities
 	// Start acquires what the sandbox needs and starts it, recording each
 	// resource with rec first. The agent may not answer yet when Start
 	// returns. On error, what was recorded is released by the caller.
@@ -65,6 +72,9 @@ type Identity struct {
 
 // Handle is a started or adopted sandbox.
 type Handle interface {
+	// Capabilities is what this sandbox can do (see Capability); the
+	// Manager asks before every operation.
+	Capabilities() Capabilities
 	// Done is closed when the sandbox's main process (container init, QEMU)
 	// has exited.
 	Done() <-chan struct{}
@@ -86,14 +96,12 @@ type Handle interface {
 // an administrator's disk (Windows, a Linux disk of one's own), whose guest
 // runs only the QEMU guest agent. The Manager then waits for WaitReady
 // instead of pinging an agent, at start and when it adopts the sandbox after
-// a daemon restart, and refuses every agent operation on the sandbox
-// (commands, files, jobs, terminals, ports, workspace snapshots) at once
-// with an unavailable error carrying NoAgent, instead of dialling an agent
-// that is not there. The backend's own operations (RunCommand) reach the
-// guest; the lifecycle, ledger and cleanup are those of any sandbox.
+// a daemon restart. What it can do is its Capabilities (commands and files
+// through GuestOps, when it is one); the lifecycle, ledger and cleanup are
+// those of any sandbox.
 type Agentless interface {
 	// NoAgent says why the sandbox has no agent and what reaches it
-	// instead; it is the message of the refusals.
+	// instead; refusals of agent operations carry it.
 	NoAgent() string
 	// WaitReady returns once the sandbox is ready (its guest agent
 	// answers), or an error; it bounds its own wait (the backend's boot

@@ -30,7 +30,11 @@ const (
 
 // ExecSpec is a command to run in a sandbox, already validated.
 type ExecSpec struct {
-	Argv    []string
+	Argv []string
+	// Command is the shell line of a request that gave one (Argv is then
+	// /bin/sh -c Command): a guest agent runs it with the guest's own
+	// shell (cmd.exe on Windows).
+	Command string
 	Env     map[string]string // on top of the image's and the sandbox's environment
 	Cwd     string            // default /workspace
 	Stdin   []byte
@@ -131,7 +135,7 @@ func MergeEnv(layers ...map[string]string) []string {
 // Exec runs a command in sandbox id and waits for it. onOutput, if not nil,
 // sees the output as it comes.
 func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput OutputFunc) (*ExecResult, error) {
-	sb, err := m.lookupAgent(ctx, id)
+	sb, caps, err := m.lookupFor(ctx, id, CapExec)
 	if err != nil {
 		return nil, err
 	}
@@ -139,6 +143,9 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 		return nil, err
 	}
 	defer m.endCommand(sb)
+	if !caps.Agent {
+		return m.guestExec(ctx, sb, spec, onOutput)
+	}
 
 	start := time.Now()
 	// Held: every byte must reach the attach below, however fast the
@@ -316,9 +323,12 @@ func (c *capBuffer) Truncated() bool { return c.total > int64(c.buf.Len()) }
 
 // ReadFile reads up to max bytes at offset of path in sandbox id.
 func (m *Manager) ReadFile(ctx context.Context, id, path string, offset, max int64) (*agent.FileData, error) {
-	sb, err := m.live(ctx, id)
+	sb, caps, err := m.live(ctx, id, CapFiles)
 	if err != nil {
 		return nil, err
+	}
+	if !caps.Agent {
+		return m.guestReadFile(ctx, sb, path, offset, max)
 	}
 	m.touch(sb)
 	d, err := sb.agent.ReadFile(ctx, path, offset, max)
@@ -330,9 +340,12 @@ func (m *Manager) ReadFile(ctx context.Context, id, path string, offset, max int
 
 // WriteFile writes content to a file in sandbox id.
 func (m *Manager) WriteFile(ctx context.Context, id string, req agent.WriteFileRequest, content io.Reader) (*agent.FileInfo, error) {
-	sb, err := m.live(ctx, id)
+	sb, caps, err := m.live(ctx, id, CapFiles)
 	if err != nil {
 		return nil, err
+	}
+	if !caps.Agent {
+		return m.guestWriteFile(ctx, sb, req, content)
 	}
 	m.touch(sb)
 	fi, err := sb.agent.WriteFile(ctx, req, content)
@@ -344,7 +357,7 @@ func (m *Manager) WriteFile(ctx context.Context, id string, req agent.WriteFileR
 
 // ListFiles lists path in sandbox id.
 func (m *Manager) ListFiles(ctx context.Context, id, path string, recursive bool) ([]agent.FileInfo, error) {
-	sb, err := m.live(ctx, id)
+	sb, _, err := m.live(ctx, id, CapFileList)
 	if err != nil {
 		return nil, err
 	}
@@ -358,7 +371,7 @@ func (m *Manager) ListFiles(ctx context.Context, id, path string, recursive bool
 
 // DeleteFile deletes path in sandbox id.
 func (m *Manager) DeleteFile(ctx context.Context, id, path string, recursive bool) error {
-	sb, err := m.live(ctx, id)
+	sb, _, err := m.live(ctx, id, CapFileList)
 	if err != nil {
 		return err
 	}
@@ -369,35 +382,38 @@ func (m *Manager) DeleteFile(ctx context.Context, id, path string, recursive boo
 	return nil
 }
 
-// lookupAgent is lookup for an agent operation: a sandbox without an
-// agent (Agentless) is refused.
-func (m *Manager) lookupAgent(ctx context.Context, id string) (*Sandbox, error) {
+// lookupFor is lookup for an operation needing capability want: a sandbox
+// whose handle lacks it is refused (unavailable, naming the sandbox and the
+// capability) before anything is dialled. It also returns the handle's
+// capabilities, which tell the caller which agent serves the operation.
+func (m *Manager) lookupFor(ctx context.Context, id string, want Capability) (*Sandbox, Capabilities, error) {
 	sb, err := m.lookup(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, Capabilities{}, err
 	}
-	if err := sb.noAgent(); err != nil {
-		return nil, err
+	caps, err := sb.require(want)
+	if err != nil {
+		return nil, caps, err
 	}
-	return sb, nil
+	return sb, caps, nil
 }
 
-// live returns sandbox id if it accepts work through its agent (ready or
-// running, and it has an agent).
-func (m *Manager) live(ctx context.Context, id string) (*Sandbox, error) {
-	sb, err := m.lookupAgent(ctx, id)
+// live returns sandbox id if it accepts work needing capability want (ready
+// or running, and its handle has want), with its capabilities.
+func (m *Manager) live(ctx context.Context, id string, want Capability) (*Sandbox, Capabilities, error) {
+	sb, caps, err := m.lookupFor(ctx, id, want)
 	if err != nil {
-		return nil, err
+		return nil, caps, err
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.terminating || !(sb.state == StateReady || sb.state == StateRunning) {
-		return nil, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
+		return nil, caps, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
 	}
 	if sb.busy == busyRestore {
-		return nil, errdefs.Conflictf("sandbox %s is being restored from a snapshot", sb.ID)
+		return nil, caps, errdefs.Conflictf("sandbox %s is being restored from a snapshot", sb.ID)
 	}
-	return sb, nil
+	return sb, caps, nil
 }
 
 // oomKills counts the OOM killer's kills in the sandbox so far.

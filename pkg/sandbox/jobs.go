@@ -59,7 +59,7 @@ func (m *Manager) publishOutput(sb *Sandbox, jobID string, c agent.Chunk) {
 // StartJob starts a command in the background and returns its job id at
 // once; JobStatus pages its output and reports its outcome.
 func (m *Manager) StartJob(ctx context.Context, id string, spec ExecSpec) (string, error) {
-	sb, err := m.lookupAgent(ctx, id)
+	sb, _, err := m.lookupFor(ctx, id, CapJobs)
 	if err != nil {
 		return "", err
 	}
@@ -99,7 +99,7 @@ type JobStatus = apitypes.JobStatus
 // JobStatus reads up to max bytes per stream of a job's output after the
 // given offsets, without waiting.
 func (m *Manager) JobStatus(ctx context.Context, id, jobID string, stdoutOff, stderrOff int64, max int) (*JobStatus, error) {
-	sb, err := m.live(ctx, id)
+	sb, _, err := m.live(ctx, id, CapJobs)
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +123,7 @@ func (m *Manager) JobStatus(ctx context.Context, id, jobID string, stdoutOff, st
 
 // KillJob sends signal (default SIGKILL) to a job's process group.
 func (m *Manager) KillJob(ctx context.Context, id, jobID, signal string) error {
-	sb, err := m.live(ctx, id)
+	sb, _, err := m.live(ctx, id, CapJobs)
 	if err != nil {
 		return err
 	}
@@ -138,7 +138,7 @@ func (m *Manager) KillJob(ctx context.Context, id, jobID, signal string) error {
 
 // Jobs lists the commands the sandbox's agent knows about.
 func (m *Manager) Jobs(ctx context.Context, id string) ([]agent.JobInfo, error) {
-	sb, err := m.live(ctx, id)
+	sb, _, err := m.live(ctx, id, CapJobs)
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +170,7 @@ type Terminal struct {
 
 // OpenTerminal starts spec on a new pseudo-terminal in sandbox id.
 func (m *Manager) OpenTerminal(ctx context.Context, id string, spec TerminalSpec) (*Terminal, error) {
-	sb, err := m.lookupAgent(ctx, id)
+	sb, _, err := m.lookupFor(ctx, id, CapPTY)
 	if err != nil {
 		return nil, err
 	}

@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
@@ -153,6 +154,15 @@ type Sandbox struct {
 	// busy is busySnapshot or busyRestore while Frozen or Replace run
 	// (snapshot.go); empty otherwise.
 	busy string
+	// caps is the handle's Capabilities().List(), set with the handle:
+	// descriptions read it without sb.mu (they are made under it).
+	caps atomic.Pointer[[]string]
+}
+
+// setCaps records h's capabilities for descriptions.
+func (sb *Sandbox) setCaps(h Handle) {
+	l := h.Capabilities().List()
+	sb.caps.Store(&l)
 }
 
 // NewManager returns a Manager. Call Start to run the reaper.
@@ -355,6 +365,7 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 	client := agentClient(h)
 	sb.mu.Lock()
 	sb.handle, sb.agent = h, client
+	sb.setCaps(h)
 	sb.mu.Unlock()
 	if al, ok := h.(Agentless); ok {
 		if err := al.WaitReady(ctx); err != nil {
@@ -378,48 +389,21 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 	return err
 }
 
-// agentClient is the agent client of h. An Agentless handle gets one whose
-// every call fails at once with the handle's reason (the explicit checks,
-// noAgent, come first; this keeps a path that misses them from dialling).
+// agentClient is the agent client of h. A handle without our agent gets
+// one whose every call fails at once with the handle's reason (the
+// capability checks, Sandbox.require, come first; this keeps a path that
+// misses them from dialling).
 func agentClient(h Handle) *agent.Client {
-	if al, ok := h.(Agentless); ok {
+	if !h.Capabilities().Agent {
 		return agent.NewClient(func(context.Context) (net.Conn, error) {
-			return nil, errdefs.Unavailablef("%s", al.NoAgent())
+			why := "no sandbox agent runs in it"
+			if al, ok := h.(Agentless); ok {
+				why = al.NoAgent()
+			}
+			return nil, errdefs.Unavailablef("%s", why)
 		})
 	}
 	return agent.NewClient(h.Dial)
-}
-
-// noAgent is the refusal of an agent operation on a sandbox without an
-// agent (see Agentless), or nil.
-func (sb *Sandbox) noAgent() error {
-	sb.mu.Lock()
-	h := sb.handle
-	sb.mu.Unlock()
-	if al, ok := h.(Agentless); ok {
-		return errdefs.Unavailablef("sandbox %s: %s", sb.ID, al.NoAgent())
-	}
-	return nil
-}
-
-// RunCommand runs fn, a command of live sandbox id that its backend runs
-// without the sandbox agent (a VM guest's QEMU guest agent), with the
-// sandbox's handle: the sandbox is running while fn runs, which counts as
-// activity like any command (idle timeout), and refused like one while it
-// is not ready or running.
-func (m *Manager) RunCommand(ctx context.Context, id string, fn func(Handle) error) error {
-	sb, err := m.lookup(ctx, id)
-	if err != nil {
-		return err
-	}
-	if err := m.beginCommand(ctx, sb); err != nil {
-		return err
-	}
-	defer m.endCommand(sb)
-	sb.mu.Lock()
-	h := sb.handle
-	sb.mu.Unlock()
-	return fn(h)
 }
 
 // Crash points (internal/crashpoint) of a sandbox's start, around the
@@ -594,6 +578,16 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason, Backend: spec.Backend,
 		FromSnapshot: spec.SeedSnapshot,
 	}
+	if in.State.Live() {
+		m.mu.Lock()
+		sb := m.sandboxes[r.ID]
+		m.mu.Unlock()
+		if sb != nil {
+			if l := sb.caps.Load(); l != nil {
+				in.Capabilities = *l
+			}
+		}
+	}
 	if life := m.lifetime(spec); life > 0 && in.State.Live() {
 		exp := r.CreatedAt.Add(life)
 		in.ExpiresAt = &exp
@@ -765,7 +759,7 @@ func (m *Manager) IDs() []string {
 // (the network subsystem has applied them), so that its description and a
 // restarted daemon's adoption use them.
 func (m *Manager) SetNetwork(ctx context.Context, id, mode string, allow []string) error {
-	sb, err := m.live(ctx, id)
+	sb, _, err := m.live(ctx, id, CapExec)
 	if err != nil {
 		return err
 	}

@@ -28,9 +28,9 @@ func (m *Manager) Pause(ctx context.Context, id string) (*Info, error) {
 	if sb.busy != "" {
 		return nil, errdefs.Conflictf("sandbox %s is busy with a %s", sb.ID, sb.busy)
 	}
-	p, ok := sb.handle.(Pauser)
-	if !ok {
-		return nil, errdefs.Unavailablef("the %s backend cannot pause sandboxes", m.opt.Backend.Name())
+	p, err := sb.pauserLocked()
+	if err != nil {
+		return nil, err
 	}
 	if err := p.Pause(ctx); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "pause sandbox %s", sb.ID)
@@ -67,9 +67,9 @@ func (m *Manager) Resume(ctx context.Context, id string) (*Info, error) {
 		}
 		return nil, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.state)
 	}
-	p, ok := sb.handle.(Pauser)
-	if !ok {
-		return nil, errdefs.Unavailablef("the %s backend cannot pause sandboxes", m.opt.Backend.Name())
+	p, err := sb.pauserLocked()
+	if err != nil {
+		return nil, err
 	}
 	if err := p.Resume(ctx); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "resume sandbox %s", sb.ID)
@@ -86,4 +86,17 @@ func (m *Manager) Resume(ctx context.Context, id string) (*Info, error) {
 		return nil, err
 	}
 	return m.Get(ctx, id)
+}
+
+// pauserLocked is sb's handle as a Pauser clients may use (CapPause).
+func (sb *Sandbox) pauserLocked() (Pauser, error) {
+	if sb.handle == nil {
+		return nil, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
+	}
+	caps := sb.handle.Capabilities()
+	p, ok := sb.handle.(Pauser)
+	if !ok || !caps.Has(CapPause) {
+		return nil, sb.missing(CapPause, caps)
+	}
+	return p, nil
 }

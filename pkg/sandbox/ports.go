@@ -14,7 +14,7 @@ import (
 // network mode and through every backend's agent transport. Opening one
 // counts as activity against the idle timeout.
 func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
-	sb, err := m.live(ctx, id)
+	sb, _, err := m.live(ctx, id, CapPorts)
 	if err != nil {
 		return nil, err
 	}

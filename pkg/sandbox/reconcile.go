@@ -93,6 +93,7 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 		return
 	}
 	sb.handle, sb.agent = h, agentClient(h)
+	sb.setCaps(h)
 	if al, ok := h.(Agentless); ok {
 		m.adoptAgentless(ctx, sb, al, rep)
 		return

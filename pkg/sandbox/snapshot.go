@@ -75,14 +75,12 @@ func (m *Manager) markBusyLocked(sb *Sandbox, what string, states ...State) erro
 	if sb.busy != "" {
 		return errdefs.Conflictf("sandbox_id: sandbox %s is busy with a %s", sb.ID, sb.busy)
 	}
-	if al, ok := sb.handle.(Agentless); ok {
-		return errdefs.Unavailablef("sandbox_id: sandbox %s: %s", sb.ID, al.NoAgent())
+	if sb.handle == nil {
+		return errdefs.Conflictf("sandbox_id: sandbox %s is %s", sb.ID, sb.stateNameLocked())
 	}
-	if _, ok := sb.handle.(WritableState); !ok {
-		return errdefs.Unavailablef("the %s backend cannot snapshot sandboxes", m.opt.Backend.Name())
-	}
-	if _, ok := sb.handle.(Pauser); !ok {
-		return errdefs.Unavailablef("the %s backend cannot freeze sandboxes", m.opt.Backend.Name())
+	// FileSnapshot promises a WritableState that is also a Pauser.
+	if caps := sb.handle.Capabilities(); !caps.Has(CapFileSnapshot) {
+		return sb.missing(CapFileSnapshot, caps)
 	}
 	sb.busy = what
 	return nil

@@ -16,12 +16,12 @@ import (
 
 // TestVMQGADaemon: a daemon whose vm.images.linux is an administrator's
 // disk (the Linux test guest made into a UEFI boot disk, running only
-// Debian's qemu-ga), driven with sandboxctl over REST: vm create streams
-// its progress to stderr and prints the id, vm exec -c and argv go
-// through qemu-ga (exit code kept), vm cp in and out through the REST
-// file routes, exec through the sandbox route is refused with the clear
-// error; SIGKILL of the daemon, a restart that adopts the VM and reads the
-// file back; vm rm leaves nothing.
+// Debian's qemu-ga), driven with sandboxctl over REST /v1/sandboxes:
+// create --backend vm streams its progress to stderr and prints the id,
+// exec of a shell line and of argv go through qemu-ga (exit code kept), cp
+// in and out through the file routes, a background job is refused naming
+// the capability; SIGKILL of the daemon, a restart that adopts the VM and
+// reads the file back; rm leaves nothing.
 func TestVMQGADaemon(t *testing.T) {
 	testenv.RequireRoot(t)
 	if testing.Short() {
@@ -43,44 +43,44 @@ func TestVMQGADaemon(t *testing.T) {
 	d.Start()
 
 	t0 := time.Now()
-	out, errOut, code := d.Ctl("vm", "create")
+	out, errOut, code := d.Ctl("create", "--backend", "vm")
 	id := strings.TrimSpace(out)
-	if code != 0 || !strings.HasPrefix(id, "sb-") || !strings.Contains(errOut, "vm: booting linux from "+disk) {
-		t.Fatalf("vm create: exit %d, stdout %q, stderr %q", code, out, errOut)
+	if code != 0 || !strings.HasPrefix(id, "sb-") || !strings.Contains(errOut, "create: booting linux from "+disk) {
+		t.Fatalf("create --backend vm: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	t.Logf("QGA VM %s created through the daemon in %v", id, time.Since(t0))
-	if got := d.MustCtl("vm", "exec", "-c", "uname -r; id -u", id); !strings.HasSuffix(got, "-cloud-amd64\n0\n") {
-		t.Errorf("vm exec -c: %q", got)
+	if got := d.MustCtl("exec", id, "--", "sh", "-c", "uname -r; id -u"); !strings.HasSuffix(got, "-cloud-amd64\n0\n") {
+		t.Errorf("exec of a shell line through qemu-ga: %q", got)
 	}
-	if _, _, code := d.Ctl("vm", "exec", id, "--", "sh", "-c", "exit 5"); code != 5 {
-		t.Errorf("vm exec exit code: %d", code)
+	if _, _, code := d.Ctl("exec", id, "--", "sh", "-c", "exit 5"); code != 5 {
+		t.Errorf("exec exit code through qemu-ga: %d", code)
 	}
 	src := filepath.Join(t.TempDir(), "in.txt")
 	if err := os.WriteFile(src, []byte("through qemu-ga\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d.MustCtl("vm", "cp", src, id+":/root/in/in.txt")
-	if got := d.MustCtl("vm", "cp", id+":/root/in/in.txt", "-"); got != "through qemu-ga\n" {
-		t.Errorf("vm cp out: %q", got)
+	d.MustCtl("cp", src, id+":/root/in/in.txt")
+	if got := d.MustCtl("cp", id+":/root/in/in.txt", "-"); got != "through qemu-ga\n" {
+		t.Errorf("cp out through qemu-ga: %q", got)
 	}
-	if _, errOut, code := d.Ctl("exec", id, "--", "true"); code == 0 || !strings.Contains(errOut, "only the QEMU guest agent") {
-		t.Errorf("sandbox exec on a QGA VM: exit %d %q", code, errOut)
+	if _, errOut, code := d.Ctl("exec", "-d", id, "--", "true"); code == 0 || !strings.Contains(errOut, "only the QEMU guest agent") || !strings.Contains(errOut, "jobs capability") {
+		t.Errorf("a background job on a QGA VM: exit %d %q", code, errOut)
 	}
-	if got := d.MustCtl("vm", "inspect", id); !strings.Contains(got, `"guest_agent": "qemu-ga"`) && !strings.Contains(got, `"guest_agent":"qemu-ga"`) {
-		t.Errorf("vm inspect: %s", got)
+	if got := d.MustCtl("inspect", id); !strings.Contains(got, `"guest_agent": "qemu-ga"`) && !strings.Contains(got, `"guest_agent":"qemu-ga"`) {
+		t.Errorf("inspect: %s", got)
 	}
 	// kill -9 of the daemon with the VM running; the restarted daemon
 	// adopts it and reconnects to its guest agent.
 	d.Crash()
 	d.Start()
-	if got := d.MustCtl("vm", "cp", id+":/root/in/in.txt", "-"); got != "through qemu-ga\n" {
-		t.Errorf("vm cp out after the crash: %q", got)
+	if got := d.MustCtl("cp", id+":/root/in/in.txt", "-"); got != "through qemu-ga\n" {
+		t.Errorf("cp out after the crash: %q", got)
 	}
 	if log, _ := os.ReadFile(d.LogPath); !strings.Contains(string(log), "adopted sandbox without an agent") {
 		t.Errorf("no adoption in the daemon's log:\n%s", d.Log())
 	}
-	d.MustCtl("vm", "rm", id)
+	d.MustCtl("rm", id)
 	if ids := d.LiveIDs(); len(ids) != 0 {
-		t.Errorf("live after vm rm: %v", ids)
+		t.Errorf("live after rm: %v", ids)
 	}
 }

@@ -21,10 +21,11 @@ import (
 )
 
 // TestVMDaemon drives VMs through a real daemon: `sandboxctl images build
-// --vm`, `sandboxctl vm ...` (REST /v1/vms), the vm_* MCP tools over HTTP
-// (vm_screenshot answers an image), /readyz's vm line; then SIGKILL of the
-// daemon with the VM running, a restart that adopts it, and vm exec on the
-// adopted VM reading a file written before the crash. One VM, started from
+// --vm`, `sandboxctl create --backend vm` and the sandbox commands (REST
+// /v1/sandboxes), the sandbox MCP tools over HTTP (sandbox_screenshot
+// answers an image), /readyz's vm line; then SIGKILL of the daemon with
+// the VM running, a restart that adopts it, and exec on the adopted VM
+// reading a file written before the crash. One VM, started from
 // the fast-start snapshot (pkg/engine's TestVMs or pkg/sandbox/qemu's
 // tests boot the template once into the shared cache).
 func TestVMDaemon(t *testing.T) {
@@ -40,68 +41,79 @@ func TestVMDaemon(t *testing.T) {
 		t.Fatalf("images build --vm python: %q", out)
 	}
 	t0 := time.Now()
-	id := strings.TrimSpace(d.MustCtl("vm", "create", "--image", "python"))
+	id := strings.TrimSpace(d.MustCtl("create", "--backend", "vm", "--image", "python"))
 	t.Logf("vm %s created in %v", id, time.Since(t0))
-	if got := d.MustCtl("vm", "exec", id, "--", "uname", "-r"); !strings.HasSuffix(got, "-cloud-amd64\n") {
-		t.Errorf("vm exec uname -r: %q", got)
+	if got := d.MustCtl("exec", id, "--", "uname", "-r"); !strings.HasSuffix(got, "-cloud-amd64\n") {
+		t.Errorf("exec uname -r in the VM: %q", got)
 	}
-	if _, _, code := d.Ctl("vm", "exec", id, "--", "sh", "-c", "exit 3"); code != 3 {
-		t.Errorf("vm exec exit code: %d", code)
+	if _, _, code := d.Ctl("exec", id, "--", "sh", "-c", "exit 3"); code != 3 {
+		t.Errorf("exec exit code in the VM: %d", code)
 	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "in.txt")
 	if err := os.WriteFile(src, []byte("before the crash\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d.MustCtl("vm", "cp", src, id+":/workspace/in.txt")
-	if got := d.MustCtl("vm", "cp", id+":/workspace/in.txt", "-"); got != "before the crash\n" {
-		t.Errorf("vm cp out: %q", got)
+	d.MustCtl("cp", src, id+":/workspace/in.txt")
+	if got := d.MustCtl("cp", id+":/workspace/in.txt", "-"); got != "before the crash\n" {
+		t.Errorf("cp out of the VM: %q", got)
 	}
-	if got := d.MustCtl("vm", "ls"); !strings.Contains(got, id) || !strings.Contains(got, "vm-python") {
-		t.Errorf("vm ls: %q", got)
+	var ps []struct {
+		ID      string `json:"sandbox_id"`
+		Image   string `json:"image"`
+		Backend string `json:"backend"`
+	}
+	if err := json.Unmarshal([]byte(d.MustCtl("--json", "ps")), &ps); err != nil || len(ps) != 1 || ps[0].ID != id || ps[0].Image != "vm-python" || ps[0].Backend != "vm" {
+		t.Errorf("ps: %+v %v", ps, err)
 	}
 	shot := filepath.Join(dir, "screen.png")
-	d.MustCtl("vm", "screenshot", id, shot)
+	d.MustCtl("screenshot", id, shot)
 	if f, err := os.Open(shot); err != nil {
 		t.Error(err)
 	} else if _, err := png.Decode(f); err != nil {
-		t.Errorf("vm screenshot: %v", err)
+		t.Errorf("screenshot: %v", err)
 	}
-	if _, errOut, code := d.Ctl("vm", "snapshot", id, "a/b"); code == 0 || !strings.Contains(errOut, "name:") {
-		t.Errorf("vm snapshot a/b: exit %d %q", code, errOut)
+	if _, errOut, code := d.Ctl("snapshot", id, "--name", "a/b"); code == 0 || !strings.Contains(errOut, "name:") {
+		t.Errorf("snapshot --name a/b: exit %d %q", code, errOut)
 	}
-	d.MustCtl("vm", "snapshot", id, "s1")
-	d.MustCtl("vm", "exec", id, "--", "touch", "/workspace/later")
-	d.MustCtl("vm", "restore", id, "s1")
-	if _, _, code := d.Ctl("vm", "exec", id, "--", "test", "-e", "/workspace/later"); code != 1 {
+	s1 := strings.TrimSpace(d.MustCtl("snapshot", id, "--name", "s1"))
+	d.MustCtl("exec", id, "--", "touch", "/workspace/later")
+	d.MustCtl("restore", id, s1)
+	if _, _, code := d.Ctl("exec", id, "--", "test", "-e", "/workspace/later"); code != 1 {
 		t.Errorf("a file written after the snapshot exists after restore (test -e: exit %d)", code)
 	}
 	// "ready" is the fast-start snapshot the VM started from (as booted).
 	var insp struct {
-		Backend   string   `json:"backend"`
-		Snapshots []string `json:"snapshots"`
+		Backend string `json:"backend"`
+		VM      struct {
+			Snapshots []string `json:"snapshots"`
+		} `json:"vm"`
 	}
-	if err := json.Unmarshal([]byte(d.MustCtl("vm", "inspect", id)), &insp); err != nil || insp.Backend != "vm" || !slices.Equal(insp.Snapshots, []string{"ready", "s1"}) {
-		t.Errorf("vm inspect: %+v %v", insp, err)
+	if err := json.Unmarshal([]byte(d.MustCtl("inspect", id)), &insp); err != nil || insp.Backend != "vm" || !slices.Equal(insp.VM.Snapshots, []string{"ready", "s1"}) {
+		t.Errorf("inspect: %+v %v", insp, err)
 	}
-	if res, err := d.UnixGet("/v1/vms/" + id + "/snapshots"); err != nil || res.StatusCode != 200 {
-		t.Errorf("GET snapshots: %v %v", res, err)
-	} else if b, _ := io.ReadAll(res.Body); string(b) != `{"snapshots":["ready","s1"]}`+"\n" {
-		t.Errorf("GET snapshots: %s", b)
+	if res, err := d.UnixGet("/v1/sandboxes/" + id); err != nil || res.StatusCode != 200 {
+		t.Errorf("GET the VM: %v %v", res, err)
+	} else if b, _ := io.ReadAll(res.Body); !strings.Contains(string(b), `"snapshots":["ready","s1"]`) {
+		t.Errorf("GET the VM's snapshots: %s", b)
 	}
-	if res, err := d.UnixGet("/v1/vms/sb-000000000000"); err != nil || res.StatusCode != 404 {
+	if res, err := d.UnixGet("/v1/sandboxes/sb-000000000000"); err != nil || res.StatusCode != 404 {
 		t.Errorf("GET an unknown VM: %v %v", res, err)
+	}
+	// The /v1/vms routes are gone (no aliases).
+	if res, err := d.UnixGet("/v1/vms"); err != nil || res.StatusCode != 404 {
+		t.Errorf("GET /v1/vms: %v %v", res, err)
 	}
 	// vm test through REST: a second VM (vm.max_vms is 2), a failing step.
 	if err := os.WriteFile(filepath.Join(dir, "calc.py"), []byte("x = 1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	tcmd := exec.Command(filepath.Join(d.Bin, "sandboxctl"), "--socket", d.Socket, "vm", "test", "--image", "python",
+	tcmd := exec.Command(filepath.Join(d.Bin, "sandboxctl"), "--socket", d.Socket, "vm-test", "--image", "python",
 		"--file", "calc.py", "--test", "python3 -c 'import calc; print(calc.x)'", "--test", "echo broken >&2; exit 4")
 	tcmd.Dir = dir
 	tout, err := tcmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(tout), "exit 4") || !strings.Contains(string(tout), "broken") || !strings.Contains(string(tout), "passed: false") {
-		t.Errorf("vm test with a failing step: %v\n%s", err, tout)
+		t.Errorf("vm-test with a failing step: %v\n%s", err, tout)
 	}
 	// run_code in a VM through sandboxctl run --backend vm.
 	mainPy := filepath.Join(dir, "main.py")
@@ -135,7 +147,8 @@ func TestVMDaemon(t *testing.T) {
 		t.Errorf("readyz has no vm check: %+v", ready)
 	}
 
-	// MCP: the vm tools, vm_exec and vm_screenshot's image.
+	// MCP: the sandbox tools on the VM, sandbox_screenshot's image; the
+	// vm_* tools they replace are gone.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	mc := mcpSession(ctx, t, d)
@@ -148,9 +161,14 @@ func TestVMDaemon(t *testing.T) {
 	for _, tl := range tools.Tools {
 		have[tl.Name] = true
 	}
-	for _, n := range []string{"vm_create", "vm_list", "vm_get", "vm_destroy", "vm_exec", "vm_file_write", "vm_file_read", "vm_snapshot", "vm_restore", "vm_screenshot", "vm_test"} {
+	for _, n := range []string{"sandbox_create", "exec_command", "file_write", "file_read", "sandbox_snapshot", "sandbox_restore", "sandbox_screenshot", "vm_test"} {
 		if !have[n] {
 			t.Errorf("tool %s missing", n)
+		}
+	}
+	for _, n := range []string{"vm_create", "vm_list", "vm_get", "vm_destroy", "vm_exec", "vm_file_write", "vm_file_read", "vm_snapshot", "vm_restore", "vm_screenshot"} {
+		if have[n] {
+			t.Errorf("removed tool %s still offered", n)
 		}
 	}
 	call := func(name string, args map[string]any) *mcp.CallToolResult {
@@ -163,10 +181,10 @@ func TestVMDaemon(t *testing.T) {
 		}
 		return r
 	}
-	if r := call("vm_exec", map[string]any{"vm_id": id, "command": "cat /workspace/in.txt"}); r.IsError || !strings.Contains(toJSON(r.StructuredContent), "before the crash") {
-		t.Errorf("vm_exec over MCP: %+v", r)
+	if r := call("exec_command", map[string]any{"sandbox_id": id, "command": "cat /workspace/in.txt"}); r.IsError || !strings.Contains(toJSON(r.StructuredContent), "before the crash") {
+		t.Errorf("exec_command on the VM over MCP: %+v", r)
 	}
-	r := call("vm_screenshot", map[string]any{"vm_id": id})
+	r := call("sandbox_screenshot", map[string]any{"sandbox_id": id})
 	var img *mcp.ImageContent
 	for _, c := range r.Content {
 		if ic, ok := c.(mcp.ImageContent); ok {
@@ -174,12 +192,12 @@ func TestVMDaemon(t *testing.T) {
 		}
 	}
 	if r.IsError || img == nil || img.MIMEType != "image/png" {
-		t.Fatalf("vm_screenshot over MCP: %+v", r)
+		t.Fatalf("sandbox_screenshot over MCP: %+v", r)
 	}
 	if b, err := base64.StdEncoding.DecodeString(img.Data); err != nil {
 		t.Error(err)
 	} else if _, err := png.Decode(bytes.NewReader(b)); err != nil {
-		t.Errorf("vm_screenshot image: %v", err)
+		t.Errorf("sandbox_screenshot image: %v", err)
 	}
 	// vm_test over MCP: a failing step answers the steps and the screen
 	// as an image.
@@ -206,23 +224,23 @@ func TestVMDaemon(t *testing.T) {
 		tres.Steps[1].ExitCode != 2 || tres.Steps[1].Stdout != "boom\n" || img == nil || img.MIMEType != "image/png" {
 		t.Errorf("vm_test over MCP: %+v %+v", tres, r)
 	}
-	if r := call("vm_create", map[string]any{"os": "windows"}); !r.IsError || !strings.Contains(toJSON(r.Content), "vm.images.windows") {
-		t.Errorf("vm_create windows over MCP: %+v", r)
+	if r := call("sandbox_create", map[string]any{"backend": "vm", "os": "windows"}); !r.IsError || !strings.Contains(toJSON(r.Content), "vm.images.windows") {
+		t.Errorf("sandbox_create {backend: vm, os: windows} over MCP: %+v", r)
 	}
 	mc.Close()
 
 	// kill -9 with the VM running; the restarted daemon adopts it.
 	d.Crash()
 	d.Start()
-	if got := d.MustCtl("vm", "exec", id, "--", "cat", "/workspace/in.txt"); got != "before the crash\n" {
-		t.Errorf("vm exec after the daemon's restart: %q", got)
+	if got := d.MustCtl("exec", id, "--", "cat", "/workspace/in.txt"); got != "before the crash\n" {
+		t.Errorf("exec on the VM after the daemon's restart: %q", got)
 	}
 	if !strings.Contains(d.Log(), "adopted=1") {
 		t.Errorf("the VM was not adopted:\n%s", d.Log())
 	}
-	d.MustCtl("vm", "rm", id)
-	if _, errOut, code := d.Ctl("vm", "exec", id, "--", "true"); code == 0 || !strings.Contains(errOut, "vm_id") {
-		t.Errorf("vm exec after rm: exit %d %q", code, errOut)
+	d.MustCtl("rm", id)
+	if _, errOut, code := d.Ctl("exec", id, "--", "true"); code == 0 || !strings.Contains(errOut, "sandbox "+id+" is terminated") {
+		t.Errorf("exec after rm: exit %d %q", code, errOut)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(d.Config.Paths.RunDir, "vms")); len(ents) != 0 {
 		t.Errorf("VM dirs left: %v", ents)

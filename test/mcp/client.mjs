@@ -12,7 +12,10 @@
 //        exec_command calls with progress, 8 in flight) | autofix (the client
 //        provider: autofix, autofix_submit, autofix_status; then the sampling
 //        provider answered by this client's "model") | agent (agent_run
-//        with progress, run_get of its record, bad inputs)
+//        with progress, run_get of its record, bad inputs) | vm (a VM of
+//        the Linux test guest through the sandbox tools) | vmqga (a VM of
+//        an administrator's disk reached through qemu-ga: the same tools
+//        where capable, unavailable naming the capability where not)
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -234,7 +237,93 @@ async function agent() {
   return report;
 }
 
-const modes = { scenario, concurrent, bench, progress, autofix, agent };
+// refusal is a call expected to fail: its isError and text.
+async function refusal(client, name, args) {
+  const res = await call(client, name, args);
+  return { isError: !!res.isError, text: res.content?.[0]?.text ?? "" };
+}
+
+// screenshot is sandbox_screenshot's answer: its structured content and
+// the image blocks (their type, size and PNG signature).
+async function screenshot(client, id) {
+  const res = await call(client, "sandbox_screenshot", { sandbox_id: id });
+  const images = (res.content || []).filter((c) => c.type === "image").map((c) => {
+    const b = Buffer.from(c.data, "base64");
+    return { mimeType: c.mimeType, bytes: b.length, png: b.subarray(0, 8).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a])) };
+  });
+  return { isError: !!res.isError, structured: res.structuredContent, images };
+}
+
+// vmCommon is the part of vm and vmqga that is the same on both guests:
+// create (with its progress), exec, files, snapshot and restore, the
+// screenshot, terminate; dir is a directory of the guest to write in.
+async function vmCommon(client, report, dir) {
+  const progress = [];
+  const sb = await ok(client, "sandbox_create", { backend: "vm" },
+    { onprogress: (p) => progress.push(p.message), resetTimeoutOnProgress: true });
+  report.created = sb;
+  report.create_progress = progress;
+  const id = sb.sandbox_id;
+  report.exec = await ok(client, "exec_command", { sandbox_id: id, command: "uname -s; id -u; echo err >&2; exit 3" });
+  report.write = await ok(client, "file_write", { sandbox_id: id, path: `${dir}/notes/a.txt`, content: "hello from the SDK\n" });
+  report.read = await ok(client, "file_read", { sandbox_id: id, path: `${dir}/notes/a.txt` });
+  report.snapshot = await ok(client, "sandbox_snapshot", { sandbox_id: id, name: "clean" });
+  await ok(client, "file_write", { sandbox_id: id, path: `${dir}/notes/later.txt`, content: "after the snapshot" });
+  report.before_restore = await ok(client, "exec_command", { sandbox_id: id, command: `ls ${dir}/notes` });
+  report.restore = await ok(client, "sandbox_restore", { sandbox_id: id, snapshot_id: report.snapshot.snapshot_id });
+  report.after_restore = await ok(client, "exec_command", { sandbox_id: id, command: `ls ${dir}/notes` });
+  report.get = await ok(client, "sandbox_get", { sandbox_id: id });
+  report.screenshot = await screenshot(client, id);
+  return id;
+}
+
+async function vmEnd(client, report, id) {
+  report.terminate = await ok(client, "sandbox_terminate", { sandbox_id: id });
+  report.after_terminate = await refusal(client, "exec_command", { sandbox_id: id, command: "true" });
+  report.errors = [...errors];
+  await client.close();
+  return report;
+}
+
+// vm: a VM of the Linux test guest (our agent inside): every sandbox tool
+// works on it, file_list and a background job too.
+async function vm() {
+  const client = await connect();
+  const report = {};
+  const { tools } = await client.listTools();
+  report.tools = tools.map((t) => t.name).sort();
+  const id = await vmCommon(client, report, "/workspace");
+  report.list = await ok(client, "file_list", { sandbox_id: id, path: "/workspace/notes" });
+  const job = await ok(client, "exec_command", { sandbox_id: id, background: true, command: "echo job; exit 4" });
+  let st;
+  for (let i = 0; i < 120; i++) {
+    st = await ok(client, "job_status", { sandbox_id: id, job_id: job.job_id });
+    if (st.state === "finished") break;
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  report.job = st;
+  report.pause = await ok(client, "sandbox_pause", { sandbox_id: id });
+  report.paused_exec = await refusal(client, "exec_command", { sandbox_id: id, command: "true" });
+  report.resume = await ok(client, "sandbox_resume", { sandbox_id: id });
+  report.resumed_exec = await ok(client, "exec_command", { sandbox_id: id, command: "cat /workspace/notes/a.txt" });
+  return vmEnd(client, report, id);
+}
+
+// vmqga: a VM of an administrator's disk (vm.images.linux), reached
+// through qemu-ga only: exec, files, machine snapshots and the screen
+// work; listings, jobs and ports are refused naming the capability.
+async function vmqga() {
+  const client = await connect();
+  const report = {};
+  const id = await vmCommon(client, report, "/root");
+  report.list = await refusal(client, "file_list", { sandbox_id: id, path: "/root/notes" });
+  report.job = await refusal(client, "exec_command", { sandbox_id: id, background: true, command: "true" });
+  report.expose = await refusal(client, "sandbox_expose_port", { sandbox_id: id, port: 8000 });
+  report.pause = await refusal(client, "sandbox_pause", { sandbox_id: id });
+  return vmEnd(client, report, id);
+}
+
+const modes = { scenario, concurrent, bench, progress, autofix, agent, vm, vmqga };
 try {
   const report = await modes[mode]();
   process.stdout.write(JSON.stringify(report) + "\n");

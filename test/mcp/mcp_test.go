@@ -40,9 +40,9 @@ var wantTools = []string{
 	"agent_run", "autofix", "autofix_status", "autofix_submit", "exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export",
 	"image_build", "image_delete", "image_list", "job_kill", "job_status",
 	"languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task",
-	"sandbox_create", "sandbox_expose_port", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_restore", "sandbox_resume", "sandbox_snapshot", "sandbox_terminate",
+	"sandbox_create", "sandbox_expose_port", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_restore", "sandbox_resume", "sandbox_screenshot", "sandbox_snapshot", "sandbox_terminate",
 	"snapshot_delete", "snapshot_list",
-	"vm_create", "vm_destroy", "vm_exec", "vm_file_read", "vm_file_write", "vm_get", "vm_list", "vm_restore", "vm_screenshot", "vm_snapshot", "vm_test",
+	"vm_test",
 }
 
 // node returns the node binary and checks that the SDK is installed.

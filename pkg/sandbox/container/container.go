@@ -209,6 +209,14 @@ func New(opt Options, l *ledger.Ledger) (*Backend, error) {
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "container" }
 
+// capabilities of a container: our agent inside, a writable state on the
+// host that workspace snapshots archive, and the cgroup freezer. No screen
+// and no machine to snapshot.
+var capabilities = sandbox.Capabilities{Agent: true, FileSnapshot: true, Pause: true}
+
+// Capabilities implements sandbox.Backend.
+func (b *Backend) Capabilities() sandbox.Capabilities { return capabilities }
+
 func (b *Backend) dir(id string) string { return filepath.Join(b.opt.RunDir, "sandboxes", id) }
 
 func (b *Backend) cgroupPath(id string) string { return filepath.Join(b.opt.CgroupParent, id) }
@@ -625,6 +633,9 @@ type handle struct {
 	uid     int
 	dial    agent.Dialer
 }
+
+// Capabilities implements sandbox.Handle: every container can do the same.
+func (h *handle) Capabilities() sandbox.Capabilities { return capabilities }
 
 func (h *handle) Done() <-chan struct{}   { return h.inst.Done() }
 func (h *handle) ExitDescription() string { return h.inst.ExitDescription() }

@@ -33,6 +33,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -128,6 +130,16 @@ func New(opt Options, l *ledger.Ledger) (*Backend, error) {
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "vm" }
 
+// agentCapabilities are those of a VM of our guests: the sandbox agent in
+// the guest (exec, jobs, PTY, files, ports), the whole machine's snapshots,
+// its screen, and pause (its vCPUs stopped). Workspace snapshots need the
+// writable state on the host (a VM's is inside its disk).
+var agentCapabilities = sandbox.Capabilities{Agent: true, MemorySnapshot: true, Screenshot: true, Pause: true}
+
+// Capabilities implements sandbox.Backend: a VM of our guests can do the
+// most (a disk guest's handle, qgaCapabilities, less).
+func (b *Backend) Capabilities() sandbox.Capabilities { return agentCapabilities }
+
 func (b *Backend) dir(id string) string { return filepath.Join(b.opt.RunDir, "vms", id) }
 
 func (b *Backend) cgroupPath(id string) string {
@@ -192,7 +204,7 @@ func (b *Backend) startDisk(ctx context.Context, req sandbox.StartRequest, rec l
 	if err != nil {
 		return nil, err
 	}
-	return &qgaHandle{handle: handle{v: v, cgroup: spec.Cgroup}, os: osName, bootTimeout: b.opt.BootTimeout}, nil
+	return &qgaHandle{handle: handle{v: v, cgroup: spec.Cgroup}, os: osName, bootTimeout: b.opt.BootTimeout, log: b.log}, nil
 }
 
 // probeKernel is a Linux kernel for the KVM probe: one of the guests made
@@ -306,7 +318,7 @@ func (b *Backend) Adopt(ctx context.Context, req sandbox.AdoptRequest) (sandbox.
 		return nil, fmt.Errorf("qemu pid %d does not match the recorded %d", v.PID(), id.PID)
 	}
 	if req.Spec.BootDisk != "" {
-		return &qgaHandle{handle: handle{v: v, cgroup: cg}, os: req.Spec.Language, bootTimeout: b.opt.BootTimeout}, nil
+		return &qgaHandle{handle: handle{v: v, cgroup: cg}, os: req.Spec.Language, bootTimeout: b.opt.BootTimeout, log: b.log}, nil
 	}
 	return &handle{v: v, cgroup: cg}, nil
 }
@@ -346,6 +358,9 @@ type handle struct {
 	cgroup string
 }
 
+// Capabilities implements sandbox.Handle.
+func (h *handle) Capabilities() sandbox.Capabilities { return agentCapabilities }
+
 func (h *handle) Done() <-chan struct{}                      { return h.v.Done() }
 func (h *handle) ExitDescription() string                    { return h.v.ExitDescription() }
 func (h *handle) Dial(ctx context.Context) (net.Conn, error) { return h.v.DialAgent(ctx) }
@@ -368,8 +383,95 @@ func (h *handle) Usage(ctx context.Context) (*sandbox.Usage, error) {
 	}, nil
 }
 
-// VM returns the VM behind a handle of this backend (for VM-only
-// operations: snapshots, screenshots, QGA), or nil.
+// Pause implements sandbox.Pauser: the vCPUs stop (QMP stop). A disk
+// guest's handle has the method too, but not the capability: adopting a
+// paused guest reached only through qemu-ga would wait for an answer that
+// cannot come.
+func (h *handle) Pause(ctx context.Context) error { return h.v.Pause(ctx) }
+
+// Resume implements sandbox.Pauser (QMP cont).
+func (h *handle) Resume(ctx context.Context) error { return h.v.Resume(ctx) }
+
+// Paused implements sandbox.Pauser.
+func (h *handle) Paused() (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return h.v.Paused(ctx)
+}
+
+// SaveSnapshot implements sandbox.MachineSnapshotter.
+func (h *handle) SaveSnapshot(ctx context.Context, name string) error {
+	if err := vm.CheckSnapshotName(name); err != nil {
+		return err
+	}
+	return vmError(h.v.Snapshot(ctx, name))
+}
+
+// RestoreSnapshot implements sandbox.MachineSnapshotter: an unknown name
+// is not_found, naming the ones there are.
+func (h *handle) RestoreSnapshot(ctx context.Context, name string) error {
+	if err := vm.CheckSnapshotName(name); err != nil {
+		return err
+	}
+	names, err := h.v.Snapshots(ctx)
+	if err != nil {
+		return vmError(err)
+	}
+	if !slices.Contains(names, name) {
+		return errdefs.NotFoundf("name: VM %s has no snapshot %q (has: %s)", h.v.ID(), name, strings.Join(names, ", "))
+	}
+	return vmError(h.v.Restore(ctx, name))
+}
+
+// Snapshots implements sandbox.MachineSnapshotter, sorted by name.
+func (h *handle) Snapshots(ctx context.Context) ([]string, error) {
+	names, err := h.v.Snapshots(ctx)
+	if err != nil {
+		return nil, vmError(err)
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// Screenshot implements sandbox.Screenshotter.
+func (h *handle) Screenshot(ctx context.Context) ([]byte, error) {
+	png, err := h.v.Screenshot(ctx)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "screenshot of VM %s", h.v.ID())
+	}
+	return png, nil
+}
+
+// vmError gives an error of pkg/vm without a code the internal one.
+func vmError(err error) error {
+	if err == nil || errdefs.CodeOf(err) != errdefs.Internal {
+		return err
+	}
+	return errdefs.Wrap(errdefs.Internal, err, "vm")
+}
+
+// Describe implements sandbox.Describer: the guest OS, the accelerator
+// and what reaches the guest (DescribeGuestAgent).
+func (h *handle) Describe(context.Context) map[string]string {
+	return map[string]string{DescribeOS: vm.OSLinux, DescribeAccel: h.v.Accel(), DescribeGuestAgent: GuestAgentSandbox}
+}
+
+// Describe implements sandbox.Describer for a disk guest.
+func (h *qgaHandle) Describe(context.Context) map[string]string {
+	return map[string]string{DescribeOS: h.os, DescribeAccel: h.v.Accel(), DescribeGuestAgent: GuestAgentQGA}
+}
+
+// Keys of Describe, and the guest agents.
+const (
+	DescribeOS         = "os"
+	DescribeAccel      = "accel"
+	DescribeGuestAgent = "guest_agent"
+	GuestAgentSandbox  = "sandbox-agent"
+	GuestAgentQGA      = "qemu-ga"
+)
+
+// VM returns the VM behind a handle of this backend, or nil (the engine
+// closes the daemon's connections to the live VMs when it closes).
 func VM(h sandbox.Handle) *vm.VM {
 	switch vh := h.(type) {
 	case *handle:
@@ -380,28 +482,23 @@ func VM(h sandbox.Handle) *vm.VM {
 	return nil
 }
 
-// QGAGuest returns the OS of a VM that runs only the QEMU guest agent (a
-// disk guest: its commands and files go through VM(h).QGA), and whether h
-// is one.
-func QGAGuest(h sandbox.Handle) (os string, ok bool) {
-	if qh, ok := h.(*qgaHandle); ok {
-		return qh.os, true
-	}
-	return "", false
-}
-
 // qgaHandle is a VM sandbox booting an administrator's disk: no
 // sandbox-agent, ready when qemu-ga answers (sandbox.Agentless).
 type qgaHandle struct {
 	handle
 	os          string
 	bootTimeout time.Duration
+	log         *slog.Logger
 }
 
 var _ sandbox.Agentless = (*qgaHandle)(nil)
 
+// Capabilities implements sandbox.Handle: what qemu-ga can do.
+func (h *qgaHandle) Capabilities() sandbox.Capabilities { return qgaCapabilities }
+
+// NoAgent implements sandbox.Agentless.
 func (h *qgaHandle) NoAgent() string {
-	return fmt.Sprintf("the %s guest runs only the QEMU guest agent, no sandbox agent: use vm_exec, vm_file_write, vm_file_read and vm_snapshot (the sandbox tools' commands, files, jobs, terminals, ports and workspace snapshots need the sandbox agent)", h.os)
+	return fmt.Sprintf("the %s guest runs only the QEMU guest agent, no sandbox agent: exec_command, file_read and file_write go through qemu-ga (as root/SYSTEM, absolute paths), sandbox_snapshot saves the whole machine; jobs, terminals, listings and ports need the sandbox agent", h.os)
 }
 
 // Dial implements sandbox.Handle: there is no agent to dial.

@@ -1,0 +1,293 @@
+package sandbox_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+)
+
+// A fake backend: no process, no root. Its handles run no agent of ours
+// (Agentless, ready at once) and serve commands and files from memory
+// through sandbox.GuestOps, so the Manager's state machine, capability
+// checks, routing, ledger release and reaper run as they do for a VM of
+// an administrator's disk.
+
+const fakeKind = "fake"
+
+type fakeBackend struct {
+	caps sandbox.Capabilities
+
+	mu       sync.Mutex
+	handles  map[string]*fakeHandle
+	released []string
+}
+
+func (b *fakeBackend) Name() string                       { return "fake" }
+func (b *fakeBackend) Capabilities() sandbox.Capabilities { return b.caps }
+
+func (b *fakeBackend) Start(ctx context.Context, req sandbox.StartRequest, rec ledger.Recorder) (sandbox.Handle, error) {
+	if err := rec.Record(ctx, ledger.Resource{Kind: fakeKind, Key: req.ID}); err != nil {
+		return nil, err
+	}
+	h := &fakeHandle{caps: b.caps, done: make(chan struct{}), files: map[string][]byte{}}
+	b.mu.Lock()
+	b.handles[req.ID] = h
+	b.mu.Unlock()
+	return h, nil
+}
+
+func (b *fakeBackend) Adopt(context.Context, sandbox.AdoptRequest) (sandbox.Handle, error) {
+	return nil, errors.New("the fake backend adopts nothing")
+}
+
+func (b *fakeBackend) Scan(context.Context) (map[string][]ledger.Resource, error) { return nil, nil }
+
+// release is the releaser of fakeKind: the fake machine stops.
+func (b *fakeBackend) release(_ context.Context, r ledger.Resource) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h := b.handles[r.Key]; h != nil {
+		close(h.done)
+		delete(b.handles, r.Key)
+	}
+	b.released = append(b.released, r.Key)
+	return nil
+}
+
+type fakeHandle struct {
+	caps sandbox.Capabilities
+	done chan struct{}
+
+	mu    sync.Mutex
+	files map[string][]byte
+	execs []sandbox.ExecSpec
+}
+
+func (h *fakeHandle) Capabilities() sandbox.Capabilities { return h.caps }
+func (h *fakeHandle) Done() <-chan struct{}              { return h.done }
+func (h *fakeHandle) ExitDescription() string            { return "" }
+func (h *fakeHandle) Dial(context.Context) (net.Conn, error) {
+	return nil, errors.New("the fake handle has no agent to dial")
+}
+func (h *fakeHandle) Identity() sandbox.Identity { return sandbox.Identity{PID: 1} }
+func (h *fakeHandle) CgroupPath() string         { return "" }
+func (h *fakeHandle) Usage(context.Context) (*sandbox.Usage, error) {
+	return &sandbox.Usage{}, nil
+}
+func (h *fakeHandle) OOMKills() (uint64, error)           { return 0, nil }
+func (h *fakeHandle) NoAgent() string                     { return "the fake guest runs only a fake guest agent" }
+func (h *fakeHandle) WaitReady(ctx context.Context) error { return nil }
+
+// GuestExec answers the command and the environment it got.
+func (h *fakeHandle) GuestExec(_ context.Context, spec sandbox.ExecSpec, env []string, limit int64) (*sandbox.ExecResult, error) {
+	h.mu.Lock()
+	h.execs = append(h.execs, spec)
+	h.mu.Unlock()
+	out := spec.Command + "|" + strings.Join(env, ",")
+	if limit > 0 && int64(len(out)) > limit {
+		out = out[:limit]
+	}
+	code := 0
+	return &sandbox.ExecResult{Stdout: out, Termination: sandbox.Termination{Cause: sandbox.CauseExited, ExitCode: &code}}, nil
+}
+
+func (h *fakeHandle) GuestWriteFile(_ context.Context, path string, _ uint32, data []byte) (int64, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.files[path] = bytes.Clone(data)
+	return int64(len(data)), nil
+}
+
+func (h *fakeHandle) GuestReadFile(_ context.Context, path string, offset, max int64) (*agent.FileData, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b, ok := h.files[path]
+	if !ok {
+		return nil, errdefs.NotFoundf("path: no %s in the fake guest", path)
+	}
+	end := min(int64(len(b)), offset+max)
+	return &agent.FileData{Path: path, Data: b[offset:end], Size: int64(len(b)), Truncated: end < int64(len(b))}, nil
+}
+
+func (h *fakeHandle) GuestCheckPath(field, path string) error {
+	if !strings.HasPrefix(path, "/") {
+		return errdefs.Invalidf("%s: %q is not absolute", field, path)
+	}
+	return nil
+}
+
+func (h *fakeHandle) Screenshot(context.Context) ([]byte, error) { return []byte("\x89PNG fake"), nil }
+
+// newFakeManager is a Manager over a fake backend with caps, on a store in
+// a temporary directory.
+func newFakeManager(t *testing.T, caps sandbox.Capabilities, tweak func(*sandbox.Options)) (*sandbox.Manager, *fakeBackend) {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := store.Open(ctx, filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	imgs, err := image.OpenStore(filepath.Join(dir, "images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &fakeBackend{caps: caps, handles: map[string]*fakeHandle{}}
+	l := ledger.New(st)
+	l.Register(fakeKind, b.release)
+	opt := sandbox.Options{Store: st, Images: imgs, Backend: b, Ledger: l, ReapInterval: 10 * time.Millisecond, OutputLimit: 1 << 20}
+	if tweak != nil {
+		tweak(&opt)
+	}
+	m, err := sandbox.NewManager(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	t.Cleanup(m.Close)
+	return m, b
+}
+
+// fakeSpec is a sandbox that is not made from the image store (as a VM of
+// an administrator's disk is not).
+func fakeSpec() sandbox.Spec {
+	return sandbox.Spec{Language: "fake", Image: "fake-disk", BootDisk: "fake-disk", Env: map[string]string{"SB": "1"}}
+}
+
+// TestFakeBackendCapabilities: on a sandbox whose handle can do only exec,
+// files and screenshots through a guest agent, those work — routed to the
+// handle, counted as commands (running, then ready again) — and every
+// other operation is refused at once with unavailable, naming the sandbox,
+// the missing capability and why; terminate releases through the ledger.
+func TestFakeBackendCapabilities(t *testing.T) {
+	m, b := newFakeManager(t, sandbox.Capabilities{GuestAgent: true, Screenshot: true}, nil)
+	ctx := context.Background()
+	info, err := m.Create(ctx, fakeSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State != sandbox.StateReady || !slices.Equal(info.Capabilities, []string{"exec", "files", "screenshot"}) {
+		t.Fatalf("created: %+v", info)
+	}
+	if caps, err := m.Capabilities(ctx, info.ID); err != nil || caps.Agent || !caps.Has(sandbox.CapExec) || caps.Has(sandbox.CapJobs) {
+		t.Errorf("capabilities: %+v %v", caps, err)
+	}
+
+	res, err := m.Exec(ctx, info.ID, sandbox.ExecSpec{Command: "echo hi", Argv: []string{"/bin/sh", "-c", "echo hi"}, Env: map[string]string{"REQ": "2"}}, nil)
+	if err != nil || res.Stdout != "echo hi|REQ=2,SB=1" {
+		t.Errorf("exec through the guest agent: %+v %v", res, err)
+	}
+	if got, err := m.Get(ctx, info.ID); err != nil || got.State != sandbox.StateReady {
+		t.Errorf("after the command: %+v %v", got, err)
+	}
+	if _, err := m.WriteFile(ctx, info.ID, agent.WriteFileRequest{Path: "/x/a.txt", Size: 5}, strings.NewReader("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := m.ReadFile(ctx, info.ID, "/x/a.txt", 1, 3); err != nil || string(d.Data) != "ell" || d.Size != 5 || !d.Truncated {
+		t.Errorf("read back: %+v %v", d, err)
+	}
+	if _, err := m.WriteFile(ctx, info.ID, agent.WriteFileRequest{Path: "/x/a.txt", Size: 5}, strings.NewReader("hey")); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), "content:") {
+		t.Errorf("a short upload: %v", err)
+	}
+	if ok, err := m.GuestCheckPath(ctx, info.ID, "path", "rel"); !ok || !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), "path:") {
+		t.Errorf("a guest path check: %v %v", ok, err)
+	}
+	if png, err := m.Screenshot(ctx, info.ID); err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		t.Errorf("screenshot: %q %v", png, err)
+	}
+
+	refusals := map[string]struct {
+		call func() error
+		cap  string
+	}{
+		"job":  {func() error { _, err := m.StartJob(ctx, info.ID, sandbox.ExecSpec{Argv: []string{"true"}}); return err }, "jobs"},
+		"jobs": {func() error { _, err := m.Jobs(ctx, info.ID); return err }, "jobs"},
+		"terminal": {func() error {
+			_, err := m.OpenTerminal(ctx, info.ID, sandbox.TerminalSpec{Argv: []string{"sh"}})
+			return err
+		}, "pty"},
+		"list":     {func() error { _, err := m.ListFiles(ctx, info.ID, "/x", false); return err }, "file_list"},
+		"delete":   {func() error { return m.DeleteFile(ctx, info.ID, "/x/a.txt", false) }, "file_list"},
+		"port":     {func() error { _, err := m.DialPort(ctx, info.ID, 80); return err }, "ports"},
+		"pause":    {func() error { _, err := m.Pause(ctx, info.ID); return err }, "pause"},
+		"snapshot": {func() error { return m.Frozen(ctx, info.ID, func(sandbox.WritableDirs) error { return nil }) }, "file_snapshot"},
+		"machine":  {func() error { return m.SaveMachineSnapshot(ctx, info.ID, "s") }, "memory_snapshot"},
+		"require":  {func() error { return m.Require(ctx, info.ID, sandbox.CapPorts) }, "ports"},
+	}
+	for name, r := range refusals {
+		err := r.call()
+		msg := errdefs.MessageOf(err)
+		if !errdefs.Is(err, errdefs.Unavailable) || !strings.Contains(msg, "sandbox "+info.ID) || !strings.Contains(msg, "lacks the "+r.cap+" capability") ||
+			!strings.Contains(msg, "the fake guest runs only a fake guest agent") {
+			t.Errorf("%s: got %v, want unavailable naming %s and the %s capability", name, err, info.ID, r.cap)
+		}
+	}
+	if _, err := m.WriteFile(ctx, info.ID, agent.WriteFileRequest{Path: "/x/a.txt", Size: 1, Append: true}, strings.NewReader("x")); !errdefs.Is(err, errdefs.Unavailable) || !strings.Contains(err.Error(), "append:") {
+		t.Errorf("append through the guest agent: %v", err)
+	}
+
+	if out, err := m.Terminate(ctx, info.ID, ""); err != nil || out.State != sandbox.StateTerminated || len(out.Capabilities) != 0 {
+		t.Fatalf("terminate: %+v %v", out, err)
+	}
+	b.mu.Lock()
+	released := slices.Clone(b.released)
+	b.mu.Unlock()
+	if !slices.Equal(released, []string{info.ID}) {
+		t.Errorf("released through the ledger: %v", released)
+	}
+	if _, err := m.Exec(ctx, info.ID, sandbox.ExecSpec{Command: "true"}, nil); !errdefs.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), "sandbox "+info.ID+" is terminated") {
+		t.Errorf("exec after terminate: %v", err)
+	}
+	if _, err := m.Capabilities(ctx, info.ID); !errdefs.Is(err, errdefs.Conflict) {
+		t.Errorf("capabilities after terminate: %v", err)
+	}
+}
+
+// TestFakeBackendReaper: the reaper terminates an idle sandbox of any
+// backend (the idle timeout counts from its last command), and its
+// machine is released through the ledger.
+func TestFakeBackendReaper(t *testing.T) {
+	m, b := newFakeManager(t, sandbox.Capabilities{GuestAgent: true}, func(o *sandbox.Options) { o.IdleTimeout = 100 * time.Millisecond })
+	ctx := context.Background()
+	info, err := m.Create(ctx, fakeSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := m.Get(ctx, info.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == sandbox.StateTerminated {
+			if !strings.Contains(got.Reason, "idle for") {
+				t.Errorf("reaped for %q", got.Reason)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not reaped: %+v", got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.handles) != 0 || !slices.Equal(b.released, []string{info.ID}) {
+		t.Errorf("after the reaper: live %v, released %v", b.handles, b.released)
+	}
+}
