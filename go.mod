@@ -39,6 +39,7 @@ require (
 )
 
 require (
+	connectrpc.com/connect v1.21.1 // indirect
 	cyphar.com/go-pathrs v0.2.6 // indirect
 	github.com/aperturerobotics/protobuf-go-lite v0.14.0 // indirect
 	github.com/bahlo/generic-list-go v0.2.0 // indirect
