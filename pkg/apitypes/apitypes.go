@@ -100,6 +100,10 @@ type CreateSandboxRequest struct {
 	// Root runs commands and file operations as uid 0 inside the sandbox's
 	// own user namespace (an unprivileged uid on the host).
 	Root bool `json:"root,omitempty" jsonschema_description:"Run commands as root (uid 0) inside the sandbox, e.g. for apt-get install; the host sees an unprivileged uid of the sandbox's own range. Default: the unprivileged sandbox user."`
+	// RootAsUser (with Root; the E2B front end) keeps the root-mode
+	// sandbox's writable root and capabilities but runs commands and file
+	// operations as the sandbox user unless a command asks for uid 0.
+	RootAsUser bool `json:"-"`
 }
 
 // Sandbox describes a sandbox, live or not.

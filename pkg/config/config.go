@@ -39,7 +39,9 @@ type Config struct {
 	Snapshots Snapshots `yaml:"snapshots"`
 	Autofix   Autofix   `yaml:"autofix"`
 	VM        VM        `yaml:"vm"`
-	Log       Log       `yaml:"log"`
+	// E2B: the E2B-compatible API (pkg/e2b, docs/e2b.md).
+	E2B E2B `yaml:"e2b"`
+	Log Log `yaml:"log"`
 }
 
 // Server is the `server` section.
@@ -272,6 +274,25 @@ type VM struct {
 }
 
 // Log is the `log` section.
+// E2B is the `e2b` section: the E2B-compatible API, for the official E2B
+// SDKs and what is built on them.
+type E2B struct {
+	// Listen is the TCP address (host:port) serving E2B's control plane
+	// and, on the same port, its sandbox data plane (envd) and user ports.
+	// Empty: off.
+	Listen string `yaml:"listen"`
+	// APIKeyFile holds the API keys (one per line, e2b_ and hex) clients
+	// send as X-API-Key.
+	APIKeyFile string `yaml:"api_key_file"`
+	// Domain makes sandboxes reachable as {port}-{sandboxID}.{domain} (a
+	// wildcard DNS name pointing at Listen); empty: only header routing
+	// (E2B_SANDBOX_URL) works.
+	Domain string `yaml:"domain"`
+	// TLSCert and TLSKey (PEM files, together) serve Listen over TLS.
+	TLSCert string `yaml:"tls_cert"`
+	TLSKey  string `yaml:"tls_key"`
+}
+
 type Log struct {
 	Level  string `yaml:"level"`  // debug | info | warn | error
 	Format string `yaml:"format"` // json | text
@@ -369,6 +390,7 @@ func Default() *Config {
 			MaxVMs:      2,
 			BootTimeout: Duration(15 * time.Minute),
 		},
+		E2B: E2B{APIKeyFile: "/etc/mcp-sandboxd/e2b-keys"},
 		Log: Log{
 			Level:  "info",
 			Format: "text",

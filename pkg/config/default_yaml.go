@@ -358,6 +358,29 @@ vm:
   # minutes.
   boot_timeout: 15m
 
+# The E2B-compatible API: the official E2B SDKs (and the agent frameworks
+# built on them) use the daemon when E2B_API_URL and E2B_SANDBOX_URL name
+# e2b.listen and E2B_API_KEY is one of the keys (README, "Using the E2B SDKs").
+e2b:
+  # TCP address (host:port) of the E2B listener: control plane, envd data
+  # plane (routed by the E2b-Sandbox-Id header, or by host name) and
+  # sandbox ports. Empty: off.
+  listen: ""
+  # File of API keys, one per line: e2b_ followed by hex digits (the form
+  # the SDKs accept), e.g. "e2b_$(openssl rand -hex 20)". Required with
+  # listen.
+  api_key_file: /etc/mcp-sandboxd/e2b-keys
+  # Domain of host-name routing: {port}-{sandboxID}.{domain} reaches port
+  # {port} of a sandbox (49983: its envd), for sandbox.getHost() and signed
+  # file URLs. Needs a wildcard DNS record for *.{domain}. Empty: header
+  # routing only.
+  domain: ""
+  # PEM certificate (absolute path) to serve listen over TLS, e.g. a
+  # wildcard certificate for *.{domain}. Empty: plain HTTP.
+  tls_cert: ""
+  # PEM private key of tls_cert (absolute path; both or neither).
+  tls_key: ""
+
 log:
   # Least severe level logged: debug, info, warn or error.
   level: info

@@ -51,8 +51,31 @@ func (c *Config) Validate() error {
 	c.Snapshots.validate(&p)
 	c.Autofix.validate(&p)
 	c.VM.validate(&p)
+	c.E2B.validate(&p)
 	c.Log.validate(&p)
 	return p.err()
+}
+
+func (e *E2B) validate(p *problems) {
+	if e.Listen == "" {
+		return
+	}
+	p.hostPort("e2b.listen", e.Listen)
+	if e.APIKeyFile == "" {
+		p.add("e2b.api_key_file", "", "required when e2b.listen is set")
+	} else {
+		p.absPath("e2b.api_key_file", e.APIKeyFile)
+	}
+	if (e.TLSCert == "") != (e.TLSKey == "") {
+		p.add("e2b.tls_cert", "", "e2b.tls_cert and e2b.tls_key go together")
+	}
+	if e.TLSCert != "" {
+		p.absPath("e2b.tls_cert", e.TLSCert)
+		p.absPath("e2b.tls_key", e.TLSKey)
+	}
+	if d := e.Domain; d != "" && (strings.ContainsAny(d, "/ :@") || strings.HasPrefix(d, ".") || strings.HasSuffix(d, ".")) {
+		p.add("e2b.domain", "", "must be a DNS name like sandboxes.example.com, got %q", d)
+	}
 }
 
 func (s *Server) validate(p *problems) {

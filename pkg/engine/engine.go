@@ -463,6 +463,9 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 			return nil, errdefs.New(errdefs.InvalidArgument, "root: root mode needs user namespaces, which this server runs without (sandbox.userns_pool.count is 0)")
 		}
 		spec.UID, spec.Root = 0, true
+		if req.RootAsUser {
+			spec.UID = sc.User
+		}
 	}
 	var err error
 	if req.MemoryMB != nil {
@@ -688,6 +691,23 @@ func (e *Engine) PauseSandbox(ctx context.Context, id string) (*sandbox.Info, er
 		return nil, err
 	}
 	return e.sandboxes.Pause(ctx, id)
+}
+
+// SetSandboxTimeout makes sandbox id expire seconds from now, earlier or
+// later than before, within sandbox.max_lifetime counted from its creation.
+func (e *Engine) SetSandboxTimeout(ctx context.Context, id string, seconds int64) (*sandbox.Info, error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	d, err := wholeSeconds("timeout", seconds, e.cfg.Sandbox.MaxLifetime.D())
+	if err != nil {
+		return nil, err
+	}
+	info, err := e.sandboxes.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return e.sandboxes.SetTTL(ctx, id, time.Since(info.CreatedAt)+d)
 }
 
 // ResumeSandbox thaws a paused sandbox.

@@ -164,6 +164,30 @@ func (e *Engine) OpenTerminal(ctx context.Context, req TerminalRequest) (*sandbo
 	return e.sandboxes.OpenTerminal(ctx, req.SandboxID, sandbox.TerminalSpec{Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd, Rows: rows, Cols: cols})
 }
 
+// OpenProcess starts a command its caller follows itself (the E2B front
+// end): on a pseudo-terminal or on pipes with stdin open, as the sandbox user
+// or as root.
+func (e *Engine) OpenProcess(ctx context.Context, req apitypes.ProcessRequest) (*sandbox.Terminal, error) {
+	spec, err := e.execSpec(ExecRequest{SandboxID: req.SandboxID, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd})
+	if err != nil {
+		return nil, err
+	}
+	ts := sandbox.TerminalSpec{Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd, Rows: req.Rows, Cols: req.Cols, Pipes: !req.TTY}
+	if req.TTY && (ts.Rows == 0 || ts.Cols == 0) {
+		return nil, errdefs.Invalidf("rows/cols: a terminal needs a size, got %dx%d", req.Rows, req.Cols)
+	}
+	if req.TimeoutSeconds != 0 {
+		if ts.Timeout, err = duration("timeout_seconds", req.TimeoutSeconds, 0); err != nil {
+			return nil, err
+		}
+	}
+	if req.Root {
+		root := 0
+		ts.UID = &root
+	}
+	return e.sandboxes.OpenTerminal(ctx, req.SandboxID, ts)
+}
+
 // ListJobs lists the commands a sandbox's agent knows about.
 func (e *Engine) ListJobs(ctx context.Context, id string) ([]apitypes.JobInfo, error) {
 	if err := checkSandboxID(id); err != nil {

@@ -405,15 +405,24 @@ func (m *Manager) live(ctx context.Context, id string, want Capability) (*Sandbo
 	if err != nil {
 		return nil, caps, err
 	}
+	if err := sb.acceptsWork(); err != nil {
+		return nil, caps, err
+	}
+	return sb, caps, nil
+}
+
+// acceptsWork says why the sandbox takes no work now (not ready or running,
+// terminating, being restored), or nil.
+func (sb *Sandbox) acceptsWork() error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.terminating || !(sb.state == StateReady || sb.state == StateRunning) {
-		return nil, caps, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
+		return errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
 	}
 	if sb.busy == busyRestore {
-		return nil, caps, errdefs.Conflictf("sandbox %s is being restored from a snapshot", sb.ID)
+		return errdefs.Conflictf("sandbox %s is being restored from a snapshot", sb.ID)
 	}
-	return sb, caps, nil
+	return nil
 }
 
 // oomKills counts the OOM killer's kills in the sandbox so far.

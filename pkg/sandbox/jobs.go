@@ -7,6 +7,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // jobMeta is what the daemon remembers about a command it started; the agent
@@ -18,7 +19,9 @@ type jobMeta struct {
 // startCommand starts spec in sb through the agent after beginCommand; the
 // caller owns one endCommand.
 // With hold, the agent keeps all output until the caller attaches.
-func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, tty *agent.TTYSize, hold bool) (string, error) {
+// With openStdin (no tty), the command's stdin is a pipe an interactive
+// session writes to and closes.
+func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, tty *agent.TTYSize, hold bool, openStdin ...bool) (string, error) {
 	oomBefore, _ := sb.oomKills()
 	cwd := spec.Cwd
 	if cwd == "" {
@@ -28,7 +31,7 @@ func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, 
 	req := agent.ExecRequest{
 		Argv: spec.Argv, Env: sb.env(spec.Env), Cwd: cwd, Stdin: spec.Stdin,
 		TimeoutMS: spec.Timeout.Milliseconds(), OutputLimit: m.opt.OutputLimit, UID: spec.UID, GID: gid, TTY: tty,
-		HoldOutput: hold,
+		HoldOutput: hold, OpenStdin: len(openStdin) > 0 && openStdin[0] && tty == nil,
 	}
 	jobID, err := sb.agent.Start(ctx, req)
 	if err != nil {
@@ -149,12 +152,21 @@ func (m *Manager) Jobs(ctx context.Context, id string) ([]agent.JobInfo, error) 
 	return jobs, nil
 }
 
-// TerminalSpec is an interactive command on a pseudo-terminal.
+// TerminalSpec is an interactive command on a pseudo-terminal, or with
+// Pipes on an open stdin pipe with stdout and stderr kept apart.
 type TerminalSpec struct {
 	Argv       []string
 	Env        map[string]string
 	Cwd        string
 	Rows, Cols uint16
+	// Pipes runs the command without a terminal (the E2B front end's
+	// processes): Rows and Cols are ignored and CloseStdin gives it EOF.
+	Pipes bool
+	// UID runs the command as this user (0 only in a root-mode sandbox);
+	// nil is the sandbox user.
+	UID *int
+	// Timeout kills the command after this long; 0: none.
+	Timeout time.Duration
 }
 
 // Terminal is an interactive command on a pseudo-terminal in a sandbox.
@@ -163,9 +175,11 @@ type Terminal struct {
 	sb      *Sandbox
 	JobID   string
 	sess    *agent.Session
-	out     chan []byte
+	chunks  chan agent.Chunk
 	started time.Time
 	endOnce sync.Once
+	outOnce sync.Once
+	out     chan []byte
 }
 
 // OpenTerminal starts spec on a new pseudo-terminal in sandbox id.
@@ -174,14 +188,27 @@ func (m *Manager) OpenTerminal(ctx context.Context, id string, spec TerminalSpec
 	if err != nil {
 		return nil, err
 	}
+	// Security boundary: uid 0 is root inside the sandbox's own user
+	// namespace only in root mode; elsewhere it would be the host's root.
+	if spec.UID != nil && *spec.UID != sb.spec.UID && !sb.spec.Root {
+		return nil, errdefs.Invalidf("user: sandbox %s runs only as its own user (it was not created in root mode)", id)
+	}
 	if err := m.beginCommand(ctx, sb); err != nil {
 		return nil, err
 	}
-	env := map[string]string{"TERM": "xterm-256color"}
+	env := map[string]string{}
+	tty := &agent.TTYSize{Rows: spec.Rows, Cols: spec.Cols}
+	if spec.Pipes {
+		tty = nil
+	} else {
+		env["TERM"] = "xterm-256color"
+	}
 	for k, v := range spec.Env {
 		env[k] = v
 	}
-	jobID, err := m.startCommand(ctx, sb, ExecSpec{Argv: spec.Argv, Env: env, Cwd: spec.Cwd}, &agent.TTYSize{Rows: spec.Rows, Cols: spec.Cols}, false)
+	// With Pipes the agent holds the output until the session attaches: a
+	// fast command's first bytes must not leave the retained tail before.
+	jobID, err := m.startCommand(ctx, sb, ExecSpec{Argv: spec.Argv, Env: env, Cwd: spec.Cwd, UID: spec.UID, Timeout: spec.Timeout}, tty, spec.Pipes, spec.Pipes)
 	if err != nil {
 		m.endCommand(sb)
 		return nil, err
@@ -195,19 +222,45 @@ func (m *Manager) OpenTerminal(ctx context.Context, id string, spec TerminalSpec
 		m.endCommand(sb)
 		return nil, m.agentError(sb, err, "attach terminal")
 	}
-	t := &Terminal{m: m, sb: sb, JobID: jobID, sess: sess, out: make(chan []byte, 16), started: time.Now()}
+	t := &Terminal{m: m, sb: sb, JobID: jobID, sess: sess, chunks: make(chan agent.Chunk, 16), started: time.Now()}
 	go func() {
-		defer close(t.out)
+		defer close(t.chunks)
 		for c := range sess.Output() {
 			m.publishOutput(sb, jobID, c)
-			t.out <- c.Data
+			t.chunks <- c
 		}
 	}()
 	return t, nil
 }
 
-// Output delivers what the terminal prints; it is closed when the command ends.
-func (t *Terminal) Output() <-chan []byte { return t.out }
+// Output delivers what the terminal prints; it is closed when the command
+// ends. Use either Output or Chunks.
+func (t *Terminal) Output() <-chan []byte {
+	t.outOnce.Do(func() {
+		t.out = make(chan []byte, 16)
+		go func() {
+			defer close(t.out)
+			for c := range t.chunks {
+				t.out <- c.Data
+			}
+		}()
+	})
+	return t.out
+}
+
+// Chunks delivers the command's output with its stream (stdout, or stderr
+// with Pipes); it is closed when the command ends. Use either Output or
+// Chunks.
+func (t *Terminal) Chunks() <-chan agent.Chunk { return t.chunks }
+
+// CloseStdin closes the command's stdin (with Pipes) or sends the
+// terminal's end-of-file character.
+func (t *Terminal) CloseStdin() error {
+	if err := t.sess.CloseStdin(); err != nil {
+		return t.m.agentError(t.sb, err, "close stdin")
+	}
+	return nil
+}
 
 // Write sends keyboard input.
 func (t *Terminal) Write(p []byte) (int, error) { return t.sess.Write(p) }

@@ -755,6 +755,30 @@ func (m *Manager) IDs() []string {
 	return ids
 }
 
+// SetTTL sets how long sandbox id may live, counted from its creation (the
+// reaper terminates it then, within the configured max lifetime), and
+// records it so that a restarted daemon keeps it.
+func (m *Manager) SetTTL(ctx context.Context, id string, ttl time.Duration) (*Info, error) {
+	sb, err := m.lookup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := sb.acceptsWork(); err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	sb.spec.TTL = ttl
+	specJSON, err := json.Marshal(sb.spec)
+	sb.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := m.opt.Store.UpdateSandbox(ctx, id, func(r *store.SandboxRecord) { r.Spec = specJSON }); err != nil {
+		return nil, err
+	}
+	return m.Get(ctx, id)
+}
+
 // SetNetwork records a running sandbox's new network mode and allowlist
 // (the network subsystem has applied them), so that its description and a
 // restarted daemon's adoption use them.

@@ -51,6 +51,10 @@ type Options struct {
 	// UID and GID are the default identity of commands and the owner of
 	// written files.
 	UID, GID int
+	// RootMode (a root-mode sandbox, inside its own user namespace) lets
+	// jobs asked to run as uid 0 keep the capability bounding set even when
+	// UID is not 0. Without it only an agent whose default user is 0 does.
+	RootMode bool
 	// RetainBytes is the output retained per stream of each job.
 	RetainBytes int
 	// MaxFinished is how many finished jobs are kept before the oldest go.
@@ -363,7 +367,10 @@ func (s *Server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) 
 // interactive streams output like attach while applying the input frames
 // the client sends.
 func (s *Server) interactive(j *job, r *bufio.Reader, rp *reply) error {
-	if !j.hasInput() {
+	// An interactive job that has finished already (a fast command whose
+	// session opened late) has nothing left to take input, but its output
+	// and exit are still the session's to deliver.
+	if !j.hasInput() && !((j.tty || j.openStdin) && j.exitStatus() != nil) {
 		return agent.Errorf(errdefs.Conflict, "job %s has neither a terminal nor an open stdin", j.id)
 	}
 	if err := rp.send(&agent.Frame{Type: agent.FrameResult}); err != nil {
