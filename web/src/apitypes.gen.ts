@@ -50,12 +50,16 @@ export interface SandboxDetail {
   termination_reason?: string;
   backend?: string;
   from_snapshot?: string;
+  capabilities?: string[];
+  vm?: VMInfo;
   usage?: Usage;
   network_status?: NetworkStatus;
   credential_usage?: Record<string, CredentialUsage>;
 }
 
 export interface CreateSandboxRequest {
+  backend?: string;
+  os?: string;
   language?: string;
   image?: string;
   memory_mb?: number;
@@ -242,6 +246,8 @@ export interface Sandbox {
   termination_reason?: string;
   backend?: string;
   from_snapshot?: string;
+  capabilities?: string[];
+  vm?: VMInfo;
 }
 
 export interface Limits {
@@ -252,6 +258,13 @@ export interface Limits {
   network_bandwidth?: number;
   network_conn_rate?: number;
   inodes?: number;
+}
+
+export interface VMInfo {
+  os: string;
+  accel?: string;
+  guest_agent?: string;
+  snapshots?: string[];
 }
 
 export interface Usage {
