@@ -274,6 +274,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		defer ph.Close()
 		listeners = append(listeners, listener{pl, ph, "preview"})
 	}
+	el, eh, err := listenE2B(cfg, eng, log)
+	if err != nil {
+		return err
+	}
+	if el != nil {
+		defer eh.Close()
+		listeners = append(listeners, listener{el, eh, "e2b"})
+	}
 
 	var servers []*http.Server
 	errc := make(chan error, len(listeners))
