@@ -31,20 +31,24 @@ var layer = map[string]int{
 	"pkg/engine": 5,
 
 	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6, "pkg/preview": 6,
+	// The E2B front end and its generated envd protocol code (leaves).
+	"pkg/e2b": 6, "pkg/e2b/envdpb/process": 1, "pkg/e2b/envdpb/process/processconnect": 1,
+	"pkg/e2b/envdpb/filesystem": 1, "pkg/e2b/envdpb/filesystem/filesystemconnect": 1,
 
 	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7,
 
 	// Test harnesses and black-box tests sit above everything.
 	"internal/testenv": 8, "internal/testenv/vmenv": 8, "internal/fakemessages": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
-	"test/claude": 8, "test/conformance": 8, "test/web": 8, "test/adversarial": 8, "test/cgroupv2": 8,
+	"test/claude": 8, "test/conformance": 8, "test/web": 8, "test/adversarial": 8, "test/cgroupv2": 8, "test/e2b": 8,
 }
 
 // Front ends never import each other's internals: only pkg/apitypes, the
 // engine and their own helpers. The agent's server side runs inside the
 // sandbox and must not pull in the daemon.
 var forbidden = map[string][]string{
-	"pkg/mcpserver":     {"pkg/api"},
-	"pkg/api":           {"pkg/mcpserver"},
+	"pkg/mcpserver":     {"pkg/api", "pkg/e2b"},
+	"pkg/api":           {"pkg/mcpserver", "pkg/e2b"},
+	"pkg/e2b":           {"pkg/api", "pkg/mcpserver", "pkg/preview"},
 	"pkg/api/client":    {"pkg/engine", "pkg/sandbox", "pkg/agent", "pkg/runtime", "pkg/store"},
 	"pkg/sandbox":       {"pkg/sandbox/container", "pkg/runtime", "pkg/sandbox/qemu", "pkg/vm"},
 	"pkg/agent/server":  {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config"},
