@@ -65,6 +65,12 @@ if [[ ! -e test/mcp/node_modules/@modelcontextprotocol/sdk/package.json || test/
 	(cd test/mcp && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
+# The official E2B SDK for the E2B-compatible API's black-box tests (pinned by
+# test/e2b/package-lock.json).
+if [[ ! -e test/e2b/node_modules/e2b/package.json || test/e2b/package-lock.json -nt test/e2b/node_modules/.package-lock.json ]]; then
+	(cd test/e2b && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 # The web editor's build tools and libraries (pinned by web/package-lock.json).
 if [[ ! -e web/node_modules/.package-lock.json || web/package-lock.json -nt web/node_modules/.package-lock.json ]]; then
 	(cd web && npm ci --no-audit --no-fund --loglevel=error)
