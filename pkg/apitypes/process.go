@@ -10,8 +10,9 @@ type ProcessRequest struct {
 	Cwd       string            `json:"cwd,omitempty"`
 	// TTY runs the command on a pseudo-terminal of Rows x Cols; without it
 	// stdout and stderr stay apart and stdin is a pipe.
-	TTY        bool   `json:"tty,omitempty"`
-	Rows, Cols uint16 `json:"rows,omitempty"`
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
 	// Root runs the command as uid 0 (a root-mode sandbox only); otherwise
 	// it runs as the sandbox user.
 	Root bool `json:"root,omitempty"`

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -237,5 +236,3 @@ func FromE2B(e string) (string, bool) {
 	}
 	return "sb-" + e[2:], true
 }
-
-var errNoSandbox = errors.New("no such sandbox")

@@ -110,28 +110,28 @@ func TestSDK(t *testing.T) {
 			Stdout, Stderr, OnStdout, OnStderr string
 			ExitCode                           int
 		} `json:"run"`
-		Exit        *sdkError `json:"exit"`
-		Envs        string    `json:"envs"`
-		EnvsGone    string    `json:"envsGone"`
-		Cwd         string    `json:"cwd"`
-		Whoami      string    `json:"whoami"`
-		Root        string    `json:"root"`
-		UserCannot  *sdkError `json:"userCannot"`
-		Tools       string    `json:"tools"`
-		BgPid       int       `json:"bgPid"`
-		BgStdout    string    `json:"bgStdout"`
-		Listed      bool      `json:"listed"`
-		Killed      bool      `json:"killed"`
-		BgWait      *sdkError `json:"bgWait"`
-		KillAgain   bool      `json:"killAgain"`
-		BgDone      string    `json:"bgDone"`
-		CloseStdin  string    `json:"closeStdin"`
-		ReadText    string    `json:"readText"`
-		ReadBytes   []int     `json:"readBytes"`
-		CatText     string    `json:"catText"`
-		List        []string  `json:"list"`
-		Exists      []bool    `json:"exists"`
-		Info        struct {
+		Exit       *sdkError `json:"exit"`
+		Envs       string    `json:"envs"`
+		EnvsGone   string    `json:"envsGone"`
+		Cwd        string    `json:"cwd"`
+		Whoami     string    `json:"whoami"`
+		Root       string    `json:"root"`
+		UserCannot *sdkError `json:"userCannot"`
+		Tools      string    `json:"tools"`
+		BgPid      int       `json:"bgPid"`
+		BgStdout   string    `json:"bgStdout"`
+		Listed     bool      `json:"listed"`
+		Killed     bool      `json:"killed"`
+		BgWait     *sdkError `json:"bgWait"`
+		KillAgain  bool      `json:"killAgain"`
+		BgDone     string    `json:"bgDone"`
+		CloseStdin string    `json:"closeStdin"`
+		ReadText   string    `json:"readText"`
+		ReadBytes  []int     `json:"readBytes"`
+		CatText    string    `json:"catText"`
+		List       []string  `json:"list"`
+		Exists     []bool    `json:"exists"`
+		Info       struct {
 			Name, Type, Owner, Permissions, Path string
 			Size                                 int64
 		} `json:"info"`
