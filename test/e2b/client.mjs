@@ -172,11 +172,15 @@ async function errors() {
   report.underFileLeft = (await sbx.commands.run('ls -la /home/user; cat /home/user/f.txt')).stdout
   report.badCwd = await errorOf(() => sbx.commands.run('pwd', { cwd: '/no/such/dir' }))
   report.badUser = await errorOf(() => sbx.commands.run('id', { user: 'mallory' }))
-  report.badToken = await errorOf(async () => {
-    const s = await Sandbox.connect(sbx.sandboxId)
-    s.envdAccessToken = 'forged'
-    await s.commands.run('id')
-  })
+  // The same sandbox through a handle with a forged access token.
+  report.badToken = await errorOf(() => new Sandbox({ sandboxId: sbx.sandboxId, envdVersion: '0.5.7', envdAccessToken: 'forged' }).commands.run('id'))
+  report.badTokenFile = await errorOf(() => new Sandbox({ sandboxId: sbx.sandboxId, envdVersion: '0.5.7', envdAccessToken: 'forged' }).files.read('/home/user/f.txt'))
+  // A pre-signed URL works without headers or key; altered, it does not.
+  const url = await sbx.downloadUrl('/home/user/f.txt')
+  const ok = await fetch(url)
+  report.signed = [ok.status, await ok.text()]
+  const bad = await fetch(url.replace('f.txt', 'g.txt'))
+  report.signedAltered = bad.status
   await sbx.kill()
   report.killedRun = await errorOf(() => sbx.commands.run('echo hi'))
   report.killedWrite = await errorOf(() => sbx.files.write('/home/user/x', 'x'))

@@ -268,6 +268,9 @@ func TestSDKErrors(t *testing.T) {
 		BadCwd          *sdkError `json:"badCwd"`
 		BadUser         *sdkError `json:"badUser"`
 		BadToken        *sdkError `json:"badToken"`
+		BadTokenFile    *sdkError `json:"badTokenFile"`
+		Signed          []any     `json:"signed"`
+		SignedAltered   int       `json:"signedAltered"`
 		KilledRun       *sdkError `json:"killedRun"`
 		KilledWrite     *sdkError `json:"killedWrite"`
 	}
@@ -290,8 +293,11 @@ func TestSDKErrors(t *testing.T) {
 	if r.UnderFile == nil || strings.Contains(r.UnderFileLeft, "g.txt") || !strings.HasSuffix(r.UnderFileLeft, "regular") {
 		t.Errorf("write under a regular file: %+v; left %q", r.UnderFile, r.UnderFileLeft)
 	}
-	if r.BadCwd == nil || r.BadUser == nil || r.BadToken == nil {
-		t.Errorf("bad cwd %+v, user %+v, token %+v", r.BadCwd, r.BadUser, r.BadToken)
+	if r.BadCwd == nil || r.BadUser == nil || r.BadToken == nil || r.BadTokenFile == nil {
+		t.Errorf("bad cwd %+v, user %+v, token %+v / %+v", r.BadCwd, r.BadUser, r.BadToken, r.BadTokenFile)
+	}
+	if fmt.Sprint(r.Signed) != "[200 regular]" || r.SignedAltered != 401 {
+		t.Errorf("pre-signed URL: %v, altered: %d", r.Signed, r.SignedAltered)
 	}
 	if r.KilledRun == nil || r.KilledWrite == nil {
 		t.Errorf("killed sandbox: run %+v, write %+v", r.KilledRun, r.KilledWrite)
