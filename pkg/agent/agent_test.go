@@ -662,6 +662,31 @@ func TestInteractiveStdinPipe(t *testing.T) {
 	if _, err := a.Interactive(ctx, done); agent.ErrorCode(err) != errdefs.Conflict {
 		t.Errorf("interactive on finished job: %v", err)
 	}
+	// An interactive job that ended before its session opened (a fast
+	// command) still delivers its output and exit through the session.
+	fast, err := a.Start(ctx, agent.ExecRequest{Argv: []string{"sh", "-c", "echo quick; exit 4"}, OpenStdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if r, err := a.Read(ctx, fast, 0, 0, 0); err == nil && r.Exit != nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("fast job did not end: %+v %v", r, err)
+		}
+	}
+	late, err := a.Interactive(ctx, fast)
+	if err != nil {
+		t.Fatalf("interactive on an ended interactive job: %v", err)
+	}
+	defer late.Close()
+	buf.Reset()
+	for c := range late.Output() {
+		buf.Write(c.Data)
+	}
+	if exit, err := late.Wait(); err != nil || exit.ExitCode != 4 || buf.String() != "quick\n" {
+		t.Errorf("late session: output %q exit %+v err %v", buf.String(), exit, err)
+	}
 }
 
 func TestBackgroundProcessDoesNotHoldJob(t *testing.T) {

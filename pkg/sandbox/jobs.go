@@ -206,7 +206,9 @@ func (m *Manager) OpenTerminal(ctx context.Context, id string, spec TerminalSpec
 	for k, v := range spec.Env {
 		env[k] = v
 	}
-	jobID, err := m.startCommand(ctx, sb, ExecSpec{Argv: spec.Argv, Env: env, Cwd: spec.Cwd, UID: spec.UID, Timeout: spec.Timeout}, tty, false, spec.Pipes)
+	// With Pipes the agent holds the output until the session attaches: a
+	// fast command's first bytes must not leave the retained tail before.
+	jobID, err := m.startCommand(ctx, sb, ExecSpec{Argv: spec.Argv, Env: env, Cwd: spec.Cwd, UID: spec.UID, Timeout: spec.Timeout}, tty, spec.Pipes, spec.Pipes)
 	if err != nil {
 		m.endCommand(sb)
 		return nil, err

@@ -206,7 +206,7 @@ func TestSDK(t *testing.T) {
 	if r.BgDone != "done\n" || r.CloseStdin != "piped\neof\n" {
 		t.Errorf("background wait %q, closeStdin %q", r.BgDone, r.CloseStdin)
 	}
-	if r.ReadText != "hello file" || !slices.Equal(r.ReadBytes, []int{0, 1, 2, 255}) || r.CatText != "hello file\nuser\n" {
+	if r.ReadText != "hello file" || !slices.Equal(r.ReadBytes, []int{0, 1, 2, 255}) || r.CatText != "hello fileuser\n" {
 		t.Errorf("files: text %q bytes %v cat %q", r.ReadText, r.ReadBytes, r.CatText)
 	}
 	if !slices.Contains(r.List, "a.txt") || !slices.Contains(r.List, "rel.bin") {

@@ -65,6 +65,7 @@ type job struct {
 	id          string
 	argv        []string
 	tty         bool
+	openStdin   bool // started with OpenStdin: an interactive job
 	pid         int
 	cg          *jobCgroup // nil without per-job cgroups
 	startedAt   time.Time

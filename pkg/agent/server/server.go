@@ -363,7 +363,10 @@ func (s *Server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) 
 // interactive streams output like attach while applying the input frames
 // the client sends.
 func (s *Server) interactive(j *job, r *bufio.Reader, rp *reply) error {
-	if !j.hasInput() {
+	// An interactive job that has finished already (a fast command whose
+	// session opened late) has nothing left to take input, but its output
+	// and exit are still the session's to deliver.
+	if !j.hasInput() && !((j.tty || j.openStdin) && j.exitStatus() != nil) {
 		return agent.Errorf(errdefs.Conflict, "job %s has neither a terminal nor an open stdin", j.id)
 	}
 	if err := rp.send(&agent.Frame{Type: agent.FrameResult}); err != nil {

@@ -81,6 +81,7 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 		id:          newJobID(),
 		argv:        req.Argv,
 		tty:         req.TTY != nil,
+		openStdin:   req.OpenStdin,
 		outputLimit: req.OutputLimit,
 		timeout:     time.Duration(req.TimeoutMS) * time.Millisecond,
 		table:       t,
