@@ -130,16 +130,22 @@ func (s *Server) dataPlane() http.Handler {
 		// /files then checks it or a signature itself.
 		if r.URL.Path != "/health" && r.URL.Path != "/files" {
 			if tok := sb.Labels[labelToken]; tok != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(tok)) != 1 {
-				writeError(w, http.StatusUnauthorized, "X-Access-Token: missing or wrong access token of a secure sandbox")
+				rpcUnauthenticated(w, "X-Access-Token: missing or wrong access token of a secure sandbox")
 				return
 			}
 			if c.user, err = userOf(r); err != nil {
-				writeError(w, http.StatusUnauthorized, "%s", errdefs.MessageOf(err))
+				rpcUnauthenticated(w, errdefs.MessageOf(err))
 				return
 			}
 		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), envdKey{}, c)))
 	})
+}
+
+// rpcUnauthenticated refuses an RPC with Connect's error body, which the
+// SDKs show with its message (E2B's {code: 401} body they show as "HTTP 401").
+func rpcUnauthenticated(w http.ResponseWriter, msg string) {
+	writeJSON(w, http.StatusUnauthorized, map[string]string{"code": connect.CodeUnauthenticated.String(), "message": msg})
 }
 
 // connectErr is err as a Connect error, its code from the taxonomy.

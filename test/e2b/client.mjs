@@ -204,7 +204,12 @@ async function bench(n) {
   const rest = async (method, path, body) => {
     const res = await fetch(process.env.REST_URL + path, { method, headers: { Authorization: 'Bearer ' + process.env.REST_TOKEN, 'Content-Type': 'application/json' }, body: body && JSON.stringify(body) })
     if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${await res.text()}`)
-    return res.status === 204 ? null : res.json()
+    if (res.status === 204) return null
+    // exec answers NDJSON: output lines, then {exit}.
+    const lines = (await res.text()).trim().split('\n').map((l) => JSON.parse(l))
+    const exit = lines.find((l) => l.exit)
+    if (!exit) return lines[lines.length - 1]
+    return { ...exit.exit, stdout: lines.filter((l) => l.stream === 'stdout').map((l) => l.data).join('') }
   }
   for (let i = 0; i < n; i++) {
     let t0 = performance.now()
