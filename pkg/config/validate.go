@@ -74,7 +74,7 @@ func (e *E2B) validate(p *problems) {
 		p.absPath("e2b.tls_key", e.TLSKey)
 	}
 	if d := e.Domain; d != "" && (strings.ContainsAny(d, "/ :@") || strings.HasPrefix(d, ".") || strings.HasSuffix(d, ".")) {
-		p.add("e2b.domain", d, "must be a DNS name like sandboxes.example.com")
+		p.add("e2b.domain", "", "must be a DNS name like sandboxes.example.com, got %q", d)
 	}
 }
 

@@ -36,6 +36,30 @@ func TestValidate(t *testing.T) {
 			},
 		},
 		{
+			name: "e2b on",
+			modify: func(c *Config) {
+				c.E2B = E2B{Listen: "0.0.0.0:7072", APIKeyFile: "/etc/k", Domain: "sbx.example.com", TLSCert: "/etc/c.pem", TLSKey: "/etc/k.pem"}
+			},
+		},
+		{
+			name: "e2b bad",
+			modify: func(c *Config) {
+				c.E2B = E2B{Listen: "7072", APIKeyFile: "keys", Domain: "http://x/", TLSCert: "/etc/c.pem"}
+			},
+			want: []FieldError{
+				{Key: "e2b.listen", Message: `invalid address "7072" (use host:port, e.g. 127.0.0.1:7070)`},
+				{Key: "e2b.api_key_file", Message: `must be an absolute path, got "keys"`},
+				{Key: "e2b.tls_cert", Message: "e2b.tls_cert and e2b.tls_key go together"},
+				{Key: "e2b.tls_key", Message: "required (an absolute path)"},
+				{Key: "e2b.domain", Message: `must be a DNS name like sandboxes.example.com, got "http://x/"`},
+			},
+		},
+		{
+			name:   "e2b without keys",
+			modify: func(c *Config) { c.E2B = E2B{Listen: "127.0.0.1:7072"} },
+			want:   []FieldError{{Key: "e2b.api_key_file", Message: "required when e2b.listen is set"}},
+		},
+		{
 			name:   "bad http_addr",
 			modify: func(c *Config) { c.Server.HTTPAddr = "localhost" },
 			want:   []FieldError{{Key: "server.http_addr", Message: `invalid address "localhost" (use host:port, e.g. 127.0.0.1:7070)`}},

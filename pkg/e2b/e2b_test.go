@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -659,5 +660,28 @@ func TestResolveAndUsers(t *testing.T) {
 		if _, err := checkUser(bad); errdefs.CodeOf(err) != errdefs.Unauthenticated {
 			t.Errorf("user %q: %v", bad, err)
 		}
+	}
+}
+
+func TestReadKeys(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := dir + "/" + name
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	keys, err := ReadKeys(write("ok", "# comment\n\n  "+testKey+"  \ne2b_0123456789abcdef0123\n"))
+	if err != nil || len(keys) != 2 || keys[0] != testKey {
+		t.Errorf("keys: %v %v", keys, err)
+	}
+	for name, text := range map[string]string{"empty": "# none\n", "upper": "e2b_0123456789ABCDEF\n", "short": "e2b_0123\n", "prefix": "sk_0123456789abcdef01\n", "space": "e2b_0123456789abcdef 01\n"} {
+		if _, err := ReadKeys(write(name, text)); err == nil {
+			t.Errorf("%s key file accepted", name)
+		}
+	}
+	if _, err := ReadKeys(dir + "/missing"); err == nil {
+		t.Error("missing key file accepted")
 	}
 }
