@@ -525,7 +525,7 @@ func TestProcess(t *testing.T) {
 	f.mu.Lock()
 	p := f.procs[0]
 	f.mu.Unlock()
-	if !p.req.Root || p.req.Cwd != "/root" || p.req.Env["K"] != "v" || p.req.Env["HOME"] != "/root" || p.req.Env["E2B_SANDBOX_ID"] != id || !p.closed || p.req.TTY {
+	if !p.req.Root || p.req.TimeoutSeconds != 0 || p.req.Cwd != "/root" || p.req.Env["K"] != "v" || p.req.Env["HOME"] != "/root" || p.req.Env["E2B_SANDBOX_ID"] != id || !p.closed || p.req.TTY {
 		t.Errorf("process request: %+v closed stdin %v", p.req, p.closed)
 	}
 	// Listed while it runs, then its output and end.
@@ -570,14 +570,18 @@ func TestProcess(t *testing.T) {
 
 	// A PTY: input, resize, kill ends it with a signal.
 	ucl := processconnect.NewProcessClient(http.DefaultClient, ts.URL, connect.WithProtoJSON(), connect.WithInterceptors(authed{id, tok, ""}))
-	stream, err = ucl.Start(ctx, connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/bash", Cwd: ptr("sub")}, Pty: &process.PTY{Size: &process.PTY_Size{Cols: 80, Rows: 24}}}))
+	// The request's deadline (Connect-Timeout-Ms) becomes the command's
+	// timeout, enforced by the agent whether the client stays or not.
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	stream, err = ucl.Start(tctx, connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/bash", Cwd: ptr("sub")}, Pty: &process.PTY{Size: &process.PTY_Size{Cols: 80, Rows: 24}}}))
 	if err != nil || !stream.Receive() {
 		t.Fatal(err, stream.Err())
 	}
 	f.mu.Lock()
 	p = f.procs[1]
 	f.mu.Unlock()
-	if p.req.Root || !p.req.TTY || p.req.Rows != 24 || p.req.Cwd != "/home/user/sub" || p.req.Env["USER"] != "user" {
+	if p.req.Root || !p.req.TTY || p.req.Rows != 24 || p.req.Cwd != "/home/user/sub" || p.req.Env["USER"] != "user" || p.req.TimeoutSeconds < 29 || p.req.TimeoutSeconds > 30 {
 		t.Errorf("pty request: %+v", p.req)
 	}
 	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: 42}}

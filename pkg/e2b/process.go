@@ -298,6 +298,13 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	}
 	pr := apitypes.ProcessRequest{SandboxID: c.sb.ID, Argv: append([]string{cfg.GetCmd()}, cfg.GetArgs()...),
 		Env: procEnv(c, c.user, cfg.GetEnvs()), Cwd: cwd, Root: c.user == userRoot}
+	// envd kills a command when the request's Connect-Timeout-Ms passes,
+	// whether or not its client is still there (a client times out the
+	// request at the same moment and goes away): the agent's own timeout
+	// does it, on the command's whole process group.
+	if ms, err := strconv.ParseInt(req.Header().Get("Connect-Timeout-Ms"), 10, 64); err == nil && ms > 0 {
+		pr.TimeoutSeconds = float64(ms) / 1000
+	}
 	if pty := req.Msg.GetPty(); pty != nil {
 		pr.TTY = true
 		pr.Rows, pr.Cols = uint16(min(pty.GetSize().GetRows(), 1000)), uint16(min(pty.GetSize().GetCols(), 1000))

@@ -86,6 +86,15 @@ async function main() {
   await sbx.commands.closeStdin(h4.pid)
   report.closeStdin = (await h4.wait()).stdout
 
+  // A client that goes away leaves the command running; its timeout kills it.
+  const h5 = await sbx.commands.run('sleep 1; echo survived', { background: true })
+  await h5.disconnect()
+  report.survived = (await (await sbx.commands.connect(h5.pid)).wait()).stdout
+  const t0 = Date.now()
+  report.timeoutErr = await errorOf(() => sbx.commands.run('sleep 30; echo late', { timeoutMs: 1000 }))
+  report.timeoutMs = Date.now() - t0
+  report.afterTimeout = (await sbx.commands.run('ps -eo args')).stdout.includes('sleep 30')
+
   // files
   await sbx.files.write('/home/user/a.txt', 'hello file')
   report.readText = await sbx.files.read('/home/user/a.txt')

@@ -111,28 +111,32 @@ func TestSDK(t *testing.T) {
 			Stdout, Stderr, OnStdout, OnStderr string
 			ExitCode                           int
 		} `json:"run"`
-		Exit       *sdkError `json:"exit"`
-		Envs       string    `json:"envs"`
-		EnvsGone   string    `json:"envsGone"`
-		Cwd        string    `json:"cwd"`
-		Whoami     string    `json:"whoami"`
-		Root       string    `json:"root"`
-		UserCannot *sdkError `json:"userCannot"`
-		Tools      string    `json:"tools"`
-		BgPid      int       `json:"bgPid"`
-		BgStdout   string    `json:"bgStdout"`
-		Listed     bool      `json:"listed"`
-		Killed     bool      `json:"killed"`
-		BgWait     *sdkError `json:"bgWait"`
-		KillAgain  bool      `json:"killAgain"`
-		BgDone     string    `json:"bgDone"`
-		CloseStdin string    `json:"closeStdin"`
-		ReadText   string    `json:"readText"`
-		ReadBytes  []int     `json:"readBytes"`
-		CatText    string    `json:"catText"`
-		List       []string  `json:"list"`
-		Exists     []bool    `json:"exists"`
-		Info       struct {
+		Exit         *sdkError `json:"exit"`
+		Envs         string    `json:"envs"`
+		EnvsGone     string    `json:"envsGone"`
+		Cwd          string    `json:"cwd"`
+		Whoami       string    `json:"whoami"`
+		Root         string    `json:"root"`
+		UserCannot   *sdkError `json:"userCannot"`
+		Tools        string    `json:"tools"`
+		BgPid        int       `json:"bgPid"`
+		BgStdout     string    `json:"bgStdout"`
+		Listed       bool      `json:"listed"`
+		Killed       bool      `json:"killed"`
+		BgWait       *sdkError `json:"bgWait"`
+		KillAgain    bool      `json:"killAgain"`
+		BgDone       string    `json:"bgDone"`
+		CloseStdin   string    `json:"closeStdin"`
+		Survived     string    `json:"survived"`
+		TimeoutErr   *sdkError `json:"timeoutErr"`
+		TimeoutMS    int       `json:"timeoutMs"`
+		AfterTimeout bool      `json:"afterTimeout"`
+		ReadText     string    `json:"readText"`
+		ReadBytes    []int     `json:"readBytes"`
+		CatText      string    `json:"catText"`
+		List         []string  `json:"list"`
+		Exists       []bool    `json:"exists"`
+		Info         struct {
 			Name, Type, Owner, Permissions, Path string
 			Size                                 int64
 		} `json:"info"`
@@ -206,6 +210,12 @@ func TestSDK(t *testing.T) {
 	}
 	if r.BgDone != "done\n" || r.CloseStdin != "piped\neof\n" {
 		t.Errorf("background wait %q, closeStdin %q", r.BgDone, r.CloseStdin)
+	}
+	if r.Survived != "survived\n" {
+		t.Errorf("a command whose client disconnected: %q", r.Survived)
+	}
+	if r.TimeoutErr == nil || r.TimeoutErr.Name != "TimeoutError" || r.TimeoutMS > 5000 || r.AfterTimeout {
+		t.Errorf("timeoutMs 1000: %+v after %d ms; still running: %v", r.TimeoutErr, r.TimeoutMS, r.AfterTimeout)
 	}
 	if r.ReadText != "hello file" || !slices.Equal(r.ReadBytes, []int{0, 1, 2, 255}) || r.CatText != "hello fileuser\n" {
 		t.Errorf("files: text %q bytes %v cat %q", r.ReadText, r.ReadBytes, r.CatText)
