@@ -214,6 +214,9 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 	}
 	s.procs.dropSandbox(sb.ID)
 	s.watch.dropSandbox(sb.ID)
+	s.mu.Lock()
+	delete(s.cpu, sb.ID)
+	s.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -588,6 +588,10 @@ func TestProcess(t *testing.T) {
 	if _, err := ucl.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{Process: sel, Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: []byte("ls\n")}}})); err != nil || p.stdin.String() != "ls\n" {
 		t.Errorf("pty input: %v %q", err, p.stdin.String())
 	}
+	huge := bytes.Repeat([]byte("x"), maxRPCBytes)
+	if _, err := ucl.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{Process: sel, Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: huge}}})); connect.CodeOf(err) != connect.CodeResourceExhausted || p.stdin.Len() != 3 {
+		t.Errorf("oversized input: %v, %d bytes reached the process", err, p.stdin.Len())
+	}
 	if _, err := ucl.Update(ctx, connect.NewRequest(&process.UpdateRequest{Process: sel, Pty: &process.PTY{Size: &process.PTY_Size{Cols: 100, Rows: 30}}})); err != nil || p.rows != 30 {
 		t.Errorf("resize: %v %d", err, p.rows)
 	}

@@ -32,6 +32,9 @@ type envdCall struct {
 
 type envdKey struct{}
 
+// maxRPCBytes bounds one RPC request message.
+const maxRPCBytes = 4 << 20
+
 func callOf(ctx context.Context) *envdCall { c, _ := ctx.Value(envdKey{}).(*envdCall); return c }
 
 func home(user string) string {
@@ -104,8 +107,11 @@ func sandboxGone(w http.ResponseWriter, e2bID, why string) {
 // dataPlane serves envd: /health, /files and the two Connect services.
 func (s *Server) dataPlane() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(processconnect.NewProcessHandler(&processService{s}))
-	mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s}))
+	// Bounded like the agent's stdin chunks: no RPC message of envd's
+	// carries more (SendInput is the largest).
+	opts := connect.WithReadMaxBytes(maxRPCBytes)
+	mux.Handle(processconnect.NewProcessHandler(&processService{s}, opts))
+	mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s}, opts))
 	mux.HandleFunc("GET /files", s.download)
 	mux.HandleFunc("POST /files", s.upload)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })

@@ -143,12 +143,15 @@ func (s *Server) startWatch(ctx context.Context, c *envdCall, dir string, recurs
 			}
 			w.mu.Lock()
 			if err != nil {
+				// The directory or the sandbox is gone: the error is
+				// the watcher's last event, kept a while for a poller.
 				w.err = err
 				w.mu.Unlock()
 				select {
 				case w.notify <- struct{}{}:
 				default:
 				}
+				time.AfterFunc(keepExited, func() { ws.stop(w.id) })
 				return
 			}
 			cur := parseSnapshot(out)
