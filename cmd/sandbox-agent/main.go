@@ -63,6 +63,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.RetainBytes, "retain-bytes", 1<<20, "output retained per stream of each job")
 	fs.IntVar(&o.MaxFinished, "max-finished", 256, "finished jobs kept before the oldest are dropped")
 	fs.Uint64Var(&o.nofile, "nofile", 0, "lower RLIMIT_NOFILE to this (0: keep) and RLIMIT_CORE to 0 at start, for runtimes that cannot set them (a user namespace owned by another uid)")
+	fs.BoolVar(&o.RootMode, "root-mode", false, "a root-mode sandbox (its own user namespace): commands asked to run as uid 0 keep root's capabilities even when --uid is not 0")
 	fs.StringVar(&o.Cgroups, "cgroups", "", "where the sandbox's delegated cgroups are mounted; every job then gets its own cgroup")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

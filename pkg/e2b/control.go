@@ -173,7 +173,37 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	if req.TemplateID != "base" {
+		if err := s.makeHome(r.Context(), sb.ID); err != nil {
+			_, _ = s.b.TerminateSandbox(context.WithoutCancel(r.Context()), sb.ID)
+			writeErr(w, err)
+			return
+		}
+	}
 	writeJSON(w, http.StatusCreated, s.describe(sb, true))
+}
+
+// makeHome gives an image other than base (whose user is user) the home
+// E2B code expects: /home/user, owned by uid 1000.
+func (s *Server) makeHome(ctx context.Context, id string) error {
+	p, err := s.b.OpenProcess(ctx, apitypes.ProcessRequest{SandboxID: id, Root: true, Cwd: "/", TimeoutSeconds: 30,
+		Argv: []string{"/bin/sh", "-c", "[ -d /home/user ] || { mkdir -p /home/user && chown 1000:1000 /home/user; }"}})
+	if err != nil {
+		return err
+	}
+	_ = p.CloseStdin()
+	var out []byte
+	for c := range p.Chunks() {
+		out = append(out, c.Data...)
+	}
+	res, err := p.Wait()
+	if err != nil {
+		return err
+	}
+	if res.Termination.Cause != apitypes.CauseExited || res.ExitCode != 0 {
+		return errdefs.New(errdefs.Internal, "templateID: could not make /home/user in the image: %s %s", res.Termination.Cause, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // lookup finds a live E2B sandbox by its E2B id; it answers the request

@@ -48,7 +48,7 @@ func newFake() *fake { return &fake{sbs: map[string]*apitypes.Sandbox{}, files: 
 func (f *fake) CreateSandbox(ctx context.Context, req apitypes.CreateSandboxRequest) (*apitypes.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if req.Image != "base" {
+	if req.Image != "base" && req.Image != "shell" {
 		return nil, errdefs.Invalidf("image: unknown image %q (known: base)", req.Image)
 	}
 	f.n++
@@ -170,6 +170,9 @@ func (f *fake) OpenProcess(ctx context.Context, req apitypes.ProcessRequest) (Pr
 	f.mu.Lock()
 	f.procs = append(f.procs, p)
 	f.mu.Unlock()
+	if strings.Contains(strings.Join(req.Argv, " "), "mkdir -p /home/user") {
+		go p.finish("", 0) // makeHome's script
+	}
 	return p, nil
 }
 
@@ -365,6 +368,11 @@ func TestControlPlane(t *testing.T) {
 		if st, m, _ := call(t, ts, mp[0], mp[1], `{"timeout":1}`, nil); st != 404 || m["code"] != float64(404) {
 			t.Errorf("%s: %d %v", p, st, m)
 		}
+	}
+	// Another image as a template gets E2B's home, made as root.
+	f.procs = nil
+	if st, m, _ := call(t, ts, "POST", "/sandboxes", `{"templateID":"shell"}`, nil); st != 201 || m["templateID"] != "shell" || len(f.procs) != 1 || !f.procs[0].req.Root {
+		t.Errorf("create from shell: %d %v, processes %v", st, m, f.procs)
 	}
 	// Bad creates.
 	for body, want := range map[string]int{`{"templateID":"nope"}`: 404, `{"templateID":"ns/x:tag"}`: 404, `{}`: 400, `[`: 400} {

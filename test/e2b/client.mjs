@@ -63,7 +63,8 @@ async function main() {
   report.envsGone = (await sbx.commands.run('echo "[$FOO]"')).stdout
   report.cwd = (await sbx.commands.run('pwd', { cwd: '/tmp' })).stdout
   report.whoami = (await sbx.commands.run('id -un; echo $HOME; pwd')).stdout
-  report.root = (await sbx.commands.run('id -u; touch /etc/e2b-root-was-here && echo wrote', { user: 'root' })).stdout
+  report.root = (await sbx.commands.run('id -u; touch /etc/e2b-root-was-here && chown user /etc/e2b-root-was-here && echo wrote', { user: 'root' })).stdout
+  report.userCaps = (await sbx.commands.run('grep CapEff /proc/self/status')).stdout
   report.userCannot = await errorOf(() => sbx.commands.run('touch /etc/e2b-user'))
   report.tools = (await sbx.commands.run('bash --version | head -1; python3 --version; python --version; node -v; git --version')).stdout
 
@@ -173,6 +174,10 @@ async function errors() {
   report.unknownSandbox = await errorOf(() => Sandbox.connect('sb000000000000'))
   report.unknownKill = await Sandbox.kill('sb000000000000')
   report.unknownTemplate = await errorOf(() => Sandbox.create('no-such-template'))
+  // Every image is a template; E2B's home is made in it.
+  const other = await Sandbox.create('shell')
+  report.otherTemplate = (await other.commands.run('pwd; echo $HOME; touch x && echo ok; id -u')).stdout
+  await other.kill()
   const sbx = await Sandbox.create('base')
   report.sandboxId = sbx.sandboxId
   report.missingFile = await errorOf(() => sbx.files.read('/home/user/missing.txt'))

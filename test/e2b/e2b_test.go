@@ -118,6 +118,7 @@ func TestSDK(t *testing.T) {
 		Whoami       string    `json:"whoami"`
 		Root         string    `json:"root"`
 		UserCannot   *sdkError `json:"userCannot"`
+		UserCaps     string    `json:"userCaps"`
 		Tools        string    `json:"tools"`
 		BgPid        int       `json:"bgPid"`
 		BgStdout     string    `json:"bgStdout"`
@@ -193,6 +194,9 @@ func TestSDK(t *testing.T) {
 	}
 	if r.Root != "0\nwrote\n" {
 		t.Errorf("user root: %q", r.Root)
+	}
+	if r.UserCaps != "CapEff:\t0000000000000000\n" {
+		t.Errorf("the default user has capabilities: %q", r.UserCaps)
 	}
 	if r.UserCannot == nil || r.UserCannot.Exit == nil || *r.UserCannot.Exit == 0 {
 		t.Errorf("user wrote /etc: %+v", r.UserCannot)
@@ -273,6 +277,7 @@ func TestSDKErrors(t *testing.T) {
 		UnknownKill     bool      `json:"unknownKill"`
 		UnknownTemplate *sdkError `json:"unknownTemplate"`
 		SandboxID       string    `json:"sandboxId"`
+		OtherTemplate   string    `json:"otherTemplate"`
 		MissingFile     *sdkError `json:"missingFile"`
 		UnderFile       *sdkError `json:"underFile"`
 		UnderFileLeft   string    `json:"underFileLeft"`
@@ -297,6 +302,9 @@ func TestSDKErrors(t *testing.T) {
 	}
 	if r.UnknownTemplate == nil || !strings.Contains(r.UnknownTemplate.Message, "no-such-template") {
 		t.Errorf("unknown template: %+v", r.UnknownTemplate)
+	}
+	if r.OtherTemplate != "/home/user\n/home/user\nok\n1000\n" {
+		t.Errorf("template shell: %q", r.OtherTemplate)
 	}
 	if r.MissingFile == nil || !r.MissingFile.NotFound {
 		t.Errorf("missing file: %+v", r.MissingFile)

@@ -51,6 +51,10 @@ type Options struct {
 	// UID and GID are the default identity of commands and the owner of
 	// written files.
 	UID, GID int
+	// RootMode (a root-mode sandbox, inside its own user namespace) lets
+	// jobs asked to run as uid 0 keep the capability bounding set even when
+	// UID is not 0. Without it only an agent whose default user is 0 does.
+	RootMode bool
 	// RetainBytes is the output retained per stream of each job.
 	RetainBytes int
 	// MaxFinished is how many finished jobs are kept before the oldest go.

@@ -234,14 +234,14 @@ func (t *jobTable) startDirect(j *job, argv0 string, argv []string, attr *syscal
 }
 
 // jobCreds is who a job started through the helper runs as: cred, or
-// the agent's own identity without one. Only jobs as uid 0 of an agent
-// whose default user is uid 0 (root mode) keep the capability bounding set.
+// the agent's own identity without one. Only jobs as uid 0 of a root-mode
+// agent (default user 0, or RootMode) keep the capability bounding set.
 func (t *jobTable) jobCreds(cred *syscall.Credential) jobCreds {
 	c := jobCreds{uid: os.Geteuid(), gid: os.Getegid()}
 	if cred != nil {
 		c.uid, c.gid = int(cred.Uid), int(cred.Gid)
 	}
-	c.keepCaps = c.uid == 0 && t.opts.UID == 0
+	c.keepCaps = c.uid == 0 && (t.opts.UID == 0 || t.opts.RootMode)
 	return c
 }
 

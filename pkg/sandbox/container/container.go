@@ -389,6 +389,12 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	if idmap != nil {
 		initArgs = append(initArgs, "--nofile", strconv.Itoa(runtime.NofileLimit)) // see runtime.Start
 	}
+	if rootMode && spec.UID != 0 {
+		// Root mode with an unprivileged default user (the E2B front
+		// end's sandboxes): uid 0 on request is root of the sandbox's
+		// user namespace, capabilities included.
+		initArgs = append(initArgs, "--root-mode")
+	}
 	inst, err := b.opt.Runtime.Start(&runtime.Spec{
 		ID:           req.ID,
 		Rootfs:       layers.Rootfs,
