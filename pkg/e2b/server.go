@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
@@ -65,6 +66,8 @@ type Server struct {
 	cpu   map[string]cpuSample
 	proxy *httputil.ReverseProxy
 	tr    *http.Transport
+	// pidSeq numbers processes whose pid the agent did not report.
+	pidSeq atomic.Uint32
 }
 
 // New returns a Server over b.
