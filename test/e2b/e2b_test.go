@@ -189,7 +189,7 @@ func TestSDK(t *testing.T) {
 	}
 	// The E2B sandbox is an ordinary sandbox: its record (terminated now)
 	// is what sandboxctl shows.
-	if out := d.MustCtl("inspect", ourID); !strings.Contains(out, "terminated") {
+	if out := d.MustCtl("inspect", ourID); !strings.Contains(out, "terminated") || !strings.Contains(out, `"e2b.template": "base"`) || !strings.Contains(out, `"e2b.meta.suite": "e2b"`) {
 		t.Errorf("sandboxctl get %s: %s", ourID, out)
 	}
 	if r.Run.Stdout != "hello\n" || r.Run.Stderr != "oops\n" || r.Run.ExitCode != 0 || r.Run.OnStdout != "hello\n" || r.Run.OnStderr != "oops\n" {
