@@ -38,7 +38,6 @@ const clientID = "6532622b"
 const (
 	labelTemplate = "e2b.template"
 	labelToken    = "e2b.access_token"
-	labelAutoKill = "e2b.on_timeout"
 	metaPrefix    = "e2b.meta."
 )
 

@@ -210,6 +210,16 @@ async function timeout() {
   await until('the timeout', async () => !(await sbx.isRunning()), 30000)
   report.goneAfterMs = Date.now() - start
   report.info = await errorOf(() => Sandbox.getInfo(sbx.sandboxId))
+  // onTimeout: 'pause' (autoPause): paused when the timeout passes, then
+  // resumed by connect with its files.
+  const p = await Sandbox.create('base', { timeoutMs: 2000, lifecycle: { onTimeout: 'pause' } })
+  await p.files.write('/home/user/kept.txt', 'kept')
+  await until('the pause', async () => (await p.getInfo()).state === 'paused', 30000)
+  report.autoPaused = true
+  const back = await Sandbox.connect(p.sandboxId)
+  report.resumed = (await back.commands.run('cat /home/user/kept.txt')).stdout
+  report.resumedEndIn = Math.round(((await back.getInfo()).endAt.getTime() - Date.now()) / 1000)
+  await back.kill()
 }
 
 // bench alternates the E2B SDK and our REST API (REST_URL, REST_TOKEN),

@@ -348,10 +348,16 @@ func TestSDKTimeout(t *testing.T) {
 		RunningAtFirst bool      `json:"runningAtFirst"`
 		GoneAfterMs    int       `json:"goneAfterMs"`
 		Info           *sdkError `json:"info"`
+		AutoPaused     bool      `json:"autoPaused"`
+		Resumed        string    `json:"resumed"`
+		ResumedEndIn   int       `json:"resumedEndIn"`
 	}
 	client(t, addr, &r, "timeout")
 	if !r.RunningAtFirst || r.Info == nil || !r.Info.NotFound || r.GoneAfterMs > 10000 {
 		t.Errorf("timeout: %+v", r)
+	}
+	if !r.AutoPaused || r.Resumed != "kept" || r.ResumedEndIn < 200 {
+		t.Errorf("onTimeout pause: paused %v, after connect %q, ends in %ds", r.AutoPaused, r.Resumed, r.ResumedEndIn)
 	}
 	id, _ := pe2b.FromE2B(r.SandboxID)
 	if out := d.MustCtl("inspect", id); !strings.Contains(out, "lifetime") {
