@@ -104,6 +104,10 @@ type CreateSandboxRequest struct {
 	// sandbox's writable root and capabilities but runs commands and file
 	// operations as the sandbox user unless a command asks for uid 0.
 	RootAsUser bool `json:"-"`
+	// PauseOnExpiry (the E2B front end's autoPause) pauses the sandbox
+	// when ttl_seconds pass instead of terminating it; the configured max
+	// lifetime still terminates it.
+	PauseOnExpiry bool `json:"-"`
 }
 
 // Sandbox describes a sandbox, live or not.

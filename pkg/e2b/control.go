@@ -151,13 +151,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		_, _ = rand.Read(b[:])
 		labels[labelToken] = hex.EncodeToString(b[:])
 	}
-	if req.AutoPause != nil && *req.AutoPause {
-		// Pausing when the timeout passes is not built: the sandbox is
-		// killed then, and getInfo says so through endAt.
-		labels[labelAutoKill] = "kill"
-	}
 	cr := apitypes.CreateSandboxRequest{Image: req.TemplateID, Env: req.EnvVars, Labels: labels,
-		TTLSeconds: &timeout, Root: true, RootAsUser: true}
+		TTLSeconds: &timeout, Root: true, RootAsUser: true, PauseOnExpiry: req.AutoPause != nil && *req.AutoPause}
 	if req.AllowInternetAccess != nil {
 		cr.Network = "none"
 		if *req.AllowInternetAccess {
@@ -345,6 +340,12 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		status = http.StatusCreated
+		if b.Timeout == nil || *b.Timeout <= 0 {
+			// Paused by its timeout (autoPause): resumed, it gets
+			// E2B's default time again rather than being paused anew.
+			d := int64(defaultTimeout)
+			b.Timeout = &d
+		}
 	}
 	if b.Timeout != nil && *b.Timeout > 0 {
 		if info.ExpiresAt == nil || time.Now().Add(time.Duration(*b.Timeout)*time.Second).After(*info.ExpiresAt) {

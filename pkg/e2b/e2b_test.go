@@ -369,6 +369,10 @@ func TestControlPlane(t *testing.T) {
 			t.Errorf("%s: %d %v", p, st, m)
 		}
 	}
+	// autoPause: paused, not killed, when the timeout passes.
+	if st, _, _ := call(t, ts, "POST", "/sandboxes", `{"templateID":"base","autoPause":true,"timeout":5}`, nil); st != 201 || !f.lastReq.PauseOnExpiry {
+		t.Errorf("autoPause: %d %+v", st, f.lastReq)
+	}
 	// Another image as a template gets E2B's home, made as root.
 	f.procs = nil
 	if st, m, _ := call(t, ts, "POST", "/sandboxes", `{"templateID":"shell"}`, nil); st != 201 || m["templateID"] != "shell" || len(f.procs) != 1 || !f.procs[0].req.Root {

@@ -344,9 +344,10 @@ func (s *Server) pidOf(ctx context.Context, id, jobID string) uint32 {
 			}
 		}
 	}
-	// The agent always knows its jobs; a fallback keeps pids distinct.
-	n, _ := strconv.ParseUint(strings.TrimLeft(jobID, "j-"), 16, 16)
-	return uint32(1<<22 + n)
+	// The agent knows every job it started; should it not say, a number
+	// above any pid (Linux's pid_max is at most 2^22) keeps the processes
+	// apart.
+	return 1<<22 + s.pidSeq.Add(1)
 }
 
 // follow sends start, then the process's events until its end, with

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
@@ -37,7 +38,6 @@ const clientID = "6532622b"
 const (
 	labelTemplate = "e2b.template"
 	labelToken    = "e2b.access_token"
-	labelAutoKill = "e2b.on_timeout"
 	metaPrefix    = "e2b.meta."
 )
 
@@ -65,6 +65,8 @@ type Server struct {
 	cpu   map[string]cpuSample
 	proxy *httputil.ReverseProxy
 	tr    *http.Transport
+	// pidSeq numbers processes whose pid the agent did not report.
+	pidSeq atomic.Uint32
 }
 
 // New returns a Server over b.

@@ -539,6 +539,7 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 			return nil, err
 		}
 	}
+	spec.PauseOnExpiry = req.PauseOnExpiry && spec.TTL > 0
 	if err := checkEnv("env", req.Env); err != nil {
 		return nil, err
 	}

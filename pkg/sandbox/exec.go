@@ -150,7 +150,7 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	start := time.Now()
 	// Held: every byte must reach the attach below, however fast the
 	// command writes before it comes.
-	jobID, err := m.startCommand(ctx, sb, spec, nil, true)
+	jobID, err := m.startCommand(ctx, sb, spec, nil, true, false)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ type jobMeta struct {
 // With hold, the agent keeps all output until the caller attaches.
 // With openStdin (no tty), the command's stdin is a pipe an interactive
 // session writes to and closes.
-func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, tty *agent.TTYSize, hold bool, openStdin ...bool) (string, error) {
+func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, tty *agent.TTYSize, hold, openStdin bool) (string, error) {
 	oomBefore, _ := sb.oomKills()
 	cwd := spec.Cwd
 	if cwd == "" {
@@ -31,7 +31,7 @@ func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, 
 	req := agent.ExecRequest{
 		Argv: spec.Argv, Env: sb.env(spec.Env), Cwd: cwd, Stdin: spec.Stdin,
 		TimeoutMS: spec.Timeout.Milliseconds(), OutputLimit: m.opt.OutputLimit, UID: spec.UID, GID: gid, TTY: tty,
-		HoldOutput: hold, OpenStdin: len(openStdin) > 0 && openStdin[0] && tty == nil,
+		HoldOutput: hold, OpenStdin: openStdin && tty == nil,
 	}
 	jobID, err := sb.agent.Start(ctx, req)
 	if err != nil {
@@ -69,7 +69,7 @@ func (m *Manager) StartJob(ctx context.Context, id string, spec ExecSpec) (strin
 	if err := m.beginCommand(ctx, sb); err != nil {
 		return "", err
 	}
-	jobID, err := m.startCommand(ctx, sb, spec, nil, false)
+	jobID, err := m.startCommand(ctx, sb, spec, nil, false, false)
 	if err != nil {
 		m.endCommand(sb)
 		return "", err

@@ -60,7 +60,11 @@ type Spec struct {
 	NetEnv map[string]string `json:"net_env,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
 	TTL    time.Duration     `json:"ttl,omitempty"` // 0: the configured max lifetime
-	UID    int               `json:"uid"`
+	// PauseOnExpiry pauses the sandbox when its TTL passes instead of
+	// terminating it (the E2B front end's autoPause); it is terminated
+	// when the configured max lifetime passes.
+	PauseOnExpiry bool `json:"pause_on_expiry,omitempty"`
+	UID           int  `json:"uid"`
 	// Root: UID is 0, inside the sandbox's own user namespace.
 	Root bool `json:"root,omitempty"`
 	// SeccompProfile is the profile name; empty: the backend's default.
@@ -697,14 +701,18 @@ func (m *Manager) reap(ctx context.Context) {
 		}
 		now := m.opt.Now()
 		m.mu.Lock()
-		var victims []*Sandbox
+		var victims, sleepers []*Sandbox
 		var reasons []string
 		for _, sb := range m.sandboxes {
 			sb.mu.Lock()
-			life := m.lifetime(sb.spec)
+			life, age := m.lifetime(sb.spec), now.Sub(sb.createdAt)
 			switch {
 			case sb.state == StateCreating || sb.terminating || sb.pooled:
-			case life > 0 && now.Sub(sb.createdAt) >= life:
+			case sb.spec.PauseOnExpiry && sb.spec.TTL > 0 && age >= sb.spec.TTL && (m.opt.MaxLifetime == 0 || age < m.opt.MaxLifetime):
+				if sb.state == StateReady || sb.state == StateRunning {
+					sleepers = append(sleepers, sb)
+				}
+			case life > 0 && age >= life:
 				victims, reasons = append(victims, sb), append(reasons, fmt.Sprintf("lifetime of %s reached", life))
 			case m.opt.IdleTimeout > 0 && sb.state == StateReady && now.Sub(sb.lastActive) >= m.opt.IdleTimeout:
 				victims, reasons = append(victims, sb), append(reasons, fmt.Sprintf("idle for %s", m.opt.IdleTimeout))
@@ -712,6 +720,12 @@ func (m *Manager) reap(ctx context.Context) {
 			sb.mu.Unlock()
 		}
 		m.mu.Unlock()
+		for _, sb := range sleepers {
+			m.log.Info("pausing sandbox", "sandbox", sb.ID, "reason", "its timeout passed (pause on expiry)")
+			if _, err := m.pause(ctx, sb.ID, "timeout passed: paused"); err != nil {
+				m.log.Error("pause sandbox", "sandbox", sb.ID, "err", err)
+			}
+		}
 		for i, sb := range victims {
 			m.log.Info("reaping sandbox", "sandbox", sb.ID, "reason", reasons[i])
 			if _, err := m.Terminate(ctx, sb.ID, reasons[i]); err != nil {

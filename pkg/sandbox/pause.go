@@ -13,6 +13,11 @@ import (
 // runs), and commands, files and terminals are refused with conflict until
 // Resume. Pausing a paused sandbox returns it as it is.
 func (m *Manager) Pause(ctx context.Context, id string) (*Info, error) {
+	return m.pause(ctx, id, "paused by request")
+}
+
+// pause is Pause recording reason.
+func (m *Manager) pause(ctx context.Context, id, reason string) (*Info, error) {
 	sb, err := m.lookup(ctx, id)
 	if err != nil {
 		return nil, err
@@ -35,7 +40,7 @@ func (m *Manager) Pause(ctx context.Context, id string) (*Info, error) {
 	if err := p.Pause(ctx); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "pause sandbox %s", sb.ID)
 	}
-	if err := m.transitionLocked(ctx, sb, StatePaused, "paused by request"); err != nil {
+	if err := m.transitionLocked(ctx, sb, StatePaused, reason); err != nil {
 		// Not recorded as paused: do not leave it frozen.
 		if rerr := p.Resume(context.WithoutCancel(ctx)); rerr != nil {
 			m.log.Error("thaw sandbox after a failed pause", "sandbox", sb.ID, "err", rerr)

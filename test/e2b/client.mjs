@@ -8,8 +8,10 @@
 //             lifecycle); ARG is the daemon's host:port for getHost
 //   errors  - bad input, each through the SDK
 //   timeout - a sandbox whose timeout passes
+//   tls     - the SDK over https, envd by host name (ARG: host:port)
 //   bench N - Sandbox.create() + commands.run('node -v'), N times
 import http from 'node:http'
+import https from 'node:https'
 import { Sandbox, CommandExitError, NotFoundError, AuthenticationError } from 'e2b'
 
 const [mode, arg] = process.argv.slice(2)
@@ -208,10 +210,42 @@ async function timeout() {
   await until('the timeout', async () => !(await sbx.isRunning()), 30000)
   report.goneAfterMs = Date.now() - start
   report.info = await errorOf(() => Sandbox.getInfo(sbx.sandboxId))
+  // onTimeout: 'pause' (autoPause): paused when the timeout passes, then
+  // resumed by connect with its files.
+  const p = await Sandbox.create('base', { timeoutMs: 2000, lifecycle: { onTimeout: 'pause' } })
+  await p.files.write('/home/user/kept.txt', 'kept')
+  await until('the pause', async () => (await p.getInfo()).state === 'paused', 30000)
+  report.autoPaused = true
+  const back = await Sandbox.connect(p.sandboxId)
+  report.resumed = (await back.commands.run('cat /home/user/kept.txt')).stdout
+  report.resumedEndIn = Math.round(((await back.getInfo()).endAt.getTime() - Date.now()) / 1000)
+  await back.kill()
 }
 
 // bench alternates the E2B SDK and our REST API (REST_URL, REST_TOKEN),
 // each: create a base sandbox, run node -v; the kill is not timed.
+// tls: the same SDK over https (E2B_API_URL and E2B_SANDBOX_URL are
+// https://; NODE_EXTRA_CA_CERTS trusts the daemon's certificate), and envd
+// reached by host name over TLS (ARG is the listener's host:port).
+async function tls() {
+  const sbx = await Sandbox.create('base')
+  report.sandboxId = sbx.sandboxId
+  report.run = (await sbx.commands.run('echo over-tls')).stdout
+  await sbx.files.write('/home/user/t.txt', 'tls file')
+  report.read = await sbx.files.read('/home/user/t.txt')
+  const [h, p] = arg.split(':')
+  const name = `49983-${sbx.sandboxId}.e2b.test`
+  report.hostHealth = await new Promise((resolve) => {
+    const req = https.request({ host: h, port: Number(p), path: '/health', servername: name, headers: { Host: name } }, (res) => {
+      res.resume()
+      res.on('end', () => resolve(res.statusCode))
+    })
+    req.on('error', (e) => resolve(String(e)))
+    req.end()
+  })
+  await sbx.kill()
+}
+
 async function bench(n) {
   report.ms = []
   report.restMs = []
@@ -245,6 +279,7 @@ try {
   if (mode === 'main') await main()
   else if (mode === 'errors') await errors()
   else if (mode === 'timeout') await timeout()
+  else if (mode === 'tls') await tls()
   else if (mode === 'bench') await bench(Number(arg))
   else throw new Error('unknown mode ' + mode)
 } catch (e) {

@@ -8,8 +8,15 @@ package e2b
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -33,8 +40,9 @@ const apiKey = "e2b_0123456789abcdef0123456789abcdef01234567"
 // listener (a wildcard DNS record would resolve it there).
 const domain = "e2b.test"
 
-// daemon starts a daemon with the E2B listener on a free port.
-func daemon(t *testing.T) (*testenv.Daemon, string) {
+// daemon starts a daemon with the E2B listener on a free port; tweak
+// changes its e2b section.
+func daemon(t *testing.T, tweak ...func(*config.E2B)) (*testenv.Daemon, string) {
 	t.Helper()
 	d := testenv.NewDaemon(t, "base")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -48,6 +56,9 @@ func daemon(t *testing.T) (*testenv.Daemon, string) {
 		t.Fatal(err)
 	}
 	d.Config.E2B = config.E2B{Listen: addr, APIKeyFile: keys, Domain: domain}
+	for _, f := range tweak {
+		f(&d.Config.E2B)
+	}
 	data, err := config.Marshal(d.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +88,11 @@ func client(t *testing.T, addr string, v any, args ...string) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", append([]string{"client.mjs"}, args...)...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "E2B_API_KEY="+apiKey, "E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr, "E2B_DOMAIN="+domain)
+	scheme := "http://"
+	if len(args) == 3 && args[0] == "tls" { // tls HOST:PORT CA_FILE
+		scheme, extraEnv, args = "https://", []string{"NODE_EXTRA_CA_CERTS=" + args[2]}, args[:2]
+	}
+	cmd.Env = append(os.Environ(), "E2B_API_KEY="+apiKey, "E2B_API_URL="+scheme+addr, "E2B_SANDBOX_URL="+scheme+addr, "E2B_DOMAIN="+domain)
 	cmd.Env = append(cmd.Env, extraEnv...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -174,7 +189,7 @@ func TestSDK(t *testing.T) {
 	}
 	// The E2B sandbox is an ordinary sandbox: its record (terminated now)
 	// is what sandboxctl shows.
-	if out := d.MustCtl("inspect", ourID); !strings.Contains(out, "terminated") {
+	if out := d.MustCtl("inspect", ourID); !strings.Contains(out, "terminated") || !strings.Contains(out, `"e2b.template": "base"`) || !strings.Contains(out, `"e2b.meta.suite": "e2b"`) {
 		t.Errorf("sandboxctl get %s: %s", ourID, out)
 	}
 	if r.Run.Stdout != "hello\n" || r.Run.Stderr != "oops\n" || r.Run.ExitCode != 0 || r.Run.OnStdout != "hello\n" || r.Run.OnStderr != "oops\n" {
@@ -333,10 +348,16 @@ func TestSDKTimeout(t *testing.T) {
 		RunningAtFirst bool      `json:"runningAtFirst"`
 		GoneAfterMs    int       `json:"goneAfterMs"`
 		Info           *sdkError `json:"info"`
+		AutoPaused     bool      `json:"autoPaused"`
+		Resumed        string    `json:"resumed"`
+		ResumedEndIn   int       `json:"resumedEndIn"`
 	}
 	client(t, addr, &r, "timeout")
 	if !r.RunningAtFirst || r.Info == nil || !r.Info.NotFound || r.GoneAfterMs > 10000 {
 		t.Errorf("timeout: %+v", r)
+	}
+	if !r.AutoPaused || r.Resumed != "kept" || r.ResumedEndIn < 200 {
+		t.Errorf("onTimeout pause: paused %v, after connect %q, ends in %ds", r.AutoPaused, r.Resumed, r.ResumedEndIn)
 	}
 	id, _ := pe2b.FromE2B(r.SandboxID)
 	if out := d.MustCtl("inspect", id); !strings.Contains(out, "lifetime") {
@@ -369,6 +390,54 @@ func TestBenchmark(t *testing.T) {
 	// sample large enough for medians to mean something.
 	if n >= 20 && e2bMed > 1.2*restMed {
 		t.Errorf("the E2B path takes %.2fx the REST path (at most 1.2x)", e2bMed/restMed)
+	}
+}
+
+// TestSDKOverTLS serves the E2B listener with a certificate for
+// 127.0.0.1 and *.e2b.test: the SDK over https with header routing, and envd
+// by host name through TLS (SNI and Host of {port}-{id}.e2b.test).
+func TestSDKOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2b test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true,
+		KeyUsage:    x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{"*." + domain}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, addr := daemon(t, func(c *config.E2B) { c.TLSCert, c.TLSKey = certFile, keyFile })
+	var r struct {
+		SandboxID  string `json:"sandboxId"`
+		Run        string `json:"run"`
+		Read       string `json:"read"`
+		HostHealth any    `json:"hostHealth"`
+	}
+	client(t, addr, &r, "tls", addr, certFile)
+	if r.Run != "over-tls\n" || r.Read != "tls file" || r.HostHealth != float64(204) {
+		t.Errorf("over TLS: %+v", r)
+	}
+	if ids := d.LiveIDs(); len(ids) != 0 {
+		t.Errorf("sandboxes left: %v", ids)
 	}
 }
 
