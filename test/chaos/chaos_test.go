@@ -298,6 +298,7 @@ func (o *orchestrator) runEpoch(epoch int, delay time.Duration, vm bool) {
 	o.killedAt.Store(killed.UnixNano())
 	o.stop.Store(true)
 	o.r.d.Crash()
+	o.r.pid = 0
 	o.rep.Kills++
 	// Processes of the killed daemon are looked for while the clients are
 	// still waiting: a survivor holding the daemon's descriptors (its
