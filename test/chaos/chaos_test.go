@@ -142,7 +142,8 @@ type orchestrator struct {
 	t        *testing.T
 	r        *rig
 	seed     uint64
-	rng      *rand.Rand
+	rng      *rand.Rand // the kills' moments
+	checkRng *rand.Rand // which older files and ports a check looks at
 	workers  []*worker
 	stop     atomic.Bool
 	killedAt atomic.Int64 // unix nanoseconds of the last kill
@@ -220,7 +221,8 @@ func TestChaos(t *testing.T) {
 	// create.
 	vmenv.Guest(t)
 	r := newRig(t, 1, "python")
-	o := &orchestrator{t: t, r: r, seed: seed, rng: rand.New(rand.NewPCG(seed, 1<<20)), checked: map[string]bool{},
+	o := &orchestrator{t: t, r: r, seed: seed, rng: rand.New(rand.NewPCG(seed, 1<<20)),
+		checkRng: rand.New(rand.NewPCG(seed, 1<<21)), checked: map[string]bool{},
 		vmDone: make(chan error, 1)}
 	o.rep = report{Seed: seed, Clients: numWorkers, Ops: map[string]*opCount{}}
 	for n := range numWorkers {
@@ -891,7 +893,7 @@ func (o *orchestrator) checkFiles(ctx context.Context, c *client.Client, epoch i
 	older := slices.Sorted(maps.Keys(s.files))
 	for range 2 {
 		if len(older) > 0 {
-			paths = append(paths, older[o.rng.IntN(len(older))])
+			paths = append(paths, older[o.checkRng.IntN(len(older))])
 		}
 	}
 	for _, p := range paths {
@@ -931,7 +933,7 @@ func (o *orchestrator) checkPort(ctx context.Context, c *client.Client, epoch in
 		o.t.Errorf("after kill %d: acknowledged exposure of port %d of %s: listed %+v", epoch, s.port.Port, s.id, xs)
 		return
 	}
-	if !s.portFresh && o.rng.IntN(3) != 0 {
+	if !s.portFresh && o.checkRng.IntN(3) != 0 {
 		return
 	}
 	s.portFresh = false
