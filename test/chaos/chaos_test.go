@@ -820,7 +820,7 @@ func (o *orchestrator) verify(epoch int) {
 			}
 			known[s.id] = true
 			o.rep.Verified.Sandboxes++
-			o.checkFiles(ctx, c, epoch, w, s)
+			o.checkFiles(ctx, c, epoch, s)
 			o.checkPort(ctx, c, epoch, s)
 		}
 		for _, id := range w.termed {
@@ -884,7 +884,7 @@ func (o *orchestrator) verify(epoch int) {
 
 // checkFiles reads back the files acknowledged since the last check and a
 // few older ones.
-func (o *orchestrator) checkFiles(ctx context.Context, c *client.Client, epoch int, w *worker, s *sbx) {
+func (o *orchestrator) checkFiles(ctx context.Context, c *client.Client, epoch int, s *sbx) {
 	if s.uncertain || s.flavour == "vm" {
 		s.fresh = nil
 		return
