@@ -142,7 +142,8 @@ type orchestrator struct {
 	t        *testing.T
 	r        *rig
 	seed     uint64
-	rng      *rand.Rand
+	rng      *rand.Rand // the kills' moments
+	checkRng *rand.Rand // which older files and ports a check looks at
 	workers  []*worker
 	stop     atomic.Bool
 	killedAt atomic.Int64 // unix nanoseconds of the last kill
@@ -220,7 +221,8 @@ func TestChaos(t *testing.T) {
 	// create.
 	vmenv.Guest(t)
 	r := newRig(t, 1, "python")
-	o := &orchestrator{t: t, r: r, seed: seed, rng: rand.New(rand.NewPCG(seed, 1<<20)), checked: map[string]bool{},
+	o := &orchestrator{t: t, r: r, seed: seed, rng: rand.New(rand.NewPCG(seed, 1<<20)),
+		checkRng: rand.New(rand.NewPCG(seed, 1<<21)), checked: map[string]bool{},
 		vmDone: make(chan error, 1)}
 	o.rep = report{Seed: seed, Clients: numWorkers, Ops: map[string]*opCount{}}
 	for n := range numWorkers {
@@ -298,6 +300,7 @@ func (o *orchestrator) runEpoch(epoch int, delay time.Duration, vm bool) {
 	o.killedAt.Store(killed.UnixNano())
 	o.stop.Store(true)
 	o.r.d.Crash()
+	o.r.pid = 0
 	o.rep.Kills++
 	// Processes of the killed daemon are looked for while the clients are
 	// still waiting: a survivor holding the daemon's descriptors (its
@@ -817,7 +820,7 @@ func (o *orchestrator) verify(epoch int) {
 			}
 			known[s.id] = true
 			o.rep.Verified.Sandboxes++
-			o.checkFiles(ctx, c, epoch, w, s)
+			o.checkFiles(ctx, c, epoch, s)
 			o.checkPort(ctx, c, epoch, s)
 		}
 		for _, id := range w.termed {
@@ -881,7 +884,7 @@ func (o *orchestrator) verify(epoch int) {
 
 // checkFiles reads back the files acknowledged since the last check and a
 // few older ones.
-func (o *orchestrator) checkFiles(ctx context.Context, c *client.Client, epoch int, w *worker, s *sbx) {
+func (o *orchestrator) checkFiles(ctx context.Context, c *client.Client, epoch int, s *sbx) {
 	if s.uncertain || s.flavour == "vm" {
 		s.fresh = nil
 		return
@@ -890,7 +893,7 @@ func (o *orchestrator) checkFiles(ctx context.Context, c *client.Client, epoch i
 	older := slices.Sorted(maps.Keys(s.files))
 	for range 2 {
 		if len(older) > 0 {
-			paths = append(paths, older[o.rng.IntN(len(older))])
+			paths = append(paths, older[o.checkRng.IntN(len(older))])
 		}
 	}
 	for _, p := range paths {
@@ -930,7 +933,7 @@ func (o *orchestrator) checkPort(ctx context.Context, c *client.Client, epoch in
 		o.t.Errorf("after kill %d: acknowledged exposure of port %d of %s: listed %+v", epoch, s.port.Port, s.id, xs)
 		return
 	}
-	if !s.portFresh && o.rng.IntN(3) != 0 {
+	if !s.portFresh && o.checkRng.IntN(3) != 0 {
 		return
 	}
 	s.portFresh = false

@@ -29,6 +29,8 @@ type rig struct {
 	t  *testing.T
 	d  *testenv.Daemon
 	tp *testenv.Topology
+	// pid is the running daemon's, 0 while none runs.
+	pid int
 }
 
 // newRig builds the topology and the daemon (not started); vms > 0 turns
@@ -44,6 +46,10 @@ func newRig(t *testing.T, vms int, images ...string) *rig {
 	d.Config.VM.Accel = "tcg"
 	r := &rig{t: t, d: d, tp: tp}
 	r.writeConfig()
+	// Before the daemon's cleanup (which starts it again to remove every
+	// sandbox): processes of a killed daemon left by a test that stopped
+	// early would hold its state directory's lock and its sockets.
+	t.Cleanup(func() { killSurvivors(r.survivors(r.pid)) })
 	return r
 }
 
@@ -73,6 +79,7 @@ func (r *rig) client() *client.Client {
 func (r *rig) start(limit time.Duration) (time.Duration, error) {
 	t0 := time.Now()
 	r.d.Start() // waits for /healthz on the socket
+	r.pid = r.d.PID()
 	c := r.client()
 	defer c.Close()
 	for {
@@ -284,6 +291,7 @@ func (r *rig) finalLeftovers() []string {
 	if err := r.d.Stop(); err != nil {
 		t.Errorf("daemon stop: %v", err)
 	}
+	r.pid = 0
 	rec := &recorder{TB: t}
 	testenv.AssertNoLeftovers(rec, r.d.Config)
 	left := rec.msgs
