@@ -528,11 +528,7 @@ func (w *worker) exec(s *sbx) {
 	}
 	var res *client.ExecResult
 	err := w.do(kind, func(ctx context.Context) (err error) {
-		if s.flavour == "vm" {
-			res, err = w.c.VMExec(ctx, s.id, req, nil)
-		} else {
-			res, err = w.c.Exec(ctx, s.id, req, nil)
-		}
+		res, err = w.c.Exec(ctx, s.id, req, nil)
 		return err
 	})
 	if err == nil && (res.ExitCode != 3 || res.Stdout != a+"\n" || res.Stderr != b+"\n") {
@@ -664,10 +660,6 @@ func (w *worker) expose() {
 
 func (w *worker) terminate(s *sbx) {
 	err := w.do("terminate", func(ctx context.Context) error {
-		if s.flavour == "vm" {
-			_, err := w.c.DestroyVM(ctx, s.id)
-			return err
-		}
 		_, err := w.c.TerminateSandbox(ctx, s.id)
 		return err
 	})
@@ -686,16 +678,16 @@ func (w *worker) drop(id string) {
 // createVM starts the run's one VM (the Linux test guest, under TCG).
 func (w *worker) createVM() error {
 	req := w.token()
-	var vm *client.VM
+	var vm *client.Sandbox
 	err := w.do("vm_create", func(ctx context.Context) (err error) {
-		vm, err = w.c.CreateVM(ctx, client.VMCreateRequest{Image: "linux", Labels: map[string]string{reqLabel: req}}, nil)
+		vm, err = w.c.CreateSandbox(ctx, client.CreateSandboxRequest{Backend: "vm", Image: "linux", Labels: map[string]string{reqLabel: req}})
 		return err
 	})
 	if err != nil {
 		w.pending = append(w.pending, pendingCreate{req: req, flavour: "vm"})
 		return err
 	}
-	if vm.ID == "" || vm.State != apitypes.StateReady || vm.Accel != "tcg" {
+	if vm.ID == "" || vm.State != apitypes.StateReady || vm.VM == nil || vm.VM.Accel != "tcg" {
 		return fmt.Errorf("vm create answered %+v, want a ready VM under tcg", vm)
 	}
 	w.o.rep.VM = "created " + vm.ID
@@ -963,12 +955,7 @@ func (o *orchestrator) endAll() {
 		t.Fatal(err)
 	}
 	for _, s := range all {
-		if s.Backend == "vm" {
-			_, err = c.DestroyVM(ctx, s.ID)
-		} else {
-			_, err = c.TerminateSandbox(ctx, s.ID)
-		}
-		if err != nil {
+		if _, err = c.TerminateSandbox(ctx, s.ID); err != nil {
 			t.Errorf("terminate %s: %v", s.ID, err)
 		}
 	}
