@@ -25,8 +25,9 @@ func TestHugeDirectoryListing(t *testing.T) {
 	d.Start()
 	const n = 100_500
 	// A tmpfs with room for the inodes (the default disk has one per
-	// 16K: 65,536), so that creating the files is quick.
-	id := createSandbox(d, "--disk-backing", "memory", "--memory", "1G", "--inodes", "200000")
+	// 16K: 65,536; the most for 1G is 131,072), so that creating the
+	// files is quick.
+	id := createSandbox(d, "--disk-backing", "memory", "--memory", "1G", "--inodes", "120000")
 	start := time.Now()
 	d.MustCtl("exec", id, "--", "sh", "-c",
 		fmt.Sprintf("mkdir /workspace/big && cd /workspace/big && seq -f f%%06g 0 %d | xargs touch", n-1))
