@@ -848,6 +848,110 @@ func TestFileRoundTrip(t *testing.T) {
 	}
 }
 
+// TestListCap: a listing asked for max entries sends that many, the first
+// in order, and counts the rest (issue 20: a directory of 100,500 entries
+// was refused past the agent's cap, so REST and MCP could not list it at
+// all); without max it is whole or refused, as old daemons expect.
+func TestListCap(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	const n = 100_500
+	big := filepath.Join(a.root, "big")
+	if err := os.Mkdir(big, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		f, err := os.Create(filepath.Join(big, fmt.Sprintf("f%06d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	for _, max := range []int{1, 10_000, agent.MaxListEntries} {
+		start := time.Now()
+		l, err := a.ListFilesMax(ctx, "/big", false, max)
+		if err != nil {
+			t.Fatalf("max %d: %v", max, err)
+		}
+		if len(l.Entries) != max || l.Total != n || !l.Truncated {
+			t.Fatalf("max %d: %d entries, total %d, truncated %v; want %d of %d, truncated", max, len(l.Entries), l.Total, l.Truncated, max, n)
+		}
+		for i, e := range l.Entries {
+			if want := fmt.Sprintf("/big/f%06d", i); e.Path != want || e.Type != agent.TypeFile {
+				t.Fatalf("max %d: entry %d = %+v, want %s (the first in order)", max, i, e, want)
+			}
+		}
+		t.Logf("%d of %d entries listed in %v", max, n, time.Since(start))
+	}
+	if _, err := a.ListFiles(ctx, "/big", false); agent.ErrorCode(err) != errdefs.LimitExceeded {
+		t.Errorf("whole listing of %d entries: %v, want limit_exceeded", n, err)
+	}
+	f := rawRequest(t, a.socket, agent.Request{V: agent.ProtocolVersion, Op: agent.OpListFiles, Path: "/big"})
+	if f.Type != agent.FrameError || f.Error.Code != errdefs.LimitExceeded {
+		t.Errorf("list_files without max (a daemon before counted listings) of %d entries: %+v, want limit_exceeded before any entry", n, f)
+	}
+	// Hostile maxima are refused by both sides, naming the field.
+	for _, max := range []int{0, -1, agent.MaxListEntries + 1} {
+		if _, err := a.ListFilesMax(ctx, "/big", false, max); agent.ErrorCode(err) != errdefs.InvalidArgument || !strings.Contains(err.Error(), "max:") {
+			t.Errorf("client max %d: %v, want invalid_argument naming max", max, err)
+		}
+	}
+	for _, max := range []int64{-1, agent.MaxListEntries + 1, 1 << 62} {
+		f := rawRequest(t, a.socket, agent.Request{V: agent.ProtocolVersion, Op: agent.OpListFiles, Path: "/big", Max: max})
+		if f.Type != agent.FrameError || f.Error.Code != errdefs.InvalidArgument || !strings.Contains(f.Error.Message, "max:") {
+			t.Errorf("agent max %d: %+v, want invalid_argument naming max", max, f)
+		}
+	}
+}
+
+// TestListCapRecursive: wherever the cut falls in a tree (inside a
+// subtree, at a directory, among names dropped from a large directory
+// before the cut), the entries sent are the whole listing's first ones and
+// the total is the whole listing's length.
+func TestListCapRecursive(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	var paths []string
+	for i := range 12 {
+		paths = append(paths, fmt.Sprintf("/t/f%02d", i), fmt.Sprintf("/t/d%02d/x/y", i%5), fmt.Sprintf("/t/d%02d/z%d", i%5, i))
+	}
+	for _, p := range paths {
+		if err := os.MkdirAll(filepath.Join(a.root, filepath.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(a.root, p), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	whole, err := a.ListFiles(ctx, "/t", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(whole) != 12+5+5+5+12 { // f*, d*, d*/x, d*/x/y, d*/z*
+		t.Fatalf("whole tree: %d entries", len(whole))
+	}
+	for max := 1; max <= len(whole)+1; max++ {
+		l, err := a.ListFilesMax(ctx, "/t", true, max)
+		if err != nil {
+			t.Fatalf("max %d: %v", max, err)
+		}
+		sent := min(max, len(whole))
+		if len(l.Entries) != sent || l.Total != len(whole) || l.Truncated != (max < len(whole)) {
+			t.Fatalf("max %d: %d entries, total %d, truncated %v; want %d of %d", max, len(l.Entries), l.Total, l.Truncated, sent, len(whole))
+		}
+		for i, e := range l.Entries {
+			if e.Path != whole[i].Path {
+				t.Fatalf("max %d: entry %d is %s, want %s", max, i, e.Path, whole[i].Path)
+			}
+		}
+	}
+	// A file lists as itself, counted.
+	l, err := a.ListFilesMax(ctx, "/t/f00", true, 1)
+	if err != nil || len(l.Entries) != 1 || l.Total != 1 || l.Truncated {
+		t.Errorf("list of a file: %+v, %v", l, err)
+	}
+}
+
 func TestListAndDelete(t *testing.T) {
 	a := startAgent(t)
 	ctx := testCtx(t)

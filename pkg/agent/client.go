@@ -468,33 +468,85 @@ func validateFileInfo(fi *FileInfo) error {
 }
 
 // ListFiles lists the directory at path (recursively if asked). Listing a
-// file returns just that file.
+// file returns just that file. A listing of more than MaxListEntries
+// entries is refused with limit_exceeded: the caller gets every entry or
+// none.
 func (c *Client) ListFiles(ctx context.Context, path string, recursive bool) ([]FileInfo, error) {
+	l, err := c.listFiles(ctx, path, recursive, 0)
+	if err != nil {
+		return nil, err
+	}
+	return l.Entries, nil
+}
+
+// ListFilesMax lists the directory at path (recursively if asked) up to
+// max entries (1 to MaxListEntries), with how many entries it has: the
+// agent counts those it does not send, and the client keeps no more than
+// max whatever the agent sends. An agent that predates counted listings
+// (a sandbox started before the upgrade) sends every entry: those past
+// max are counted here, and past MaxListEntries it refuses the listing
+// with limit_exceeded, as it always did.
+func (c *Client) ListFilesMax(ctx context.Context, path string, recursive bool, max int) (*FileList, error) {
+	if max < 1 || max > MaxListEntries {
+		return nil, Errorf(errdefs.InvalidArgument, "max: %d is not in 1-%d", max, MaxListEntries)
+	}
+	return c.listFiles(ctx, path, recursive, max)
+}
+
+// listFiles is a list_files request with Max set to max; 0 asks for the
+// whole listing (kept up to MaxListEntries, past which the agent refuses).
+func (c *Client) listFiles(ctx context.Context, path string, recursive bool, max int) (*FileList, error) {
 	if err := ValidatePath(path); err != nil {
 		return nil, err
 	}
-	cn, err := c.do(ctx, &Request{Op: OpListFiles, Path: path, Recursive: recursive}, nil)
+	cn, err := c.do(ctx, &Request{Op: OpListFiles, Path: path, Recursive: recursive, Max: int64(max)}, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer cn.close()
-	var out []FileInfo
+	keep := max
+	if keep == 0 {
+		keep = MaxListEntries
+	}
+	out := &FileList{}
+	n := 0 // entries received
 	for {
 		f, err := cn.frame(0)
 		if err != nil {
 			return nil, err
 		}
 		if f.Type == FrameResult {
-			return out, nil
+			return out, listResult(out, f.List, n, max)
 		}
-		if f.Type != FrameEntry || len(out) >= MaxListEntries {
+		// No agent sends more than MaxListEntries, counted or not.
+		if f.Type != FrameEntry || n >= MaxListEntries {
 			return nil, fmt.Errorf("%w: invalid listing entry", ErrProtocol)
 		}
 		if err := validateFileInfo(f.File); err != nil {
 			return nil, err
 		}
-		out = append(out, *f.File)
+		if n++; len(out.Entries) < keep {
+			out.Entries = append(out.Entries, *f.File)
+		}
 	}
+}
+
+// listResult completes out, a listing of n received entries asked with
+// max, from the agent's result (nil from an agent that predates counted
+// listings, which sends every entry it lists).
+func listResult(out *FileList, lr *ListResult, n, max int) error {
+	if lr == nil {
+		out.Total, out.Truncated = n, n > len(out.Entries)
+		return nil
+	}
+	switch {
+	case n > len(out.Entries), lr.Total < n, lr.Truncated != (lr.Total > n):
+		return fmt.Errorf("%w: listing of %d entries says total %d, truncated %v (max %d)", ErrProtocol, n, lr.Total, lr.Truncated, max)
+	case max == 0 && lr.Truncated:
+		return Errorf(errdefs.LimitExceeded, "more than %d entries", MaxListEntries)
+	}
+	out.Total, out.Truncated = lr.Total, lr.Truncated
+	return nil
 }
 
 // DeleteFile removes the file or directory at path; a non-empty directory

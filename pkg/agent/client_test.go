@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // fakeAgent answers every request with reply, whatever was asked.
@@ -116,6 +118,87 @@ func TestClientBoundsMaliciousAgent(t *testing.T) {
 				t.Errorf("err = %v, want ErrProtocol", err)
 			}
 		})
+	}
+}
+
+// listAgent answers a listing with n entries /d/e0.. and then the frame
+// last (bare, result is the final frame of an agent that predates counted
+// listings).
+// result is the bare result frame.
+const result = `{"v":1,"type":"result"}`
+
+func listAgent(n int, last string) func(net.Conn) {
+	return func(c net.Conn) {
+		w := bufio.NewWriter(c)
+		for i := range n {
+			fmt.Fprintf(w, `{"v":1,"type":"entry","file":{"path":"/d/e%d","type":"file","mode":420}}`+"\n", i)
+		}
+		fmt.Fprintln(w, last)
+		w.Flush()
+	}
+}
+
+// TestClientListOldAgent: an agent that predates counted listings (in a
+// sandbox started before the upgrade) ignores max and sends every entry;
+// the client keeps max of them and counts the rest itself. Whole listings
+// work with it as they did.
+func TestClientListOldAgent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := agent.NewClient(agent.UnixDialer(fakeAgent(t, listAgent(500, result))))
+	l, err := c.ListFilesMax(ctx, "/d", false, 100)
+	if err != nil || len(l.Entries) != 100 || l.Total != 500 || !l.Truncated || l.Entries[99].Path != "/d/e99" {
+		t.Fatalf("max 100 of an old agent's 500: %+v, %v", l, err)
+	}
+	l, err = c.ListFilesMax(ctx, "/d", false, 500)
+	if err != nil || len(l.Entries) != 500 || l.Total != 500 || l.Truncated {
+		t.Fatalf("max 500 of an old agent's 500: %d entries, total %d, truncated %v, %v", len(l.Entries), l.Total, l.Truncated, err)
+	}
+	whole, err := c.ListFiles(ctx, "/d", false)
+	if err != nil || len(whole) != 500 {
+		t.Fatalf("whole listing from an old agent: %d entries, %v", len(whole), err)
+	}
+	// Up to its cap an old agent's listing is counted; past it, it
+	// refuses after sending the cap's entries, and so does the client.
+	atCap := agent.NewClient(agent.UnixDialer(fakeAgent(t, listAgent(agent.MaxListEntries, result))))
+	if l, err := atCap.ListFilesMax(ctx, "/d", false, 10); err != nil || len(l.Entries) != 10 || l.Total != agent.MaxListEntries || !l.Truncated {
+		t.Fatalf("max 10 of an old agent's %d: %d entries, total %d, %v", agent.MaxListEntries, len(l.Entries), l.Total, err)
+	}
+	pastCap := agent.NewClient(agent.UnixDialer(fakeAgent(t, listAgent(agent.MaxListEntries,
+		`{"v":1,"type":"error","error":{"code":"limit_exceeded","message":"more than 100000 entries"}}`))))
+	if l, err := pastCap.ListFilesMax(ctx, "/d", false, 10); agent.ErrorCode(err) != errdefs.LimitExceeded {
+		t.Fatalf("an old agent past its cap: %+v, %v; want limit_exceeded", l, err)
+	}
+}
+
+// TestClientListBounds: a counting agent that sends more than max entries,
+// or a count that contradicts what it sent, is a protocol error; a whole
+// listing the agent says it cut is limit_exceeded.
+func TestClientListBounds(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name string
+		n    int
+		last string
+		max  int
+	}{
+		{"more than max", 3, `{"v":1,"type":"result","list":{"total":3}}`, 2},
+		{"total below the entries", 2, `{"v":1,"type":"result","list":{"total":1}}`, 2},
+		{"truncated without more", 2, `{"v":1,"type":"result","list":{"total":2,"truncated":true}}`, 2},
+		{"more without truncated", 2, `{"v":1,"type":"result","list":{"total":9}}`, 2},
+	} {
+		c := agent.NewClient(agent.UnixDialer(fakeAgent(t, listAgent(tc.n, tc.last))))
+		if l, err := c.ListFilesMax(ctx, "/d", false, tc.max); !errors.Is(err, agent.ErrProtocol) {
+			t.Errorf("%s: %+v, %v; want ErrProtocol", tc.name, l, err)
+		}
+	}
+	c := agent.NewClient(agent.UnixDialer(fakeAgent(t, listAgent(2, `{"v":1,"type":"result","list":{"total":9,"truncated":true}}`))))
+	if l, err := c.ListFilesMax(ctx, "/d", false, 2); err != nil || len(l.Entries) != 2 || l.Total != 9 || !l.Truncated {
+		t.Errorf("a counted cut listing: %+v, %v", l, err)
+	}
+	if _, err := c.ListFiles(ctx, "/d", false); agent.ErrorCode(err) != errdefs.LimitExceeded {
+		t.Errorf("a whole listing the agent cut: %v, want limit_exceeded", err)
 	}
 }
 

@@ -46,7 +46,8 @@ const (
 	MaxTransferBytes = 256 << 20
 	// MaxStdinBytes bounds the stdin payload of an exec request.
 	MaxStdinBytes = 64 << 20
-	// MaxListEntries bounds the entries of one file listing.
+	// MaxListEntries bounds the entries one file listing sends (its Max);
+	// the agent counts the entries past it without sending them.
 	MaxListEntries = 100_000
 	// DefaultReadFileMax is used by ReadFile when max is not positive.
 	DefaultReadFileMax = 16 << 20
@@ -131,16 +132,22 @@ type Request struct {
 	// for OpStart, file content for OpWriteFile.
 	Len int64 `json:"len,omitempty"`
 
-	JobID        string            `json:"job_id,omitempty"`
-	Exec         *ExecRequest      `json:"exec,omitempty"`
-	StdoutOffset int64             `json:"stdout_offset,omitempty"`
-	StderrOffset int64             `json:"stderr_offset,omitempty"`
-	Max          int64             `json:"max,omitempty"`
-	Signal       string            `json:"signal,omitempty"`
-	Path         string            `json:"path,omitempty"`
-	Offset       int64             `json:"offset,omitempty"`
-	Recursive    bool              `json:"recursive,omitempty"`
-	Write        *WriteFileRequest `json:"write,omitempty"`
+	JobID        string       `json:"job_id,omitempty"`
+	Exec         *ExecRequest `json:"exec,omitempty"`
+	StdoutOffset int64        `json:"stdout_offset,omitempty"`
+	StderrOffset int64        `json:"stderr_offset,omitempty"`
+	// Max bounds what OpRead and OpReadFile return, in bytes. For
+	// OpListFiles it is the most entries to send (1 to MaxListEntries):
+	// the agent counts the rest and says so in the result (ListResult).
+	// Without it (0) a listing is whole or, past MaxListEntries, refused
+	// with limit_exceeded: what a daemon that predates counted listings
+	// expects, and what a caller that needs every entry wants.
+	Max       int64             `json:"max,omitempty"`
+	Signal    string            `json:"signal,omitempty"`
+	Path      string            `json:"path,omitempty"`
+	Offset    int64             `json:"offset,omitempty"`
+	Recursive bool              `json:"recursive,omitempty"`
+	Write     *WriteFileRequest `json:"write,omitempty"`
 	// Port is the TCP port of an OpConnect request.
 	Port int `json:"port,omitempty"`
 }
@@ -163,6 +170,7 @@ type Frame struct {
 	File   *FileInfo   `json:"file,omitempty"`
 	Read   *ReadResult `json:"read,omitempty"`
 	Data   *FileData   `json:"data,omitempty"`
+	List   *ListResult `json:"list,omitempty"`
 	Rows   uint16      `json:"rows,omitempty"`
 	Cols   uint16      `json:"cols,omitempty"`
 }
@@ -311,6 +319,27 @@ type FileData struct {
 	Size int64 `json:"size"`
 	// Truncated reports that the file continues after the returned data.
 	Truncated bool `json:"truncated"`
+}
+
+// ListResult ends a list_files answer: how many entries the listing has,
+// and whether the agent stopped sending them before the end (at the
+// request's Max). An agent that predates counted listings ends it without
+// one: it ignores Max, sends every entry up to MaxListEntries and fails
+// past that.
+type ListResult struct {
+	Total     int  `json:"total"`
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+// FileList is a listing cut at a maximum (Client.ListFilesMax).
+type FileList struct {
+	// Entries are the listing's first entries, at most the maximum asked
+	// for.
+	Entries []FileInfo
+	// Total is how many entries the listing has.
+	Total int
+	// Truncated is set when Entries holds fewer than Total.
+	Truncated bool
 }
 
 // WriteFileRequest describes a file write; the content travels separately.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"path"
 	"unicode/utf8"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
@@ -19,10 +20,12 @@ const MaxListEntries = agent.MaxListEntries
 // ArtifactPath is where REST serves an exported archive.
 func ArtifactPath(id string) string { return "/v1/artifacts/" + id }
 
-// ListFilesPage lists a directory in a sandbox (ListFiles) and cuts the
-// list at req.MaxEntries (default apitypes.DefaultListEntries), saying how
-// many entries there are and whether some were left out, so that a client
-// can tell an incomplete list from a complete one.
+// ListFilesPage lists a directory in a sandbox (default /workspace) up to
+// req.MaxEntries (default apitypes.DefaultListEntries), saying how many
+// entries there are and whether some were left out, so that a client can
+// tell an incomplete list from a complete one. The agent sends no more
+// than that and counts the rest, so a huge directory costs its count, not
+// its entries.
 func (e *Engine) ListFilesPage(ctx context.Context, req apitypes.FileListRequest) (*apitypes.FileList, error) {
 	max := req.MaxEntries
 	switch {
@@ -33,22 +36,39 @@ func (e *Engine) ListFilesPage(ctx context.Context, req apitypes.FileListRequest
 	case max > MaxListEntries:
 		return nil, errdefs.Invalidf("max_entries: exceeds the maximum %d", MaxListEntries)
 	}
-	entries, err := e.ListFiles(ctx, req.SandboxID, req.Path, req.Recursive)
+	// The checks of ListFiles, which lists whole.
+	if err := checkSandboxID(req.SandboxID); err != nil {
+		return nil, err
+	}
+	p := req.Path
+	if p == "" {
+		p = "/workspace"
+	}
+	if err := e.checkSandboxPath(ctx, req.SandboxID, "path", p); err != nil {
+		return nil, err
+	}
+	l, err := e.sandboxes.ListFilesMax(ctx, req.SandboxID, path.Clean(p), req.Recursive, max)
 	if err != nil {
 		return nil, err
 	}
-	return pageEntries(entries, max), nil
+	entries := make([]FileEntry, len(l.Entries))
+	for i, f := range l.Entries {
+		entries[i] = FileEntry{Path: f.Path, Type: f.Type, Size: f.Size, Mode: f.Mode, MTime: f.MTime}
+	}
+	return pageEntries(entries, l.Total, max), nil
 }
 
-// pageEntries is the first max of entries, with the total.
-func pageEntries(entries []FileEntry, max int) *apitypes.FileList {
-	out := &apitypes.FileList{Entries: entries, Total: len(entries)}
+// pageEntries is the first limit of entries, of a listing of total
+// entries (never fewer than entries holds).
+func pageEntries(entries []FileEntry, total, limit int) *apitypes.FileList {
+	out := &apitypes.FileList{Entries: entries, Total: max(total, len(entries))}
 	if out.Entries == nil {
 		out.Entries = []FileEntry{}
 	}
-	if len(entries) > max {
-		out.Entries, out.Truncated = entries[:max], true
+	if len(out.Entries) > limit {
+		out.Entries = out.Entries[:limit]
 	}
+	out.Truncated = out.Total > len(out.Entries)
 	return out
 }
 

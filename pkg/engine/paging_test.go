@@ -49,16 +49,23 @@ func TestPageJobOutput(t *testing.T) {
 }
 
 // TestPageEntries: a listing longer than the cap says it was cut and how
-// long it is; a shorter one is whole, and an empty one is [] not null.
+// long it is; a shorter one is whole, and an empty one is [] not null. The
+// agent's count of what it did not send is the total.
 func TestPageEntries(t *testing.T) {
 	entries := make([]FileEntry, 5)
-	if l := pageEntries(entries, 3); len(l.Entries) != 3 || l.Total != 5 || !l.Truncated {
+	if l := pageEntries(entries, 5, 3); len(l.Entries) != 3 || l.Total != 5 || !l.Truncated {
 		t.Fatalf("cut listing = %d entries, total %d, truncated %v", len(l.Entries), l.Total, l.Truncated)
 	}
-	if l := pageEntries(entries, 5); len(l.Entries) != 5 || l.Total != 5 || l.Truncated {
+	if l := pageEntries(entries, 5, 5); len(l.Entries) != 5 || l.Total != 5 || l.Truncated {
 		t.Fatalf("whole listing = %d entries, total %d, truncated %v", len(l.Entries), l.Total, l.Truncated)
 	}
-	if l := pageEntries(nil, 5); l.Entries == nil || l.Total != 0 || l.Truncated {
+	if l := pageEntries(nil, 0, 5); l.Entries == nil || l.Total != 0 || l.Truncated {
 		t.Fatalf("empty listing = %+v", l)
+	}
+	if l := pageEntries(entries[:3], 100_500, 3); len(l.Entries) != 3 || l.Total != 100_500 || !l.Truncated {
+		t.Fatalf("listing cut by the agent = %d entries, total %d, truncated %v", len(l.Entries), l.Total, l.Truncated)
+	}
+	if l := pageEntries(entries, 2, 10); len(l.Entries) != 5 || l.Total != 5 || l.Truncated {
+		t.Fatalf("a total below the entries = %d entries, total %d, truncated %v", len(l.Entries), l.Total, l.Truncated)
 	}
 }

@@ -369,6 +369,21 @@ func (m *Manager) ListFiles(ctx context.Context, id, path string, recursive bool
 	return l, nil
 }
 
+// ListFilesMax lists path in sandbox id up to max entries, with how many
+// there are (agent.Client.ListFilesMax).
+func (m *Manager) ListFilesMax(ctx context.Context, id, path string, recursive bool, max int) (*agent.FileList, error) {
+	sb, _, err := m.live(ctx, id, CapFileList)
+	if err != nil {
+		return nil, err
+	}
+	m.touch(sb)
+	l, err := sb.agent.ListFilesMax(ctx, path, recursive, max)
+	if err != nil {
+		return nil, m.agentError(sb, err, "list files")
+	}
+	return l, nil
+}
+
 // DeleteFile deletes path in sandbox id.
 func (m *Manager) DeleteFile(ctx context.Context, id, path string, recursive bool) error {
 	sb, _, err := m.live(ctx, id, CapFileList)

@@ -222,6 +222,7 @@ func TestFakeBackendCapabilities(t *testing.T) {
 			return err
 		}, "pty"},
 		"list":     {func() error { _, err := m.ListFiles(ctx, info.ID, "/x", false); return err }, "file_list"},
+		"list max": {func() error { _, err := m.ListFilesMax(ctx, info.ID, "/x", false, 10); return err }, "file_list"},
 		"delete":   {func() error { return m.DeleteFile(ctx, info.ID, "/x/a.txt", false) }, "file_list"},
 		"port":     {func() error { _, err := m.DialPort(ctx, info.ID, 80); return err }, "ports"},
 		"pause":    {func() error { _, err := m.Pause(ctx, info.ID); return err }, "pause"},

@@ -187,7 +187,7 @@ func (fs *fileService) serve(req *agent.Request, r *bufio.Reader, rp *reply) err
 		}
 		return err
 	case agent.OpListFiles:
-		return fs.list(p, req.Recursive, rp)
+		return fs.list(req, r, rp)
 	case agent.OpDeleteFile:
 		if err := fs.asUser(func() error { return fs.delete(p, req.Recursive) }); err != nil {
 			return err
@@ -504,7 +504,29 @@ func (fs *fileService) appendTo(dirfd int, p string, mode uint32, setMode bool, 
 	return rp.send(&agent.Frame{Type: agent.FrameResult, File: fileInfo(p, &st)})
 }
 
-func (fs *fileService) list(p string, recursive bool, rp *reply) error {
+// listBatch is how many names a listing reads from a directory at a time.
+const listBatch = 1024
+
+func (fs *fileService) list(req *agent.Request, r *bufio.Reader, rp *reply) error {
+	if req.Max < 0 || req.Max > agent.MaxListEntries {
+		return agent.Errorf(errdefs.InvalidArgument, "max: %d is not in 0-%d", req.Max, agent.MaxListEntries)
+	}
+	l := &lister{rp: rp, recursive: req.Recursive, max: int(req.Max), strict: req.Max == 0}
+	if l.strict {
+		l.max = agent.MaxListEntries
+	}
+	// Counting a huge tree sends nothing for a while: a client that has
+	// gone (its deadline passed) is noticed by reading, as attach does,
+	// and ends the count.
+	gone := make(chan struct{})
+	_ = rp.c.SetReadDeadline(time.Time{})
+	go func() {
+		_, _ = r.ReadByte()
+		close(gone)
+	}()
+	l.gone = gone
+
+	p := req.Path
 	fd, err := fs.openAsUser(p, unix.O_RDONLY|unix.O_DIRECTORY)
 	if agent.ErrorCode(err) == errdefs.InvalidArgument { // not a directory
 		fi, serr := fs.stat(p)
@@ -512,34 +534,77 @@ func (fs *fileService) list(p string, recursive bool, rp *reply) error {
 			return serr
 		}
 		if fi.Type != agent.TypeDir {
-			if err := rp.send(&agent.Frame{Type: agent.FrameEntry, File: fi}); err != nil {
+			if err := l.send(fi); err != nil {
 				return err
 			}
-			return rp.send(&agent.Frame{Type: agent.FrameResult})
+			return l.end()
 		}
 	}
 	if err != nil {
 		return err
 	}
-	count := 0
-	if err := fs.walk(fd, p, recursive, &count, rp); err != nil {
+	if err := l.walk(fd, p); err != nil {
 		return err
 	}
-	return rp.send(&agent.Frame{Type: agent.FrameResult})
+	return l.end()
 }
 
-// walk sends an entry per name in the directory fd (which it closes),
-// descending into subdirectories when recursive. Subdirectories are
-// opened by single component with O_NOFOLLOW, so the walk never leaves the
-// tree through a symlink.
-func (fs *fileService) walk(fd int, dir string, recursive bool, count *int, rp *reply) error {
+// lister sends the first max entries of a listing, in order (sorted by
+// name within a directory, a directory's tree right after it), and counts
+// the rest without sending them, so that the client learns how long the
+// listing is and keeps only what it asked for. The agent's memory is the
+// sandbox's: a directory is read in batches of listBatch names, of which
+// only those that can still be sent are kept (at most twice the entries
+// left to send, plus a batch), so no directory, however large, is held
+// whole. The count is exact; it costs a getdents per batch (and an fstatat
+// per entry when recursive) and ends when the client goes.
+type lister struct {
+	rp        *reply
+	recursive bool
+	// max is the most entries sent. In strict mode (a request without
+	// Max) it is MaxListEntries, and a listing longer than that is
+	// refused rather than cut.
+	max    int
+	strict bool
+	gone   <-chan struct{}
+	// sent and total count the entries sent and all entries seen.
+	sent, total int
+}
+
+func (l *lister) send(fi *agent.FileInfo) error {
+	l.sent++
+	l.total++
+	return l.rp.send(&agent.Frame{Type: agent.FrameEntry, File: fi})
+}
+
+// more counts an entry past max.
+func (l *lister) more() error {
+	l.total++
+	if l.strict {
+		return agent.Errorf(errdefs.LimitExceeded, "more than %d entries", l.max)
+	}
+	return nil
+}
+
+// end sends the result: the count, and whether entries were left out.
+func (l *lister) end() error {
+	return l.rp.send(&agent.Frame{Type: agent.FrameResult, List: &agent.ListResult{Total: l.total, Truncated: l.total > l.sent}})
+}
+
+// walk lists the directory fd (which it closes), descending into
+// subdirectories when recursive. Subdirectories are opened by single
+// component with O_NOFOLLOW, so the walk never leaves the tree through a
+// symlink.
+func (l *lister) walk(fd int, dir string) error {
 	f := os.NewFile(uintptr(fd), dir)
 	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return errnoError(dir, err)
+	if l.sent >= l.max {
+		return l.count(fd, f, dir)
 	}
-	slices.Sort(names)
+	names, err := l.firstNames(fd, f, dir)
+	if err != nil {
+		return err
+	}
 	for _, name := range names {
 		p := path.Join(dir, name)
 		var st unix.Stat_t
@@ -549,24 +614,126 @@ func (fs *fileService) walk(fd int, dir string, recursive bool, count *int, rp *
 			}
 			return errnoError(p, err)
 		}
-		if *count++; *count > agent.MaxListEntries {
-			return agent.Errorf(errdefs.LimitExceeded, "more than %d entries", agent.MaxListEntries)
+		// An earlier subtree may have used up max: the rest is counted.
+		if l.sent < l.max {
+			err = l.send(fileInfo(p, &st))
+		} else {
+			err = l.more()
 		}
-		fi := fileInfo(p, &st)
-		if err := rp.send(&agent.Frame{Type: agent.FrameEntry, File: fi}); err != nil {
+		if err != nil {
 			return err
 		}
-		if recursive && fi.Type == agent.TypeDir {
-			sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return errnoError(p, err)
-			}
-			if err := fs.walk(sub, p, true, count, rp); err != nil {
+		if l.recursive && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			if err := l.sub(fd, name, p); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// sub walks the subdirectory name of fd.
+func (l *lister) sub(fd int, name, p string) error {
+	sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return errnoError(p, err)
+	}
+	return l.walk(sub, p)
+}
+
+// firstNames reads the directory f (fd) and returns, sorted, its first
+// max-sent names: all that can still be sent from it. The names after
+// those are counted, with their trees, as they are dropped.
+func (l *lister) firstNames(fd int, f *os.File, dir string) ([]string, error) {
+	keep := l.max - l.sent
+	var names []string
+	for {
+		if err := l.stopped(dir); err != nil {
+			return nil, err
+		}
+		batch, rerr := f.Readdirnames(listBatch)
+		names = append(names, batch...)
+		if len(names) > 2*keep || rerr != nil {
+			slices.Sort(names)
+			if len(names) > keep {
+				for _, name := range names[keep:] {
+					if err := l.countName(fd, dir, name); err != nil {
+						return nil, err
+					}
+				}
+				names = names[:keep]
+			}
+		}
+		if rerr == io.EOF {
+			return names, nil
+		}
+		if rerr != nil {
+			return nil, errnoError(dir, rerr)
+		}
+	}
+}
+
+// count counts the entries of the directory f (fd), and of its tree when
+// recursive, without sending them.
+func (l *lister) count(fd int, f *os.File, dir string) error {
+	for {
+		if err := l.stopped(dir); err != nil {
+			return err
+		}
+		batch, rerr := f.Readdirnames(listBatch)
+		for _, name := range batch {
+			if err := l.countName(fd, dir, name); err != nil {
+				return err
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return errnoError(dir, rerr)
+		}
+	}
+}
+
+// stopped is errAbort once the client has gone.
+func (l *lister) stopped(dir string) error {
+	select {
+	case <-l.gone:
+		return fmt.Errorf("%w: client gone while reading %s", errAbort, dir)
+	default:
+		return nil
+	}
+}
+
+// countName counts the entry name of the directory fd, one past max, with
+// its tree when recursive.
+func (l *lister) countName(fd int, dir, name string) error {
+	if !l.recursive {
+		return l.more()
+	}
+	p := path.Join(dir, name)
+	var st unix.Stat_t
+	if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err == unix.ENOENT {
+			return nil // removed since the directory was read
+		}
+		return errnoError(p, err)
+	}
+	if err := l.more(); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return nil
+	}
+	// Counted, never sent: the names before this one are all the
+	// listing can still send.
+	sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return errnoError(p, err)
+	}
+	f := os.NewFile(uintptr(sub), p)
+	defer f.Close()
+	return l.count(sub, f, p)
 }
 
 func (fs *fileService) delete(p string, recursive bool) error {
