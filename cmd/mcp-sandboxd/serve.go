@@ -358,7 +358,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	var servers []*http.Server
 	errc := make(chan error, len(listeners))
 	for _, l := range listeners {
-		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		// IdleTimeout closes keep-alive connections idle between requests
+		// (a client that leaks them would otherwise grow the daemon's
+		// descriptors and goroutines without bound); it does not touch a
+		// request in progress, so streams and WebSockets are unaffected.
+		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 		servers = append(servers, srv)
 		go func(l listener) {
 			if err := srv.Serve(l.l); err != nil && !errors.Is(err, http.ErrServerClosed) {
