@@ -35,6 +35,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
@@ -60,12 +61,12 @@ type Engine struct {
 	seccompProfiles map[string]*specs.LinuxSeccomp
 	metrics         *metrics
 	started         time.Time
-	runState                      // run records (run.go)
-	autofixState                  // autofix loops (autofix.go)
-	builds          imageBuilds   // images being built on first use (ondemand.go)
-	ports           portExposures // preview exposures (ports.go)
-	vm              vmState       // the VM backend (vm.go)
-	snapshotState                 // workspace snapshots (snapshot.go)
+	runState                       // run records (run.go)
+	autofixState                   // autofix loops (autofix.go)
+	builds          imageBuilds    // images being built on first use (ondemand.go)
+	ports           *ports.Service // preview exposures (pkg/services/ports)
+	vm              vmState        // the VM backend (vm.go)
+	snapshotState                  // workspace snapshots (snapshot.go)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -190,8 +191,8 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		},
 		OnTransition: func(id string, _, to sandbox.State, _ string) {
 			e.metrics.terminations.WithLabelValues(string(to)).Inc()
-			if endsExposures(to) {
-				e.endExposures(id)
+			if ports.Ends(to) && e.ports != nil { // nil only before New wires it
+				e.ports.End(id)
 			}
 		},
 	})
@@ -199,6 +200,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		cleanup()
 		return nil, err
 	}
+	e.ports = ports.New(e.sandboxes, e.store, log)
 	if err := e.initRuns(); err != nil {
 		cleanup()
 		return nil, err
@@ -209,7 +211,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	e.adoptNetworks(ctx, rep)
-	if err := e.loadExposures(ctx); err != nil {
+	if err := e.ports.Load(ctx); err != nil {
 		log.Error("restore preview exposures", "err", err)
 	}
 	log.Info("reconciled state", "adopted", len(rep.Adopted), "terminated", len(rep.Terminated),
@@ -718,15 +720,7 @@ func (e *Engine) ResumeSandbox(ctx context.Context, id string) (*sandbox.Info, e
 	return e.sandboxes.Resume(ctx, id)
 }
 
-func checkSandboxID(id string) error {
-	if id == "" {
-		return errdefs.Invalidf("sandbox_id: required")
-	}
-	if len(id) > 64 || strings.ContainsAny(id, "/\x00 ") {
-		return errdefs.Invalidf("sandbox_id: malformed %q", id)
-	}
-	return nil
-}
+func checkSandboxID(id string) error { return sandbox.CheckID(id) }
 
 // EnsureImage builds the image for recipe name unless an image with the
 // recipe's digest exists already.
