@@ -36,6 +36,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
@@ -61,12 +62,12 @@ type Engine struct {
 	seccompProfiles map[string]*specs.LinuxSeccomp
 	metrics         *metrics
 	started         time.Time
-	runState                       // run records (run.go)
-	autofixState                   // autofix loops (autofix.go)
-	builds          imageBuilds    // images being built on first use (ondemand.go)
-	ports           *ports.Service // preview exposures (pkg/services/ports)
-	vm              vmState        // the VM backend (vm.go)
-	snapshotState                  // workspace snapshots (snapshot.go)
+	runState                           // run records (run.go)
+	autofixState                       // autofix loops (autofix.go)
+	builds          imageBuilds        // images being built on first use (ondemand.go)
+	ports           *ports.Service     // preview exposures (pkg/services/ports)
+	vm              vmState            // the VM backend (vm.go)
+	snapshots       *snapshots.Service // workspace and machine snapshots (pkg/services/snapshots)
 }
 
 // New opens the state directory and starts the engine's background work. The
@@ -201,6 +202,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		return nil, err
 	}
 	e.ports = ports.New(e.sandboxes, e.store, log)
+	e.snapshots = snapshots.New(e.sandboxes, e.store, cfg.Snapshots, cfg.Paths.StateDir, log)
 	if err := e.initRuns(); err != nil {
 		cleanup()
 		return nil, err
@@ -222,7 +224,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	e.pruneArtifacts()
 	e.pruneStaleImages(ctx)
 	e.sandboxes.Start()
-	e.startSnapshotJanitor()
+	e.snapshots.Start()
 	return e, nil
 }
 
@@ -323,7 +325,7 @@ func seccompRules(rs []config.SeccompRule) []seccomp.Rule {
 // Close stops background work. Sandboxes keep running; a restarted daemon
 // adopts them.
 func (e *Engine) Close() error {
-	e.stopSnapshotJanitor()
+	e.snapshots.Stop()
 	e.sandboxes.Close()
 	e.detachVMs()
 	if e.net != nil {
@@ -376,7 +378,7 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 	if req.OS != "" {
 		return nil, errdefs.Invalidf("os: only with backend vm (a container runs Linux)")
 	}
-	seed, err := e.forkSeed(ctx, &req)
+	seed, err := e.snapshots.ForkSeed(ctx, &req)
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +387,7 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 		return nil, err
 	}
 	if seed != nil {
-		if err := e.seedSpec(spec, seed); err != nil {
+		if err := e.snapshots.SeedSpec(spec, seed); err != nil {
 			return nil, err
 		}
 	}
@@ -412,7 +414,7 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 	}
 	if seed != nil {
 		// A fork: its archive must stay until the sandbox has started.
-		unlock, err := e.holdSnapshot(ctx, seed.ID, "from_snapshot")
+		unlock, err := e.snapshots.Hold(ctx, seed.ID, "from_snapshot")
 		if err != nil {
 			return nil, err
 		}
