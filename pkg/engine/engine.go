@@ -10,13 +10,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +33,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
@@ -64,7 +63,7 @@ type Engine struct {
 	started         time.Time
 	runState                           // run records (run.go)
 	autofixState                       // autofix loops (autofix.go)
-	builds          imageBuilds        // images being built on first use (ondemand.go)
+	imgs            *images.Service    // images: list, build, prune, build on first use (pkg/services/images)
 	ports           *ports.Service     // preview exposures (pkg/services/ports)
 	vm              vmState            // the VM backend (vm.go)
 	snapshots       *snapshots.Service // workspace and machine snapshots (pkg/services/snapshots)
@@ -99,6 +98,11 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		return nil, fmt.Errorf("load recipes: %w", err)
 	}
 	e.catalog = lang.NewCatalog(recipes, cfg.Images.Languages)
+	e.imgs = images.New(images.Options{
+		Store: e.images, Catalog: e.catalog, Config: cfg.Images, RecipesDir: cfg.Paths.RecipesDir,
+		Sandboxes: liveSandboxes{e}, Log: log,
+		OnBuild: func(name, outcome string) { e.metrics.imageBuilds.WithLabelValues(name, outcome).Inc() },
+	})
 	if e.runtime, err = runtime.New(filepath.Join(cfg.Paths.RunDir, "runtime"), log); err != nil {
 		cleanup()
 		return nil, err
@@ -593,32 +597,6 @@ func checkLabels(labels map[string]string) error {
 	return nil
 }
 
-func (e *Engine) imageKnown(name string) bool {
-	if _, ok := e.catalog.Recipe(name); ok {
-		return true
-	}
-	_, err := e.images.Get(name)
-	return err == nil
-}
-
-func (e *Engine) knownImages() []string {
-	seen := map[string]bool{}
-	for _, n := range e.catalog.ImageNames() {
-		seen[n] = true
-	}
-	if imgs, err := e.images.List(); err == nil {
-		for _, i := range imgs {
-			seen[i.Name] = true
-		}
-	}
-	names := make([]string, 0, len(seen))
-	for n := range seen {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
 // SandboxDetail is a sandbox with its live usage (sandbox_get).
 type SandboxDetail = apitypes.SandboxDetail
 
@@ -724,100 +702,6 @@ func (e *Engine) ResumeSandbox(ctx context.Context, id string) (*sandbox.Info, e
 
 func checkSandboxID(id string) error { return sandbox.CheckID(id) }
 
-// EnsureImage builds the image for recipe name unless an image with the
-// recipe's digest exists already.
-func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error) {
-	if err := checkImageName("name", name); err != nil {
-		return nil, err
-	}
-	r, ok := e.catalog.Recipe(name)
-	if !ok {
-		hint := ""
-		if strings.HasPrefix(name, vmGuestPrefix) {
-			hint = "; a VM guest image " + name + " is built as a guest (vm) of " + strings.TrimPrefix(name, vmGuestPrefix)
-		}
-		return nil, errdefs.Invalidf("name: no recipe %q (known: %s)%s", name, strings.Join(e.catalog.ImageNames(), ", "), hint)
-	}
-	b := &image.Builder{Store: e.images, Mirror: e.cfg.Images.Mirror, Suite: e.cfg.Images.Suite, Log: log}
-	img, err := b.Ensure(ctx, r)
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "build image %s", name)
-	}
-	return e.describedImage(ctx, img)
-}
-
-// Images lists the built images.
-func (e *Engine) Images() ([]apitypes.Image, error) {
-	imgs, err := e.images.List()
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "list images")
-	}
-	live, err := e.sandboxes.List(context.Background())
-	if err != nil {
-		return nil, err
-	}
-	out := make([]apitypes.Image, len(imgs))
-	for i, im := range imgs {
-		out[i] = publicImage(im)
-		e.describeImage(&out[i], live)
-	}
-	return out, nil
-}
-
-// publicImage is what clients see of a built image: no host paths.
-func publicImage(im *image.Image) apitypes.Image {
-	return apitypes.Image{Name: im.Name, Digest: im.Digest, BuiltAt: im.BuiltAt, SizeBytes: im.SizeBytes,
-		BuildSeconds: im.BuildSeconds, Suite: im.Suite, Packages: len(im.Packages)}
-}
-
-// PruneImages removes the stale images — trees of an older digest of a
-// recipe, no longer current — that no live sandbox of this daemon runs on,
-// and returns them.
-func (e *Engine) PruneImages(ctx context.Context) ([]apitypes.Image, error) {
-	stale, err := e.images.Stale()
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "list stale images")
-	}
-	live, err := e.sandboxes.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	used := map[string]bool{}
-	for _, sb := range live {
-		used[sb.ImageDigest] = true
-	}
-	out := []apitypes.Image{}
-	var errs []error
-	for _, im := range stale {
-		if used[im.Digest] {
-			continue
-		}
-		if err := e.images.RemoveDigest(im.Name, im.Digest); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		out = append(out, publicImage(im))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return out, errdefs.Wrap(errdefs.Internal, err, "prune images")
-	}
-	return out, nil
-}
-
-// pruneStaleImages applies images.prune_stale.
-func (e *Engine) pruneStaleImages(ctx context.Context) {
-	if !e.cfg.Images.PruneStale {
-		return
-	}
-	removed, err := e.PruneImages(ctx)
-	for _, im := range removed {
-		e.log.Info("pruned stale image", "image", im.Name, "digest", im.Digest)
-	}
-	if err != nil {
-		e.log.Warn("prune stale images", "err", err)
-	}
-}
-
 // TerminateLabeled terminates every live sandbox whose label key has value
 // (an MCP session's sandboxes when it ends) and returns their ids.
 func (e *Engine) TerminateLabeled(ctx context.Context, key, value, reason string) ([]string, error) {
@@ -838,28 +722,4 @@ func (e *Engine) TerminateLabeled(ctx context.Context, key, value, reason string
 		done = append(done, sb.ID)
 	}
 	return done, errors.Join(errs...)
-}
-
-// RemoveImage deletes the built images of recipe name. An image in use by a
-// live sandbox is refused: it is the lower layer of that sandbox's root.
-func (e *Engine) RemoveImage(ctx context.Context, name string) error {
-	if err := checkImageName("name", name); err != nil {
-		return err
-	}
-	if _, err := e.images.Get(name); errors.Is(err, image.ErrNotFound) {
-		return errdefs.NotFoundf("name: no built image %q", name)
-	}
-	live, err := e.sandboxes.List(ctx)
-	if err != nil {
-		return err
-	}
-	for _, sb := range live {
-		if sb.Image == name {
-			return errdefs.Conflictf("image %s is in use by sandbox %s", name, sb.ID)
-		}
-	}
-	if err := e.images.Remove(name); err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "remove image %s", name)
-	}
-	return nil
 }
