@@ -276,6 +276,23 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 }
 
 func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
+	spec, err := e.specImage(req)
+	if err != nil {
+		return nil, err
+	}
+	// In this order, so that a request wrong in several fields is told
+	// about the same one first as ever.
+	for _, step := range []func(*sandbox.Spec, CreateSandboxRequest) error{e.specRoot, e.specLimits, e.specSeccomp, e.specNetwork, e.specChecks} {
+		if err := step(spec, req); err != nil {
+			return nil, err
+		}
+	}
+	return spec, nil
+}
+
+// specImage resolves the request's image and language and starts the spec
+// with the configured default limits.
+func (e *Engine) specImage(req CreateSandboxRequest) (*sandbox.Spec, error) {
 	sc := e.cfg.Sandbox
 	imageName := req.Image
 	if imageName == "" {
@@ -302,32 +319,45 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		},
 		Env: req.Env, Labels: req.Labels,
 	}
+	return spec, nil
+}
+
+// specRoot applies root mode.
+func (e *Engine) specRoot(spec *sandbox.Spec, req CreateSandboxRequest) error {
+	sc := e.cfg.Sandbox
 	if req.Root {
 		// Root inside is root on the host without a user namespace.
 		if sc.UsernsPool.Count == 0 {
-			return nil, errdefs.New(errdefs.InvalidArgument, "root: root mode needs user namespaces, which this server runs without (sandbox.userns_pool.count is 0)")
+			return errdefs.New(errdefs.InvalidArgument, "root: root mode needs user namespaces, which this server runs without (sandbox.userns_pool.count is 0)")
 		}
 		spec.UID, spec.Root = 0, true
 		if req.RootAsUser {
 			spec.UID = sc.User
 		}
 	}
+	return nil
+}
+
+// specLimits applies the requested memory, disk, inodes, disk backing,
+// pids and CPUs within their caps.
+func (e *Engine) specLimits(spec *sandbox.Spec, req CreateSandboxRequest) error {
+	sc := e.cfg.Sandbox
 	var err error
 	if req.MemoryMB != nil {
 		if spec.Limits.MemoryBytes, err = megabytes("memory_mb", *req.MemoryMB, minMemory, int64(sc.MaxMemory)); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if req.DiskMB != nil {
 		if spec.Limits.DiskBytes, err = megabytes("disk_mb", *req.DiskMB, minDisk, int64(sc.MaxDisk)); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	spec.Limits.Inodes = storage.DefaultInodes(spec.Limits.DiskBytes)
 	if req.Inodes != nil {
 		// ext4 cannot have more than one inode per KiB.
 		if err := checkRange("inodes", *req.Inodes, minInodes, spec.Limits.DiskBytes/1024, 1); err != nil {
-			return nil, err
+			return err
 		}
 		spec.Limits.Inodes = *req.Inodes
 	}
@@ -336,67 +366,85 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		spec.DiskBacking = sc.DiskBacking
 	case storage.BackingDisk, storage.BackingMemory:
 	default:
-		return nil, errdefs.Invalidf("disk_backing: must be %q or %q, got %q", storage.BackingDisk, storage.BackingMemory, req.DiskBacking)
+		return errdefs.Invalidf("disk_backing: must be %q or %q, got %q", storage.BackingDisk, storage.BackingMemory, req.DiskBacking)
 	}
 	if req.Pids != nil {
 		if err := checkRange("pids", *req.Pids, minPids, sc.MaxPids, 1); err != nil {
-			return nil, err
+			return err
 		}
 		spec.Limits.Pids = *req.Pids
 	}
 	if req.CPUs != nil {
 		c := *req.CPUs
 		if !(c >= 0.01) { // also rejects NaN
-			return nil, errdefs.Invalidf("cpus: must be at least 0.01, got %v", c)
+			return errdefs.Invalidf("cpus: must be at least 0.01, got %v", c)
 		}
 		if c > sc.MaxCPUs {
-			return nil, errdefs.Invalidf("cpus: %v exceeds the maximum %v", c, sc.MaxCPUs)
+			return errdefs.Invalidf("cpus: %v exceeds the maximum %v", c, sc.MaxCPUs)
 		}
 		spec.Limits.CPUs = c
 	}
+	return nil
+}
+
+// specSeccomp applies a seccomp profile chosen by name.
+func (e *Engine) specSeccomp(spec *sandbox.Spec, req CreateSandboxRequest) error {
 	if req.SeccompProfile != "" {
 		if _, ok := e.seccompProfiles[req.SeccompProfile]; !ok {
-			return nil, errdefs.Invalidf("seccomp_profile: unknown profile %q (known: %s)", req.SeccompProfile, strings.Join(slices.Sorted(maps.Keys(e.seccompProfiles)), ", "))
+			return errdefs.Invalidf("seccomp_profile: unknown profile %q (known: %s)", req.SeccompProfile, strings.Join(slices.Sorted(maps.Keys(e.seccompProfiles)), ", "))
 		}
 		spec.SeccompProfile = req.SeccompProfile
 	}
+	return nil
+}
+
+// specNetwork applies the network mode, its limits, allowlist and credentials.
+func (e *Engine) specNetwork(spec *sandbox.Spec, req CreateSandboxRequest) error {
 	if len(req.Allow) > 0 && req.Network != NetworkAllowlist {
-		return nil, errdefs.Invalidf("allow: only valid with network %q", NetworkAllowlist)
+		return errdefs.Invalidf("allow: only valid with network %q", NetworkAllowlist)
 	}
+	var err error
 	if spec.Network, err = e.networkMode("network", req.Network); err != nil {
-		return nil, err
+		return err
 	}
 	if err := e.networkLimits(spec, req); err != nil {
-		return nil, err
+		return err
 	}
 	if len(req.Credentials) > 0 && spec.Network == NetworkNone {
-		return nil, errdefs.Invalidf("credentials: only valid with network egress or allowlist (the credential proxy is on the gateway)")
+		return errdefs.Invalidf("credentials: only valid with network egress or allowlist (the credential proxy is on the gateway)")
 	}
 	if spec.Network != NetworkNone {
 		if err := e.net.Validate(networkRequest(spec.Network, req.Allow, req.Credentials, spec.Limits)); err != nil {
-			return nil, err
+			return err
 		}
 		spec.Allow, spec.Credentials = req.Allow, req.Credentials
 		spec.Env = withPackageIndexes(spec.Env, e.netCfg.PackageIndexes.Env())
 	}
+	return nil
+}
+
+// specChecks applies the TTL and checks env, labels and the request id.
+func (e *Engine) specChecks(spec *sandbox.Spec, req CreateSandboxRequest) error {
+	sc := e.cfg.Sandbox
 	if req.TTLSeconds != nil {
+		var err error
 		if spec.TTL, err = wholeSeconds("ttl_seconds", *req.TTLSeconds, sc.MaxLifetime.D()); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := checkEnv("env", req.Env); err != nil {
-		return nil, err
+		return err
 	}
 	if err := checkLabels(req.Labels); err != nil {
-		return nil, err
+		return err
 	}
 	if _, ok := req.Labels[RequestIDLabel]; ok {
-		return nil, errdefs.Invalidf("labels.%s: reserved; use request_id", RequestIDLabel)
+		return errdefs.Invalidf("labels.%s: reserved; use request_id", RequestIDLabel)
 	}
 	if req.RequestID != "" && !requestIDRe.MatchString(req.RequestID) {
-		return nil, errdefs.Invalidf("request_id: %q is not 1 to 128 letters, digits and ._:- (starting with a letter or digit)", req.RequestID)
+		return errdefs.Invalidf("request_id: %q is not 1 to 128 letters, digits and ._:- (starting with a letter or digit)", req.RequestID)
 	}
-	return spec, nil
+	return nil
 }
 
 // RequestIDLabel is the label that records a create's request_id.
