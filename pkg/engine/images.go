@@ -60,8 +60,6 @@ func (e *Engine) describedImage(ctx context.Context, img *image.Image) (*apitype
 	return e.imgs.Described(ctx, img)
 }
 
-func (e *Engine) describeImage(im *apitypes.Image, live []*sandbox.Info) { e.imgs.Describe(im, live) }
-
 func (e *Engine) vmRecipe(field, name string) (*image.Recipe, error) {
 	return e.imgs.VMRecipe(field, name)
 }
