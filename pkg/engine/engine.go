@@ -1,9 +1,11 @@
 // Package engine is SandboxRunner's one API. Every operation — creating a
-// sandbox, running a command, moving files — is implemented here once and
-// called by every front end: the MCP tools, the REST API and sandboxctl (through
-// REST). The engine validates input (every error names its field and carries a
-// taxonomy code from pkg/errdefs), applies the configured defaults and caps,
-// and delegates to the lifecycle packages below it.
+// sandbox, running a command, moving files — is implemented once, here or in
+// one of the services under pkg/services (snapshots, preview ports, images)
+// that New composes (compose.go), and called by every front end through the
+// engine: the MCP tools, the REST API and sandboxctl (through REST). The
+// engine validates input (every error names its field and carries a taxonomy
+// code from pkg/errdefs), applies the configured defaults and caps, and
+// delegates to the lifecycle packages below it.
 package engine
 
 import (
