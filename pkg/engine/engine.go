@@ -35,6 +35,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/agents"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
@@ -69,6 +70,7 @@ type Engine struct {
 	ports           *ports.Service     // preview exposures (pkg/services/ports)
 	vm              vmState            // the VM backend (vm.go)
 	snapshots       *snapshots.Service // workspace and machine snapshots (pkg/services/snapshots)
+	agents          *agents.Service    // agent sessions (pkg/services/agents)
 }
 
 // unbuilt names the configuration sections whose subsystems this build does
