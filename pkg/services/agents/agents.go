@@ -84,11 +84,6 @@ type Service struct{ o Options }
 // New returns the agent-session service.
 func New(o Options) *Service { return &Service{o: o} }
 
-// networkAllowlist is the network mode of a session's own sandbox: an
-// allowlist with nothing in it, so the credential proxy on the gateway is
-// the only destination.
-const networkAllowlist = "allowlist"
-
 const (
 	// AgentCredential is the credential (network.credentials) agent
 	// sessions are granted: the Messages API.
@@ -153,7 +148,7 @@ func (s *Service) Run(ctx context.Context, req AgentRunRequest, progress func(Ag
 		}
 		// An allowlist with nothing in it: the credential proxy on the
 		// gateway is the only destination.
-		info, err := s.o.Sandboxes.CreateSandbox(ctx, apitypes.CreateSandboxRequest{Image: image, Language: image, Network: networkAllowlist,
+		info, err := s.o.Sandboxes.CreateSandbox(ctx, apitypes.CreateSandboxRequest{Image: image, Language: image, Network: string(network.ModeAllowlist),
 			Credentials: []string{AgentCredential}, Labels: map[string]string{"agent_session": "true"}})
 		if err != nil {
 			return nil, err
