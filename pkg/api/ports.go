@@ -9,7 +9,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
-// Preview ports (engine/ports.go): POST exposes a port, GET lists the
+// Preview ports (pkg/services/ports): POST exposes a port, GET lists the
 // exposures, DELETE ends one.
 
 func (s *server) routePorts(mux *http.ServeMux) {

@@ -1,22 +1,22 @@
 // Package engine is SandboxRunner's one API. Every operation — creating a
-// sandbox, running a command, moving files — is implemented here once and
-// called by every front end: the MCP tools, the REST API and sandboxctl (through
-// REST). The engine validates input (every error names its field and carries a
-// taxonomy code from pkg/errdefs), applies the configured defaults and caps,
-// and delegates to the lifecycle packages below it.
+// sandbox, running a command, moving files — is implemented once, here or in
+// one of the services under pkg/services (snapshots, preview ports, images)
+// that New composes (compose.go), and called by every front end through the
+// engine: the MCP tools, the REST API and sandboxctl (through REST). The
+// engine validates input (every error names its field and carries a taxonomy
+// code from pkg/errdefs), applies the configured defaults and caps, and
+// delegates to the lifecycle packages below it.
 package engine
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +35,10 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/agents"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
@@ -60,168 +64,13 @@ type Engine struct {
 	seccompProfiles map[string]*specs.LinuxSeccomp
 	metrics         *metrics
 	started         time.Time
-	runState                      // run records (run.go)
-	autofixState                  // autofix loops (autofix.go)
-	builds          imageBuilds   // images being built on first use (ondemand.go)
-	ports           portExposures // preview exposures (ports.go)
-	vm              vmState       // the VM backend (vm.go)
-	snapshotState                 // workspace snapshots (snapshot.go)
-}
-
-// New opens the state directory and starts the engine's background work. The
-// caller must hold the state directory's lock (see cmd/mcp-sandboxd).
-func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, error) {
-	if log == nil {
-		log = slog.Default()
-	}
-	if err := checkBuilt(cfg); err != nil {
-		return nil, err
-	}
-	if err := checkUsernsPool(cfg.Sandbox.UsernsPool); err != nil {
-		return nil, err
-	}
-	e := &Engine{cfg: cfg, log: log, seccomp: seccomp.Check(), started: time.Now()}
-	e.metrics = newMetrics(e)
-	var err error
-	if e.store, err = store.Open(ctx, filepath.Join(cfg.Paths.StateDir, "state.db")); err != nil {
-		return nil, fmt.Errorf("open state database: %w", err)
-	}
-	cleanup := func() { _ = e.store.Close() }
-	if e.images, err = image.OpenStore(e.imagesDir()); err != nil {
-		cleanup()
-		return nil, fmt.Errorf("open image store: %w", err)
-	}
-	recipes, err := image.LoadRecipes(cfg.Paths.RecipesDir)
-	if err != nil {
-		cleanup()
-		return nil, fmt.Errorf("load recipes: %w", err)
-	}
-	e.catalog = lang.NewCatalog(recipes, cfg.Images.Languages)
-	if e.runtime, err = runtime.New(filepath.Join(cfg.Paths.RunDir, "runtime"), log); err != nil {
-		cleanup()
-		return nil, err
-	}
-	// Every profile is resolved for each mode's capability set (see
-	// runtime.AgentCapabilities).
-	prof, err := e.loadSeccomp(runtime.AgentCapabilities)
-	if err != nil {
-		cleanup()
-		return nil, err
-	}
-	rootProf, err := e.loadSeccomp(runtime.RootModeCapabilities)
-	if err != nil {
-		cleanup()
-		return nil, err
-	}
-	if prof == nil {
-		e.log.Warn("seccomp is turned off by configuration (sandbox.seccomp_profile: unconfined)")
-	} else if !e.seccomp.OK() {
-		e.log.Error("seccomp cannot be enforced; sandboxes will not start", "reason", e.seccomp.Reason)
-	}
-	if e.seccompProfiles, err = e.loadSeccompProfiles(runtime.AgentCapabilities); err != nil {
-		cleanup()
-		return nil, err
-	}
-	rootProfiles, err := e.loadSeccompProfiles(runtime.RootModeCapabilities)
-	if err != nil {
-		cleanup()
-		return nil, err
-	}
-	e.ledger = ledger.New(e.store)
-	if cfg.Sandbox.CgroupFavorDynMods {
-		// A host-wide mount option (cgroups.FavorDynMods says why): said
-		// aloud when changed; a failure costs only exec latency.
-		if changed, err := cgroups.FavorDynMods(); err != nil {
-			log.Warn("cgroup2 favordynmods not set: each command's cgroup move may wait for an RCU grace period", "err", err)
-		} else if changed {
-			log.Info("set favordynmods on the host's cgroup2 hierarchy (sandbox.cgroup_favordynmods)")
-		}
-	}
-	disks, err := storage.NewStore(cfg.Paths.SandboxesDirOrDefault())
-	if err != nil {
-		cleanup()
-		return nil, err
-	}
-	// Ready disks of the default geometry keep the disk backing's create
-	// as fast as a tmpfs's (docs/storage.md "Ready disks" and
-	// "Benchmark"); two cover a burst of creates while the pool refills
-	// in the background.
-	if e.disks, err = disks.NewPool(int64(cfg.Sandbox.Disk), storage.DefaultInodes(int64(cfg.Sandbox.Disk)), readyDisks, log); err != nil {
-		disks.Close()
-		cleanup()
-		return nil, err
-	}
-	e.diskStore = disks
-	cleanup = func() { _ = e.disks.Close(); disks.Close(); _ = e.store.Close() }
-	if cfg.Sandbox.DiskBacking == storage.BackingDisk {
-		e.disks.Fill()
-	}
-	backend, err := container.New(container.Options{
-		Runtime: e.runtime, Seccomp: prof, SeccompProfiles: e.seccompProfiles,
-		RootSeccomp: rootProf, RootSeccompProfiles: rootProfiles,
-		SeccompDiagnostics: cfg.Sandbox.SeccompDiagnostics && seccomp.MonitorSupported,
-		AgentPath:          cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, Storage: disks, Pool: e.disks,
-		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
-		Userns: usernsPool(cfg.Sandbox.UsernsPool, e.store),
-	}, e.ledger)
-	if err != nil {
-		cleanup()
-		return nil, err
-	}
-	var more []sandbox.Backend
-	if vb := e.initVM(); vb != nil {
-		more = append(more, vb)
-	}
-	var netHook sandbox.Network
-	if e.initNetwork(); e.net != nil {
-		netHook = networkHook{e}
-	}
-	e.sandboxes, err = sandbox.NewManager(sandbox.Options{
-		Store: e.store, Images: e.images, Backend: backend, Backends: more, Ledger: e.ledger, Network: netHook,
-		MaxSandboxes: cfg.Sandbox.MaxSandboxes, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
-		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: log,
-		Pool: cfg.Sandbox.Pool,
-		PoolSpec: func(image string) (sandbox.Spec, error) {
-			spec, err := e.sandboxSpec(CreateSandboxRequest{Language: image})
-			if err != nil {
-				return sandbox.Spec{}, err
-			}
-			return *spec, nil
-		},
-		OnTransition: func(id string, _, to sandbox.State, _ string) {
-			e.metrics.terminations.WithLabelValues(string(to)).Inc()
-			if endsExposures(to) {
-				e.endExposures(id)
-			}
-		},
-	})
-	if err != nil {
-		cleanup()
-		return nil, err
-	}
-	if err := e.initRuns(); err != nil {
-		cleanup()
-		return nil, err
-	}
-	rep, err := e.sandboxes.Reconcile(ctx)
-	if err != nil {
-		cleanup()
-		return nil, fmt.Errorf("reconcile: %w", err)
-	}
-	e.adoptNetworks(ctx, rep)
-	if err := e.loadExposures(ctx); err != nil {
-		log.Error("restore preview exposures", "err", err)
-	}
-	log.Info("reconciled state", "adopted", len(rep.Adopted), "terminated", len(rep.Terminated),
-		"removed", len(rep.Removed), "errors", len(rep.Errors))
-	for _, msg := range rep.Errors {
-		log.Error("reconcile", "err", msg)
-	}
-	e.pruneArtifacts()
-	e.pruneStaleImages(ctx)
-	e.sandboxes.Start()
-	e.startSnapshotJanitor()
-	return e, nil
+	runState                           // run records (run.go)
+	autofixState                       // autofix loops (autofix.go)
+	imgs            *images.Service    // images: list, build, prune, build on first use (pkg/services/images)
+	ports           *ports.Service     // preview exposures (pkg/services/ports)
+	vm              vmState            // the VM backend (vm.go)
+	snapshots       *snapshots.Service // workspace and machine snapshots (pkg/services/snapshots)
+	agents          *agents.Service    // agent sessions (pkg/services/agents)
 }
 
 // unbuilt names the configuration sections whose subsystems this build does
@@ -321,7 +170,7 @@ func seccompRules(rs []config.SeccompRule) []seccomp.Rule {
 // Close stops background work. Sandboxes keep running; a restarted daemon
 // adopts them.
 func (e *Engine) Close() error {
-	e.stopSnapshotJanitor()
+	e.snapshots.Stop()
 	e.sandboxes.Close()
 	e.detachVMs()
 	if e.net != nil {
@@ -374,7 +223,7 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 	if req.OS != "" {
 		return nil, errdefs.Invalidf("os: only with backend vm (a container runs Linux)")
 	}
-	seed, err := e.forkSeed(ctx, &req)
+	seed, err := e.snapshots.ForkSeed(ctx, &req)
 	if err != nil {
 		return nil, err
 	}
@@ -383,7 +232,7 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 		return nil, err
 	}
 	if seed != nil {
-		if err := e.seedSpec(spec, seed); err != nil {
+		if err := e.snapshots.SeedSpec(spec, seed); err != nil {
 			return nil, err
 		}
 	}
@@ -410,7 +259,7 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 	}
 	if seed != nil {
 		// A fork: its archive must stay until the sandbox has started.
-		unlock, err := e.holdSnapshot(ctx, seed.ID, "from_snapshot")
+		unlock, err := e.snapshots.Hold(ctx, seed.ID, "from_snapshot")
 		if err != nil {
 			return nil, err
 		}
@@ -431,6 +280,23 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 }
 
 func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
+	spec, err := e.specImage(req)
+	if err != nil {
+		return nil, err
+	}
+	// In this order, so that a request wrong in several fields is told
+	// about the same one first as ever.
+	for _, step := range []func(*sandbox.Spec, CreateSandboxRequest) error{e.specRoot, e.specLimits, e.specSeccomp, e.specNetwork, e.specChecks} {
+		if err := step(spec, req); err != nil {
+			return nil, err
+		}
+	}
+	return spec, nil
+}
+
+// specImage resolves the request's image and language and starts the spec
+// with the configured default limits.
+func (e *Engine) specImage(req CreateSandboxRequest) (*sandbox.Spec, error) {
 	sc := e.cfg.Sandbox
 	imageName := req.Image
 	if imageName == "" {
@@ -457,32 +323,45 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		},
 		Env: req.Env, Labels: req.Labels,
 	}
+	return spec, nil
+}
+
+// specRoot applies root mode.
+func (e *Engine) specRoot(spec *sandbox.Spec, req CreateSandboxRequest) error {
+	sc := e.cfg.Sandbox
 	if req.Root {
 		// Root inside is root on the host without a user namespace.
 		if sc.UsernsPool.Count == 0 {
-			return nil, errdefs.New(errdefs.InvalidArgument, "root: root mode needs user namespaces, which this server runs without (sandbox.userns_pool.count is 0)")
+			return errdefs.New(errdefs.InvalidArgument, "root: root mode needs user namespaces, which this server runs without (sandbox.userns_pool.count is 0)")
 		}
 		spec.UID, spec.Root = 0, true
 		if req.RootAsUser {
 			spec.UID = sc.User
 		}
 	}
+	return nil
+}
+
+// specLimits applies the requested memory, disk, inodes, disk backing,
+// pids and CPUs within their caps.
+func (e *Engine) specLimits(spec *sandbox.Spec, req CreateSandboxRequest) error {
+	sc := e.cfg.Sandbox
 	var err error
 	if req.MemoryMB != nil {
 		if spec.Limits.MemoryBytes, err = megabytes("memory_mb", *req.MemoryMB, minMemory, int64(sc.MaxMemory)); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if req.DiskMB != nil {
 		if spec.Limits.DiskBytes, err = megabytes("disk_mb", *req.DiskMB, minDisk, int64(sc.MaxDisk)); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	spec.Limits.Inodes = storage.DefaultInodes(spec.Limits.DiskBytes)
 	if req.Inodes != nil {
 		// ext4 cannot have more than one inode per KiB.
 		if err := checkRange("inodes", *req.Inodes, minInodes, spec.Limits.DiskBytes/1024, 1); err != nil {
-			return nil, err
+			return err
 		}
 		spec.Limits.Inodes = *req.Inodes
 	}
@@ -491,68 +370,86 @@ func (e *Engine) sandboxSpec(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		spec.DiskBacking = sc.DiskBacking
 	case storage.BackingDisk, storage.BackingMemory:
 	default:
-		return nil, errdefs.Invalidf("disk_backing: must be %q or %q, got %q", storage.BackingDisk, storage.BackingMemory, req.DiskBacking)
+		return errdefs.Invalidf("disk_backing: must be %q or %q, got %q", storage.BackingDisk, storage.BackingMemory, req.DiskBacking)
 	}
 	if req.Pids != nil {
 		if err := checkRange("pids", *req.Pids, minPids, sc.MaxPids, 1); err != nil {
-			return nil, err
+			return err
 		}
 		spec.Limits.Pids = *req.Pids
 	}
 	if req.CPUs != nil {
 		c := *req.CPUs
 		if !(c >= 0.01) { // also rejects NaN
-			return nil, errdefs.Invalidf("cpus: must be at least 0.01, got %v", c)
+			return errdefs.Invalidf("cpus: must be at least 0.01, got %v", c)
 		}
 		if c > sc.MaxCPUs {
-			return nil, errdefs.Invalidf("cpus: %v exceeds the maximum %v", c, sc.MaxCPUs)
+			return errdefs.Invalidf("cpus: %v exceeds the maximum %v", c, sc.MaxCPUs)
 		}
 		spec.Limits.CPUs = c
 	}
+	return nil
+}
+
+// specSeccomp applies a seccomp profile chosen by name.
+func (e *Engine) specSeccomp(spec *sandbox.Spec, req CreateSandboxRequest) error {
 	if req.SeccompProfile != "" {
 		if _, ok := e.seccompProfiles[req.SeccompProfile]; !ok {
-			return nil, errdefs.Invalidf("seccomp_profile: unknown profile %q (known: %s)", req.SeccompProfile, strings.Join(slices.Sorted(maps.Keys(e.seccompProfiles)), ", "))
+			return errdefs.Invalidf("seccomp_profile: unknown profile %q (known: %s)", req.SeccompProfile, strings.Join(slices.Sorted(maps.Keys(e.seccompProfiles)), ", "))
 		}
 		spec.SeccompProfile = req.SeccompProfile
 	}
+	return nil
+}
+
+// specNetwork applies the network mode, its limits, allowlist and credentials.
+func (e *Engine) specNetwork(spec *sandbox.Spec, req CreateSandboxRequest) error {
 	if len(req.Allow) > 0 && req.Network != NetworkAllowlist {
-		return nil, errdefs.Invalidf("allow: only valid with network %q", NetworkAllowlist)
+		return errdefs.Invalidf("allow: only valid with network %q", NetworkAllowlist)
 	}
+	var err error
 	if spec.Network, err = e.networkMode("network", req.Network); err != nil {
-		return nil, err
+		return err
 	}
 	if err := e.networkLimits(spec, req); err != nil {
-		return nil, err
+		return err
 	}
 	if len(req.Credentials) > 0 && spec.Network == NetworkNone {
-		return nil, errdefs.Invalidf("credentials: only valid with network egress or allowlist (the credential proxy is on the gateway)")
+		return errdefs.Invalidf("credentials: only valid with network egress or allowlist (the credential proxy is on the gateway)")
 	}
 	if spec.Network != NetworkNone {
 		if err := e.net.Validate(networkRequest(spec.Network, req.Allow, req.Credentials, spec.Limits)); err != nil {
-			return nil, err
+			return err
 		}
 		spec.Allow, spec.Credentials = req.Allow, req.Credentials
 		spec.Env = withPackageIndexes(spec.Env, e.netCfg.PackageIndexes.Env())
 	}
+	return nil
+}
+
+// specChecks applies the TTL and checks env, labels and the request id.
+func (e *Engine) specChecks(spec *sandbox.Spec, req CreateSandboxRequest) error {
+	sc := e.cfg.Sandbox
 	if req.TTLSeconds != nil {
+		var err error
 		if spec.TTL, err = wholeSeconds("ttl_seconds", *req.TTLSeconds, sc.MaxLifetime.D()); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	spec.PauseOnExpiry = req.PauseOnExpiry && spec.TTL > 0
 	if err := checkEnv("env", req.Env); err != nil {
-		return nil, err
+		return err
 	}
 	if err := checkLabels(req.Labels); err != nil {
-		return nil, err
+		return err
 	}
 	if _, ok := req.Labels[RequestIDLabel]; ok {
-		return nil, errdefs.Invalidf("labels.%s: reserved; use request_id", RequestIDLabel)
+		return errdefs.Invalidf("labels.%s: reserved; use request_id", RequestIDLabel)
 	}
 	if req.RequestID != "" && !requestIDRe.MatchString(req.RequestID) {
-		return nil, errdefs.Invalidf("request_id: %q is not 1 to 128 letters, digits and ._:- (starting with a letter or digit)", req.RequestID)
+		return errdefs.Invalidf("request_id: %q is not 1 to 128 letters, digits and ._:- (starting with a letter or digit)", req.RequestID)
 	}
-	return spec, nil
+	return nil
 }
 
 // RequestIDLabel is the label that records a create's request_id.
@@ -588,32 +485,6 @@ func checkLabels(labels map[string]string) error {
 		}
 	}
 	return nil
-}
-
-func (e *Engine) imageKnown(name string) bool {
-	if _, ok := e.catalog.Recipe(name); ok {
-		return true
-	}
-	_, err := e.images.Get(name)
-	return err == nil
-}
-
-func (e *Engine) knownImages() []string {
-	seen := map[string]bool{}
-	for _, n := range e.catalog.ImageNames() {
-		seen[n] = true
-	}
-	if imgs, err := e.images.List(); err == nil {
-		for _, i := range imgs {
-			seen[i.Name] = true
-		}
-	}
-	names := make([]string, 0, len(seen))
-	for n := range seen {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
 }
 
 // SandboxDetail is a sandbox with its live usage (sandbox_get).
@@ -719,109 +590,7 @@ func (e *Engine) ResumeSandbox(ctx context.Context, id string) (*sandbox.Info, e
 	return e.sandboxes.Resume(ctx, id)
 }
 
-func checkSandboxID(id string) error {
-	if id == "" {
-		return errdefs.Invalidf("sandbox_id: required")
-	}
-	if len(id) > 64 || strings.ContainsAny(id, "/\x00 ") {
-		return errdefs.Invalidf("sandbox_id: malformed %q", id)
-	}
-	return nil
-}
-
-// EnsureImage builds the image for recipe name unless an image with the
-// recipe's digest exists already.
-func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error) {
-	if err := checkImageName("name", name); err != nil {
-		return nil, err
-	}
-	r, ok := e.catalog.Recipe(name)
-	if !ok {
-		hint := ""
-		if strings.HasPrefix(name, vmGuestPrefix) {
-			hint = "; a VM guest image " + name + " is built as a guest (vm) of " + strings.TrimPrefix(name, vmGuestPrefix)
-		}
-		return nil, errdefs.Invalidf("name: no recipe %q (known: %s)%s", name, strings.Join(e.catalog.ImageNames(), ", "), hint)
-	}
-	b := &image.Builder{Store: e.images, Mirror: e.cfg.Images.Mirror, Suite: e.cfg.Images.Suite, Log: log}
-	img, err := b.Ensure(ctx, r)
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "build image %s", name)
-	}
-	return e.describedImage(ctx, img)
-}
-
-// Images lists the built images.
-func (e *Engine) Images() ([]apitypes.Image, error) {
-	imgs, err := e.images.List()
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "list images")
-	}
-	live, err := e.sandboxes.List(context.Background())
-	if err != nil {
-		return nil, err
-	}
-	out := make([]apitypes.Image, len(imgs))
-	for i, im := range imgs {
-		out[i] = publicImage(im)
-		e.describeImage(&out[i], live)
-	}
-	return out, nil
-}
-
-// publicImage is what clients see of a built image: no host paths.
-func publicImage(im *image.Image) apitypes.Image {
-	return apitypes.Image{Name: im.Name, Digest: im.Digest, BuiltAt: im.BuiltAt, SizeBytes: im.SizeBytes,
-		BuildSeconds: im.BuildSeconds, Suite: im.Suite, Packages: len(im.Packages)}
-}
-
-// PruneImages removes the stale images — trees of an older digest of a
-// recipe, no longer current — that no live sandbox of this daemon runs on,
-// and returns them.
-func (e *Engine) PruneImages(ctx context.Context) ([]apitypes.Image, error) {
-	stale, err := e.images.Stale()
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "list stale images")
-	}
-	live, err := e.sandboxes.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	used := map[string]bool{}
-	for _, sb := range live {
-		used[sb.ImageDigest] = true
-	}
-	out := []apitypes.Image{}
-	var errs []error
-	for _, im := range stale {
-		if used[im.Digest] {
-			continue
-		}
-		if err := e.images.RemoveDigest(im.Name, im.Digest); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		out = append(out, publicImage(im))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return out, errdefs.Wrap(errdefs.Internal, err, "prune images")
-	}
-	return out, nil
-}
-
-// pruneStaleImages applies images.prune_stale.
-func (e *Engine) pruneStaleImages(ctx context.Context) {
-	if !e.cfg.Images.PruneStale {
-		return
-	}
-	removed, err := e.PruneImages(ctx)
-	for _, im := range removed {
-		e.log.Info("pruned stale image", "image", im.Name, "digest", im.Digest)
-	}
-	if err != nil {
-		e.log.Warn("prune stale images", "err", err)
-	}
-}
+func checkSandboxID(id string) error { return sandbox.CheckID(id) }
 
 // TerminateLabeled terminates every live sandbox whose label key has value
 // (an MCP session's sandboxes when it ends) and returns their ids.
@@ -843,28 +612,4 @@ func (e *Engine) TerminateLabeled(ctx context.Context, key, value, reason string
 		done = append(done, sb.ID)
 	}
 	return done, errors.Join(errs...)
-}
-
-// RemoveImage deletes the built images of recipe name. An image in use by a
-// live sandbox is refused: it is the lower layer of that sandbox's root.
-func (e *Engine) RemoveImage(ctx context.Context, name string) error {
-	if err := checkImageName("name", name); err != nil {
-		return err
-	}
-	if _, err := e.images.Get(name); errors.Is(err, image.ErrNotFound) {
-		return errdefs.NotFoundf("name: no built image %q", name)
-	}
-	live, err := e.sandboxes.List(ctx)
-	if err != nil {
-		return err
-	}
-	for _, sb := range live {
-		if sb.Image == name {
-			return errdefs.Conflictf("image %s is in use by sandbox %s", name, sb.ID)
-		}
-	}
-	if err := e.images.Remove(name); err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "remove image %s", name)
-	}
-	return nil
 }

@@ -174,19 +174,6 @@ func (e *Engine) ensureVMImage(ctx context.Context, name string, log io.Writer) 
 	return img, nil
 }
 
-// vmRecipe is the recipe of the guest image of name (linux or a language);
-// an unknown name is an invalid_argument naming field.
-func (e *Engine) vmRecipe(field, name string) (*image.Recipe, error) {
-	if name == vm.OSLinux {
-		return vm.GuestRecipe(e.cfg.Paths.RecipesDir, name, nil)
-	}
-	r, ok := e.catalog.Recipe(name)
-	if !ok {
-		return nil, errdefs.Invalidf("%s: no guest image %q: linux or a language (known: %s)", field, name, strings.Join(e.catalog.Names(), ", "))
-	}
-	return vm.GuestRecipe(e.cfg.Paths.RecipesDir, name, r)
-}
-
 // vmImageName resolves the image field of a VM request: "" and "linux"
 // are the Linux test guest, a language (or vm-<language>) its guest.
 func vmImageName(name string) string {

@@ -9,7 +9,7 @@ import (
 )
 
 // WritableDirs are the host paths of a sandbox's writable state, for
-// workspace snapshots (pkg/engine/snapshot.go, pkg/storage/snapshot.go).
+// workspace snapshots (pkg/services/snapshots, pkg/storage/snapshot.go).
 type WritableDirs struct {
 	// Upper is the rootfs overlay's upper layer. It is part of a mounted
 	// overlay: read it, never write it (overlayfs leaves changes to a

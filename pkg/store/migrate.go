@@ -148,7 +148,7 @@ CREATE TABLE network_leases (
 		version:     6,
 		description: "preview port exposures",
 		sql: `
--- Ports of live sandboxes served by the preview listener (pkg/engine/ports.go),
+-- Ports of live sandboxes served by the preview listener (pkg/services/ports),
 -- so that they survive a daemon restart like their sandboxes do. The token
 -- is kept as issued (the state directory is root's, like the API token
 -- file): listing an exposure shows its URL again. Rows of sandboxes that
@@ -166,7 +166,7 @@ CREATE TABLE port_exposures (
 		version:     7,
 		description: "workspace snapshots",
 		sql: `
--- One row per workspace snapshot (pkg/engine/snapshot.go): the archive
+-- One row per workspace snapshot (pkg/services/snapshots): the archive
 -- state_dir/snapshots/<id>.tar.zst is named by its sha256, which is the id.
 -- No foreign key to sandboxes: a snapshot outlives its sandbox (forks,
 -- restores), and retention may drop the sandbox's row first.

@@ -28,7 +28,9 @@ var layer = map[string]int{
 
 	"pkg/sandbox/container": 4, "pkg/sandbox/qemu": 4,
 
-	"pkg/engine": 5,
+	// The engine's services (pkg/services/*) sit beside the engine, which
+	// composes them; they never import it (forbidden below).
+	"pkg/engine": 5, "pkg/services/ports": 5, "pkg/services/snapshots": 5, "pkg/services/images": 5, "pkg/services/agents": 5,
 
 	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6, "pkg/preview": 6,
 	// The E2B front end and its generated envd protocol code (leaves).
@@ -46,14 +48,16 @@ var layer = map[string]int{
 // engine and their own helpers. The agent's server side runs inside the
 // sandbox and must not pull in the daemon.
 var forbidden = map[string][]string{
-	"pkg/mcpserver":     {"pkg/api", "pkg/e2b"},
-	"pkg/api":           {"pkg/mcpserver", "pkg/e2b"},
-	"pkg/e2b":           {"pkg/api", "pkg/mcpserver", "pkg/preview"},
-	"pkg/api/client":    {"pkg/engine", "pkg/sandbox", "pkg/agent", "pkg/runtime", "pkg/store"},
-	"pkg/sandbox":       {"pkg/sandbox/container", "pkg/runtime", "pkg/sandbox/qemu", "pkg/vm"},
-	"pkg/agent/server":  {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config"},
-	"cmd/sandbox-agent": {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config", "pkg/vm"},
-	"cmd/sandboxctl":    {"pkg/engine", "pkg/sandbox", "pkg/runtime", "pkg/store"},
+	"pkg/mcpserver":      {"pkg/api", "pkg/e2b"},
+	"pkg/api":            {"pkg/mcpserver", "pkg/e2b"},
+	"pkg/e2b":            {"pkg/api", "pkg/mcpserver", "pkg/preview"},
+	"pkg/api/client":     {"pkg/engine", "pkg/sandbox", "pkg/agent", "pkg/runtime", "pkg/store"},
+	"pkg/sandbox":        {"pkg/sandbox/container", "pkg/runtime", "pkg/sandbox/qemu", "pkg/vm"},
+	"pkg/agent/server":   {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config"},
+	"cmd/sandbox-agent":  {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config", "pkg/vm"},
+	"cmd/sandboxctl":     {"pkg/engine", "pkg/sandbox", "pkg/runtime", "pkg/store"},
+	"pkg/services/ports": {"pkg/engine"}, "pkg/services/snapshots": {"pkg/engine"},
+	"pkg/services/images": {"pkg/engine"}, "pkg/services/agents": {"pkg/engine"},
 }
 
 func TestImportsPointDown(t *testing.T) {

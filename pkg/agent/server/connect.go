@@ -25,7 +25,7 @@ const connectTimeout = 5 * time.Second
 // network namespace, never an address the request names, so a preview
 // exposure cannot be turned into a relay to other hosts (or, in egress
 // mode, around the sandbox's firewall). What the daemon lets reach this op
-// (exposed ports only, behind a token) is decided in pkg/engine/ports.go.
+// (exposed ports only, behind a token) is decided in pkg/services/ports.
 func (s *Server) connect(req *agent.Request, c net.Conn, r *bufio.Reader, rp *reply) error {
 	if err := agent.ValidatePort(req.Port); err != nil {
 		return err

@@ -1,4 +1,4 @@
-package engine
+package agents
 
 import (
 	"context"
@@ -28,25 +28,25 @@ import (
 // record.
 type agentRecord struct {
 	*runs.Record
-	e              *Engine
+	records        Records
 	Meta           runs.Metadata
 	transcript     *os.File
 	transcriptPath string
 	argv           []string
 }
 
-// startAgentRecord creates the record of a session in sandbox id that
+// startRecord creates the record of a session in sandbox id that
 // starts from files.
-func (e *Engine) startAgentRecord(ctx context.Context, id string, files map[string]string, ephemeral bool) (*agentRecord, error) {
-	info, err := e.sandboxes.Get(ctx, id)
+func (s *Service) startRecord(ctx context.Context, id string, files map[string]string, ephemeral bool) (*agentRecord, error) {
+	info, err := s.o.Sandboxes.Get(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	rec, err := e.newRunRecord()
+	rec, err := s.o.Records.New()
 	if err != nil {
 		return nil, err
 	}
-	r := &agentRecord{Record: rec, e: e, transcriptPath: filepath.Join(rec.Dir, runs.TranscriptJSONL)}
+	r := &agentRecord{Record: rec, records: s.o.Records, transcriptPath: filepath.Join(rec.Dir, runs.TranscriptJSONL)}
 	names := make([]string, 0, len(files))
 	snapshot := make(map[string][]byte, len(files))
 	for p, c := range files {
@@ -57,7 +57,7 @@ func (e *Engine) startAgentRecord(ctx context.Context, id string, files map[stri
 	sort.Strings(names)
 	r.Meta = runs.Metadata{Kind: "agent", Language: info.Language, Image: info.Image, ImageDigest: info.ImageDigest,
 		SandboxID: id, StartTime: rec.StartedAt.UTC(), Ephemeral: ephemeral, Files: names, Steps: []runs.Step{}}
-	err = errors.Join(rec.WriteSnapshot("", snapshot), rec.WriteJSON(runs.ContainerInfoJSON, containerInfo(info, ephemeral)))
+	err = errors.Join(rec.WriteSnapshot("", snapshot), rec.WriteJSON(runs.ContainerInfoJSON, s.o.Records.ContainerInfo(info, ephemeral)))
 	if err == nil {
 		r.transcript, err = os.OpenFile(r.transcriptPath, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
 	}
@@ -98,7 +98,7 @@ func (r *agentRecord) finish(ctx context.Context, res *AgentRunResult, runErr er
 		}
 		m.Error = errdefs.MessageOf(runErr)
 	}
-	errs = append(errs, r.e.runs.Finish(ctx, r.Record, m))
+	errs = append(errs, r.records.Finish(ctx, r.Record, m))
 	if runErr != nil {
 		return runErr
 	}

@@ -1,4 +1,4 @@
-package engine
+package images
 
 import (
 	"bytes"
@@ -18,9 +18,9 @@ import (
 
 type buildOutputKey struct{}
 
-// withBuildOutput makes f receive the phases of an image build the request
+// WithBuildOutput makes f receive the phases of an image build the request
 // carried by ctx waits for.
-func withBuildOutput(ctx context.Context, f sandbox.OutputFunc) context.Context {
+func WithBuildOutput(ctx context.Context, f sandbox.OutputFunc) context.Context {
 	if f == nil {
 		return ctx
 	}
@@ -73,53 +73,53 @@ func (w *phaseWriter) Write(p []byte) (int, error) {
 	}
 }
 
-// ensureImageOnDemand builds image name if it is not built, build on demand
+// EnsureOnDemand builds image name if it is not built, build on demand
 // is on and a recipe of that name exists; otherwise it leaves the request to
 // fail (or succeed) where it would have.
-func (e *Engine) ensureImageOnDemand(ctx context.Context, name string) error {
-	if _, err := e.images.Get(name); err == nil || !e.cfg.Images.BuildOnDemand {
+func (s *Service) EnsureOnDemand(ctx context.Context, name string) error {
+	if _, err := s.images.Get(name); err == nil || !s.cfg.BuildOnDemand {
 		return nil
 	}
-	if _, ok := e.catalog.Recipe(name); !ok {
+	if _, ok := s.catalog.Recipe(name); !ok {
 		return nil
 	}
 	out, _ := ctx.Value(buildOutputKey{}).(sandbox.OutputFunc)
-	e.builds.mu.Lock()
-	if e.builds.running == nil {
-		e.builds.running = map[string]*imageBuild{}
+	s.builds.mu.Lock()
+	if s.builds.running == nil {
+		s.builds.running = map[string]*imageBuild{}
 	}
-	b := e.builds.running[name]
+	b := s.builds.running[name]
 	first := b == nil
 	if first {
 		b = &imageBuild{done: make(chan struct{})}
-		e.builds.running[name] = b
+		s.builds.running[name] = b
 	}
 	if out != nil {
 		b.mu.Lock()
 		b.waiters = append(b.waiters, out)
 		b.mu.Unlock()
 	}
-	e.builds.mu.Unlock()
+	s.builds.mu.Unlock()
 	if first {
 		// The build outlives the request that started it: others may be
 		// waiting for it, and a half-built image is wasted work.
 		go func() {
 			b.say("image %s: not built yet; building it now (first use)", name)
-			e.metrics.imageBuilds.WithLabelValues(name, "started").Inc()
-			_, err := e.EnsureImage(context.Background(), name, &phaseWriter{b: b, marker: " image " + name + ": "})
+			s.onBuild(name, "started")
+			_, err := s.Ensure(context.Background(), name, &phaseWriter{b: b, marker: " image " + name + ": "})
 			outcome := "built"
 			if err != nil {
 				outcome = "failed"
 				b.say("image %s: build failed: %v", name, err)
 			} else {
 				b.say("image %s: ready", name)
-				e.pruneStaleImages(context.Background())
+				s.PruneStale(context.Background())
 			}
-			e.metrics.imageBuilds.WithLabelValues(name, outcome).Inc()
+			s.onBuild(name, outcome)
 			b.err = err
-			e.builds.mu.Lock()
-			delete(e.builds.running, name)
-			e.builds.mu.Unlock()
+			s.builds.mu.Lock()
+			delete(s.builds.running, name)
+			s.builds.mu.Unlock()
 			close(b.done)
 		}()
 	} else if out != nil {

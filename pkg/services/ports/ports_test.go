@@ -1,0 +1,166 @@
+package ports
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+)
+
+// fakeSandboxes stands for the sandbox service: the states of a few
+// sandboxes, no containers (the service runs as any user).
+type fakeSandboxes struct {
+	states map[string]sandbox.State
+	dialed []int
+}
+
+func (f *fakeSandboxes) Get(_ context.Context, id string) (*sandbox.Info, error) {
+	st, ok := f.states[id]
+	if !ok {
+		return nil, errdefs.NotFoundf("sandbox_id: no sandbox %q", id)
+	}
+	return &sandbox.Info{ID: id, State: st}, nil
+}
+
+func (f *fakeSandboxes) Require(context.Context, string, sandbox.Capability) error { return nil }
+
+func (f *fakeSandboxes) DialPort(_ context.Context, _ string, port int) (net.Conn, error) {
+	f.dialed = append(f.dialed, port)
+	a, b := net.Pipe()
+	_ = b.Close()
+	return a, nil
+}
+
+func newService(t *testing.T) (*Service, *fakeSandboxes, *store.Store) {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	sb := &fakeSandboxes{states: map[string]sandbox.State{"sb1": sandbox.StateReady, "gone": sandbox.StateTerminated}}
+	return New(sb, st, slog.New(slog.NewTextHandler(io.Discard, nil))), sb, st
+}
+
+func TestExposeAuthorizeDialUnexpose(t *testing.T) {
+	ctx := context.Background()
+	s, sb, st := newService(t)
+	if _, err := s.Expose(ctx, apitypes.ExposePortRequest{SandboxID: "sb1", Port: 8080}); errdefs.CodeOf(err) != errdefs.Unavailable {
+		t.Fatalf("expose before the listener: got %v, want unavailable", err)
+	}
+	s.SetPreviewURL("http://127.0.0.1:7000")
+	x, err := s.Expose(ctx, apitypes.ExposePortRequest{SandboxID: "sb1", Port: 8080})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(x.BaseURL, "http://127.0.0.1:7000/preview/sb1/8080/") || x.Token == "" || x.HostURL == "" {
+		t.Fatalf("exposure %+v: want base URL under the listener, a token and a host URL on the loopback", x)
+	}
+	again, err := s.Expose(ctx, apitypes.ExposePortRequest{SandboxID: "sb1", Port: 8080})
+	if err != nil || again.Token != x.Token {
+		t.Fatalf("exposing again: %v, token %q, want the existing %q", err, again.Token, x.Token)
+	}
+	rows, err := st.ListPortExposures(ctx)
+	if err != nil || len(rows) != 1 || rows[0].Token != x.Token {
+		t.Fatalf("stored exposures %+v, %v: want the one row", rows, err)
+	}
+	if err := s.Authorize("sb1", 8080, "wrong"); errdefs.CodeOf(err) != errdefs.Unauthenticated {
+		t.Fatalf("wrong token: %v", err)
+	}
+	if err := s.Authorize("sb1", 8080, x.Token); err != nil {
+		t.Fatalf("right token: %v", err)
+	}
+	c, err := s.Dial(ctx, "sb1", 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Close()
+	if _, err := s.Dial(ctx, "sb1", 9090); errdefs.CodeOf(err) != errdefs.NotFound {
+		t.Fatalf("dial of an unexposed port: %v", err)
+	}
+	if len(sb.dialed) != 1 || sb.dialed[0] != 8080 {
+		t.Fatalf("dialed %v, want [8080]", sb.dialed)
+	}
+	list, err := s.List(ctx, "sb1")
+	if err != nil || len(list) != 1 || list[0].Port != 8080 {
+		t.Fatalf("list %+v, %v", list, err)
+	}
+	if err := s.Unexpose(ctx, "sb1", 8080); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Authorize("sb1", 8080, x.Token); err == nil {
+		t.Fatal("token still works after unexpose")
+	}
+	if err := s.Unexpose(ctx, "sb1", 8080); errdefs.CodeOf(err) != errdefs.NotFound {
+		t.Fatalf("unexposing twice: %v", err)
+	}
+}
+
+func TestExposeRefusesHostileInput(t *testing.T) {
+	ctx := context.Background()
+	s, _, _ := newService(t)
+	s.SetPreviewURL("http://127.0.0.1:7000")
+	for _, tc := range []struct {
+		req   apitypes.ExposePortRequest
+		code  errdefs.Code
+		field string
+	}{
+		{apitypes.ExposePortRequest{SandboxID: "", Port: 80}, errdefs.InvalidArgument, "sandbox_id"},
+		{apitypes.ExposePortRequest{SandboxID: "../etc", Port: 80}, errdefs.InvalidArgument, "sandbox_id"},
+		{apitypes.ExposePortRequest{SandboxID: strings.Repeat("a", 65), Port: 80}, errdefs.InvalidArgument, "sandbox_id"},
+		{apitypes.ExposePortRequest{SandboxID: "sb1", Port: 0}, errdefs.InvalidArgument, "port"},
+		{apitypes.ExposePortRequest{SandboxID: "sb1", Port: 65536}, errdefs.InvalidArgument, "port"},
+		{apitypes.ExposePortRequest{SandboxID: "nosuch", Port: 80}, errdefs.NotFound, "sandbox_id"},
+		{apitypes.ExposePortRequest{SandboxID: "gone", Port: 80}, errdefs.Conflict, "sandbox_id"},
+	} {
+		_, err := s.Expose(ctx, tc.req)
+		if errdefs.CodeOf(err) != tc.code || err == nil || !strings.Contains(err.Error(), " "+tc.field+":") {
+			t.Errorf("expose %+v: got %v, want %s naming %s", tc.req, err, tc.code, tc.field)
+		}
+	}
+}
+
+func TestEndAndLoad(t *testing.T) {
+	ctx := context.Background()
+	s, sb, st := newService(t)
+	s.SetPreviewURL("http://127.0.0.1:7000")
+	x, err := s.Expose(ctx, apitypes.ExposePortRequest{SandboxID: "sb1", Port: 3000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A restarted daemon's table: the row of the live sandbox comes back,
+	// a row of an ended one goes.
+	if err := st.PutPortExposure(ctx, store.PortExposure{SandboxID: "gone", Port: 1, Token: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	s2 := New(sb, st, s.log)
+	s2.SetPreviewURL("http://127.0.0.1:7000")
+	if err := s2.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Authorize("sb1", 3000, x.Token); err != nil {
+		t.Fatalf("restored exposure: %v", err)
+	}
+	rows, _ := st.ListPortExposures(ctx)
+	if len(rows) != 1 || rows[0].SandboxID != "sb1" {
+		t.Fatalf("rows after load %+v: want only sb1's", rows)
+	}
+	if !Ends(sandbox.StateTerminated) || !Ends(sandbox.StateFailed) || Ends(sandbox.StatePaused) {
+		t.Fatal("Ends: only terminated and failed end exposures")
+	}
+	s2.End("sb1")
+	if err := s2.Authorize("sb1", 3000, x.Token); err == nil {
+		t.Fatal("token works after the sandbox ended")
+	}
+	if l, err := s2.List(ctx, "sb1"); err != nil || len(l) != 0 {
+		t.Fatalf("list after end: %+v, %v: want none", l, err)
+	}
+}
