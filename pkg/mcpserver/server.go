@@ -5,10 +5,11 @@
 //
 // Every tool is a thin adapter over one pkg/engine method: it decodes and
 // type-checks the arguments, calls the engine and shapes the answer as
-// structured content (matching the tool's output schema) plus a readable
-// text part. A failed operation is a tool result with isError: true and
-// {"error": {"code", "message"}}, the code taken from pkg/errdefs — never a
-// JSON-RPC error. Results stay under server.mcp_max_result_bytes: longer
+// structured content (matching the tool's output schema), a readable
+// summary and the structured content as JSON text (for clients that read
+// only text). A failed operation is a tool result with isError: true whose
+// text is "code: message" and then {"error": {"code", "message"}}, the code
+// taken from pkg/errdefs — never a JSON-RPC error. Results stay under server.mcp_max_result_bytes: longer
 // output is cut in the middle with a marker that says where the rest is.
 package mcpserver
 

@@ -121,13 +121,12 @@ func termText(code int, t apitypes.Termination, ms int64) string {
 	return s + fmt.Sprintf(") in %d ms", ms)
 }
 
-// summaryText is a result's text part: a short summary, never the output.
-// The output travels once, in the structured content, which is what Claude
-// Code hands the model (it drops the text part of a result that has
-// structured content); repeating it in the text would spend the result
-// budget twice (SPEC.md "MCP tools": one copy of the output per result).
+// summaryText is a result's summary, never the output: the output is in
+// the structured content and in its JSON text block (toolResult), and a
+// client hands its model one or the other; repeating it in the summary
+// would spend the result budget twice (docs/mcp.md).
 func summaryText(head string, stdoutBytes, stderrBytes int64) string {
-	return fmt.Sprintf("%s\nstdout %d bytes, stderr %d bytes: see stdout and stderr in the structured content", head, stdoutBytes, stderrBytes)
+	return fmt.Sprintf("%s\nstdout %d bytes, stderr %d bytes (the output is in the JSON below)", head, stdoutBytes, stderrBytes)
 }
 
 func jobText(st *jobStatusOut) string {
