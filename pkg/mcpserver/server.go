@@ -51,7 +51,8 @@ type Options struct {
 	Log *slog.Logger
 	// Tools are the enabled tool groups (config.ToolGroups).
 	Tools []string
-	// MaxResultBytes caps one tool result, both parts together.
+	// MaxResultBytes caps one tool result as a client hands it to its
+	// model: the summary and one copy of the structured content.
 	MaxResultBytes int
 	// OnSessionEnd is config.SessionEndKeep or config.SessionEndTerminate.
 	OnSessionEnd string
