@@ -269,8 +269,9 @@ func TestCodex(t *testing.T) {
 			// As Codex's docs tell a user: ~/.codex/config.toml with a
 			// model provider (the Responses wire API) and the MCP server.
 			var cfg strings.Builder
-			// Codex cuts a tool output it hands the model to 10,000 tokens
-			// unless told otherwise: room for our whole budget.
+			// Codex cuts a tool output it hands the model to its own limit
+			// (12,020 of our 48,964 characters, issue 23) unless
+			// tool_output_token_limit makes room for our whole budget.
 			fmt.Fprintf(&cfg, "model = %q\nmodel_provider = \"fake\"\napproval_policy = \"never\"\nsandbox_mode = \"danger-full-access\"\ntool_output_token_limit = 30000\n\n", "gpt-5.1-codex")
 			fmt.Fprintf(&cfg, "[model_providers.fake]\nname = \"fake\"\nbase_url = %q\nwire_api = \"responses\"\nenv_key = \"FAKE_OPENAI_KEY\"\n\n", api.URL())
 			fmt.Fprintf(&cfg, "[mcp_servers.sandbox]\nstartup_timeout_sec = 60\ntool_timeout_sec = %d\n", int(silent.Seconds())+120)
