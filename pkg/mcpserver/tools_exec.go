@@ -59,7 +59,7 @@ func (s *srv) addExecTools() {
 
 	addTool[jobStatusIn, jobStatusOut](s, "job_status", "Follow a background job",
 		joinLines(
-			"Report a background job's state (running or finished) and the output it wrote since the given offsets, with the offsets to pass next time; once finished, its exit_code and termination.",
+			"Check on a background job: its state (running or finished) and the output it wrote since the given offsets, with the offsets to pass next time; once finished, its exit_code and termination.",
 			"Prerequisite: a job_id from exec_command with background: true. Start at offsets 0 and pass next_stdout_offset/next_stderr_offset back; when more is true, call again at once, else wait a few seconds between calls while it runs. Each answer carries a bounded page of output.",
 		),
 		annotations{readOnly: true, idempotent: true},

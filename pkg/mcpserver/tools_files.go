@@ -58,7 +58,7 @@ func (s *srv) addFileTools() {
 		})
 
 	addTool[fileListIn, fileListOut](s, "file_list", "List files in a sandbox",
-		"List a directory in a sandbox (default /workspace), or with recursive the whole tree: path, type, size, mode, mtime of each entry. Prerequisite: a live sandbox_id. A list too long for one result is cut (truncated: true): list a subdirectory instead.",
+		"List the files of a directory in a sandbox (default /workspace), or with recursive the whole tree: path, type, size, mode, mtime of each entry. Prerequisite: a live sandbox_id. A list too long for one result is cut (truncated: true): list a subdirectory instead.",
 		annotations{readOnly: true, idempotent: true},
 		s.fileList)
 
