@@ -166,7 +166,7 @@ func script(name string, silent time.Duration) []step {
 	}
 	steps := []step{
 		{tool: "languages_list", input: fixed(map[string]any{}), check: func(_ *vars, s *seen) string {
-			if !strings.Contains(s.raw, "python") || !strings.Contains(s.raw, "shell") {
+			if s.isError || !strings.Contains(s.raw, "python") || !strings.Contains(s.raw, "shell") {
 				return "no python and shell"
 			}
 			return ""
@@ -197,8 +197,8 @@ func script(name string, silent time.Duration) []step {
 			return ""
 		}},
 		{tool: "file_write", input: sb(map[string]any{"path": "/workspace/hello.txt", "content": "hello from a client\n"}), check: func(_ *vars, s *seen) string {
-			if !strings.Contains(s.text, "/workspace/hello.txt") {
-				return "no path"
+			if s.isError || s.str("path") != "/workspace/hello.txt" || s.num("size") != float64(len("hello from a client\n")) {
+				return "no path and size written"
 			}
 			return ""
 		}},
