@@ -146,6 +146,28 @@ func decodeStructured(t *testing.T, res *mcp.CallToolResult, v any) {
 	}
 }
 
+// viewBytes is the size of a result as a client hands it to its model, the
+// larger of the two views: the structured content as JSON (Claude Code,
+// Codex CLI) and the text blocks (Gemini CLI, MCP Inspector).
+func viewBytes(res *mcp.CallToolResult) int {
+	structured, _ := json.Marshal(res.StructuredContent)
+	texts := 0
+	for _, c := range res.Content {
+		if tc, ok := c.(mcp.TextContent); ok {
+			texts += len(tc.Text)
+		}
+	}
+	return max(len(structured), texts)
+}
+
+// wireBytes is the size of a result on the wire: both views, the text one
+// JSON-escaped again (a quote or newline costs a byte more), so up to
+// about three times the budget.
+func wireBytes(res *mcp.CallToolResult) int {
+	b, _ := json.Marshal(res)
+	return len(b)
+}
+
 // hasJSONText reports whether a text block of res is the JSON document
 // want (compared as values, not bytes).
 func hasJSONText(res *mcp.CallToolResult, want []byte) bool {
