@@ -254,6 +254,7 @@ func normSchema(v any) any {
 
 // TestCodex runs the script through Codex CLI over stdio and HTTP.
 func TestCodex(t *testing.T) {
+	testenv.RequireRoot(t)
 	bin := cliPath(t, "@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex")
 	d, cases, want := setup(t)
 	silent := silentFor()
@@ -313,6 +314,7 @@ func TestCodex(t *testing.T) {
 
 // TestGemini runs the script through Gemini CLI over stdio and HTTP.
 func TestGemini(t *testing.T) {
+	testenv.RequireRoot(t)
 	js := cliPath(t, "@google/gemini-cli/bundle/gemini.js")
 	d, cases, want := setup(t)
 	names := make([]string, 0, len(want))
