@@ -152,7 +152,7 @@ func (s *srv) errorResult(tool string, err error) *mcp.CallToolResult {
 	// content, which its SDK then checks against the output schema, so the
 	// model got "Structured content does not match the tool's output
 	// schema" instead of our message. The message comes first, as a model
-	// reads it; the error object follows for programs.
+	// reads it; the error object follows on the last line for programs.
 	text := string(body.Code) + ": " + body.Message + "\n" + string(obj)
 	return &mcp.CallToolResult{Content: []mcp.Content{mcp.NewTextContent(text)}, IsError: true}
 }

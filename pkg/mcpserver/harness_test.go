@@ -205,7 +205,9 @@ func errCode(t *testing.T, res *mcp.CallToolResult) (string, string) {
 	if json.Valid([]byte(txt)) {
 		t.Errorf("error text %q is a JSON document", txt)
 	}
-	first, rest, _ := strings.Cut(txt, "\n")
+	// The message may span lines; the error object is the last line.
+	i := strings.LastIndexByte(txt, '\n')
+	first, rest := txt[:max(i, 0)], txt[i+1:]
 	var body struct {
 		Error apitypes.ErrorBody `json:"error"`
 	}
@@ -213,7 +215,7 @@ func errCode(t *testing.T, res *mcp.CallToolResult) (string, string) {
 		t.Errorf("text part %q does not carry the error: %v", txt, err)
 	}
 	if first != body.Error.Code+": "+body.Error.Message {
-		t.Errorf("error text's first line %q is not %q", first, body.Error.Code+": "+body.Error.Message)
+		t.Errorf("error text before the error object %q is not %q", first, body.Error.Code+": "+body.Error.Message)
 	}
 	return body.Error.Code, body.Error.Message
 }
