@@ -84,6 +84,15 @@ if [[ ! -e test/claude/node_modules/@anthropic-ai/claude-code-linux-x64/claude |
 	(cd test/claude && npm ci --no-audit --no-fund --loglevel=error --ignore-scripts)
 fi
 
+# Codex CLI and Gemini CLI for the black-box tests in test/clients (pinned
+# by its package-lock.json). Codex's npm package carries its native binary
+# per platform as an optional dependency and Gemini CLI is one bundled
+# script; neither needs an install script (Gemini's optional node-pty, which
+# would compile, is only for its interactive shell).
+if [[ ! -e test/clients/node_modules/@openai/codex-linux-x64/package.json || ! -e test/clients/node_modules/@google/gemini-cli/bundle/gemini.js || test/clients/package-lock.json -nt test/clients/node_modules/.package-lock.json ]]; then
+	(cd test/clients && npm ci --no-audit --no-fund --loglevel=error --ignore-scripts)
+fi
+
 # The official MCP conformance suite (test/conformance, pinned by its
 # package-lock.json) with the Node.js it needs (>= 22), itself pinned as the
 # npm package "node", whose install script (allowed in package.json's

@@ -55,8 +55,9 @@ type Server struct {
 	HTTPAddr      string   `yaml:"http_addr"`       // REST, MCP (/mcp), health, metrics; empty: no TCP listener
 	AuthTokenFile string   `yaml:"auth_token_file"` // bearer token for HTTP (all but /healthz)
 	Tools         []string `yaml:"tools"`           // enabled MCP tool groups, from ToolGroups
-	// MCPMaxResultBytes caps one MCP tool result (structured and text parts
-	// together); longer output is cut with a marker saying where the rest is.
+	// MCPMaxResultBytes caps one MCP tool result as a client hands it to its
+	// model (the structured content or its JSON text block, and the
+	// summary); longer output is cut with a marker saying where the rest is.
 	MCPMaxResultBytes ByteSize `yaml:"mcp_max_result_bytes"`
 	// MCPOnSessionEnd is what happens to the sandboxes an MCP session
 	// created when the session ends: keep or terminate.

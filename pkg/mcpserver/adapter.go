@@ -61,10 +61,31 @@ func addTool[In, Out any](s *srv, name, title, description string, a annotations
 		if err != nil {
 			return s.errorResult(name, err), nil
 		}
-		out := mcp.NewToolResultStructured(res.structured, res.text)
-		out.Content = append(out.Content, res.extra...)
-		return out, nil
+		return res.toolResult(), nil
 	})
+}
+
+// toolResult shapes a result for every client (docs/mcp.md, measured in
+// test/claude and test/clients): the summary, then the structured content
+// serialized as JSON in a second text block, as the MCP specification asks
+// of a tool with structured content, then any extra blocks. Clients read
+// one or the other, never both: Claude Code and Codex CLI hand their model
+// structuredContent alone when it is there, Gemini CLI (and MCP
+// Inspector's CLI) the text blocks alone. So the budget (fit) counts the
+// output once, and every client's model sees all of it.
+func (r *result) toolResult() *mcp.CallToolResult {
+	data, err := json.Marshal(r.structured)
+	if err != nil {
+		// Every output type marshals; should one not, the summary still
+		// answers and the client's schema check says what is missing.
+		data = nil
+	}
+	content := []mcp.Content{mcp.NewTextContent(r.text)}
+	if len(data) > 0 {
+		content = append(content, mcp.NewTextContent(string(data)))
+	}
+	content = append(content, r.extra...)
+	return &mcp.CallToolResult{Content: content, StructuredContent: r.structured}
 }
 
 // requiredOf reads the required properties of a generated input schema.
@@ -123,10 +144,17 @@ func (s *srv) errorResult(tool string, err error) *mcp.CallToolResult {
 	if code == errdefs.Internal {
 		s.log.Error("mcp tool failed", "tool", tool, "err", err)
 	}
-	text, _ := json.Marshal(apitypes.ErrorResponse{Error: apitypes.ErrorBodyOf(err)})
+	body := apitypes.ErrorBodyOf(err)
+	obj, _ := json.Marshal(apitypes.ErrorResponse{Error: body})
 	// No structuredContent: clients validate it against the tool's output
-	// schema even on errors (the TypeScript SDK does).
-	return &mcp.CallToolResult{Content: []mcp.Content{mcp.NewTextContent(string(text))}, IsError: true}
+	// schema even on errors (the TypeScript SDK does). And the text is not
+	// a JSON document: Gemini CLI parses an error's JSON text as structured
+	// content, which its SDK then checks against the output schema, so the
+	// model got "Structured content does not match the tool's output
+	// schema" instead of our message. The message comes first, as a model
+	// reads it; the error object follows on the last line for programs.
+	text := string(body.Code) + ": " + body.Message + "\n" + string(obj)
+	return &mcp.CallToolResult{Content: []mcp.Content{mcp.NewTextContent(text)}, IsError: true}
 }
 
 // resultSize is the size of a result on the wire, near enough.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http/httptest"
 	"os"
+	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -137,6 +139,53 @@ func decodeStructured(t *testing.T, res *mcp.CallToolResult, v any) {
 	if err := json.Unmarshal(b, v); err != nil {
 		t.Fatalf("structured content %s: %v", b, err)
 	}
+	// Clients that read only text (Gemini CLI, MCP Inspector) find the
+	// same structured content serialized in a text block.
+	if !hasJSONText(res, b) {
+		t.Errorf("no text block carries the structured content %.300s", b)
+	}
+}
+
+// viewBytes is the size of a result as a client hands it to its model, the
+// larger of the two views: the structured content as JSON (Claude Code,
+// Codex CLI) and the text blocks (Gemini CLI, MCP Inspector).
+func viewBytes(res *mcp.CallToolResult) int {
+	structured, _ := json.Marshal(res.StructuredContent)
+	texts := 0
+	for _, c := range res.Content {
+		if tc, ok := c.(mcp.TextContent); ok {
+			texts += len(tc.Text)
+		}
+	}
+	return max(len(structured), texts)
+}
+
+// wireBytes is the size of a result on the wire: both views, the text one
+// JSON-escaped again (a quote or newline costs a byte more), so up to
+// about three times the budget.
+func wireBytes(res *mcp.CallToolResult) int {
+	b, _ := json.Marshal(res)
+	return len(b)
+}
+
+// hasJSONText reports whether a text block of res is the JSON document
+// want (compared as values, not bytes).
+func hasJSONText(res *mcp.CallToolResult, want []byte) bool {
+	var w any
+	if json.Unmarshal(want, &w) != nil {
+		return false
+	}
+	for _, c := range res.Content {
+		tc, ok := c.(mcp.TextContent)
+		if !ok {
+			continue
+		}
+		var got any
+		if json.Unmarshal([]byte(tc.Text), &got) == nil && reflect.DeepEqual(got, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // errCode returns the taxonomy code of an error result ("" when the call
@@ -149,11 +198,24 @@ func errCode(t *testing.T, res *mcp.CallToolResult) (string, string) {
 	if res.StructuredContent != nil {
 		t.Errorf("error result with structured content %v (clients validate it against the output schema)", res.StructuredContent)
 	}
+	// "code: message", then the error object: the model reads the message
+	// first, and the text is no JSON document (Gemini CLI would take one
+	// for structured content and check it against the output schema).
+	txt := text(res)
+	if json.Valid([]byte(txt)) {
+		t.Errorf("error text %q is a JSON document", txt)
+	}
+	// The message may span lines; the error object is the last line.
+	i := strings.LastIndexByte(txt, '\n')
+	first, rest := txt[:max(i, 0)], txt[i+1:]
 	var body struct {
 		Error apitypes.ErrorBody `json:"error"`
 	}
-	if err := json.Unmarshal([]byte(text(res)), &body); err != nil || body.Error.Code == "" {
-		t.Errorf("text part %q does not carry the error: %v", text(res), err)
+	if err := json.Unmarshal([]byte(rest), &body); err != nil || body.Error.Code == "" {
+		t.Errorf("text part %q does not carry the error: %v", txt, err)
+	}
+	if first != body.Error.Code+": "+body.Error.Message {
+		t.Errorf("error text before the error object %q is not %q", first, body.Error.Code+": "+body.Error.Message)
 	}
 	return body.Error.Code, body.Error.Message
 }

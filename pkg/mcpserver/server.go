@@ -5,10 +5,11 @@
 //
 // Every tool is a thin adapter over one pkg/engine method: it decodes and
 // type-checks the arguments, calls the engine and shapes the answer as
-// structured content (matching the tool's output schema) plus a readable
-// text part. A failed operation is a tool result with isError: true and
-// {"error": {"code", "message"}}, the code taken from pkg/errdefs — never a
-// JSON-RPC error. Results stay under server.mcp_max_result_bytes: longer
+// structured content (matching the tool's output schema), a readable
+// summary and the structured content as JSON text (for clients that read
+// only text). A failed operation is a tool result with isError: true whose
+// text is "code: message" and then {"error": {"code", "message"}}, the code
+// taken from pkg/errdefs — never a JSON-RPC error. Results stay under server.mcp_max_result_bytes: longer
 // output is cut in the middle with a marker that says where the rest is.
 package mcpserver
 
@@ -50,7 +51,8 @@ type Options struct {
 	Log *slog.Logger
 	// Tools are the enabled tool groups (config.ToolGroups).
 	Tools []string
-	// MaxResultBytes caps one tool result, both parts together.
+	// MaxResultBytes caps one tool result as a client hands it to its
+	// model: the summary and one copy of the structured content.
 	MaxResultBytes int
 	// OnSessionEnd is config.SessionEndKeep or config.SessionEndTerminate.
 	OnSessionEnd string

@@ -59,7 +59,7 @@ func (s *srv) addExecTools() {
 
 	addTool[jobStatusIn, jobStatusOut](s, "job_status", "Follow a background job",
 		joinLines(
-			"Report a background job's state (running or finished) and the output it wrote since the given offsets, with the offsets to pass next time; once finished, its exit_code and termination.",
+			"Check on a background job: its state (running or finished) and the output it wrote since the given offsets, with the offsets to pass next time; once finished, its exit_code and termination.",
 			"Prerequisite: a job_id from exec_command with background: true. Start at offsets 0 and pass next_stdout_offset/next_stderr_offset back; when more is true, call again at once, else wait a few seconds between calls while it runs. Each answer carries a bounded page of output.",
 		),
 		annotations{readOnly: true, idempotent: true},
@@ -121,13 +121,12 @@ func termText(code int, t apitypes.Termination, ms int64) string {
 	return s + fmt.Sprintf(") in %d ms", ms)
 }
 
-// summaryText is a result's text part: a short summary, never the output.
-// The output travels once, in the structured content, which is what Claude
-// Code hands the model (it drops the text part of a result that has
-// structured content); repeating it in the text would spend the result
-// budget twice (SPEC.md "MCP tools": one copy of the output per result).
+// summaryText is a result's summary, never the output: the output is in
+// the structured content and in its JSON text block (toolResult), and a
+// client hands its model one or the other; repeating it in the summary
+// would spend the result budget twice (docs/mcp.md).
 func summaryText(head string, stdoutBytes, stderrBytes int64) string {
-	return fmt.Sprintf("%s\nstdout %d bytes, stderr %d bytes: see stdout and stderr in the structured content", head, stdoutBytes, stderrBytes)
+	return fmt.Sprintf("%s\nstdout %d bytes, stderr %d bytes (the output is in the JSON below)", head, stdoutBytes, stderrBytes)
 }
 
 func jobText(st *jobStatusOut) string {

@@ -58,7 +58,7 @@ func (s *srv) addFileTools() {
 		})
 
 	addTool[fileListIn, fileListOut](s, "file_list", "List files in a sandbox",
-		"List a directory in a sandbox (default /workspace), or with recursive the whole tree: path, type, size, mode, mtime of each entry. Prerequisite: a live sandbox_id. A list too long for one result is cut (truncated: true): list a subdirectory instead.",
+		"List the files of a directory in a sandbox (default /workspace), or with recursive the whole tree: path, type, size, mode, mtime of each entry. Prerequisite: a live sandbox_id. A list too long for one result is cut (truncated: true): list a subdirectory instead.",
 		annotations{readOnly: true, idempotent: true},
 		s.fileList)
 
@@ -87,7 +87,8 @@ func (s *srv) addFileTools() {
 }
 
 // readFilePaged reads as much of a file as one tool result holds
-// (file_read): the content travels once, in the structured content.
+// (file_read): the content is in the structured content (and its JSON
+// text block), never also in the summary.
 func (s *srv) readFilePaged(ctx context.Context, in *fileReadIn, read func(context.Context, apitypes.FileReadRequest) (*apitypes.FileReadResult, error)) (*result, error) {
 	page := int64(s.opt.MaxResultBytes - 2048)
 	if in.Encoding == "base64" {
@@ -108,7 +109,7 @@ func (s *srv) readFilePaged(ctx context.Context, in *fileReadIn, read func(conte
 		if out.Truncated {
 			head += fmt.Sprintf("; bytes %d to %d shown, continue at offset %d", in.Offset, out.NextOffset, out.NextOffset)
 		}
-		r := &result{structured: out, text: head + "\nthe content is in the structured content (content)"}
+		r := &result{structured: out, text: head + " (the content is in the JSON below)"}
 		if resultSize(r) <= s.opt.MaxResultBytes || page <= 512 {
 			return r, nil
 		}

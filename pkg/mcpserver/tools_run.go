@@ -52,7 +52,7 @@ func (s *srv) addRunTools() {
 
 	addTool[runTaskIn, execOut](s, "run_task", "Lint, build or test",
 		joinLines(
-			"Run the sandbox language's configured lint, build or test command on /workspace (or on path) and wait for it; returns like exec_command.",
+			"Run the tests, the lint or the build: the sandbox language's configured test, lint or build command on /workspace (or on path) and wait for it; returns like exec_command.",
 			fmt.Sprintf("Prerequisite: a live sandbox_id whose language has the task (languages_list: tasks), with the files written there (file_write or run_code {sandbox_id}). Limits: %s.", s.limits()),
 		),
 		annotations{destructive: true},

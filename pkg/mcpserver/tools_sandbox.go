@@ -80,7 +80,7 @@ func (s *srv) addSandboxTools() {
 		})
 
 	addTool[sandboxIDIn, sandboxTerminateOut](s, "sandbox_terminate", "Terminate a sandbox",
-		"Terminate a sandbox: kill every process in it and delete its files. It cannot be used afterwards. Terminating a terminated sandbox is a no-op.",
+		"Stop a sandbox for good (terminate, destroy): kill every process in it and delete its files. It cannot be used afterwards. Terminating a terminated sandbox is a no-op.",
 		annotations{destructive: true, idempotent: true},
 		func(ctx context.Context, c *call, in *sandboxIDIn) (*result, error) {
 			info, err := s.e.TerminateSandbox(ctx, in.SandboxID)
