@@ -207,7 +207,7 @@ func (e *Engine) newSandboxService(backend sandbox.Backend) error {
 func (e *Engine) registerServices() error {
 	cfg, log := e.cfg, e.log
 	e.imgs = images.New(images.Options{
-		Store: e.images, Catalog: e.catalog, Config: cfg.Images, RecipesDir: cfg.Paths.RecipesDir,
+		Store: e.images, Catalog: e.catalog, Config: &cfg.Images, RecipesDir: cfg.Paths.RecipesDir,
 		Sandboxes: liveSandboxes{e}, Log: log,
 		OnBuild: func(name, outcome string) { e.metrics.imageBuilds.WithLabelValues(name, outcome).Inc() },
 	})

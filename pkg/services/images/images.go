@@ -31,9 +31,11 @@ type Sandboxes interface {
 
 // Options are what New needs.
 type Options struct {
-	Store      *image.Store
-	Catalog    *lang.Catalog
-	Config     config.Images
+	Store   *image.Store
+	Catalog *lang.Catalog
+	// Config is the daemon's images section, shared (not copied): the
+	// service reads it at each use, as the rest of the engine does.
+	Config     *config.Images
 	RecipesDir string // VM guest recipes (vm.GuestRecipe)
 	Sandboxes  Sandboxes
 	Log        *slog.Logger
@@ -46,7 +48,7 @@ type Options struct {
 type Service struct {
 	images    *image.Store
 	catalog   *lang.Catalog
-	cfg       config.Images
+	cfg       *config.Images
 	recipes   string
 	sandboxes Sandboxes
 	log       *slog.Logger

@@ -37,7 +37,7 @@ func newService(t *testing.T) *Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return New(Options{Store: st, Catalog: lang.NewCatalog(recipes, nil), Config: config.Images{}, RecipesDir: recipesDir,
+	return New(Options{Store: st, Catalog: lang.NewCatalog(recipes, nil), Config: &config.Images{}, RecipesDir: recipesDir,
 		Sandboxes: noSandboxes{}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 }
 
