@@ -33,8 +33,8 @@ func (s *Server) controlPlane() http.Handler {
 	mux.HandleFunc("GET /v2/sandboxes", s.list)
 	mux.HandleFunc("GET /sandboxes/{id}", s.get)
 	mux.HandleFunc("DELETE /sandboxes/{id}", s.kill)
-	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
-	mux.HandleFunc("POST /sandboxes/{id}/refreshes", s.refresh)
+	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout("timeout"))
+	mux.HandleFunc("POST /sandboxes/{id}/refreshes", s.setTimeout("duration"))
 	mux.HandleFunc("POST /sandboxes/{id}/pause", s.pause)
 	mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.connect)
@@ -271,36 +271,24 @@ func decodeTimeout(w http.ResponseWriter, r *http.Request, field string) (int64,
 	return *v, true
 }
 
-func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	sb := s.lookup(w, r)
-	if sb == nil {
-		return
+// setTimeout sets a sandbox's TTL from now: POST /sandboxes/{id}/timeout
+// reads it from "timeout", the older /refreshes from "duration".
+func (s *Server) setTimeout(field string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		sb := s.lookup(w, r)
+		if sb == nil {
+			return
+		}
+		secs, ok := decodeTimeout(w, r, field)
+		if !ok {
+			return
+		}
+		if _, err := s.b.SetSandboxTimeout(r.Context(), sb.ID, secs); err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 	}
-	secs, ok := decodeTimeout(w, r, "timeout")
-	if !ok {
-		return
-	}
-	if _, err := s.b.SetSandboxTimeout(r.Context(), sb.ID, secs); err != nil {
-		writeErr(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
-	sb := s.lookup(w, r)
-	if sb == nil {
-		return
-	}
-	secs, ok := decodeTimeout(w, r, "duration")
-	if !ok {
-		return
-	}
-	if _, err := s.b.SetSandboxTimeout(r.Context(), sb.ID, secs); err != nil {
-		writeErr(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {

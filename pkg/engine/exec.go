@@ -467,16 +467,11 @@ type FileEntry = apitypes.FileEntry
 
 // ListFiles lists a directory in a sandbox (default /workspace).
 func (e *Engine) ListFiles(ctx context.Context, id, p string, recursive bool) ([]FileEntry, error) {
-	if err := checkSandboxID(id); err != nil {
+	p, err := e.listPath(ctx, id, p)
+	if err != nil {
 		return nil, err
 	}
-	if p == "" {
-		p = "/workspace"
-	}
-	if err := e.checkSandboxPath(ctx, id, "path", p); err != nil {
-		return nil, err
-	}
-	list, err := e.sandboxes.ListFiles(ctx, id, path.Clean(p), recursive)
+	list, err := e.sandboxes.ListFiles(ctx, id, p, recursive)
 	if err != nil {
 		return nil, err
 	}
@@ -485,6 +480,21 @@ func (e *Engine) ListFiles(ctx context.Context, id, p string, recursive bool) ([
 		out[i] = FileEntry{Path: f.Path, Type: f.Type, Size: f.Size, Mode: f.Mode, MTime: f.MTime}
 	}
 	return out, nil
+}
+
+// listPath checks a listing's sandbox id and directory (empty:
+// /workspace) and returns the directory, cleaned.
+func (e *Engine) listPath(ctx context.Context, id, p string) (string, error) {
+	if err := checkSandboxID(id); err != nil {
+		return "", err
+	}
+	if p == "" {
+		p = "/workspace"
+	}
+	if err := e.checkSandboxPath(ctx, id, "path", p); err != nil {
+		return "", err
+	}
+	return path.Clean(p), nil
 }
 
 // DeleteFile deletes a file (or, with recursive, a directory tree) in a sandbox.

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"path"
 	"unicode/utf8"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
@@ -36,18 +35,11 @@ func (e *Engine) ListFilesPage(ctx context.Context, req apitypes.FileListRequest
 	case max > MaxListEntries:
 		return nil, errdefs.Invalidf("max_entries: exceeds the maximum %d", MaxListEntries)
 	}
-	// The checks of ListFiles, which lists whole.
-	if err := checkSandboxID(req.SandboxID); err != nil {
+	p, err := e.listPath(ctx, req.SandboxID, req.Path)
+	if err != nil {
 		return nil, err
 	}
-	p := req.Path
-	if p == "" {
-		p = "/workspace"
-	}
-	if err := e.checkSandboxPath(ctx, req.SandboxID, "path", p); err != nil {
-		return nil, err
-	}
-	l, err := e.sandboxes.ListFilesMax(ctx, req.SandboxID, path.Clean(p), req.Recursive, max)
+	l, err := e.sandboxes.ListFilesMax(ctx, req.SandboxID, p, req.Recursive, max)
 	if err != nil {
 		return nil, err
 	}
