@@ -50,12 +50,7 @@ func NewDaemon(t testing.TB, images ...string) *Daemon {
 	t.Helper()
 	cfg := Config(t, "e2e")
 	dir := t.TempDir()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := FreeAddr(t)
 	cfg.Server.Socket = filepath.Join(cfg.Paths.RunDir, "api.sock")
 	cfg.Server.HTTPAddr = addr
 	cfg.Server.AuthTokenFile = filepath.Join(dir, "token")

@@ -45,12 +45,7 @@ const domain = "e2b.test"
 func daemon(t *testing.T, tweak ...func(*config.E2B)) (*testenv.Daemon, string) {
 	t.Helper()
 	d := testenv.NewDaemon(t, "base")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := testenv.FreeAddr(t)
 	keys := filepath.Join(t.TempDir(), "e2b-keys")
 	if err := os.WriteFile(keys, []byte("# test key\n"+apiKey+"\n"), 0o600); err != nil {
 		t.Fatal(err)
