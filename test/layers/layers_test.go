@@ -16,7 +16,7 @@ const module = "github.com/sandboxrunner/mcp-sandboxd/"
 // layer of every package, lowest first. A package may import packages of its
 // own layer or below; the Go compiler already refuses cycles.
 var layer = map[string]int{
-	"pkg/errdefs": 0, "pkg/errdefs/errhttp": 0, "pkg/version": 0, "pkg/webui": 0, "internal/contract": 0,
+	"pkg/errdefs": 0, "pkg/errdefs/errhttp": 0, "pkg/principal": 0, "pkg/version": 0, "pkg/webui": 0, "internal/contract": 0,
 
 	"pkg/apitypes": 1, "pkg/config": 1, "pkg/store": 1, "pkg/userns": 1, "pkg/cgroups": 1, "pkg/seccomp": 1, "pkg/storage": 1,
 	"internal/crashpoint": 1, "pkg/lifetime": 1, "internal/tsgen": 1,
