@@ -30,6 +30,9 @@ import (
 )
 
 func main() {
+	if filepath.Base(os.Args[0]) == "sudo" {
+		os.Exit(sudoMain(os.Args[1:])) // the sudo channel's client (sudo.go)
+	}
 	server.MaybeJobExec(os.Args) // a job's start (pkg/agent/server/jobexec.go); returns otherwise
 	if len(os.Args) == 2 && os.Args[1] == "version" {
 		fmt.Println("sandbox-agent", version.Version)
@@ -115,6 +118,16 @@ func run(log *slog.Logger, args []string) error {
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	if o.RootMode {
+		// Root on request for a non-root default user: sudo asks here
+		// (pkg/agent/sudo.go).
+		sl, err := server.ListenSudo()
+		if err != nil {
+			return fmt.Errorf("sudo channel: %w", err)
+		}
+		defer sl.Close()
+		go func() { _ = srv.ServeSudo(sl) }()
+	}
 	select {
 	case sig := <-term:
 		log.Info("terminating: killing all jobs", "signal", sig)

@@ -67,6 +67,10 @@ async function main() {
   report.whoami = (await sbx.commands.run('id -un; echo $HOME; pwd')).stdout
   report.root = (await sbx.commands.run('id -u; touch /etc/e2b-root-was-here && chown user /etc/e2b-root-was-here && echo wrote', { user: 'root' })).stdout
   report.userCaps = (await sbx.commands.run('grep CapEff /proc/self/status')).stdout
+  // sudo as the SDKs' own tests use it: the user becomes root (and back),
+  // stdin passes through, the exit status and the environment are sudo's.
+  report.sudo = (await sbx.commands.run('sudo echo hi; sudo id -u; sudo -u user id -un; echo piped | sudo cat; sudo sh -c \'echo $HOME $USER $SUDO_USER; touch /root/sudo-was-here; ls /root\'')).stdout
+  report.sudoExit = await errorOf(() => sbx.commands.run('sudo sh -c "exit 3"'))
   report.userCannot = await errorOf(() => sbx.commands.run('touch /etc/e2b-user'))
   report.tools = (await sbx.commands.run('bash --version | head -1; python3 --version; python --version; node -v; git --version')).stdout
 

@@ -129,6 +129,8 @@ func TestSDK(t *testing.T) {
 		Root         string    `json:"root"`
 		UserCannot   *sdkError `json:"userCannot"`
 		UserCaps     string    `json:"userCaps"`
+		Sudo         string    `json:"sudo"`
+		SudoExit     *sdkError `json:"sudoExit"`
 		Tools        string    `json:"tools"`
 		BgPid        int       `json:"bgPid"`
 		BgStdout     string    `json:"bgStdout"`
@@ -204,6 +206,12 @@ func TestSDK(t *testing.T) {
 	}
 	if r.Root != "0\nwrote\n" {
 		t.Errorf("user root: %q", r.Root)
+	}
+	if want := "hi\n0\nuser\npiped\n/root root user\nsudo-was-here\n"; r.Sudo != want {
+		t.Errorf("sudo: %q, want %q", r.Sudo, want)
+	}
+	if r.SudoExit == nil || r.SudoExit.Exit == nil || *r.SudoExit.Exit != 3 {
+		t.Errorf("sudo sh -c 'exit 3': %+v, want a CommandExitError with exit 3", r.SudoExit)
 	}
 	if r.UserCaps != "CapEff:\t0000000000000000\n" {
 		t.Errorf("the default user has capabilities: %q", r.UserCaps)

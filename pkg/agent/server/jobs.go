@@ -72,6 +72,9 @@ type job struct {
 	outputLimit int64
 	timeout     time.Duration
 	table       *jobTable
+	// sudo marks a command started for a sudo client (sudo.go), which
+	// the daemon does not know and the job list does not show.
+	sudo bool
 
 	readers     []*os.File    // parent ends of stdout/stderr, or the pty master
 	readersDone chan struct{} // closed when every reader has hit EOF

@@ -239,6 +239,9 @@ func (s *Server) dispatch(req *agent.Request, c net.Conn, r *bufio.Reader, rp *r
 		return rp.send(&agent.Frame{Type: agent.FrameResult})
 	case agent.OpJobs:
 		for _, j := range s.jobs.list() {
+			if j.sudo {
+				continue // the daemon did not start it (sudo.go)
+			}
 			ji := j.info()
 			if err := rp.send(&agent.Frame{Type: agent.FrameEntry, Job: &ji}); err != nil {
 				return err

@@ -64,6 +64,12 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 	if err != nil {
 		return nil, err
 	}
+	return t.launch(req, argv0, env, cwd, cred, fds, stdin, false)
+}
+
+// launch starts a prepared command on fds as a new job; sudo marks one
+// started for a sudo client (sudo.go).
+func (t *jobTable) launch(req *agent.ExecRequest, argv0 string, env []string, cwd string, cred *syscall.Credential, fds *childFDs, stdin []byte, sudo bool) (*job, error) {
 	attr := &syscall.ProcAttr{
 		Dir:   cwd,
 		Env:   env,
@@ -90,6 +96,7 @@ func (t *jobTable) start(req *agent.ExecRequest, stdin []byte) (*job, error) {
 		pty:         fds.pty,
 		stdin:       fds.stdin,
 		changed:     make(chan struct{}),
+		sudo:        sudo,
 	}
 	for i := range j.streams {
 		j.streams[i].retain = t.opts.RetainBytes
