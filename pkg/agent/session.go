@@ -26,10 +26,21 @@ type Session struct {
 // Interactive opens an interactive session on a running job. Output is
 // streamed from the oldest retained byte.
 func (c *Client) Interactive(ctx context.Context, jobID string) (*Session, error) {
+	return c.InteractiveFrom(ctx, jobID, 0, 0)
+}
+
+// InteractiveFrom is Interactive with output streamed from the given
+// offsets (the oldest retained byte when those are no longer retained):
+// a client that takes over a session another had opened (a restarted
+// daemon) starts where the output stands rather than replaying it.
+func (c *Client) InteractiveFrom(ctx context.Context, jobID string, stdoutOff, stderrOff int64) (*Session, error) {
 	if err := ValidateJobID(jobID); err != nil {
 		return nil, err
 	}
-	cn, err := c.do(ctx, &Request{Op: OpInteractive, JobID: jobID}, nil)
+	if stdoutOff < 0 || stderrOff < 0 {
+		return nil, Errorf(errdefs.InvalidArgument, "negative output offset")
+	}
+	cn, err := c.do(ctx, &Request{Op: OpInteractive, JobID: jobID, StdoutOffset: stdoutOff, StderrOffset: stderrOff}, nil)
 	if err != nil {
 		return nil, err
 	}

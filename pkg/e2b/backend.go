@@ -29,6 +29,9 @@ type Backend interface {
 	Exec(ctx context.Context, req apitypes.ExecRequest) (*apitypes.ExecResult, error)
 	// OpenProcess starts a command the caller follows (envd's processes).
 	OpenProcess(ctx context.Context, req apitypes.ProcessRequest) (Process, error)
+	// AttachProcess follows a command OpenProcess started, output from
+	// the given offsets: after a daemon restart the agent still runs it.
+	AttachProcess(ctx context.Context, id, jobID string, stdoutOff, stderrOff int64) (Process, error)
 	KillJob(ctx context.Context, req apitypes.JobKillRequest) (*apitypes.JobKillResult, error)
 	ListJobs(ctx context.Context, id string) ([]apitypes.JobInfo, error)
 
@@ -68,6 +71,14 @@ func (b engineBackend) Exec(ctx context.Context, req apitypes.ExecRequest) (*api
 
 func (b engineBackend) OpenProcess(ctx context.Context, req apitypes.ProcessRequest) (Process, error) {
 	t, err := b.Engine.OpenProcess(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return terminal{t}, nil
+}
+
+func (b engineBackend) AttachProcess(ctx context.Context, id, jobID string, stdoutOff, stderrOff int64) (Process, error) {
+	t, err := b.Engine.AttachProcess(ctx, id, jobID, stdoutOff, stderrOff)
 	if err != nil {
 		return nil, err
 	}

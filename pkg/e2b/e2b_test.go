@@ -176,6 +176,10 @@ func (f *fake) OpenProcess(ctx context.Context, req apitypes.ProcessRequest) (Pr
 	return p, nil
 }
 
+func (f *fake) AttachProcess(ctx context.Context, id, jobID string, stdoutOff, stderrOff int64) (Process, error) {
+	return nil, errdefs.NotFoundf("job %s: not found", jobID)
+}
+
 func (f *fake) KillJob(ctx context.Context, req apitypes.JobKillRequest) (*apitypes.JobKillResult, error) {
 	f.mu.Lock()
 	f.kills = append(f.kills, req.JobID+":"+req.Signal)

@@ -393,7 +393,7 @@ func follow(ctx context.Context, h interface{ Get(string) string }, sub *subscri
 
 func (ps *processService) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) error {
 	c := callOf(ctx)
-	p, err := ps.s.procs.find(c.sb.ID, req.Msg.GetProcess())
+	p, err := ps.s.findProc(ctx, c.sb.ID, req.Msg.GetProcess())
 	if err != nil {
 		return err
 	}
@@ -407,6 +407,7 @@ func (ps *processService) Connect(ctx context.Context, req *connect.Request[proc
 func (ps *processService) List(ctx context.Context, req *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
 	c := callOf(ctx)
 	out := &process.ListResponse{}
+	followed := map[string]bool{}
 	for _, p := range ps.s.procs.list(c.sb.ID) {
 		info := &process.ProcessInfo{Config: p.cfg, Pid: p.pid}
 		if p.tag != "" {
@@ -414,13 +415,28 @@ func (ps *processService) List(ctx context.Context, req *connect.Request[process
 			info.Tag = &tag
 		}
 		out.Processes = append(out.Processes, info)
+		followed[p.p.JobID()] = true
+	}
+	// The sandbox's other running commands too, as envd lists every
+	// process it started: those this front end started before a daemon
+	// restart (Connect takes them over by pid), and those of the other
+	// front ends.
+	jobs, err := ps.s.b.ListJobs(ctx, c.sb.ID)
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	for _, j := range jobs {
+		if j.State != "running" || followed[j.ID] || len(j.Argv) == 0 || j.PID <= 0 {
+			continue
+		}
+		out.Processes = append(out.Processes, &process.ProcessInfo{Pid: uint32(j.PID), Config: &process.ProcessConfig{Cmd: j.Argv[0], Args: j.Argv[1:]}})
 	}
 	return connect.NewResponse(out), nil
 }
 
 func (ps *processService) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
 	c := callOf(ctx)
-	p, err := ps.s.procs.find(c.sb.ID, req.Msg.GetProcess())
+	p, err := ps.s.findProc(ctx, c.sb.ID, req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
 	}
@@ -442,7 +458,7 @@ func (ps *processService) SendInput(ctx context.Context, req *connect.Request[pr
 
 func (ps *processService) SendSignal(ctx context.Context, req *connect.Request[process.SendSignalRequest]) (*connect.Response[process.SendSignalResponse], error) {
 	c := callOf(ctx)
-	p, err := ps.s.procs.find(c.sb.ID, req.Msg.GetProcess())
+	p, err := ps.s.findProc(ctx, c.sb.ID, req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
 	}
@@ -465,7 +481,7 @@ func (ps *processService) SendSignal(ctx context.Context, req *connect.Request[p
 
 func (ps *processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
 	c := callOf(ctx)
-	p, err := ps.s.procs.find(c.sb.ID, req.Msg.GetProcess())
+	p, err := ps.s.findProc(ctx, c.sb.ID, req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
 	}
@@ -480,7 +496,7 @@ func (ps *processService) CloseStdin(ctx context.Context, req *connect.Request[p
 
 func (ps *processService) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
 	c := callOf(ctx)
-	p, err := ps.s.procs.find(c.sb.ID, req.Msg.GetProcess())
+	p, err := ps.s.findProc(ctx, c.sb.ID, req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
 	}
@@ -500,4 +516,52 @@ func (ps *processService) Update(ctx context.Context, req *connect.Request[proce
 
 func (ps *processService) StreamInput(context.Context, *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("StreamInput is not served (the SDKs use SendInput)"))
+}
+
+// findProc returns the process sel names in sandbox id, taking over by pid
+// a running command this front end does not follow (adopt).
+func (s *Server) findProc(ctx context.Context, id string, sel *process.ProcessSelector) (*proc, error) {
+	p, err := s.procs.find(id, sel)
+	if err == nil || sel.GetPid() == 0 || connect.CodeOf(err) != connect.CodeNotFound {
+		return p, err
+	}
+	// One adoption at a time: two requests for the same pid must not both
+	// attach.
+	s.adoptMu.Lock()
+	defer s.adoptMu.Unlock()
+	if p, err := s.procs.find(id, sel); err == nil {
+		return p, nil
+	}
+	if p := s.adopt(ctx, id, sel.GetPid()); p != nil {
+		return p, nil
+	}
+	return nil, err
+}
+
+// adopt follows the running command with pid in sandbox id, its output from
+// where it stands: one this front end started before the daemon restarted
+// (the agent kept it running; the table of followed processes was in
+// memory). Only commands with a terminal or an open stdin, as envd's are,
+// can be taken over; nil when there is none with that pid.
+func (s *Server) adopt(ctx context.Context, id string, pid uint32) *proc {
+	jobs, err := s.b.ListJobs(ctx, id)
+	if err != nil {
+		return nil
+	}
+	for _, j := range jobs {
+		if j.PID <= 0 || uint32(j.PID) != pid || j.State != "running" || len(j.Argv) == 0 {
+			continue
+		}
+		p, err := s.b.AttachProcess(context.WithoutCancel(ctx), id, j.ID, j.StdoutBytes, j.StderrBytes)
+		if err != nil {
+			s.log.Debug("e2b: cannot take over command", "sandbox", id, "job", j.ID, "err", err)
+			return nil
+		}
+		pp := &proc{sandbox: id, pid: pid, cfg: &process.ProcessConfig{Cmd: j.Argv[0], Args: j.Argv[1:]}, pty: j.TTY, p: p, subs: map[*subscriber]struct{}{}}
+		s.procs.add(pp)
+		go s.procs.pump(pp)
+		s.log.Info("e2b: took over a running command", "sandbox", id, "pid", pid, "job", j.ID)
+		return pp
+	}
+	return nil
 }

@@ -67,6 +67,8 @@ type Server struct {
 	tr    *http.Transport
 	// pidSeq numbers processes whose pid the agent did not report.
 	pidSeq atomic.Uint32
+	// adoptMu serializes taking over commands after a restart (findProc).
+	adoptMu sync.Mutex
 }
 
 // New returns a Server over b.

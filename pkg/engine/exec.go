@@ -188,6 +188,22 @@ func (e *Engine) OpenProcess(ctx context.Context, req apitypes.ProcessRequest) (
 	return e.sandboxes.OpenTerminal(ctx, req.SandboxID, ts)
 }
 
+// AttachProcess follows a command OpenProcess started, from the given
+// output offsets, once the session that started it is gone (the E2B front
+// end after a daemon restart).
+func (e *Engine) AttachProcess(ctx context.Context, sandboxID, jobID string, stdoutOff, stderrOff int64) (*sandbox.Terminal, error) {
+	if err := checkSandboxID(sandboxID); err != nil {
+		return nil, err
+	}
+	if err := checkJobID(jobID); err != nil {
+		return nil, err
+	}
+	if stdoutOff < 0 || stderrOff < 0 {
+		return nil, errdefs.Invalidf("stdout_offset/stderr_offset: must not be negative")
+	}
+	return e.sandboxes.AttachTerminal(ctx, sandboxID, jobID, stdoutOff, stderrOff)
+}
+
 // ListJobs lists the commands a sandbox's agent knows about.
 func (e *Engine) ListJobs(ctx context.Context, id string) ([]apitypes.JobInfo, error) {
 	if err := checkSandboxID(id); err != nil {

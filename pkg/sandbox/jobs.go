@@ -222,6 +222,11 @@ func (m *Manager) OpenTerminal(ctx context.Context, id string, spec TerminalSpec
 		m.endCommand(sb)
 		return nil, m.agentError(sb, err, "attach terminal")
 	}
+	return m.newTerminal(sb, jobID, sess), nil
+}
+
+// newTerminal follows an interactive session on sb's job jobID.
+func (m *Manager) newTerminal(sb *Sandbox, jobID string, sess *agent.Session) *Terminal {
 	t := &Terminal{m: m, sb: sb, JobID: jobID, sess: sess, chunks: make(chan agent.Chunk, 16), started: time.Now()}
 	go func() {
 		defer close(t.chunks)
@@ -230,7 +235,27 @@ func (m *Manager) OpenTerminal(ctx context.Context, id string, spec TerminalSpec
 			t.chunks <- c
 		}
 	}()
-	return t, nil
+	return t
+}
+
+// AttachTerminal takes over a running interactive command (one with a
+// terminal or an open stdin) of sandbox id, its output from the given
+// offsets: how a front end that lost its session, say in a daemon
+// restart, follows the command again. Closing the terminal kills it.
+func (m *Manager) AttachTerminal(ctx context.Context, id, jobID string, stdoutOff, stderrOff int64) (*Terminal, error) {
+	sb, _, err := m.lookupFor(ctx, id, CapPTY)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.beginCommand(ctx, sb); err != nil {
+		return nil, err
+	}
+	sess, err := sb.agent.InteractiveFrom(context.WithoutCancel(ctx), jobID, stdoutOff, stderrOff)
+	if err != nil {
+		m.endCommand(sb)
+		return nil, m.agentError(sb, err, "attach to job "+jobID)
+	}
+	return m.newTerminal(sb, jobID, sess), nil
 }
 
 // Output delivers what the terminal prints; it is closed when the command

@@ -10,6 +10,10 @@
 //   timeout - a sandbox whose timeout passes
 //   tls     - the SDK over https, envd by host name (ARG: host:port)
 //   bench N - Sandbox.create() + commands.run('node -v'), N times
+//   restart-before - start a background command that reads stdin and
+//             prints a line a second; report the sandbox id and pid
+//   restart-after ID:PID - after the daemon restarted: list, connect to
+//             that pid, send it input, and wait for its end
 import http from 'node:http'
 import https from 'node:https'
 import { Sandbox, CommandExitError, NotFoundError, AuthenticationError } from 'e2b'
@@ -250,6 +254,29 @@ async function tls() {
   await sbx.kill()
 }
 
+async function restartBefore() {
+  const sbx = await Sandbox.create('base', { timeoutMs: 300000 })
+  report.sandboxId = sbx.sandboxId
+  const h = await sbx.commands.run('for i in 1 2 3; do echo tick$i; sleep 0.2; done; read line; echo got:$line', { background: true, stdin: true })
+  report.pid = h.pid
+  // The ticks are out before the restart: after it, only what follows.
+  await until('ticks', async () => (h.stdout || '').includes('tick3'))
+  report.before = h.stdout
+}
+
+async function restartAfter() {
+  const [id, pid] = arg.split(':')
+  const sbx = await Sandbox.connect(id)
+  report.listed = (await sbx.commands.list()).some((p) => p.pid === Number(pid))
+  const h = await sbx.commands.connect(Number(pid))
+  await sbx.commands.sendStdin(Number(pid), 'after-restart\n')
+  const r = await h.wait()
+  report.stdout = r.stdout
+  report.exitCode = r.exitCode
+  report.unknown = await errorOf(() => sbx.commands.connect(999999))
+  await sbx.kill()
+}
+
 async function bench(n) {
   report.ms = []
   report.restMs = []
@@ -285,6 +312,8 @@ try {
   else if (mode === 'timeout') await timeout()
   else if (mode === 'tls') await tls()
   else if (mode === 'bench') await bench(Number(arg))
+  else if (mode === 'restart-before') await restartBefore()
+  else if (mode === 'restart-after') await restartAfter()
   else throw new Error('unknown mode ' + mode)
 } catch (e) {
   report.fatal = String(e && e.stack ? e.stack : e)

@@ -368,6 +368,43 @@ func TestSDKTimeout(t *testing.T) {
 	}
 }
 
+// TestSDKRestart: a command started through the SDK keeps running across a
+// daemon restart, and the SDK finds it again by pid (commands.list and
+// connect), sends it input and gets its output and exit.
+func TestSDKRestart(t *testing.T) {
+	d, addr := daemon(t)
+	var before struct {
+		SandboxID string `json:"sandboxId"`
+		PID       int    `json:"pid"`
+		Before    string `json:"before"`
+	}
+	client(t, addr, &before, "restart-before")
+	if before.PID <= 0 || before.Before != "tick1\ntick2\ntick3\n" {
+		t.Fatalf("before the restart: %+v", before)
+	}
+	if err := d.Stop(); err != nil {
+		t.Fatalf("daemon stop: %v", err)
+	}
+	d.Start()
+	var after struct {
+		Listed   bool      `json:"listed"`
+		Stdout   string    `json:"stdout"`
+		ExitCode int       `json:"exitCode"`
+		Unknown  *sdkError `json:"unknown"`
+	}
+	client(t, addr, &after, "restart-after", before.SandboxID+":"+strconv.Itoa(before.PID))
+	if !after.Listed {
+		t.Error("commands.list after the restart does not show the command")
+	}
+	// Output from where it stood: the ticks are not replayed.
+	if after.Stdout != "got:after-restart\n" || after.ExitCode != 0 {
+		t.Errorf("the command after the restart: stdout %q exit %d, want got:after-restart / 0", after.Stdout, after.ExitCode)
+	}
+	if after.Unknown == nil || !after.Unknown.NotFound {
+		t.Errorf("connect to an unknown pid: %+v, want NotFoundError", after.Unknown)
+	}
+}
+
 // TestBenchmark is the ComputeSDK measure: Sandbox.create() then
 // commands.run('node -v'), median of E2B_BENCH_N runs (default 5), beside
 // the same through the REST API, alternating, in the same run.

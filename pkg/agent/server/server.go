@@ -221,7 +221,7 @@ func (s *Server) dispatch(req *agent.Request, c net.Conn, r *bufio.Reader, rp *r
 		if req.Op == agent.OpAttach {
 			return s.attach(j, req, r, rp)
 		}
-		return s.interactive(j, r, rp)
+		return s.interactive(j, [2]int64{req.StdoutOffset, req.StderrOffset}, r, rp)
 	case agent.OpRead:
 		j, err := s.jobs.get(req.JobID)
 		if err != nil {
@@ -367,9 +367,9 @@ func (s *Server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) 
 	}
 }
 
-// interactive streams output like attach while applying the input frames
-// the client sends.
-func (s *Server) interactive(j *job, r *bufio.Reader, rp *reply) error {
+// interactive streams output from offs like attach while applying the
+// input frames the client sends.
+func (s *Server) interactive(j *job, offs [2]int64, r *bufio.Reader, rp *reply) error {
 	// An interactive job that has finished already (a fast command whose
 	// session opened late) has nothing left to take input, but its output
 	// and exit are still the session's to deliver.
@@ -387,7 +387,7 @@ func (s *Server) interactive(j *job, r *bufio.Reader, rp *reply) error {
 			s.log.Warn("interactive input ended", "job", j.id, "err", err)
 		}
 	}()
-	return s.stream(j, [2]int64{}, gone, rp)
+	return s.stream(j, offs, gone, rp)
 }
 
 // input applies the client's frames until EOF or a protocol error; it never
