@@ -2,23 +2,19 @@ package engine
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"strings"
-	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/autofix"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/agents"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 )
 
 // Agent sessions are the agent service's (pkg/services/agents); the engine
 // keeps AgentRun as the front ends' facade, gives the service its narrow
-// views of the engine (agentDeps), and keeps the autofix provider "agent",
-// which runs a session per fix.
+// views of the engine (agentDeps). The autofix provider "agent", which
+// runs a session per fix, is the autofix service's (pkg/services/fixloop).
 
 type (
 	AgentRunRequest = apitypes.AgentRunRequest
@@ -73,14 +69,14 @@ func (d agentDeps) Exec(ctx context.Context, id string, spec sandbox.ExecSpec, o
 	return d.e.sandboxes.Exec(ctx, id, spec, onOutput)
 }
 
-func (d agentDeps) New() (*runs.Record, error) { return d.e.newRunRecord() }
+func (d agentDeps) New() (*runs.Record, error) { return d.e.pipeline.NewRecord() }
 
 func (d agentDeps) ContainerInfo(info *sandbox.Info, ephemeral bool) map[string]any {
-	return containerInfo(info, ephemeral)
+	return pipeline.ContainerInfo(info, ephemeral)
 }
 
 func (d agentDeps) Finish(ctx context.Context, r *runs.Record, m *runs.Metadata) error {
-	return d.e.runs.Finish(ctx, r, m)
+	return d.e.pipeline.FinishRecord(ctx, r, m)
 }
 
 func (d agentDeps) AgentCredential() bool {
@@ -93,50 +89,4 @@ func (d agentDeps) Usage(id, credential string) (network.CredentialUsage, bool) 
 	}
 	u, ok := d.e.net.CredentialUsage(id)[credential]
 	return u, ok
-}
-
-// agentFixProvider is the autofix provider "agent": one fix = one agent
-// session in the loop's own sandbox (the agent image, granted the
-// credential), with the failure as its prompt. The session edits the
-// files in place; its answer is the files it left, and the loop's success
-// rule judges the next attempt as with any provider.
-type agentFixProvider struct {
-	e         *Engine
-	sandboxID string // the loop's sandbox, set once it exists
-	maxTurns  int
-}
-
-func (p *agentFixProvider) Name() string { return apitypes.ProviderAgent }
-
-func (p *agentFixProvider) Fix(ctx context.Context, req *autofix.FixRequest) (*autofix.Answer, error) {
-	if p.sandboxID == "" {
-		return nil, errors.New("the loop has no sandbox")
-	}
-	timeout := agents.DefaultTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(dl))
-	}
-	if timeout <= time.Second {
-		return nil, context.DeadlineExceeded
-	}
-	prompt := req.Prompt() + "\n\nFix the project's files in /workspace in place (edit them; do not only explain), then run the failing step again to check."
-	res, err := p.e.AgentRun(ctx, AgentRunRequest{Prompt: prompt, SandboxID: p.sandboxID, MaxTurns: p.maxTurns, TimeoutSeconds: timeout.Seconds()}, nil)
-	if err != nil {
-		return nil, err
-	}
-	if !res.Success && strings.HasPrefix(res.Cause, "spend_cap") {
-		return nil, fmt.Errorf("agent session stopped: %s (transcript %s)", res.Cause, res.Transcript)
-	}
-	files := map[string]string{}
-	for p := range req.Files {
-		if c, ok := res.Files[p]; ok {
-			files[p] = c
-		}
-	}
-	for _, ch := range res.Changes {
-		if c, ok := res.Files[ch.Path]; ok && ch.Status != "deleted" {
-			files[ch.Path] = c
-		}
-	}
-	return &autofix.Answer{Files: files, Usage: &apitypes.TokenUsage{InputTokens: res.Usage.InputTokens, OutputTokens: res.Usage.OutputTokens}}, nil
 }

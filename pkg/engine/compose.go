@@ -17,7 +17,9 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/agents"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/fixloop"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
@@ -212,11 +214,17 @@ func (e *Engine) registerServices() error {
 		OnBuild: func(name, outcome string) { e.metrics.imageBuilds.WithLabelValues(name, outcome).Inc() },
 	})
 	e.ports = ports.New(e.sandboxes, e.store, log)
+	e.pipeline = pipeline.New(pipeline.Options{Sandboxes: e.sandboxes, Lifecycle: lifecycle{e}, Catalog: e.catalog,
+		Store: e.store, Runs: cfg.Runs, StateDir: cfg.Paths.StateDir, ExecTimeout: cfg.Sandbox.ExecTimeout.D(),
+		MaxExecTimeout: cfg.Sandbox.MaxExecTimeout.D(), Metrics: runMetrics{e.metrics}, Log: log})
 	deps := agentDeps{e}
 	e.agents = agents.New(agents.Options{Sandboxes: deps, Images: e.imgs, Records: deps, Credentials: deps,
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D()})
+	e.fixes = fixloop.New(fixloop.Options{Pipeline: e.pipeline, Sandboxes: e.sandboxes, Lifecycle: lifecycle{e},
+		Store: e.store, Agents: fixAgents{e}, Catalog: e.catalog, Config: &cfg.Autofix,
+		RecordsMaxAge: cfg.Runs.MaxAge.D(), Registerer: e.metrics.registry, Log: log})
 	e.snapshots = snapshots.New(e.sandboxes, e.store, cfg.Snapshots, cfg.Paths.StateDir, log)
-	return e.initRuns()
+	return e.pipeline.Open()
 }
 
 // restore reconciles the sandboxes a previous run of the daemon left, and

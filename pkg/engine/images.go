@@ -6,6 +6,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
 )
@@ -68,4 +69,38 @@ func checkImageName(field, name string) error { return images.CheckName(field, n
 
 func withBuildOutput(ctx context.Context, f sandbox.OutputFunc) context.Context {
 	return images.WithBuildOutput(ctx, f)
+}
+
+// LanguageInfo is one entry of languages_list.
+type LanguageInfo = apitypes.LanguageInfo
+
+// Languages lists the enabled languages. An image is ready when it is
+// built from the current recipe; the version is that of the recipe's first
+// package in the built image (empty until it is built).
+func (e *Engine) Languages(ctx context.Context) ([]LanguageInfo, error) {
+	b := &image.Builder{Store: e.images, Mirror: e.cfg.Images.Mirror, Suite: e.cfg.Images.Suite}
+	var out []LanguageInfo
+	for _, name := range e.catalog.Names() {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		r, _ := e.catalog.Recipe(name)
+		h, err := lang.New(r)
+		if err != nil {
+			continue
+		}
+		li := LanguageInfo{Name: name, Image: name, Extensions: h.Extensions, Entrypoint: h.Entrypoint,
+			Tasks: h.TaskNames(), Managers: h.Managers(), Compiled: h.Compiled(), Description: r.Description}
+		if li.Tasks == nil {
+			li.Tasks = []string{}
+		}
+		if img, err := e.images.Get(name); err == nil {
+			if want, err := b.Digest(r); err == nil && want == img.Digest {
+				li.ImageReady = true
+			}
+			li.Version = lang.ImageVersion(img, r)
+		}
+		out = append(out, li)
+	}
+	return out, nil
 }
