@@ -79,7 +79,9 @@ func (f *fakeSandboxes) DeleteFile(_ context.Context, id, path string, _ bool) e
 	return nil
 }
 
-func (f *fakeSandboxes) PublishAutofix(_ string, ev apitypes.AutofixEvent) { f.events = append(f.events, ev) }
+func (f *fakeSandboxes) PublishAutofix(_ string, ev apitypes.AutofixEvent) {
+	f.events = append(f.events, ev)
+}
 
 func (f *fakeSandboxes) CreateSandbox(_ context.Context, req apitypes.CreateSandboxRequest) (*sandbox.Info, error) {
 	f.created = append(f.created, req)

@@ -125,8 +125,10 @@ func (f *fakeSandboxes) NetworkMode(field, mode string) (string, error) {
 
 type fakeMetrics struct{ f *fakeSandboxes }
 
-func (m fakeMetrics) Exec(*sandbox.ExecResult)     { m.f.execsSeen++ }
-func (m fakeMetrics) Run(language, outcome string) { m.f.counted = append(m.f.counted, language+"/"+outcome) }
+func (m fakeMetrics) Exec(*sandbox.ExecResult) { m.f.execsSeen++ }
+func (m fakeMetrics) Run(language, outcome string) {
+	m.f.counted = append(m.f.counted, language+"/"+outcome)
+}
 
 func newPipeline(t *testing.T) (*Service, *fakeSandboxes) {
 	t.Helper()
