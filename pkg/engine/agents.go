@@ -5,16 +5,14 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/agents"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 )
 
 // Agent sessions are the agent service's (pkg/services/agents); the engine
-// keeps AgentRun as the front ends' facade, gives the service its narrow
-// views of the engine (agentDeps). The autofix provider "agent", which
-// runs a session per fix, is the autofix service's (pkg/services/fixloop).
+// keeps AgentRun as the front ends' facade and gives the service the
+// credential proxy (credentials); services.Compose wires the rest. The
+// autofix provider "agent", which runs a session per fix, is the autofix
+// service's (pkg/services/fixloop).
 
 type (
 	AgentRunRequest = apitypes.AgentRunRequest
@@ -36,54 +34,15 @@ func (e *Engine) AgentRun(ctx context.Context, req AgentRunRequest, progress fun
 	return e.agents.Run(ctx, req, progress)
 }
 
-// agentDeps is the engine as the agent service sees it: the validated
-// sandbox and file operations, the manager's lookup and exec, run records
-// and credential usage.
-type agentDeps struct{ e *Engine }
+// credentials is the network's credential proxy as agent sessions see it
+// (agents.Credentials).
+type credentials struct{ e *Engine }
 
-func (d agentDeps) CreateSandbox(ctx context.Context, req apitypes.CreateSandboxRequest) (*sandbox.Info, error) {
-	return d.e.CreateSandbox(ctx, req)
-}
-
-func (d agentDeps) TerminateSandbox(ctx context.Context, id string) (*sandbox.Info, error) {
-	return d.e.TerminateSandbox(ctx, id)
-}
-
-func (d agentDeps) WriteFile(ctx context.Context, req apitypes.FileWriteRequest) (*apitypes.FileResult, error) {
-	return d.e.WriteFile(ctx, req)
-}
-
-func (d agentDeps) ReadFile(ctx context.Context, req apitypes.FileReadRequest) (*apitypes.FileReadResult, error) {
-	return d.e.ReadFile(ctx, req)
-}
-
-func (d agentDeps) ListFiles(ctx context.Context, id, p string, recursive bool) ([]apitypes.FileEntry, error) {
-	return d.e.ListFiles(ctx, id, p, recursive)
-}
-
-func (d agentDeps) Get(ctx context.Context, id string) (*sandbox.Info, error) {
-	return d.e.sandboxes.Get(ctx, id)
-}
-
-func (d agentDeps) Exec(ctx context.Context, id string, spec sandbox.ExecSpec, onOutput sandbox.OutputFunc) (*sandbox.ExecResult, error) {
-	return d.e.sandboxes.Exec(ctx, id, spec, onOutput)
-}
-
-func (d agentDeps) New() (*runs.Record, error) { return d.e.pipeline.NewRecord() }
-
-func (d agentDeps) ContainerInfo(info *sandbox.Info, ephemeral bool) map[string]any {
-	return pipeline.ContainerInfo(info, ephemeral)
-}
-
-func (d agentDeps) Finish(ctx context.Context, r *runs.Record, m *runs.Metadata) error {
-	return d.e.pipeline.FinishRecord(ctx, r, m)
-}
-
-func (d agentDeps) AgentCredential() bool {
+func (d credentials) AgentCredential() bool {
 	return d.e.net != nil && d.e.netCfg.Credentials[AgentCredential].BaseURL != nil
 }
 
-func (d agentDeps) Usage(id, credential string) (network.CredentialUsage, bool) {
+func (d credentials) Usage(id, credential string) (network.CredentialUsage, bool) {
 	if d.e.net == nil {
 		return network.CredentialUsage{}, false
 	}

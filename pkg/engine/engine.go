@@ -172,7 +172,9 @@ func seccompRules(rs []config.SeccompRule) []seccomp.Rule {
 // Close stops background work. Sandboxes keep running; a restarted daemon
 // adopts them.
 func (e *Engine) Close() error {
-	e.snapshots.Stop()
+	if e.snapshots != nil { // nil when Start was not reached
+		e.snapshots.Stop()
+	}
 	e.sandboxes.Close()
 	e.detachVMs()
 	if e.net != nil {

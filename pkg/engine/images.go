@@ -15,14 +15,6 @@ import (
 // the engine the one facade the front ends' narrow interfaces are
 // satisfied by, and name the service's parts the engine's own code uses.
 
-// liveSandboxes gives the image service the sandbox manager's list once New
-// has made it (the service is made before it).
-type liveSandboxes struct{ e *Engine }
-
-func (l liveSandboxes) List(ctx context.Context, states ...sandbox.State) ([]*sandbox.Info, error) {
-	return l.e.sandboxes.List(ctx, states...)
-}
-
 // EnsureImage builds the image for recipe name unless an image with the
 // recipe's digest exists already.
 func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error) {

@@ -95,25 +95,17 @@ func (e *Engine) ExportCorrections(ctx context.Context, emit func(apitypes.Corre
 	return e.fixes.ExportCorrections(ctx, emit)
 }
 
-// lifecycle is the engine as the pipeline and the autofix loops see it:
-// sandboxes created and terminated with the engine's validation, defaults
-// and caps, and the network modes this daemon has.
-type lifecycle struct{ e *Engine }
-
-func (l lifecycle) CreateSandbox(ctx context.Context, req apitypes.CreateSandboxRequest) (*sandbox.Info, error) {
-	return l.e.CreateSandbox(ctx, req)
-}
+// lifecycle is the engine as its services see it (services.Engine):
+// sandboxes created and terminated, and files moved, with the engine's
+// validation, defaults and caps, and the network modes this daemon has.
+type lifecycle struct{ *Engine }
 
 func (l lifecycle) CreateRunVM(ctx context.Context, language string, req apitypes.CreateSandboxRequest) (*sandbox.Info, error) {
-	return l.e.createRunVM(ctx, language, req)
-}
-
-func (l lifecycle) TerminateSandbox(ctx context.Context, id string) (*sandbox.Info, error) {
-	return l.e.TerminateSandbox(ctx, id)
+	return l.createRunVM(ctx, language, req)
 }
 
 func (l lifecycle) NetworkMode(field, mode string) (string, error) {
-	return l.e.networkMode(field, mode)
+	return l.networkMode(field, mode)
 }
 
 // runMetrics counts the pipeline's commands and runs on the engine's
@@ -126,12 +118,3 @@ func (r runMetrics) Exec(res *sandbox.ExecResult) {
 }
 
 func (r runMetrics) Run(language, outcome string) { r.m.runs.WithLabelValues(language, outcome).Inc() }
-
-// fixAgents is the agent service as the autofix provider "agent" uses it.
-type fixAgents struct{ e *Engine }
-
-func (f fixAgents) Ready() bool { return agentDeps(f).AgentCredential() }
-
-func (f fixAgents) Run(ctx context.Context, req apitypes.AgentRunRequest, progress func(apitypes.AgentProgress)) (*apitypes.AgentRunResult, error) {
-	return f.e.agents.Run(ctx, req, progress)
-}
