@@ -7,7 +7,6 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
 )
 
@@ -58,10 +57,6 @@ func (e *Engine) vmRecipe(field, name string) (*image.Recipe, error) {
 }
 
 func checkImageName(field, name string) error { return images.CheckName(field, name) }
-
-func withBuildOutput(ctx context.Context, f sandbox.OutputFunc) context.Context {
-	return images.WithBuildOutput(ctx, f)
-}
 
 // LanguageInfo is one entry of languages_list.
 type LanguageInfo = apitypes.LanguageInfo
