@@ -444,11 +444,15 @@ func TestAutofixInterruptedLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var state map[string]map[string]any
-	if err := json.Unmarshal(row.State, &state); err != nil || state["state"] == nil {
+	var state map[string]any
+	if err := json.Unmarshal(row.State, &state); err != nil {
 		t.Fatalf("session state %s: %v", row.State, err)
 	}
-	state["state"]["status"] = apitypes.AutofixRunning
+	loop, ok := state["state"].(map[string]any)
+	if !ok || loop["status"] != apitypes.AutofixNeedsFix {
+		t.Fatalf("session state %s: no loop state waiting for a fix", row.State)
+	}
+	loop["status"] = apitypes.AutofixRunning
 	if row.State, err = json.Marshal(state); err != nil {
 		t.Fatal(err)
 	}
