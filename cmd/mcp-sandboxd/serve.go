@@ -291,7 +291,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	eng, err := engine.New(ctx, cfg, log)
+	eng, err := compose(ctx, cfg, log)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lifetime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/mcpserver"
 )
@@ -92,7 +91,7 @@ func serveStdio(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 			cfg.Paths.StateDir, err))
 	}
 	defer lock.Close()
-	eng, err := engine.New(ctx, cfg, log)
+	eng, err := compose(ctx, cfg, log)
 	if err != nil {
 		return refuse(fmt.Sprintf("mcp-sandboxd stdio: cannot start the engine in-process: %v", err))
 	}

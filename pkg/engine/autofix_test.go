@@ -438,12 +438,26 @@ func TestAutofixInterruptedLoop(t *testing.T) {
 		t.Fatalf("%+v, %v", res, err)
 	}
 	// As the daemon died during an attempt: the row says running.
-	sess, _, err := env.loadAutofix(ctx, res.AutofixID)
+	// (The autofix service's row, rewritten through the store: its state
+	// is JSON the service reads back.)
+	row, err := env.store.GetAutofixSession(ctx, res.AutofixID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess.State.Status = apitypes.AutofixRunning
-	if err := env.saveAutofix(ctx, sess, nil); err != nil {
+	var state map[string]any
+	if err := json.Unmarshal(row.State, &state); err != nil {
+		t.Fatalf("session state %s: %v", row.State, err)
+	}
+	loop, ok := state["state"].(map[string]any)
+	if !ok || loop["status"] != apitypes.AutofixNeedsFix {
+		t.Fatalf("session state %s: no loop state waiting for a fix", row.State)
+	}
+	loop["status"] = apitypes.AutofixRunning
+	if row.State, err = json.Marshal(state); err != nil {
+		t.Fatal(err)
+	}
+	row.Status = apitypes.AutofixRunning
+	if err := env.store.PutAutofixSession(ctx, row); err != nil {
 		t.Fatal(err)
 	}
 	env.sandboxes.Close()

@@ -16,23 +16,38 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/agents"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
-// The composition root: New makes every subsystem once, in dependency
+// The engine's core and its start. Open makes the core once, in dependency
 // order — the stores, the container backend, the sandbox service (with the
-// VM backend and the network beside it), then the services over it
-// (registerServices, the one place a service is added) — and starts their
-// background work. Each step undoes what it opened when it fails.
+// VM backend and the network beside it) — and each step undoes what it
+// opened when it fails. The services over the core are made elsewhere
+// (services.Compose, the one place a service is added) by the daemon's
+// composition root (cmd/mcp-sandboxd), which hands them to Start; New does
+// the same three steps for tests and embedders.
 
-// New opens the state directory and starts the engine's background work. The
-// caller must hold the state directory's lock (see cmd/mcp-sandboxd).
+// New opens the engine's core, composes its services and starts it: Open,
+// services.Compose, Start. The caller must hold the state directory's lock
+// (see cmd/mcp-sandboxd).
 func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, error) {
+	e, err := Open(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.Start(ctx, services.Compose(e.Core())); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Open opens the state directory and makes the engine's core: stores,
+// backends, network and the sandbox service. It starts no background work
+// and has no services until Start.
+func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -52,24 +67,44 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		_ = e.store.Close()
 		return nil, err
 	}
-	cleanup := func() { _ = e.disks.Close(); e.diskStore.Close(); _ = e.store.Close() }
 	if err := e.newSandboxService(backend); err != nil {
-		cleanup()
+		e.closeCore()
 		return nil, err
 	}
-	if err := e.registerServices(); err != nil {
-		cleanup()
-		return nil, err
+	return e, nil
+}
+
+// closeCore closes what Open opened, when the engine does not start.
+func (e *Engine) closeCore() { _ = e.disks.Close(); e.diskStore.Close(); _ = e.store.Close() }
+
+// Core is what the services are made over (services.Compose): the core's
+// parts and the engine's narrow views of itself.
+func (e *Engine) Core() services.Core {
+	return services.Core{
+		Config: e.cfg, Log: e.log, Sandboxes: e.sandboxes, Store: e.store, Images: e.images, Catalog: e.catalog,
+		Engine: lifecycle{e}, Registerer: e.metrics.registry, Metrics: runMetrics{e.metrics},
+		OnImageBuild: func(name, outcome string) { e.metrics.imageBuilds.WithLabelValues(name, outcome).Inc() },
+		Credentials:  credentials{e},
+	}
+}
+
+// Start takes the services, reconciles what a previous run of the daemon
+// left and starts the background work. On failure it closes the core.
+func (e *Engine) Start(ctx context.Context, set *services.Set) error {
+	e.imgs, e.ports, e.pipeline, e.agents, e.fixes, e.snapshots = set.Images, set.Ports, set.Pipeline, set.Agents, set.Fixes, set.Snapshots
+	if err := e.pipeline.Open(); err != nil {
+		e.closeCore()
+		return err
 	}
 	if err := e.restore(ctx); err != nil {
-		cleanup()
-		return nil, err
+		e.closeCore()
+		return err
 	}
 	e.pruneArtifacts()
 	e.pruneStaleImages(ctx)
 	e.sandboxes.Start()
 	e.snapshots.Start()
-	return e, nil
+	return nil
 }
 
 // openStores opens the state database, the image store and the recipe
@@ -193,30 +228,12 @@ func (e *Engine) newSandboxService(backend sandbox.Backend) error {
 		},
 		OnTransition: func(id string, _, to sandbox.State, _ string) {
 			e.metrics.terminations.WithLabelValues(string(to)).Inc()
-			if ports.Ends(to) && e.ports != nil { // nil only before registerServices
+			if ports.Ends(to) && e.ports != nil { // nil only before Start
 				e.ports.End(id)
 			}
 		},
 	})
 	return err
-}
-
-// registerServices makes the services over the sandbox service: the one
-// place a service is added. Each takes only the narrow interfaces its
-// package declares.
-func (e *Engine) registerServices() error {
-	cfg, log := e.cfg, e.log
-	e.imgs = images.New(images.Options{
-		Store: e.images, Catalog: e.catalog, Config: &cfg.Images, RecipesDir: cfg.Paths.RecipesDir,
-		Sandboxes: liveSandboxes{e}, Log: log,
-		OnBuild: func(name, outcome string) { e.metrics.imageBuilds.WithLabelValues(name, outcome).Inc() },
-	})
-	e.ports = ports.New(e.sandboxes, e.store, log)
-	deps := agentDeps{e}
-	e.agents = agents.New(agents.Options{Sandboxes: deps, Images: e.imgs, Records: deps, Credentials: deps,
-		MaxLifetime: cfg.Sandbox.MaxLifetime.D()})
-	e.snapshots = snapshots.New(e.sandboxes, e.store, cfg.Snapshots, cfg.Paths.StateDir, log)
-	return e.initRuns()
 }
 
 // restore reconciles the sandboxes a previous run of the daemon left, and

@@ -36,7 +36,9 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/agents"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/fixloop"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
@@ -64,8 +66,8 @@ type Engine struct {
 	seccompProfiles map[string]*specs.LinuxSeccomp
 	metrics         *metrics
 	started         time.Time
-	runState                           // run records (run.go)
-	autofixState                       // autofix loops (autofix.go)
+	pipeline        *pipeline.Service  // run_code, run_task, packages_install, run records (pkg/services/pipeline)
+	fixes           *fixloop.Service   // autofix loops (pkg/services/fixloop)
 	imgs            *images.Service    // images: list, build, prune, build on first use (pkg/services/images)
 	ports           *ports.Service     // preview exposures (pkg/services/ports)
 	vm              vmState            // the VM backend (vm.go)
@@ -170,7 +172,9 @@ func seccompRules(rs []config.SeccompRule) []seccomp.Rule {
 // Close stops background work. Sandboxes keep running; a restarted daemon
 // adopts them.
 func (e *Engine) Close() error {
-	e.snapshots.Stop()
+	if e.snapshots != nil { // nil when Start was not reached
+		e.snapshots.Stop()
+	}
 	e.sandboxes.Close()
 	e.detachVMs()
 	if e.net != nil {

@@ -21,7 +21,7 @@ import (
 // ExecRequest is the input of exec_command.
 type ExecRequest = apitypes.ExecRequest
 
-const maxStdin = 16 << 20
+const maxStdin = apitypes.MaxStdin
 
 // Exec runs a command in a sandbox and waits for it. onOutput, if not nil,
 // receives output as it arrives.

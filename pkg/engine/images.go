@@ -6,21 +6,13 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
 )
 
 // Images are the image service's (pkg/services/images); these methods keep
 // the engine the one facade the front ends' narrow interfaces are
 // satisfied by, and name the service's parts the engine's own code uses.
-
-// liveSandboxes gives the image service the sandbox manager's list once New
-// has made it (the service is made before it).
-type liveSandboxes struct{ e *Engine }
-
-func (l liveSandboxes) List(ctx context.Context, states ...sandbox.State) ([]*sandbox.Info, error) {
-	return l.e.sandboxes.List(ctx, states...)
-}
 
 // EnsureImage builds the image for recipe name unless an image with the
 // recipe's digest exists already.
@@ -66,6 +58,36 @@ func (e *Engine) vmRecipe(field, name string) (*image.Recipe, error) {
 
 func checkImageName(field, name string) error { return images.CheckName(field, name) }
 
-func withBuildOutput(ctx context.Context, f sandbox.OutputFunc) context.Context {
-	return images.WithBuildOutput(ctx, f)
+// LanguageInfo is one entry of languages_list.
+type LanguageInfo = apitypes.LanguageInfo
+
+// Languages lists the enabled languages. An image is ready when it is
+// built from the current recipe; the version is that of the recipe's first
+// package in the built image (empty until it is built).
+func (e *Engine) Languages(ctx context.Context) ([]LanguageInfo, error) {
+	b := &image.Builder{Store: e.images, Mirror: e.cfg.Images.Mirror, Suite: e.cfg.Images.Suite}
+	var out []LanguageInfo
+	for _, name := range e.catalog.Names() {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		r, _ := e.catalog.Recipe(name)
+		h, err := lang.New(r)
+		if err != nil {
+			continue
+		}
+		li := LanguageInfo{Name: name, Image: name, Extensions: h.Extensions, Entrypoint: h.Entrypoint,
+			Tasks: h.TaskNames(), Managers: h.Managers(), Compiled: h.Compiled(), Description: r.Description}
+		if li.Tasks == nil {
+			li.Tasks = []string{}
+		}
+		if img, err := e.images.Get(name); err == nil {
+			if want, err := b.Digest(r); err == nil && want == img.Digest {
+				li.ImageReady = true
+			}
+			li.Version = lang.ImageVersion(img, r)
+		}
+		out = append(out, li)
+	}
+	return out, nil
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"math"
-	"strings"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
@@ -19,9 +18,6 @@ const (
 	NetworkEgress    = "egress"
 	NetworkAllowlist = "allowlist"
 )
-
-// maxArgs caps a program's argument count.
-const maxArgs = 1024
 
 // duration turns a request's seconds into a duration (apitypes.Seconds:
 // services outside the engine validate seconds the same way).
@@ -79,30 +75,9 @@ func (e *Engine) networkMode(field, mode string) (string, error) {
 	}
 }
 
-// checkArgs validates a program's arguments.
-func checkArgs(field string, args []string) error {
-	if len(args) > maxArgs {
-		return errdefs.Invalidf("%s: %d arguments exceed the maximum %d", field, len(args), maxArgs)
-	}
-	for i, a := range args {
-		if strings.ContainsRune(a, 0) {
-			return errdefs.Invalidf("%s[%d]: contains a NUL byte", field, i)
-		}
-	}
-	return nil
-}
-
-func checkEnv(field string, env map[string]string) error {
-	if len(env) > 256 {
-		return errdefs.Invalidf("%s: at most 256 variables", field)
-	}
-	for k, v := range env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || len(k) > 256 {
-			return errdefs.Invalidf("%s: invalid variable name %q", field, k)
-		}
-		if strings.ContainsRune(v, 0) || len(v) > 32<<10 {
-			return errdefs.Invalidf("%s.%s: value contains NUL or exceeds 32 KiB", field, k)
-		}
-	}
-	return nil
-}
+// checkArgs and checkEnv are apitypes' checks, shared with the services
+// under pkg/services.
+var (
+	checkArgs = apitypes.CheckArgs
+	checkEnv  = apitypes.CheckEnv
+)

@@ -32,6 +32,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/qemu"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm/qga"
 )
@@ -503,7 +504,7 @@ func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apity
 	}
 	files := map[string][]byte{}
 	for p, content := range req.Files {
-		clean, err := WorkspaceRel("files."+p, p)
+		clean, err := pipeline.WorkspaceRel("files."+p, p)
 		if err != nil {
 			return nil, err
 		}
@@ -512,7 +513,7 @@ func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apity
 	if err := checkEnv("env", req.Env); err != nil {
 		return nil, err
 	}
-	budget, err := e.runBudget("timeout_seconds", req.TimeoutSeconds)
+	budget, err := e.pipeline.RunBudget("timeout_seconds", req.TimeoutSeconds)
 	if err != nil {
 		return nil, err
 	}
@@ -539,7 +540,7 @@ func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apity
 	}
 	// The run record: the pipeline's, bound to the VM (a handler with the
 	// VM's language name and no commands of its own).
-	run, err := e.StartRun(ctx, RunSpec{Handler: &lang.Handler{Name: info.Language}, Kind: "vm_test",
+	run, err := e.pipeline.StartRun(ctx, pipeline.RunSpec{Handler: &lang.Handler{Name: info.Language}, Kind: "vm_test",
 		SandboxID: info.ID, Deadline: time.Now().Add(budget)})
 	if err != nil {
 		return nil, err
@@ -563,7 +564,7 @@ func (e *Engine) VMTest(ctx context.Context, req apitypes.VMTestRequest) (*apity
 // vmTestSteps writes the files and runs the steps of a vm_test: through
 // the sandbox agent, or through qemu-ga on a guest of guestOS with only
 // that (in a directory of the run: qemu.GuestTestDir).
-func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMTestRequest, files map[string][]byte, res *apitypes.VMTestResult, guestOS string) (*RunResult, error) {
+func (e *Engine) vmTestSteps(ctx context.Context, run *pipeline.CodeRun, req apitypes.VMTestRequest, files map[string][]byte, res *apitypes.VMTestResult, guestOS string) (*apitypes.RunResult, error) {
 	names := make([]string, 0, len(files))
 	for n := range files {
 		names = append(names, n)
@@ -584,11 +585,11 @@ func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMT
 				return nil, err
 			}
 		}
-	} else if err := run.writeFiles(ctx, files, names, ""); err != nil {
+	} else if err := run.WriteFiles(ctx, files, names); err != nil {
 		return nil, err
 	}
-	a := &Attempt{Env: req.Env}
-	rr := &RunResult{RunID: run.Record.ID, SandboxID: res.SandboxID, Language: run.h.Name, Steps: []RunStep{}}
+	a := &pipeline.Attempt{Env: req.Env}
+	rr := &apitypes.RunResult{RunID: run.Record.ID, SandboxID: res.SandboxID, Language: run.Language(), Steps: []apitypes.RunStep{}}
 	type step struct{ phase, cmd string }
 	var steps []step
 	for _, c := range req.Setup {
@@ -600,18 +601,18 @@ func (e *Engine) vmTestSteps(ctx context.Context, run *CodeRun, req apitypes.VMT
 	rr.Success = true
 	for i, s := range steps {
 		name := fmt.Sprintf("%s %d", s.phase, i+1)
-		var st *RunStep
+		var st *apitypes.RunStep
 		var err error
 		if guestOS != "" {
 			st, err = e.guestTestStep(ctx, run, res.SandboxID, guestOS, a, rr, name, dir, s.cmd)
 		} else {
-			st, err = run.step(ctx, a, rr, name, []string{"/bin/sh", "-c", s.cmd}, nil, nil)
+			st, err = run.Step(ctx, a, rr, name, []string{"/bin/sh", "-c", s.cmd})
 		}
 		if err != nil {
 			return nil, err
 		}
 		res.Steps = append(res.Steps, apitypes.VMTestStep{RunStep: *st, Phase: s.phase, Command: s.cmd})
-		if !stepOK(st) {
+		if !pipeline.StepOK(st) {
 			rr.Success = false
 			res.FailedStep = i
 			png, err := e.sandboxes.Screenshot(ctx, res.SandboxID)
@@ -644,12 +645,12 @@ func (e *Engine) guestMkdir(ctx context.Context, id, dir string) error {
 // qemu-ga, in dir, under what is left of the run's deadline, and records
 // it like the pipeline's steps. It is an exec_command like any other: the
 // sandbox manager routes it to the guest agent.
-func (e *Engine) guestTestStep(ctx context.Context, run *CodeRun, id, osName string, a *Attempt, res *RunResult, name, dir, command string) (*RunStep, error) {
+func (e *Engine) guestTestStep(ctx context.Context, run *pipeline.CodeRun, id, osName string, a *pipeline.Attempt, res *apitypes.RunResult, name, dir, command string) (*apitypes.RunStep, error) {
 	line := "cd '" + dir + "' && " + command
 	if osName == vm.OSWindows {
 		line = `cd /d "` + dir + `" && ` + command
 	}
-	remaining := min(time.Until(run.deadline), e.cfg.Sandbox.MaxExecTimeout.D())
+	remaining := min(time.Until(run.Deadline()), e.cfg.Sandbox.MaxExecTimeout.D())
 	var er *sandbox.ExecResult
 	if remaining < 10*time.Millisecond {
 		er = &sandbox.ExecResult{ExitCode: -1, Termination: sandbox.Termination{Cause: sandbox.CauseTimeout, Detail: "no time left for this step"}}
@@ -657,10 +658,10 @@ func (e *Engine) guestTestStep(ctx context.Context, run *CodeRun, id, osName str
 		secs := remaining.Seconds()
 		var err error
 		if er, err = e.Exec(ctx, ExecRequest{SandboxID: id, Command: line, Env: a.Env, TimeoutSeconds: &secs,
-			MaxOutputBytes: a.MaxOutputBytes}, run.recordOutput(a)); err != nil {
+			MaxOutputBytes: a.MaxOutputBytes}, run.RecordOutput(a)); err != nil {
 			return nil, err
 		}
 	}
 	prog, args, _ := qga.ShellCommand(osName, line)
-	return run.recordStep(res, name, append([]string{prog}, args...), er), nil
+	return run.RecordStep(res, name, append([]string{prog}, args...), er), nil
 }

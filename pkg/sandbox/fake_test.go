@@ -33,6 +33,7 @@ type fakeBackend struct {
 
 	mu       sync.Mutex
 	handles  map[string]*fakeHandle
+	started  []string
 	released []string
 }
 
@@ -46,6 +47,7 @@ func (b *fakeBackend) Start(ctx context.Context, req sandbox.StartRequest, rec l
 	h := &fakeHandle{caps: b.caps, done: make(chan struct{}), files: map[string][]byte{}}
 	b.mu.Lock()
 	b.handles[req.ID] = h
+	b.started = append(b.started, req.ID)
 	b.mu.Unlock()
 	return h, nil
 }
@@ -291,4 +293,99 @@ func TestFakeBackendReaper(t *testing.T) {
 	if len(b.handles) != 0 || !slices.Equal(b.released, []string{info.ID}) {
 		t.Errorf("after the reaper: live %v, released %v", b.handles, b.released)
 	}
+}
+
+// waitFor polls cond every reap interval until it holds, failing the test
+// after a bounded wait.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// warmSandboxes lists the unclaimed warm sandboxes.
+func warmSandboxes(t *testing.T, m *sandbox.Manager) []*sandbox.Info {
+	t.Helper()
+	all, err := m.List(context.Background(), sandbox.StateReady)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*sandbox.Info
+	for _, in := range all {
+		if in.Labels[sandbox.PoolLabel] == "warm" {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// TestFakeBackendPool: the warm pool starts its sandbox, is never reaped for
+// idleness while warm, hands it to a matching create (which gets the
+// request's labels, and starts nothing), refills in the background, and
+// leaves a create that does not match (other limits) to a fresh start. The
+// claimed sandbox is then an ordinary one, reaped when idle.
+func TestFakeBackendPool(t *testing.T) {
+	const idle = 150 * time.Millisecond
+	m, b := newFakeManager(t, sandbox.Capabilities{GuestAgent: true}, func(o *sandbox.Options) {
+		o.IdleTimeout = idle
+		o.Pool = map[string]int{"fake-disk": 1}
+		o.PoolSpec = func(image string) (sandbox.Spec, error) {
+			if image != "fake-disk" {
+				return sandbox.Spec{}, errors.New("no such image")
+			}
+			return fakeSpec(), nil
+		}
+	})
+	ctx := context.Background()
+	starts := func() int { b.mu.Lock(); defer b.mu.Unlock(); return len(b.started) }
+
+	waitFor(t, "a warm sandbox", func() bool { return len(warmSandboxes(t, m)) == 1 })
+	warm := warmSandboxes(t, m)[0]
+	// Warm sandboxes outlive the idle timeout: nobody is waiting on them.
+	for time.Since(warm.CreatedAt) < 3*idle {
+		if got, err := m.Get(ctx, warm.ID); err != nil || got.State != sandbox.StateReady {
+			t.Fatalf("a warm sandbox was reaped: %+v %v", got, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := starts(); n != 1 {
+		t.Fatalf("%d starts for a pool of one", n)
+	}
+
+	spec := fakeSpec()
+	spec.Labels = map[string]string{"owner": "test"}
+	info, err := m.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.ID != warm.ID || info.Labels["owner"] != "test" || info.Labels[sandbox.PoolLabel] != "" || info.State != sandbox.StateReady {
+		t.Fatalf("claimed %+v, want the warm sandbox %s with the request's labels", info, warm.ID)
+	}
+	waitFor(t, "the pool to refill", func() bool {
+		w := warmSandboxes(t, m)
+		return len(w) == 1 && w[0].ID != warm.ID
+	})
+	if n := starts(); n != 2 {
+		t.Fatalf("%d starts after one claim and one refill, want 2", n)
+	}
+
+	other := fakeSpec()
+	other.Limits.MemoryBytes = 1 << 30
+	fresh, err := m.Create(ctx, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh.ID == warm.ID || len(warmSandboxes(t, m)) != 1 || starts() != 3 {
+		t.Fatalf("a non-matching create: %+v (starts %d, warm %d)", fresh, starts(), len(warmSandboxes(t, m)))
+	}
+
+	waitFor(t, "the claimed sandbox to be reaped", func() bool {
+		got, err := m.Get(ctx, info.ID)
+		return err == nil && got.State == sandbox.StateTerminated && strings.Contains(got.Reason, "idle for")
+	})
 }

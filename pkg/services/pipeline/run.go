@@ -1,8 +1,17 @@
-package engine
+// Package pipeline is the run pipeline service: run_code, run_task and
+// packages_install, and the run records they keep (pkg/runs). A CodeRun is
+// one record bound to one sandbox; each Attempt runs a language's steps —
+// install, compile, run — in it. The autofix loops (pkg/services/fixloop)
+// and agent sessions (pkg/services/agents) write their records through it.
+// It needs of the sandbox manager and of the engine only what its
+// Sandboxes and Lifecycle interfaces name, so it never imports pkg/engine.
+package pipeline
 
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"path"
 	"path/filepath"
 	"slices"
@@ -13,11 +22,12 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
@@ -42,49 +52,119 @@ const (
 // directory per run.
 const buildRoot = "/tmp/.sandboxd-build"
 
-// runState is the engine's run records store, opened once (Engine embeds
-// it).
-type runState struct {
+// Sandboxes is what the pipeline needs of the sandbox manager: the live
+// sandbox's state and the agent operations a run's steps use.
+type Sandboxes interface {
+	Get(ctx context.Context, id string) (*sandbox.Info, error)
+	Exec(ctx context.Context, id string, spec sandbox.ExecSpec, onOutput sandbox.OutputFunc) (*sandbox.ExecResult, error)
+	WriteFile(ctx context.Context, id string, req agent.WriteFileRequest, content io.Reader) (*agent.FileInfo, error)
+	ReadFile(ctx context.Context, id, path string, offset, max int64) (*agent.FileData, error)
+	ListFiles(ctx context.Context, id, path string, recursive bool) ([]agent.FileInfo, error)
+	DeleteFile(ctx context.Context, id, path string, recursive bool) error
+}
+
+// Lifecycle is what the pipeline needs of the engine: sandboxes created and
+// terminated with the engine's validation, defaults and caps (an ephemeral
+// run's sandbox is an ordinary one), and the network mode a request may
+// have on this daemon.
+type Lifecycle interface {
+	CreateSandbox(ctx context.Context, req apitypes.CreateSandboxRequest) (*sandbox.Info, error)
+	// CreateRunVM starts the VM of a run with backend "vm": the language's
+	// guest image.
+	CreateRunVM(ctx context.Context, language string, req apitypes.CreateSandboxRequest) (*sandbox.Info, error)
+	TerminateSandbox(ctx context.Context, id string) (*sandbox.Info, error)
+	// NetworkMode resolves a request's network mode (empty: the default),
+	// or refuses it naming field.
+	NetworkMode(field, mode string) (string, error)
+}
+
+// Metrics counts what the pipeline ran (the daemon's Prometheus
+// instruments, shared with exec_command).
+type Metrics interface {
+	// Exec counts one finished command.
+	Exec(res *sandbox.ExecResult)
+	// Run counts one finished run by language and outcome (success,
+	// failure, error).
+	Run(language, outcome string)
+}
+
+// Options are what New needs.
+type Options struct {
+	Sandboxes Sandboxes
+	Lifecycle Lifecycle
+	Catalog   *lang.Catalog
+	// Store indexes the run records (the state database).
+	Store *store.Store
+	// Runs configures the records' directory (empty: StateDir/runs), log
+	// cap and retention.
+	Runs     config.Runs
+	StateDir string
+	// ExecTimeout is a run's default budget, MaxExecTimeout its cap
+	// (sandbox.exec_timeout, sandbox.max_exec_timeout).
+	ExecTimeout, MaxExecTimeout time.Duration
+	Metrics                     Metrics
+	Log                         *slog.Logger
+}
+
+// Service runs programs and keeps their records.
+type Service struct {
+	sandboxes Sandboxes
+	life      Lifecycle
+	catalog   *lang.Catalog
+	metrics   Metrics
+	log       *slog.Logger
+	opts      Options
+
 	runsOnce sync.Once
 	runs     *runs.Store
 	runsErr  error
 }
 
-// initRuns opens the run records store. engine.New calls it; RunCode and
-// friends also call it lazily, so that it happens once either way.
-func (e *Engine) initRuns() error {
-	e.runsOnce.Do(func() {
-		rc := e.cfg.Runs
+// New returns the pipeline; Open opens its records store.
+func New(o Options) *Service {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	return &Service{sandboxes: o.Sandboxes, life: o.Lifecycle, catalog: o.Catalog, metrics: o.Metrics, log: o.Log, opts: o}
+}
+
+// Open opens the run records store and applies its retention. The
+// composition root calls it at start-up; every use also calls it, so that
+// it happens once either way.
+func (s *Service) Open() error {
+	s.runsOnce.Do(func() {
+		rc := s.opts.Runs
 		dir := rc.Dir
 		if dir == "" {
-			dir = filepath.Join(e.cfg.Paths.StateDir, "runs")
+			dir = filepath.Join(s.opts.StateDir, "runs")
 		}
-		e.runs, e.runsErr = runs.Open(dir, e.store, runs.Options{
+		s.runs, s.runsErr = runs.Open(dir, s.opts.Store, runs.Options{
 			LogCap: int64(rc.LogCap), MaxAge: rc.MaxAge.D(), MaxTotalSize: int64(rc.MaxTotalSize),
 		})
-		if e.runsErr != nil {
-			e.runsErr = fmt.Errorf("open run records: %w", e.runsErr)
+		if s.runsErr != nil {
+			s.runsErr = fmt.Errorf("open run records: %w", s.runsErr)
 			return
 		}
-		if n, err := e.runs.Prune(context.Background()); err != nil {
-			e.log.Warn("run records retention", "err", err)
+		if n, err := s.runs.Prune(context.Background()); err != nil {
+			s.log.Warn("run records retention", "err", err)
 		} else if n > 0 {
-			e.log.Info("run records retention", "deleted", n)
+			s.log.Info("run records retention", "deleted", n)
 		}
 	})
-	return e.runsErr
+	return s.runsErr
 }
 
-func (e *Engine) runStore() (*runs.Store, error) {
-	if err := e.initRuns(); err != nil {
+// Records returns the run records store, opening it on first use.
+func (s *Service) Records() (*runs.Store, error) {
+	if err := s.Open(); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "run records")
 	}
-	return e.runs, nil
+	return s.runs, nil
 }
 
-// newRunRecord creates the directory and metadata of a new run record.
-func (e *Engine) newRunRecord() (*runs.Record, error) {
-	rs, err := e.runStore()
+// NewRecord creates the directory and metadata of a new run record.
+func (s *Service) NewRecord() (*runs.Record, error) {
+	rs, err := s.Records()
 	if err != nil {
 		return nil, err
 	}
@@ -93,6 +173,15 @@ func (e *Engine) newRunRecord() (*runs.Record, error) {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create run record")
 	}
 	return rec, nil
+}
+
+// FinishRecord writes a record's metadata.json and indexes it.
+func (s *Service) FinishRecord(ctx context.Context, r *runs.Record, m *runs.Metadata) error {
+	rs, err := s.Records()
+	if err != nil {
+		return err
+	}
+	return rs.Finish(ctx, r, m)
 }
 
 // RunCodeRequest is the input of run_code.
@@ -105,32 +194,31 @@ type RunStep = apitypes.RunStep
 // last step that ran (the run step, or the one that failed).
 type RunResult = apitypes.RunResult
 
-// runBudget is the run's total time limit.
-func (e *Engine) runBudget(field string, secs *float64) (time.Duration, error) {
-	sc := e.cfg.Sandbox
+// RunBudget is the run's total time limit.
+func (s *Service) RunBudget(field string, secs *float64) (time.Duration, error) {
 	if secs == nil {
-		return sc.ExecTimeout.D(), nil
+		return s.opts.ExecTimeout, nil
 	}
-	return duration(field, *secs, sc.MaxExecTimeout.D())
+	return apitypes.Seconds(field, *secs, s.opts.MaxExecTimeout)
 }
 
 // RunCode runs source code: it writes the files into a sandbox (the given
 // one, or an ephemeral one terminated afterwards), installs dependencies,
 // compiles and runs, keeps a run record, and returns the steps' outcomes.
 // onOutput, if not nil, receives every step's output as it arrives.
-func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandbox.OutputFunc) (*RunResult, error) {
-	h, files, main, err := e.program(req.Language, req.Code, req.Files, req.Entrypoint, req.Args, req.Stdin)
+func (s *Service) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandbox.OutputFunc) (*RunResult, error) {
+	h, files, main, err := s.Program(req.Language, req.Code, req.Files, req.Entrypoint, req.Args, req.Stdin)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkEnv("env", req.Env); err != nil {
+	if err := apitypes.CheckEnv("env", req.Env); err != nil {
 		return nil, err
 	}
-	budget, err := e.runBudget("timeout_seconds", req.TimeoutSeconds)
+	budget, err := s.RunBudget("timeout_seconds", req.TimeoutSeconds)
 	if err != nil {
 		return nil, err
 	}
-	network, err := e.networkMode("network", req.Network)
+	network, err := s.life.NetworkMode("network", req.Network)
 	if err != nil {
 		return nil, err
 	}
@@ -140,9 +228,9 @@ func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandb
 		return nil, errdefs.Invalidf("backend: must be container or vm, got %q", req.Backend)
 	}
 	// An image built on first use streams its phases like the run's output.
-	run, err := e.StartRun(withBuildOutput(ctx, onOutput), RunSpec{
+	run, err := s.StartRun(images.WithBuildOutput(ctx, onOutput), RunSpec{
 		Handler: h, SandboxID: req.SandboxID, Backend: req.Backend, Entrypoint: main, Args: req.Args, Deadline: time.Now().Add(budget),
-		Sandbox: CreateSandboxRequest{Network: network, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, CPUs: req.CPUs, Root: req.Root},
+		Sandbox: apitypes.CreateSandboxRequest{Network: network, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, CPUs: req.CPUs, Root: req.Root},
 	})
 	if err != nil {
 		return nil, err
@@ -154,7 +242,7 @@ func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandb
 	res, runErr := run.Run(ctx, Attempt{Files: files, Main: main, Args: req.Args, Stdin: stdin, Env: req.Env,
 		Install: req.Install == nil || *req.Install, MaxOutputBytes: req.MaxOutputBytes, OnOutput: onOutput})
 	if err := run.Finish(context.WithoutCancel(ctx), res, runErr); err != nil && runErr == nil {
-		e.log.Error("write run record", "run", run.Record.ID, "err", err)
+		s.log.Error("write run record", "run", run.Record.ID, "err", err)
 	}
 	if runErr != nil {
 		return nil, runErr
@@ -166,18 +254,18 @@ func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandb
 type RunTaskRequest = apitypes.RunTaskRequest
 
 // sandboxHandler returns a live sandbox and its language's handler.
-func (e *Engine) sandboxHandler(ctx context.Context, id string) (*sandbox.Info, *lang.Handler, error) {
-	if err := checkSandboxID(id); err != nil {
+func (s *Service) sandboxHandler(ctx context.Context, id string) (*sandbox.Info, *lang.Handler, error) {
+	if err := sandbox.CheckID(id); err != nil {
 		return nil, nil, err
 	}
-	info, err := e.sandboxes.Get(ctx, id)
+	info, err := s.sandboxes.Get(ctx, id)
 	if err != nil {
 		return nil, nil, err
 	}
 	if !(info.State == sandbox.StateReady || info.State == sandbox.StateRunning) {
 		return nil, nil, errdefs.Conflictf("sandbox %s is %s", info.ID, info.State)
 	}
-	r, ok := e.catalog.Recipe(info.Image)
+	r, ok := s.catalog.Recipe(info.Image)
 	if !ok {
 		return nil, nil, errdefs.Invalidf("sandbox_id: sandbox %s runs image %q, which has no recipe", info.ID, info.Image)
 	}
@@ -192,8 +280,8 @@ func (e *Engine) sandboxHandler(ctx context.Context, id string) (*sandbox.Info, 
 var skipDirs = []string{".venv", "node_modules", "target", ".git", "output", "__pycache__", "build", "dist"}
 
 // RunTask runs the sandbox language's lint, build or test command.
-func (e *Engine) RunTask(ctx context.Context, req RunTaskRequest) (*sandbox.ExecResult, error) {
-	info, h, err := e.sandboxHandler(ctx, req.SandboxID)
+func (s *Service) RunTask(ctx context.Context, req RunTaskRequest) (*sandbox.ExecResult, error) {
+	info, h, err := s.sandboxHandler(ctx, req.SandboxID)
 	if err != nil {
 		return nil, err
 	}
@@ -212,40 +300,39 @@ func (e *Engine) RunTask(ctx context.Context, req RunTaskRequest) (*sandbox.Exec
 			}
 		}
 	}
-	if err := checkEnv("env", req.Env); err != nil {
+	if err := apitypes.CheckEnv("env", req.Env); err != nil {
 		return nil, err
 	}
-	timeout, err := e.runBudget("timeout_seconds", req.TimeoutSeconds)
+	timeout, err := s.RunBudget("timeout_seconds", req.TimeoutSeconds)
 	if err != nil {
 		return nil, err
 	}
 	vars := lang.Vars{Path: target, File: target, Out: buildRoot + "/task"}
 	if slices.Contains(argv, "{files}") {
-		if vars.Files, err = e.sourcesUnder(ctx, info.ID, h, target); err != nil {
+		if vars.Files, err = s.sourcesUnder(ctx, info.ID, h, target); err != nil {
 			return nil, err
 		}
 		if len(vars.Files) == 0 {
 			return nil, errdefs.Invalidf("path: no %s files under %s", strings.Join(h.Extensions, "/"), path.Join(lang.Workspace, target))
 		}
 	}
-	res, err := e.sandboxes.Exec(ctx, info.ID, sandbox.ExecSpec{
+	res, err := s.sandboxes.Exec(ctx, info.ID, sandbox.ExecSpec{
 		Argv: lang.Expand(argv, vars), Env: req.Env, Cwd: lang.Workspace, Timeout: timeout, MaxResultBytes: req.MaxOutputBytes,
 	}, nil)
 	if err == nil {
-		e.metrics.execTime.Observe(float64(res.DurationMS) / 1000)
-		e.metrics.causes.WithLabelValues(res.Termination.Cause).Inc()
+		s.metrics.Exec(res)
 	}
 	return res, err
 }
 
 // sourcesUnder lists the language's sources under target (relative to
 // /workspace; a file is its own list), relative to /workspace.
-func (e *Engine) sourcesUnder(ctx context.Context, id string, h *lang.Handler, target string) ([]string, error) {
+func (s *Service) sourcesUnder(ctx context.Context, id string, h *lang.Handler, target string) ([]string, error) {
 	if h.IsSource(target) {
 		return []string{target}, nil
 	}
 	dir := path.Join(lang.Workspace, target)
-	entries, err := e.sandboxes.ListFiles(ctx, id, dir, true)
+	entries, err := s.sandboxes.ListFiles(ctx, id, dir, true)
 	if err != nil {
 		if errdefs.CodeOf(err) == errdefs.NotFound {
 			return nil, errdefs.Invalidf("path: %s does not exist", dir)
@@ -277,8 +364,8 @@ type PackagesInstallRequest = apitypes.PackagesInstallRequest
 // package managers. From a sandbox without network only local sources
 // (files in the sandbox) can work; a manager that needed the network gives
 // an unavailable error.
-func (e *Engine) PackagesInstall(ctx context.Context, req PackagesInstallRequest) (*sandbox.ExecResult, error) {
-	info, h, err := e.sandboxHandler(ctx, req.SandboxID)
+func (s *Service) PackagesInstall(ctx context.Context, req PackagesInstallRequest) (*sandbox.ExecResult, error) {
+	info, h, err := s.sandboxHandler(ctx, req.SandboxID)
 	if err != nil {
 		return nil, err
 	}
@@ -297,7 +384,7 @@ func (e *Engine) PackagesInstall(ctx context.Context, req PackagesInstallRequest
 			return nil, errdefs.Invalidf("packages[%d]: %q is not a package name or path", i, p)
 		}
 	}
-	timeout, err := e.runBudget("timeout_seconds", req.TimeoutSeconds)
+	timeout, err := s.RunBudget("timeout_seconds", req.TimeoutSeconds)
 	if err != nil {
 		return nil, err
 	}
@@ -308,7 +395,7 @@ func (e *Engine) PackagesInstall(ctx context.Context, req PackagesInstallRequest
 			env[k] = v
 		}
 	}
-	res, err := e.sandboxes.Exec(ctx, info.ID, sandbox.ExecSpec{
+	res, err := s.sandboxes.Exec(ctx, info.ID, sandbox.ExecSpec{
 		Argv: lang.Expand(d.Add, lang.Vars{Packages: req.Packages}), Env: env, Cwd: lang.Workspace,
 		Timeout: timeout, MaxResultBytes: req.MaxOutputBytes,
 	}, nil)
@@ -322,44 +409,10 @@ func (e *Engine) PackagesInstall(ctx context.Context, req PackagesInstallRequest
 	return res, nil
 }
 
-// LanguageInfo is one entry of languages_list.
-type LanguageInfo = apitypes.LanguageInfo
-
-// Languages lists the enabled languages. An image is ready when it is
-// built from the current recipe; the version is that of the recipe's first
-// package in the built image (empty until it is built).
-func (e *Engine) Languages(ctx context.Context) ([]LanguageInfo, error) {
-	b := &image.Builder{Store: e.images, Mirror: e.cfg.Images.Mirror, Suite: e.cfg.Images.Suite}
-	var out []LanguageInfo
-	for _, name := range e.catalog.Names() {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		r, _ := e.catalog.Recipe(name)
-		h, err := lang.New(r)
-		if err != nil {
-			continue
-		}
-		li := LanguageInfo{Name: name, Image: name, Extensions: h.Extensions, Entrypoint: h.Entrypoint,
-			Tasks: h.TaskNames(), Managers: h.Managers(), Compiled: h.Compiled(), Description: r.Description}
-		if li.Tasks == nil {
-			li.Tasks = []string{}
-		}
-		if img, err := e.images.Get(name); err == nil {
-			if want, err := b.Digest(r); err == nil && want == img.Digest {
-				li.ImageReady = true
-			}
-			li.Version = lang.ImageVersion(img, r)
-		}
-		out = append(out, li)
-	}
-	return out, nil
-}
-
 // GetRun returns a run record with up to maxLog bytes of each log (0: the
 // default, 1 MiB).
-func (e *Engine) GetRun(ctx context.Context, id string, maxLog int64) (*runs.Run, error) {
-	rs, err := e.runStore()
+func (s *Service) GetRun(ctx context.Context, id string, maxLog int64) (*runs.Run, error) {
+	rs, err := s.Records()
 	if err != nil {
 		return nil, err
 	}
@@ -373,8 +426,8 @@ func (e *Engine) GetRun(ctx context.Context, id string, maxLog int64) (*runs.Run
 type RunFilter = apitypes.RunFilter
 
 // ListRuns lists run records, newest first.
-func (e *Engine) ListRuns(ctx context.Context, f RunFilter) ([]runs.Metadata, error) {
-	rs, err := e.runStore()
+func (s *Service) ListRuns(ctx context.Context, f RunFilter) ([]runs.Metadata, error) {
+	rs, err := s.Records()
 	if err != nil {
 		return nil, err
 	}

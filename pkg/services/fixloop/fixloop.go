@@ -1,4 +1,10 @@
-package engine
+// Package fixloop is the autofix service: autofix, autofix_submit,
+// autofix_status and the export of corrections. It drives pkg/autofix's loop
+// over the run pipeline (pkg/services/pipeline): one CodeRun (kind
+// "autofix") and one sandbox per loop, an Attempt per run. It needs of the
+// engine only what its Lifecycle, Sandboxes, Store and Agents interfaces
+// name, so it never imports pkg/engine.
+package fixloop
 
 import (
 	"context"
@@ -8,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,15 +26,17 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/autofix"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/agents"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
-// The autofix loop over the run pipeline: one CodeRun (kind "autofix") and
-// one sandbox per loop, an Attempt per run. The loop's state lives in
+// The loop's state lives in
 // SQLite (autofix_sessions) from start to end, so autofix_status can read
 // any loop and a client-provider session waiting for autofix_submit
 // survives a daemon restart.
@@ -41,8 +50,8 @@ type AutofixSubmitRequest = apitypes.AutofixSubmitRequest
 // AutofixResult is the answer of autofix, autofix_submit and autofix_status.
 type AutofixResult = apitypes.AutofixResult
 
-// AutofixOptions are what a front end adds to a call.
-type AutofixOptions struct {
+// CallOptions are what a front end adds to a call.
+type CallOptions struct {
 	// Sampling is the calling MCP client's model, when the client declared
 	// the sampling capability; provider "sampling" without it falls back to
 	// "client".
@@ -56,13 +65,85 @@ type AutofixOptions struct {
 	MaxOutputBytes int64
 }
 
-// autofixState is the engine's autofix bookkeeping (Engine embeds it).
-type autofixState struct {
+// Sandboxes is what the loops need of the sandbox manager.
+type Sandboxes interface {
+	Get(ctx context.Context, id string) (*sandbox.Info, error)
+	DeleteFile(ctx context.Context, id, path string, recursive bool) error
+	// PublishAutofix sends a loop's event to the sandbox's watchers.
+	PublishAutofix(sandboxID string, ev apitypes.AutofixEvent)
+}
+
+// Lifecycle is what the loops need of the engine: a loop's sandbox is an
+// ordinary one, created and terminated with the engine's validation, and a
+// request's network mode is resolved as for any sandbox.
+type Lifecycle interface {
+	CreateSandbox(ctx context.Context, req apitypes.CreateSandboxRequest) (*sandbox.Info, error)
+	TerminateSandbox(ctx context.Context, id string) (*sandbox.Info, error)
+	NetworkMode(field, mode string) (string, error)
+}
+
+// Store keeps the loops' state (the autofix_sessions table).
+type Store interface {
+	PutAutofixSession(ctx context.Context, s *store.AutofixSession) error
+	GetAutofixSession(ctx context.Context, id string) (*store.AutofixSession, error)
+	AutofixSessionsByStatus(ctx context.Context, status string) ([]*store.AutofixSession, error)
+	ExpiredAutofixSessions(ctx context.Context, status string, now time.Time) ([]*store.AutofixSession, error)
+	DeleteAutofixSessions(ctx context.Context, before time.Time) (int64, error)
+}
+
+// Agents is the agent service as the provider "agent" uses it.
+type Agents interface {
+	// Ready reports whether agent sessions can run (the credential is
+	// configured and the network is up).
+	Ready() bool
+	Run(ctx context.Context, req apitypes.AgentRunRequest, progress func(apitypes.AgentProgress)) (*apitypes.AgentRunResult, error)
+}
+
+// Pipeline is the run pipeline as the loops use it: one run record and
+// sandbox per loop, an attempt per run.
+type Pipeline interface {
+	Program(language, code string, files map[string]string, entrypoint string, args []string, stdin string) (*lang.Handler, map[string][]byte, string, error)
+	StartRun(ctx context.Context, spec pipeline.RunSpec) (*pipeline.CodeRun, error)
+	Resume(rec *runs.Record, h *lang.Handler, meta runs.Metadata, sb *sandbox.Info) *pipeline.CodeRun
+	Records() (*runs.Store, error)
+}
+
+// Options are what New needs.
+type Options struct {
+	Pipeline  Pipeline
+	Sandboxes Sandboxes
+	Lifecycle Lifecycle
+	Store     Store
+	Agents    Agents
+	Catalog   *lang.Catalog
+	// Config is the daemon's autofix section, shared (not copied).
+	Config *config.Autofix
+	// RecordsMaxAge is the run records' age limit (runs.max_age): finished
+	// loops' rows go with it.
+	RecordsMaxAge time.Duration
+	// Registerer takes the loops' Prometheus instruments.
+	Registerer prometheus.Registerer
+	Log        *slog.Logger
+}
+
+// Service runs autofix loops.
+type Service struct {
+	o           Options
+	log         *slog.Logger
 	afOnce      sync.Once
 	afInterrupt sync.Once
 	afMetrics   *autofixMetrics
 	afMu        sync.Mutex
 	afLocks     map[string]*sync.Mutex
+}
+
+// New returns the service; its first call ends the loops an earlier daemon
+// left running.
+func New(o Options) *Service {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	return &Service{o: o, log: o.Log}
 }
 
 // autofixMetrics are the loop's Prometheus instruments.
@@ -72,8 +153,8 @@ type autofixMetrics struct {
 	timeToFix prometheus.Histogram
 }
 
-func (e *Engine) autofixInit() *autofixMetrics {
-	e.afOnce.Do(func() {
+func (s *Service) autofixInit() *autofixMetrics {
+	s.afOnce.Do(func() {
 		m := &autofixMetrics{
 			runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Namespace: "sandboxd", Name: "autofix_runs_total",
@@ -88,61 +169,61 @@ func (e *Engine) autofixInit() *autofixMetrics {
 				Help: "Time the successful autofix loops took, fix requests included.", Buckets: []float64{.1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
 			}),
 		}
-		e.metrics.registry.MustRegister(m.runs, m.attempts, m.timeToFix)
-		e.afMetrics = m
-		e.afLocks = map[string]*sync.Mutex{}
+		s.o.Registerer.MustRegister(m.runs, m.attempts, m.timeToFix)
+		s.afMetrics = m
+		s.afLocks = map[string]*sync.Mutex{}
 	})
-	return e.afMetrics
+	return s.afMetrics
 }
 
 // autofixReady prepares the autofix bookkeeping before the first call of
 // this engine: metrics, and the loops an earlier daemon left running.
-func (e *Engine) autofixReady() {
-	e.autofixInit()
-	e.afInterrupt.Do(e.interruptAutofixSessions)
+func (s *Service) autofixReady() {
+	s.autofixInit()
+	s.afInterrupt.Do(s.interruptAutofixSessions)
 }
 
 // interruptAutofixSessions ends the loops an earlier daemon was running
 // when it stopped (no loop of this process runs yet): their record is
 // finished and their sandbox removed. Loops waiting for the client's fix
 // are not running and stay.
-func (e *Engine) interruptAutofixSessions() {
+func (s *Service) interruptAutofixSessions() {
 	ctx := context.Background()
-	rows, err := e.store.AutofixSessionsByStatus(ctx, apitypes.AutofixRunning)
+	rows, err := s.o.Store.AutofixSessionsByStatus(ctx, apitypes.AutofixRunning)
 	if err != nil {
-		e.log.Warn("autofix: list interrupted loops", "err", err)
+		s.log.Warn("autofix: list interrupted loops", "err", err)
 		return
 	}
 	for _, row := range rows {
-		sess, _, err := e.loadAutofix(ctx, row.ID)
+		sess, _, err := s.loadAutofix(ctx, row.ID)
 		if err != nil {
 			continue
 		}
-		h, _, err := e.catalog.Handler("language", sess.State.Params.Language)
+		h, _, err := s.o.Catalog.Handler("language", sess.State.Params.Language)
 		if err != nil {
 			continue
 		}
 		sess.State.Status, sess.State.StopReason = apitypes.AutofixFailed, apitypes.StopError
 		sess.State.Error = "the daemon stopped while the loop was running"
-		run, _, err := e.resumeAutofixRunNoSandbox(sess, h)
+		run, _, err := s.resumeAutofixRunNoSandbox(sess, h)
 		if err != nil {
-			e.log.Warn("autofix: interrupted loop", "autofix", row.ID, "err", err)
+			s.log.Warn("autofix: interrupted loop", "autofix", row.ID, "err", err)
 			continue
 		}
-		e.finishAutofix(ctx, sess, run)
+		s.finishAutofix(ctx, sess, run)
 	}
 }
 
 // autofixLock serialises the calls on one loop (a submit racing another).
-func (e *Engine) autofixLock(id string) func() {
-	e.autofixInit()
-	e.afMu.Lock()
-	l, ok := e.afLocks[id]
+func (s *Service) autofixLock(id string) func() {
+	s.autofixInit()
+	s.afMu.Lock()
+	l, ok := s.afLocks[id]
 	if !ok {
 		l = &sync.Mutex{}
-		e.afLocks[id] = l
+		s.afLocks[id] = l
 	}
-	e.afMu.Unlock()
+	s.afMu.Unlock()
 	l.Lock()
 	return l.Unlock
 }
@@ -171,8 +252,8 @@ func newAutofixID() string {
 // autofixProvider resolves a provider name (empty: the configured
 // default) to a provider; nil is the client provider. The name returned is
 // the provider that will actually answer.
-func (e *Engine) autofixProvider(name string, opts *AutofixOptions) (autofix.Provider, string, error) {
-	ac := e.cfg.Autofix
+func (s *Service) autofixProvider(name string, opts *CallOptions) (autofix.Provider, string, error) {
+	ac := s.o.Config
 	if name == "" {
 		name = ac.Provider
 	}
@@ -197,10 +278,10 @@ func (e *Engine) autofixProvider(name string, opts *AutofixOptions) (autofix.Pro
 		}
 		return &autofix.CommandProvider{Argv: ac.Command, Timeout: ac.CommandTimeout.D()}, name, nil
 	case apitypes.ProviderAgent:
-		if e.net == nil || e.netCfg.Credentials[AgentCredential].BaseURL == nil {
-			return nil, "", errdefs.Invalidf("provider: agent needs network.credentials.%s configured on this server (and the network subsystem up)", AgentCredential)
+		if s.o.Agents == nil || !s.o.Agents.Ready() {
+			return nil, "", errdefs.Invalidf("provider: agent needs network.credentials.%s configured on this server (and the network subsystem up)", agents.AgentCredential)
 		}
-		return &agentFixProvider{e: e}, name, nil
+		return &agentFixProvider{agents: s.o.Agents}, name, nil
 	}
 	return nil, "", errdefs.Invalidf("provider: unknown provider %q (one of client, sampling, anthropic, command, agent)", name)
 }
@@ -209,11 +290,11 @@ func (e *Engine) autofixProvider(name string, opts *AutofixOptions) (autofix.Pro
 // and runs them, in one sandbox kept for the loop. With the client
 // provider it returns at the first failure with status needs_fix and a
 // prompt; autofix_submit continues.
-func (e *Engine) Autofix(ctx context.Context, req AutofixRequest, opts AutofixOptions) (*AutofixResult, error) {
-	e.autofixReady()
-	e.expireAutofixSessions(ctx)
-	ac := e.cfg.Autofix
-	h, files, main, err := e.program(req.Language, req.Code, req.Files, req.Entrypoint, req.Args, req.Stdin)
+func (s *Service) Autofix(ctx context.Context, req AutofixRequest, opts CallOptions) (*AutofixResult, error) {
+	s.autofixReady()
+	s.expireAutofixSessions(ctx)
+	ac := s.o.Config
+	h, files, main, err := s.o.Pipeline.Program(req.Language, req.Code, req.Files, req.Entrypoint, req.Args, req.Stdin)
 	if err != nil {
 		return nil, err
 	}
@@ -226,7 +307,7 @@ func (e *Engine) Autofix(ctx context.Context, req AutofixRequest, opts AutofixOp
 		return nil, errdefs.Invalidf("%v", err)
 	}
 	if req.TimeoutSeconds != nil {
-		if p.Timeout, err = duration("timeout_seconds", *req.TimeoutSeconds, ac.MaxTimeout.D()); err != nil {
+		if p.Timeout, err = apitypes.Seconds("timeout_seconds", *req.TimeoutSeconds, ac.MaxTimeout.D()); err != nil {
 			return nil, err
 		}
 	}
@@ -238,44 +319,44 @@ func (e *Engine) Autofix(ctx context.Context, req AutofixRequest, opts AutofixOp
 			return nil, errdefs.Invalidf("success: %s has no test task; give test_command", h.Name)
 		}
 	}
-	provider, pname, err := e.autofixProvider(req.Provider, &opts)
+	provider, pname, err := s.autofixProvider(req.Provider, &opts)
 	if err != nil {
 		return nil, err
 	}
 	p.Provider = pname
-	network, err := e.networkMode("network", req.Network)
+	network, err := s.o.Lifecycle.NetworkMode("network", req.Network)
 	if err != nil {
 		return nil, err
 	}
 
 	id := newAutofixID()
-	create := CreateSandboxRequest{Language: h.Name, Network: network, Labels: map[string]string{"sandboxd.autofix": id}}
+	create := apitypes.CreateSandboxRequest{Language: h.Name, Network: network, Labels: map[string]string{"sandboxd.autofix": id}}
 	agentFix, _ := provider.(*agentFixProvider)
 	if agentFix != nil {
 		// The agent's image (it has the CLI and the usual runtimes), the
 		// credential, and no destination but the proxy unless asked.
-		create.Image, create.Credentials = AgentImage, []string{AgentCredential}
-		if create.Network == NetworkNone {
-			create.Network = NetworkAllowlist
+		create.Image, create.Credentials = agents.AgentImage, []string{agents.AgentCredential}
+		if create.Network == "none" {
+			create.Network = "allowlist"
 		}
 	}
-	sb, err := e.CreateSandbox(ctx, create)
+	sb, err := s.o.Lifecycle.CreateSandbox(ctx, create)
 	if err != nil {
 		return nil, err
 	}
 	if agentFix != nil {
 		agentFix.sandboxID = sb.ID
 	}
-	run, err := e.StartRun(ctx, RunSpec{Handler: h, Kind: "autofix", SandboxID: sb.ID, Entrypoint: main,
+	run, err := s.o.Pipeline.StartRun(ctx, pipeline.RunSpec{Handler: h, Kind: "autofix", SandboxID: sb.ID, Entrypoint: main,
 		Args: req.Args, Deadline: time.Now().Add(p.Timeout)})
 	if err != nil {
-		e.terminateAutofixSandbox(ctx, sb.ID, id)
+		s.terminateAutofixSandbox(ctx, sb.ID, id)
 		return nil, err
 	}
 	run.Meta.Ephemeral = true // the loop's own sandbox, removed when the loop ends
 	sess := &autofixSession{State: autofix.NewState(id, run.Record.ID, p, files), StartedAt: time.Now(),
 		SandboxID: sb.ID, Network: network, Args: req.Args, Stdin: req.Stdin}
-	return e.driveAutofix(ctx, sess, run, h, provider, &opts, func(l *autofix.Loop) error {
+	return s.driveAutofix(ctx, sess, run, h, provider, &opts, func(l *autofix.Loop) error {
 		return l.Start(ctx, sess.State)
 	})
 }
@@ -283,9 +364,9 @@ func (e *Engine) Autofix(ctx context.Context, req AutofixRequest, opts AutofixOp
 // AutofixSubmit continues a client-provider loop waiting at needs_fix with
 // the client's fix: whole files, the entrypoint's code, or an answer in
 // the providers' format (a diff or fenced blocks).
-func (e *Engine) AutofixSubmit(ctx context.Context, req AutofixSubmitRequest, opts AutofixOptions) (*AutofixResult, error) {
-	e.autofixReady()
-	e.expireAutofixSessions(ctx)
+func (s *Service) AutofixSubmit(ctx context.Context, req AutofixSubmitRequest, opts CallOptions) (*AutofixResult, error) {
+	s.autofixReady()
+	s.expireAutofixSessions(ctx)
 	if !autofixIDRE.MatchString(req.AutofixID) {
 		return nil, errdefs.Invalidf("autofix_id: malformed %q", req.AutofixID)
 	}
@@ -302,12 +383,12 @@ func (e *Engine) AutofixSubmit(ctx context.Context, req AutofixSubmitRequest, op
 	for _, c := range req.Files {
 		total += len(c)
 	}
-	if len(req.Files) > MaxRunFiles || total > MaxRunFilesBytes {
-		return nil, errdefs.LimitExceededf("files: at most %d files and %d bytes", MaxRunFiles, MaxRunFilesBytes)
+	if len(req.Files) > pipeline.MaxRunFiles || total > pipeline.MaxRunFilesBytes {
+		return nil, errdefs.LimitExceededf("files: at most %d files and %d bytes", pipeline.MaxRunFiles, pipeline.MaxRunFilesBytes)
 	}
-	unlock := e.autofixLock(req.AutofixID)
+	unlock := s.autofixLock(req.AutofixID)
 	defer unlock()
-	sess, _, err := e.loadAutofix(ctx, req.AutofixID)
+	sess, _, err := s.loadAutofix(ctx, req.AutofixID)
 	if err != nil {
 		return nil, err
 	}
@@ -322,35 +403,35 @@ func (e *Engine) AutofixSubmit(ctx context.Context, req AutofixSubmitRequest, op
 	case len(req.Files) > 0:
 		ans.Files = req.Files
 	}
-	h, _, err := e.catalog.Handler("language", st.Params.Language)
+	h, _, err := s.o.Catalog.Handler("language", st.Params.Language)
 	if err != nil {
 		return nil, err
 	}
-	run, fresh, err := e.resumeAutofixRun(ctx, sess, h)
+	run, fresh, err := s.resumeAutofixRun(ctx, sess, h)
 	if err != nil {
 		return nil, err
 	}
-	return e.driveAutofix(ctx, sess, run, h, nil, &opts, func(l *autofix.Loop) error {
+	return s.driveAutofix(ctx, sess, run, h, nil, &opts, func(l *autofix.Loop) error {
 		l.Runner.(*autofixRunner).fresh = fresh
 		return l.Submit(ctx, st, ans, apitypes.ProviderClient)
 	})
 }
 
 // AutofixStatus reports a loop: running, waiting for a fix, or finished.
-func (e *Engine) AutofixStatus(ctx context.Context, id string) (*AutofixResult, error) {
-	e.autofixReady()
-	e.expireAutofixSessions(ctx)
+func (s *Service) AutofixStatus(ctx context.Context, id string) (*AutofixResult, error) {
+	s.autofixReady()
+	s.expireAutofixSessions(ctx)
 	if !autofixIDRE.MatchString(id) {
 		return nil, errdefs.Invalidf("autofix_id: malformed %q", id)
 	}
-	sess, _, err := e.loadAutofix(ctx, id)
+	sess, _, err := s.loadAutofix(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	return e.autofixResult(sess), nil
+	return s.autofixResult(sess), nil
 }
 
-func (e *Engine) autofixResult(sess *autofixSession) *AutofixResult {
+func (s *Service) autofixResult(sess *autofixSession) *AutofixResult {
 	r := sess.State.Result()
 	if !sess.ExpiresAt.IsZero() && r.Status == apitypes.AutofixNeedsFix {
 		t := sess.ExpiresAt.UTC()
@@ -364,54 +445,54 @@ func (e *Engine) autofixResult(sess *autofixSession) *AutofixResult {
 
 // driveAutofix runs the loop (start or submit) and then either finishes
 // the loop — record, sandbox, metrics — or parks it at needs_fix.
-func (e *Engine) driveAutofix(ctx context.Context, sess *autofixSession, run *CodeRun, h *lang.Handler,
-	provider autofix.Provider, opts *AutofixOptions, step func(*autofix.Loop) error) (*AutofixResult, error) {
+func (s *Service) driveAutofix(ctx context.Context, sess *autofixSession, run *pipeline.CodeRun, h *lang.Handler,
+	provider autofix.Provider, opts *CallOptions, step func(*autofix.Loop) error) (*AutofixResult, error) {
 	st := sess.State
-	runner := &autofixRunner{e: e, run: run, h: h, sess: sess, opts: opts}
+	runner := &autofixRunner{s: s, run: run, h: h, sess: sess, opts: opts}
 	loop := &autofix.Loop{Runner: runner, Provider: provider,
 		OnEvent: func(ev apitypes.AutofixEvent) {
-			e.sandboxes.PublishAutofix(sess.SandboxID, ev)
+			s.o.Sandboxes.PublishAutofix(sess.SandboxID, ev)
 			if opts.OnEvent != nil {
 				opts.OnEvent(ev)
 			}
 		},
 		OnProgress: func(st *autofix.State) {
 			if err := run.Record.WriteJSON(runs.FixedAttemptsJSON, st.Records); err != nil {
-				e.log.Warn("autofix: write fixed attempts", "autofix", st.ID, "err", err)
+				s.log.Warn("autofix: write fixed attempts", "autofix", st.ID, "err", err)
 			}
-			if err := e.saveAutofix(context.WithoutCancel(ctx), sess, run); err != nil {
-				e.log.Warn("autofix: save session", "autofix", st.ID, "err", err)
+			if err := s.saveAutofix(context.WithoutCancel(ctx), sess, run); err != nil {
+				s.log.Warn("autofix: save session", "autofix", st.ID, "err", err)
 			}
 		},
 	}
 	loopErr := step(loop)
 	wctx := context.WithoutCancel(ctx)
 	if st.Status == apitypes.AutofixNeedsFix {
-		sess.ExpiresAt = time.Now().Add(e.cfg.Autofix.SessionTTL.D())
+		sess.ExpiresAt = time.Now().Add(s.o.Config.SessionTTL.D())
 		sess.Meta = run.Meta
 		if err := run.Record.Close(); err != nil {
-			e.log.Warn("autofix: close run logs", "run", run.Record.ID, "err", err)
+			s.log.Warn("autofix: close run logs", "run", run.Record.ID, "err", err)
 		}
-		if err := e.saveAutofix(wctx, sess, run); err != nil {
+		if err := s.saveAutofix(wctx, sess, run); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "save autofix session")
 		}
-		return e.autofixResult(sess), nil
+		return s.autofixResult(sess), nil
 	}
-	e.finishAutofix(wctx, sess, run)
+	s.finishAutofix(wctx, sess, run)
 	if loopErr != nil && len(st.Attempts) == 0 {
 		return nil, loopErr
 	}
-	return e.autofixResult(sess), nil
+	return s.autofixResult(sess), nil
 }
 
 // finishAutofix writes the record's metadata (success is the loop's),
 // removes the loop's sandbox, stores the final state and counts the loop.
-func (e *Engine) finishAutofix(ctx context.Context, sess *autofixSession, run *CodeRun) {
+func (s *Service) finishAutofix(ctx context.Context, sess *autofixSession, run *pipeline.CodeRun) {
 	st := sess.State
 	if err := run.Record.WriteJSON(runs.FixedAttemptsJSON, st.Records); err != nil {
-		e.log.Warn("autofix: write fixed attempts", "autofix", st.ID, "err", err)
+		s.log.Warn("autofix: write fixed attempts", "autofix", st.ID, "err", err)
 	}
-	var res *RunResult
+	var res *apitypes.RunResult
 	var runErr error
 	if st.Last != nil {
 		c := *st.Last
@@ -425,14 +506,14 @@ func (e *Engine) finishAutofix(ctx context.Context, sess *autofixSession, run *C
 		run.Meta.Error = st.StopReason + ": " + st.Error
 	}
 	if err := run.Finish(ctx, res, runErr); err != nil {
-		e.log.Error("autofix: write run record", "run", run.Record.ID, "err", err)
+		s.log.Error("autofix: write run record", "run", run.Record.ID, "err", err)
 	}
-	e.terminateAutofixSandbox(ctx, sess.SandboxID, st.ID)
+	s.terminateAutofixSandbox(ctx, sess.SandboxID, st.ID)
 	sess.ExpiresAt = time.Time{}
-	if err := e.saveAutofix(ctx, sess, run); err != nil {
-		e.log.Error("autofix: save session", "autofix", st.ID, "err", err)
+	if err := s.saveAutofix(ctx, sess, run); err != nil {
+		s.log.Error("autofix: save session", "autofix", st.ID, "err", err)
 	}
-	m := e.autofixInit()
+	m := s.autofixInit()
 	outcome := st.StopReason
 	if st.Status == apitypes.AutofixFixed {
 		outcome = "fixed"
@@ -440,22 +521,22 @@ func (e *Engine) finishAutofix(ctx context.Context, sess *autofixSession, run *C
 		m.timeToFix.Observe(st.Used.Seconds())
 	}
 	m.runs.WithLabelValues(outcome).Inc()
-	e.log.Info("autofix finished", "autofix", st.ID, "run", run.Record.ID, "status", st.Status,
+	s.log.Info("autofix finished", "autofix", st.ID, "run", run.Record.ID, "status", st.Status,
 		"reason", st.StopReason, "attempts", len(st.Attempts), "provider", st.Params.Provider)
 }
 
-func (e *Engine) terminateAutofixSandbox(ctx context.Context, sandboxID, id string) {
+func (s *Service) terminateAutofixSandbox(ctx context.Context, sandboxID, id string) {
 	if sandboxID == "" {
 		return
 	}
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if _, err := e.TerminateSandbox(tctx, sandboxID); err != nil && errdefs.CodeOf(err) != errdefs.NotFound && errdefs.CodeOf(err) != errdefs.Conflict {
-		e.log.Error("autofix: terminate sandbox", "sandbox", sandboxID, "autofix", id, "err", err)
+	if _, err := s.o.Lifecycle.TerminateSandbox(tctx, sandboxID); err != nil && errdefs.CodeOf(err) != errdefs.NotFound && errdefs.CodeOf(err) != errdefs.Conflict {
+		s.log.Error("autofix: terminate sandbox", "sandbox", sandboxID, "autofix", id, "err", err)
 	}
 }
 
-func (e *Engine) saveAutofix(ctx context.Context, sess *autofixSession, run *CodeRun) error {
+func (s *Service) saveAutofix(ctx context.Context, sess *autofixSession, run *pipeline.CodeRun) error {
 	if run != nil {
 		sess.Meta = run.Meta
 	}
@@ -464,14 +545,14 @@ func (e *Engine) saveAutofix(ctx context.Context, sess *autofixSession, run *Cod
 		return err
 	}
 	now := time.Now()
-	return e.store.PutAutofixSession(ctx, &store.AutofixSession{
+	return s.o.Store.PutAutofixSession(ctx, &store.AutofixSession{
 		ID: sess.State.ID, RunID: sess.State.RunID, SandboxID: sess.SandboxID, Status: sess.State.Status,
 		CreatedAt: sess.StartedAt, UpdatedAt: now, ExpiresAt: sess.ExpiresAt, State: raw,
 	})
 }
 
-func (e *Engine) loadAutofix(ctx context.Context, id string) (*autofixSession, *store.AutofixSession, error) {
-	row, err := e.store.GetAutofixSession(ctx, id)
+func (s *Service) loadAutofix(ctx context.Context, id string) (*autofixSession, *store.AutofixSession, error) {
+	row, err := s.o.Store.GetAutofixSession(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, nil, errdefs.NotFoundf("autofix %s not found", id)
 	}
@@ -489,8 +570,8 @@ func (e *Engine) loadAutofix(ctx context.Context, id string) (*autofixSession, *
 // sandbox. A sandbox that did not survive the wait (idle timeout, daemon
 // host reboot) is replaced by a new one: fresh says so, and the next
 // attempt installs the dependencies again.
-func (e *Engine) resumeAutofixRun(ctx context.Context, sess *autofixSession, h *lang.Handler) (*CodeRun, bool, error) {
-	rs, err := e.runStore()
+func (s *Service) resumeAutofixRun(ctx context.Context, sess *autofixSession, h *lang.Handler) (*pipeline.CodeRun, bool, error) {
+	rs, err := s.o.Pipeline.Records()
 	if err != nil {
 		return nil, false, err
 	}
@@ -498,63 +579,62 @@ func (e *Engine) resumeAutofixRun(ctx context.Context, sess *autofixSession, h *
 	if err != nil {
 		return nil, false, errdefs.Wrap(errdefs.Internal, err, "reopen run record")
 	}
-	run := &CodeRun{e: e, h: h, Record: rec, Meta: sess.Meta}
+	meta := sess.Meta
 	fresh := false
-	sb, err := e.sandboxes.Get(ctx, sess.SandboxID)
+	sb, err := s.o.Sandboxes.Get(ctx, sess.SandboxID)
 	if err != nil || !(sb.State == sandbox.StateReady || sb.State == sandbox.StateRunning) {
-		if sb, err = e.CreateSandbox(ctx, CreateSandboxRequest{Language: h.Name, Network: sess.Network,
+		if sb, err = s.o.Lifecycle.CreateSandbox(ctx, apitypes.CreateSandboxRequest{Language: h.Name, Network: sess.Network,
 			Labels: map[string]string{"sandboxd.autofix": sess.State.ID}}); err != nil {
 			_ = rec.Close()
 			return nil, false, err
 		}
 		sess.SandboxID, fresh = sb.ID, true
-		run.Meta.SandboxID, run.Meta.ImageDigest = sb.ID, sb.ImageDigest
+		meta.SandboxID, meta.ImageDigest = sb.ID, sb.ImageDigest
 	}
-	run.Sandbox = sb
-	return run, fresh, nil
+	return s.o.Pipeline.Resume(rec, h, meta, sb), fresh, nil
 }
 
 // expireAutofixSessions ends the needs_fix sessions nobody answered in
 // time: their record is finished and their sandbox removed.
-func (e *Engine) expireAutofixSessions(ctx context.Context) {
+func (s *Service) expireAutofixSessions(ctx context.Context) {
 	// Finished loops' rows go with the run records' age limit.
-	if age := e.cfg.Runs.MaxAge.D(); age > 0 {
-		if _, err := e.store.DeleteAutofixSessions(ctx, time.Now().Add(-age)); err != nil {
-			e.log.Warn("autofix: session retention", "err", err)
+	if age := s.o.RecordsMaxAge; age > 0 {
+		if _, err := s.o.Store.DeleteAutofixSessions(ctx, time.Now().Add(-age)); err != nil {
+			s.log.Warn("autofix: session retention", "err", err)
 		}
 	}
-	rows, err := e.store.ExpiredAutofixSessions(ctx, apitypes.AutofixNeedsFix, time.Now())
+	rows, err := s.o.Store.ExpiredAutofixSessions(ctx, apitypes.AutofixNeedsFix, time.Now())
 	if err != nil {
-		e.log.Warn("autofix: list expired sessions", "err", err)
+		s.log.Warn("autofix: list expired sessions", "err", err)
 		return
 	}
 	for _, row := range rows {
 		func() {
-			unlock := e.autofixLock(row.ID)
+			unlock := s.autofixLock(row.ID)
 			defer unlock()
-			sess, _, err := e.loadAutofix(ctx, row.ID)
+			sess, _, err := s.loadAutofix(ctx, row.ID)
 			if err != nil || sess.State.Status != apitypes.AutofixNeedsFix {
 				return
 			}
-			h, _, err := e.catalog.Handler("language", sess.State.Params.Language)
+			h, _, err := s.o.Catalog.Handler("language", sess.State.Params.Language)
 			if err != nil {
 				return
 			}
 			(&autofix.Loop{}).Expire(sess.State)
-			run, _, err := e.resumeAutofixRunNoSandbox(sess, h)
+			run, _, err := s.resumeAutofixRunNoSandbox(sess, h)
 			if err != nil {
-				e.log.Warn("autofix: expire", "autofix", row.ID, "err", err)
+				s.log.Warn("autofix: expire", "autofix", row.ID, "err", err)
 				return
 			}
-			e.finishAutofix(context.WithoutCancel(ctx), sess, run)
+			s.finishAutofix(context.WithoutCancel(ctx), sess, run)
 		}()
 	}
 }
 
 // resumeAutofixRunNoSandbox reopens the record of a loop that is ending
 // without another attempt.
-func (e *Engine) resumeAutofixRunNoSandbox(sess *autofixSession, h *lang.Handler) (*CodeRun, bool, error) {
-	rs, err := e.runStore()
+func (s *Service) resumeAutofixRunNoSandbox(sess *autofixSession, h *lang.Handler) (*pipeline.CodeRun, bool, error) {
+	rs, err := s.o.Pipeline.Records()
 	if err != nil {
 		return nil, false, err
 	}
@@ -562,32 +642,32 @@ func (e *Engine) resumeAutofixRunNoSandbox(sess *autofixSession, h *lang.Handler
 	if err != nil {
 		return nil, false, err
 	}
-	return &CodeRun{e: e, h: h, Record: rec, Meta: sess.Meta}, false, nil
+	return s.o.Pipeline.Resume(rec, h, sess.Meta, nil), false, nil
 }
 
 // autofixRunner is the loop's Runner: one pipeline attempt in the loop's
 // sandbox, then the test step under the tests rule.
 type autofixRunner struct {
-	e     *Engine
-	run   *CodeRun
+	s     *Service
+	run   *pipeline.CodeRun
 	h     *lang.Handler
 	sess  *autofixSession
-	opts  *AutofixOptions
+	opts  *CallOptions
 	fresh bool // a new sandbox: install and write everything
 }
 
 func (r *autofixRunner) RunAttempt(ctx context.Context, req autofix.AttemptRequest) (*apitypes.RunResult, error) {
 	for _, name := range req.Removed {
-		if err := r.e.sandboxes.DeleteFile(ctx, r.run.Sandbox.ID, lang.Workspace+"/"+name, false); err != nil && errdefs.CodeOf(err) != errdefs.NotFound {
+		if err := r.s.o.Sandboxes.DeleteFile(ctx, r.run.Sandbox.ID, lang.Workspace+"/"+name, false); err != nil && errdefs.CodeOf(err) != errdefs.NotFound {
 			return nil, fmt.Errorf("remove %s: %w", name, err)
 		}
 	}
-	r.run.deadline = req.Deadline
+	r.run.SetDeadline(req.Deadline)
 	var stdin []byte
 	if r.sess.Stdin != "" {
 		stdin = []byte(r.sess.Stdin)
 	}
-	a := Attempt{Number: req.Attempt, Files: req.Files, Main: req.Entrypoint, Args: r.sess.Args, Stdin: stdin,
+	a := pipeline.Attempt{Number: req.Attempt, Files: req.Files, Main: req.Entrypoint, Args: r.sess.Args, Stdin: stdin,
 		Install: req.Install || r.fresh, MaxOutputBytes: r.opts.MaxOutputBytes, OnOutput: r.opts.OnOutput}
 	r.fresh = false
 	start := time.Now()
@@ -599,14 +679,14 @@ func (r *autofixRunner) RunAttempt(ctx context.Context, req autofix.AttemptReque
 	if req.Test && res.Success {
 		argv := []string{"/bin/sh", "-c", req.TestCommand}
 		if req.TestCommand == "" {
-			vars := lang.Vars{Path: ".", File: ".", Out: buildRoot + "/" + r.run.Record.ID, Files: r.h.Sources(req.Files.Names())}
+			vars := lang.Vars{Path: ".", File: ".", Out: r.run.BuildDir(), Files: r.h.Sources(req.Files.Names())}
 			argv = lang.Expand(r.h.Tasks["test"], vars)
 		}
-		st, err := r.run.step(ctx, &a, res, autofix.StepTest, argv, nil, nil)
+		st, err := r.run.Step(ctx, &a, res, autofix.StepTest, argv)
 		if err != nil {
 			return nil, err
 		}
-		res.Success = stepOK(st)
+		res.Success = pipeline.StepOK(st)
 	}
 	return res, nil
 }
@@ -618,8 +698,8 @@ const maxExportFile = 1 << 20
 // newest run first: for each fix (or refused answer), the code it was
 // given, the error, the fix as a diff and what came of it — a data set of
 // corrections (sandboxctl runs export --format jsonl).
-func (e *Engine) ExportCorrections(ctx context.Context, emit func(apitypes.CorrectionRecord) error) error {
-	rs, err := e.runStore()
+func (s *Service) ExportCorrections(ctx context.Context, emit func(apitypes.CorrectionRecord) error) error {
+	rs, err := s.o.Pipeline.Records()
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package engine
+package pipeline
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
@@ -25,6 +26,12 @@ import (
 // sandbox and records them. RunCode makes one CodeRun with one attempt; the
 // autofix loop makes one CodeRun and an attempt per fix.
 
+// BackendVM is RunSpec.Backend for a run in a VM.
+const BackendVM = "vm"
+
+// networkNone is a sandbox without network (the engine's mode "none").
+const networkNone = "none"
+
 // RunSpec says which language a CodeRun runs, in which sandbox, and what its
 // record says about it.
 type RunSpec struct {
@@ -34,9 +41,10 @@ type RunSpec struct {
 	// SandboxID names a live sandbox of the handler's image to run in; empty
 	// creates an ephemeral one from Sandbox, terminated by Finish.
 	SandboxID string
-	Sandbox   CreateSandboxRequest
+	Sandbox   apitypes.CreateSandboxRequest
 	// Backend of the ephemeral sandbox: "vm" runs it in a VM of the
-	// language's guest image (vm.go); anything else is a container.
+	// language's guest image (Lifecycle.CreateRunVM); anything else is a
+	// container.
 	Backend string
 	// Entrypoint and Args describe the program in metadata.json.
 	Entrypoint string
@@ -47,7 +55,7 @@ type RunSpec struct {
 
 // CodeRun is a run record being written and the sandbox it runs in.
 type CodeRun struct {
-	e         *Engine
+	s         *Service
 	h         *lang.Handler
 	Record    *runs.Record
 	Sandbox   *sandbox.Info
@@ -77,15 +85,15 @@ type Attempt struct {
 
 // StartRun creates a run record and binds it to a sandbox: the given one,
 // which must be live and of the handler's image, or a new ephemeral one.
-func (e *Engine) StartRun(ctx context.Context, spec RunSpec) (*CodeRun, error) {
+func (s *Service) StartRun(ctx context.Context, spec RunSpec) (*CodeRun, error) {
 	h := spec.Handler
 	var given *sandbox.Info
 	if spec.SandboxID != "" {
-		if err := checkSandboxID(spec.SandboxID); err != nil {
+		if err := sandbox.CheckID(spec.SandboxID); err != nil {
 			return nil, err
 		}
 		var err error
-		if given, err = e.sandboxes.Get(ctx, spec.SandboxID); err != nil {
+		if given, err = s.sandboxes.Get(ctx, spec.SandboxID); err != nil {
 			return nil, err
 		}
 		if !(given.State == sandbox.StateReady || given.State == sandbox.StateRunning) {
@@ -98,11 +106,11 @@ func (e *Engine) StartRun(ctx context.Context, spec RunSpec) (*CodeRun, error) {
 			return nil, errdefs.Invalidf("sandbox_id: sandbox %s runs the %q image, not %q", given.ID, given.Image, h.Name)
 		}
 	}
-	rec, err := e.newRunRecord()
+	rec, err := s.NewRecord()
 	if err != nil {
 		return nil, err
 	}
-	r := &CodeRun{e: e, h: h, Record: rec, deadline: spec.Deadline, ephemeral: given == nil}
+	r := &CodeRun{s: s, h: h, Record: rec, deadline: spec.Deadline, ephemeral: given == nil}
 	r.Meta = runs.Metadata{Kind: spec.Kind, Language: h.Name, StartTime: rec.StartedAt.UTC(), Image: h.Name,
 		Entrypoint: spec.Entrypoint, Args: spec.Args, Ephemeral: given == nil, Steps: []runs.Step{}}
 	r.Sandbox = given
@@ -115,9 +123,9 @@ func (e *Engine) StartRun(ctx context.Context, spec RunSpec) (*CodeRun, error) {
 		}
 		req.Labels = labels
 		if spec.Backend == BackendVM {
-			r.Sandbox, err = e.createRunVM(ctx, h.Name, req)
+			r.Sandbox, err = s.life.CreateRunVM(ctx, h.Name, req)
 		} else {
-			r.Sandbox, err = e.CreateSandbox(ctx, req)
+			r.Sandbox, err = s.life.CreateSandbox(ctx, req)
 		}
 		if err != nil {
 			_ = r.Finish(context.WithoutCancel(ctx), nil, err)
@@ -125,7 +133,7 @@ func (e *Engine) StartRun(ctx context.Context, spec RunSpec) (*CodeRun, error) {
 		}
 	}
 	r.Meta.SandboxID, r.Meta.ImageDigest = r.Sandbox.ID, r.Sandbox.ImageDigest
-	if err := rec.WriteJSON(runs.ContainerInfoJSON, containerInfo(r.Sandbox, r.ephemeral)); err != nil {
+	if err := rec.WriteJSON(runs.ContainerInfoJSON, ContainerInfo(r.Sandbox, r.ephemeral)); err != nil {
 		err = errdefs.Wrap(errdefs.Internal, err, "write container info")
 		_ = r.Finish(context.WithoutCancel(ctx), nil, err)
 		return nil, err
@@ -138,7 +146,6 @@ func (e *Engine) StartRun(ctx context.Context, spec RunSpec) (*CodeRun, error) {
 // fails. The result's top level is the last step that ran. An error means
 // the attempt could not be carried out (not that the program failed).
 func (r *CodeRun) Run(ctx context.Context, a Attempt) (*RunResult, error) {
-	e := r.e
 	sub := ""
 	if a.Number > 0 {
 		sub = "attempt_" + strconv.Itoa(a.Number)
@@ -154,7 +161,7 @@ func (r *CodeRun) Run(ctx context.Context, a Attempt) (*RunResult, error) {
 	sort.Strings(names)
 	r.Meta.Files, r.Meta.Entrypoint = names, a.Main
 
-	out := buildRoot + "/" + r.Record.ID
+	out := r.BuildDir()
 	if err := r.writeFiles(ctx, a.Files, names, out); err != nil {
 		return nil, err
 	}
@@ -162,7 +169,7 @@ func (r *CodeRun) Run(ctx context.Context, a Attempt) (*RunResult, error) {
 		defer func() {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
-			_ = e.sandboxes.DeleteFile(dctx, r.Sandbox.ID, out, true)
+			_ = r.s.sandboxes.DeleteFile(dctx, r.Sandbox.ID, out, true)
 		}()
 	}
 	vars := lang.Vars{File: a.Main, Files: r.h.Sources(names), Out: out, Args: a.Args}
@@ -173,7 +180,7 @@ func (r *CodeRun) Run(ctx context.Context, a Attempt) (*RunResult, error) {
 	if a.Install {
 		for _, d := range r.h.Installs(names) {
 			env := map[string]string{}
-			offline := r.Sandbox.Network == "" || r.Sandbox.Network == NetworkNone
+			offline := r.Sandbox.Network == "" || r.Sandbox.Network == networkNone
 			if offline {
 				for k, v := range d.OfflineEnv {
 					env[k] = v
@@ -183,7 +190,7 @@ func (r *CodeRun) Run(ctx context.Context, a Attempt) (*RunResult, error) {
 			if err != nil {
 				return nil, err
 			}
-			if !stepOK(st) {
+			if !StepOK(st) {
 				if offline && lang.NeededNetwork(d, st.Stdout+st.Stderr) {
 					r.Meta.Error = "dependencies need the network"
 					return nil, errdefs.Unavailablef("install: %s could not install the dependencies in %s: they must be fetched over the network and sandbox %s has no network (network: none). Provide them as local files (a wheel directory, an npm tarball, a vendor directory) instead. (run %s)",
@@ -198,7 +205,7 @@ func (r *CodeRun) Run(ctx context.Context, a Attempt) (*RunResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !stepOK(st) {
+		if !StepOK(st) {
 			return res, nil
 		}
 	}
@@ -207,7 +214,7 @@ func (r *CodeRun) Run(ctx context.Context, a Attempt) (*RunResult, error) {
 	}
 	res.Success = true
 	for _, st := range res.Steps {
-		res.Success = res.Success && stepOK(&st)
+		res.Success = res.Success && StepOK(&st)
 	}
 	res.OutputFiles = r.collectOutput(ctx)
 	return res, nil
@@ -217,11 +224,11 @@ func (r *CodeRun) Run(ctx context.Context, a Attempt) (*RunResult, error) {
 // that stopped the run), indexes the record and terminates an ephemeral
 // sandbox. It counts the run in the metrics.
 func (r *CodeRun) Finish(ctx context.Context, res *RunResult, runErr error) error {
-	e := r.e
+	s := r.s
 	if r.ephemeral && r.Sandbox != nil {
 		tctx, cancel := context.WithTimeout(ctx, time.Minute)
-		if _, err := e.TerminateSandbox(tctx, r.Sandbox.ID); err != nil {
-			e.log.Error("terminate ephemeral sandbox", "sandbox", r.Sandbox.ID, "run", r.Record.ID, "err", err)
+		if _, err := s.life.TerminateSandbox(tctx, r.Sandbox.ID); err != nil {
+			s.log.Error("terminate ephemeral sandbox", "sandbox", r.Sandbox.ID, "run", r.Record.ID, "err", err)
 		}
 		cancel()
 	}
@@ -257,11 +264,12 @@ func (r *CodeRun) Finish(ctx context.Context, res *RunResult, runErr error) erro
 	case runErr == nil:
 		outcome = "failure"
 	}
-	e.metrics.runs.WithLabelValues(r.h.Name, outcome).Inc()
-	return e.runs.Finish(ctx, r.Record, &r.Meta)
+	s.metrics.Run(r.h.Name, outcome)
+	return s.FinishRecord(ctx, r.Record, &r.Meta)
 }
 
-func stepOK(st *RunStep) bool {
+// StepOK reports whether a step exited 0.
+func StepOK(st *RunStep) bool {
 	return st.Termination.Cause == sandbox.CauseExited && st.ExitCode == 0
 }
 
@@ -270,7 +278,7 @@ func stepOK(st *RunStep) bool {
 func (r *CodeRun) writeFiles(ctx context.Context, files map[string][]byte, names []string, out string) error {
 	for _, name := range names {
 		data := files[name]
-		_, err := r.e.sandboxes.WriteFile(ctx, r.Sandbox.ID, agent.WriteFileRequest{
+		_, err := r.s.sandboxes.WriteFile(ctx, r.Sandbox.ID, agent.WriteFileRequest{
 			Path: lang.Workspace + "/" + name, Mode: 0o644, Size: int64(len(data)), MkdirParents: true,
 		}, bytes.NewReader(data))
 		if err != nil {
@@ -278,7 +286,7 @@ func (r *CodeRun) writeFiles(ctx context.Context, files map[string][]byte, names
 		}
 	}
 	if r.h.Compiled() {
-		_, err := r.e.sandboxes.WriteFile(ctx, r.Sandbox.ID, agent.WriteFileRequest{
+		_, err := r.s.sandboxes.WriteFile(ctx, r.Sandbox.ID, agent.WriteFileRequest{
 			Path: out + "/.keep", Mode: 0o644, MkdirParents: true,
 		}, bytes.NewReader(nil))
 		if err != nil {
@@ -286,6 +294,47 @@ func (r *CodeRun) writeFiles(ctx context.Context, files map[string][]byte, names
 		}
 	}
 	return nil
+}
+
+// Step runs one more step of attempt a (the autofix loop's test step) and
+// records it in res and the metadata, as Run does its own.
+func (r *CodeRun) Step(ctx context.Context, a *Attempt, res *RunResult, name string, argv []string) (*RunStep, error) {
+	return r.step(ctx, a, res, name, argv, nil, nil)
+}
+
+// SetDeadline bounds the steps of the attempts that follow (each autofix
+// attempt has its own).
+func (r *CodeRun) SetDeadline(t time.Time) { r.deadline = t }
+
+// Deadline is what bounds the steps.
+func (r *CodeRun) Deadline() time.Time { return r.deadline }
+
+// Language is the language (handler name) the run is recorded under.
+func (r *CodeRun) Language() string { return r.h.Name }
+
+// WriteFiles puts the files into /workspace (in sorted order, parents
+// before children), as an attempt does, for steps run by the caller.
+func (r *CodeRun) WriteFiles(ctx context.Context, files map[string][]byte, names []string) error {
+	return r.writeFiles(ctx, files, names, "")
+}
+
+// RecordStep adds the outcome of a step the caller ran itself (a guest
+// step through qemu-ga) to the result and the run record.
+func (r *CodeRun) RecordStep(res *RunResult, name string, argv []string, er *sandbox.ExecResult) *RunStep {
+	return r.recordStep(res, name, argv, er)
+}
+
+// RecordOutput is an OutputFunc that keeps a step's output in the run
+// record and passes it on to a.OnOutput.
+func (r *CodeRun) RecordOutput(a *Attempt) sandbox.OutputFunc { return r.recordOutput(a) }
+
+// BuildDir is where this run's compile steps put what they build ({out}).
+func (r *CodeRun) BuildDir() string { return buildRoot + "/" + r.Record.ID }
+
+// Resume binds a reopened run record to a sandbox (nil: a loop ending
+// without another attempt), with the metadata it had.
+func (s *Service) Resume(rec *runs.Record, h *lang.Handler, meta runs.Metadata, sb *sandbox.Info) *CodeRun {
+	return &CodeRun{s: s, h: h, Record: rec, Meta: meta, Sandbox: sb}
 }
 
 // step runs one step and records it in res and the metadata. A step the
@@ -305,14 +354,13 @@ func (r *CodeRun) step(ctx context.Context, a *Attempt, res *RunResult, name str
 		er = &sandbox.ExecResult{ExitCode: -1, Termination: sandbox.Termination{Cause: sandbox.CauseTimeout, Detail: "no time left for this step"}}
 	} else {
 		var err error
-		er, err = r.e.sandboxes.Exec(ctx, r.Sandbox.ID, sandbox.ExecSpec{
+		er, err = r.s.sandboxes.Exec(ctx, r.Sandbox.ID, sandbox.ExecSpec{
 			Argv: argv, Env: env, Cwd: lang.Workspace, Stdin: stdin, Timeout: remaining, MaxResultBytes: a.MaxOutputBytes,
 		}, r.recordOutput(a))
 		if err != nil {
 			return nil, err
 		}
-		r.e.metrics.execTime.Observe(float64(er.DurationMS) / 1000)
-		r.e.metrics.causes.WithLabelValues(er.Termination.Cause).Inc()
+		r.s.metrics.Exec(er)
 	}
 	return r.recordStep(res, name, argv, er), nil
 }
@@ -360,9 +408,9 @@ func recordTermination(t sandbox.Termination) runs.Termination {
 // maxRecordOutput bytes, and returns the paths it copied.
 func (r *CodeRun) collectOutput(ctx context.Context) []string {
 	dir := lang.Workspace + "/output"
-	entries, err := r.e.sandboxes.ListFiles(ctx, r.Sandbox.ID, dir, true)
+	entries, err := r.s.sandboxes.ListFiles(ctx, r.Sandbox.ID, dir, true)
 	if err != nil {
-		r.e.log.Warn("list run output", "run", r.Record.ID, "err", err)
+		r.s.log.Warn("list run output", "run", r.Record.ID, "err", err)
 		return nil
 	}
 	var (
@@ -378,7 +426,7 @@ func (r *CodeRun) collectOutput(ctx context.Context) []string {
 		if err != nil || total+fi.Size > maxRecordOutput {
 			continue
 		}
-		d, err := r.e.sandboxes.ReadFile(ctx, r.Sandbox.ID, fi.Path, 0, max(fi.Size, 1))
+		d, err := r.s.sandboxes.ReadFile(ctx, r.Sandbox.ID, fi.Path, 0, max(fi.Size, 1))
 		if err != nil {
 			continue
 		}
@@ -392,8 +440,8 @@ func (r *CodeRun) collectOutput(ctx context.Context) []string {
 	return names
 }
 
-// containerInfo is container_info.json.
-func containerInfo(sb *sandbox.Info, ephemeral bool) map[string]any {
+// ContainerInfo is container_info.json.
+func ContainerInfo(sb *sandbox.Info, ephemeral bool) map[string]any {
 	return map[string]any{
 		"sandboxId": sb.ID, "image": sb.Image, "imageDigest": sb.ImageDigest, "language": sb.Language,
 		"limits": sb.Limits, "cgroupPath": sb.CgroupPath, "network": sb.Network, "ephemeral": ephemeral,
@@ -401,11 +449,11 @@ func containerInfo(sb *sandbox.Info, ephemeral bool) map[string]any {
 	}
 }
 
-// program validates what every way of running a program takes: the language,
+// Program validates what every way of running a program takes: the language,
 // its files and entrypoint, arguments and stdin. It returns the language's
 // handler, the files keyed by path relative to /workspace, and the entrypoint.
-func (e *Engine) program(language, code string, files map[string]string, entrypoint string, args []string, stdin string) (*lang.Handler, map[string][]byte, string, error) {
-	h, _, err := e.catalog.Handler("language", language)
+func (s *Service) Program(language, code string, files map[string]string, entrypoint string, args []string, stdin string) (*lang.Handler, map[string][]byte, string, error) {
+	h, _, err := s.catalog.Handler("language", language)
 	if err != nil {
 		return nil, nil, "", err
 	}
@@ -413,11 +461,11 @@ func (e *Engine) program(language, code string, files map[string]string, entrypo
 	if err != nil {
 		return nil, nil, "", err
 	}
-	if err := checkArgs("args", args); err != nil {
+	if err := apitypes.CheckArgs("args", args); err != nil {
 		return nil, nil, "", err
 	}
-	if len(stdin) > maxStdin {
-		return nil, nil, "", errdefs.Invalidf("stdin: %d bytes exceeds the maximum %d", len(stdin), maxStdin)
+	if len(stdin) > apitypes.MaxStdin {
+		return nil, nil, "", errdefs.Invalidf("stdin: %d bytes exceeds the maximum %d", len(stdin), apitypes.MaxStdin)
 	}
 	return h, out, main, nil
 }
@@ -513,9 +561,9 @@ func RunFiles(h *lang.Handler, code string, files map[string]string, entrypoint 
 }
 
 // mergeBlocked adds the counts of b to a, by syscall name.
-func mergeBlocked(a, b []BlockedSyscall) []BlockedSyscall {
+func mergeBlocked(a, b []apitypes.BlockedSyscall) []apitypes.BlockedSyscall {
 	for _, x := range b {
-		i := slices.IndexFunc(a, func(y BlockedSyscall) bool { return y.Name == x.Name })
+		i := slices.IndexFunc(a, func(y apitypes.BlockedSyscall) bool { return y.Name == x.Name })
 		if i < 0 {
 			a = append(a, x)
 		} else {
