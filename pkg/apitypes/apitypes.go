@@ -112,7 +112,10 @@ type CreateSandboxRequest struct {
 
 // Sandbox describes a sandbox, live or not.
 type Sandbox struct {
-	ID          string   `json:"sandbox_id"`
+	ID string `json:"sandbox_id"`
+	// Tenant owns the sandbox: the tenant of the API key that created it
+	// ("" for sandboxes made on the unix socket or before tenants).
+	Tenant      string   `json:"tenant,omitempty"`
 	State       State    `json:"state"`
 	Language    string   `json:"language"`
 	Image       string   `json:"image"`
