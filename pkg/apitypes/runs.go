@@ -130,6 +130,8 @@ type RunMetadata struct {
 	Success     bool           `json:"success"`
 	Image       string         `json:"image"`
 	SandboxID   string         `json:"sandboxId"`
+	// Tenant owns the run: the tenant of its sandbox.
+	Tenant string `json:"tenant,omitempty"`
 	Termination RunTermination `json:"termination"`
 
 	Kind        string          `json:"kind"` // run | autofix

@@ -472,7 +472,7 @@ func (e *Engine) saveAutofix(ctx context.Context, sess *autofixSession, run *Cod
 
 func (e *Engine) loadAutofix(ctx context.Context, id string) (*autofixSession, *store.AutofixSession, error) {
 	row, err := e.store.GetAutofixSession(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !e.sandboxes.Visible(ctx, row.SandboxID)) {
 		return nil, nil, errdefs.NotFoundf("autofix %s not found", id)
 	}
 	if err != nil {

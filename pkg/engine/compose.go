@@ -22,6 +22,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
 
 // The composition root: New makes every subsystem once, in dependency
@@ -49,10 +50,11 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	}
 	backend, err := e.newContainerBackend()
 	if err != nil {
+		e.tenants.Close()
 		_ = e.store.Close()
 		return nil, err
 	}
-	cleanup := func() { _ = e.disks.Close(); e.diskStore.Close(); _ = e.store.Close() }
+	cleanup := func() { _ = e.disks.Close(); e.diskStore.Close(); e.tenants.Close(); _ = e.store.Close() }
 	if err := e.newSandboxService(backend); err != nil {
 		cleanup()
 		return nil, err
@@ -89,6 +91,12 @@ func (e *Engine) openStores(ctx context.Context) error {
 		return fmt.Errorf("load recipes: %w", err)
 	}
 	e.catalog = lang.NewCatalog(recipes, e.cfg.Images.Languages)
+	// The keys of the store; the daemon adds the files' keys
+	// (Tenants().SetFileKeys) once it has read them.
+	if e.tenants, err = tenants.New(ctx, tenants.Options{Store: e.store, Log: e.log.With("component", "tenants")}); err != nil {
+		_ = e.store.Close()
+		return fmt.Errorf("load api keys: %w", err)
+	}
 	return nil
 }
 
@@ -190,6 +198,9 @@ func (e *Engine) newSandboxService(backend sandbox.Backend) error {
 				return sandbox.Spec{}, err
 			}
 			return *spec, nil
+		},
+		Admit: func(ctx context.Context, l sandbox.Limits) (func(), error) {
+			return e.tenants.Admit(ctx, l, e.sandboxes.HeldBy)
 		},
 		OnTransition: func(id string, _, to sandbox.State, _ string) {
 			e.metrics.terminations.WithLabelValues(string(to)).Inc()

@@ -121,16 +121,7 @@ func New(ctx context.Context, opt Options) (*Service, error) {
 		reserved: map[string]apitypes.KeyUse{}, creates: map[string]*bucket{},
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
-	started := opt.Now().UTC()
-	if opt.AdminToken != "" {
-		s.add(&entry{hash: sha256.Sum256([]byte(opt.AdminToken)), key: apitypes.Key{
-			ID: "key-token-file", Name: "auth-token-file", Tenant: AdminTenant, Scope: apitypes.ScopeAdmin, Source: "file", CreatedAt: started}})
-	}
-	for i, k := range opt.FileKeys {
-		s.add(&entry{hash: sha256.Sum256([]byte(k)), key: apitypes.Key{
-			ID: fmt.Sprintf("key-e2b-file-%d", i+1), Name: fmt.Sprintf("e2b-api-key-file-%d", i+1), Tenant: AdminTenant,
-			Scope: apitypes.ScopeAdmin, Source: "file", CreatedAt: started}})
-	}
+	s.SetFileKeys(opt.AdminToken, opt.FileKeys)
 	if opt.Store != nil {
 		recs, err := opt.Store.ListKeys(ctx)
 		if err != nil {
@@ -160,6 +151,30 @@ func (s *Service) Close() {
 	}
 	close(s.stop)
 	<-s.done
+}
+
+// SetFileKeys replaces the keys read from files: adminToken (the content
+// of server.auth_token_file, "" for none) and the e2b.api_key_file keys,
+// all admin keys of tenant AdminTenant.
+func (s *Service) SetFileKeys(adminToken string, fileKeys []string) {
+	s.mu.Lock()
+	for h, e := range s.byHash {
+		if e.key.Source == "file" {
+			delete(s.byHash, h)
+			delete(s.byID, e.key.ID)
+		}
+	}
+	s.mu.Unlock()
+	started := s.opt.Now().UTC()
+	if adminToken != "" {
+		s.add(&entry{hash: sha256.Sum256([]byte(adminToken)), key: apitypes.Key{
+			ID: "key-token-file", Name: "auth-token-file", Tenant: AdminTenant, Scope: apitypes.ScopeAdmin, Source: "file", CreatedAt: started}})
+	}
+	for i, k := range fileKeys {
+		s.add(&entry{hash: sha256.Sum256([]byte(k)), key: apitypes.Key{
+			ID: fmt.Sprintf("key-e2b-file-%d", i+1), Name: fmt.Sprintf("e2b-api-key-file-%d", i+1), Tenant: AdminTenant,
+			Scope: apitypes.ScopeAdmin, Source: "file", CreatedAt: started}})
+	}
 }
 
 func (s *Service) add(e *entry) {

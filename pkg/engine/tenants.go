@@ -1,0 +1,121 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
+)
+
+// Tenants is the key store and authenticator every front end shares.
+func (e *Engine) Tenants() *tenants.Service { return e.tenants }
+
+// requireAdmin refuses a caller with a user key: keys are managed by
+// admins (and the unix socket, and the engine's own work).
+func requireAdmin(ctx context.Context, what string) error {
+	if p, ok := principal.From(ctx); ok && !p.Admin {
+		return errdefs.PermissionDeniedf("%s: needs an admin key (this key %s is of scope user)", what, p.KeyName)
+	}
+	return nil
+}
+
+// CreateKey makes an API key (admin only); the answer holds its secret.
+func (e *Engine) CreateKey(ctx context.Context, req apitypes.KeyCreateRequest) (*apitypes.KeySecret, error) {
+	if err := requireAdmin(ctx, "keys create"); err != nil {
+		return nil, err
+	}
+	return e.tenants.Create(ctx, req)
+}
+
+// ListKeys lists the API keys (admin only).
+func (e *Engine) ListKeys(ctx context.Context) ([]apitypes.Key, error) {
+	if err := requireAdmin(ctx, "keys list"); err != nil {
+		return nil, err
+	}
+	return e.tenants.List(ctx)
+}
+
+// RevokeKey revokes key id (admin only): its next request is refused.
+func (e *Engine) RevokeKey(ctx context.Context, id string) (*apitypes.Key, error) {
+	if err := requireAdmin(ctx, "keys revoke"); err != nil {
+		return nil, err
+	}
+	return e.tenants.Revoke(ctx, id)
+}
+
+// RotateKey gives key id a new secret (admin only).
+func (e *Engine) RotateKey(ctx context.Context, id string) (*apitypes.KeySecret, error) {
+	if err := requireAdmin(ctx, "keys rotate"); err != nil {
+		return nil, err
+	}
+	return e.tenants.Rotate(ctx, id)
+}
+
+// KeyUsage is key id's quota and what its live sandboxes use of it; id ""
+// is the caller's own key. A user key sees only its own, and another key's
+// id is not_found for it, as if absent.
+func (e *Engine) KeyUsage(ctx context.Context, id string) (*apitypes.KeyUsage, error) {
+	p, ok := principal.From(ctx)
+	if id == "" {
+		if !ok || p.KeyID == "" {
+			return nil, errdefs.Invalidf("key_id: required on the unix socket (it has no key of its own)")
+		}
+		id = p.KeyID
+	}
+	if ok && !p.Admin && id != p.KeyID {
+		return nil, errdefs.NotFoundf("key_id: no key %q (or it is revoked)", id)
+	}
+	return e.tenants.Usage(id, e.sandboxes.HeldBy)
+}
+
+// ownRun says whether ctx's caller may see the run of md, and sets its
+// tenant from its sandbox's record; owners caches sandbox id → tenant
+// ("\x00" for a sandbox the caller may not see) over one listing.
+func (e *Engine) ownRun(ctx context.Context, md *runs.Metadata, owners map[string]string) bool {
+	const hidden = "\x00"
+	t, cached := owners[md.SandboxID]
+	if !cached {
+		t = hidden
+		if info, err := e.sandboxes.Get(ctx, md.SandboxID); err == nil {
+			t = info.Tenant
+		} else if p, ok := principal.From(ctx); !ok || p.Admin {
+			t = "" // its sandbox is gone from the database: an admin's only
+		}
+		if owners != nil {
+			owners[md.SandboxID] = t
+		}
+	}
+	if t == hidden {
+		return false
+	}
+	md.Tenant = t
+	return true
+}
+
+// ownRuns lists up to limit runs the caller may see: a user key's listing
+// reads up to the store's maximum and keeps its own, so that other
+// tenants' runs do not crowd its page out.
+func (e *Engine) ownRuns(ctx context.Context, limit int, list func(limit int) ([]runs.Metadata, error)) ([]runs.Metadata, error) {
+	read := limit
+	if p, ok := principal.From(ctx); ok && !p.Admin {
+		read = 1000
+	}
+	all, err := list(read)
+	if err != nil {
+		return nil, err
+	}
+	owners := map[string]string{}
+	out := all[:0]
+	for i := range all {
+		if len(out) == limit {
+			break
+		}
+		if e.ownRun(ctx, &all[i], owners) {
+			out = append(out, all[i])
+		}
+	}
+	return out, nil
+}
