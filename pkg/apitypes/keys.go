@@ -80,3 +80,8 @@ type KeyUsage struct {
 	Quota  Quota  `json:"quota"`
 	Use    KeyUse `json:"use"`
 }
+
+// KeyList is the body of GET /v1/keys.
+type KeyList struct {
+	Keys []Key `json:"keys"`
+}
