@@ -2,6 +2,9 @@ package engine
 
 import (
 	"context"
+	"sort"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -118,4 +121,66 @@ func (e *Engine) ownRuns(ctx context.Context, limit int, list func(limit int) ([
 		}
 	}
 	return out, nil
+}
+
+// maxTenantLabels bounds the tenant label of the per-tenant metrics:
+// tenants past it are summed under "other", so a daemon with many keys
+// cannot grow a scrape without bound.
+const maxTenantLabels = 100
+
+// tenantCollector exports what each tenant's live sandboxes hold, read at
+// scrape time from the sandbox service (no counter to drift).
+type tenantCollector struct {
+	e                             *Engine
+	sandboxes, memory, cpus, disk *prometheus.Desc
+}
+
+func newTenantCollector(e *Engine) *tenantCollector {
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc("sandboxd_tenant_"+name, help, []string{"tenant"}, nil)
+	}
+	return &tenantCollector{e: e,
+		sandboxes: d("sandboxes", "Live sandboxes by tenant (\"\": the unix socket's and the warm pool's; \"other\": tenants past the first 100)."),
+		memory:    d("memory_bytes", "Sum of the memory limits of the tenant's live sandboxes."),
+		cpus:      d("cpus", "Sum of the CPU limits of the tenant's live sandboxes."),
+		disk:      d("disk_bytes", "Sum of the disk limits of the tenant's live sandboxes."),
+	}
+}
+
+func (c *tenantCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.sandboxes
+	ch <- c.memory
+	ch <- c.cpus
+	ch <- c.disk
+}
+
+func (c *tenantCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.e.sandboxes == nil {
+		return
+	}
+	by := c.e.sandboxes.ByTenant()
+	names := make([]string, 0, len(by))
+	for t := range by {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	out := map[string]apitypes.KeyUse{}
+	for i, t := range names {
+		label := t
+		if i >= maxTenantLabels {
+			label = "other"
+		}
+		u, v := out[label], by[t]
+		u.Sandboxes += v.Sandboxes
+		u.MemoryMB += v.MemoryMB
+		u.CPUs += v.CPUs
+		u.DiskMB += v.DiskMB
+		out[label] = u
+	}
+	for t, u := range out {
+		ch <- prometheus.MustNewConstMetric(c.sandboxes, prometheus.GaugeValue, float64(u.Sandboxes), t)
+		ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(u.MemoryMB)*mib, t)
+		ch <- prometheus.MustNewConstMetric(c.cpus, prometheus.GaugeValue, u.CPUs, t)
+		ch <- prometheus.MustNewConstMetric(c.disk, prometheus.GaugeValue, float64(u.DiskMB)*mib, t)
+	}
 }

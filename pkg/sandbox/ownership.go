@@ -79,3 +79,24 @@ func (m *Manager) HeldBy(keyID string) apitypes.KeyUse {
 	}
 	return u
 }
+
+// ByTenant is what the live sandboxes hold, per tenant ("" for the
+// socket's and the warm pool's), for per-tenant metrics.
+func (m *Manager) ByTenant() map[string]apitypes.KeyUse {
+	out := map[string]apitypes.KeyUse{}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, sb := range m.sandboxes {
+		sb.mu.Lock()
+		if !sb.terminating {
+			u := out[sb.spec.Tenant]
+			u.Sandboxes++
+			u.MemoryMB += (sb.spec.Limits.MemoryBytes + 1<<20 - 1) >> 20
+			u.CPUs += sb.spec.Limits.CPUs
+			u.DiskMB += (sb.spec.Limits.DiskBytes + 1<<20 - 1) >> 20
+			out[sb.spec.Tenant] = u
+		}
+		sb.mu.Unlock()
+	}
+	return out
+}
