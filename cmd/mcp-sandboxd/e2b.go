@@ -14,29 +14,32 @@ import (
 // listenE2B opens the E2B listener (e2b.listen), over TLS when a
 // certificate is configured. It returns a nil listener when none is
 // configured; the caller serves the handler on it and closes it when done.
-func listenE2B(cfg *config.Config, eng *engine.Engine, log *slog.Logger) (net.Listener, *e2b.Server, error) {
+//
+// The keys of e2b.api_key_file are returned for the daemon's authenticator,
+// which admits them as admin keys on every front end (pkg/tenants).
+func listenE2B(cfg *config.Config, eng *engine.Engine, log *slog.Logger) (net.Listener, *e2b.Server, []string, error) {
 	c := cfg.E2B
 	if c.Listen == "" {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	keys, err := e2b.ReadKeys(c.APIKeyFile)
 	if err != nil {
-		return nil, nil, fmt.Errorf("e2b.api_key_file: %w", err)
+		return nil, nil, nil, fmt.Errorf("e2b.api_key_file: %w", err)
 	}
 	var tc *tls.Config
 	if c.TLSCert != "" {
 		cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
 		if err != nil {
-			return nil, nil, fmt.Errorf("e2b.tls_cert: %w", err)
+			return nil, nil, nil, fmt.Errorf("e2b.tls_cert: %w", err)
 		}
 		tc = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
 	}
 	l, err := net.Listen("tcp", c.Listen)
 	if err != nil {
-		return nil, nil, fmt.Errorf("e2b.listen: %w", err)
+		return nil, nil, nil, fmt.Errorf("e2b.listen: %w", err)
 	}
 	if tc != nil {
 		l = tls.NewListener(l, tc)
 	}
-	return l, e2b.New(e2b.FromEngine(eng), e2b.Options{Keys: keys, Domain: c.Domain, Log: log.With("api", "e2b")}), nil
+	return l, e2b.New(e2b.FromEngine(eng), e2b.Options{Auth: eng.Tenants(), Domain: c.Domain, Log: log.With("api", "e2b")}), keys, nil
 }

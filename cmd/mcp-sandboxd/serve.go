@@ -326,16 +326,18 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	ui := api.NewUIAuth(api.UIAuthOptions{BaseURL: uiBaseURL(cfg.Server.HTTPAddr)})
 	listeners = append(listeners, listener{ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix"})
 
+	// The token file's token is the first admin key of the one
+	// authenticator (pkg/tenants) every TCP front end shares.
+	var token string
 	if cfg.Server.HTTPAddr != "" {
-		token, err := readToken(cfg.Server.AuthTokenFile, log)
-		if err != nil {
+		if token, err = readToken(cfg.Server.AuthTokenFile, log); err != nil {
 			return err
 		}
 		tl, err := net.Listen("tcp", cfg.Server.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("server.http_addr: %w", err)
 		}
-		listeners = append(listeners, listener{tl, api.NewHandler(eng, api.Options{Token: token, Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http"})
+		listeners = append(listeners, listener{tl, api.NewHandler(eng, api.Options{Auth: eng.Tenants(), Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http"})
 	}
 
 	pl, ph, err := listenPreview(cfg, eng, log)
@@ -346,10 +348,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		defer ph.Close()
 		listeners = append(listeners, listener{pl, ph, "preview"})
 	}
-	el, eh, err := listenE2B(cfg, eng, log)
+	el, eh, e2bKeys, err := listenE2B(cfg, eng, log)
 	if err != nil {
 		return err
 	}
+	eng.Tenants().SetFileKeys(token, e2bKeys)
 	if el != nil {
 		defer eh.Close()
 		listeners = append(listeners, listener{el, eh, "e2b"})

@@ -33,8 +33,12 @@ const DefaultMaxBodyBytes = 1 << 20
 
 // Options configure the handler.
 type Options struct {
-	// Token is the bearer token required on every route but /healthz; empty
-	// means no authentication (the unix socket).
+	// Auth authenticates bearer keys (pkg/tenants: API keys, the token
+	// file's key) on every route but /healthz and /login. Nil with Token
+	// empty means no authentication (the unix socket: principal.Socket).
+	Auth Authenticator
+	// Token, when Auth is nil, is the one bearer token accepted, as an
+	// admin (tests and embedders without a key store).
 	Token string
 	// Log receives one debug line per request and the details of internal
 	// errors; nil means slog.Default().
@@ -111,6 +115,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/jobs/{job}", s.killJob)
 	s.vmRoutes(mux)
 	s.registerSnapshots(mux)
+	s.routeKeys(mux)
 	if opt.MCP != nil {
 		mux.Handle("/mcp", s.capBody(opt.MCP))
 	}

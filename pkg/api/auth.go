@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
 
 // Authentication of the TCP listener: the one place that decides who may
@@ -83,13 +84,21 @@ type UIAuth struct {
 	opt UIAuthOptions
 
 	mu       sync.Mutex
-	logins   map[[32]byte]time.Time // token hash → expiry
+	logins   map[[32]byte]login     // token hash → expiry and principal
 	sessions map[[32]byte]uiSession // session id hash → session
+}
+
+type login struct {
+	expires time.Time
+	p       principal.Principal
 }
 
 type uiSession struct {
 	expires time.Time
 	csrf    string
+	// p is the principal of the key the login was minted with: the
+	// session acts as that key, and ends when the key is revoked.
+	p principal.Principal
 }
 
 // NewUIAuth returns an empty token and session store.
@@ -104,7 +113,7 @@ func NewUIAuth(opt UIAuthOptions) *UIAuth {
 		opt.Now = time.Now
 	}
 	opt.BaseURL = strings.TrimSuffix(opt.BaseURL, "/")
-	return &UIAuth{opt: opt, logins: map[[32]byte]time.Time{}, sessions: map[[32]byte]uiSession{}}
+	return &UIAuth{opt: opt, logins: map[[32]byte]login{}, sessions: map[[32]byte]uiSession{}}
 }
 
 // LoginURL is a minted login token and the URL that redeems it.
@@ -114,8 +123,8 @@ type LoginURL struct {
 	ExpiresAt time.Time `json:"expires_at"`
 }
 
-// MintLogin creates a one-time login token.
-func (a *UIAuth) MintLogin() (*LoginURL, error) {
+// MintLogin creates a one-time login token whose session acts as p.
+func (a *UIAuth) MintLogin(p principal.Principal) (*LoginURL, error) {
 	if a.opt.BaseURL == "" {
 		return nil, errdefs.Unavailablef("web editor: the daemon has no HTTP listener (server.http_addr is empty)")
 	}
@@ -124,11 +133,11 @@ func (a *UIAuth) MintLogin() (*LoginURL, error) {
 	exp := now.Add(a.opt.LoginTTL)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	prune(a.logins, now, func(t time.Time) time.Time { return t })
+	prune(a.logins, now, func(l login) time.Time { return l.expires })
 	if len(a.logins) >= maxUIEntries {
 		return nil, errdefs.LimitExceededf("web editor: %d unused login tokens outstanding; wait for them to expire", len(a.logins))
 	}
-	a.logins[sha256.Sum256([]byte(tok))] = exp
+	a.logins[sha256.Sum256([]byte(tok))] = login{exp, p}
 	return &LoginURL{URL: a.opt.BaseURL + "/login?token=" + url.QueryEscape(tok), Token: tok, ExpiresAt: exp}, nil
 }
 
@@ -139,9 +148,9 @@ func (a *UIAuth) redeem(tok string) (id string, s uiSession, ok bool) {
 	now := a.opt.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	exp, found := a.logins[h]
+	l, found := a.logins[h]
 	delete(a.logins, h) // single use, also when expired
-	if !found || !now.Before(exp) {
+	if !found || !now.Before(l.expires) {
 		return "", uiSession{}, false
 	}
 	prune(a.sessions, now, func(s uiSession) time.Time { return s.expires })
@@ -149,7 +158,7 @@ func (a *UIAuth) redeem(tok string) (id string, s uiSession, ok bool) {
 		return "", uiSession{}, false
 	}
 	id = randomHex()
-	s = uiSession{expires: now.Add(a.opt.SessionTTL), csrf: randomHex()}
+	s = uiSession{expires: now.Add(a.opt.SessionTTL), csrf: randomHex(), p: l.p}
 	a.sessions[sha256.Sum256([]byte(id))] = s
 	return id, s, true
 }
@@ -220,33 +229,99 @@ func isAPIPath(path string) bool {
 		path == "/metrics" || path == "/readyz"
 }
 
-// authenticate admits bearer-token and session-cookie callers as described
-// at the top of this file. With no token configured (the unix socket) every
-// request passes.
+// Authenticator turns a presented key into a principal (pkg/tenants'
+// Service): the one authenticator of every front end.
+type Authenticator interface {
+	// Authenticate returns the principal of secret presented from source
+	// (host:port): `unauthenticated` for a key that is not one,
+	// `limit_exceeded` for a source over its failure rate.
+	Authenticate(secret, source string) (principal.Principal, error)
+	// Valid says whether key id still authenticates (web sessions minted
+	// for a key end when it is revoked or expires).
+	Valid(keyID string) bool
+}
+
+// tokenAuth is the Authenticator of Options.Token: one admin token.
+type tokenAuth []byte
+
+func (t tokenAuth) Authenticate(secret, _ string) (principal.Principal, error) {
+	// ConstantTimeCompare leaks only the token's length, not its content.
+	if subtle.ConstantTimeCompare([]byte(secret), t) == 1 {
+		return principal.Principal{KeyID: "key-token", KeyName: "token", Tenant: "admin", Admin: true}, nil
+	}
+	return principal.Principal{}, errdefs.Unauthenticatedf("missing or invalid API key")
+}
+
+func (t tokenAuth) Valid(string) bool { return true }
+
+// frontEnd names the door a request of path came through, for its Origin.
+func frontEnd(path string, c caller) string {
+	switch {
+	case c == callerSocket:
+		return "socket"
+	case c == callerBrowser:
+		return "web"
+	case path == "/mcp" || strings.HasPrefix(path, "/mcp/"):
+		return "mcp"
+	}
+	return "rest"
+}
+
+// admit hands r on with its principal and origin in its context.
+func admit(next http.Handler, w http.ResponseWriter, r *http.Request, c callerInfo, p principal.Principal) {
+	src := r.RemoteAddr
+	if c.kind == callerSocket {
+		src = "unix"
+	}
+	ctx := principal.WithOrigin(principal.With(r.Context(), p), principal.Origin{FrontEnd: frontEnd(r.URL.Path, c.kind), Source: src})
+	next.ServeHTTP(w, withCaller(r.WithContext(ctx), c))
+}
+
+// authenticate admits bearer-key and session-cookie callers as described
+// at the top of this file, with their principal in the request's context.
+// With no authenticator (the unix socket) every request passes as the
+// administrator (principal.Socket).
 func (s *server) authenticate(next http.Handler) http.Handler {
-	if s.opt.Token == "" {
+	auth := s.opt.Auth
+	if auth == nil && s.opt.Token != "" {
+		auth = tokenAuth(s.opt.Token)
+	}
+	if auth == nil {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			next.ServeHTTP(w, withCaller(r, callerInfo{kind: callerSocket}))
+			admit(next, w, r, callerInfo{kind: callerSocket}, principal.Socket)
 		})
 	}
-	want := []byte(s.opt.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" || r.URL.Path == "/login" {
 			next.ServeHTTP(w, r)
 			return
 		}
 		scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-		// ConstantTimeCompare leaks only the token's length, not its content.
-		if strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare([]byte(tok), want) == 1 {
-			next.ServeHTTP(w, withCaller(r, callerInfo{kind: callerBearer}))
-			return
+		if strings.EqualFold(scheme, "Bearer") && tok != "" {
+			p, err := auth.Authenticate(tok, r.RemoteAddr)
+			if err == nil {
+				if !p.Admin && adminOnly(r) {
+					s.writeError(w, r, errdefs.PermissionDeniedf("%s %s: needs an admin key (key %s is of scope user)", r.Method, r.URL.Path, p.KeyName))
+					return
+				}
+				admit(next, w, r, callerInfo{kind: callerBearer}, p)
+				return
+			}
+			if errdefs.Is(err, errdefs.LimitExceeded) {
+				s.writeError(w, r, err)
+				return
+			}
 		}
-		if sess, ok := s.browserSession(r); ok {
+		if sess, ok := s.browserSession(r); ok && auth.Valid(sess.p.KeyID) {
 			if err := browserChecks(r, sess); err != nil {
 				s.writeError(w, r, err)
 				return
 			}
-			next.ServeHTTP(w, withCaller(r, callerInfo{kind: callerBrowser, session: sess}))
+			if !sess.p.Admin && adminOnly(r) {
+				s.writeError(w, r, errdefs.PermissionDeniedf("%s %s: needs an admin key", r.Method, r.URL.Path))
+				return
+			}
+			admit(next, w, r, callerInfo{kind: callerBrowser, session: sess}, sess.p)
 			return
 		}
 		if isAPIPath(r.URL.Path) {
@@ -392,6 +467,24 @@ func (s *server) mintLogin(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.Unavailablef("web editor: not enabled on this daemon"))
 		return
 	}
-	l, err := s.opt.UI.MintLogin()
+	p, ok := principal.From(r.Context())
+	if !ok {
+		p = principal.Socket
+	}
+	l, err := s.opt.UI.MintLogin(p)
 	s.reply(w, r, http.StatusCreated, l, err)
+}
+
+// adminOnly says whether r is for a route only admin keys may use: what
+// spans every tenant (metrics, the runs export, garbage collection, the
+// image store, the keys). The engine checks the keys again.
+func adminOnly(r *http.Request) bool {
+	p := r.URL.Path
+	switch {
+	case p == "/metrics", p == "/v1/gc", p == "/v1/runs/export", p == "/v1/keys", strings.HasPrefix(p, "/v1/keys/") && !strings.HasSuffix(p, "/usage"):
+		return true
+	case strings.HasPrefix(p, "/v1/images") && r.Method != http.MethodGet:
+		return true
+	}
+	return false
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/webui"
 )
 
@@ -25,7 +26,7 @@ func TestUIAuthTokens(t *testing.T) {
 	a := NewUIAuth(UIAuthOptions{BaseURL: "http://127.0.0.1:7070/", LoginTTL: time.Minute, SessionTTL: time.Hour,
 		Now: func() time.Time { return now }})
 
-	l, err := a.MintLogin()
+	l, err := a.MintLogin(principal.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func TestUIAuthTokens(t *testing.T) {
 	}
 
 	// An unused login token expires.
-	late, _ := a.MintLogin()
+	late, _ := a.MintLogin(principal.Socket)
 	now = now.Add(time.Minute)
 	if _, _, ok := a.redeem(late.Token); ok {
 		t.Fatal("an expired login token was accepted")
@@ -62,7 +63,7 @@ func TestUIAuthTokens(t *testing.T) {
 	}
 
 	// Logout ends a session at once.
-	l2, _ := a.MintLogin()
+	l2, _ := a.MintLogin(principal.Socket)
 	id2, _, _ := a.redeem(l2.Token)
 	a.logout(id2)
 	if _, ok := a.session(id2); ok {
@@ -70,7 +71,7 @@ func TestUIAuthTokens(t *testing.T) {
 	}
 
 	// No HTTP listener: no login URLs.
-	_, err = NewUIAuth(UIAuthOptions{}).MintLogin()
+	_, err = NewUIAuth(UIAuthOptions{}).MintLogin(principal.Socket)
 	if errdefs.CodeOf(err) != errdefs.Unavailable {
 		t.Fatalf("mint without a base URL: %v, want unavailable", err)
 	}

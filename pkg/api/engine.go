@@ -80,6 +80,13 @@ type Engine interface {
 	EnsureVMImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error)
 	RemoveImage(ctx context.Context, name string) error
 	PruneImages(ctx context.Context) ([]apitypes.Image, error)
+
+	// API keys (pkg/tenants through the engine, which checks the scope).
+	CreateKey(ctx context.Context, req apitypes.KeyCreateRequest) (*apitypes.KeySecret, error)
+	ListKeys(ctx context.Context) ([]apitypes.Key, error)
+	RevokeKey(ctx context.Context, id string) (*apitypes.Key, error)
+	RotateKey(ctx context.Context, id string) (*apitypes.KeySecret, error)
+	KeyUsage(ctx context.Context, id string) (*apitypes.KeyUsage, error)
 }
 
 // The daemon's engine is the REST API's engine.

@@ -42,6 +42,22 @@ type fakeEngine struct {
 
 func ex[T any]() *T { v := contract.ExampleOf[T](); return &v }
 
+func (f *fakeEngine) CreateKey(context.Context, apitypes.KeyCreateRequest) (*apitypes.KeySecret, error) {
+	return ex[apitypes.KeySecret](), f.err
+}
+func (f *fakeEngine) ListKeys(context.Context) ([]apitypes.Key, error) {
+	return []apitypes.Key{*ex[apitypes.Key]()}, f.err
+}
+func (f *fakeEngine) RevokeKey(context.Context, string) (*apitypes.Key, error) {
+	return ex[apitypes.Key](), f.err
+}
+func (f *fakeEngine) RotateKey(context.Context, string) (*apitypes.KeySecret, error) {
+	return ex[apitypes.KeySecret](), f.err
+}
+func (f *fakeEngine) KeyUsage(context.Context, string) (*apitypes.KeyUsage, error) {
+	return ex[apitypes.KeyUsage](), f.err
+}
+
 func (f *fakeEngine) CreateSandbox(_ context.Context, req apitypes.CreateSandboxRequest) (*apitypes.Sandbox, error) {
 	f.create = req
 	return ex[apitypes.Sandbox](), f.err
@@ -186,6 +202,11 @@ func TestFakeContract(t *testing.T) {
 		{"GET", "/v1/languages", "", reflect.TypeFor[apitypes.LanguageList]()},
 		{"GET", "/v1/runs", "", reflect.TypeFor[apitypes.RunList]()},
 		{"GET", "/v1/snapshots", "", reflect.TypeFor[apitypes.SnapshotList]()},
+		{"GET", "/v1/keys", "", reflect.TypeFor[apitypes.KeyList]()},
+		{"POST", "/v1/keys", `{"name":"k"}`, reflect.TypeFor[apitypes.KeySecret]()},
+		{"POST", "/v1/keys/key-1/rotate", "", reflect.TypeFor[apitypes.KeySecret]()},
+		{"POST", "/v1/keys/key-1/revoke", "", reflect.TypeFor[apitypes.Key]()},
+		{"GET", "/v1/keys/self/usage", "", reflect.TypeFor[apitypes.KeyUsage]()},
 		{"GET", "/v1/status", "", reflect.TypeFor[apitypes.Status]()},
 		{"GET", "/v1/images", "", reflect.TypeFor[apitypes.ImageList]()},
 		{"GET", "/v1/system", "", reflect.TypeFor[apitypes.SystemInfo]()},

@@ -112,7 +112,10 @@ type CreateSandboxRequest struct {
 
 // Sandbox describes a sandbox, live or not.
 type Sandbox struct {
-	ID          string   `json:"sandbox_id"`
+	ID string `json:"sandbox_id"`
+	// Tenant owns the sandbox: the tenant of the API key that created it
+	// ("" for sandboxes made on the unix socket or before tenants).
+	Tenant      string   `json:"tenant,omitempty"`
 	State       State    `json:"state"`
 	Language    string   `json:"language"`
 	Image       string   `json:"image"`
@@ -257,13 +260,15 @@ type Event struct {
 	Time      time.Time `json:"time"`
 	Type      string    `json:"type"` // "state", "output", "fix_attempt" or "dropped"
 	SandboxID string    `json:"sandbox_id,omitempty"`
-	From      string    `json:"from,omitempty"`
-	To        string    `json:"to,omitempty"`
-	Reason    string    `json:"reason,omitempty"`
-	JobID     string    `json:"job_id,omitempty"`
-	Stream    string    `json:"stream,omitempty"`
-	Data      string    `json:"data,omitempty"`
-	Dropped   int       `json:"dropped,omitempty"` // events this subscriber missed (type "dropped")
+	// Tenant owns the sandbox; a non-admin subscriber sees only its own.
+	Tenant  string `json:"tenant,omitempty"`
+	From    string `json:"from,omitempty"`
+	To      string `json:"to,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	JobID   string `json:"job_id,omitempty"`
+	Stream  string `json:"stream,omitempty"`
+	Data    string `json:"data,omitempty"`
+	Dropped int    `json:"dropped,omitempty"` // events this subscriber missed (type "dropped")
 	// Autofix is an autofix loop's attempt, fix or result (type "fix_attempt").
 	Autofix *AutofixEvent `json:"autofix,omitempty"`
 }

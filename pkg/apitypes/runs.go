@@ -120,16 +120,18 @@ type RunStepRecord struct {
 
 // RunMetadata is metadata.json: the fields docs/SPEC.md names first, then more.
 type RunMetadata struct {
-	RunID       string         `json:"runId"`
-	Language    string         `json:"language"`
-	StartTime   time.Time      `json:"startTime"`
-	EndTime     time.Time      `json:"endTime"`
-	DurationMS  int64          `json:"durationMs"`
-	ExitCode    int            `json:"exitCode"`
-	Attempts    int            `json:"attempts"`
-	Success     bool           `json:"success"`
-	Image       string         `json:"image"`
-	SandboxID   string         `json:"sandboxId"`
+	RunID      string    `json:"runId"`
+	Language   string    `json:"language"`
+	StartTime  time.Time `json:"startTime"`
+	EndTime    time.Time `json:"endTime"`
+	DurationMS int64     `json:"durationMs"`
+	ExitCode   int       `json:"exitCode"`
+	Attempts   int       `json:"attempts"`
+	Success    bool      `json:"success"`
+	Image      string    `json:"image"`
+	SandboxID  string    `json:"sandboxId"`
+	// Tenant owns the run: the tenant of its sandbox.
+	Tenant      string         `json:"tenant,omitempty"`
 	Termination RunTermination `json:"termination"`
 
 	Kind        string          `json:"kind"` // run | autofix

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
 
 // defaultTimeout is E2B's sandbox timeout when a create gives none (the
@@ -52,12 +53,18 @@ func (s *Server) controlPlane() http.Handler {
 			writeError(w, http.StatusUnauthorized, "missing X-API-Key header")
 			return
 		}
-		if !s.checkKey(key) {
+		p, err := s.opt.Auth.Authenticate(key, r.RemoteAddr)
+		if errdefs.Is(err, errdefs.LimitExceeded) {
+			writeErr(w, err)
+			return
+		}
+		if err != nil {
 			writeError(w, http.StatusUnauthorized, "invalid API key")
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
-		mux.ServeHTTP(w, r)
+		ctx := principal.WithOrigin(principal.With(r.Context(), p), principal.Origin{FrontEnd: "e2b", Source: r.RemoteAddr})
+		mux.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 

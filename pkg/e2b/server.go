@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
 
 // EnvdPort is the port of envd in an E2B sandbox: requests routed to it are
@@ -43,7 +44,11 @@ const (
 
 // Options configure a Server.
 type Options struct {
-	// Keys are the accepted API keys.
+	// Auth authenticates the control plane's X-API-Key (pkg/tenants: the
+	// daemon's API keys, e2b.api_key_file's among them) and names the
+	// caller whose tenant owns what it creates and bounds what it sees.
+	Auth Authenticator
+	// Keys, when Auth is nil, are the accepted API keys, all admins (tests).
 	Keys []string
 	// Domain is the host-name routing domain ({port}-{id}.{domain}),
 	// returned to clients as the sandboxes' domain; empty: none.
@@ -75,6 +80,9 @@ type Server struct {
 func New(b Backend, opt Options) *Server {
 	if opt.Log == nil {
 		opt.Log = slog.New(slog.DiscardHandler)
+	}
+	if opt.Auth == nil {
+		opt.Auth = keyList(opt.Keys)
 	}
 	s := &Server{b: b, opt: opt, log: opt.Log, procs: newProcesses(), watch: newWatchers(), cpu: map[string]cpuSample{}}
 	s.api = s.controlPlane()
@@ -215,15 +223,27 @@ func writeErr(w http.ResponseWriter, err error) {
 	writeJSON(w, st, errorBody{Code: st, Message: errdefs.MessageOf(err)})
 }
 
-// checkKey compares in constant time against every key.
-func (s *Server) checkKey(k string) bool {
+// Authenticator turns an API key into a principal: the daemon's one
+// authenticator (pkg/tenants), shared with every front end.
+type Authenticator interface {
+	Authenticate(secret, source string) (principal.Principal, error)
+}
+
+// keyList is the Authenticator of Options.Keys.
+type keyList []string
+
+// Authenticate compares in constant time against every key.
+func (l keyList) Authenticate(k, _ string) (principal.Principal, error) {
 	ok := false
-	for _, want := range s.opt.Keys {
+	for _, want := range l {
 		if subtle.ConstantTimeCompare([]byte(k), []byte(want)) == 1 {
 			ok = true
 		}
 	}
-	return ok
+	if !ok {
+		return principal.Principal{}, errdefs.Unauthenticatedf("invalid API key")
+	}
+	return principal.Principal{KeyID: "key-e2b", KeyName: "e2b", Tenant: "admin", Admin: true}, nil
 }
 
 // ToE2B is the E2B form of a sandbox id: lowercase letters and digits.

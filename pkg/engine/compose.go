@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
 
 // The engine's core and its start. Open makes the core once, in dependency
@@ -64,6 +65,7 @@ func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, e
 	}
 	backend, err := e.newContainerBackend()
 	if err != nil {
+		e.tenants.Close()
 		_ = e.store.Close()
 		return nil, err
 	}
@@ -75,7 +77,12 @@ func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, e
 }
 
 // closeCore closes what Open opened, when the engine does not start.
-func (e *Engine) closeCore() { _ = e.disks.Close(); e.diskStore.Close(); _ = e.store.Close() }
+func (e *Engine) closeCore() {
+	_ = e.disks.Close()
+	e.diskStore.Close()
+	e.tenants.Close()
+	_ = e.store.Close()
+}
 
 // Core is what the services are made over (services.Compose): the core's
 // parts and the engine's narrow views of itself.
@@ -124,6 +131,12 @@ func (e *Engine) openStores(ctx context.Context) error {
 		return fmt.Errorf("load recipes: %w", err)
 	}
 	e.catalog = lang.NewCatalog(recipes, e.cfg.Images.Languages)
+	// The keys of the store; the daemon adds the files' keys
+	// (Tenants().SetFileKeys) once it has read them.
+	if e.tenants, err = tenants.New(ctx, tenants.Options{Store: e.store, Log: e.log.With("component", "tenants")}); err != nil {
+		_ = e.store.Close()
+		return fmt.Errorf("load api keys: %w", err)
+	}
 	return nil
 }
 
@@ -225,6 +238,9 @@ func (e *Engine) newSandboxService(backend sandbox.Backend) error {
 				return sandbox.Spec{}, err
 			}
 			return *spec, nil
+		},
+		Admit: func(ctx context.Context, l sandbox.Limits) (func(), error) {
+			return e.tenants.Admit(ctx, l, e.sandboxes.HeldBy)
 		},
 		OnTransition: func(id string, _, to sandbox.State, _ string) {
 			e.metrics.terminations.WithLabelValues(string(to)).Inc()

@@ -43,6 +43,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
 
 // Engine wires the stores, the runtime and the sandbox manager together.
@@ -57,6 +58,7 @@ type Engine struct {
 	diskStore *storage.Store // image files of disk-backed sandboxes
 	disks     *storage.Pool  // ready disks for disk-backed sandboxes
 	sandboxes *sandbox.Manager
+	tenants   *tenants.Service // API keys, the authenticator, quotas
 	netCfg    network.Config
 	net       *network.Manager // nil if the network subsystem could not start (netErr says why)
 	netErr    error
@@ -180,6 +182,7 @@ func (e *Engine) Close() error {
 	if e.net != nil {
 		e.net.Close() // the network stays; a restarted daemon adopts it
 	}
+	e.tenants.Close() // writes the last-use times still pending
 	err := e.disks.Close()
 	e.diskStore.Close()
 	return errors.Join(err, e.store.Close())

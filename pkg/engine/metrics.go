@@ -64,6 +64,7 @@ func newMetrics(e *Engine) *metrics {
 		&networkCollector{e: e, desc: prometheus.NewDesc("sandboxd_sandbox_connection_attempts_total",
 			"Connection attempts of each sandbox with network, by verdict of its network policy (allowed, denied).",
 			[]string{"sandbox_id", "verdict"}, nil)},
+		newTenantCollector(e),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -62,6 +62,9 @@ type Engine interface {
 	AutofixStatus(ctx context.Context, id string) (*apitypes.AutofixResult, error)
 	AgentRun(ctx context.Context, req apitypes.AgentRunRequest, progress func(apitypes.AgentProgress)) (*apitypes.AgentRunResult, error)
 
+	// The caller's key's quota and use ("" id: the caller's own).
+	KeyUsage(ctx context.Context, id string) (*apitypes.KeyUsage, error)
+
 	// Languages and images.
 	Languages(ctx context.Context) ([]apitypes.LanguageInfo, error)
 	ImageList(ctx context.Context) (*apitypes.ImageList, error)

@@ -198,6 +198,10 @@ func (f *fakeEngine) AgentRun(context.Context, apitypes.AgentRunRequest, func(ap
 	return ex[apitypes.AgentRunResult](f, "AgentRun")
 }
 
+func (f *fakeEngine) KeyUsage(context.Context, string) (*apitypes.KeyUsage, error) {
+	return ex[apitypes.KeyUsage](f, "KeyUsage")
+}
+
 func (f *fakeEngine) Languages(context.Context) ([]apitypes.LanguageInfo, error) {
 	l, err := ex[apitypes.LanguageInfo](f, "Languages")
 	return []apitypes.LanguageInfo{*l}, err
@@ -250,6 +254,7 @@ var contractCases = []contractCase{
 	{"sandbox_expose_port", with(sb, "port", 8080), reflect.TypeFor[apitypes.PortExposure](), nil},
 	{"sandbox_screenshot", sb, reflect.TypeFor[apitypes.ScreenshotResult](), nil},
 	{"languages_list", nil, reflect.TypeFor[apitypes.LanguageList](), nil},
+	{"quota_usage", nil, reflect.TypeFor[apitypes.KeyUsage](), nil},
 	// A synchronous command's outcome carries every field of the engine's
 	// ExecResult (usage and blocked_syscalls too, as SPEC promises) but its
 	// job id: the job is gone once it finished.

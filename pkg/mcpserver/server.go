@@ -150,6 +150,9 @@ func newSrv(e Engine, opt Options) *srv {
 	if enabled("sandbox", "run") {
 		s.addLanguagesTool()
 	}
+	if enabled("sandbox") {
+		s.addQuotaTool()
+	}
 	if enabled("exec") {
 		s.addExecTools()
 	}

@@ -7,6 +7,12 @@ import "github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 // subscribers (/v1/events).
 func (m *Manager) PublishAutofix(sandboxID string, ev apitypes.AutofixEvent) {
 	if m.events.active() {
-		m.events.publish(Event{Type: "fix_attempt", SandboxID: sandboxID, Autofix: &ev})
+		tenant := ""
+		m.mu.Lock()
+		if sb := m.sandboxes[sandboxID]; sb != nil {
+			tenant = sb.owner()
+		}
+		m.mu.Unlock()
+		m.events.publish(Event{Type: "fix_attempt", SandboxID: sandboxID, Tenant: tenant, Autofix: &ev})
 	}
 }

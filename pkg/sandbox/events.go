@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
 
 // Event is a state change or a piece of command output, as published to
@@ -19,7 +20,11 @@ const subscriberBuffer = 256
 type subscriber struct {
 	ch        chan Event
 	sandboxID string // "" for all
-	dropped   int
+	// tenant, when own is set, is the only tenant whose events the
+	// subscriber sees (a non-admin caller).
+	tenant  string
+	own     bool
+	dropped int
 }
 
 // bus fans events out to subscribers without ever blocking the publisher.
@@ -41,7 +46,7 @@ func (b *bus) publish(ev Event) {
 	b.seq++
 	ev.Seq, ev.Time = b.seq, time.Now().UTC()
 	for s := range b.subs {
-		if s.sandboxID != "" && s.sandboxID != ev.SandboxID {
+		if (s.sandboxID != "" && s.sandboxID != ev.SandboxID) || (s.own && s.tenant != ev.Tenant) {
 			continue
 		}
 		if s.dropped > 0 {
@@ -65,6 +70,9 @@ func (b *bus) publish(ev Event) {
 // closed when ctx ends.
 func (b *bus) subscribe(ctx context.Context, sandboxID string) <-chan Event {
 	s := &subscriber{ch: make(chan Event, subscriberBuffer), sandboxID: sandboxID}
+	if p, ok := principal.From(ctx); ok && !p.Admin {
+		s.tenant, s.own = p.Tenant, true
+	}
 	b.mu.Lock()
 	if b.subs == nil {
 		b.subs = map[*subscriber]struct{}{}

@@ -55,7 +55,7 @@ func (sb *Sandbox) jobMeta(jobID string) jobMeta {
 // publishOutput forwards output to event subscribers, if there are any.
 func (m *Manager) publishOutput(sb *Sandbox, jobID string, c agent.Chunk) {
 	if m.events.active() {
-		m.events.publish(Event{Type: "output", SandboxID: sb.ID, JobID: jobID, Stream: c.Stream, Data: string(c.Data)})
+		m.events.publish(Event{Type: "output", SandboxID: sb.ID, Tenant: sb.owner(), JobID: jobID, Stream: c.Stream, Data: string(c.Data)})
 	}
 }
 

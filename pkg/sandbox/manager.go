@@ -31,6 +31,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
@@ -85,6 +86,12 @@ type Spec struct {
 	// Image repeats for clients; Language then is the guest's OS. Such a
 	// sandbox is not made from the image store (StartRequest.Image is nil).
 	BootDisk string `json:"boot_disk,omitempty"`
+	// Tenant owns the sandbox and KeyID is the API key that created it
+	// (its quota counts the sandbox): both from the creating request's
+	// principal, never from a client's request body ("" for the unix
+	// socket, the warm pool and records made before tenants).
+	Tenant string `json:"tenant,omitempty"`
+	KeyID  string `json:"key_id,omitempty"`
 }
 
 // Info is the externally visible description of a sandbox.
@@ -118,6 +125,10 @@ type Options struct {
 	// OnTransition, if set, is called after every persisted transition
 	// (metrics). It runs under the sandbox's lock and must not block.
 	OnTransition func(id string, from, to State, reason string)
+	// Admit, if set, admits a create of a sandbox of limits for ctx's
+	// caller (its key's quota) before anything is started; release is
+	// called once the create has ended.
+	Admit func(ctx context.Context, limits Limits) (release func(), err error)
 }
 
 // Manager creates, tracks and destroys sandboxes.
@@ -161,6 +172,9 @@ type Sandbox struct {
 	// caps is the handle's Capabilities().List(), set with the handle:
 	// descriptions read it without sb.mu (they are made under it).
 	caps atomic.Pointer[[]string]
+	// tenant is spec.Tenant, readable without mu (ownership checks and
+	// events run under other locks).
+	tenant atomic.Pointer[string]
 }
 
 // setCaps records h's capabilities for descriptions.
@@ -251,6 +265,19 @@ func newID() string {
 // Create returns a ready sandbox for spec: a warm one from the pool when one
 // fits, else a new one, started before Create returns (or failed).
 func (m *Manager) Create(ctx context.Context, spec Spec) (*Info, error) {
+	// The one place a sandbox gets its owner: every front end and every
+	// engine path (run_code, autofix, agents, VMs) creates through here.
+	spec.Tenant, spec.KeyID = "", ""
+	if p, ok := principal.From(ctx); ok {
+		spec.Tenant, spec.KeyID = p.Tenant, p.KeyID
+	}
+	if m.opt.Admit != nil {
+		release, err := m.opt.Admit(ctx, spec.Limits)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+	}
 	if info, err := m.claim(ctx, spec); err != nil || info != nil {
 		return info, err
 	}
@@ -295,6 +322,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 	sb := &Sandbox{
 		ID: newID(), spec: spec, state: StateCreating, createdAt: now, lastActive: now, digest: img.Digest,
 	}
+	sb.setTenant(spec.Tenant)
 	specJSON, err := json.Marshal(spec)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "encode sandbox spec")
@@ -470,7 +498,7 @@ func (m *Manager) transitionLocked(ctx context.Context, sb *Sandbox, to State, r
 	}
 	sb.state = to
 	m.log.Debug("sandbox transition", "sandbox", sb.ID, "from", from, "to", to, "reason", reason)
-	m.events.publish(Event{Type: "state", SandboxID: sb.ID, From: string(from), To: string(to), Reason: reason})
+	m.events.publish(Event{Type: "state", SandboxID: sb.ID, Tenant: sb.owner(), From: string(from), To: string(to), Reason: reason})
 	if m.opt.OnTransition != nil {
 		m.opt.OnTransition(sb.ID, from, to, reason)
 	}
@@ -518,11 +546,14 @@ func (m *Manager) lookup(ctx context.Context, id string) (*Sandbox, error) {
 	sb := m.sandboxes[id]
 	m.mu.Unlock()
 	if sb != nil {
+		if !visible(ctx, sb.owner()) {
+			return nil, errNoSandbox(id)
+		}
 		return sb, nil
 	}
 	rec, err := m.opt.Store.GetSandbox(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, errdefs.NotFoundf("sandbox_id: no sandbox %q", id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !visible(ctx, recordTenant(rec))) {
+		return nil, errNoSandbox(id)
 	}
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "look up sandbox %s", id)
@@ -539,8 +570,8 @@ func (m *Manager) forget(id string) {
 // Get describes sandbox id, live or not.
 func (m *Manager) Get(ctx context.Context, id string) (*Info, error) {
 	rec, err := m.opt.Store.GetSandbox(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, errdefs.NotFoundf("sandbox_id: no sandbox %q", id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !visible(ctx, recordTenant(rec))) {
+		return nil, errNoSandbox(id)
 	}
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "look up sandbox %s", id)
@@ -567,7 +598,9 @@ func (m *Manager) List(ctx context.Context, states ...State) ([]*Info, error) {
 	}
 	out := make([]*Info, 0, len(recs))
 	for _, r := range recs {
-		out = append(out, m.info(r))
+		if in := m.info(r); visible(ctx, in.Tenant) {
+			out = append(out, in)
+		}
 	}
 	return out, nil
 }
@@ -580,7 +613,7 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 		Limits: spec.Limits, DiskBacking: spec.DiskBacking, Network: spec.Network, Allow: spec.Allow, Credentials: spec.Credentials, SeccompProfile: spec.SeccompProfile, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason, Backend: spec.Backend,
-		FromSnapshot: spec.SeedSnapshot,
+		FromSnapshot: spec.SeedSnapshot, Tenant: spec.Tenant,
 	}
 	if in.State.Live() {
 		m.mu.Lock()
@@ -622,6 +655,9 @@ func (m *Manager) terminate(ctx context.Context, id, reason string, recordFirst 
 	m.mu.Unlock()
 	if sb == nil {
 		return m.Get(ctx, id) // not live: already terminated or failed, or not_found
+	}
+	if !visible(ctx, sb.owner()) {
+		return nil, errNoSandbox(id)
 	}
 	sb.mu.Lock()
 	if sb.terminating {

@@ -70,6 +70,7 @@ func (m *Manager) claim(ctx context.Context, spec Spec) (*Info, error) {
 	imageEnv := sb.spec.ImageEnv
 	sb.spec = spec
 	sb.spec.ImageEnv = imageEnv
+	sb.setTenant(spec.Tenant)
 	sb.createdAt, sb.lastActive = now, now
 	specJSON, err := json.Marshal(sb.spec)
 	sb.mu.Unlock()

@@ -59,6 +59,7 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 		ID: rec.ID, spec: spec, state: State(rec.State), createdAt: rec.CreatedAt, lastActive: rec.LastActiveAt,
 		digest: rec.ImageDigest, pooled: isWarm(spec),
 	}
+	sb.setTenant(spec.Tenant) // its owner, from its record: ownership survives restarts
 	dead := func(reason string) {
 		m.log.Info("reconcile: sandbox is gone; releasing what it held", "sandbox", sb.ID, "reason", reason)
 		m.release(ctx, sb.ID, rep)

@@ -202,6 +202,28 @@ CREATE TABLE userns_ranges (
 ) STRICT;
 `,
 	},
+	{
+		version:     9,
+		description: "API keys",
+		sql: `
+-- One row per API key (pkg/tenants). The secret is never stored: hash is
+-- the SHA-256 of the key as clients send it (keys are 160 random bits, so
+-- a fast hash is enough; no dictionary reaches them). quota is the key's
+-- quota as JSON; expires_at and revoked_at are 0 when not set.
+CREATE TABLE api_keys (
+	id           TEXT PRIMARY KEY,
+	name         TEXT NOT NULL UNIQUE,
+	tenant       TEXT NOT NULL,
+	admin        INTEGER NOT NULL DEFAULT 0,
+	hash         BLOB NOT NULL UNIQUE,
+	quota        TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(quota)),
+	created_at   INTEGER NOT NULL,
+	last_used_at INTEGER NOT NULL DEFAULT 0,
+	expires_at   INTEGER NOT NULL DEFAULT 0,
+	revoked_at   INTEGER NOT NULL DEFAULT 0
+) STRICT;
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.

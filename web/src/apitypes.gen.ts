@@ -29,6 +29,7 @@ export interface SandboxList {
 
 export interface SandboxDetail {
   sandbox_id: string;
+  tenant?: string;
   state: string;
   language: string;
   image: string;
@@ -179,6 +180,7 @@ export interface Event {
   time: string;
   type: string;
   sandbox_id?: string;
+  tenant?: string;
   from?: string;
   to?: string;
   reason?: string;
@@ -225,6 +227,7 @@ export interface LanguageInfo {
 
 export interface Sandbox {
   sandbox_id: string;
+  tenant?: string;
   state: string;
   language: string;
   image: string;
@@ -344,6 +347,7 @@ export interface RunMetadata {
   success: boolean;
   image: string;
   sandboxId: string;
+  tenant?: string;
   termination: RunTermination;
   kind: string;
   imageDigest?: string;

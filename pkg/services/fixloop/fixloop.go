@@ -71,6 +71,9 @@ type Sandboxes interface {
 	DeleteFile(ctx context.Context, id, path string, recursive bool) error
 	// PublishAutofix sends a loop's event to the sandbox's watchers.
 	PublishAutofix(sandboxID string, ev apitypes.AutofixEvent)
+	// Visible says whether the caller's tenant may see sandbox id (a
+	// loop is its sandbox's: another tenant's is not found).
+	Visible(ctx context.Context, id string) bool
 }
 
 // Lifecycle is what the loops need of the engine: a loop's sandbox is an
@@ -553,7 +556,7 @@ func (s *Service) saveAutofix(ctx context.Context, sess *autofixSession, run *pi
 
 func (s *Service) loadAutofix(ctx context.Context, id string) (*autofixSession, *store.AutofixSession, error) {
 	row, err := s.o.Store.GetAutofixSession(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !s.o.Sandboxes.Visible(ctx, row.SandboxID)) {
 		return nil, nil, errdefs.NotFoundf("autofix %s not found", id)
 	}
 	if err != nil {

@@ -79,6 +79,9 @@ func (f *fakeSandboxes) DeleteFile(_ context.Context, id, path string, _ bool) e
 	return nil
 }
 
+// Visible: the tests call as the administrator, who sees every sandbox.
+func (f *fakeSandboxes) Visible(context.Context, string) bool { return true }
+
 func (f *fakeSandboxes) PublishAutofix(_ string, ev apitypes.AutofixEvent) {
 	f.events = append(f.events, ev)
 }

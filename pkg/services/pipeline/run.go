@@ -419,7 +419,11 @@ func (s *Service) GetRun(ctx context.Context, id string, maxLog int64) (*runs.Ru
 	if maxLog <= 0 {
 		maxLog = 1 << 20
 	}
-	return rs.Get(ctx, id, maxLog)
+	r, err := rs.Get(ctx, id, maxLog)
+	if err == nil && !s.ownRun(ctx, &r.Metadata, nil) {
+		return nil, errdefs.NotFoundf("run %s not found", id) // runs.Store.Get's own words
+	}
+	return r, err
 }
 
 // RunFilter selects run records (run_list).
@@ -439,5 +443,7 @@ func (s *Service) ListRuns(ctx context.Context, f RunFilter) ([]runs.Metadata, e
 	case f.Limit > 1000:
 		return nil, errdefs.Invalidf("limit: %d exceeds the maximum 1000", f.Limit)
 	}
-	return rs.List(ctx, store.RunFilter{Limit: f.Limit, Language: f.Language, Success: f.Success})
+	return s.ownRuns(ctx, f.Limit, func(limit int) ([]runs.Metadata, error) {
+		return rs.List(ctx, store.RunFilter{Limit: limit, Language: f.Language, Success: f.Success})
+	})
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
@@ -127,13 +128,24 @@ func (s *Service) snapshotRecord(ctx context.Context, id string) (*store.Snapsho
 		return nil, err
 	}
 	r, err := s.store.GetSnapshot(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !s.visible(ctx, r.SandboxID)) {
 		return nil, errdefs.NotFoundf("snapshot_id: no snapshot %q", id)
 	}
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "look up snapshot %s", id)
 	}
 	return r, nil
+}
+
+// visible says whether ctx's caller may see the snapshots of sandbox id: a
+// snapshot belongs to the tenant of the sandbox it was taken of, which the
+// sandbox service decides (an admin, or no principal: every snapshot).
+func (s *Service) visible(ctx context.Context, sandboxID string) bool {
+	if p, ok := principal.From(ctx); !ok || p.Admin {
+		return true
+	}
+	_, err := s.sandboxes.Get(ctx, sandboxID)
+	return err == nil
 }
 
 // liveSandbox returns sandbox id if it is live, else an error naming
@@ -241,8 +253,16 @@ func (s *Service) List(ctx context.Context, sandboxID string) ([]apitypes.Snapsh
 		return nil, errdefs.Wrap(errdefs.Internal, err, "list snapshots")
 	}
 	out := make([]apitypes.Snapshot, 0, len(recs))
+	seen := map[string]bool{}
 	for _, r := range recs {
-		out = append(out, s.publicSnapshot(r))
+		vis, ok := seen[r.SandboxID]
+		if !ok {
+			vis = s.visible(ctx, r.SandboxID)
+			seen[r.SandboxID] = vis
+		}
+		if vis {
+			out = append(out, s.publicSnapshot(r))
+		}
 	}
 	return out, nil
 }
