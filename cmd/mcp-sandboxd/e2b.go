@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/e2b"
@@ -14,7 +15,7 @@ import (
 // listenE2B opens the E2B listener (e2b.listen), over TLS when a
 // certificate is configured. It returns a nil listener when none is
 // configured; the caller serves the handler on it and closes it when done.
-func listenE2B(cfg *config.Config, eng *engine.Engine, log *slog.Logger) (net.Listener, *e2b.Server, error) {
+func listenE2B(cfg *config.Config, eng *engine.Engine, log *slog.Logger) (net.Listener, *e2bHandler, error) {
 	c := cfg.E2B
 	if c.Listen == "" {
 		return nil, nil, nil
@@ -38,5 +39,14 @@ func listenE2B(cfg *config.Config, eng *engine.Engine, log *slog.Logger) (net.Li
 	if tc != nil {
 		l = tls.NewListener(l, tc)
 	}
-	return l, e2b.New(e2b.FromEngine(eng), e2b.Options{Keys: keys, Domain: c.Domain, Log: log.With("api", "e2b")}), nil
+	srv := e2b.New(e2b.FromEngine(eng), e2b.Options{Keys: keys, Domain: c.Domain, Log: log.With("api", "e2b")})
+	return l, &e2bHandler{srv, eng.Audit().HTTP("e2b", srv.AuditClassify, srv)}, nil
 }
+
+// e2bHandler is the E2B server behind the audit log's recording.
+type e2bHandler struct {
+	*e2b.Server
+	h http.Handler
+}
+
+func (e *e2bHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { e.h.ServeHTTP(w, r) }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -220,4 +221,29 @@ func export(ctx context.Context, dir string, names []string, upTo uint64, since 
 		err = nil
 	}
 	return n, err
+}
+
+// ExportDir is Export of the log files in dir (a copy, or a stopped
+// daemon's).
+func ExportDir(ctx context.Context, dir string, since time.Time, w io.Writer) (int, error) {
+	names, err := files(dir)
+	if err != nil {
+		return 0, err
+	}
+	return export(ctx, dir, names, 0, since, w)
+}
+
+// ParseSince reads export's since: an RFC 3339 time, or a duration back
+// from now ("24h"); empty is the beginning.
+func ParseSince(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, errdefs.Invalidf("since: want an RFC 3339 time (2026-01-02T15:04:05Z) or a duration back from now (24h), got %q", s)
 }

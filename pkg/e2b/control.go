@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
@@ -56,6 +57,7 @@ func (s *Server) controlPlane() http.Handler {
 			writeError(w, http.StatusUnauthorized, "invalid API key")
 			return
 		}
+		audit.CallFrom(r.Context()).SetPrincipal(keyPrincipal(key))
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		mux.ServeHTTP(w, r)
 	})

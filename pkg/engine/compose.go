@@ -47,12 +47,17 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 	if err := e.openStores(ctx); err != nil {
 		return nil, err
 	}
-	backend, err := e.newContainerBackend()
-	if err != nil {
+	if err := e.openAudit(); err != nil {
 		_ = e.store.Close()
 		return nil, err
 	}
-	cleanup := func() { _ = e.disks.Close(); e.diskStore.Close(); _ = e.store.Close() }
+	backend, err := e.newContainerBackend()
+	if err != nil {
+		_ = e.audit.Close()
+		_ = e.store.Close()
+		return nil, err
+	}
+	cleanup := func() { _ = e.disks.Close(); e.diskStore.Close(); _ = e.audit.Close(); _ = e.store.Close() }
 	if err := e.newSandboxService(backend); err != nil {
 		cleanup()
 		return nil, err
