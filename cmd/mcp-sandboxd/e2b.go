@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/e2b"
@@ -17,7 +18,7 @@ import (
 //
 // The keys of e2b.api_key_file are returned for the daemon's authenticator,
 // which admits them as admin keys on every front end (pkg/tenants).
-func listenE2B(cfg *config.Config, eng *engine.Engine, log *slog.Logger) (net.Listener, *e2b.Server, []string, error) {
+func listenE2B(cfg *config.Config, eng *engine.Engine, log *slog.Logger) (net.Listener, *e2bHandler, []string, error) {
 	c := cfg.E2B
 	if c.Listen == "" {
 		return nil, nil, nil, nil
@@ -41,5 +42,14 @@ func listenE2B(cfg *config.Config, eng *engine.Engine, log *slog.Logger) (net.Li
 	if tc != nil {
 		l = tls.NewListener(l, tc)
 	}
-	return l, e2b.New(e2b.FromEngine(eng), e2b.Options{Auth: eng.Tenants(), Domain: c.Domain, Log: log.With("api", "e2b")}), keys, nil
+	srv := e2b.New(e2b.FromEngine(eng), e2b.Options{Auth: eng.Tenants(), Domain: c.Domain, Log: log.With("api", "e2b")})
+	return l, &e2bHandler{srv, eng.Audit().HTTP("e2b", srv.AuditClassify, srv)}, keys, nil
 }
+
+// e2bHandler is the E2B server behind the audit log's recording.
+type e2bHandler struct {
+	*e2b.Server
+	h http.Handler
+}
+
+func (e *e2bHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { e.h.ServeHTTP(w, r) }

@@ -319,12 +319,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	defer os.Remove(cfg.Server.Socket)
 	// MCP is served on both listeners: behind the token on TCP, and on the
 	// socket for `mcp-sandboxd stdio`, which bridges to it.
-	mcpH := mcpserver.NewHandler(eng, mcpserver.Options{Log: log}) // the rest from cfg.Server
+	mcpH := mcpserver.NewHandler(eng, mcpserver.Options{Log: log, Audit: eng.Audit()}) // the rest from cfg.Server
 	// The web editor's logins and sessions, shared by both listeners:
 	// `sandboxctl ui` mints a login URL on the socket, the browser uses it
 	// over HTTP.
 	ui := api.NewUIAuth(api.UIAuthOptions{BaseURL: uiBaseURL(cfg.Server.HTTPAddr)})
-	listeners = append(listeners, listener{ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix"})
+	listeners = append(listeners, listener{ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix"})
 
 	// The token file's token is the first admin key of the one
 	// authenticator (pkg/tenants) every TCP front end shares.
@@ -337,7 +337,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("server.http_addr: %w", err)
 		}
-		listeners = append(listeners, listener{tl, api.NewHandler(eng, api.Options{Auth: eng.Tenants(), Log: log, MCP: mcpH, UI: ui, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http"})
+		listeners = append(listeners, listener{tl, api.NewHandler(eng, api.Options{Auth: eng.Tenants(), Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http"})
 	}
 
 	pl, ph, err := listenPreview(cfg, eng, log)

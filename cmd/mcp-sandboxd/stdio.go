@@ -106,5 +106,5 @@ func serveStdio(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		defer ph.Close()
 		defer srv.Close()
 	}
-	return mcpserver.ServeStdio(ctx, eng, mcpserver.Options{Log: log}, os.Stdin, os.Stdout)
+	return mcpserver.ServeStdio(ctx, eng, mcpserver.Options{Log: log, Audit: eng.Audit()}, os.Stdin, os.Stdout)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
 )
@@ -53,6 +54,9 @@ type Options struct {
 	// UI, if not nil, holds the web editor's login tokens and sessions
 	// (shared by the daemon's listeners); nil: no browser can log in.
 	UI *UIAuth
+	// Audit, if not nil, records authentication failures and changing
+	// calls (audit.go).
+	Audit *audit.Log
 }
 
 type server struct {
@@ -116,6 +120,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	s.vmRoutes(mux)
 	s.registerSnapshots(mux)
 	s.routeKeys(mux)
+	s.routeAudit(mux)
 	if opt.MCP != nil {
 		mux.Handle("/mcp", s.capBody(opt.MCP))
 	}
@@ -133,7 +138,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { s.noRoute(mux, w, r) })
 	// Authentication wraps the mux, so an unauthenticated request reaches no
 	// handler at all.
-	return s.logRequests(s.authenticate(mux))
+	return s.logRequests(s.auditCalls(s.authenticate(s.auditWho(mux))))
 }
 
 // capBody refuses a request body over MaxBodyBytes: at once when its

@@ -41,7 +41,11 @@ type Config struct {
 	VM        VM        `yaml:"vm"`
 	// E2B: the E2B-compatible API (pkg/e2b, docs/e2b.md).
 	E2B E2B `yaml:"e2b"`
-	Log Log `yaml:"log"`
+	// Audit: the tamper-evident audit log (pkg/audit).
+	Audit Audit `yaml:"audit"`
+	// Telemetry: OpenTelemetry traces (pkg/telemetry).
+	Telemetry Telemetry `yaml:"telemetry"`
+	Log       Log       `yaml:"log"`
 }
 
 // Server is the `server` section.
@@ -294,6 +298,36 @@ type E2B struct {
 	TLSKey  string `yaml:"tls_key"`
 }
 
+// Audit is the `audit` section: the hash-chained log of authentication
+// failures and of every call that changes anything.
+type Audit struct {
+	// Enabled turns the log on (the default).
+	Enabled bool `yaml:"enabled"`
+	// Dir holds the log's files; empty: STATE_DIR/audit.
+	Dir string `yaml:"dir"`
+	// MaxFileBytes and MaxFileAge rotate the current file.
+	MaxFileBytes ByteSize `yaml:"max_file_bytes"`
+	MaxFileAge   Duration `yaml:"max_file_age"`
+	// MaxTotalBytes and RetentionAge delete the oldest files (0: no limit).
+	MaxTotalBytes ByteSize `yaml:"max_total_bytes"`
+	RetentionAge  Duration `yaml:"retention_age"`
+	// CheckpointEvery stores the newest record's hash in the state
+	// database after this many records (and every 10 seconds of activity).
+	CheckpointEvery int `yaml:"checkpoint_every"`
+}
+
+// Telemetry is the `telemetry` section.
+type Telemetry struct {
+	// OTLPEndpoint is the OTLP/gRPC collector (host:port) traces are
+	// exported to; empty: tracing off, at no cost.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// Insecure sends them without TLS (a collector on loopback).
+	Insecure bool `yaml:"insecure"`
+	// SampleRatio is the share of new traces recorded (a caller's sampled
+	// traceparent is always followed).
+	SampleRatio float64 `yaml:"sample_ratio"`
+}
+
 type Log struct {
 	Level  string `yaml:"level"`  // debug | info | warn | error
 	Format string `yaml:"format"` // json | text
@@ -392,6 +426,15 @@ func Default() *Config {
 			BootTimeout: Duration(15 * time.Minute),
 		},
 		E2B: E2B{APIKeyFile: "/etc/mcp-sandboxd/e2b-keys"},
+		Audit: Audit{
+			Enabled:         true,
+			MaxFileBytes:    64 << 20,
+			MaxFileAge:      Duration(24 * time.Hour),
+			MaxTotalBytes:   1 << 30,
+			RetentionAge:    Duration(90 * 24 * time.Hour),
+			CheckpointEvery: 256,
+		},
+		Telemetry: Telemetry{Insecure: true, SampleRatio: 1},
 		Log: Log{
 			Level:  "info",
 			Format: "text",

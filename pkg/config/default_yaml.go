@@ -381,6 +381,38 @@ e2b:
   # PEM private key of tls_cert (absolute path; both or neither).
   tls_key: ""
 
+audit:
+  # The audit log: one JSON line per authentication failure and per call
+  # that changes anything (who, what, target, outcome, source, front end,
+  # time), each carrying the hash of the one before; written and fsynced
+  # before the call is answered. Check it with "sandboxctl audit verify".
+  enabled: true
+  # Directory of the log's files (absolute path). Empty: STATE_DIR/audit.
+  dir: ""
+  # Rotate the current file at this size; the chain runs on.
+  max_file_bytes: 64M
+  # Rotate the current file once its first record is this old.
+  max_file_age: 24h
+  # Delete the oldest files while all of them are larger (0: no limit).
+  max_total_bytes: 1G
+  # Delete files whose last record is older than this (0: keep them).
+  retention_age: 2160h
+  # Store the newest record's hash in the state database after this many
+  # records (and every 10 seconds of activity): a rewritten or cut chain
+  # disagrees with it.
+  checkpoint_every: 256
+
+telemetry:
+  # OTLP/gRPC collector (host:port) to export traces to: a span per request
+  # from the front end through the engine to the sandbox's agent, the
+  # caller's W3C traceparent honoured. Empty: tracing off, at no cost.
+  otlp_endpoint: ""
+  # Send without TLS (a collector on loopback or a trusted network).
+  insecure: true
+  # Share of new traces recorded, 0 to 1 (a sampled traceparent from the
+  # caller is always followed).
+  sample_ratio: 1
+
 log:
   # Least severe level logged: debug, info, warn or error.
   level: info

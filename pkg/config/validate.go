@@ -52,8 +52,40 @@ func (c *Config) Validate() error {
 	c.Autofix.validate(&p)
 	c.VM.validate(&p)
 	c.E2B.validate(&p)
+	c.Audit.validate(&p)
+	c.Telemetry.validate(&p)
 	c.Log.validate(&p)
 	return p.err()
+}
+
+func (a *Audit) validate(p *problems) {
+	if a.Dir != "" {
+		p.absPath("audit.dir", a.Dir)
+	}
+	if a.MaxFileBytes < 4<<10 {
+		p.add("audit.max_file_bytes", "", "must be at least 4K, got %s", a.MaxFileBytes)
+	}
+	if a.MaxFileAge < Duration(time.Minute) {
+		p.add("audit.max_file_age", "", "must be at least 1m, got %s", a.MaxFileAge)
+	}
+	if a.MaxTotalBytes != 0 && a.MaxTotalBytes < a.MaxFileBytes {
+		p.add("audit.max_total_bytes", "", "must be 0 (no limit) or at least audit.max_file_bytes, got %s", a.MaxTotalBytes)
+	}
+	if a.RetentionAge < 0 {
+		p.add("audit.retention_age", "", "must be 0 (no limit) or positive, got %s", a.RetentionAge)
+	}
+	if a.CheckpointEvery < 1 || a.CheckpointEvery > 1<<20 {
+		p.add("audit.checkpoint_every", "", "must be from 1 to 1048576, got %d", a.CheckpointEvery)
+	}
+}
+
+func (t *Telemetry) validate(p *problems) {
+	if t.OTLPEndpoint != "" {
+		p.hostPort("telemetry.otlp_endpoint", t.OTLPEndpoint)
+	}
+	if t.SampleRatio < 0 || t.SampleRatio > 1 {
+		p.add("telemetry.sample_ratio", "", "must be from 0 to 1, got %g", t.SampleRatio)
+	}
 }
 
 func (e *E2B) validate(p *problems) {

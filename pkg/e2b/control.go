@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
@@ -62,6 +63,7 @@ func (s *Server) controlPlane() http.Handler {
 			writeError(w, http.StatusUnauthorized, "invalid API key")
 			return
 		}
+		audit.CallFrom(r.Context()).SetPrincipal(keyPrincipal(key))
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		ctx := principal.WithOrigin(principal.With(r.Context(), p), principal.Origin{FrontEnd: "e2b", Source: r.RemoteAddr})
 		mux.ServeHTTP(w, r.WithContext(ctx))

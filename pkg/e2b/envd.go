@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/e2b/envdpb/filesystem/filesystemconnect"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/e2b/envdpb/process/processconnect"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -132,6 +133,7 @@ func (s *Server) dataPlane() http.Handler {
 			return
 		}
 		c := &envdCall{sb: sb, e2bID: e2bID}
+		audit.CallFrom(r.Context()).SetPrincipal(envdPrincipal)
 		// envd lets /health and /files through without the token:
 		// /files then checks it or a signature itself.
 		if r.URL.Path != "/health" && r.URL.Path != "/files" {

@@ -63,8 +63,14 @@ func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, e
 	if err := e.openStores(ctx); err != nil {
 		return nil, err
 	}
+	if err := e.openAudit(); err != nil {
+		e.tenants.Close()
+		_ = e.store.Close()
+		return nil, err
+	}
 	backend, err := e.newContainerBackend()
 	if err != nil {
+		_ = e.audit.Close()
 		e.tenants.Close()
 		_ = e.store.Close()
 		return nil, err
@@ -80,6 +86,7 @@ func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, e
 func (e *Engine) closeCore() {
 	_ = e.disks.Close()
 	e.diskStore.Close()
+	_ = e.audit.Close()
 	e.tenants.Close()
 	_ = e.store.Close()
 }

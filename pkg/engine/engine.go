@@ -24,6 +24,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -51,6 +52,7 @@ type Engine struct {
 	cfg       *config.Config
 	log       *slog.Logger
 	store     *store.Store
+	audit     *audit.Log // nil when audit.enabled is false
 	images    *image.Store
 	catalog   *lang.Catalog
 	runtime   *runtime.Runtime
@@ -185,7 +187,8 @@ func (e *Engine) Close() error {
 	e.tenants.Close() // writes the last-use times still pending
 	err := e.disks.Close()
 	e.diskStore.Close()
-	return errors.Join(err, e.store.Close())
+	// The audit log before the database: its last checkpoint goes there.
+	return errors.Join(err, e.audit.Close(), e.store.Close())
 }
 
 // Config returns the engine's configuration.

@@ -58,11 +58,20 @@ func addTool[In, Out any](s *srv, name, title, description string, a annotations
 		c.progress = c.newProgress(ctx)
 		res, err := fn(ctx, c, &in)
 		c.progress.stop()
+		s.auditTool(ctx, name, a, &in, resultStructured(res), err)
 		if err != nil {
 			return s.errorResult(name, err), nil
 		}
 		return res.toolResult(), nil
 	})
+}
+
+// resultStructured is a result's structured content (nil for none).
+func resultStructured(r *result) any {
+	if r == nil {
+		return nil
+	}
+	return r.structured
 }
 
 // toolResult shapes a result for every client (docs/mcp.md, measured in

@@ -26,6 +26,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
@@ -59,6 +60,9 @@ type Options struct {
 	// ProgressInterval is how long a call may stay silent before the
 	// client is told it still runs (server.mcp_progress_interval).
 	ProgressInterval time.Duration
+	// Audit, if not nil, records calls of tools that change anything
+	// (audit.go).
+	Audit *audit.Log
 }
 
 func (o Options) withDefaults(cfg *config.Config) Options {

@@ -224,6 +224,21 @@ CREATE TABLE api_keys (
 ) STRICT;
 `,
 	},
+	{
+		version:     10,
+		description: "audit log checkpoints",
+		sql: `
+-- The audit log's (pkg/audit) newest record's sequence number and hash,
+-- stored every so many records: a chain rewritten from some record on, or
+-- cut short, disagrees with them. Retention deletes the rows of the
+-- records it removes, so a missing file with rows left is tampering.
+CREATE TABLE audit_checkpoints (
+	seq  INTEGER PRIMARY KEY,
+	hash TEXT NOT NULL,
+	at   INTEGER NOT NULL
+) STRICT;
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.

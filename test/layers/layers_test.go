@@ -18,7 +18,7 @@ const module = "github.com/sandboxrunner/mcp-sandboxd/"
 var layer = map[string]int{
 	"pkg/errdefs": 0, "pkg/errdefs/errhttp": 0, "pkg/principal": 0, "pkg/version": 0, "pkg/webui": 0, "internal/contract": 0,
 
-	"pkg/apitypes": 1, "pkg/config": 1, "pkg/store": 1, "pkg/userns": 1, "pkg/cgroups": 1, "pkg/seccomp": 1, "pkg/storage": 1,
+	"pkg/apitypes": 1, "pkg/audit": 1, "pkg/config": 1, "pkg/store": 1, "pkg/userns": 1, "pkg/cgroups": 1, "pkg/seccomp": 1, "pkg/storage": 1,
 	"internal/crashpoint": 1, "pkg/lifetime": 1, "internal/tsgen": 1,
 
 	"pkg/agent": 2, "pkg/ledger": 2, "pkg/image": 2, "pkg/runtime": 2, "pkg/runs": 2,

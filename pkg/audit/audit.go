@@ -1,0 +1,661 @@
+// Package audit keeps the daemon's tamper-evident audit log: one JSON line
+// per authentication failure and per call that changes anything (who, what,
+// on what, how it ended, from where, through which front end, when), each
+// line carrying the SHA-256 of the line before it and of itself, so that an
+// edited, removed, inserted or reordered record breaks the chain at that
+// record (Verify names it).
+//
+// Durability: Append returns only once the record's line is written and
+// fsynced (group commit: concurrent appends share one write and one fsync),
+// and the front ends call it before they send the call's answer — a client
+// never sees an answer whose record a crash could lose. A daemon killed
+// mid-write leaves at worst a torn last line, which Open cuts off (it was
+// never acknowledged) and Verify ignores.
+//
+// Checkpoints: every so many records (and at every rotation) the newest
+// record's sequence number and hash are stored in the state database
+// (Checkpoints). Someone who rewrites the whole chain from some record on —
+// recomputing every hash, which the chain alone cannot catch — or cuts off
+// its tail, still disagrees with the database, and Verify says where.
+//
+// Files rotate by size and age (audit-<first seq>.jsonl, ordered by name);
+// the chain runs on across files, and retention deletes the oldest files by
+// total size and age, together with their checkpoints, so that a file
+// removed by anything else is detected.
+package audit
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
+
+// Outcomes of a record.
+const (
+	Success = "success"
+	Failure = "failure"
+)
+
+// ActionAuthenticate is the action of an authentication failure.
+const ActionAuthenticate = "authenticate"
+
+// zeroHash is the prev of the very first record.
+var zeroHash = strings.Repeat("0", 64)
+
+// Record is one line of the log. Its JSON form is canonical: the fields in
+// this order, compact, hash last (Verify refuses a line that is not exactly
+// what marshalling its fields gives).
+type Record struct {
+	// Seq numbers records from 1, without gaps, across files.
+	Seq  uint64    `json:"seq"`
+	Time time.Time `json:"time"`
+	// Who: the API key's id and name (never its secret) and tenant.
+	KeyID   string `json:"key_id,omitempty"`
+	KeyName string `json:"key_name,omitempty"`
+	Tenant  string `json:"tenant,omitempty"`
+	Admin   bool   `json:"admin,omitempty"`
+	// FrontEnd is "rest", "mcp", "e2b", "socket", ... (principal.Origin).
+	FrontEnd string `json:"front_end"`
+	// Source is the client's address (host:port), "unix" for the socket.
+	Source string `json:"source,omitempty"`
+	// Action is what was asked: a REST route ("POST /v1/sandboxes/{id}/exec"),
+	// an MCP tool ("mcp:exec"), an E2B route, or "authenticate".
+	Action string `json:"action"`
+	// Target is what it was asked of (a sandbox id, an image name, ...).
+	Target string `json:"target,omitempty"`
+	// Outcome is Success or Failure; Code the pkg/errdefs code of a failure.
+	Outcome string `json:"outcome"`
+	Code    string `json:"code,omitempty"`
+	// Status is the HTTP status of the answer, where there is one.
+	Status int `json:"status,omitempty"`
+	// Prev is the hex SHA-256 of the record before (64 zeros for seq 1).
+	Prev string `json:"prev"`
+	// Hash is the hex SHA-256 of this line's bytes up to the hash field
+	// (the canonical JSON with its closing brace replaced by ,"hash":").
+	Hash string `json:"hash,omitempty"`
+}
+
+// hashSuffixLen is the length of `,"hash":"<64 hex>"}`.
+const hashSuffixLen = len(`,"hash":"`) + 64 + len(`"}`)
+
+// encode returns r's line (without newline) with its hash, which it sets.
+func (r *Record) encode() ([]byte, error) {
+	r.Hash = ""
+	body, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	// body ends in "}": the hash covers everything before it plus the
+	// field's opening, so that the hash field is the only thing it omits.
+	head := append(body[:len(body)-1:len(body)-1], `,"hash":"`...)
+	sum := sha256.Sum256(head)
+	r.Hash = hex.EncodeToString(sum[:])
+	return append(append(head, r.Hash...), `"}`...), nil
+}
+
+// Checkpoint is a record's sequence number and hash as stored in the state
+// database.
+type Checkpoint struct {
+	Seq  uint64
+	Hash string
+	At   time.Time
+}
+
+// Checkpoints is where checkpoints are kept (the state database; the engine
+// adapts pkg/store).
+type Checkpoints interface {
+	SaveAuditCheckpoint(ctx context.Context, c Checkpoint) error
+	AuditCheckpoints(ctx context.Context) ([]Checkpoint, error)
+	// DeleteAuditCheckpointsBefore forgets the checkpoints of records that
+	// retention removed.
+	DeleteAuditCheckpointsBefore(ctx context.Context, seq uint64) error
+}
+
+// Options configure Open. Zero sizes and ages mean the defaults below;
+// RetentionAge and MaxTotalBytes below zero mean no limit.
+type Options struct {
+	Dir string
+	// MaxFileBytes rotates a file once it is this large.
+	MaxFileBytes int64
+	// MaxFileAge rotates a file once its first record is this old.
+	MaxFileAge time.Duration
+	// MaxTotalBytes deletes the oldest files while all of them together are
+	// larger (the current file is never deleted).
+	MaxTotalBytes int64
+	// RetentionAge deletes files whose last record is older.
+	RetentionAge time.Duration
+	// CheckpointEvery stores a checkpoint after this many records.
+	CheckpointEvery uint64
+	// CheckpointInterval stores one at least this often while records come.
+	CheckpointInterval time.Duration
+	Checkpoints        Checkpoints // nil: none
+	Log                *slog.Logger
+	Now                func() time.Time // tests; nil: time.Now
+}
+
+// Defaults of Options.
+const (
+	DefaultMaxFileBytes       = 64 << 20
+	DefaultMaxFileAge         = 24 * time.Hour
+	DefaultMaxTotalBytes      = 1 << 30
+	DefaultRetentionAge       = 90 * 24 * time.Hour
+	DefaultCheckpointEvery    = 256
+	DefaultCheckpointInterval = 10 * time.Second
+)
+
+func (o *Options) defaults() {
+	if o.MaxFileBytes <= 0 {
+		o.MaxFileBytes = DefaultMaxFileBytes
+	}
+	if o.MaxFileAge <= 0 {
+		o.MaxFileAge = DefaultMaxFileAge
+	}
+	if o.MaxTotalBytes == 0 {
+		o.MaxTotalBytes = DefaultMaxTotalBytes
+	}
+	if o.RetentionAge == 0 {
+		o.RetentionAge = DefaultRetentionAge
+	}
+	if o.CheckpointEvery == 0 {
+		o.CheckpointEvery = DefaultCheckpointEvery
+	}
+	if o.CheckpointInterval <= 0 {
+		o.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Log is an open audit log. A nil *Log is a log that is off: Append and
+// the front-end hooks do nothing.
+type Log struct {
+	opt  Options
+	reqs chan *pending
+	done chan struct{}
+
+	// mu guards the file state below, which the writer changes and Verify
+	// and Export read (the list of files and how much of the last is
+	// durable).
+	mu        sync.Mutex
+	f         *os.File
+	fileName  string
+	fileSize  int64
+	fileStart time.Time
+	seq       uint64 // last durable record
+	hash      string // its hash
+	closed    bool   // under closeMu
+
+	// closeMu orders Append's send against Close's closing of reqs (a
+	// separate lock: the writer takes mu while an Append may be blocked
+	// sending).
+	closeMu sync.RWMutex
+
+	cpSeq  uint64    // last checkpointed seq
+	cpTime time.Time // and when
+	cpBusy atomic.Bool
+	cpWG   sync.WaitGroup
+
+	failures atomic.Uint64
+}
+
+type pending struct {
+	rec  Record
+	err  error
+	done chan struct{}
+}
+
+// fileName of the file whose first record is seq.
+func fileNameOf(seq uint64) string { return fmt.Sprintf("audit-%020d.jsonl", seq) }
+
+// files lists the log's files, oldest first.
+func files(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if n := e.Name(); strings.HasPrefix(n, "audit-") && strings.HasSuffix(n, ".jsonl") && e.Type().IsRegular() {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out) // zero-padded seq: name order is chain order
+	return out, nil
+}
+
+// Open opens (creating it if need be) the log in opt.Dir and starts its
+// writer. A torn last line — a write a crash interrupted, never
+// acknowledged — is cut off with a warning.
+func Open(opt Options) (*Log, error) {
+	opt.defaults()
+	if opt.Dir == "" {
+		return nil, errdefs.Invalidf("audit.dir: empty")
+	}
+	if err := os.MkdirAll(opt.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("audit.dir: %w", err)
+	}
+	l := &Log{opt: opt, reqs: make(chan *pending, 1024), done: make(chan struct{}), hash: zeroHash}
+	names, err := files(opt.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("audit.dir: %w", err)
+	}
+	// The chain continues from the newest whole record; an empty newest
+	// file (a rotation a crash interrupted) is dropped.
+	for len(names) > 0 {
+		last := names[len(names)-1]
+		rec, size, err := l.recoverTail(filepath.Join(opt.Dir, last))
+		if err != nil {
+			return nil, err
+		}
+		if rec == nil {
+			if err := os.Remove(filepath.Join(opt.Dir, last)); err != nil {
+				return nil, fmt.Errorf("audit: remove empty %s: %w", last, err)
+			}
+			names = names[:len(names)-1]
+			continue
+		}
+		l.seq, l.hash = rec.Seq, rec.Hash
+		if size < opt.MaxFileBytes {
+			f, err := os.OpenFile(filepath.Join(opt.Dir, last), os.O_WRONLY|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+			if err != nil {
+				return nil, fmt.Errorf("audit: %w", err)
+			}
+			l.f, l.fileName, l.fileSize = f, last, size
+			l.fileStart = firstTime(filepath.Join(opt.Dir, last), rec.Time)
+		}
+		break
+	}
+	l.cpSeq, l.cpTime = l.seq, opt.Now()
+	go l.writer()
+	return l, nil
+}
+
+// firstTime is the time of a file's first record (for rotation by age);
+// fallback when it cannot be read.
+func firstTime(path string, fallback time.Time) time.Time {
+	f, err := os.Open(path)
+	if err != nil {
+		return fallback
+	}
+	defer f.Close()
+	line, err := bufio.NewReader(f).ReadBytes('\n')
+	if err != nil {
+		return fallback
+	}
+	var r Record
+	if json.Unmarshal(line, &r) != nil {
+		return fallback
+	}
+	return r.Time
+}
+
+// recoverTail cuts a torn last line off path and returns its last whole
+// record (nil if it has none) and its size after the cut.
+func (l *Log) recoverTail(path string) (*Record, int64, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("audit: %w", err)
+	}
+	whole := bytes.LastIndexByte(data, '\n') + 1
+	if whole < len(data) {
+		l.opt.Log.Warn("audit: cutting a torn last line (a write interrupted by a crash, never acknowledged)",
+			"file", path, "bytes", len(data)-whole)
+		if err := os.Truncate(path, int64(whole)); err != nil {
+			return nil, 0, fmt.Errorf("audit: cut torn line of %s: %w", path, err)
+		}
+		data = data[:whole]
+	}
+	if whole == 0 {
+		return nil, 0, nil
+	}
+	start := bytes.LastIndexByte(data[:whole-1], '\n') + 1
+	rec, err := parseLine(data[start : whole-1])
+	if err != nil {
+		return nil, 0, fmt.Errorf("audit: the last record of %s does not verify (%v): run `sandboxctl audit verify --dir %s`", path, err, filepath.Dir(path))
+	}
+	return rec, int64(whole), nil
+}
+
+// Append writes rec (its Seq, Prev and Hash are assigned here; a zero Time
+// is now) and returns once it is on disk. The caller answers its client
+// only after Append returned.
+func (l *Log) Append(rec Record) error {
+	if l == nil {
+		return nil
+	}
+	if rec.Time.IsZero() {
+		rec.Time = l.opt.Now()
+	}
+	rec.Time = rec.Time.UTC()
+	p := &pending{rec: rec, done: make(chan struct{})}
+	l.closeMu.RLock()
+	if l.closed {
+		l.closeMu.RUnlock()
+		return errdefs.Unavailablef("audit log: closed")
+	}
+	l.reqs <- p
+	l.closeMu.RUnlock()
+	<-p.done
+	if p.err != nil {
+		l.failures.Add(1)
+		l.opt.Log.Error("audit: append failed", "action", rec.Action, "err", p.err)
+	}
+	return p.err
+}
+
+// maxBatch bounds one group commit.
+const maxBatch = 256
+
+// writer is the one goroutine that writes: it takes every append waiting,
+// chains them in arrival order, writes them in one write and one fsync and
+// then releases their callers.
+func (l *Log) writer() {
+	defer close(l.done)
+	batch := make([]*pending, 0, maxBatch)
+	var buf []byte
+	for {
+		p, ok := <-l.reqs
+		if !ok {
+			return
+		}
+		batch = append(batch[:0], p)
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case p, ok := <-l.reqs:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, p)
+			default:
+				break drain
+			}
+		}
+		buf = buf[:0]
+		err := l.prepare(batch[0].rec.Time)
+		seq, hash := l.seq, l.hash
+		if err == nil {
+			for _, p := range batch {
+				seq++
+				p.rec.Seq, p.rec.Prev = seq, hash
+				line, e := p.rec.encode()
+				if e != nil {
+					err = e
+					break
+				}
+				hash = p.rec.Hash
+				buf = append(append(buf, line...), '\n')
+			}
+		}
+		if err == nil {
+			err = l.write(buf)
+		}
+		if err == nil {
+			l.mu.Lock()
+			l.seq, l.hash = seq, hash
+			l.fileSize += int64(len(buf))
+			l.mu.Unlock()
+		}
+		for _, p := range batch {
+			p.err = err
+			close(p.done)
+		}
+		if err == nil {
+			l.maybeCheckpoint(false)
+		}
+	}
+}
+
+// write appends buf and makes it durable. A failed or short write is cut
+// back off, so that the file never holds a half-written, unacknowledged
+// batch that later records would chain after.
+func (l *Log) write(buf []byte) error {
+	n, err := l.f.Write(buf)
+	if err == nil {
+		err = unix.Fdatasync(int(l.f.Fd()))
+	}
+	if err != nil {
+		if n > 0 {
+			_ = l.f.Truncate(l.fileSize)
+		}
+		return fmt.Errorf("audit: write %s: %w", l.fileName, err)
+	}
+	return nil
+}
+
+// prepare rotates (and applies retention) when the current file is full or
+// old, and opens a file when there is none. now is the batch's time.
+func (l *Log) prepare(now time.Time) error {
+	if l.f != nil && l.fileSize < l.opt.MaxFileBytes && now.Sub(l.fileStart) < l.opt.MaxFileAge {
+		return nil
+	}
+	if l.f != nil {
+		if err := l.f.Close(); err != nil {
+			return fmt.Errorf("audit: close %s: %w", l.fileName, err)
+		}
+		l.mu.Lock()
+		l.f = nil
+		l.mu.Unlock()
+		l.maybeCheckpoint(true) // the last record of the full file
+	}
+	name := fileNameOf(l.seq + 1)
+	f, err := os.OpenFile(filepath.Join(l.opt.Dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("audit: create %s: %w", name, err)
+	}
+	// The new name must survive a crash before records go into it.
+	if d, err := os.Open(l.opt.Dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	l.mu.Lock()
+	l.f, l.fileName, l.fileSize, l.fileStart = f, name, 0, now
+	l.mu.Unlock()
+	l.retain(now)
+	return nil
+}
+
+// retain deletes the oldest files (never the current one) beyond the total
+// size or older than the retention age, and their checkpoints.
+func (l *Log) retain(now time.Time) {
+	names, err := files(l.opt.Dir)
+	if err != nil {
+		l.opt.Log.Warn("audit: retention: list", "err", err)
+		return
+	}
+	type fi struct {
+		name string
+		size int64
+		mod  time.Time
+	}
+	var all []fi
+	var total int64
+	for _, n := range names {
+		st, err := os.Stat(filepath.Join(l.opt.Dir, n))
+		if err != nil {
+			continue
+		}
+		all = append(all, fi{n, st.Size(), st.ModTime()})
+		total += st.Size()
+	}
+	removed := 0
+	for _, f := range all {
+		if f.name == l.fileName {
+			break
+		}
+		tooBig := l.opt.MaxTotalBytes > 0 && total > l.opt.MaxTotalBytes
+		tooOld := l.opt.RetentionAge > 0 && now.Sub(f.mod) > l.opt.RetentionAge
+		if !tooBig && !tooOld {
+			break // oldest first: keep the rest whole, the chain has no holes
+		}
+		if err := os.Remove(filepath.Join(l.opt.Dir, f.name)); err != nil {
+			l.opt.Log.Warn("audit: retention: remove", "file", f.name, "err", err)
+			break
+		}
+		total -= f.size
+		removed++
+		l.opt.Log.Info("audit: retention removed a file", "file", f.name, "too_big", tooBig, "too_old", tooOld)
+	}
+	if removed == 0 || l.opt.Checkpoints == nil {
+		return
+	}
+	if rest, err := files(l.opt.Dir); err == nil && len(rest) > 0 {
+		if first, ok := seqOfName(rest[0]); ok {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := l.opt.Checkpoints.DeleteAuditCheckpointsBefore(ctx, first); err != nil {
+				l.opt.Log.Warn("audit: retention: checkpoints", "err", err)
+			}
+		}
+	}
+}
+
+func seqOfName(n string) (uint64, bool) {
+	s, ok := strings.CutPrefix(n, "audit-")
+	if !ok {
+		return 0, false
+	}
+	s, ok = strings.CutSuffix(s, ".jsonl")
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	return v, err == nil
+}
+
+// maybeCheckpoint stores the newest record's hash when enough records or
+// time have passed (or force), in the background: the database is not on
+// the path of an answer.
+func (l *Log) maybeCheckpoint(force bool) {
+	if l.opt.Checkpoints == nil {
+		return
+	}
+	l.mu.Lock()
+	seq, hash := l.seq, l.hash
+	l.mu.Unlock()
+	now := l.opt.Now()
+	if seq == l.cpSeq || !force && seq-l.cpSeq < l.opt.CheckpointEvery && now.Sub(l.cpTime) < l.opt.CheckpointInterval {
+		return
+	}
+	if !l.cpBusy.CompareAndSwap(false, true) {
+		return // one at a time; the next batch tries again
+	}
+	l.cpSeq, l.cpTime = seq, now
+	l.cpWG.Add(1)
+	go func() {
+		defer l.cpWG.Done()
+		defer l.cpBusy.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := l.opt.Checkpoints.SaveAuditCheckpoint(ctx, Checkpoint{Seq: seq, Hash: hash, At: now}); err != nil {
+			l.opt.Log.Warn("audit: checkpoint", "seq", seq, "err", err)
+		}
+	}()
+}
+
+// Failures counts appends that failed (for metrics).
+func (l *Log) Failures() uint64 {
+	if l == nil {
+		return 0
+	}
+	return l.failures.Load()
+}
+
+// Dir is the log's directory.
+func (l *Log) Dir() string { return l.opt.Dir }
+
+// Close waits for appends in flight, stores a last checkpoint and closes
+// the file. Appends after Close fail.
+func (l *Log) Close() error {
+	if l == nil {
+		return nil
+	}
+	l.closeMu.Lock()
+	if l.closed {
+		l.closeMu.Unlock()
+		return nil
+	}
+	l.closed = true
+	close(l.reqs)
+	l.closeMu.Unlock()
+	<-l.done
+	l.cpWG.Wait()
+	l.maybeCheckpoint(true)
+	l.cpWG.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f != nil {
+		return l.f.Close()
+	}
+	return nil
+}
+
+// state is what Verify and Export read of the live log: its files and how
+// much of the last one is durable.
+func (l *Log) state() (names []string, durableSeq uint64, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	names, err = files(l.opt.Dir)
+	return names, l.seq, err
+}
+
+// errStop ends a scan early.
+var errStop = errors.New("stop")
+
+// scanLines calls fn for each line of the files in order (without its
+// newline; torn is true for a last line of the last file that has none).
+func scanLines(dir string, names []string, fn func(file string, line int, b []byte, torn bool) error) error {
+	for i, n := range names {
+		f, err := os.Open(filepath.Join(dir, n))
+		if err != nil {
+			return err
+		}
+		r := bufio.NewReaderSize(f, 64<<10)
+		for ln := 1; ; ln++ {
+			b, err := r.ReadBytes('\n')
+			if len(b) == 0 && err == io.EOF {
+				break
+			}
+			if err != nil && err != io.EOF {
+				f.Close()
+				return err
+			}
+			torn := err == io.EOF // no newline
+			if !torn {
+				b = b[:len(b)-1]
+			}
+			if e := fn(n, ln, b, torn && i == len(names)-1); e != nil {
+				f.Close()
+				return e
+			}
+			if torn {
+				break
+			}
+		}
+		f.Close()
+	}
+	return nil
+}

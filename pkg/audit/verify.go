@@ -1,0 +1,206 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+)
+
+// Kinds of AuditProblem.
+const (
+	Edited    = "edited"
+	Removed   = "removed"
+	Inserted  = "inserted"
+	Reordered = "reordered"
+)
+
+// parseLine checks one line: strict JSON of a Record, canonical (exactly
+// what encoding its fields gives, so no byte can change without the hash
+// or the form breaking), hash right.
+func parseLine(b []byte) (*Record, error) {
+	if len(b) <= hashSuffixLen || !bytes.HasPrefix(b[len(b)-hashSuffixLen:], []byte(`,"hash":"`)) || !bytes.HasSuffix(b, []byte(`"}`)) {
+		return nil, errors.New("not an audit record (no hash at its end)")
+	}
+	var r Record
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return nil, fmt.Errorf("not an audit record: %v", err)
+	}
+	if dec.More() {
+		return nil, errors.New("not an audit record: data after the object")
+	}
+	re := r
+	line, err := re.encode()
+	if err != nil {
+		return nil, err
+	}
+	if !bytes.Equal(line, b) {
+		if re.Hash != r.Hash {
+			return nil, errors.New("its hash does not match its content")
+		}
+		return nil, errors.New("not in canonical form")
+	}
+	return &r, nil
+}
+
+// lenientSeq is the seq field of a line that may not verify (0 if none).
+func lenientSeq(b []byte) uint64 {
+	var r struct {
+		Seq uint64 `json:"seq"`
+	}
+	_ = json.Unmarshal(b, &r)
+	return r.Seq
+}
+
+// Verify checks the live log: its hash chain up to the last durable record
+// and the checkpoints of the state database.
+func (l *Log) Verify(ctx context.Context) (*apitypes.AuditReport, error) {
+	names, durable, err := l.state()
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	var cps []Checkpoint
+	if l.opt.Checkpoints != nil {
+		if cps, err = l.opt.Checkpoints.AuditCheckpoints(ctx); err != nil {
+			return nil, fmt.Errorf("audit: read checkpoints: %w", err)
+		}
+	}
+	return verify(l.opt.Dir, names, durable, cps)
+}
+
+// VerifyDir checks the log files in dir (a copy, or the log of a daemon
+// that is not running) against cps (nil: the chain alone).
+func VerifyDir(dir string, cps []Checkpoint) (*apitypes.AuditReport, error) {
+	names, err := files(dir)
+	if err != nil {
+		return nil, err
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("%s: no audit-*.jsonl files", dir)
+	}
+	return verify(dir, names, 0, cps)
+}
+
+// verify walks the chain. upTo > 0 stops after that record (a live log's
+// newer lines may be half written). The first fault ends the walk; a seq
+// out of place is told apart by looking ahead for the record that belongs
+// there: found later, the records were reordered; not found, removed.
+func verify(dir string, names []string, upTo uint64, cps []Checkpoint) (*apitypes.AuditReport, error) {
+	rep := &apitypes.AuditReport{Files: len(names)}
+	cp := map[uint64]string{}
+	for _, c := range cps {
+		cp[c.Seq] = c.Hash
+	}
+	var (
+		expect uint64 // 0: before the first record
+		prev   string
+		pos    int // global line index
+		fileOf = map[string]uint64{}
+	)
+	fail := func(kind string, seq uint64, file string, line int, format string, args ...any) error {
+		rep.Problem = &apitypes.AuditProblem{Kind: kind, Seq: seq, File: file, Line: line, Message: fmt.Sprintf(format, args...)}
+		return errStop
+	}
+	// findLater looks for a record seq after global position after.
+	findLater := func(seq uint64, after int) (file string, line int, ok bool) {
+		i := 0
+		_ = scanLines(dir, names, func(f string, ln int, b []byte, torn bool) error {
+			i++
+			if i > after && !torn && lenientSeq(b) == seq {
+				file, line, ok = f, ln, true
+				return errStop
+			}
+			return nil
+		})
+		return file, line, ok
+	}
+	err := scanLines(dir, names, func(file string, ln int, b []byte, torn bool) error {
+		pos++
+		if upTo > 0 && expect > upTo {
+			return errStop
+		}
+		if torn {
+			rep.TornTail = true
+			return errStop
+		}
+		rec, perr := parseLine(b)
+		if perr != nil {
+			seq := expect
+			if seq == 0 {
+				seq = lenientSeq(b)
+			}
+			if s := lenientSeq(b); s != 0 && s < expect {
+				return fail(Inserted, s, file, ln, "%s:%d is not a valid record (%v) and claims seq %d, which came already", file, ln, perr, s)
+			}
+			return fail(Edited, seq, file, ln, "record %d (%s:%d) was edited: %v", seq, file, ln, perr)
+		}
+		if _, seen := fileOf[file]; !seen {
+			fileOf[file] = rec.Seq
+			if want, ok := seqOfName(file); ok && want != rec.Seq && rec.Seq == expect {
+				// A file renamed or merged: its name says where it starts.
+				return fail(Edited, rec.Seq, file, ln, "%s begins with record %d, its name says %d", file, rec.Seq, want)
+			}
+		}
+		if expect == 0 {
+			expect, prev = rec.Seq, rec.Prev
+			rep.FirstSeq = rec.Seq
+			if rec.Seq == 1 && rec.Prev != zeroHash {
+				return fail(Edited, 1, file, ln, "record 1 (%s:%d) has a prev hash, the first record has none", file, ln)
+			}
+		}
+		switch {
+		case rec.Seq == expect && rec.Prev == prev:
+		case rec.Seq == expect:
+			if f, l, ok := findLater(expect, pos); ok {
+				return fail(Inserted, expect, file, ln, "%s:%d is a record %d that does not chain to record %d; another record %d follows at %s:%d (one of them was inserted)", file, ln, expect, expect-1, expect, f, l)
+			}
+			return fail(Edited, expect-1, file, ln, "record %d does not chain to record %d (%s:%d): record %d was rewritten", expect, expect-1, file, ln, expect-1)
+		case rec.Seq < expect:
+			return fail(Inserted, rec.Seq, file, ln, "%s:%d holds record %d again where record %d belongs: a line was inserted", file, ln, rec.Seq, expect)
+		default: // rec.Seq > expect
+			if f, l, ok := findLater(expect, pos); ok {
+				return fail(Reordered, expect, file, ln, "record %d is out of order: record %d is at %s:%d where it belongs, record %d comes later at %s:%d", expect, rec.Seq, file, ln, expect, f, l)
+			}
+			if rec.Seq == expect+1 {
+				return fail(Removed, expect, file, ln, "record %d was removed (record %d follows record %d at %s:%d)", expect, rec.Seq, expect-1, file, ln)
+			}
+			return fail(Removed, expect, file, ln, "records %d to %d were removed (record %d follows record %d at %s:%d)", expect, rec.Seq-1, rec.Seq, expect-1, file, ln)
+		}
+		if h, ok := cp[rec.Seq]; ok {
+			rep.Checkpoints++
+			if h != rec.Hash {
+				return fail(Edited, rec.Seq, file, ln, "record %d (%s:%d) differs from its checkpoint in the state database: the chain was rewritten from here or before", rec.Seq, file, ln)
+			}
+		}
+		prev = rec.Hash
+		rep.LastSeq, rep.LastHash = rec.Seq, rec.Hash
+		rep.Records++
+		expect++
+		return nil
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return nil, fmt.Errorf("audit: read: %w", err)
+	}
+	if rep.Problem == nil {
+		for _, c := range cps {
+			switch {
+			case rep.Records > 0 && c.Seq < rep.FirstSeq:
+				rep.Problem = &apitypes.AuditProblem{Kind: Removed, Seq: c.Seq, Message: fmt.Sprintf(
+					"the log begins at record %d but the state database holds a checkpoint of record %d: records up to %d were removed (retention removes checkpoints with its files)", rep.FirstSeq, c.Seq, rep.FirstSeq-1)}
+			case c.Seq > rep.LastSeq && (upTo == 0 || c.Seq <= upTo):
+				rep.Problem = &apitypes.AuditProblem{Kind: Removed, Seq: rep.LastSeq + 1, Message: fmt.Sprintf(
+					"the log ends at record %d but the state database holds a checkpoint of record %d: the records after %d were removed", rep.LastSeq, c.Seq, rep.LastSeq)}
+			}
+			if rep.Problem != nil {
+				break
+			}
+		}
+	}
+	rep.OK = rep.Problem == nil
+	return rep, nil
+}
