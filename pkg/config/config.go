@@ -41,6 +41,8 @@ type Config struct {
 	VM        VM        `yaml:"vm"`
 	// E2B: the E2B-compatible API (pkg/e2b, docs/e2b.md).
 	E2B E2B `yaml:"e2b"`
+	// SSH: the SSH endpoint (pkg/sshd, README "SSH access").
+	SSH SSH `yaml:"ssh"`
 	Log Log `yaml:"log"`
 }
 
@@ -294,6 +296,24 @@ type E2B struct {
 	TLSKey  string `yaml:"tls_key"`
 }
 
+// SSH is the `ssh` section: the SSH endpoint for ssh, scp, sftp, rsync
+// and editors' remote-SSH. Its host key is generated once, as
+// ssh_host_ed25519_key in paths.state_dir.
+type SSH struct {
+	// Listen is the TCP address (host:port) of the SSH endpoint; empty: off.
+	Listen string `yaml:"listen"`
+	// Keepalive is how often the endpoint checks an idle client is still
+	// there; a client silent for three checks is disconnected. 0: never.
+	Keepalive Duration `yaml:"keepalive"`
+	// TokenTTL is how long a token `sandboxctl ssh` mints stays valid when
+	// it asks for no other lifetime (a token is also single-use).
+	TokenTTL Duration `yaml:"token_ttl"`
+}
+
+// MaxSSHTokenTTL bounds ssh.token_ttl and any lifetime a client asks for:
+// a token is a password of the moment, not a credential to keep.
+const MaxSSHTokenTTL = time.Hour
+
 type Log struct {
 	Level  string `yaml:"level"`  // debug | info | warn | error
 	Format string `yaml:"format"` // json | text
@@ -392,6 +412,7 @@ func Default() *Config {
 			BootTimeout: Duration(15 * time.Minute),
 		},
 		E2B: E2B{APIKeyFile: "/etc/mcp-sandboxd/e2b-keys"},
+		SSH: SSH{Keepalive: Duration(30 * time.Second), TokenTTL: Duration(5 * time.Minute)},
 		Log: Log{
 			Level:  "info",
 			Format: "text",

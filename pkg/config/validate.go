@@ -52,8 +52,21 @@ func (c *Config) Validate() error {
 	c.Autofix.validate(&p)
 	c.VM.validate(&p)
 	c.E2B.validate(&p)
+	c.SSH.validate(&p)
 	c.Log.validate(&p)
 	return p.err()
+}
+
+func (s *SSH) validate(p *problems) {
+	if s.Listen != "" {
+		p.hostPort("ssh.listen", s.Listen)
+	}
+	if s.Keepalive < 0 {
+		p.add("ssh.keepalive", s.Keepalive.String(), "must not be negative")
+	}
+	if s.TokenTTL <= 0 || s.TokenTTL.D() > MaxSSHTokenTTL {
+		p.add("ssh.token_ttl", s.TokenTTL.String(), "must be more than 0 and at most %s", MaxSSHTokenTTL)
+	}
 }
 
 func (e *E2B) validate(p *problems) {

@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/agents"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/sshkeys"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
@@ -212,6 +213,7 @@ func (e *Engine) registerServices() error {
 		OnBuild: func(name, outcome string) { e.metrics.imageBuilds.WithLabelValues(name, outcome).Inc() },
 	})
 	e.ports = ports.New(e.sandboxes, e.store, log)
+	e.sshKeys = sshkeys.New(e.store)
 	deps := agentDeps{e}
 	e.agents = agents.New(agents.Options{Sandboxes: deps, Images: e.imgs, Records: deps, Credentials: deps,
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D()})
