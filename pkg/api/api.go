@@ -16,6 +16,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -49,6 +50,10 @@ type Options struct {
 	// UI, if not nil, holds the web editor's login tokens and sessions
 	// (shared by the daemon's listeners); nil: no browser can log in.
 	UI *UIAuth
+	// SSHConn, if not nil, serves one SSH connection (pkg/sshd's
+	// ServeConn): GET /v1/ssh/connect relays a WebSocket to it, for
+	// sandboxctl ssh-proxy where the SSH endpoint is not reachable.
+	SSHConn func(net.Conn)
 }
 
 type server struct {
@@ -105,6 +110,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/network", s.sandboxNetwork)
 	mux.HandleFunc("GET /v1/artifacts/{id}", s.downloadArtifact)
 	s.routePorts(mux)
+	s.routeSSH(mux)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/jobs", s.startJob)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs", s.listJobs)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs/{job}", s.jobStatus)

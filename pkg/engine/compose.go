@@ -19,8 +19,8 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/agents"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/sshkeys"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/sshkeys"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )

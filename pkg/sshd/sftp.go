@@ -385,7 +385,7 @@ func (i entryInfo) Name() string { return path.Base(i.e.Path) }
 // linkTarget answers readlink: the request server sends its Name as is.
 type linkTarget struct{ entryInfo }
 
-func (l linkTarget) Name() string { return l.e.Path }
+func (l linkTarget) Name() string      { return l.e.Path }
 func (i entryInfo) Size() int64        { return i.e.Size }
 func (i entryInfo) ModTime() time.Time { return i.e.MTime }
 func (i entryInfo) IsDir() bool        { return i.e.Type == "dir" }
