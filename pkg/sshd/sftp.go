@@ -40,9 +40,11 @@ func (s *session) startSFTP() bool {
 		return false
 	}
 	h := &sftpHandler{c: s.c}
-	hs := sftp.Handlers{FileGet: h, FilePut: h, FileCmd: h, FileList: h}
+	hs := sftp.Handlers{FileGet: loggedGet{h}, FilePut: loggedPut{h}, FileCmd: loggedCmd{h}, FileList: loggedList{h}}
 	go func() {
-		srv := sftp.NewRequestServer(s.ch, hs, sftp.WithStartDirectory(sftpStart))
+		// The server closes what it serves when it returns; the channel
+		// must stay open for the exit status, which finish sends.
+		srv := sftp.NewRequestServer(keepOpen{s.ch}, hs, sftp.WithStartDirectory(sftpStart))
 		err := srv.Serve()
 		_ = srv.Close()
 		if err != nil && !errors.Is(err, io.EOF) {
@@ -52,6 +54,11 @@ func (s *session) startSFTP() bool {
 	}()
 	return true
 }
+
+// keepOpen is the channel without its Close.
+type keepOpen struct{ io.ReadWriter }
+
+func (keepOpen) Close() error { return nil }
 
 type sftpHandler struct{ c *conn }
 
@@ -224,6 +231,9 @@ func (w *writerAt) Close() error {
 	ctx, cancel := w.h.ctx()
 	defer cancel()
 	_, err := w.h.c.s.b.WriteFileFrom(ctx, w.h.id(), w.path, "", w.appendTo, w.size, io.NewSectionReader(w.f, 0, w.size))
+	if err != nil {
+		w.h.c.log.Debug("sftp upload failed", "path", w.path, "size", w.size, "err", err)
+	}
 	return fsError(err)
 }
 
@@ -411,4 +421,40 @@ func (i entryInfo) Mode() fs.FileMode {
 		m |= fs.ModeIrregular
 	}
 	return m
+}
+
+// The logged* wrappers record each failed SFTP operation (debug level):
+// the client sees only a status code and message.
+type loggedGet struct{ h *sftpHandler }
+type loggedPut struct{ h *sftpHandler }
+type loggedCmd struct{ h *sftpHandler }
+type loggedList struct{ h *sftpHandler }
+
+func (h *sftpHandler) logged(r *sftp.Request, err error) error {
+	if err != nil {
+		h.c.log.Debug("sftp operation failed", "method", r.Method, "path", r.Filepath, "err", err)
+	}
+	return err
+}
+
+func (l loggedGet) Fileread(r *sftp.Request) (io.ReaderAt, error) {
+	ra, err := l.h.Fileread(r)
+	return ra, l.h.logged(r, err)
+}
+
+func (l loggedPut) Filewrite(r *sftp.Request) (io.WriterAt, error) {
+	w, err := l.h.Filewrite(r)
+	return w, l.h.logged(r, err)
+}
+
+func (l loggedCmd) Filecmd(r *sftp.Request) error { return l.h.logged(r, l.h.Filecmd(r)) }
+
+func (l loggedList) Filelist(r *sftp.Request) (sftp.ListerAt, error) {
+	la, err := l.h.Filelist(r)
+	return la, l.h.logged(r, err)
+}
+
+func (l loggedList) Lstat(r *sftp.Request) (sftp.ListerAt, error) {
+	la, err := l.h.Lstat(r)
+	return la, l.h.logged(r, err)
 }

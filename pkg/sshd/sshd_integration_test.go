@@ -255,9 +255,12 @@ func TestSSH(t *testing.T) {
 		tmux("send-keys", "-t", "ssh", "clear; stty size", "Enter")
 		waitFor(t, "the new size", 30*time.Second, func() bool { return strings.Contains(screen(), "40 120") })
 		// ^C is the terminal's: it interrupts the foreground command.
-		tmux("send-keys", "-t", "ssh", "clear; sleep 100; echo rc=$?", "Enter")
-		time.Sleep(500 * time.Millisecond) // let sleep start; the check below polls
+		tmux("send-keys", "-t", "ssh", "clear; sleep 100", "Enter")
+		waitFor(t, "sleep started", 30*time.Second, func() bool {
+			return strings.Contains(e.mustSSH(id, "ps -eo args"), "sleep 100")
+		})
 		tmux("send-keys", "-t", "ssh", "C-c")
+		tmux("send-keys", "-t", "ssh", "echo rc=$?", "Enter")
 		waitFor(t, "sleep interrupted", 30*time.Second, func() bool { return strings.Contains(screen(), "rc=130") })
 		tmux("send-keys", "-t", "ssh", "exit 3", "Enter")
 		waitFor(t, "the session's end", 30*time.Second, func() bool {
@@ -354,7 +357,7 @@ func TestSSH(t *testing.T) {
 			return run(t, "rsync", "-a", "--itemize-changes", "-e", "ssh -F "+e.cfg, tree+"/", id+":/workspace/tree/")
 		}
 		first := rsync()
-		if n := strings.Count(first, ">f+++++++++"); n != 20 {
+		if n := strings.Count(first, "<f+++++++++"); n != 20 {
 			t.Errorf("first rsync sent %d new files, want 20:\n%s", n, first)
 		}
 		if second := rsync(); strings.TrimSpace(second) != "" {
@@ -463,7 +466,7 @@ func TestSSH(t *testing.T) {
 		}
 		// An unknown sandbox, with a valid key: told, nothing started.
 		r := e.ssh("-o", "LogLevel=INFO", "-l", "sb-000000000000", id, "true")
-		if r.code != 255 || !strings.Contains(r.stderr, "not found") {
+		if r.code != 255 || !strings.Contains(r.stderr, `no sandbox "sb-000000000000"`) {
 			t.Errorf("unknown sandbox: exit %d, stderr %q", r.code, r.stderr)
 		}
 		// A user that names no sandbox.
