@@ -54,7 +54,7 @@ func allowedEnv(name string) bool {
 	case "LANG", "LANGUAGE", "TERM", "COLORTERM", "TZ":
 		return true
 	}
-	return strings.HasPrefix(name, "LC_") && len(name) <= 32 &&
+	return strings.HasPrefix(name, "LC_") && len(name) > 3 && len(name) <= 32 &&
 		strings.Trim(name[3:], "ABCDEFGHIJKLMNOPQRSTUVWXYZ_") == ""
 }
 

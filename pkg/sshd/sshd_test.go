@@ -1,0 +1,171 @@
+package sshd
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
+)
+
+func TestParseUser(t *testing.T) {
+	for user, want := range map[string]struct {
+		id   string
+		root bool
+		ok   bool
+	}{
+		"sb-0123456789ab":               {"sb-0123456789ab", false, true},
+		"sb-0123456789ab+root":          {"sb-0123456789ab", true, true},
+		"root":                          {},
+		"sb-a/b":                        {},
+		"sb-a+root+root":                {},
+		"sb-a@b":                        {},
+		"sb-" + strings.Repeat("a", 70): {},
+		"":                              {},
+	} {
+		id, root, err := parseUser(user)
+		if (err == nil) != want.ok || id != want.id || root != want.root {
+			t.Errorf("parseUser(%q) = %q, %v, %v", user, id, root, err)
+		}
+		if err != nil && !errdefs.Is(err, errdefs.InvalidArgument) {
+			t.Errorf("parseUser(%q): %v is not invalid_argument", user, err)
+		}
+	}
+}
+
+func TestAllowedEnv(t *testing.T) {
+	for name, want := range map[string]bool{
+		"LANG": true, "LC_ALL": true, "LC_TIME": true, "TERM": true, "TZ": true, "COLORTERM": true,
+		"LD_PRELOAD": false, "PATH": false, "LC_": false, "LC_x": false, "BASH_ENV": false, "HOME": false,
+	} {
+		if got := allowedEnv(name); got != want {
+			t.Errorf("allowedEnv(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+// fakeBackend records which calls reached it; a refused login must reach
+// no sandbox operation.
+type fakeBackend struct {
+	Backend
+	key ssh.PublicKey
+
+	mu     sync.Mutex
+	access []string
+	opened int
+}
+
+func (f *fakeBackend) KeyOwner(_ context.Context, pub ssh.PublicKey) (principal.Principal, error) {
+	if string(pub.Marshal()) == string(f.key.Marshal()) {
+		return principal.Principal{KeyID: "sk-1", Admin: true}, nil
+	}
+	return principal.Principal{}, errdefs.Unauthenticatedf("not registered")
+}
+
+func (f *fakeBackend) RedeemToken(tok, id string, root bool) (principal.Principal, error) {
+	return principal.Principal{}, errdefs.Unauthenticatedf("token: unknown, already used or expired")
+}
+
+func (f *fakeBackend) Access(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, _ := principal.From(ctx)
+	if o := principal.OriginFrom(ctx); o.FrontEnd != "ssh" || p.KeyID != "sk-1" {
+		return errdefs.Invalidf("context carries %+v from %+v", p, o)
+	}
+	f.access = append(f.access, id)
+	if id != "sb-live" {
+		return errdefs.NotFoundf("sandbox_id: no sandbox %q", id)
+	}
+	return nil
+}
+
+func (f *fakeBackend) OpenProcess(context.Context, apitypes.ProcessRequest) (Process, error) {
+	f.mu.Lock()
+	f.opened++
+	f.mu.Unlock()
+	return nil, errdefs.Unavailablef("fake")
+}
+
+func (f *fakeBackend) SubscribeEvents(ctx context.Context, _ string) <-chan apitypes.Event {
+	ch := make(chan apitypes.Event)
+	go func() { <-ctx.Done(); close(ch) }()
+	return ch
+}
+
+func TestRefusedLogins(t *testing.T) {
+	_, hostPriv, _ := ed25519.GenerateKey(rand.Reader)
+	host, _ := ssh.NewSignerFromKey(hostPriv)
+	_, userPriv, _ := ed25519.GenerateKey(rand.Reader)
+	user, _ := ssh.NewSignerFromKey(userPriv)
+	_, otherPriv, _ := ed25519.GenerateKey(rand.Reader)
+	other, _ := ssh.NewSignerFromKey(otherPriv)
+	f := &fakeBackend{key: user.PublicKey()}
+	srv := New(f, Options{HostKey: host})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	defer func() {
+		l.Close()
+		srv.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	dial := func(name string, auth ssh.AuthMethod) (string, error) {
+		var banner strings.Builder
+		c, err := ssh.Dial("tcp", l.Addr().String(), &ssh.ClientConfig{User: name, Auth: []ssh.AuthMethod{auth},
+			HostKeyCallback: ssh.FixedHostKey(host.PublicKey()), Timeout: 10 * time.Second,
+			BannerCallback: func(m string) error { banner.WriteString(m); return nil }})
+		if err == nil {
+			c.Close()
+		}
+		return banner.String(), err
+	}
+	token := ssh.KeyboardInteractive(func(_, _ string, q []string, _ []bool) ([]string, error) {
+		return []string{"sbt_guess"}, nil
+	})
+	for _, tc := range []struct {
+		name, user string
+		auth       ssh.AuthMethod
+		banner     string
+	}{
+		{"password", "sb-live", ssh.Password("hunter2"), "password authentication is not offered"},
+		{"unregistered key", "sb-live", ssh.PublicKeys(other), ""},
+		{"bad token", "sb-live", token, "token refused"},
+		{"no sandbox user", "admin", ssh.PublicKeys(user), "must be a sandbox id"},
+		{"unknown sandbox", "sb-gone", ssh.PublicKeys(user), `no sandbox "sb-gone"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			banner, err := dial(tc.user, tc.auth)
+			if err == nil {
+				t.Fatal("logged in")
+			}
+			if tc.banner != "" && !strings.Contains(banner, tc.banner) {
+				t.Errorf("banner %q, want %q", banner, tc.banner)
+			}
+			if tc.banner == "" && banner != "" {
+				t.Errorf("banner %q to an unauthenticated client", banner)
+			}
+		})
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	// Only the registered key's login looked a sandbox up, and no
+	// refusal started anything in one.
+	if len(f.access) != 1 || f.access[0] != "sb-gone" || f.opened != 0 {
+		t.Errorf("sandbox lookups %v, processes opened %d", f.access, f.opened)
+	}
+}
