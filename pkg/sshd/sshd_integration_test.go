@@ -522,6 +522,70 @@ func TestSSH(t *testing.T) {
 		}
 	})
 
+	t.Run("ssh-proxy through the API", func(t *testing.T) {
+		// What ssh-config --proxy writes: ssh reaches the endpoint
+		// through sandboxctl ssh-proxy and the daemon's API socket.
+		conf := e.d.MustCtl("ssh-config", "--proxy", "--known-hosts", filepath.Join(e.dir, "known_hosts"), "--identity", e.key, id)
+		if !strings.Contains(conf, "ProxyCommand "+filepath.Join(e.d.Bin, "sandboxctl")+" --socket") || strings.Contains(conf, "HostName") {
+			t.Fatalf("ssh-config --proxy:\n%s", conf)
+		}
+		pcfg := filepath.Join(e.dir, "proxy_config")
+		if err := os.WriteFile(pcfg, []byte(conf+"Host *\n  BatchMode yes\n  LogLevel ERROR\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := e.cmd(nil, "ssh", "-F", pcfg, id, "echo proxied; exit 5")
+		if r.code != 5 || r.stdout != "proxied\n" {
+			t.Errorf("through ssh-proxy: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+		}
+	})
+
+	t.Run("benchmark", func(t *testing.T) {
+		// ssh ID true, round trip (a new connection each: what a tool
+		// calling ssh pays), and 20 MiB each way by scp and by the REST
+		// file API (sandboxctl cp), in one run.
+		var rtts []time.Duration
+		for range 10 {
+			start := time.Now()
+			e.mustSSH(id, "true")
+			rtts = append(rtts, time.Since(start))
+		}
+		slices.Sort(rtts)
+		src := filepath.Join(e.dir, "bench")
+		randomFile(t, src, 20<<20)
+		ctl := filepath.Join(e.d.Bin, "sandboxctl")
+		timed := func(name string, args ...string) time.Duration {
+			best := time.Duration(1<<63 - 1)
+			for range 3 {
+				start := time.Now()
+				run(t, name, args...)
+				best = min(best, time.Since(start))
+			}
+			return best
+		}
+		mibps := func(d time.Duration) float64 { return 20 / d.Seconds() }
+		scpUp := timed("scp", "-F", e.cfg, src, id+":/workspace/bench-scp")
+		scpDown := timed("scp", "-F", e.cfg, id+":/workspace/bench-scp", filepath.Join(e.dir, "bench-scp"))
+		restUp := timed(ctl, "--socket", e.d.Socket, "cp", src, id+":/workspace/bench-rest")
+		restDown := timed(ctl, "--socket", e.d.Socket, "cp", id+":/workspace/bench-rest", filepath.Join(e.dir, "bench-rest"))
+		want := sha256File(t, src)
+		for _, p := range []string{"bench-scp", "bench-rest"} {
+			if got := sha256File(t, filepath.Join(e.dir, p)); got != want {
+				t.Errorf("%s came back as %s, want %s", p, got, want)
+			}
+		}
+		t.Logf("ssh ID true: median %v, min %v, max %v (10 connections)", rtts[5], rtts[0], rtts[9])
+		t.Logf("20 MiB upload:   scp %.0f MiB/s, REST (sandboxctl cp) %.0f MiB/s", mibps(scpUp), mibps(restUp))
+		t.Logf("20 MiB download: scp %.0f MiB/s, REST (sandboxctl cp) %.0f MiB/s", mibps(scpDown), mibps(restDown))
+		// Bounds loose enough for a loaded 2-core machine: they catch a
+		// per-chunk round trip or a stall, not a few percent.
+		if rtts[5] > 2*time.Second {
+			t.Errorf("ssh ID true takes %v", rtts[5])
+		}
+		if mibps(scpUp) < 5 || mibps(scpDown) < 5 {
+			t.Errorf("scp moves %.1f MiB/s up, %.1f down", mibps(scpUp), mibps(scpDown))
+		}
+	})
+
 	t.Run("sandbox terminated during a session", func(t *testing.T) {
 		victim := e.create()
 		c := exec.Command("ssh", "-F", e.cfg, victim, "echo ready; exec sleep 300")
