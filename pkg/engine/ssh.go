@@ -141,6 +141,14 @@ func (e *Engine) SSHAccess(ctx context.Context, id string) error {
 	if d.State == apitypes.StateTerminated || d.State == apitypes.StateFailed {
 		return errdefs.Conflictf("sandbox_id: sandbox %s is %s", id, d.State)
 	}
+	caps, err := e.sandboxes.Capabilities(ctx, id)
+	if err != nil {
+		return err
+	}
+	if caps.GuestAgent && !caps.Agent {
+		return errdefs.Unavailablef("sandbox_id: sandbox %s is a VM reached through the QEMU guest agent, which cannot serve SSH "+
+			"(no terminals, file listing or ports); use exec_command and the file tools", id)
+	}
 	if err := e.sandboxes.Require(ctx, id, sandbox.CapPTY); err != nil {
 		return err
 	}
