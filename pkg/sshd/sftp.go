@@ -104,7 +104,6 @@ type readerAt struct {
 	off  int64
 	data []byte
 	size int64
-	eof  bool
 }
 
 // fill makes the window hold offset off (the lock held or not yet shared).

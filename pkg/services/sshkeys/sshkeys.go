@@ -69,7 +69,7 @@ func New(st Store) *Service {
 // what OpenSSH itself no longer accepts.
 func weakKey(pub ssh.PublicKey) string {
 	switch pub.Type() {
-	case ssh.KeyAlgoDSA:
+	case "ssh-dss": // ssh.KeyAlgoDSA, deprecated by x/crypto for this very reason
 		return "DSA keys are refused (OpenSSH dropped them); use ed25519"
 	case ssh.KeyAlgoRSA:
 		if ck, ok := pub.(ssh.CryptoPublicKey); ok {
