@@ -447,6 +447,16 @@ func TestSSH(t *testing.T) {
 		if _, err := e.goClient(id+"+root", tokenAuth(tok.Token)); err == nil {
 			t.Error("a token of the sandbox user logged in as root")
 		}
+		// An expired token is refused, and the client is told why.
+		tok = e.mintToken(id, 0.3)
+		time.Sleep(time.Until(tok.ExpiresAt) + 100*time.Millisecond) // the expiry itself is under test
+		var banner strings.Builder
+		_, err = ssh.Dial("tcp", e.addr, &ssh.ClientConfig{User: id, Auth: []ssh.AuthMethod{tokenAuth(tok.Token)},
+			HostKeyCallback: ssh.FixedHostKey(e.hostPK), Timeout: 30 * time.Second,
+			BannerCallback: func(m string) error { banner.WriteString(m); return nil }})
+		if err == nil || !strings.Contains(banner.String(), "token refused: token: expired") {
+			t.Errorf("expired token: %v, banner %q", err, banner.String())
+		}
 	})
 
 	t.Run("refusals", func(t *testing.T) {
@@ -482,6 +492,24 @@ func TestSSH(t *testing.T) {
 		// Root of a sandbox not in root mode.
 		if r := e.ssh("-o", "LogLevel=INFO", "-l", id+"+root", id, "id -u"); r.code != 255 || !strings.Contains(r.stderr, "root mode") {
 			t.Errorf("root login: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+		}
+		// A key that is not one is refused by the API, naming the field.
+		bad := filepath.Join(e.dir, "bad.pub")
+		if err := os.WriteFile(bad, []byte("ssh-ed25519 AAAA-not-base64 x\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if out, errOut, code := e.d.Ctl("ssh-keys", "add", bad); code != 2 || !strings.Contains(errOut, "public_key:") {
+			t.Errorf("ssh-keys add of garbage: exit %d, %q %q", code, out, errOut)
+		}
+		// Every refusal above left an audit line.
+		log, err := os.ReadFile(e.d.LogPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"method=password", "method=publickey reason=\"sandbox: sandbox_id: no sandbox"} {
+			if !strings.Contains(string(log), `msg="ssh login refused"`) || !strings.Contains(string(log), want) {
+				t.Errorf("daemon log has no refusal with %s", want)
+			}
 		}
 		// Agent and X11 forwarding: refused, and the session says so.
 		c, err := e.goClient(id)
