@@ -100,7 +100,7 @@ func (c *conn) keepalive(interval time.Duration) {
 func (c *conn) add(s *session) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ended != "" {
+	if c.ended != "" || len(c.sessions) >= maxSessions {
 		return false
 	}
 	if c.sessions == nil {

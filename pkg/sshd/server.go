@@ -45,14 +45,25 @@ type Options struct {
 	// Keepalive is how often a client is checked; three intervals without
 	// an answer end the connection. 0: never.
 	Keepalive time.Duration
-	Log       *slog.Logger
+	// MaxHandshakes bounds the connections still authenticating (default
+	// 64): a flood of idle TCP connections must not hold the daemon's
+	// goroutines for handshakeTimeout each without bound. A connection
+	// over the bound is closed at once.
+	MaxHandshakes int
+	Log           *slog.Logger
 }
+
+// maxSessions bounds the sessions of one connection, as OpenSSH's
+// MaxSessions (10) does.
+const maxSessions = 10
 
 // Server serves SSH connections.
 type Server struct {
 	b    Backend
 	opts Options
 	cfg  *ssh.ServerConfig
+
+	handshakes chan struct{} // a slot per connection authenticating
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -68,7 +79,10 @@ func New(b Backend, opts Options) *Server {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	s := &Server{b: b, opts: opts, conns: map[net.Conn]struct{}{}}
+	if opts.MaxHandshakes <= 0 {
+		opts.MaxHandshakes = 64
+	}
+	s := &Server{b: b, opts: opts, conns: map[net.Conn]struct{}{}, handshakes: make(chan struct{}, opts.MaxHandshakes)}
 	s.cfg = &ssh.ServerConfig{
 		ServerVersion:               "SSH-2.0-mcp-sandboxd",
 		MaxAuthTries:                6,
@@ -251,8 +265,15 @@ func (s *Server) ServeConn(c net.Conn) {
 	}
 	defer s.untrack(c)
 	defer c.Close()
+	select {
+	case s.handshakes <- struct{}{}:
+	default:
+		s.opts.Log.Warn("ssh connection refused: too many authenticating", "source", c.RemoteAddr().String(), "max", s.opts.MaxHandshakes)
+		return
+	}
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
 	sc, chans, reqs, err := ssh.NewServerConn(c, s.cfg)
+	<-s.handshakes
 	if err != nil {
 		s.opts.Log.Debug("ssh handshake", "source", c.RemoteAddr().String(), "err", err)
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"errors"
 	"net"
 	"strings"
 	"sync"
@@ -167,5 +168,75 @@ func TestRefusedLogins(t *testing.T) {
 	// refusal started anything in one.
 	if len(f.access) != 1 || f.access[0] != "sb-gone" || f.opened != 0 {
 		t.Errorf("sandbox lookups %v, processes opened %d", f.access, f.opened)
+	}
+}
+
+func TestLimits(t *testing.T) {
+	_, hostPriv, _ := ed25519.GenerateKey(rand.Reader)
+	host, _ := ssh.NewSignerFromKey(hostPriv)
+	_, userPriv, _ := ed25519.GenerateKey(rand.Reader)
+	user, _ := ssh.NewSignerFromKey(userPriv)
+	srv := New(&fakeBackend{key: user.PublicKey()}, Options{HostKey: host, MaxHandshakes: 2})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	defer func() {
+		l.Close()
+		srv.Close()
+		<-done
+	}()
+	greeting := func(c net.Conn) string {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		b := make([]byte, 64)
+		n, _ := c.Read(b)
+		return string(b[:n])
+	}
+	// Two connections that never authenticate hold both handshake slots
+	// (each got the server's greeting, so it is in its handshake).
+	var idle []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if g := greeting(c); !strings.HasPrefix(g, "SSH-2.0-mcp-sandboxd") {
+			t.Fatalf("greeting %q", g)
+		}
+		idle = append(idle, c)
+	}
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := greeting(c); g != "" {
+		t.Errorf("a third authenticating connection was served: %q", g)
+	}
+	c.Close()
+	// A slot frees when a handshake ends.
+	idle[0].Close()
+	var client *ssh.Client
+	deadline := time.Now().Add(10 * time.Second)
+	for client == nil && time.Now().Before(deadline) {
+		client, err = ssh.Dial("tcp", l.Addr().String(), &ssh.ClientConfig{User: "sb-live", Auth: []ssh.AuthMethod{ssh.PublicKeys(user)},
+			HostKeyCallback: ssh.FixedHostKey(host.PublicKey()), Timeout: 10 * time.Second})
+	}
+	if client == nil {
+		t.Fatalf("no login after a slot freed: %v", err)
+	}
+	defer client.Close()
+	// At most maxSessions sessions per connection: the next open is
+	// refused, saying why.
+	for range maxSessions {
+		if _, err := client.NewSession(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var oce *ssh.OpenChannelError
+	if _, err := client.NewSession(); !errors.As(err, &oce) || oce.Reason != ssh.ResourceShortage || !strings.Contains(oce.Message, "at most 10 sessions") {
+		t.Errorf("session %d: %v, want refused", maxSessions+1, err)
 	}
 }
