@@ -152,12 +152,12 @@ func (s *session) handle(r *ssh.Request) {
 			}
 		}
 	case "shell":
-		ok = s.start([]string{"/bin/bash", "-l"})
+		ok = s.start(shellArgv("-l"))
 	case "exec":
 		var cmd struct{ Command string }
 		if ssh.Unmarshal(r.Payload, &cmd) == nil {
 			// As sshd does: the user's shell runs the line.
-			ok = s.start([]string{"/bin/bash", "-c", cmd.Command})
+			ok = s.start(shellArgv("-c", cmd.Command))
 		}
 	case "subsystem":
 		var sub struct{ Name string }
@@ -178,6 +178,14 @@ func (s *session) handle(r *ssh.Request) {
 	if r.WantReply {
 		_ = r.Reply(ok, nil)
 	}
+}
+
+// shellArgv runs bash with args where the image has it (every language
+// image), else the POSIX shell (a minimal VM guest's busybox). The command
+// line travels as $0 of the probe, never spliced into its text.
+func shellArgv(args ...string) []string {
+	probe := `if [ -x /bin/bash ]; then exec /bin/bash "$@"; else exec /bin/sh "$@"; fi`
+	return append([]string{"/bin/sh", "-c", probe, "sh"}, args...)
 }
 
 func clamp16(v uint32) uint16 {

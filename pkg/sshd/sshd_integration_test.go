@@ -86,15 +86,22 @@ func (e *sshEnv) create(args ...string) string {
 	if err := json.Unmarshal([]byte(out), &sb); err != nil || sb.ID == "" {
 		e.t.Fatalf("create: %v: %s", err, out)
 	}
+	e.writeConfig(sb.ID)
+	return sb.ID
+}
+
+// writeConfig writes the ssh_config sandboxctl ssh-config prints for the
+// live sandboxes, checking it has id's block.
+func (e *sshEnv) writeConfig(id string) {
+	e.t.Helper()
 	e.cfg = filepath.Join(e.dir, "ssh_config")
 	conf := e.d.MustCtl("ssh-config", "--known-hosts", filepath.Join(e.dir, "known_hosts"), "--identity", e.key)
-	if !strings.Contains(conf, "Host "+sb.ID) || !strings.Contains(conf, "StrictHostKeyChecking yes") {
-		e.t.Fatalf("ssh-config printed no block for %s:\n%s", sb.ID, conf)
+	if !strings.Contains(conf, "Host "+id) || !strings.Contains(conf, "StrictHostKeyChecking yes") {
+		e.t.Fatalf("ssh-config printed no block for %s:\n%s", id, conf)
 	}
 	if err := os.WriteFile(e.cfg, []byte(conf+"Host *\n  BatchMode yes\n  LogLevel ERROR\n"), 0o600); err != nil {
 		e.t.Fatal(err)
 	}
-	return sb.ID
 }
 
 func run(t *testing.T, name string, args ...string) string {
@@ -611,6 +618,29 @@ func TestSSH(t *testing.T) {
 		}
 		if mibps(scpUp) < 5 || mibps(scpDown) < 5 {
 			t.Errorf("scp moves %.1f MiB/s up, %.1f down", mibps(scpUp), mibps(scpDown))
+		}
+	})
+
+	t.Run("VM with our agent", func(t *testing.T) {
+		// A VM sandbox (the Linux test guest: busybox, our agent over
+		// virtio-serial) is served the same way: sessions, exit codes,
+		// stdin, SFTP.
+		vmID := strings.TrimSpace(e.d.MustCtl("create", "--backend", "vm"))
+		defer e.d.Ctl("rm", "-f", vmID)
+		e.writeConfig(vmID)
+		if r := e.ssh(vmID, "uname -s; exit 3"); r.code != 3 || r.stdout != "Linux\n" {
+			t.Errorf("ssh into the VM: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+		}
+		if r := e.cmd(strings.NewReader("to the vm\n"), "ssh", "-F", e.cfg, vmID, "cat > /workspace/in; cat /workspace/in"); r.code != 0 || r.stdout != "to the vm\n" {
+			t.Errorf("stdin into the VM: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+		}
+		src := filepath.Join(e.dir, "vm-file")
+		randomFile(t, src, 1<<20)
+		run(t, "scp", "-F", e.cfg, src, vmID+":/workspace/vm-file")
+		back := filepath.Join(e.dir, "vm-file-back")
+		run(t, "scp", "-F", e.cfg, vmID+":/workspace/vm-file", back)
+		if sha256File(t, back) != sha256File(t, src) {
+			t.Error("scp through the VM changed the file")
 		}
 	})
 
