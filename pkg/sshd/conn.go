@@ -22,6 +22,7 @@ type conn struct {
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	ended    string // why the connection's sessions were ended, once they were
+	handles  int    // files open through SFTP (sftp.go)
 	wg       sync.WaitGroup
 }
 

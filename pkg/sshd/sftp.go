@@ -86,11 +86,36 @@ func fsError(err error) error {
 	return errors.New(msg)
 }
 
+// maxHandles bounds the files one connection holds open through SFTP: each
+// costs a read window of memory or a spool file of up to maxSpool bytes.
+const maxHandles = 32
+
+// acquire takes a handle slot of the connection, or says why not.
+func (h *sftpHandler) acquire() error {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	if h.c.handles >= maxHandles {
+		return fmt.Errorf("at most %d files open at once per connection", maxHandles)
+	}
+	h.c.handles++
+	return nil
+}
+
+func (h *sftpHandler) release() {
+	h.c.mu.Lock()
+	h.c.handles--
+	h.c.mu.Unlock()
+}
+
 // Fileread opens a file for reading.
 func (h *sftpHandler) Fileread(r *sftp.Request) (io.ReaderAt, error) {
+	if err := h.acquire(); err != nil {
+		return nil, err
+	}
 	ra := &readerAt{h: h, path: r.Filepath}
 	// Fetch the first window now, so a missing file fails the open.
 	if _, err := ra.fill(0); err != nil {
+		h.release()
 		return nil, err
 	}
 	return ra, nil
@@ -100,10 +125,22 @@ type readerAt struct {
 	h    *sftpHandler
 	path string
 
-	mu   sync.Mutex
-	off  int64
-	data []byte
-	size int64
+	mu     sync.Mutex
+	off    int64
+	data   []byte
+	size   int64
+	closed bool
+}
+
+// Close drops the window and frees the handle slot.
+func (r *readerAt) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		r.closed, r.data = true, nil
+		r.h.release()
+	}
+	return nil
 }
 
 // fill makes the window hold offset off (the lock held or not yet shared).
@@ -151,8 +188,12 @@ func (r *readerAt) ReadAt(p []byte, off int64) (int, error) {
 // temporary file (nothing is left behind if the daemon dies) and go to the
 // sandbox in one write when the client closes the file.
 func (h *sftpHandler) Filewrite(r *sftp.Request) (io.WriterAt, error) {
+	if err := h.acquire(); err != nil {
+		return nil, err
+	}
 	f, err := os.CreateTemp("", "mcp-sandboxd-sftp-")
 	if err != nil {
+		h.release()
 		return nil, fmt.Errorf("spool: %w", err)
 	}
 	_ = os.Remove(f.Name())
@@ -162,6 +203,7 @@ func (h *sftpHandler) Filewrite(r *sftp.Request) (io.WriterAt, error) {
 		// what is written: start from its bytes.
 		if err := w.preload(); err != nil {
 			_ = f.Close()
+			h.release()
 			return nil, err
 		}
 	}
@@ -226,6 +268,7 @@ func (w *writerAt) Close() error {
 		return nil
 	}
 	w.done = true
+	defer w.h.release()
 	defer w.f.Close()
 	ctx, cancel := w.h.ctx()
 	defer cancel()

@@ -5,12 +5,15 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/pkg/sftp"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
@@ -63,6 +66,7 @@ type fakeBackend struct {
 	mu     sync.Mutex
 	access []string
 	opened int
+	files  map[string]string
 }
 
 func (f *fakeBackend) KeyOwner(_ context.Context, pub ssh.PublicKey) (principal.Principal, error) {
@@ -238,5 +242,84 @@ func TestLimits(t *testing.T) {
 	var oce *ssh.OpenChannelError
 	if _, err := client.NewSession(); !errors.As(err, &oce) || oce.Reason != ssh.ResourceShortage || !strings.Contains(oce.Message, "at most 10 sessions") {
 		t.Errorf("session %d: %v, want refused", maxSessions+1, err)
+	}
+}
+
+// WriteFileFrom keeps what an SFTP upload sent.
+func (f *fakeBackend) WriteFileFrom(_ context.Context, id, path, _ string, _ bool, size int64, r io.Reader) (*apitypes.FileResult, error) {
+	b, err := io.ReadAll(r)
+	if err != nil || int64(len(b)) != size {
+		return nil, errdefs.Invalidf("content: read %d of %d bytes: %v", len(b), size, err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.files == nil {
+		f.files = map[string]string{}
+	}
+	f.files[path] = string(b)
+	return &apitypes.FileResult{Path: path, Size: size}, nil
+}
+
+func TestSFTPHandleLimit(t *testing.T) {
+	_, hostPriv, _ := ed25519.GenerateKey(rand.Reader)
+	host, _ := ssh.NewSignerFromKey(hostPriv)
+	_, userPriv, _ := ed25519.GenerateKey(rand.Reader)
+	user, _ := ssh.NewSignerFromKey(userPriv)
+	f := &fakeBackend{key: user.PublicKey()}
+	srv := New(f, Options{HostKey: host})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	defer func() {
+		l.Close()
+		srv.Close()
+		<-done
+	}()
+	c, err := ssh.Dial("tcp", l.Addr().String(), &ssh.ClientConfig{User: "sb-live", Auth: []ssh.AuthMethod{ssh.PublicKeys(user)},
+		HostKeyCallback: ssh.FixedHostKey(host.PublicKey()), Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc, err := sftp.NewClient(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	var open []*sftp.File
+	for i := range maxHandles {
+		w, err := sc.Create(fmt.Sprintf("f%d", i))
+		if err != nil {
+			t.Fatalf("open %d: %v", i, err)
+		}
+		open = append(open, w)
+	}
+	if _, err := sc.Create("one-too-many"); err == nil || !strings.Contains(err.Error(), "at most 32 files open") {
+		t.Errorf("open %d: %v, want refused", maxHandles+1, err)
+	}
+	// Closing one sends it (relative paths start at /workspace) and frees
+	// its slot.
+	if _, err := open[0].Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if err := open[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	got := f.files["/workspace/f0"]
+	f.mu.Unlock()
+	if got != "hello" {
+		t.Errorf("uploaded %q", got)
+	}
+	w, err := sc.Create("after")
+	if err != nil {
+		t.Fatalf("open after a close: %v", err)
+	}
+	w.Close()
+	for _, w := range open[1:] {
+		w.Close()
 	}
 }
