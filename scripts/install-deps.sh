@@ -27,11 +27,13 @@ set -euo pipefail
 #                              a stock image that boots by itself): grub-mkstandalone with the
 #                              x86_64-efi modules, the FAT EFI partition made and filled on an
 #                              image file (mkfs.vfat, mcopy -i), the GPT written by sfdisk
+#   openssh-client rsync       the SSH endpoint's tests drive it with the real ssh, scp, sftp
+#                              and rsync (pkg/sshd)
 # (The Linux guest's kernel, qemu-guest-agent and busybox come from Debian packages
 # installed into the guest image by rootfs/vm/vm-linux.yaml, not on the host.)
 packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd chromium
 	qemu-system-x86 qemu-utils ovmf swtpm e2fsprogs git apt-utils gnupg
-	grub-efi-amd64-bin grub-common mtools dosfstools fdisk)
+	grub-efi-amd64-bin grub-common mtools dosfstools fdisk openssh-client rsync)
 # The MCP black-box tests drive the server with the official TypeScript SDK,
 # and the web editor is bundled with esbuild: Node.js from Debian unless a
 # node is already on PATH.

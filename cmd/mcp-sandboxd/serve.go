@@ -305,6 +305,17 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		h    http.Handler
 		what string
 	}
+	sl, ss, err := listenSSH(cfg, eng, log)
+	if err != nil {
+		return err
+	}
+
+	var sshConn func(net.Conn) // GET /v1/ssh/connect (sandboxctl ssh-proxy)
+	if ss != nil {
+		defer ss.Close()
+		defer sl.Close()
+		sshConn = ss.ServeConn
+	}
 	var listeners []listener
 	defer func() {
 		for _, l := range listeners {
@@ -324,7 +335,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// `sandboxctl ui` mints a login URL on the socket, the browser uses it
 	// over HTTP.
 	ui := api.NewUIAuth(api.UIAuthOptions{BaseURL: uiBaseURL(cfg.Server.HTTPAddr)})
-	listeners = append(listeners, listener{ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix"})
+	listeners = append(listeners, listener{ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix"})
 
 	// The token file's token is the first admin key of the one
 	// authenticator (pkg/tenants) every TCP front end shares.
@@ -337,7 +348,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("server.http_addr: %w", err)
 		}
-		listeners = append(listeners, listener{tl, api.NewHandler(eng, api.Options{Auth: eng.Tenants(), Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http"})
+		listeners = append(listeners, listener{tl, api.NewHandler(eng, api.Options{Auth: eng.Tenants(), Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http"})
 	}
 
 	pl, ph, err := listenPreview(cfg, eng, log)
@@ -359,7 +370,15 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 
 	var servers []*http.Server
-	errc := make(chan error, len(listeners))
+	errc := make(chan error, len(listeners)+1)
+	if sl != nil {
+		go func() {
+			if err := ss.Serve(sl); err != nil {
+				errc <- fmt.Errorf("ssh: %w", err)
+			}
+		}()
+		log.Info("serving", "api", "ssh", "addr", sl.Addr().String())
+	}
 	for _, l := range listeners {
 		// IdleTimeout closes keep-alive connections idle between requests
 		// (a client that leaks them would otherwise grow the daemon's

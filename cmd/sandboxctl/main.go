@@ -35,6 +35,10 @@ const (
 )
 
 func main() {
+	if askpass(os.Stdout) {
+		// Run by ssh as SSH_ASKPASS for sandboxctl ssh: print the token.
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
@@ -96,6 +100,7 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 		runCmd(g), runsCmd(g), languagesCmd(g), autofixCmd(g), agentCmd(g),
 		imagesCmd(g), gcCmd(g), uiCmd(g), networkCmd(g), portCmd(g), screenshotCmd(g), vmTestCmd(g),
 		snapshotCmd(g), snapshotsCmd(g), restoreCmd(g), keysCmd(g), auditCmd(g),
+		sshCmd(g), sshKeysCmd(g), sshConfigCmd(g), sshProxyCmd(g),
 	)
 	return root, g
 }

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -57,6 +58,10 @@ type Options struct {
 	// Audit, if not nil, records authentication failures and changing
 	// calls (audit.go).
 	Audit *audit.Log
+	// SSHConn, if not nil, serves one SSH connection (pkg/sshd's
+	// ServeConn): GET /v1/ssh/connect relays a WebSocket to it, for
+	// sandboxctl ssh-proxy where the SSH endpoint is not reachable.
+	SSHConn func(net.Conn)
 }
 
 type server struct {
@@ -113,6 +118,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/network", s.sandboxNetwork)
 	mux.HandleFunc("GET /v1/artifacts/{id}", s.downloadArtifact)
 	s.routePorts(mux)
+	s.routeSSH(mux)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/jobs", s.startJob)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs", s.listJobs)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs/{job}", s.jobStatus)

@@ -40,6 +40,13 @@ type Engine interface {
 	Ports(ctx context.Context, id string) ([]apitypes.PortExposure, error)
 	UnexposePort(ctx context.Context, id string, port int) error
 
+	// SSH access (pkg/sshd).
+	SSHEndpoint(ctx context.Context) (*apitypes.SSHEndpoint, error)
+	SSHKeyList(ctx context.Context) (*apitypes.SSHKeyList, error)
+	SSHKeyAdd(ctx context.Context, req apitypes.SSHKeyAddRequest) (*apitypes.SSHKey, error)
+	SSHKeyRemove(ctx context.Context, id string) error
+	SSHToken(ctx context.Context, req apitypes.SSHTokenRequest) (*apitypes.SSHToken, error)
+
 	// Commands and jobs.
 	Exec(ctx context.Context, req apitypes.ExecRequest, onOutput sandbox.OutputFunc) (*apitypes.ExecResult, error)
 	StartJob(ctx context.Context, req apitypes.ExecRequest) (string, error)

@@ -67,6 +67,24 @@ func (f *fakeEngine) ListSandboxes(context.Context, string) ([]*apitypes.Sandbox
 	return []*apitypes.Sandbox{ex[apitypes.Sandbox]()}, f.err
 }
 
+func (f *fakeEngine) SSHEndpoint(context.Context) (*apitypes.SSHEndpoint, error) {
+	return ex[apitypes.SSHEndpoint](), f.err
+}
+
+func (f *fakeEngine) SSHKeyList(context.Context) (*apitypes.SSHKeyList, error) {
+	return ex[apitypes.SSHKeyList](), f.err
+}
+
+func (f *fakeEngine) SSHKeyAdd(context.Context, apitypes.SSHKeyAddRequest) (*apitypes.SSHKey, error) {
+	return ex[apitypes.SSHKey](), f.err
+}
+
+func (f *fakeEngine) SSHToken(_ context.Context, req apitypes.SSHTokenRequest) (*apitypes.SSHToken, error) {
+	t := ex[apitypes.SSHToken]()
+	t.User = req.SandboxID
+	return t, f.err
+}
+
 func (f *fakeEngine) GetSandbox(context.Context, string) (*apitypes.SandboxDetail, error) {
 	return ex[apitypes.SandboxDetail](), f.err
 }
@@ -199,6 +217,10 @@ func TestFakeContract(t *testing.T) {
 		{"DELETE", "/v1/sandboxes/sb-1/jobs/j-1", "", reflect.TypeFor[apitypes.JobKillResult]()},
 		{"POST", "/v1/sandboxes/sb-1/jobs", `{"command":"true"}`, reflect.TypeFor[apitypes.JobStarted]()},
 		{"GET", "/v1/sandboxes/sb-1/ports", "", reflect.TypeFor[apitypes.PortList]()},
+		{"GET", "/v1/ssh", "", reflect.TypeFor[apitypes.SSHEndpoint]()},
+		{"GET", "/v1/ssh/keys", "", reflect.TypeFor[apitypes.SSHKeyList]()},
+		{"POST", "/v1/ssh/keys", `{"name":"laptop","public_key":"ssh-ed25519 AAAA"}`, reflect.TypeFor[apitypes.SSHKey]()},
+		{"POST", "/v1/sandboxes/sb-1/ssh-token", `{}`, reflect.TypeFor[apitypes.SSHToken]()},
 		{"GET", "/v1/languages", "", reflect.TypeFor[apitypes.LanguageList]()},
 		{"GET", "/v1/runs", "", reflect.TypeFor[apitypes.RunList]()},
 		{"GET", "/v1/snapshots", "", reflect.TypeFor[apitypes.SnapshotList]()},

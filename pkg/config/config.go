@@ -45,7 +45,9 @@ type Config struct {
 	Audit Audit `yaml:"audit"`
 	// Telemetry: OpenTelemetry traces (pkg/telemetry).
 	Telemetry Telemetry `yaml:"telemetry"`
-	Log       Log       `yaml:"log"`
+	// SSH: the SSH endpoint (pkg/sshd, README "SSH access").
+	SSH SSH `yaml:"ssh"`
+	Log Log `yaml:"log"`
 }
 
 // Server is the `server` section.
@@ -328,6 +330,24 @@ type Telemetry struct {
 	SampleRatio float64 `yaml:"sample_ratio"`
 }
 
+// SSH is the `ssh` section: the SSH endpoint for ssh, scp, sftp, rsync
+// and editors' remote-SSH. Its host key is generated once, as
+// ssh_host_ed25519_key in paths.state_dir.
+type SSH struct {
+	// Listen is the TCP address (host:port) of the SSH endpoint; empty: off.
+	Listen string `yaml:"listen"`
+	// Keepalive is how often the endpoint checks an idle client is still
+	// there; a client silent for three checks is disconnected. 0: never.
+	Keepalive Duration `yaml:"keepalive"`
+	// TokenTTL is how long a token `sandboxctl ssh` mints stays valid when
+	// it asks for no other lifetime (a token is also single-use).
+	TokenTTL Duration `yaml:"token_ttl"`
+}
+
+// MaxSSHTokenTTL bounds ssh.token_ttl and any lifetime a client asks for:
+// a token is a password of the moment, not a credential to keep.
+const MaxSSHTokenTTL = time.Hour
+
 type Log struct {
 	Level  string `yaml:"level"`  // debug | info | warn | error
 	Format string `yaml:"format"` // json | text
@@ -435,6 +455,7 @@ func Default() *Config {
 			CheckpointEvery: 256,
 		},
 		Telemetry: Telemetry{Insecure: true, SampleRatio: 1},
+		SSH:       SSH{Keepalive: Duration(30 * time.Second), TokenTTL: Duration(5 * time.Minute)},
 		Log: Log{
 			Level:  "info",
 			Format: "text",

@@ -412,6 +412,20 @@ telemetry:
   # Share of new traces recorded, 0 to 1 (a sampled traceparent from the
   # caller is always followed).
   sample_ratio: 1
+# The SSH endpoint: ssh, scp, sftp, rsync and editors' remote-SSH reach a
+# sandbox as user <sandbox id> (<sandbox id>+root for root mode), with a key
+# registered by "sandboxctl ssh-keys add" or a token "sandboxctl ssh" mints
+# (README, "SSH access"). The host key is generated once, as
+# ssh_host_ed25519_key in paths.state_dir.
+ssh:
+  # TCP address (host:port) of the SSH endpoint. Empty: off.
+  listen: ""
+  # How often an idle client is checked (duration); three unanswered checks
+  # end the connection. 0: never.
+  keepalive: 30s
+  # How long a minted token stays valid (duration, at most 1h); a token is
+  # also single-use.
+  token_ttl: 5m
 
 log:
   # Least severe level logged: debug, info, warn or error.

@@ -54,6 +54,7 @@ func (c *Config) Validate() error {
 	c.E2B.validate(&p)
 	c.Audit.validate(&p)
 	c.Telemetry.validate(&p)
+	c.SSH.validate(&p)
 	c.Log.validate(&p)
 	return p.err()
 }
@@ -85,6 +86,18 @@ func (t *Telemetry) validate(p *problems) {
 	}
 	if t.SampleRatio < 0 || t.SampleRatio > 1 {
 		p.add("telemetry.sample_ratio", "", "must be from 0 to 1, got %g", t.SampleRatio)
+	}
+}
+
+func (s *SSH) validate(p *problems) {
+	if s.Listen != "" {
+		p.hostPort("ssh.listen", s.Listen)
+	}
+	if s.Keepalive < 0 {
+		p.add("ssh.keepalive", s.Keepalive.String(), "must not be negative")
+	}
+	if s.TokenTTL <= 0 || s.TokenTTL.D() > MaxSSHTokenTTL {
+		p.add("ssh.token_ttl", s.TokenTTL.String(), "must be more than 0 and at most %s", MaxSSHTokenTTL)
 	}
 }
 

@@ -77,6 +77,7 @@ type Engine struct {
 	vm              vmState            // the VM backend (vm.go)
 	snapshots       *snapshots.Service // workspace and machine snapshots (pkg/services/snapshots)
 	agents          *agents.Service    // agent sessions (pkg/services/agents)
+	sshState                           // SSH identities and host key (ssh.go, pkg/services/sshkeys)
 }
 
 // unbuilt names the configuration sections whose subsystems this build does

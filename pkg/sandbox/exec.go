@@ -369,6 +369,21 @@ func (m *Manager) ListFiles(ctx context.Context, id, path string, recursive bool
 	return l, nil
 }
 
+// StatFile describes path in sandbox id without following a final
+// symlink (the agent's stat; the SSH endpoint's SFTP server needs it).
+func (m *Manager) StatFile(ctx context.Context, id, path string) (*agent.FileInfo, error) {
+	sb, _, err := m.live(ctx, id, CapFileList)
+	if err != nil {
+		return nil, err
+	}
+	m.touch(sb)
+	fi, err := sb.agent.Stat(ctx, path)
+	if err != nil {
+		return nil, m.agentError(sb, err, "stat file")
+	}
+	return fi, nil
+}
+
 // ListFilesMax lists path in sandbox id up to max entries, with how many
 // there are (agent.Client.ListFilesMax).
 func (m *Manager) ListFilesMax(ctx context.Context, id, path string, recursive bool, max int) (*agent.FileList, error) {

@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/sshkeys"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
@@ -72,6 +73,7 @@ type Set struct {
 	Agents    *agents.Service
 	Fixes     *fixloop.Service
 	Snapshots *snapshots.Service
+	SSHKeys   *sshkeys.Service
 }
 
 // Compose makes every service over the core, each given only the narrow
@@ -94,6 +96,7 @@ func Compose(c Core) *Set {
 		Store: c.Store, Agents: fixAgents{s.Agents, c.Credentials}, Catalog: c.Catalog, Config: &cfg.Autofix,
 		RecordsMaxAge: cfg.Runs.MaxAge.D(), Registerer: c.Registerer, Log: log})
 	s.Snapshots = snapshots.New(c.Sandboxes, c.Store, cfg.Snapshots, cfg.Paths.StateDir, log)
+	s.SSHKeys = sshkeys.New(c.Store)
 	return s
 }
 

@@ -239,6 +239,24 @@ CREATE TABLE audit_checkpoints (
 ) STRICT;
 `,
 	},
+	{
+		version:     11,
+		description: "ssh public keys",
+		sql: `
+-- Public keys that may open SSH sessions (pkg/sshd, pkg/services/sshkeys).
+-- tenant is the owner ("" for the administrator); fingerprint (SHA256) is
+-- unique so a key belongs to one owner only, which is what lets the
+-- endpoint find the owner from the key alone.
+CREATE TABLE ssh_keys (
+	id          TEXT PRIMARY KEY,
+	name        TEXT NOT NULL,
+	tenant      TEXT NOT NULL,
+	fingerprint TEXT NOT NULL UNIQUE,
+	public_key  TEXT NOT NULL,
+	created_at  INTEGER NOT NULL
+) STRICT;
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.

@@ -32,8 +32,9 @@ var layer = map[string]int{
 	// composes them; they never import it (forbidden below).
 	"pkg/engine": 5, "pkg/services/ports": 5, "pkg/services/snapshots": 5, "pkg/services/images": 5, "pkg/services/agents": 5,
 	"pkg/services/pipeline": 5, "pkg/services/fixloop": 5, "pkg/services": 5,
+	"pkg/services/sshkeys": 5,
 
-	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6, "pkg/preview": 6,
+	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6, "pkg/preview": 6, "pkg/sshd": 6,
 	// The E2B front end and its generated envd protocol code (leaves).
 	"pkg/e2b": 6, "pkg/e2b/envdpb/process": 1, "pkg/e2b/envdpb/process/processconnect": 1,
 	"pkg/e2b/envdpb/filesystem": 1, "pkg/e2b/envdpb/filesystem/filesystemconnect": 1,
@@ -49,9 +50,10 @@ var layer = map[string]int{
 // engine and their own helpers. The agent's server side runs inside the
 // sandbox and must not pull in the daemon.
 var forbidden = map[string][]string{
-	"pkg/mcpserver":      {"pkg/api", "pkg/e2b"},
-	"pkg/api":            {"pkg/mcpserver", "pkg/e2b"},
-	"pkg/e2b":            {"pkg/api", "pkg/mcpserver", "pkg/preview"},
+	"pkg/mcpserver":      {"pkg/api", "pkg/e2b", "pkg/sshd"},
+	"pkg/api":            {"pkg/mcpserver", "pkg/e2b", "pkg/sshd"},
+	"pkg/e2b":            {"pkg/api", "pkg/mcpserver", "pkg/preview", "pkg/sshd"},
+	"pkg/sshd":           {"pkg/api", "pkg/mcpserver", "pkg/preview", "pkg/e2b"},
 	"pkg/api/client":     {"pkg/engine", "pkg/sandbox", "pkg/agent", "pkg/runtime", "pkg/store"},
 	"pkg/sandbox":        {"pkg/sandbox/container", "pkg/runtime", "pkg/sandbox/qemu", "pkg/vm"},
 	"pkg/agent/server":   {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config"},
@@ -60,7 +62,8 @@ var forbidden = map[string][]string{
 	"pkg/services/ports": {"pkg/engine"}, "pkg/services/snapshots": {"pkg/engine"},
 	"pkg/services/images": {"pkg/engine"}, "pkg/services/agents": {"pkg/engine"},
 	"pkg/services/pipeline": {"pkg/engine"}, "pkg/services/fixloop": {"pkg/engine"},
-	"pkg/services": {"pkg/engine"},
+	"pkg/services":         {"pkg/engine"},
+	"pkg/services/sshkeys": {"pkg/engine"},
 }
 
 func TestImportsPointDown(t *testing.T) {
