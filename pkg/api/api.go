@@ -111,6 +111,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/jobs/{job}", s.killJob)
 	s.vmRoutes(mux)
 	s.registerSnapshots(mux)
+	s.registerVolumes(mux)
 	if opt.MCP != nil {
 		mux.Handle("/mcp", s.capBody(opt.MCP))
 	}

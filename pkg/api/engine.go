@@ -56,6 +56,11 @@ type Engine interface {
 	ExportFiles(ctx context.Context, id, dir string) (*apitypes.Artifact, error)
 	OpenArtifact(ctx context.Context, id string) (*apitypes.Artifact, io.ReadCloser, error)
 
+	// Named volumes.
+	CreateVolume(ctx context.Context, req apitypes.VolumeCreateRequest) (*apitypes.Volume, error)
+	ListVolumes(ctx context.Context) (*apitypes.VolumeList, error)
+	GetVolume(ctx context.Context, name string) (*apitypes.Volume, error)
+	DeleteVolume(ctx context.Context, name string) error
 	// Snapshots.
 	SnapshotSandbox(ctx context.Context, req apitypes.SnapshotRequest) (*apitypes.Snapshot, error)
 	RestoreSandbox(ctx context.Context, req apitypes.RestoreRequest) (*apitypes.Sandbox, error)

@@ -92,6 +92,18 @@ func (f *fakeEngine) ListSnapshots(context.Context, string) ([]apitypes.Snapshot
 	return []apitypes.Snapshot{*ex[apitypes.Snapshot]()}, f.err
 }
 
+func (f *fakeEngine) CreateVolume(context.Context, apitypes.VolumeCreateRequest) (*apitypes.Volume, error) {
+	return ex[apitypes.Volume](), f.err
+}
+
+func (f *fakeEngine) ListVolumes(context.Context) (*apitypes.VolumeList, error) {
+	return ex[apitypes.VolumeList](), f.err
+}
+
+func (f *fakeEngine) GetVolume(context.Context, string) (*apitypes.Volume, error) {
+	return ex[apitypes.Volume](), f.err
+}
+
 func (f *fakeEngine) Ports(context.Context, string) ([]apitypes.PortExposure, error) {
 	return []apitypes.PortExposure{*ex[apitypes.PortExposure]()}, f.err
 }
@@ -186,6 +198,9 @@ func TestFakeContract(t *testing.T) {
 		{"GET", "/v1/languages", "", reflect.TypeFor[apitypes.LanguageList]()},
 		{"GET", "/v1/runs", "", reflect.TypeFor[apitypes.RunList]()},
 		{"GET", "/v1/snapshots", "", reflect.TypeFor[apitypes.SnapshotList]()},
+		{"GET", "/v1/volumes", "", reflect.TypeFor[apitypes.VolumeList]()},
+		{"GET", "/v1/volumes/v", "", reflect.TypeFor[apitypes.Volume]()},
+		{"POST", "/v1/volumes", `{"name":"v"}`, reflect.TypeFor[apitypes.Volume]()},
 		{"GET", "/v1/status", "", reflect.TypeFor[apitypes.Status]()},
 		{"GET", "/v1/images", "", reflect.TypeFor[apitypes.ImageList]()},
 		{"GET", "/v1/system", "", reflect.TypeFor[apitypes.SystemInfo]()},

@@ -108,6 +108,8 @@ type CreateSandboxRequest struct {
 	// when ttl_seconds pass instead of terminating it; the configured max
 	// lifetime still terminates it.
 	PauseOnExpiry bool `json:"-"`
+	// Volumes are named volumes mounted into the sandbox.
+	Volumes []VolumeMount `json:"volumes,omitempty" jsonschema_description:"Named volumes (volume_create) to mount: their files outlive the sandbox and are shared with every other sandbox that mounts them (writes are seen at once). Not with backend vm."`
 }
 
 // Sandbox describes a sandbox, live or not.
@@ -138,6 +140,8 @@ type Sandbox struct {
 	Backend string `json:"backend,omitempty"`
 	// FromSnapshot is the snapshot a fork started from.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// Volumes are the named volumes mounted into it.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// Capabilities are what a live sandbox can do (exec, jobs, pty, files,
 	// file_list, ports, file_snapshot, memory_snapshot, screenshot,
 	// pause); an operation it cannot do answers unavailable naming it.

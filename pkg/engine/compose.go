@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/volumes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
@@ -52,7 +53,14 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, er
 		_ = e.store.Close()
 		return nil, err
 	}
-	cleanup := func() { _ = e.disks.Close(); e.diskStore.Close(); _ = e.store.Close() }
+	cleanup := func() {
+		_ = e.disks.Close()
+		e.diskStore.Close()
+		if e.volumeDisks != nil {
+			e.volumeDisks.Close()
+		}
+		_ = e.store.Close()
+	}
 	if err := e.newSandboxService(backend); err != nil {
 		cleanup()
 		return nil, err
@@ -216,12 +224,30 @@ func (e *Engine) registerServices() error {
 	e.agents = agents.New(agents.Options{Sandboxes: deps, Images: e.imgs, Records: deps, Credentials: deps,
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D()})
 	e.snapshots = snapshots.New(e.sandboxes, e.store, cfg.Snapshots, cfg.Paths.StateDir, log)
+	// Volume images live apart from sandboxes' (never in sandboxes_dir,
+	// which the container backend's scan and gc read).
+	vdisks, err := storage.NewStore(cfg.Volumes.DirOrDefault(cfg.Paths.StateDir))
+	if err != nil {
+		return err
+	}
+	e.volumeDisks = vdisks
+	if e.volumes, err = volumes.New(volumes.Options{
+		Store: e.store, Sandboxes: e.sandboxes, Ledger: e.ledger, Disks: vdisks,
+		MountDir: filepath.Join(cfg.Paths.RunDir, "volumes"), Config: &cfg.Volumes, Owner: cfg.Sandbox.User, Log: log,
+	}); err != nil {
+		return err
+	}
 	return e.initRuns()
 }
 
 // restore reconciles the sandboxes a previous run of the daemon left, and
 // what hangs on them: their networks and preview exposures.
 func (e *Engine) restore(ctx context.Context) error {
+	// Volumes first: a create interrupted by the crash is undone, a ready
+	// volume mounted again where it is not (a host restart).
+	if err := e.volumes.Load(ctx); err != nil {
+		e.log.Error("restore volumes", "err", err)
+	}
 	rep, err := e.sandboxes.Reconcile(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)

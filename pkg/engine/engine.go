@@ -39,6 +39,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/volumes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
@@ -71,6 +72,8 @@ type Engine struct {
 	vm              vmState            // the VM backend (vm.go)
 	snapshots       *snapshots.Service // workspace and machine snapshots (pkg/services/snapshots)
 	agents          *agents.Service    // agent sessions (pkg/services/agents)
+	volumes         *volumes.Service   // named volumes (pkg/services/volumes)
+	volumeDisks     *storage.Store     // image files of named volumes
 }
 
 // unbuilt names the configuration sections whose subsystems this build does
@@ -178,6 +181,10 @@ func (e *Engine) Close() error {
 	}
 	err := e.disks.Close()
 	e.diskStore.Close()
+	if e.volumeDisks != nil {
+		// Volumes stay mounted: sandboxes that outlive the daemon use them.
+		e.volumeDisks.Close()
+	}
 	return errors.Join(err, e.store.Close())
 }
 
@@ -213,6 +220,9 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 // phase lines of a slow start (a VM's guest image built on first use, a
 // disk guest booting).
 func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxRequest, progress func(string)) (*sandbox.Info, error) {
+	if len(req.Volumes) > 0 && req.Backend == BackendVM {
+		return nil, errdefs.Invalidf("volumes: not available with backend vm (a VM has no host mounts)")
+	}
 	switch req.Backend {
 	case BackendVM:
 		return e.createVM(ctx, req, progress)
@@ -236,6 +246,14 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 			return nil, err
 		}
 	}
+	// The volumes count as in use from here until the sandbox is live
+	// (its spec names them) or failed: a delete meanwhile is refused.
+	vols, releaseVols, err := e.volumes.Acquire(ctx, req.Volumes)
+	if err != nil {
+		return nil, err
+	}
+	defer releaseVols()
+	spec.Volumes = vols
 	if req.RequestID != "" {
 		// Creates with a request id run one at a time, so that two
 		// retries racing each other cannot both start a sandbox.

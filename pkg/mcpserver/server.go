@@ -146,6 +146,7 @@ func newSrv(e Engine, opt Options) *srv {
 		s.addPauseTools()
 		s.addPortTools()
 		s.addSnapshotTools()
+		s.addVolumeTools()
 	}
 	if enabled("sandbox", "run") {
 		s.addLanguagesTool()

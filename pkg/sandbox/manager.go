@@ -85,6 +85,35 @@ type Spec struct {
 	// Image repeats for clients; Language then is the guest's OS. Such a
 	// sandbox is not made from the image store (StartRequest.Image is nil).
 	BootDisk string `json:"boot_disk,omitempty"`
+	// Volumes are the named volumes the backend mounts into the sandbox.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+}
+
+// VolumeMount is a named volume mounted into a sandbox, with the host
+// path of the volume's file system (pkg/services/volumes keeps it mounted
+// there while the volume exists).
+type VolumeMount struct {
+	apitypes.VolumeMount
+	Source string `json:"source"`
+}
+
+// VolumeUsers lists the live sandboxes that mount volume name.
+func (m *Manager) VolumeUsers(name string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for id, sb := range m.sandboxes {
+		sb.mu.Lock()
+		for _, v := range sb.spec.Volumes {
+			if v.Name == name {
+				out = append(out, id)
+				break
+			}
+		}
+		sb.mu.Unlock()
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Info is the externally visible description of a sandbox.
@@ -581,6 +610,9 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason, Backend: spec.Backend,
 		FromSnapshot: spec.SeedSnapshot,
+	}
+	for _, v := range spec.Volumes {
+		in.Volumes = append(in.Volumes, v.VolumeMount)
 	}
 	if in.State.Live() {
 		m.mu.Lock()

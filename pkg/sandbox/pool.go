@@ -26,7 +26,8 @@ const poolRetry = 30 * time.Second
 // poolable reports whether a warm sandbox of spec.Image can serve spec.
 func (m *Manager) poolable(spec Spec) (Spec, bool) {
 	// A fork carries its snapshot's files: a warm sandbox has none.
-	if m.opt.Pool[spec.Image] <= 0 || m.opt.PoolSpec == nil || spec.Seed != "" {
+	// Nor does it mount volumes (mounts are made at start).
+	if m.opt.Pool[spec.Image] <= 0 || m.opt.PoolSpec == nil || spec.Seed != "" || len(spec.Volumes) > 0 {
 		return Spec{}, false
 	}
 	tmpl, err := m.opt.PoolSpec(spec.Image)

@@ -50,6 +50,7 @@ export interface SandboxDetail {
   termination_reason?: string;
   backend?: string;
   from_snapshot?: string;
+  volumes?: VolumeMount[];
   capabilities?: string[];
   vm?: VMInfo;
   usage?: Usage;
@@ -80,6 +81,7 @@ export interface CreateSandboxRequest {
   request_id?: string;
   from_snapshot?: string;
   root?: boolean;
+  volumes?: VolumeMount[];
 }
 
 export interface FileList {
@@ -246,6 +248,7 @@ export interface Sandbox {
   termination_reason?: string;
   backend?: string;
   from_snapshot?: string;
+  volumes?: VolumeMount[];
   capabilities?: string[];
   vm?: VMInfo;
 }
@@ -258,6 +261,12 @@ export interface Limits {
   network_bandwidth?: number;
   network_conn_rate?: number;
   inodes?: number;
+}
+
+export interface VolumeMount {
+  name: string;
+  path: string;
+  read_only?: boolean;
 }
 
 export interface VMInfo {
