@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
@@ -193,11 +194,25 @@ func (e *Engine) newSandboxService(backend sandbox.Backend) error {
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: e.log,
 		Pool: cfg.Sandbox.Pool,
 		PoolSpec: func(image string) (sandbox.Spec, error) {
+			if name, ok := strings.CutPrefix(image, sandbox.TemplatePoolKey("")); ok {
+				return e.templatePoolSpec(name)
+			}
 			spec, err := e.sandboxSpec(CreateSandboxRequest{Language: image})
 			if err != nil {
 				return sandbox.Spec{}, err
 			}
 			return *spec, nil
+		},
+		PoolReady: func(ctx context.Context, id, key string) error {
+			name, ok := strings.CutPrefix(key, sandbox.TemplatePoolKey(""))
+			if !ok {
+				return nil
+			}
+			_, t, err := e.template(ctx, "template", name)
+			if err != nil {
+				return err
+			}
+			return e.readyTemplate(ctx, id, t)
 		},
 		OnTransition: func(id string, _, to sandbox.State, _ string) {
 			e.metrics.terminations.WithLabelValues(string(to)).Inc()
@@ -247,6 +262,9 @@ func (e *Engine) restore(ctx context.Context) error {
 	// volume mounted again where it is not (a host restart).
 	if err := e.volumes.Load(ctx); err != nil {
 		e.log.Error("restore volumes", "err", err)
+	}
+	if err := e.loadTemplatePools(ctx); err != nil {
+		e.log.Error("restore template pools", "err", err)
 	}
 	rep, err := e.sandboxes.Reconcile(ctx)
 	if err != nil {

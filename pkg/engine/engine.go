@@ -220,6 +220,13 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 // phase lines of a slow start (a VM's guest image built on first use, a
 // disk guest booting).
 func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxRequest, progress func(string)) (*sandbox.Info, error) {
+	var tmpl *apitypes.TemplateCreateRequest
+	if req.Template != "" {
+		var err error
+		if tmpl, err = e.applyTemplate(ctx, &req); err != nil {
+			return nil, err
+		}
+	}
 	if len(req.Volumes) > 0 && req.Backend == BackendVM {
 		return nil, errdefs.Invalidf("volumes: not available with backend vm (a VM has no host mounts)")
 	}
@@ -254,6 +261,9 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 	}
 	defer releaseVols()
 	spec.Volumes = vols
+	if tmpl != nil {
+		spec.Template = tmpl.Name
+	}
 	if req.RequestID != "" {
 		// Creates with a request id run one at a time, so that two
 		// retries racing each other cannot both start a sandbox.
@@ -285,6 +295,16 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 	}
 	start := time.Now()
 	info, err := e.sandboxes.Create(ctx, *spec)
+	if err == nil && tmpl != nil {
+		// The start command ready before the sandbox is handed out (at
+		// once for a warm one of the template's pool).
+		if rerr := e.readyTemplate(ctx, info.ID, tmpl); rerr != nil {
+			if _, terr := e.sandboxes.Terminate(context.WithoutCancel(ctx), info.ID, "template start command not ready: "+rerr.Error()); terr != nil {
+				e.log.Error("terminate a template sandbox that did not get ready", "sandbox", info.ID, "err", terr)
+			}
+			info, err = nil, rerr
+		}
+	}
 	switch {
 	case err == nil:
 		e.metrics.created.WithLabelValues("ready").Inc()

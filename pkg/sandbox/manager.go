@@ -87,6 +87,9 @@ type Spec struct {
 	BootDisk string `json:"boot_disk,omitempty"`
 	// Volumes are the named volumes the backend mounts into the sandbox.
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Template names the template the sandbox was made from (the engine's
+	// templates); its warm pool is keyed "template:" + Template.
+	Template string `json:"template,omitempty"`
 }
 
 // VolumeMount is a named volume mounted into a sandbox, with the host
@@ -138,7 +141,11 @@ type Options struct {
 	OutputLimit  int64         // per stream per command
 	// Pool is the number of warm sandboxes to keep per image, started from
 	// PoolSpec(image), the spec a default request for it gets.
-	Pool         map[string]int
+	Pool map[string]int
+	// PoolReady, when set, makes a warm sandbox of key ready before it is
+	// offered (a template's start command and readiness check); an error
+	// ends that sandbox.
+	PoolReady func(ctx context.Context, id, key string) error
 	PoolSpec     func(image string) (Spec, error)
 	ReapInterval time.Duration // how often the reaper looks; default 1s
 	AgentStartup time.Duration // how long the agent may take to answer; default 15s
@@ -164,6 +171,9 @@ type Manager struct {
 	reaperDone chan struct{}
 	poolDone   chan struct{}
 	poolPoke   chan struct{}
+	// poolSizes are warm pool sizes set at run time (SetPool: templates),
+	// beside Options.Pool; guarded by mu.
+	poolSizes map[string]int
 	closed     chan struct{} // closed by Close
 	closeOnce  sync.Once
 }
@@ -609,7 +619,7 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 		Limits: spec.Limits, DiskBacking: spec.DiskBacking, Network: spec.Network, Allow: spec.Allow, Credentials: spec.Credentials, SeccompProfile: spec.SeccompProfile, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason, Backend: spec.Backend,
-		FromSnapshot: spec.SeedSnapshot,
+		FromSnapshot: spec.SeedSnapshot, Template: spec.Template,
 	}
 	for _, v := range spec.Volumes {
 		in.Volumes = append(in.Volumes, v.VolumeMount)

@@ -225,6 +225,20 @@ CREATE TABLE volumes (
 ALTER TABLE snapshots ADD COLUMN excluded_volumes TEXT NOT NULL DEFAULT '';
 `,
 	},
+	{
+		version:     10,
+		description: "templates",
+		sql: `
+-- Templates (pkg/engine/templates.go): an image, a start command, its
+-- readiness check, default limits and network, a warm pool size; spec is
+-- apitypes.TemplateCreateRequest as JSON.
+CREATE TABLE templates (
+	name       TEXT PRIMARY KEY,
+	spec       TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+) STRICT;
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.
