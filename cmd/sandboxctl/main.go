@@ -95,7 +95,7 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 		execCmd(g), cpCmd(g), exportCmd(g), jobsCmd(g), logsCmd(g), killCmd(g),
 		runCmd(g), runsCmd(g), languagesCmd(g), autofixCmd(g), agentCmd(g),
 		imagesCmd(g), gcCmd(g), uiCmd(g), networkCmd(g), portCmd(g), screenshotCmd(g), vmTestCmd(g),
-		snapshotCmd(g), snapshotsCmd(g), restoreCmd(g), volumesCmd(g),
+		snapshotCmd(g), snapshotsCmd(g), restoreCmd(g), volumesCmd(g), templatesCmd(g),
 	)
 	return root, g
 }

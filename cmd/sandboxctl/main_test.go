@@ -150,6 +150,7 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"create", missing, "--volume", "data:/d:rx"}, exitUsage, "ro or rw"},
 		{[]string{"volumes", "create", missing, "v", "--size", "12"}, exitUsage, "--size"},
 		{[]string{"volumes", "rm", missing}, exitUsage, "requires at least 1 arg"},
+		{[]string{"templates", "create", missing, "t", "--memory", "12"}, exitUsage, "--memory"},
 		{[]string{"cp", missing, "a", "b"}, exitUsage, "exactly one"},
 		{[]string{"--url", "ftp://x", "ps"}, exitUsage, "url"},
 		{[]string{"ps", missing}, exitUnreachable, "daemon unreachable"},

@@ -202,6 +202,7 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&labelFlags, "label", nil, "label NAME=VALUE (repeatable)")
 	f.DurationVar(&ttl, "ttl", 0, "lifetime after which the sandbox is terminated, e.g. 30m")
 	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start from a snapshot's files (a fork; the language is the snapshot's)")
+	f.StringVar(&req.Template, "template", "", "start from a template: its image and defaults, its start command ready on return")
 	f.StringArrayVar(&volumeFlags, "volume", nil, "mount a named volume, NAME:PATH or NAME:PATH:ro (repeatable)")
 	return cmd
 }

@@ -112,6 +112,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	s.vmRoutes(mux)
 	s.registerSnapshots(mux)
 	s.registerVolumes(mux)
+	s.registerTemplates(mux)
 	if opt.MCP != nil {
 		mux.Handle("/mcp", s.capBody(opt.MCP))
 	}

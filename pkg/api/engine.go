@@ -56,6 +56,11 @@ type Engine interface {
 	ExportFiles(ctx context.Context, id, dir string) (*apitypes.Artifact, error)
 	OpenArtifact(ctx context.Context, id string) (*apitypes.Artifact, io.ReadCloser, error)
 
+	// Templates.
+	CreateTemplate(ctx context.Context, req apitypes.TemplateCreateRequest) (*apitypes.Template, error)
+	ListTemplates(ctx context.Context) (*apitypes.TemplateList, error)
+	GetTemplate(ctx context.Context, name string) (*apitypes.Template, error)
+	DeleteTemplate(ctx context.Context, name string) error
 	// Named volumes.
 	CreateVolume(ctx context.Context, req apitypes.VolumeCreateRequest) (*apitypes.Volume, error)
 	ListVolumes(ctx context.Context) (*apitypes.VolumeList, error)

@@ -92,6 +92,18 @@ func (f *fakeEngine) ListSnapshots(context.Context, string) ([]apitypes.Snapshot
 	return []apitypes.Snapshot{*ex[apitypes.Snapshot]()}, f.err
 }
 
+func (f *fakeEngine) CreateTemplate(context.Context, apitypes.TemplateCreateRequest) (*apitypes.Template, error) {
+	return ex[apitypes.Template](), f.err
+}
+
+func (f *fakeEngine) ListTemplates(context.Context) (*apitypes.TemplateList, error) {
+	return ex[apitypes.TemplateList](), f.err
+}
+
+func (f *fakeEngine) GetTemplate(context.Context, string) (*apitypes.Template, error) {
+	return ex[apitypes.Template](), f.err
+}
+
 func (f *fakeEngine) CreateVolume(context.Context, apitypes.VolumeCreateRequest) (*apitypes.Volume, error) {
 	return ex[apitypes.Volume](), f.err
 }
@@ -199,6 +211,9 @@ func TestFakeContract(t *testing.T) {
 		{"GET", "/v1/runs", "", reflect.TypeFor[apitypes.RunList]()},
 		{"GET", "/v1/snapshots", "", reflect.TypeFor[apitypes.SnapshotList]()},
 		{"GET", "/v1/volumes", "", reflect.TypeFor[apitypes.VolumeList]()},
+		{"GET", "/v1/templates", "", reflect.TypeFor[apitypes.TemplateList]()},
+		{"GET", "/v1/templates/t", "", reflect.TypeFor[apitypes.Template]()},
+		{"POST", "/v1/templates", `{"name":"t","image":"python"}`, reflect.TypeFor[apitypes.Template]()},
 		{"GET", "/v1/volumes/v", "", reflect.TypeFor[apitypes.Volume]()},
 		{"POST", "/v1/volumes", `{"name":"v"}`, reflect.TypeFor[apitypes.Volume]()},
 		{"GET", "/v1/status", "", reflect.TypeFor[apitypes.Status]()},

@@ -128,6 +128,10 @@ func (f *fake) ImageList(ctx context.Context) (*apitypes.ImageList, error) {
 	return &apitypes.ImageList{Images: []apitypes.Image{{Name: "base", Digest: "d1"}}, Unbuilt: []apitypes.ImageRecipe{{Name: "python", Language: true}}}, nil
 }
 
+func (f *fake) ListTemplates(ctx context.Context) (*apitypes.TemplateList, error) {
+	return &apitypes.TemplateList{Templates: []apitypes.Template{}}, nil
+}
+
 func (f *fake) Exec(ctx context.Context, req apitypes.ExecRequest) (*apitypes.ExecResult, error) {
 	return nil, errdefs.New(errdefs.Internal, "not used")
 }

@@ -169,6 +169,23 @@ func (f *fakeEngine) DeleteSnapshot(context.Context, string) error {
 	return err
 }
 
+func (f *fakeEngine) CreateTemplate(context.Context, apitypes.TemplateCreateRequest) (*apitypes.Template, error) {
+	return ex[apitypes.Template](f, "CreateTemplate")
+}
+
+func (f *fakeEngine) ListTemplates(context.Context) (*apitypes.TemplateList, error) {
+	return ex[apitypes.TemplateList](f, "ListTemplates")
+}
+
+func (f *fakeEngine) GetTemplate(context.Context, string) (*apitypes.Template, error) {
+	return ex[apitypes.Template](f, "GetTemplate")
+}
+
+func (f *fakeEngine) DeleteTemplate(context.Context, string) error {
+	_, err := ex[struct{}](f, "DeleteTemplate")
+	return err
+}
+
 func (f *fakeEngine) CreateVolume(context.Context, apitypes.VolumeCreateRequest) (*apitypes.Volume, error) {
 	return ex[apitypes.Volume](f, "CreateVolume")
 }
@@ -286,6 +303,10 @@ var contractCases = []contractCase{
 	{"snapshot_list", nil, reflect.TypeFor[apitypes.SnapshotList](), nil},
 	{"snapshot_delete", map[string]any{"snapshot_id": "snap-1"}, reflect.TypeFor[apitypes.SnapshotDeleteResult](), nil},
 	{"volume_create", map[string]any{"name": "v"}, reflect.TypeFor[apitypes.Volume](), nil},
+	{"template_create", map[string]any{"name": "t", "image": "python"}, reflect.TypeFor[apitypes.Template](), nil},
+	{"template_list", nil, reflect.TypeFor[apitypes.TemplateList](), nil},
+	{"template_get", map[string]any{"name": "t"}, reflect.TypeFor[apitypes.Template](), nil},
+	{"template_delete", map[string]any{"name": "t"}, reflect.TypeFor[apitypes.TemplateDeleteResult](), nil},
 	{"volume_list", nil, reflect.TypeFor[apitypes.VolumeList](), nil},
 	{"volume_get", map[string]any{"name": "v"}, reflect.TypeFor[apitypes.Volume](), nil},
 	{"volume_delete", map[string]any{"name": "v"}, reflect.TypeFor[apitypes.VolumeDeleteResult](), nil},

@@ -147,6 +147,7 @@ func newSrv(e Engine, opt Options) *srv {
 		s.addPortTools()
 		s.addSnapshotTools()
 		s.addVolumeTools()
+		s.addTemplateTools()
 	}
 	if enabled("sandbox", "run") {
 		s.addLanguagesTool()

@@ -145,7 +145,7 @@ type Options struct {
 	// PoolReady, when set, makes a warm sandbox of key ready before it is
 	// offered (a template's start command and readiness check); an error
 	// ends that sandbox.
-	PoolReady func(ctx context.Context, id, key string) error
+	PoolReady    func(ctx context.Context, id, key string) error
 	PoolSpec     func(image string) (Spec, error)
 	ReapInterval time.Duration // how often the reaper looks; default 1s
 	AgentStartup time.Duration // how long the agent may take to answer; default 15s
@@ -174,8 +174,8 @@ type Manager struct {
 	// poolSizes are warm pool sizes set at run time (SetPool: templates),
 	// beside Options.Pool; guarded by mu.
 	poolSizes map[string]int
-	closed     chan struct{} // closed by Close
-	closeOnce  sync.Once
+	closed    chan struct{} // closed by Close
+	closeOnce sync.Once
 }
 
 // Sandbox is one live sandbox.

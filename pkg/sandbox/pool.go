@@ -103,7 +103,7 @@ func (m *Manager) poolable(spec Spec) (Spec, bool) {
 	}
 	return tmpl, spec.Limits == tmpl.Limits && spec.DiskBacking == tmpl.DiskBacking && spec.Network == tmpl.Network && len(spec.Allow) == 0 && len(tmpl.Allow) == 0 &&
 		// A warm sandbox has no credential grants (they are made at attach).
-		len(spec.Credentials) == 0 && len(tmpl.Credentials) == 0 && spec.UID == tmpl.UID && spec.Backend == tmpl.Backend && spec.SeccompProfile == tmpl.SeccompProfile
+		len(spec.Credentials) == 0 && len(tmpl.Credentials) == 0 && spec.UID == tmpl.UID && spec.Root == tmpl.Root && spec.Backend == tmpl.Backend && spec.SeccompProfile == tmpl.SeccompProfile
 }
 
 // claim hands a warm sandbox to a request, giving it the request's identity

@@ -51,6 +51,7 @@ export interface SandboxDetail {
   backend?: string;
   from_snapshot?: string;
   volumes?: VolumeMount[];
+  template?: string;
   capabilities?: string[];
   vm?: VMInfo;
   usage?: Usage;
@@ -81,6 +82,7 @@ export interface CreateSandboxRequest {
   request_id?: string;
   from_snapshot?: string;
   root?: boolean;
+  template?: string;
   volumes?: VolumeMount[];
 }
 
@@ -249,6 +251,7 @@ export interface Sandbox {
   backend?: string;
   from_snapshot?: string;
   volumes?: VolumeMount[];
+  template?: string;
   capabilities?: string[];
   vm?: VMInfo;
 }
