@@ -103,6 +103,7 @@ func createCmd(g *globals) *cobra.Command {
 		pids, inodes         int64
 		ttl                  time.Duration
 		envFlags, labelFlags []string
+		volumeFlags          []string
 	)
 	cmd := &cobra.Command{
 		Use:   "create --lang L [flags] | create --backend vm [--os OS] [--image linux|LANG]",
@@ -158,6 +159,9 @@ func createCmd(g *globals) *cobra.Command {
 			if req.Labels, err = parseKV("label", labelFlags); err != nil {
 				return err
 			}
+			if req.Volumes, err = parseVolumes(volumeFlags); err != nil {
+				return err
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -198,6 +202,8 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&labelFlags, "label", nil, "label NAME=VALUE (repeatable)")
 	f.DurationVar(&ttl, "ttl", 0, "lifetime after which the sandbox is terminated, e.g. 30m")
 	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start from a snapshot's files (a fork; the language is the snapshot's)")
+	f.StringVar(&req.Template, "template", "", "start from a template: its image and defaults, its start command ready on return")
+	f.StringArrayVar(&volumeFlags, "volume", nil, "mount a named volume, NAME:PATH or NAME:PATH:ro (repeatable)")
 	return cmd
 }
 

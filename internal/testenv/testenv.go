@@ -302,7 +302,8 @@ func AssertNoLeftovers(t testing.TB, cfg *config.Config) {
 		t.Errorf("leftover mount %s", m)
 	}
 	// vms: VM state dirs (QEMU's overlay, sockets, vm.json).
-	for _, sub := range []string{"runtime", "sandboxes", "vms"} {
+	// volumes: a named volume's mount point (a test deletes its volumes).
+	for _, sub := range []string{"runtime", "sandboxes", "vms", "volumes"} {
 		ents, _ := os.ReadDir(filepath.Join(cfg.Paths.RunDir, sub))
 		for _, e := range ents {
 			t.Errorf("leftover %s/%s", sub, e.Name())
@@ -319,7 +320,7 @@ func AssertNoLeftovers(t testing.TB, cfg *config.Config) {
 	}
 	for dev, backing := range devs {
 		// Ready disks of the pool (images/pool/) belong to no sandbox.
-		if filepath.Dir(backing) == images {
+		if d := filepath.Dir(backing); d == images || d == cfg.Volumes.DirOrDefault(cfg.Paths.StateDir) {
 			t.Errorf("leftover loop device %s of %s", dev, backing)
 		}
 	}

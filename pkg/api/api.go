@@ -127,6 +127,8 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	s.registerSnapshots(mux)
 	s.routeKeys(mux)
 	s.routeAudit(mux)
+	s.registerVolumes(mux)
+	s.registerTemplates(mux)
 	if opt.MCP != nil {
 		mux.Handle("/mcp", s.capBody(opt.MCP))
 	}

@@ -63,6 +63,16 @@ type Engine interface {
 	ExportFiles(ctx context.Context, id, dir string) (*apitypes.Artifact, error)
 	OpenArtifact(ctx context.Context, id string) (*apitypes.Artifact, io.ReadCloser, error)
 
+	// Templates.
+	CreateTemplate(ctx context.Context, req apitypes.TemplateCreateRequest) (*apitypes.Template, error)
+	ListTemplates(ctx context.Context) (*apitypes.TemplateList, error)
+	GetTemplate(ctx context.Context, name string) (*apitypes.Template, error)
+	DeleteTemplate(ctx context.Context, name string) error
+	// Named volumes.
+	CreateVolume(ctx context.Context, req apitypes.VolumeCreateRequest) (*apitypes.Volume, error)
+	ListVolumes(ctx context.Context) (*apitypes.VolumeList, error)
+	GetVolume(ctx context.Context, name string) (*apitypes.Volume, error)
+	DeleteVolume(ctx context.Context, name string) error
 	// Snapshots.
 	SnapshotSandbox(ctx context.Context, req apitypes.SnapshotRequest) (*apitypes.Snapshot, error)
 	RestoreSandbox(ctx context.Context, req apitypes.RestoreRequest) (*apitypes.Sandbox, error)

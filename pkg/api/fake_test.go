@@ -126,6 +126,30 @@ func (f *fakeEngine) ListSnapshots(context.Context, string) ([]apitypes.Snapshot
 	return []apitypes.Snapshot{*ex[apitypes.Snapshot]()}, f.err
 }
 
+func (f *fakeEngine) CreateTemplate(context.Context, apitypes.TemplateCreateRequest) (*apitypes.Template, error) {
+	return ex[apitypes.Template](), f.err
+}
+
+func (f *fakeEngine) ListTemplates(context.Context) (*apitypes.TemplateList, error) {
+	return ex[apitypes.TemplateList](), f.err
+}
+
+func (f *fakeEngine) GetTemplate(context.Context, string) (*apitypes.Template, error) {
+	return ex[apitypes.Template](), f.err
+}
+
+func (f *fakeEngine) CreateVolume(context.Context, apitypes.VolumeCreateRequest) (*apitypes.Volume, error) {
+	return ex[apitypes.Volume](), f.err
+}
+
+func (f *fakeEngine) ListVolumes(context.Context) (*apitypes.VolumeList, error) {
+	return ex[apitypes.VolumeList](), f.err
+}
+
+func (f *fakeEngine) GetVolume(context.Context, string) (*apitypes.Volume, error) {
+	return ex[apitypes.Volume](), f.err
+}
+
 func (f *fakeEngine) Ports(context.Context, string) ([]apitypes.PortExposure, error) {
 	return []apitypes.PortExposure{*ex[apitypes.PortExposure]()}, f.err
 }
@@ -229,6 +253,12 @@ func TestFakeContract(t *testing.T) {
 		{"POST", "/v1/keys/key-1/rotate", "", reflect.TypeFor[apitypes.KeySecret]()},
 		{"POST", "/v1/keys/key-1/revoke", "", reflect.TypeFor[apitypes.Key]()},
 		{"GET", "/v1/keys/self/usage", "", reflect.TypeFor[apitypes.KeyUsage]()},
+		{"GET", "/v1/volumes", "", reflect.TypeFor[apitypes.VolumeList]()},
+		{"GET", "/v1/templates", "", reflect.TypeFor[apitypes.TemplateList]()},
+		{"GET", "/v1/templates/t", "", reflect.TypeFor[apitypes.Template]()},
+		{"POST", "/v1/templates", `{"name":"t","image":"python"}`, reflect.TypeFor[apitypes.Template]()},
+		{"GET", "/v1/volumes/v", "", reflect.TypeFor[apitypes.Volume]()},
+		{"POST", "/v1/volumes", `{"name":"v"}`, reflect.TypeFor[apitypes.Volume]()},
 		{"GET", "/v1/status", "", reflect.TypeFor[apitypes.Status]()},
 		{"GET", "/v1/images", "", reflect.TypeFor[apitypes.ImageList]()},
 		{"GET", "/v1/system", "", reflect.TypeFor[apitypes.SystemInfo]()},

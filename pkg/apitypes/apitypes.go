@@ -108,6 +108,12 @@ type CreateSandboxRequest struct {
 	// when ttl_seconds pass instead of terminating it; the configured max
 	// lifetime still terminates it.
 	PauseOnExpiry bool `json:"-"`
+	// Template names a template (template_create): its image, limits,
+	// network and environment are the defaults, and the sandbox comes back
+	// with the template's start command already ready.
+	Template string `json:"template,omitempty" jsonschema_description:"Template (template_list) to start from: its image and defaults; the sandbox is returned with the template's start command already ready (from the template's warm pool when it has one)."`
+	// Volumes are named volumes mounted into the sandbox.
+	Volumes []VolumeMount `json:"volumes,omitempty" jsonschema_description:"Named volumes (volume_create) to mount: their files outlive the sandbox and are shared with every other sandbox that mounts them (writes are seen at once). Not with backend vm."`
 }
 
 // Sandbox describes a sandbox, live or not.
@@ -141,6 +147,10 @@ type Sandbox struct {
 	Backend string `json:"backend,omitempty"`
 	// FromSnapshot is the snapshot a fork started from.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// Volumes are the named volumes mounted into it.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Template is the template it was made from.
+	Template string `json:"template,omitempty"`
 	// Capabilities are what a live sandbox can do (exec, jobs, pty, files,
 	// file_list, ports, file_snapshot, memory_snapshot, screenshot,
 	// pause); an operation it cannot do answers unavailable naming it.

@@ -28,6 +28,11 @@ type Snapshot struct {
 	ContentSize int64      `json:"content_bytes"` // bytes of its files
 	CreatedAt   time.Time  `json:"created_at"`
 	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
+	// ExcludedVolumes are "name:/path" of the named volumes the sandbox
+	// had mounted: their files are not in the snapshot (a volume outlives
+	// sandboxes and is shared; restoring it would overwrite what others
+	// wrote), and a fork does not mount them.
+	ExcludedVolumes []string `json:"excluded_volumes,omitempty"`
 }
 
 // Snapshot.Kind values.

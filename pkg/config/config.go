@@ -37,8 +37,10 @@ type Config struct {
 	Runs    Runs    `yaml:"runs"`
 	// Snapshots: workspace snapshots (docs/storage.md).
 	Snapshots Snapshots `yaml:"snapshots"`
-	Autofix   Autofix   `yaml:"autofix"`
-	VM        VM        `yaml:"vm"`
+	// Volumes: named volumes, disk that outlives sandboxes (docs/storage.md).
+	Volumes Volumes `yaml:"volumes"`
+	Autofix Autofix `yaml:"autofix"`
+	VM      VM      `yaml:"vm"`
 	// E2B: the E2B-compatible API (pkg/e2b, docs/e2b.md).
 	E2B E2B `yaml:"e2b"`
 	// Audit: the tamper-evident audit log (pkg/audit).
@@ -251,6 +253,24 @@ type Snapshots struct {
 	MaxSize ByteSize `yaml:"max_size"` // cap on one snapshot's compressed archive (0: none)
 }
 
+// Volumes is the `volumes` section: named volumes.
+type Volumes struct {
+	Dir         string   `yaml:"dir"`          // where volume images go; empty: state_dir/volumes
+	DefaultSize ByteSize `yaml:"default_size"` // size of a volume created without size_mb
+	MaxSize     ByteSize `yaml:"max_size"`     // cap on one volume's size
+	MaxVolumes  int      `yaml:"max_volumes"`  // volumes at once (0: no cap)
+	// MaxPerSandbox caps the volumes one sandbox mounts.
+	MaxPerSandbox int `yaml:"max_per_sandbox"`
+}
+
+// DirOrDefault is volumes.dir, or state_dir/volumes when it is empty.
+func (v Volumes) DirOrDefault(stateDir string) string {
+	if v.Dir != "" {
+		return v.Dir
+	}
+	return filepath.Join(stateDir, "volumes")
+}
+
 // Autofix is the `autofix` section.
 type Autofix struct {
 	Provider       string   `yaml:"provider"`        // client | sampling | anthropic | command
@@ -427,6 +447,7 @@ func Default() *Config {
 			LogCap:       64 << 20,
 		},
 		Snapshots: Snapshots{MaxAge: Duration(168 * time.Hour), MaxSize: 2 << 30},
+		Volumes:   Volumes{DefaultSize: 1 << 30, MaxSize: 64 << 30, MaxVolumes: 256, MaxPerSandbox: 8},
 		Autofix: Autofix{
 			Provider:       "client",
 			MaxRetries:     5,

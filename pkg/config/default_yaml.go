@@ -291,6 +291,22 @@ snapshots:
   # fails with limit_exceeded and leaves nothing behind.
   max_size: 2G
 
+# Named volumes (volume_create, sandbox_create volumes): disk that outlives
+# sandboxes, each an ext4 image with a journal on a loop device, mounted into
+# sandboxes at a path, read-write or read-only, by several at once. They
+# survive restarts and kill -9; gc never removes one.
+volumes:
+  # Directory of the volume images (absolute path). Empty: state_dir/volumes.
+  dir: ""
+  # Size of a volume created without size_mb (size).
+  default_size: 1G
+  # Cap on one volume's size (size, at least 16M).
+  max_size: 64G
+  # Volumes at once (0: no cap); beyond, volume_create is limit_exceeded.
+  max_volumes: 256
+  # Volumes one sandbox may mount.
+  max_per_sandbox: 8
+
 # The run, fix, run again loop.
 autofix:
   # Who writes the fixes by default: client (the calling MCP client,

@@ -49,6 +49,7 @@ func (c *Config) Validate() error {
 	c.Images.validate(&p)
 	c.Runs.validate(&p)
 	c.Snapshots.validate(&p)
+	c.Volumes.validate(&p)
 	c.Autofix.validate(&p)
 	c.VM.validate(&p)
 	c.E2B.validate(&p)
@@ -433,6 +434,26 @@ func (s *Snapshots) validate(p *problems) {
 	}
 	if s.MaxSize < 0 {
 		p.add("snapshots.max_size", "", "must not be negative (0 means no cap)")
+	}
+}
+
+func (v *Volumes) validate(p *problems) {
+	if v.Dir != "" {
+		p.absPath("volumes.dir", v.Dir)
+	}
+	// 16 MiB: the least ext4 with a journal that still holds files.
+	const minVolume = 16 << 20
+	if v.MaxSize < minVolume {
+		p.add("volumes.max_size", "", "%v is below the minimum of 16M", v.MaxSize)
+	}
+	if v.DefaultSize < minVolume || v.DefaultSize > v.MaxSize {
+		p.add("volumes.default_size", "", "%v must be between 16M and volumes.max_size (%v)", v.DefaultSize, v.MaxSize)
+	}
+	if v.MaxVolumes < 0 {
+		p.add("volumes.max_volumes", "", "must not be negative (0 means no cap)")
+	}
+	if v.MaxPerSandbox < 0 {
+		p.add("volumes.max_per_sandbox", "", "must not be negative (0: sandboxes mount none)")
 	}
 }
 

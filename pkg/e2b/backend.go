@@ -23,6 +23,9 @@ type Backend interface {
 	ResumeSandbox(ctx context.Context, id string) (*apitypes.Sandbox, error)
 	SetSandboxTimeout(ctx context.Context, id string, seconds int64) (*apitypes.Sandbox, error)
 	ImageList(ctx context.Context) (*apitypes.ImageList, error)
+	// ListTemplates lists the daemon's templates: E2B's templateID names
+	// one of them, or an image.
+	ListTemplates(ctx context.Context) (*apitypes.TemplateList, error)
 
 	// Exec runs a command to its end (the file operations envd has and
 	// the agent has not: stat with owners, mkdir, rename, watching).

@@ -162,6 +162,15 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	cr := apitypes.CreateSandboxRequest{Image: req.TemplateID, Env: req.EnvVars, Labels: labels,
 		TTLSeconds: &timeout, Root: true, RootAsUser: true, PauseOnExpiry: req.AutoPause != nil && *req.AutoPause}
+	// A template of the daemon's (template_create) by that name wins over
+	// an image: its image, defaults and start command, ready on return.
+	image := req.TemplateID
+	if t, err := s.template(r.Context(), req.TemplateID); err != nil {
+		writeErr(w, err)
+		return
+	} else if t != nil {
+		cr.Image, cr.Template, image = "", t.Name, t.Image
+	}
 	if req.AllowInternetAccess != nil {
 		cr.Network = "none"
 		if *req.AllowInternetAccess {
@@ -177,7 +186,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if req.TemplateID != "base" {
+	if image != "base" {
 		if err := s.makeHome(r.Context(), sb.ID); err != nil {
 			_, _ = s.b.TerminateSandbox(context.WithoutCancel(r.Context()), sb.ID)
 			writeErr(w, err)
@@ -535,15 +544,48 @@ type templateJSON struct {
 	UpdatedAt   time.Time `json:"updatedAt"`
 }
 
-// templates lists the daemon's images, built or not (an unbuilt one is
-// built on its first sandbox).
+// template finds the daemon's template name (nil when there is none).
+func (s *Server) template(ctx context.Context, name string) (*apitypes.Template, error) {
+	l, err := s.b.ListTemplates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := range l.Templates {
+		if l.Templates[i].Name == name {
+			return &l.Templates[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// templates lists the daemon's templates (template_create) and images,
+// built or not (an unbuilt one is built on its first sandbox).
 func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
 	l, err := s.b.ImageList(r.Context())
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
+	tl, err := s.b.ListTemplates(r.Context())
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
 	out := []templateJSON{}
+	for _, t := range tl.Templates {
+		tj := templateJSON{TemplateID: t.Name, BuildID: t.Image, Aliases: []string{t.Name}, Names: []string{t.Name},
+			Public: true, BuildStatus: "ready", CPUCount: 1, EnvdVersion: EnvdVersion, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt}
+		if t.CPUs != nil {
+			tj.CPUCount = max(1, int(*t.CPUs))
+		}
+		if t.MemoryMB != nil {
+			tj.MemoryMB = *t.MemoryMB
+		}
+		if t.DiskMB != nil {
+			tj.DiskSizeMB = *t.DiskMB
+		}
+		out = append(out, tj)
+	}
 	for _, im := range l.Images {
 		out = append(out, templateJSON{TemplateID: im.Name, BuildID: im.Digest, Aliases: []string{im.Name}, Names: []string{im.Name},
 			Public: true, BuildStatus: "ready", CPUCount: 1, EnvdVersion: EnvdVersion, CreatedAt: im.BuiltAt, UpdatedAt: im.BuiltAt})

@@ -41,6 +41,7 @@ type fake struct {
 	kills   []string
 	n       int
 	lastReq apitypes.CreateSandboxRequest
+	tmpls   []apitypes.Template // the daemon's templates
 }
 
 func newFake() *fake { return &fake{sbs: map[string]*apitypes.Sandbox{}, files: map[string][]byte{}} }
@@ -48,7 +49,7 @@ func newFake() *fake { return &fake{sbs: map[string]*apitypes.Sandbox{}, files: 
 func (f *fake) CreateSandbox(ctx context.Context, req apitypes.CreateSandboxRequest) (*apitypes.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if req.Image != "base" && req.Image != "shell" {
+	if req.Template == "" && req.Image != "base" && req.Image != "shell" {
 		return nil, errdefs.Invalidf("image: unknown image %q (known: base)", req.Image)
 	}
 	f.n++
@@ -126,6 +127,10 @@ func (f *fake) SetSandboxTimeout(ctx context.Context, id string, seconds int64) 
 
 func (f *fake) ImageList(ctx context.Context) (*apitypes.ImageList, error) {
 	return &apitypes.ImageList{Images: []apitypes.Image{{Name: "base", Digest: "d1"}}, Unbuilt: []apitypes.ImageRecipe{{Name: "python", Language: true}}}, nil
+}
+
+func (f *fake) ListTemplates(ctx context.Context) (*apitypes.TemplateList, error) {
+	return &apitypes.TemplateList{Templates: append([]apitypes.Template{}, f.tmpls...)}, nil
 }
 
 func (f *fake) Exec(ctx context.Context, req apitypes.ExecRequest) (*apitypes.ExecResult, error) {
@@ -277,6 +282,30 @@ func TestIDs(t *testing.T) {
 		if _, ok := FromE2B(bad); ok {
 			t.Errorf("FromE2B(%q) accepted", bad)
 		}
+	}
+}
+
+// TestTemplateID: E2B's templateID names one of the daemon's templates
+// (template_create) before an image: the create asks the engine for that
+// template, and GET /templates lists it beside the images.
+func TestTemplateID(t *testing.T) {
+	f, ts := newServer(t)
+	mem := int64(256)
+	f.tmpls = []apitypes.Template{{TemplateCreateRequest: apitypes.TemplateCreateRequest{Name: "web", Image: "base", MemoryMB: &mem}}}
+	st, m, _ := call(t, ts, "POST", "/sandboxes", `{"templateID":"web"}`, nil)
+	if st != 201 || m["templateID"] != "web" {
+		t.Fatalf("create from template web: %d %v", st, m)
+	}
+	if f.lastReq.Template != "web" || f.lastReq.Image != "" || !f.lastReq.Root {
+		t.Errorf("create request: template %q image %q root %v", f.lastReq.Template, f.lastReq.Image, f.lastReq.Root)
+	}
+	st, m, _ = call(t, ts, "POST", "/sandboxes", `{"templateID":"base"}`, nil)
+	if st != 201 || f.lastReq.Template != "" || f.lastReq.Image != "base" {
+		t.Errorf("create from image base: %d %v, request %+v", st, m, f.lastReq)
+	}
+	st, m, _ = call(t, ts, "GET", "/templates", "", nil)
+	if l, _ := m["list"].([]any); st != 200 || len(l) != 3 || l[0].(map[string]any)["templateID"] != "web" || l[0].(map[string]any)["memoryMB"] != float64(256) {
+		t.Errorf("GET /templates: %d %v", st, m)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
@@ -18,6 +19,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/volumes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
@@ -79,6 +81,10 @@ func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, e
 		e.closeCore()
 		return nil, err
 	}
+	if err := e.openVolumes(); err != nil {
+		e.closeCore()
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -86,6 +92,9 @@ func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, e
 func (e *Engine) closeCore() {
 	_ = e.disks.Close()
 	e.diskStore.Close()
+	if e.volumeDisks != nil {
+		e.volumeDisks.Close()
+	}
 	_ = e.audit.Close()
 	e.tenants.Close()
 	_ = e.store.Close()
@@ -241,6 +250,9 @@ func (e *Engine) newSandboxService(backend sandbox.Backend) error {
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: e.log,
 		Pool: cfg.Sandbox.Pool,
 		PoolSpec: func(image string) (sandbox.Spec, error) {
+			if name, ok := strings.CutPrefix(image, sandbox.TemplatePoolKey("")); ok {
+				return e.templatePoolSpec(name)
+			}
 			spec, err := e.sandboxSpec(CreateSandboxRequest{Language: image})
 			if err != nil {
 				return sandbox.Spec{}, err
@@ -249,6 +261,17 @@ func (e *Engine) newSandboxService(backend sandbox.Backend) error {
 		},
 		Admit: func(ctx context.Context, l sandbox.Limits) (func(), error) {
 			return e.tenants.Admit(ctx, l, e.sandboxes.HeldBy)
+		},
+		PoolReady: func(ctx context.Context, id, key string) error {
+			name, ok := strings.CutPrefix(key, sandbox.TemplatePoolKey(""))
+			if !ok {
+				return nil
+			}
+			_, t, err := e.template(ctx, "template", name)
+			if err != nil {
+				return err
+			}
+			return e.readyTemplate(ctx, id, t)
 		},
 		OnTransition: func(id string, _, to sandbox.State, _ string) {
 			e.metrics.terminations.WithLabelValues(string(to)).Inc()
@@ -260,9 +283,35 @@ func (e *Engine) newSandboxService(backend sandbox.Backend) error {
 	return err
 }
 
+// openVolumes opens the named volumes' service, part of the core: a
+// volume is disk like a sandbox's, mounted by the sandbox service's
+// backend. Volume images live apart from sandboxes' (never in
+// sandboxes_dir, which the container backend's scan and gc read).
+func (e *Engine) openVolumes() error {
+	cfg := e.cfg
+	vdisks, err := storage.NewStore(cfg.Volumes.DirOrDefault(cfg.Paths.StateDir))
+	if err != nil {
+		return err
+	}
+	e.volumeDisks = vdisks
+	e.volumes, err = volumes.New(volumes.Options{
+		Store: e.store, Sandboxes: e.sandboxes, Ledger: e.ledger, Disks: vdisks,
+		MountDir: filepath.Join(cfg.Paths.RunDir, "volumes"), Config: &cfg.Volumes, Owner: cfg.Sandbox.User, Log: e.log,
+	})
+	return err
+}
+
 // restore reconciles the sandboxes a previous run of the daemon left, and
 // what hangs on them: their networks and preview exposures.
 func (e *Engine) restore(ctx context.Context) error {
+	// Volumes first: a create interrupted by the crash is undone, a ready
+	// volume mounted again where it is not (a host restart).
+	if err := e.volumes.Load(ctx); err != nil {
+		e.log.Error("restore volumes", "err", err)
+	}
+	if err := e.loadTemplatePools(ctx); err != nil {
+		e.log.Error("restore template pools", "err", err)
+	}
 	rep, err := e.sandboxes.Reconcile(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)

@@ -42,6 +42,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/volumes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
@@ -78,6 +79,8 @@ type Engine struct {
 	snapshots       *snapshots.Service // workspace and machine snapshots (pkg/services/snapshots)
 	agents          *agents.Service    // agent sessions (pkg/services/agents)
 	sshState                           // SSH identities and host key (ssh.go, pkg/services/sshkeys)
+	volumes         *volumes.Service   // named volumes (pkg/services/volumes)
+	volumeDisks     *storage.Store     // image files of named volumes
 }
 
 // unbuilt names the configuration sections whose subsystems this build does
@@ -188,6 +191,10 @@ func (e *Engine) Close() error {
 	e.tenants.Close() // writes the last-use times still pending
 	err := e.disks.Close()
 	e.diskStore.Close()
+	if e.volumeDisks != nil {
+		// Volumes stay mounted: sandboxes that outlive the daemon use them.
+		e.volumeDisks.Close()
+	}
 	// The audit log before the database: its last checkpoint goes there.
 	return errors.Join(err, e.audit.Close(), e.store.Close())
 }
@@ -224,6 +231,16 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 // phase lines of a slow start (a VM's guest image built on first use, a
 // disk guest booting).
 func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxRequest, progress func(string)) (*sandbox.Info, error) {
+	var tmpl *apitypes.TemplateCreateRequest
+	if req.Template != "" {
+		var err error
+		if tmpl, err = e.applyTemplate(ctx, &req); err != nil {
+			return nil, err
+		}
+	}
+	if len(req.Volumes) > 0 && req.Backend == BackendVM {
+		return nil, errdefs.Invalidf("volumes: not available with backend vm (a VM has no host mounts)")
+	}
 	switch req.Backend {
 	case BackendVM:
 		return e.createVM(ctx, req, progress)
@@ -246,6 +263,17 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 		if err := e.snapshots.SeedSpec(spec, seed); err != nil {
 			return nil, err
 		}
+	}
+	// The volumes count as in use from here until the sandbox is live
+	// (its spec names them) or failed: a delete meanwhile is refused.
+	vols, releaseVols, err := e.volumes.Acquire(ctx, req.Volumes)
+	if err != nil {
+		return nil, err
+	}
+	defer releaseVols()
+	spec.Volumes = vols
+	if tmpl != nil {
+		spec.Template = tmpl.Name
 	}
 	if req.RequestID != "" {
 		// Creates with a request id run one at a time, so that two
@@ -278,6 +306,16 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 	}
 	start := time.Now()
 	info, err := e.sandboxes.Create(ctx, *spec)
+	if err == nil && tmpl != nil {
+		// The start command ready before the sandbox is handed out (at
+		// once for a warm one of the template's pool).
+		if rerr := e.readyTemplate(ctx, info.ID, tmpl); rerr != nil {
+			if _, terr := e.sandboxes.Terminate(context.WithoutCancel(ctx), info.ID, "template start command not ready: "+rerr.Error()); terr != nil {
+				e.log.Error("terminate a template sandbox that did not get ready", "sandbox", info.ID, "err", terr)
+			}
+			info, err = nil, rerr
+		}
+	}
 	switch {
 	case err == nil:
 		e.metrics.created.WithLabelValues("ready").Inc()

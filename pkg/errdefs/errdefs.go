@@ -29,11 +29,16 @@ const (
 	// PermissionDenied: authenticated, but this request may not be made
 	// (a browser request failing the web editor's CSRF or Origin checks).
 	PermissionDenied Code = "permission_denied"
-	Internal         Code = "internal"
+	// FailedPrecondition: the request is well formed but the state of what
+	// it acts on forbids it until something else changes first (a volume
+	// still mounted by live sandboxes cannot be deleted). Unlike conflict,
+	// retrying alone does not help: the caller must act first.
+	FailedPrecondition Code = "failed_precondition"
+	Internal           Code = "internal"
 )
 
 // Codes lists the taxonomy.
-var Codes = []Code{InvalidArgument, NotFound, Conflict, LimitExceeded, Unavailable, Unauthenticated, PermissionDenied, Internal}
+var Codes = []Code{InvalidArgument, NotFound, Conflict, LimitExceeded, Unavailable, Unauthenticated, PermissionDenied, FailedPrecondition, Internal}
 
 // Known reports whether c is a code of the taxonomy.
 func Known(c Code) bool {
@@ -85,6 +90,11 @@ func LimitExceededf(format string, args ...any) error { return newf(LimitExceede
 
 // Unavailablef returns an unavailable error (a dependency is missing or down).
 func Unavailablef(format string, args ...any) error { return newf(Unavailable, format, args...) }
+
+// FailedPreconditionf is New(FailedPrecondition, ...).
+func FailedPreconditionf(format string, args ...any) error {
+	return newf(FailedPrecondition, format, args...)
+}
 
 // Unauthenticatedf returns an unauthenticated error (no or a wrong credential).
 func Unauthenticatedf(format string, args ...any) error {

@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
@@ -45,6 +46,7 @@ type Ledger struct {
 
 	mu        sync.RWMutex
 	releasers map[string]Releaser
+	claimed   []string // owner prefixes a service releases itself
 }
 
 // New returns a ledger kept in db.
@@ -66,6 +68,29 @@ func (l *Ledger) Known(kind string) bool {
 	defer l.mu.RUnlock()
 	_, ok := l.releasers[kind]
 	return ok
+}
+
+// Claim marks the owners whose names start with prefix as a service's own
+// (named volumes: "vol-"): they belong to no sandbox and outlive every one,
+// so the sandbox manager's reconciliation and garbage collection, which
+// release every owner that is not a live sandbox, leave them alone. The
+// service releases them through Release like anyone else.
+func (l *Ledger) Claim(prefix string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.claimed = append(l.claimed, prefix)
+}
+
+// Claimed reports whether owner belongs to a service that claimed it.
+func (l *Ledger) Claimed(owner string) bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for _, p := range l.claimed {
+		if strings.HasPrefix(owner, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // Record notes that owner is about to acquire r. Recording a resource twice

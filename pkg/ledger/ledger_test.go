@@ -72,3 +72,15 @@ func TestReleaseWalksBackwardsAndKeepsFailures(t *testing.T) {
 		t.Fatalf("Owners after release = %v", owners)
 	}
 }
+
+// TestClaim: owners under a claimed prefix are a service's, others not.
+func TestClaim(t *testing.T) {
+	l := New(nil)
+	if l.Claimed("vol-a") {
+		t.Fatal("claimed before Claim")
+	}
+	l.Claim("vol-")
+	if !l.Claimed("vol-a") || l.Claimed("sb-1") || l.Claimed("vo") {
+		t.Errorf("Claimed: vol-a %v, sb-1 %v, vo %v", l.Claimed("vol-a"), l.Claimed("sb-1"), l.Claimed("vo"))
+	}
+}

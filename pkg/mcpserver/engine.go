@@ -47,6 +47,16 @@ type Engine interface {
 	DeleteFile(ctx context.Context, id, p string, recursive bool) (*apitypes.FileResult, error)
 	ExportFiles(ctx context.Context, id, dir string) (*apitypes.Artifact, error)
 
+	// Templates.
+	CreateTemplate(ctx context.Context, req apitypes.TemplateCreateRequest) (*apitypes.Template, error)
+	ListTemplates(ctx context.Context) (*apitypes.TemplateList, error)
+	GetTemplate(ctx context.Context, name string) (*apitypes.Template, error)
+	DeleteTemplate(ctx context.Context, name string) error
+	// Named volumes.
+	CreateVolume(ctx context.Context, req apitypes.VolumeCreateRequest) (*apitypes.Volume, error)
+	ListVolumes(ctx context.Context) (*apitypes.VolumeList, error)
+	GetVolume(ctx context.Context, name string) (*apitypes.Volume, error)
+	DeleteVolume(ctx context.Context, name string) error
 	// Snapshots.
 	SnapshotSandbox(ctx context.Context, req apitypes.SnapshotRequest) (*apitypes.Snapshot, error)
 	RestoreSandbox(ctx context.Context, req apitypes.RestoreRequest) (*apitypes.Sandbox, error)

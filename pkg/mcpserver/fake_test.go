@@ -169,6 +169,40 @@ func (f *fakeEngine) DeleteSnapshot(context.Context, string) error {
 	return err
 }
 
+func (f *fakeEngine) CreateTemplate(context.Context, apitypes.TemplateCreateRequest) (*apitypes.Template, error) {
+	return ex[apitypes.Template](f, "CreateTemplate")
+}
+
+func (f *fakeEngine) ListTemplates(context.Context) (*apitypes.TemplateList, error) {
+	return ex[apitypes.TemplateList](f, "ListTemplates")
+}
+
+func (f *fakeEngine) GetTemplate(context.Context, string) (*apitypes.Template, error) {
+	return ex[apitypes.Template](f, "GetTemplate")
+}
+
+func (f *fakeEngine) DeleteTemplate(context.Context, string) error {
+	_, err := ex[struct{}](f, "DeleteTemplate")
+	return err
+}
+
+func (f *fakeEngine) CreateVolume(context.Context, apitypes.VolumeCreateRequest) (*apitypes.Volume, error) {
+	return ex[apitypes.Volume](f, "CreateVolume")
+}
+
+func (f *fakeEngine) ListVolumes(context.Context) (*apitypes.VolumeList, error) {
+	return ex[apitypes.VolumeList](f, "ListVolumes")
+}
+
+func (f *fakeEngine) GetVolume(context.Context, string) (*apitypes.Volume, error) {
+	return ex[apitypes.Volume](f, "GetVolume")
+}
+
+func (f *fakeEngine) DeleteVolume(context.Context, string) error {
+	_, err := ex[struct{}](f, "DeleteVolume")
+	return err
+}
+
 func (f *fakeEngine) RunCode(context.Context, apitypes.RunCodeRequest, sandbox.OutputFunc) (*apitypes.RunResult, error) {
 	return ex[apitypes.RunResult](f, "RunCode")
 }
@@ -273,6 +307,14 @@ var contractCases = []contractCase{
 	{"sandbox_restore", with(sb, "snapshot_id", "snap-1"), reflect.TypeFor[apitypes.SandboxState](), nil},
 	{"snapshot_list", nil, reflect.TypeFor[apitypes.SnapshotList](), nil},
 	{"snapshot_delete", map[string]any{"snapshot_id": "snap-1"}, reflect.TypeFor[apitypes.SnapshotDeleteResult](), nil},
+	{"volume_create", map[string]any{"name": "v"}, reflect.TypeFor[apitypes.Volume](), nil},
+	{"template_create", map[string]any{"name": "t", "image": "python"}, reflect.TypeFor[apitypes.Template](), nil},
+	{"template_list", nil, reflect.TypeFor[apitypes.TemplateList](), nil},
+	{"template_get", map[string]any{"name": "t"}, reflect.TypeFor[apitypes.Template](), nil},
+	{"template_delete", map[string]any{"name": "t"}, reflect.TypeFor[apitypes.TemplateDeleteResult](), nil},
+	{"volume_list", nil, reflect.TypeFor[apitypes.VolumeList](), nil},
+	{"volume_get", map[string]any{"name": "v"}, reflect.TypeFor[apitypes.Volume](), nil},
+	{"volume_delete", map[string]any{"name": "v"}, reflect.TypeFor[apitypes.VolumeDeleteResult](), nil},
 	// run_code spends the budget once: the last step's output is the top
 	// level's, so the last step carries none (its fields stay, empty).
 	{"run_code", map[string]any{"language": "python", "code": "print(1)"}, reflect.TypeFor[apitypes.RunResult](), []string{"note"}},

@@ -150,6 +150,8 @@ func newSrv(e Engine, opt Options) *srv {
 		s.addPauseTools()
 		s.addPortTools()
 		s.addSnapshotTools()
+		s.addVolumeTools()
+		s.addTemplateTools()
 	}
 	if enabled("sandbox", "run") {
 		s.addLanguagesTool()

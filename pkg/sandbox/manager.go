@@ -92,6 +92,38 @@ type Spec struct {
 	// socket, the warm pool and records made before tenants).
 	Tenant string `json:"tenant,omitempty"`
 	KeyID  string `json:"key_id,omitempty"`
+	// Volumes are the named volumes the backend mounts into the sandbox.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Template names the template the sandbox was made from (the engine's
+	// templates); its warm pool is keyed "template:" + Template.
+	Template string `json:"template,omitempty"`
+}
+
+// VolumeMount is a named volume mounted into a sandbox, with the host
+// path of the volume's file system (pkg/services/volumes keeps it mounted
+// there while the volume exists).
+type VolumeMount struct {
+	apitypes.VolumeMount
+	Source string `json:"source"`
+}
+
+// VolumeUsers lists the live sandboxes that mount volume name.
+func (m *Manager) VolumeUsers(name string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for id, sb := range m.sandboxes {
+		sb.mu.Lock()
+		for _, v := range sb.spec.Volumes {
+			if v.Name == name {
+				out = append(out, id)
+				break
+			}
+		}
+		sb.mu.Unlock()
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Info is the externally visible description of a sandbox.
@@ -116,7 +148,11 @@ type Options struct {
 	OutputLimit  int64         // per stream per command
 	// Pool is the number of warm sandboxes to keep per image, started from
 	// PoolSpec(image), the spec a default request for it gets.
-	Pool         map[string]int
+	Pool map[string]int
+	// PoolReady, when set, makes a warm sandbox of key ready before it is
+	// offered (a template's start command and readiness check); an error
+	// ends that sandbox.
+	PoolReady    func(ctx context.Context, id, key string) error
 	PoolSpec     func(image string) (Spec, error)
 	ReapInterval time.Duration // how often the reaper looks; default 1s
 	AgentStartup time.Duration // how long the agent may take to answer; default 15s
@@ -146,8 +182,11 @@ type Manager struct {
 	reaperDone chan struct{}
 	poolDone   chan struct{}
 	poolPoke   chan struct{}
-	closed     chan struct{} // closed by Close
-	closeOnce  sync.Once
+	// poolSizes are warm pool sizes set at run time (SetPool: templates),
+	// beside Options.Pool; guarded by mu.
+	poolSizes map[string]int
+	closed    chan struct{} // closed by Close
+	closeOnce sync.Once
 }
 
 // Sandbox is one live sandbox.
@@ -613,7 +652,11 @@ func (m *Manager) info(r *store.SandboxRecord) *Info {
 		Limits: spec.Limits, DiskBacking: spec.DiskBacking, Network: spec.Network, Allow: spec.Allow, Credentials: spec.Credentials, SeccompProfile: spec.SeccompProfile, Env: spec.Env, Labels: spec.Labels, CgroupPath: r.CgroupPath,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LastActiveAt: r.LastActiveAt,
 		TerminatedAt: r.TerminatedAt, Reason: r.TerminationReason, Backend: spec.Backend,
-		FromSnapshot: spec.SeedSnapshot, Tenant: spec.Tenant,
+		FromSnapshot: spec.SeedSnapshot, Tenant: spec.Tenant, Template: spec.Template,
+	}
+	for _, v := range spec.Volumes {
+		in.Volumes = append(in.Volumes, v.VolumeMount)
+
 	}
 	if in.State.Live() {
 		m.mu.Lock()

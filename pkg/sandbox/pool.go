@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"reflect"
 	"time"
 
@@ -23,19 +24,86 @@ const PoolLabel = "sandboxd.pool"
 // (an image not built yet, say) before it tries that image again.
 const poolRetry = 30 * time.Second
 
-// poolable reports whether a warm sandbox of spec.Image can serve spec.
+// TemplatePoolKey is the warm pool key of template name's sandboxes.
+func TemplatePoolKey(name string) string { return "template:" + name }
+
+// poolKey is the warm pool a spec's sandbox comes from: its template's, or
+// its image's.
+func poolKey(spec Spec) string {
+	if spec.Template != "" {
+		return TemplatePoolKey(spec.Template)
+	}
+	return spec.Image
+}
+
+// SetPool sets the warm pool size of key at run time (a template's pool);
+// 0 removes it. Warm sandboxes beyond the size stay until claimed or
+// terminated.
+func (m *Manager) SetPool(key string, n int) {
+	m.mu.Lock()
+	if m.poolSizes == nil {
+		m.poolSizes = map[string]int{}
+	}
+	if n > 0 {
+		m.poolSizes[key] = n
+	} else {
+		delete(m.poolSizes, key)
+	}
+	m.mu.Unlock()
+	m.pokePool()
+}
+
+// poolSize is the warm pool size of key.
+func (m *Manager) poolSize(key string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n, ok := m.poolSizes[key]; ok {
+		return n
+	}
+	return m.opt.Pool[key]
+}
+
+// poolKeys lists every pool with a size.
+func (m *Manager) poolKeys() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := maps.Clone(m.opt.Pool)
+	if out == nil {
+		out = map[string]int{}
+	}
+	maps.Copy(out, m.poolSizes)
+	return out
+}
+
+// WarmIDs lists the unclaimed warm sandboxes of pool key.
+func (m *Manager) WarmIDs(key string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for id, sb := range m.sandboxes {
+		sb.mu.Lock()
+		if sb.pooled && poolKey(sb.spec) == key && !sb.terminating {
+			out = append(out, id)
+		}
+		sb.mu.Unlock()
+	}
+	return out
+}
+
+// poolable reports whether a warm sandbox of spec's pool can serve spec.
 func (m *Manager) poolable(spec Spec) (Spec, bool) {
 	// A fork carries its snapshot's files: a warm sandbox has none.
-	if m.opt.Pool[spec.Image] <= 0 || m.opt.PoolSpec == nil || spec.Seed != "" {
+	// Nor does it mount volumes (mounts are made at start).
+	if m.poolSize(poolKey(spec)) <= 0 || m.opt.PoolSpec == nil || spec.Seed != "" || len(spec.Volumes) > 0 {
 		return Spec{}, false
 	}
-	tmpl, err := m.opt.PoolSpec(spec.Image)
+	tmpl, err := m.opt.PoolSpec(poolKey(spec))
 	if err != nil {
 		return Spec{}, false
 	}
 	return tmpl, spec.Limits == tmpl.Limits && spec.DiskBacking == tmpl.DiskBacking && spec.Network == tmpl.Network && len(spec.Allow) == 0 && len(tmpl.Allow) == 0 &&
 		// A warm sandbox has no credential grants (they are made at attach).
-		len(spec.Credentials) == 0 && len(tmpl.Credentials) == 0 && spec.UID == tmpl.UID && spec.Backend == tmpl.Backend && spec.SeccompProfile == tmpl.SeccompProfile
+		len(spec.Credentials) == 0 && len(tmpl.Credentials) == 0 && spec.UID == tmpl.UID && spec.Root == tmpl.Root && spec.Backend == tmpl.Backend && spec.SeccompProfile == tmpl.SeccompProfile
 }
 
 // claim hands a warm sandbox to a request, giving it the request's identity
@@ -49,7 +117,9 @@ func (m *Manager) claim(ctx context.Context, spec Spec) (*Info, error) {
 	m.mu.Lock()
 	for _, c := range m.sandboxes {
 		c.mu.Lock()
-		free := c.pooled && !c.terminating && c.state == StateReady && c.spec.Image == spec.Image
+		// A template's warm sandbox runs its start command: running.
+		usable := c.state == StateReady || (c.state == StateRunning && c.spec.Template != "")
+		free := c.pooled && !c.terminating && usable && poolKey(c.spec) == poolKey(spec)
 		if free {
 			c.pooled = false
 		}
@@ -98,14 +168,11 @@ func (m *Manager) pokePool() {
 // fillPool keeps the pool at its configured size until ctx ends.
 func (m *Manager) fillPool(ctx context.Context) {
 	defer close(m.poolDone)
-	if len(m.opt.Pool) == 0 {
-		return
-	}
 	failedAt := map[string]time.Time{}
 	t := time.NewTicker(m.opt.ReapInterval)
 	defer t.Stop()
 	for {
-		for img, want := range m.opt.Pool {
+		for img, want := range m.poolKeys() {
 			if ctx.Err() != nil {
 				return
 			}
@@ -135,7 +202,7 @@ func (m *Manager) warm(img string) int {
 	n := 0
 	for _, sb := range m.sandboxes {
 		sb.mu.Lock()
-		if sb.pooled && sb.spec.Image == img && !sb.terminating {
+		if sb.pooled && poolKey(sb.spec) == img && !sb.terminating {
 			n++
 		}
 		sb.mu.Unlock()
@@ -153,6 +220,14 @@ func (m *Manager) startWarm(ctx context.Context, img string) error {
 	info, err := m.create(ctx, spec)
 	if err != nil {
 		return err
+	}
+	if m.opt.PoolReady != nil {
+		if err := m.opt.PoolReady(ctx, info.ID, img); err != nil {
+			if _, terr := m.Terminate(context.WithoutCancel(ctx), info.ID, "warm pool: not ready: "+err.Error()); terr != nil {
+				m.log.Error("warm pool: terminate a sandbox that did not get ready", "sandbox", info.ID, "err", terr)
+			}
+			return err
+		}
 	}
 	m.mu.Lock()
 	sb := m.sandboxes[info.ID]

@@ -241,7 +241,11 @@ func (m *Manager) collect(ctx context.Context, rep *GCReport) {
 		ids[id] = true
 	}
 	for _, id := range owners {
-		ids[id] = true
+		// A service's own owners (named volumes) are no sandbox's: never
+		// garbage.
+		if !m.opt.Ledger.Claimed(id) {
+			ids[id] = true
+		}
 	}
 	sorted := make([]string, 0, len(ids))
 	for id := range ids {

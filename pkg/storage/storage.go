@@ -191,7 +191,20 @@ func (s *Store) Images() (map[string]string, error) {
 // as a sparse copy of the template for that geometry (made on first use).
 // path must not exist. On error nothing is left at path.
 func (s *Store) CreateImage(ctx context.Context, path string, size, inodes int64) (err error) {
-	tmpl, err := s.template(ctx, size, inodes)
+	return s.createImage(ctx, path, size, inodes, false)
+}
+
+// CreateJournaledImage is CreateImage for data that outlives every sandbox
+// (named volumes): the ext4 keeps a journal, so that a host crash leaves a
+// file system that recovers on its next mount rather than one that needs
+// fsck. A sandbox's own disk has no journal: nothing of it survives a host
+// crash anyway.
+func (s *Store) CreateJournaledImage(ctx context.Context, path string, size, inodes int64) error {
+	return s.createImage(ctx, path, size, inodes, true)
+}
+
+func (s *Store) createImage(ctx context.Context, path string, size, inodes int64, journal bool) (err error) {
+	tmpl, err := s.template(ctx, size, inodes, journal)
 	if err != nil {
 		return err
 	}
@@ -211,8 +224,12 @@ func RemoveImage(path string) error {
 
 // template returns the path of the pre-formatted image of this geometry,
 // formatting it first if needed. Concurrent callers share one mkfs.
-func (s *Store) template(ctx context.Context, size, inodes int64) (string, error) {
-	name := fmt.Sprintf("ext4-%d-%d%s", size, inodes, imageSuffix)
+func (s *Store) template(ctx context.Context, size, inodes int64, journal bool) (string, error) {
+	kind := "ext4"
+	if journal {
+		kind = "ext4j"
+	}
+	name := fmt.Sprintf("%s-%d-%d%s", kind, size, inodes, imageSuffix)
 	path := filepath.Join(s.dir, "templates", name)
 	s.mu.Lock()
 	made := s.made[name]
@@ -226,7 +243,7 @@ func (s *Store) template(ctx context.Context, size, inodes int64) (string, error
 		}
 		tmp := path + ".tmp" + strconv.Itoa(os.Getpid())
 		defer os.Remove(tmp)
-		if err := formatImage(ctx, s.mkfs, tmp, size, inodes); err != nil {
+		if err := formatImage(ctx, s.mkfs, tmp, size, inodes, journal); err != nil {
 			return nil, err
 		}
 		return nil, os.Rename(tmp, path)
@@ -242,13 +259,13 @@ func (s *Store) template(ctx context.Context, size, inodes int64) (string, error
 
 // formatImage makes path a sparse file of size bytes holding an empty ext4.
 //
-// No journal: a sandbox's file system never outlives a host crash in a
+// No journal unless asked (volumes): a sandbox's file system never outlives a host crash in a
 // useful way (a rebooted host has lost the sandbox's processes, and
 // reconciliation releases it), so the journal would only cost writes. No
 // reserved blocks: the whole size is the sandbox's. Lazy inode tables and
 // no discard keep the image sparse and mkfs fast; the kernel is told not to
 // zero the tables in the background (noinit_itable at mount).
-func formatImage(ctx context.Context, mkfs, path string, size, inodes int64) error {
+func formatImage(ctx context.Context, mkfs, path string, size, inodes int64, journal bool) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
@@ -260,9 +277,15 @@ func formatImage(ctx context.Context, mkfs, path string, size, inodes int64) err
 	if terr != nil {
 		return terr
 	}
+	features, ext, label := "^has_journal", "lazy_itable_init=1,nodiscard", "sandbox"
+	if journal {
+		// lazy_journal_init: the journal is not zeroed, so the image stays
+		// sparse (the kernel ignores stale journal blocks by sequence).
+		features, ext, label = "has_journal", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "volume"
+	}
 	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4",
-		"-O", "^has_journal", "-m", "0", "-N", strconv.FormatInt(inodes, 10),
-		"-E", "lazy_itable_init=1,nodiscard", "-L", "sandbox", path)
+		"-O", features, "-m", "0", "-N", strconv.FormatInt(inodes, 10),
+		"-E", ext, "-L", label, path)
 	cmd.SysProcAttr = lifetime.DieWithParent()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("mkfs.ext4: %w: %s", err, strings.TrimSpace(string(out)))

@@ -257,6 +257,43 @@ CREATE TABLE ssh_keys (
 ) STRICT;
 `,
 	},
+	{
+		version:     12,
+		description: "named volumes; the volumes a snapshot left out",
+		sql: `
+-- Named volumes (pkg/services/volumes): disk that outlives sandboxes. The
+-- row is written (state creating) before anything of the volume exists
+-- and the ledger, owner vol-<name>, names its image, loop device and
+-- mount; a restart finishes what a crash interrupted: a creating or
+-- deleting volume is released and its row dropped, a ready one mounted.
+CREATE TABLE volumes (
+	name        TEXT PRIMARY KEY,
+	state       TEXT NOT NULL,
+	size_bytes  INTEGER NOT NULL,
+	inodes      INTEGER NOT NULL,
+	tenant      TEXT NOT NULL DEFAULT '',
+	created_by  TEXT NOT NULL DEFAULT '',
+	created_at  INTEGER NOT NULL
+) STRICT;
+-- "name:/path" of each volume the sandbox mounted and the archive does
+-- not hold, joined by newlines.
+ALTER TABLE snapshots ADD COLUMN excluded_volumes TEXT NOT NULL DEFAULT '';
+`,
+	},
+	{
+		version:     13,
+		description: "templates",
+		sql: `
+-- Templates (pkg/engine/templates.go): an image, a start command, its
+-- readiness check, default limits and network, a warm pool size; spec is
+-- apitypes.TemplateCreateRequest as JSON.
+CREATE TABLE templates (
+	name       TEXT PRIMARY KEY,
+	spec       TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+) STRICT;
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -21,17 +22,21 @@ type SnapshotRecord struct {
 	SizeBytes    int64
 	ContentBytes int64
 	CreatedAt    time.Time
+	// ExcludedVolumes are "name:/path" of the named volumes the sandbox
+	// had mounted, whose files the archive does not hold.
+	ExcludedVolumes []string
 }
 
-const snapshotColumns = `id, name, sandbox_id, language, image, image_digest, disk_backing, size_bytes, content_bytes, created_at`
+const snapshotColumns = `id, name, sandbox_id, language, image, image_digest, disk_backing, size_bytes, content_bytes, created_at, excluded_volumes`
 
 // InsertSnapshot records snapshot r. A snapshot with the same id (the same
 // archive bytes) exists already: ErrExists is returned and nothing changes.
 func (s *Store) InsertSnapshot(ctx context.Context, r *SnapshotRecord) error {
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotColumns+`)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`,
-			r.ID, r.Name, r.SandboxID, r.Language, r.Image, r.ImageDigest, r.DiskBacking, r.SizeBytes, r.ContentBytes, nanos(r.CreatedAt))
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`,
+			r.ID, r.Name, r.SandboxID, r.Language, r.Image, r.ImageDigest, r.DiskBacking, r.SizeBytes, r.ContentBytes, nanos(r.CreatedAt),
+			strings.Join(r.ExcludedVolumes, "\n"))
 		if err != nil {
 			return err
 		}
@@ -51,11 +56,15 @@ var ErrExists = errors.New("exists")
 
 func scanSnapshot(r rowScanner) (*SnapshotRecord, error) {
 	var (
-		s       SnapshotRecord
-		created int64
+		s        SnapshotRecord
+		created  int64
+		excluded string
 	)
-	if err := r.Scan(&s.ID, &s.Name, &s.SandboxID, &s.Language, &s.Image, &s.ImageDigest, &s.DiskBacking, &s.SizeBytes, &s.ContentBytes, &created); err != nil {
+	if err := r.Scan(&s.ID, &s.Name, &s.SandboxID, &s.Language, &s.Image, &s.ImageDigest, &s.DiskBacking, &s.SizeBytes, &s.ContentBytes, &created, &excluded); err != nil {
 		return nil, err
+	}
+	if excluded != "" {
+		s.ExcludedVolumes = strings.Split(excluded, "\n")
 	}
 	s.CreatedAt = fromNanos(created)
 	return &s, nil

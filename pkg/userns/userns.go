@@ -57,14 +57,29 @@ func Pin(nsfd *os.File, path string) error {
 // mapping: a file owned by uid 0 on disk appears owned by HostID. Nothing
 // is copied; source is untouched. The clone is nosuid and nodev.
 func MountIdmapped(source, target string, nsfd *os.File) error {
+	return mountIdmapped(source, target, nsfd, true)
+}
+
+// MountIdmappedWritable is MountIdmapped for a tree the sandbox writes (a
+// named volume): read-write unless readOnly. What the sandbox's uid n
+// writes is stored on disk as uid n, so every sandbox that mounts the same
+// tree through its own namespace sees the same owners.
+func MountIdmappedWritable(source, target string, nsfd *os.File, readOnly bool) error {
+	return mountIdmapped(source, target, nsfd, readOnly)
+}
+
+func mountIdmapped(source, target string, nsfd *os.File, readOnly bool) error {
 	tree, err := unix.OpenTree(unix.AT_FDCWD, source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
 		return fmt.Errorf("open_tree %s: %w", source, err)
 	}
 	defer unix.Close(tree)
 	attr := &unix.MountAttr{
-		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
+		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
 		Userns_fd: uint64(nsfd.Fd()),
+	}
+	if readOnly {
+		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
 	}
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
 		return fmt.Errorf("idmap %s (mount_setattr): %w", source, err)

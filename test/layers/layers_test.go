@@ -32,7 +32,7 @@ var layer = map[string]int{
 	// composes them; they never import it (forbidden below).
 	"pkg/engine": 5, "pkg/services/ports": 5, "pkg/services/snapshots": 5, "pkg/services/images": 5, "pkg/services/agents": 5,
 	"pkg/services/pipeline": 5, "pkg/services/fixloop": 5, "pkg/services": 5,
-	"pkg/services/sshkeys": 5,
+	"pkg/services/sshkeys": 5, "pkg/services/volumes": 5,
 
 	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6, "pkg/preview": 6, "pkg/sshd": 6,
 	// The E2B front end and its generated envd protocol code (leaves).
@@ -59,7 +59,7 @@ var forbidden = map[string][]string{
 	"pkg/agent/server":   {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config"},
 	"cmd/sandbox-agent":  {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config", "pkg/vm"},
 	"cmd/sandboxctl":     {"pkg/engine", "pkg/sandbox", "pkg/runtime", "pkg/store"},
-	"pkg/services/ports": {"pkg/engine"}, "pkg/services/snapshots": {"pkg/engine"},
+	"pkg/services/ports": {"pkg/engine"}, "pkg/services/snapshots": {"pkg/engine"}, "pkg/services/volumes": {"pkg/engine"},
 	"pkg/services/images": {"pkg/engine"}, "pkg/services/agents": {"pkg/engine"},
 	"pkg/services/pipeline": {"pkg/engine"}, "pkg/services/fixloop": {"pkg/engine"},
 	"pkg/services":         {"pkg/engine"},

@@ -51,6 +51,8 @@ export interface SandboxDetail {
   termination_reason?: string;
   backend?: string;
   from_snapshot?: string;
+  volumes?: VolumeMount[];
+  template?: string;
   capabilities?: string[];
   vm?: VMInfo;
   usage?: Usage;
@@ -81,6 +83,8 @@ export interface CreateSandboxRequest {
   request_id?: string;
   from_snapshot?: string;
   root?: boolean;
+  template?: string;
+  volumes?: VolumeMount[];
 }
 
 export interface FileList {
@@ -249,6 +253,8 @@ export interface Sandbox {
   termination_reason?: string;
   backend?: string;
   from_snapshot?: string;
+  volumes?: VolumeMount[];
+  template?: string;
   capabilities?: string[];
   vm?: VMInfo;
 }
@@ -261,6 +267,12 @@ export interface Limits {
   network_bandwidth?: number;
   network_conn_rate?: number;
   inodes?: number;
+}
+
+export interface VolumeMount {
+  name: string;
+  path: string;
+  read_only?: boolean;
 }
 
 export interface VMInfo {

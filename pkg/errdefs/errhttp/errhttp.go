@@ -21,7 +21,9 @@ var statuses = map[errdefs.Code]int{
 	errdefs.Unavailable:      http.StatusServiceUnavailable,
 	errdefs.Unauthenticated:  http.StatusUnauthorized,
 	errdefs.PermissionDenied: http.StatusForbidden,
-	errdefs.Internal:         http.StatusInternalServerError,
+	// After containerd's errhttp: the state forbids it until changed.
+	errdefs.FailedPrecondition: http.StatusPreconditionFailed,
+	errdefs.Internal:           http.StatusInternalServerError,
 }
 
 // Status is the HTTP status of code c: 200 for no code (""), 500 for a

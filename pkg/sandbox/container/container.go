@@ -361,6 +361,11 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		{Source: b.opt.AgentPath, Destination: agentBinaryInside, ReadOnly: true},
 		{Source: agentDir, Destination: agentRunInside, NoExec: true},
 	}
+	vbinds, err := mountVolumes(dir, spec.Volumes, ns)
+	if err != nil {
+		return nil, err
+	}
+	binds = append(binds, vbinds...)
 	// The agent gives every job its own child cgroup of the sandbox's (see
 	// pkg/agent/server/jobcgroup.go): the sandbox's cgroup directories are
 	// delegated to it, writable by root only, below its cgroup namespace.
@@ -437,6 +442,40 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	h := b.handle(req.ID, inst, spec.UID)
 	h.monitor = monitor
 	return h, nil
+}
+
+// mountVolumes makes the binds of the sandbox's named volumes. Without a
+// user namespace the volume's own mount is bound (its ids are the host's,
+// which are the sandbox's). With one, each volume gets an idmapped clone of
+// its mount under dir/volumes (released with dir, which unmounts what is
+// below it): on disk a file keeps the id the sandbox sees, so sandboxes of
+// different id ranges share the volume with the same owners.
+//
+// Security: the clone is nosuid and nodev (and read-only when asked); the
+// sandbox never reaches the volume's image or loop device, only the file
+// system the daemon mounted, as with its own disk. The destination is
+// checked by the engine (no /proc, /sys, /dev, ...) and resolved by the
+// runtime inside the sandbox's root.
+func mountVolumes(dir string, vols []sandbox.VolumeMount, ns *os.File) ([]runtime.Bind, error) {
+	var binds []runtime.Bind
+	for i, v := range vols {
+		src := v.Source
+		if ns != nil {
+			vdir := filepath.Join(dir, "volumes")
+			if err := os.MkdirAll(vdir, 0o711); err != nil {
+				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+			}
+			src = filepath.Join(vdir, strconv.Itoa(i))
+			if err := os.Mkdir(src, 0o700); err != nil {
+				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+			}
+			if err := userns.MountIdmappedWritable(v.Source, src, ns, v.ReadOnly); err != nil {
+				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+			}
+		}
+		binds = append(binds, runtime.Bind{Source: src, Destination: v.Path, ReadOnly: v.ReadOnly})
+	}
+	return binds, nil
 }
 
 // jobOfPid names the job a sandbox process belongs to: the agent's per-job

@@ -112,7 +112,7 @@ func (s *Service) publicSnapshot(r *store.SnapshotRecord) apitypes.Snapshot {
 	out := apitypes.Snapshot{
 		ID: r.ID, Name: r.Name, Kind: apitypes.SnapshotFiles, SandboxID: r.SandboxID, Language: r.Language, Image: r.Image,
 		ImageDigest: r.ImageDigest, DiskBacking: r.DiskBacking, Size: r.SizeBytes, ContentSize: r.ContentBytes,
-		CreatedAt: r.CreatedAt,
+		CreatedAt: r.CreatedAt, ExcludedVolumes: r.ExcludedVolumes,
 	}
 	if age := s.cfg.MaxAge.D(); age > 0 {
 		exp := r.CreatedAt.Add(age)
@@ -215,7 +215,7 @@ func (s *Service) Snapshot(ctx context.Context, req apitypes.SnapshotRequest) (*
 	rec := &store.SnapshotRecord{
 		ID: sf.Digest, Name: req.Name, SandboxID: info.ID, Language: info.Language, Image: info.Image,
 		ImageDigest: info.ImageDigest, DiskBacking: info.DiskBacking, SizeBytes: sf.Size, ContentBytes: sf.ContentBytes,
-		CreatedAt: time.Now().UTC(),
+		CreatedAt: time.Now().UTC(), ExcludedVolumes: excludedVolumes(info),
 	}
 	switch err := s.store.InsertSnapshot(ctx, rec); {
 	case errors.Is(err, store.ErrExists):
@@ -228,6 +228,19 @@ func (s *Service) Snapshot(ctx context.Context, req apitypes.SnapshotRequest) (*
 		"frozen", frozen, "duration", time.Since(start))
 	out := s.publicSnapshot(rec)
 	return &out, nil
+}
+
+// excludedVolumes names the volumes a sandbox mounts ("name:/path"): a
+// snapshot archives the sandbox's own disk only, never a named volume,
+// which outlives the sandbox and is shared with others (restoring it
+// would overwrite what they wrote). The host-side walk of the sandbox's
+// disk does not see them anyway: they are mounted in its mount namespace.
+func excludedVolumes(info *sandbox.Info) []string {
+	var out []string
+	for _, v := range info.Volumes {
+		out = append(out, v.Name+":"+v.Path)
+	}
+	return out
 }
 
 // Get describes snapshot id.

@@ -1,0 +1,254 @@
+package engine
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
+)
+
+// mustExec runs command in sandbox id and fails the test unless it exits 0.
+func mustExec(t *testing.T, e *Engine, id, command string) string {
+	t.Helper()
+	res, err := e.Exec(context.Background(), ExecRequest{SandboxID: id, Command: command}, nil)
+	if err != nil {
+		t.Fatalf("exec %q in %s: %v", command, id, err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exec %q in %s: exit %d, stdout %q, stderr %q", command, id, res.ExitCode, res.Stdout, res.Stderr)
+	}
+	return res.Stdout
+}
+
+// TestVolumes: a volume is shared by two live sandboxes (each sees the
+// other's writes at once; one mounts it read-only and cannot write), its
+// size limit holds, delete is refused while a sandbox mounts it, a
+// snapshot of a sandbox names the volume it left out, and after both
+// sandboxes are gone and the engine restarted a third sandbox reads what
+// they wrote. gc never touches it; delete leaves nothing.
+func TestVolumes(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	env := newTestEngine(t)
+	cfg := env.cfg
+
+	vol, err := env.CreateVolume(ctx, apitypes.VolumeCreateRequest{Name: "shared", SizeMB: ptr[int64](32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vol.SizeBytes != 32<<20 || vol.Inodes != storage.DefaultInodes(32<<20) {
+		t.Errorf("volume = %+v", vol)
+	}
+	if _, err := env.CreateVolume(ctx, apitypes.VolumeCreateRequest{Name: "shared"}); errdefs.CodeOf(err) != errdefs.Conflict {
+		t.Errorf("second create of shared: %v, want conflict", err)
+	}
+
+	a, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell",
+		Volumes: []apitypes.VolumeMount{{Name: "shared", Path: "/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell",
+		Volumes: []apitypes.VolumeMount{{Name: "shared", Path: "/workspace/shared"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell",
+		Volumes: []apitypes.VolumeMount{{Name: "shared", Path: "/mnt/ro", ReadOnly: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Volumes) != 1 || a.Volumes[0] != (apitypes.VolumeMount{Name: "shared", Path: "/data"}) {
+		t.Errorf("sandbox a volumes = %+v", a.Volumes)
+	}
+
+	// Concurrent writers: each sees the other's file at once, owned by
+	// the sandbox user in both (idmapped per sandbox).
+	mustExec(t, env.Engine, a.ID, "echo from-a > /data/a.txt")
+	mustExec(t, env.Engine, b.ID, "echo from-b > /workspace/shared/b.txt")
+	if got := mustExec(t, env.Engine, a.ID, "cat /data/b.txt; stat -c %u /data/b.txt"); got != "from-b\n"+strconv.Itoa(cfg.Sandbox.User)+"\n" {
+		t.Errorf("a reads b's write: %q", got)
+	}
+	if got := mustExec(t, env.Engine, b.ID, "cat /workspace/shared/a.txt"); got != "from-a\n" {
+		t.Errorf("b reads a's write: %q", got)
+	}
+	if got := mustExec(t, env.Engine, ro.ID, "cat /mnt/ro/a.txt /mnt/ro/b.txt"); got != "from-a\nfrom-b\n" {
+		t.Errorf("read-only sandbox reads: %q", got)
+	}
+	res, err := env.Exec(ctx, ExecRequest{SandboxID: ro.ID, Command: "echo x > /mnt/ro/c.txt"}, nil)
+	if err != nil || res.ExitCode == 0 || !strings.Contains(res.Stderr, "Read-only file system") {
+		t.Errorf("write to a read-only volume: %+v, %v", res, err)
+	}
+
+	// The size limit: 32 MiB, so 40 MiB do not fit; the sandbox's own
+	// disk (1 GiB) is not what fills.
+	res, err = env.Exec(ctx, ExecRequest{SandboxID: a.ID, Command: "dd if=/dev/zero of=/data/big bs=1M count=40 conv=fsync"}, nil)
+	if err != nil || res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left on device") {
+		t.Errorf("40 MiB into a 32 MiB volume: %+v, %v", res, err)
+	}
+	mustExec(t, env.Engine, a.ID, "rm /data/big")
+
+	// Delete while mounted: failed_precondition naming every user.
+	err = env.DeleteVolume(ctx, "shared")
+	if errdefs.CodeOf(err) != errdefs.FailedPrecondition {
+		t.Fatalf("delete of a mounted volume: %v, want failed_precondition", err)
+	}
+	for _, id := range []string{a.ID, b.ID, ro.ID} {
+		if !strings.Contains(err.Error(), id) {
+			t.Errorf("delete refusal %q does not name %s", err, id)
+		}
+	}
+	got, err := env.GetVolume(ctx, "shared")
+	if err != nil || len(got.UsedBy) != 3 || got.UsedBytes == 0 {
+		t.Errorf("volume_get while mounted: %+v, %v", got, err)
+	}
+
+	// A snapshot says what it left out, and holds none of the volume's files.
+	snap, err := env.SnapshotSandbox(ctx, apitypes.SnapshotRequest{SandboxID: b.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.ExcludedVolumes) != 1 || snap.ExcludedVolumes[0] != "shared:/workspace/shared" {
+		t.Errorf("snapshot excluded_volumes = %v", snap.ExcludedVolumes)
+	}
+	if listed, err := env.ListSnapshots(ctx, b.ID); err != nil || len(listed) != 1 || len(listed[0].ExcludedVolumes) != 1 {
+		t.Errorf("snapshot_list: %+v, %v", listed, err)
+	}
+	if err := env.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, id := range []string{a.ID, b.ID, ro.ID} {
+		if _, err := env.TerminateSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// gc never removes a volume.
+	if _, err := env.GC(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.GetVolume(ctx, "shared"); err != nil {
+		t.Fatalf("volume after gc: %v", err)
+	}
+
+	// A restart on the same state: the volume is there and mounted, and
+	// the next sandbox reads what the first ones wrote.
+	env.sandboxes.Close()
+	if err := env.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e2, err := New(ctx, cfg, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Engine = e2
+	c, err := e2.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell",
+		Volumes: []apitypes.VolumeMount{{Name: "shared", Path: "/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mustExec(t, e2, c.ID, "cat /data/a.txt /data/b.txt"); got != "from-a\nfrom-b\n" {
+		t.Errorf("after restart: %q", got)
+	}
+	if _, err := e2.TerminateSandbox(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	list, err := e2.ListVolumes(ctx)
+	if err != nil || len(list.Volumes) != 1 || list.Volumes[0].Name != "shared" || len(list.Volumes[0].UsedBy) != 0 {
+		t.Errorf("volume_list: %+v, %v", list, err)
+	}
+	if err := e2.DeleteVolume(ctx, "shared"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e2.GetVolume(ctx, "shared"); errdefs.CodeOf(err) != errdefs.NotFound {
+		t.Errorf("volume_get after delete: %v, want not_found", err)
+	}
+	img := filepath.Join(cfg.Volumes.DirOrDefault(cfg.Paths.StateDir), "shared.img")
+	if _, err := os.Stat(img); !os.IsNotExist(err) {
+		t.Errorf("image %s after delete: %v", img, err)
+	}
+	if ents, _ := e2.ledger.Resources(ctx, "vol-shared"); len(ents) != 0 {
+		t.Errorf("ledger after delete: %v", ents)
+	}
+}
+
+// TestVolumeBadInput: hostile names, paths and sizes are refused with
+// invalid_argument naming the field, and leave nothing.
+func TestVolumeBadInput(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	env := newTestEngine(t)
+	for _, tc := range []struct {
+		req   apitypes.VolumeCreateRequest
+		field string
+	}{
+		{apitypes.VolumeCreateRequest{}, "name: required"},
+		{apitypes.VolumeCreateRequest{Name: "../etc"}, "name:"},
+		{apitypes.VolumeCreateRequest{Name: "a/b"}, "name:"},
+		{apitypes.VolumeCreateRequest{Name: "UPPER"}, "name:"},
+		{apitypes.VolumeCreateRequest{Name: "-x"}, "name:"},
+		{apitypes.VolumeCreateRequest{Name: "a\x00b"}, "name:"},
+		{apitypes.VolumeCreateRequest{Name: strings.Repeat("a", 64)}, "name:"},
+		{apitypes.VolumeCreateRequest{Name: "ok", SizeMB: ptr[int64](1)}, "size_mb:"},
+		{apitypes.VolumeCreateRequest{Name: "ok", SizeMB: ptr[int64](1 << 40)}, "size_mb:"},
+		{apitypes.VolumeCreateRequest{Name: "ok", SizeMB: ptr[int64](16), Inodes: ptr[int64](1 << 30)}, "inodes:"},
+	} {
+		_, err := env.CreateVolume(ctx, tc.req)
+		if errdefs.CodeOf(err) != errdefs.InvalidArgument || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("create %+v: %v, want invalid_argument naming %s", tc.req, err, tc.field)
+		}
+	}
+	if _, err := env.CreateVolume(ctx, apitypes.VolumeCreateRequest{Name: "v", SizeMB: ptr[int64](16)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := env.DeleteVolume(ctx, "v"); err != nil {
+			t.Error(err)
+		}
+	})
+	for _, tc := range []struct {
+		mounts []apitypes.VolumeMount
+		field  string
+	}{
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/proc"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/proc/sys/kernel"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/sys/fs/cgroup"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/dev/shm"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/.sandboxd/run"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/etc"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/workspace"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/data/../proc"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "data"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/data/"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/da\nta"}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: ""}}, "volumes[0].path"},
+		{[]apitypes.VolumeMount{{Name: "v", Path: "/a"}, {Name: "v", Path: "/a/b"}}, "volumes[1].path"},
+		{[]apitypes.VolumeMount{{Name: "nosuch", Path: "/data"}}, "volumes[0].name"},
+		{[]apitypes.VolumeMount{{Name: "../v", Path: "/data"}}, "volumes[0].name"},
+	} {
+		_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Volumes: tc.mounts})
+		code := errdefs.CodeOf(err)
+		if (code != errdefs.InvalidArgument && code != errdefs.NotFound) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("create with %+v: %v, want invalid_argument or not_found naming %s", tc.mounts, err, tc.field)
+		}
+	}
+	if _, err := env.CreateSandbox(ctx, CreateSandboxRequest{Backend: BackendVM, Volumes: []apitypes.VolumeMount{{Name: "v", Path: "/data"}}}); errdefs.CodeOf(err) != errdefs.InvalidArgument {
+		t.Errorf("vm with a volume: %v, want invalid_argument", err)
+	}
+	if ids := env.sandboxes.IDs(); len(ids) != 0 {
+		t.Errorf("refused creates left sandboxes %v", ids)
+	}
+	for _, name := range []string{"", "../v", "nosuch"} {
+		if err := env.DeleteVolume(ctx, name); err == nil {
+			t.Errorf("delete %q succeeded", name)
+		}
+	}
+}

@@ -1,0 +1,116 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/crashpoint"
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/volumes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
+)
+
+// TestVolumeSurvivesKill: a volume written by one sandbox is read by the
+// next after the first is terminated and the daemon killed with SIGKILL
+// and restarted, through sandboxctl as an administrator does; gc leaves it
+// alone, delete is refused while a sandbox mounts it (exit 1, naming the
+// sandbox) and leaves nothing once allowed.
+func TestVolumeSurvivesKill(t *testing.T) {
+	d := testenv.NewDaemon(t)
+	d.Start()
+	if out := d.MustCtl("volumes", "create", "keep", "--size", "64M"); out != "keep\n" {
+		t.Fatalf("volumes create: %q", out)
+	}
+	first := createSandbox(d, "--volume", "keep:/data")
+	d.MustCtl("exec", first, "--", "sh", "-c", "echo written-before-the-kill > /data/f && sync")
+	d.MustCtl("rm", first)
+	d.Crash()
+	d.Start()
+	d.MustCtl("gc")
+	next := createSandbox(d, "--volume", "keep:/mnt/keep:ro")
+	if got := d.MustCtl("exec", next, "--", "cat", "/mnt/keep/f"); got != "written-before-the-kill\n" {
+		t.Fatalf("the next sandbox reads %q", got)
+	}
+	// A kill with a sandbox mounting it: after the restart it is adopted
+	// with the volume still there.
+	d.Crash()
+	d.Start()
+	if got := d.MustCtl("exec", next, "--", "cat", "/mnt/keep/f"); got != "written-before-the-kill\n" {
+		t.Fatalf("the adopted sandbox reads %q", got)
+	}
+	_, errOut, code := d.Ctl("volumes", "rm", "keep")
+	if code != 1 || !strings.Contains(errOut, "failed_precondition") || !strings.Contains(errOut, next) {
+		t.Fatalf("volumes rm while mounted: exit %d, %q; want 1, failed_precondition naming %s", code, errOut, next)
+	}
+	var v struct {
+		UsedBy    []string `json:"used_by"`
+		UsedBytes int64    `json:"used_bytes"`
+	}
+	if err := json.Unmarshal([]byte(d.MustCtl("volumes", "inspect", "keep")), &v); err != nil || len(v.UsedBy) != 1 || v.UsedBy[0] != next {
+		t.Fatalf("volumes inspect: %+v, %v", v, err)
+	}
+	d.MustCtl("rm", next)
+	if out := d.MustCtl("volumes", "rm", "keep"); out != "keep\n" {
+		t.Fatalf("volumes rm: %q", out)
+	}
+	if out := d.MustCtl("volumes", "ls", "--json"); !strings.Contains(out, `"volumes": []`) {
+		t.Errorf("volumes ls after rm: %s", out)
+	}
+	assertNoVolume(t, d, "keep")
+}
+
+// TestVolumeCrashAtEveryStep kills the daemon after each step of a
+// volume's create in turn and restarts it: the unacknowledged volume is
+// gone, with its image, loop device, mount and ledger rows, and the name
+// can be created again.
+func TestVolumeCrashAtEveryStep(t *testing.T) {
+	for _, point := range []string{volumes.CrashAfterRow, volumes.CrashAfterImage, volumes.CrashAfterMount} {
+		t.Run(point, func(t *testing.T) {
+			d := testenv.NewDaemon(t)
+			d.ExtraEnv = []string{crashpoint.EnvVar + "=" + point}
+			d.Start()
+			if out, _, code := d.Ctl("volumes", "create", "half", "--size", "32M"); code == 0 {
+				t.Fatalf("create succeeded (%q) although the daemon was to crash at %s", out, point)
+			}
+			if err := d.WaitExited(30 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
+				t.Fatalf("daemon exit: %v, want killed by its crash point", err)
+			}
+			d.ExtraEnv = nil
+			d.Start()
+			if out := d.MustCtl("volumes", "ls", "--json"); !strings.Contains(out, `"volumes": []`) {
+				t.Fatalf("volumes after restart: %s, want none", out)
+			}
+			assertNoVolume(t, d, "half")
+			d.MustCtl("volumes", "create", "half", "--size", "32M")
+			d.MustCtl("volumes", "rm", "half")
+			assertNoVolume(t, d, "half")
+		})
+	}
+}
+
+// assertNoVolume checks that nothing of volume name is on the host: its
+// image, a loop device backed by it, its mount point.
+func assertNoVolume(t *testing.T, d *testenv.Daemon, name string) {
+	t.Helper()
+	img := filepath.Join(d.Config.Volumes.DirOrDefault(d.Config.Paths.StateDir), name+".img")
+	if _, err := os.Stat(img); !os.IsNotExist(err) {
+		t.Errorf("image %s: %v", img, err)
+	}
+	devs, err := storage.LoopDevices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dev, backing := range devs {
+		if backing == img {
+			t.Errorf("loop device %s of %s left", dev, img)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(d.Config.Paths.RunDir, "volumes", name)); !os.IsNotExist(err) {
+		t.Errorf("mount point of %s: %v", name, err)
+	}
+	testenv.AssertNoLeftovers(t, d.Config)
+}
