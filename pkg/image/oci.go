@@ -135,7 +135,13 @@ func finaliseTree(rootPath string, u UserSpec) error {
 		{"clear /dev", clearDev},
 		{"create /etc", func(root *os.Root, _ *Recipe) error { return root.MkdirAll("etc", 0o755) }},
 		{"write network files", writeNetworkFiles},
-		{"create /tmp", func(root *os.Root, _ *Recipe) error { return mkdir(root, "tmp", fs.ModePerm|fs.ModeSticky, 0, 0) }},
+		{"create /tmp", func(root *os.Root, _ *Recipe) error {
+			// Mkdir takes no sticky bit: set it after.
+			if err := mkdir(root, "tmp", 0o755, 0, 0); err != nil {
+				return err
+			}
+			return root.Chmod("tmp", fs.ModePerm|fs.ModeSticky)
+		}},
 		{"create sandbox directories", makeSandboxDirs},
 	} {
 		if err := step.do(root, r); err != nil {
