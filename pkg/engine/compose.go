@@ -210,6 +210,7 @@ func (e *Engine) registerServices() error {
 		Store: e.images, Catalog: e.catalog, Config: &cfg.Images, RecipesDir: cfg.Paths.RecipesDir,
 		Sandboxes: liveSandboxes{e}, Log: log,
 		OnBuild: func(name, outcome string) { e.metrics.imageBuilds.WithLabelValues(name, outcome).Inc() },
+		MaxID:   usernsIDs(cfg.Sandbox.UsernsPool),
 	})
 	e.ports = ports.New(e.sandboxes, e.store, log)
 	deps := agentDeps{e}

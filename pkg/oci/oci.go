@@ -201,8 +201,16 @@ func (im *Importer) install(ctx context.Context, img v1.Image, src source, refs 
 			}
 			progress(ev)
 		}
-		rec.User, err = resolveUser(root, cfg.Config.User, im.o.MaxID)
-		return err
+		if rec.User, err = resolveUser(root, cfg.Config.User, im.o.MaxID); err != nil {
+			return err
+		}
+		// As a container runtime would, from the image's account.
+		for k, v := range map[string]string{"HOME": rec.User.Home, "USER": rec.User.Name} {
+			if _, ok := rec.Env[k]; !ok && v != "" {
+				rec.Env[k] = v
+			}
+		}
+		return nil
 	}
 	out, err := im.o.Store.InstallTree(ctx, rec, fill)
 	if err != nil {

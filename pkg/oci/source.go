@@ -480,4 +480,3 @@ func Registry(ref string) (string, error) {
 	}
 	return r.Context().RegistryStr(), nil
 }
-
