@@ -62,52 +62,10 @@ func storedLayers(t *testing.T, st *image.Store) []string {
 	return out
 }
 
-// pythonImage is the acceptance image: our Debian python tree as a gzip
-// layer, an uncompressed layer, and a zstd layer with a whiteout, an opaque
-// directory and an account of its own, run as that account in /app.
-func pythonImage(t *testing.T) v1.Image {
-	t.Helper()
-	base := testenv.EnsureImages(t, "python")["python"].Rootfs
-	passwd, err := os.ReadFile(filepath.Join(base, "etc/passwd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	group, err := os.ReadFile(filepath.Join(base, "etc/group"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l2 := tarOf(t,
-		entry{name: "opt/", typ: tar.TypeDir},
-		entry{name: "opt/data/", typ: tar.TypeDir},
-		entry{name: "opt/data/old.txt", body: "lower"},
-		entry{name: "opt/keep/", typ: tar.TypeDir},
-		entry{name: "opt/keep/x", body: "kept"},
-	)
-	l3 := tarOf(t,
-		entry{name: "etc/passwd", body: string(passwd) + "app:x:1001:1001:app:/home/app:/bin/sh\n"},
-		entry{name: "etc/group", body: string(group) + "app:x:1001:\n"},
-		entry{name: "etc/.wh.motd"},
-		entry{name: "opt/data/", typ: tar.TypeDir},
-		entry{name: "opt/data/.wh..wh..opq"},
-		entry{name: "opt/data/new.txt", body: "upper"},
-		entry{name: "home/app/", typ: tar.TypeDir, uid: 1001, gid: 1001},
-		entry{name: "app/", typ: tar.TypeDir, uid: 1001, gid: 1001},
-		entry{name: "app/main.py", body: "print('main')\n", uid: 1001, gid: 1001},
-		entry{name: "app/run", typ: tar.TypeLink, link: "app/main.py"},
-		entry{name: "app/lib", typ: tar.TypeSymlink, link: "../usr/lib"},
-	)
-	cfg := v1.Config{
-		User: "app", WorkingDir: "/app",
-		Env:        []string{"PATH=/usr/local/bin:/usr/bin:/bin", "GREETING=hello from oci"},
-		Entrypoint: []string{"python3"}, Cmd: []string{"/app/main.py"},
-	}
-	return makeImage(t, cfg, []layer{{treeTar(t, base), "gzip"}, {l2, "none"}, {l3, "zstd"}}, imageOpts{})
-}
-
 func TestPullImportPython(t *testing.T) {
 	reg := testenv.NewRegistry(t, true)
-	img := pythonImage(t)
-	ref := push(t, reg, reg.Ref("team/python:3"), img)
+	img := testenv.PythonOCIImage(t)
+	ref := reg.Push(t, reg.Ref("team/python:3"), img)
 	manifestDigest, _ := img.Digest()
 	configDigest, _ := img.ConfigName()
 
@@ -196,7 +154,7 @@ func TestPullImportPython(t *testing.T) {
 	// A docker save archive of the same image: same digest, no new layer.
 	archive := filepath.Join(t.TempDir(), "python.tar")
 	tag, _ := name.NewTag("example.test/python:3")
-	pulled, err := remote.Image(ref, registryOpts(reg)...)
+	pulled, err := remote.Image(ref, reg.RemoteOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,14 +200,14 @@ func TestPullImportPython(t *testing.T) {
 // TestPullIndex pulls a multi-arch index: linux/amd64 is the one taken.
 func TestPullIndex(t *testing.T) {
 	reg := testenv.NewRegistry(t, false)
-	arm := makeImage(t, v1.Config{}, []layer{{tarOf(t, entry{name: "arch", body: "arm64"}), "gzip"}}, imageOpts{arch: "arm64"})
-	amd := makeImage(t, v1.Config{}, []layer{{tarOf(t, entry{name: "arch", body: "amd64"}), "zstd"}}, imageOpts{})
+	arm := testenv.MakeOCIImage(t, v1.Config{}, []testenv.OCILayer{{Tar: testenv.TarOf(t, testenv.TarEntry{Name: "arch", Body: "arm64"}), Comp: "gzip"}}, testenv.OCIImageOpts{Arch: "arm64"})
+	amd := testenv.MakeOCIImage(t, v1.Config{}, []testenv.OCILayer{{Tar: testenv.TarOf(t, testenv.TarEntry{Name: "arch", Body: "amd64"}), Comp: "zstd"}}, testenv.OCIImageOpts{})
 	idx := mutate.AppendManifests(empty.Index,
 		mutate.IndexAddendum{Add: arm, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "arm64"}}},
 		mutate.IndexAddendum{Add: amd, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}},
 	)
 	r, _ := name.ParseReference(reg.Ref("multi/arch:1"))
-	if err := remote.WriteIndex(r, idx, registryOpts(reg)...); err != nil {
+	if err := remote.WriteIndex(r, idx, reg.RemoteOptions()...); err != nil {
 		t.Fatal(err)
 	}
 	im, _ := newImporter(t, oci.Options{CAFiles: []string{reg.CAFile}})
@@ -292,28 +250,28 @@ func assertEmptyStore(t *testing.T, st *image.Store) {
 func TestHostileImages(t *testing.T) {
 	reg := testenv.NewRegistry(t, false)
 	im, st := newImporter(t, oci.Options{CAFiles: []string{reg.CAFile}, MaxSize: 16 << 20, MaxManifest: 1 << 20})
-	ok := entry{name: "etc/os-release", body: "ID=test\n"}
+	ok := testenv.TarEntry{Name: "etc/os-release", Body: "ID=test\n"}
 	cases := []struct {
 		name   string
-		layers []layer
-		opts   imageOpts
+		layers []testenv.OCILayer
+		opts   testenv.OCIImageOpts
 		code   errdefs.Code
 		want   []string
 	}{
-		{"dotdot", []layer{{tarOf(t, ok, entry{name: "etc/../../escape", body: "x"}), "gzip"}}, imageOpts{}, errdefs.InvalidArgument, []string{`entry "etc/../../escape"`, `".."`}},
-		{"absolute", []layer{{tarOf(t, ok, entry{name: "/etc/cron.d/evil", body: "x"}), "gzip"}}, imageOpts{}, errdefs.InvalidArgument, []string{`entry "/etc/cron.d/evil"`, "absolute"}},
-		{"symlink-out", []layer{{tarOf(t, ok, entry{name: "a/b", typ: tar.TypeSymlink, link: "../../../../etc"}), "zstd"}}, imageOpts{}, errdefs.InvalidArgument, []string{`entry "a/b"`, "leads out"}},
-		{"hardlink-out", []layer{{tarOf(t, ok, entry{name: "shadow", typ: tar.TypeLink, link: "../../etc/shadow"}), "gzip"}}, imageOpts{}, errdefs.InvalidArgument, []string{`entry "shadow"`, "leads out"}},
-		{"device", []layer{{tarOf(t, ok, entry{name: "dev/mem2", typ: tar.TypeChar}), "none"}}, imageOpts{}, errdefs.InvalidArgument, []string{`entry "dev/mem2"`, "device"}},
-		{"setuid-outside", []layer{{tarOf(t, ok, entry{name: "usr/bin/su2", body: "#!", mode: 0o4755, uid: 70000}), "gzip"}}, imageOpts{}, errdefs.InvalidArgument, []string{`entry "usr/bin/su2"`, "setuid", "70000"}},
-		{"bomb", []layer{{tarOf(t, ok, entry{name: "zeros", size: 64 << 20}), "gzip"}}, imageOpts{}, errdefs.LimitExceeded, []string{`entry "zeros"`, "images.max_size"}},
-		{"manifest-size", []layer{{tarOf(t, ok), "gzip"}}, imageOpts{annotations: map[string]string{"pad": strings.Repeat("m", 2<<20)}}, errdefs.LimitExceeded, []string{"manifest", "max_manifest_size"}},
-		{"config-size", []layer{{tarOf(t, ok), "gzip"}}, imageOpts{configPadding: 2 << 20}, errdefs.LimitExceeded, []string{"config", "max_manifest_size"}},
-		{"diffid-mismatch", []layer{{tarOf(t, ok), "gzip"}}, imageOpts{lieDiffID: true}, errdefs.InvalidArgument, []string{"layer 0", "diff id mismatch"}},
+		{"dotdot", []testenv.OCILayer{{Tar: testenv.TarOf(t, ok, testenv.TarEntry{Name: "etc/../../escape", Body: "x"}), Comp: "gzip"}}, testenv.OCIImageOpts{}, errdefs.InvalidArgument, []string{`entry "etc/../../escape"`, `".."`}},
+		{"absolute", []testenv.OCILayer{{Tar: testenv.TarOf(t, ok, testenv.TarEntry{Name: "/etc/cron.d/evil", Body: "x"}), Comp: "gzip"}}, testenv.OCIImageOpts{}, errdefs.InvalidArgument, []string{`entry "/etc/cron.d/evil"`, "absolute"}},
+		{"symlink-out", []testenv.OCILayer{{Tar: testenv.TarOf(t, ok, testenv.TarEntry{Name: "a/b", Type: tar.TypeSymlink, Link: "../../../../etc"}), Comp: "zstd"}}, testenv.OCIImageOpts{}, errdefs.InvalidArgument, []string{`entry "a/b"`, "leads out"}},
+		{"hardlink-out", []testenv.OCILayer{{Tar: testenv.TarOf(t, ok, testenv.TarEntry{Name: "shadow", Type: tar.TypeLink, Link: "../../etc/shadow"}), Comp: "gzip"}}, testenv.OCIImageOpts{}, errdefs.InvalidArgument, []string{`entry "shadow"`, "leads out"}},
+		{"device", []testenv.OCILayer{{Tar: testenv.TarOf(t, ok, testenv.TarEntry{Name: "dev/mem2", Type: tar.TypeChar}), Comp: "none"}}, testenv.OCIImageOpts{}, errdefs.InvalidArgument, []string{`entry "dev/mem2"`, "device"}},
+		{"setuid-outside", []testenv.OCILayer{{Tar: testenv.TarOf(t, ok, testenv.TarEntry{Name: "usr/bin/su2", Body: "#!", Mode: 0o4755, UID: 70000}), Comp: "gzip"}}, testenv.OCIImageOpts{}, errdefs.InvalidArgument, []string{`entry "usr/bin/su2"`, "setuid", "70000"}},
+		{"bomb", []testenv.OCILayer{{Tar: testenv.TarOf(t, ok, testenv.TarEntry{Name: "zeros", Size: 64 << 20}), Comp: "gzip"}}, testenv.OCIImageOpts{}, errdefs.LimitExceeded, []string{`entry "zeros"`, "images.max_size"}},
+		{"manifest-size", []testenv.OCILayer{{Tar: testenv.TarOf(t, ok), Comp: "gzip"}}, testenv.OCIImageOpts{Annotations: map[string]string{"pad": strings.Repeat("m", 2<<20)}}, errdefs.LimitExceeded, []string{"manifest", "max_manifest_size"}},
+		{"config-size", []testenv.OCILayer{{Tar: testenv.TarOf(t, ok), Comp: "gzip"}}, testenv.OCIImageOpts{ConfigPadding: 2 << 20}, errdefs.LimitExceeded, []string{"config", "max_manifest_size"}},
+		{"diffid-mismatch", []testenv.OCILayer{{Tar: testenv.TarOf(t, ok), Comp: "gzip"}}, testenv.OCIImageOpts{LieDiffID: true}, errdefs.InvalidArgument, []string{"layer 0", "diff id mismatch"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ref := push(t, reg, reg.Ref("hostile/"+c.name+":1"), makeImage(t, v1.Config{}, c.layers, c.opts))
+			ref := reg.Push(t, reg.Ref("hostile/"+c.name+":1"), testenv.MakeOCIImage(t, v1.Config{}, c.layers, c.opts))
 			_, err := im.Pull(ctx(t), ref.String(), nil)
 			if err == nil {
 				t.Fatal("hostile image pulled")
@@ -334,7 +292,7 @@ func TestHostileImages(t *testing.T) {
 	// A tampered blob in an OCI layout: the layer's digest is checked.
 	t.Run("layout-blob-mismatch", func(t *testing.T) {
 		dir := t.TempDir()
-		img := makeImage(t, v1.Config{}, []layer{{tarOf(t, ok, entry{name: "f", body: "original"}), "none"}}, imageOpts{})
+		img := testenv.MakeOCIImage(t, v1.Config{}, []testenv.OCILayer{{Tar: testenv.TarOf(t, ok, testenv.TarEntry{Name: "f", Body: "original"}), Comp: "none"}}, testenv.OCIImageOpts{})
 		lp, err := layout.Write(dir, empty.Index)
 		if err != nil {
 			t.Fatal(err)
