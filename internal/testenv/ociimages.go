@@ -308,4 +308,3 @@ func PythonOCIImage(t testing.TB) v1.Image {
 	}
 	return MakeOCIImage(t, cfg, []OCILayer{{Tar: TreeTar(t, base), Comp: "gzip"}, {Tar: l2, Comp: "none"}, {Tar: l3, Comp: "zstd"}}, OCIImageOpts{})
 }
-
