@@ -80,6 +80,8 @@ type Engine interface {
 	EnsureVMImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error)
 	RemoveImage(ctx context.Context, name string) error
 	PruneImages(ctx context.Context) ([]apitypes.Image, error)
+	PullImage(ctx context.Context, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error)
+	ImportImageFrom(ctx context.Context, r io.Reader, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error)
 }
 
 // The daemon's engine is the REST API's engine.

@@ -60,6 +60,12 @@ func (e *Engine) ImportImage(ctx context.Context, path, ref string, progress fun
 	return e.imgs.Import(ctx, path, ref, progress)
 }
 
+// ImportImageFrom installs the image of an uploaded archive (docker save,
+// or a tar of an OCI layout) read from r.
+func (e *Engine) ImportImageFrom(ctx context.Context, r io.Reader, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error) {
+	return e.imgs.ImportFrom(ctx, r, ref, progress)
+}
+
 // progressLines turns pull progress into the phase lines of a create.
 func progressLines(progress func(string)) oci.Progress {
 	if progress == nil {

@@ -2,7 +2,9 @@ package images
 
 import (
 	"context"
+	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 
@@ -98,6 +100,36 @@ func (s *Service) Import(ctx context.Context, path, ref string, progress oci.Pro
 		return nil, err
 	}
 	return s.Described(ctx, img)
+}
+
+// ImportFrom is Import of an archive read from r (an upload): a docker
+// save tar or a tar of an OCI layout, at most images.max_size bytes. It is
+// spooled beside the layer store and removed once imported.
+func (s *Service) ImportFrom(ctx context.Context, r io.Reader, ref string, progress oci.Progress) (*apitypes.Image, error) {
+	dir := filepath.Join(s.images.Dir(), "layers")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "spool upload")
+	}
+	f, err := os.CreateTemp(dir, ".upload-")
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "spool upload")
+	}
+	defer os.Remove(f.Name())
+	max := int64(s.cfg.MaxSize)
+	n, err := io.Copy(f, io.LimitReader(r, max+1))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Unavailable, err, "file: upload")
+	}
+	if n > max {
+		return nil, errdefs.LimitExceededf("file: archive over images.max_size (%d bytes)", max)
+	}
+	if n == 0 {
+		return nil, errdefs.Invalidf("file: empty upload")
+	}
+	return s.Import(ctx, f.Name(), ref, progress)
 }
 
 // Resolve returns the store name of the image field names: a store name
