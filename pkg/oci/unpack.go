@@ -236,7 +236,7 @@ func applyEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string) err
 				return err
 			}
 		}
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg: // the reader reports the old TypeRegA as TypeReg
 		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
 			return err
