@@ -62,6 +62,18 @@ fi
 cd "$(dirname "$0")/.."
 go mod download
 
+# The OCI registry the image tests pull from (distribution/distribution, the
+# registry Docker Hub runs), built from its Go module into the test tools
+# cache; internal/testenv.RegistryBin builds it the same way if missing.
+# Keep the version in step with testenv.RegistryVersion.
+registry_version=v3.1.2
+tools_dir=${SANDBOXD_TEST_TOOLS:-/var/tmp/mcp-sandboxd-test-tools}
+if [[ ! -x $tools_dir/registry-$registry_version/registry ]]; then
+	mkdir -p "$tools_dir/registry-$registry_version"
+	(cd /tmp && GOBIN=$tools_dir/registry-$registry_version GOFLAGS=-mod=mod CGO_ENABLED=0 \
+		go install "github.com/distribution/distribution/v3/cmd/registry@$registry_version")
+fi
+
 # The MCP TypeScript SDK for the black-box tests (pinned by test/mcp/package-lock.json).
 if [[ ! -e test/mcp/node_modules/@modelcontextprotocol/sdk/package.json || test/mcp/package-lock.json -nt test/mcp/node_modules/.package-lock.json ]]; then
 	(cd test/mcp && npm ci --no-audit --no-fund --loglevel=error)

@@ -2,17 +2,21 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
 
 func imagesCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "images",
-		Short: "Language images",
+		Short: "Language images and OCI images",
 	}
 	cmd.AddCommand(&cobra.Command{
 		Use:     "ls",
@@ -68,6 +72,53 @@ func imagesCmd(g *globals) *cobra.Command {
 	build.Flags().BoolVar(&vmGuest, "vm", false, "build VM guest images: linux (the Linux test guest) or a language made into a guest")
 	cmd.AddCommand(build)
 	cmd.AddCommand(&cobra.Command{
+		Use:   "pull REFERENCE",
+		Short: "Pull an OCI image from a registry (registry[:port]/name:tag or @sha256:digest); progress on stderr",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			img, err := c.PullImage(cmd.Context(), args[0], func(p apitypes.ImageProgress) { printImageProgress(g, p) })
+			if err != nil {
+				return fmt.Errorf("pull %s: %w", args[0], err)
+			}
+			return printPulled(g, img)
+		},
+	})
+	var importRef string
+	imp := &cobra.Command{
+		Use:   "import FILE",
+		Short: "Import the image of a docker save archive or a tar of an OCI layout (- reads standard input)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var in io.Reader = os.Stdin
+			if args[0] != "-" {
+				f, err := os.Open(args[0])
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if fi, err := f.Stat(); err == nil && fi.IsDir() {
+					return fmt.Errorf("import %s: a directory; send an OCI layout as a tar (tar -C DIR -cf - .)", args[0])
+				}
+				in = f
+			}
+			img, err := c.ImportImage(cmd.Context(), in, importRef, func(p apitypes.ImageProgress) { printImageProgress(g, p) })
+			if err != nil {
+				return fmt.Errorf("import %s: %w", args[0], err)
+			}
+			return printPulled(g, img)
+		},
+	}
+	imp.Flags().StringVar(&importRef, "reference", "", "the image to take from an archive holding several (its tag)")
+	cmd.AddCommand(imp)
+	cmd.AddCommand(&cobra.Command{
 		Use:   "rm LANG...",
 		Short: "Remove language images (refused while a sandbox uses one)",
 		Args:  cobra.MinimumNArgs(1),
@@ -108,6 +159,27 @@ func imagesCmd(g *globals) *cobra.Command {
 		},
 	})
 	return cmd
+}
+
+func printImageProgress(g *globals, p apitypes.ImageProgress) {
+	switch p.Phase {
+	case "resolved":
+		fmt.Fprintf(g.stderr, "%s: %d layers\n", p.Digest, p.Layers)
+	case "layer":
+		how := "pulled"
+		if p.Cached {
+			how = "stored already"
+		}
+		fmt.Fprintf(g.stderr, "layer %d/%d %s: %s, %s\n", p.Index+1, p.Layers, shortDigest(p.Layer), humanBytes(p.Bytes), how)
+	}
+}
+
+func printPulled(g *globals, img *apitypes.Image) error {
+	if g.json {
+		return g.printJSON(img)
+	}
+	fmt.Fprintf(g.stdout, "%s\t%s\t%s\n", img.Name, shortDigest(img.Digest), humanBytes(img.SizeBytes))
+	return nil
 }
 
 // shortDigest shortens "sha256:abcdef..." to 12 hex digits, like docker.

@@ -186,7 +186,7 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Backend, "backend", "", "what runs the sandbox: container (default) or vm (a QEMU guest with its own kernel)")
 	f.StringVar(&req.OS, "os", "", "with --backend vm: guest OS, linux (default) or windows (an administrator's disk, vm.images.windows)")
 	f.StringVarP(&req.Language, "lang", "l", "", "language (image) of the sandbox (with --backend vm: the language's guest)")
-	f.StringVar(&req.Image, "image", "", "image, when it differs from the language")
+	f.StringVar(&req.Image, "image", "", "image, when it differs from the language, or an OCI image reference (registry[:port]/name:tag, pulled on first use where images.allow_pull allows)")
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512M or 1G (default: the daemon's)")
 	f.StringVar(&disk, "disk", "", "disk limit for /workspace and other writes, e.g. 1G")
 	f.StringVar(&req.DiskBacking, "disk-backing", "", "where writes live: disk (an ext4 image) or memory (a tmpfs, counts against the memory limit)")

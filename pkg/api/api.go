@@ -91,6 +91,8 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("POST /v1/images/{name}/build", s.buildImage)
 	mux.HandleFunc("DELETE /v1/images/{name}", s.removeImage)
 	mux.HandleFunc("POST /v1/images/prune", s.pruneImages)
+	mux.HandleFunc("POST /v1/images/pull", s.pullImage)
+	mux.HandleFunc("POST /v1/images/import", s.importImage)
 	mux.HandleFunc("GET /v1/languages", s.languages)
 	mux.HandleFunc("POST /v1/run", s.runCode)
 	mux.HandleFunc("POST /v1/agent/run", s.agentRun)

@@ -104,6 +104,8 @@ type Engine interface {
 	RevokeKey(ctx context.Context, id string) (*apitypes.Key, error)
 	RotateKey(ctx context.Context, id string) (*apitypes.KeySecret, error)
 	KeyUsage(ctx context.Context, id string) (*apitypes.KeyUsage, error)
+	PullImage(ctx context.Context, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error)
+	ImportImageFrom(ctx context.Context, r io.Reader, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error)
 }
 
 // The daemon's engine is the REST API's engine.

@@ -108,6 +108,39 @@ func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
 	st.send(buildLine{Image: img})
 }
 
+// pullImage is image_pull: POST /v1/images/pull with an ImagePullRequest,
+// answered with NDJSON ImageLines: {"progress": ...} per phase, then
+// {"image": ...} or {"error": ...}. An error before the first phase (a
+// malformed reference, refused credentials) is a plain error answer.
+func (s *server) pullImage(w http.ResponseWriter, r *http.Request) {
+	var req apitypes.ImagePullRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	st := newNDJSONStream(w)
+	img, err := s.e.PullImage(r.Context(), req.Reference, func(p apitypes.ImageProgress) { st.send(apitypes.ImageLine{Progress: &p}) })
+	if err != nil {
+		st.fail(s, r, err, func(b errorBody) any { return apitypes.ImageLine{Error: &b} })
+		return
+	}
+	st.send(apitypes.ImageLine{Image: img})
+}
+
+// importImage is POST /v1/images/import?reference=REF with the archive as
+// the body (a docker save tar, or a tar of an OCI layout; at most
+// images.max_size), answered like pullImage. reference picks one image of
+// an archive holding several.
+func (s *server) importImage(w http.ResponseWriter, r *http.Request) {
+	st := newNDJSONStream(w)
+	img, err := s.e.ImportImageFrom(r.Context(), r.Body, r.URL.Query().Get("reference"), func(p apitypes.ImageProgress) { st.send(apitypes.ImageLine{Progress: &p}) })
+	if err != nil {
+		st.fail(s, r, err, func(b errorBody) any { return apitypes.ImageLine{Error: &b} })
+		return
+	}
+	st.send(apitypes.ImageLine{Image: img})
+}
+
 // pruneImages removes stale images no sandbox uses.
 func (s *server) pruneImages(w http.ResponseWriter, r *http.Request) {
 	removed, err := s.e.PruneImages(r.Context())

@@ -220,6 +220,15 @@ type BuildLine struct {
 	Error *ErrorBody `json:"error,omitempty"`
 }
 
+// ImageLine is one line of an image pull or import stream (POST
+// /v1/images/pull, POST /v1/images/import): a progress event, then the
+// image, or the error that ended it.
+type ImageLine struct {
+	Progress *ImageProgress `json:"progress,omitempty"`
+	Image    *Image         `json:"image,omitempty"`
+	Error    *ErrorBody     `json:"error,omitempty"`
+}
+
 // AgentLine is one line of the agent_run stream (POST
 // /v1/agent/run?stream=true): a progress event, the result, or the error
 // that ended the session.

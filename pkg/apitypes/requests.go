@@ -172,4 +172,42 @@ type Image struct {
 	// UpToDate is whether the image is built from its recipe as it is now
 	// (same digest); absent when that cannot be told (no recipe).
 	UpToDate *bool `json:"up_to_date,omitempty"`
+	// OCI is set for an image pulled from a registry or imported from an
+	// archive (no recipe builds it).
+	OCI *ImageOCI `json:"oci,omitempty"`
+}
+
+// ImageOCI is where an OCI image came from and the defaults its config
+// gives sandboxes.
+type ImageOCI struct {
+	References     []string `json:"references"`
+	ManifestDigest string   `json:"manifest_digest,omitempty"`
+	ConfigDigest   string   `json:"config_digest"`
+	Layers         []string `json:"layers"`
+	WorkingDir     string   `json:"working_dir,omitempty"`
+	User           string   `json:"user,omitempty"`
+	UID            int      `json:"uid"`
+	Entrypoint     []string `json:"entrypoint,omitempty"`
+	Cmd            []string `json:"cmd,omitempty"`
+}
+
+// ImagePullRequest asks for an image from a registry.
+type ImagePullRequest struct {
+	// Reference is the image as registries name it:
+	// registry[:port]/repository[:tag][@sha256:digest].
+	Reference string `json:"reference" jsonschema:"image reference, e.g. registry.example:5000/team/python:3.12 or ...@sha256:<digest>"`
+}
+
+// ImageProgress is one step of a pull or an import: "resolved" (the
+// image's digest and layer count), "layer" (one layer unpacked; Cached when
+// the layer store had it), "done" (Image is ready; Bytes its size on disk).
+type ImageProgress struct {
+	Phase  string `json:"phase"`
+	Image  string `json:"image,omitempty"`
+	Digest string `json:"digest,omitempty"`
+	Layer  string `json:"layer,omitempty"`
+	Index  int    `json:"index,omitempty"`
+	Layers int    `json:"layers,omitempty"`
+	Bytes  int64  `json:"bytes,omitempty"`
+	Cached bool   `json:"cached,omitempty"`
 }

@@ -236,6 +236,34 @@ type Images struct {
 	// PruneStale removes images of an older digest of a recipe that no
 	// sandbox of this daemon uses, at start and after each build.
 	PruneStale bool `yaml:"prune_stale"`
+	// AllowPull lists the registries (host[:port]) a sandbox_create may
+	// pull an image reference from on first use; "*" allows any. Empty:
+	// images are pulled only by an explicit image_pull.
+	AllowPull []string `yaml:"allow_pull"`
+	// MaxSize caps an OCI image's unpacked layers (a decompression bomb
+	// stops there); MaxManifestSize its manifest, index and config.
+	MaxSize         ByteSize `yaml:"max_size"`
+	MaxManifestSize ByteSize `yaml:"max_manifest_size"`
+	// Registries are the credentials and CAs of registries images are
+	// pulled from; DockerConfig a Docker config.json read for registries
+	// not listed (its "auths").
+	Registries   []Registry `yaml:"registries"`
+	DockerConfig string     `yaml:"docker_config"`
+}
+
+// Registry is one registry's credentials and CA.
+type Registry struct {
+	Host     string `yaml:"host"` // host[:port] as image references name it
+	Username string `yaml:"username"`
+	// Password, or PasswordEnv naming the daemon's variable holding it
+	// (kept out of the configuration file).
+	Password    string `yaml:"password"`
+	PasswordEnv string `yaml:"password_env"`
+	// Token is an identity (refresh) token, instead of a password.
+	Token string `yaml:"token"`
+	// CAFile is a PEM file of the CA the registry's certificate chains to,
+	// when not one of the system's.
+	CAFile string `yaml:"ca_file"`
 }
 
 // Runs is the `runs` section: run records (docs/SPEC.md "Run records").
@@ -438,8 +466,10 @@ func Default() *Config {
 			CredentialPort: 8119,
 		},
 		Images: Images{
-			Suite:         "bookworm",
-			BuildOnDemand: true,
+			Suite:           "bookworm",
+			BuildOnDemand:   true,
+			MaxSize:         8 << 30,
+			MaxManifestSize: 4 << 20,
 		},
 		Runs: Runs{
 			MaxAge:       Duration(720 * time.Hour),

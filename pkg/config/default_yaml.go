@@ -264,6 +264,22 @@ images:
   # Off by default: a store shared by several daemons (paths.images_dir) may
   # hold trees another daemon's sandboxes still run on.
   prune_stale: false
+  # OCI images (image_pull, sandboxctl images pull/import). Registries a
+  # sandbox_create {image: "registry/name:tag"} may pull from on first use
+  # (host[:port], or "*" for any); empty: only an explicit pull brings one.
+  allow_pull: []
+  # Cap on an OCI image's unpacked layers (a decompression bomb stops here).
+  max_size: 8GiB
+  # Cap on an OCI manifest, index or config.
+  max_manifest_size: 4MiB
+  # Registry credentials and CAs, e.g.
+  #   - host: registry.example:5000
+  #     username: builder
+  #     password_env: REGISTRY_PASSWORD   # or password:, or token:
+  #     ca_file: /etc/sandboxd/registry-ca.pem
+  registries: []
+  # A Docker config.json whose "auths" serve registries not listed above.
+  docker_config: ""
 
 # Run records: one directory per run_code (and autofix) call, with the code,
 # the full logs, the sandbox's description, metadata and output files.

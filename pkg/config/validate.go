@@ -411,7 +411,37 @@ func (im *Images) validate(p *problems) {
 		}
 		seen[l] = true
 	}
+	if im.MaxSize < 1<<20 {
+		p.add("images.max_size", "", "%v is below the minimum of 1MiB", im.MaxSize)
+	}
+	if im.MaxManifestSize < 4<<10 {
+		p.add("images.max_manifest_size", "", "%v is below the minimum of 4KiB", im.MaxManifestSize)
+	}
+	for i, h := range im.AllowPull {
+		if h != "*" && !registryHost.MatchString(h) {
+			p.add(fmt.Sprintf("images.allow_pull[%d]", i), "", "%q is neither a registry host[:port] nor *", h)
+		}
+	}
+	for i, r := range im.Registries {
+		key := fmt.Sprintf("images.registries[%d]", i)
+		if !registryHost.MatchString(r.Host) {
+			p.add(key+".host", "", "%q is not a registry host[:port]", r.Host)
+		}
+		if r.Password != "" && r.PasswordEnv != "" {
+			p.add(key+".password_env", "", "set password or password_env, not both")
+		}
+		if r.CAFile != "" {
+			p.absPath(key+".ca_file", r.CAFile)
+		}
+	}
+	if im.DockerConfig != "" {
+		p.absPath("images.docker_config", im.DockerConfig)
+	}
 }
+
+// registryHost is a registry as image references name it: a host name or
+// IPv4 address, with an optional port.
+var registryHost = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})(:[0-9]{1,5})?$`)
 
 func (r *Runs) validate(p *problems) {
 	if r.Dir != "" {

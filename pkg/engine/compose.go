@@ -108,6 +108,7 @@ func (e *Engine) Core() services.Core {
 		Engine: lifecycle{e}, Registerer: e.metrics.registry, Metrics: runMetrics{e.metrics},
 		OnImageBuild: func(name, outcome string) { e.metrics.imageBuilds.WithLabelValues(name, outcome).Inc() },
 		Credentials:  credentials{e},
+		MaxImageID:   usernsIDs(e.cfg.Sandbox.UsernsPool),
 	}
 }
 

@@ -32,6 +32,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/oci"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox/container"
@@ -251,6 +252,15 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 	if req.OS != "" {
 		return nil, errdefs.Invalidf("os: only with backend vm (a container runs Linux)")
 	}
+	if oci.IsReference(req.Image) {
+		// A registry reference: the image it was pulled as, pulled now
+		// if images.allow_pull lets it.
+		name, err := e.imgs.Resolve(ctx, "image", req.Image, progressLines(progress))
+		if err != nil {
+			return nil, err
+		}
+		req.Image = name
+	}
 	seed, err := e.snapshots.ForkSeed(ctx, &req)
 	if err != nil {
 		return nil, err
@@ -371,6 +381,15 @@ func (e *Engine) specImage(req CreateSandboxRequest) (*sandbox.Spec, error) {
 			MemoryBytes: int64(sc.Memory), CPUs: sc.CPUs, Pids: sc.Pids, DiskBytes: int64(sc.Disk),
 		},
 		Env: req.Env, Labels: req.Labels,
+	}
+	if img, err := e.images.Get(imageName); err == nil && img.OCI != nil {
+		// An OCI image's config says who commands run as and where. Its
+		// root user stays the unprivileged sandbox user: root inside
+		// is what root mode asks for, not what an image may.
+		spec.WorkDir = img.OCI.WorkingDir
+		if img.User.UID != 0 {
+			spec.UID = img.User.UID
+		}
 	}
 	return spec, nil
 }

@@ -2,11 +2,13 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"io"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/oci"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
 )
 
@@ -36,6 +38,41 @@ func (e *Engine) PruneImages(ctx context.Context) ([]apitypes.Image, error) {
 // RemoveImage deletes the built images of recipe name.
 func (e *Engine) RemoveImage(ctx context.Context, name string) error {
 	return e.imgs.Remove(ctx, name)
+}
+
+// PullImage fetches the image ref names from its registry into the store
+// (docs/SPEC.md "OCI images"); progress, if not nil, sees each phase.
+func (e *Engine) PullImage(ctx context.Context, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error) {
+	return e.imgs.Pull(ctx, ref, progress)
+}
+
+// ImportImage installs the image of the archive at path (a docker save tar,
+// an OCI layout directory or a tar of one); ref picks one of several.
+func (e *Engine) ImportImage(ctx context.Context, path, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error) {
+	return e.imgs.Import(ctx, path, ref, progress)
+}
+
+// ImportImageFrom installs the image of an uploaded archive (docker save,
+// or a tar of an OCI layout) read from r.
+func (e *Engine) ImportImageFrom(ctx context.Context, r io.Reader, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error) {
+	return e.imgs.ImportFrom(ctx, r, ref, progress)
+}
+
+// progressLines turns pull progress into the phase lines of a create.
+func progressLines(progress func(string)) oci.Progress {
+	if progress == nil {
+		return nil
+	}
+	return func(p apitypes.ImageProgress) {
+		switch p.Phase {
+		case "resolved":
+			progress(fmt.Sprintf("image %s: pulling %d layers (%s)", p.Image, p.Layers, p.Digest))
+		case "layer":
+			progress(fmt.Sprintf("image %s: layer %d/%d %s (%d bytes%s)", p.Image, p.Index+1, p.Layers, p.Layer, p.Bytes, map[bool]string{true: ", stored already"}[p.Cached]))
+		case "done":
+			progress(fmt.Sprintf("image %s: ready", p.Image))
+		}
+	}
 }
 
 func (e *Engine) imageKnown(name string) bool { return e.imgs.Known(name) }

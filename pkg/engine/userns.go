@@ -65,3 +65,13 @@ func idInRange(file string, lo, hi int64) (string, int64, error) {
 	}
 	return "", 0, sc.Err()
 }
+
+// usernsIDs is how many ids a sandbox has (its range's size): what an OCI
+// image's files may be owned by. Without user namespaces sandboxes run with
+// host ids, and the default range size still bounds them.
+func usernsIDs(c config.UsernsPool) int {
+	if c.Count == 0 || c.Size <= 0 {
+		return 65536
+	}
+	return int(c.Size)
+}

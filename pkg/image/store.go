@@ -64,6 +64,9 @@ type Image struct {
 	Env      map[string]string   `json:"env"`
 	Commands map[string][]string `json:"commands"`
 	User     UserSpec            `json:"user"`
+	// OCI is set for an image pulled or imported as an OCI image
+	// (InstallTree); Recipe is then nil.
+	OCI *OCIInfo `json:"oci,omitempty"`
 }
 
 // Store is the directory of built images. Its methods are safe for use by

@@ -80,6 +80,7 @@ type Engine interface {
 	ImageList(ctx context.Context) (*apitypes.ImageList, error)
 	EnsureImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error)
 	EnsureVMImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error)
+	PullImage(ctx context.Context, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error)
 	RemoveImage(ctx context.Context, name string) error
 }
 

@@ -245,6 +245,13 @@ func (f *fakeEngine) ImageList(context.Context) (*apitypes.ImageList, error) {
 	return ex[apitypes.ImageList](f, "ImageList")
 }
 
+func (f *fakeEngine) PullImage(_ context.Context, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error) {
+	if progress != nil {
+		progress(apitypes.ImageProgress{Phase: "resolved", Image: "oci-0123456789ab", Layers: 1})
+	}
+	return ex[apitypes.Image](f, "PullImage")
+}
+
 func (f *fakeEngine) EnsureImage(context.Context, string, io.Writer) (*apitypes.Image, error) {
 	return ex[apitypes.Image](f, "EnsureImage")
 }
@@ -322,6 +329,7 @@ var contractCases = []contractCase{
 	{"run_list", nil, reflect.TypeFor[apitypes.RunList](), []string{"truncated"}},
 	{"image_list", nil, reflect.TypeFor[apitypes.ImageList](), []string{"note"}},
 	{"image_build", map[string]any{"name": "python"}, reflect.TypeFor[apitypes.Image](), nil},
+	{"image_pull", map[string]any{"reference": "registry.example:5000/team/python:3"}, reflect.TypeFor[apitypes.Image](), nil},
 	{"image_delete", map[string]any{"name": "python"}, reflect.TypeFor[apitypes.ImageDeleteResult](), nil},
 	{"autofix", map[string]any{"language": "python", "code": "print(1)"}, reflect.TypeFor[apitypes.AutofixResult](), []string{"note", "last_result.note"}},
 	{"autofix_status", map[string]any{"autofix_id": "af-1"}, reflect.TypeFor[apitypes.AutofixResult](), []string{"note", "last_result.note"}},

@@ -92,6 +92,36 @@ func (s *srv) addImageTools() {
 			return &result{structured: img, text: "image " + imageText(img)}, nil
 		})
 
+	addTool[apitypes.ImagePullRequest, apitypes.Image](s, "image_pull", "Pull an OCI image",
+		joinLines(
+			"Pull an OCI image from a registry (reference: registry[:port]/name:tag or ...@sha256:digest; an index resolves to linux/amd64) into the image store, and return it: name (oci-<12 hex of its config digest>, what sandbox_create takes, as does the reference itself), digest, size and oci (references, layers, working_dir, user, entrypoint, cmd).",
+			"Credentials and CAs come from the daemon's configuration (images.registries, images.docker_config). Every blob is checked against its digest; layers already stored are not fetched again. An image with an entry that could reach outside its tree, a device, a setuid file owned outside the sandbox's ids, or more than images.max_size unpacked is refused, naming the layer and the entry.",
+			"With a progress token, each layer is reported as a progress notification as it is unpacked. The image's Entrypoint/Cmd are recorded, never run: sandboxes from it start with the daemon's own init and agent, and commands run as the image's user in its working directory with its Env.",
+		),
+		annotations{idempotent: true},
+		func(ctx context.Context, c *call, in *apitypes.ImagePullRequest) (*result, error) {
+			out := c.progress.outputFunc()
+			img, err := s.e.PullImage(ctx, in.Reference, func(p apitypes.ImageProgress) {
+				if out == nil {
+					return
+				}
+				switch p.Phase {
+				case "resolved":
+					out("stderr", []byte(fmt.Sprintf("image %s (%s): %d layers\n", p.Image, p.Digest, p.Layers)))
+				case "layer":
+					how := "pulled"
+					if p.Cached {
+						how = "stored already"
+					}
+					out("stderr", []byte(fmt.Sprintf("layer %d/%d %s: %d bytes, %s\n", p.Index+1, p.Layers, p.Layer, p.Bytes, how)))
+				}
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &result{structured: img, text: "image " + imageText(img)}, nil
+		})
+
 	addTool[apitypes.ImageDeleteRequest, apitypes.ImageDeleteResult](s, "image_delete", "Delete an image",
 		joinLines(
 			"Delete a built image (every tree built for that name) from the image store. Refused with conflict while a live sandbox runs on it: terminate those first (image_list: users).",

@@ -25,6 +25,9 @@ func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, 
 	oomBefore, _ := sb.oomKills()
 	cwd := spec.Cwd
 	if cwd == "" {
+		cwd = sb.spec.WorkDir
+	}
+	if cwd == "" {
 		cwd = "/workspace"
 	}
 	gid := spec.UID

@@ -73,6 +73,9 @@ type Spec struct {
 	// ImageEnv is the image's environment, kept so that a restarted daemon
 	// runs commands exactly as before even if the image was rebuilt since.
 	ImageEnv map[string]string `json:"image_env,omitempty"`
+	// WorkDir is where commands run when they name no directory: an OCI
+	// image's WorkingDir; empty: /workspace.
+	WorkDir string `json:"workdir,omitempty"`
 	// Backend names the backend that runs the sandbox ("container", "vm");
 	// empty means Options.Backend.
 	Backend string `json:"backend,omitempty"`

@@ -63,6 +63,9 @@ type Core struct {
 	// Credentials says whether agent sessions have their credential, and
 	// what a sandbox spent of it (the network's credential proxy).
 	Credentials agents.Credentials
+	// MaxImageID is the highest uid and gid an imported image's files may
+	// have: the size of a sandbox's user-namespace range.
+	MaxImageID int
 }
 
 // Set is every service, made once.
@@ -84,7 +87,7 @@ func Compose(c Core) *Set {
 	s := &Set{}
 	s.Images = images.New(images.Options{
 		Store: c.Images, Catalog: c.Catalog, Config: &cfg.Images, RecipesDir: cfg.Paths.RecipesDir,
-		Sandboxes: c.Sandboxes, Log: log, OnBuild: c.OnImageBuild,
+		Sandboxes: c.Sandboxes, Log: log, OnBuild: c.OnImageBuild, MaxID: c.MaxImageID,
 	})
 	s.Ports = ports.New(c.Sandboxes, c.Store, log)
 	s.Pipeline = pipeline.New(pipeline.Options{Sandboxes: c.Sandboxes, Lifecycle: c.Engine, Catalog: c.Catalog,

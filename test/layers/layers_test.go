@@ -25,6 +25,8 @@ var layer = map[string]int{
 	"pkg/artifacts": 2, "pkg/lang": 2, "pkg/network": 2, "pkg/autofix": 2, "pkg/vm/qga": 2, "pkg/vm/vport": 2, "pkg/tenants": 2,
 
 	"pkg/agent/server": 3, "pkg/sandbox": 3, "pkg/vm": 3,
+	// OCI images into the image store (over pkg/image).
+	"pkg/oci": 3,
 
 	"pkg/sandbox/container": 4, "pkg/sandbox/qemu": 4,
 

@@ -401,6 +401,7 @@ export interface Image {
   recipe?: string;
   vm?: boolean;
   up_to_date?: boolean;
+  oci?: ImageOCI;
 }
 
 export interface Termination {
@@ -506,4 +507,16 @@ export interface RunStepRecord {
 export interface TokenUsage {
   input_tokens: number;
   output_tokens: number;
+}
+
+export interface ImageOCI {
+  references: string[];
+  manifest_digest?: string;
+  config_digest: string;
+  layers: string[];
+  working_dir?: string;
+  user?: string;
+  uid: number;
+  entrypoint?: string[];
+  cmd?: string[];
 }

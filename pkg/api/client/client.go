@@ -193,7 +193,10 @@ func (c *Client) doJSON(ctx context.Context, method, path string, q url.Values, 
 // accepted status; the caller closes its body.
 func (c *Client) send(ctx context.Context, method, path string, q url.Values, in any, okStatus ...int) (*http.Response, error) {
 	var body io.Reader
-	if in != nil {
+	raw, isRaw := in.(io.Reader) // an upload, sent as it is
+	if isRaw {
+		body = raw
+	} else if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
 			return nil, fmt.Errorf("encode request: %w", err)
@@ -204,7 +207,10 @@ func (c *Client) send(ctx context.Context, method, path string, q url.Values, in
 	if err != nil {
 		return nil, fmt.Errorf("build request: %w", err)
 	}
-	if in != nil {
+	switch {
+	case isRaw:
+		req.Header.Set("Content-Type", "application/octet-stream")
+	case in != nil:
 		req.Header.Set("Content-Type", "application/json")
 	}
 	return c.do(req, okStatus...)

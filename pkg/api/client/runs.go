@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -102,6 +103,36 @@ func (c *Client) buildImage(ctx context.Context, name string, q url.Values, log 
 		}
 		return false, nil, nil
 	})
+}
+
+// PullImage pulls the image ref names from its registry into the daemon's
+// store; progress, if not nil, sees each phase.
+func (c *Client) PullImage(ctx context.Context, ref string, progress func(apitypes.ImageProgress)) (*Image, error) {
+	return postStream(ctx, c, "/v1/images/pull", nil, apitypes.ImagePullRequest{Reference: ref}, "pull", imageLines(progress))
+}
+
+// ImportImage uploads an archive (a docker save tar, or a tar of an OCI
+// layout) and installs its image; ref picks one of several in it.
+func (c *Client) ImportImage(ctx context.Context, archive io.Reader, ref string, progress func(apitypes.ImageProgress)) (*Image, error) {
+	var q url.Values
+	if ref != "" {
+		q = url.Values{"reference": {ref}}
+	}
+	return postStream(ctx, c, "/v1/images/import", q, archive, "import", imageLines(progress))
+}
+
+func imageLines(progress func(apitypes.ImageProgress)) func(*apitypes.ImageLine) (bool, *Image, error) {
+	return func(line *apitypes.ImageLine) (bool, *Image, error) {
+		switch {
+		case line.Error != nil:
+			return true, nil, line.Error.Err()
+		case line.Image != nil:
+			return true, line.Image, nil
+		case line.Progress != nil && progress != nil:
+			progress(*line.Progress)
+		}
+		return false, nil, nil
+	}
 }
 
 // PruneImages removes the stale images no sandbox uses and returns them.

@@ -42,6 +42,9 @@ type Options struct {
 	// OnBuild, if set, sees each build on first use start ("started") and
 	// end ("built", "failed"): the engine's metrics.
 	OnBuild func(name, outcome string)
+	// MaxID is the size of a sandbox's id range (sandbox.userns_pool.size):
+	// OCI image files owned beyond it are refused.
+	MaxID int
 }
 
 // Service builds, describes, lists, prunes and removes images.
@@ -54,6 +57,8 @@ type Service struct {
 	log       *slog.Logger
 	onBuild   func(name, outcome string)
 	builds    imageBuilds // images being built on first use (ondemand.go)
+	pulls     pulls       // OCI images being pulled (oci.go)
+	maxID     int
 }
 
 // New returns the image service.
@@ -62,7 +67,7 @@ func New(o Options) *Service {
 	if on == nil {
 		on = func(string, string) {}
 	}
-	return &Service{images: o.Store, catalog: o.Catalog, cfg: o.Config, recipes: o.RecipesDir, sandboxes: o.Sandboxes, log: o.Log, onBuild: on}
+	return &Service{images: o.Store, catalog: o.Catalog, cfg: o.Config, recipes: o.RecipesDir, sandboxes: o.Sandboxes, log: o.Log, onBuild: on, maxID: o.MaxID}
 }
 
 // VMGuestPrefix starts the name of a VM guest image (vm.GuestImageName).
@@ -243,8 +248,16 @@ func (s *Service) List() ([]apitypes.Image, error) {
 
 // Public is what clients see of a built image: no host paths.
 func Public(im *image.Image) apitypes.Image {
-	return apitypes.Image{Name: im.Name, Digest: im.Digest, BuiltAt: im.BuiltAt, SizeBytes: im.SizeBytes,
+	out := apitypes.Image{Name: im.Name, Digest: im.Digest, BuiltAt: im.BuiltAt, SizeBytes: im.SizeBytes,
 		BuildSeconds: im.BuildSeconds, Suite: im.Suite, Packages: len(im.Packages)}
+	if o := im.OCI; o != nil {
+		out.OCI = &apitypes.ImageOCI{
+			References: o.References, ManifestDigest: o.ManifestDigest, ConfigDigest: o.ConfigDigest,
+			Layers: o.Layers, WorkingDir: o.WorkingDir, User: im.User.Name, UID: im.User.UID,
+			Entrypoint: o.Entrypoint, Cmd: o.Cmd,
+		}
+	}
+	return out
 }
 
 // Prune removes the stale images — trees of an older digest of a

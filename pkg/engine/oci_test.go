@@ -1,0 +1,101 @@
+package engine
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
+
+// TestSandboxFromPulledImage is the acceptance test of OCI pulls: a
+// private python image pulled from a real registry on first use by
+// sandbox_create, then again by digest, runs python3 as the image's user in
+// its WorkingDir with its Env.
+func TestSandboxFromPulledImage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("pulls a 250 MiB image")
+	}
+	reg := testenv.NewRegistry(t, true)
+	img := testenv.PythonOCIImage(t)
+	ref := reg.Push(t, reg.Ref("team/python:3"), img)
+	env := newTestEngine(t, func(c *config.Config) {
+		c.Paths.ImagesDir = t.TempDir()
+		c.Images.Registries = []config.Registry{{Host: reg.Host, Username: reg.Username, Password: reg.Password, CAFile: reg.CAFile}}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	// Not pulled, and allow_pull is empty: refused, naming the setting.
+	_, err := env.CreateSandbox(ctx, CreateSandboxRequest{Image: ref.String()})
+	if errdefs.CodeOf(err) != errdefs.InvalidArgument || !strings.Contains(err.Error(), "images.allow_pull") {
+		t.Fatalf("create from an unpulled reference without allow_pull: %v", err)
+	}
+	env.cfg.Images.AllowPull = []string{reg.Host}
+
+	var lines []string
+	start := time.Now()
+	info, err := env.CreateSandboxProgress(ctx, CreateSandboxRequest{Image: ref.String()}, func(l string) { lines = append(lines, l) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pull on first use and create: %v; progress:\n%s", time.Since(start), strings.Join(lines, "\n"))
+	if len(lines) != 5 || !strings.Contains(lines[0], "pulling 3 layers") || !strings.HasSuffix(lines[4], "ready") {
+		t.Errorf("progress lines %q", lines)
+	}
+	configDigest, _ := img.ConfigName()
+	if info.Image != "oci-"+configDigest.Hex[:12] {
+		t.Errorf("sandbox image %q, want oci-%s", info.Image, configDigest.Hex[:12])
+	}
+	res, err := env.Exec(ctx, ExecRequest{SandboxID: info.ID, Argv: []string{"python3", "-c",
+		"import os, pwd; print(os.getuid(), os.getgid(), pwd.getpwuid(os.getuid()).pw_name, os.getcwd(), os.environ['GREETING'], os.environ['HOME'], sep='|')"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "1001|1001|app|/app|hello from oci|/home/app\n"; res.ExitCode != 0 || res.Stdout != want {
+		t.Errorf("python3 -c: exit %d, stdout %q, want %q; stderr %s", res.ExitCode, res.Stdout, want, res.Stderr)
+	}
+	// The image's Entrypoint is not what runs as PID 1: the daemon's init is.
+	res, err = env.Exec(ctx, ExecRequest{SandboxID: info.ID, Command: "cat /proc/1/cmdline | tr '\\0' ' '"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(res.Stdout, "python3") || strings.Contains(res.Stdout, "main.py") {
+		t.Errorf("PID 1 is the image's entrypoint: %q", res.Stdout)
+	}
+
+	// By digest: pulled again (a new reference), the same image; a create
+	// from it needs no pull.
+	manifestDigest, _ := img.Digest()
+	byDigest := ref.Context().Digest(manifestDigest.String()).String()
+	var events []apitypes.ImageProgress
+	pulled, err := env.PullImage(ctx, byDigest, func(p apitypes.ImageProgress) { events = append(events, p) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pulled.Name != info.Image || pulled.OCI == nil || pulled.OCI.UID != 1001 || pulled.OCI.WorkingDir != "/app" {
+		t.Errorf("pull by digest: %+v %+v", pulled, pulled.OCI)
+	}
+	if len(events) == 0 || events[len(events)-1].Phase != "done" {
+		t.Errorf("pull events %+v", events)
+	}
+	env.cfg.Images.AllowPull = nil
+	info2, err := env.CreateSandbox(ctx, CreateSandboxRequest{Image: byDigest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info2.Image != info.Image {
+		t.Errorf("create by digest: image %s, want %s", info2.Image, info.Image)
+	}
+
+	// Hostile references are refused with the field named.
+	for _, bad := range []string{"UPPER/case:tag", reg.Host + "/x:" + strings.Repeat("t", 200), "a/b@sha256:zz"} {
+		if _, err := env.CreateSandbox(ctx, CreateSandboxRequest{Image: bad}); errdefs.CodeOf(err) != errdefs.InvalidArgument || !strings.Contains(err.Error(), "image") {
+			t.Errorf("create from %q: %v, want invalid_argument naming image", bad, err)
+		}
+	}
+}
