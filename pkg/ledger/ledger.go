@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	rtrace "runtime/trace"
 	"sync"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
@@ -74,6 +75,7 @@ func (l *Ledger) Record(ctx context.Context, owner string, r Resource) error {
 	if !l.Known(r.Kind) {
 		return fmt.Errorf("ledger: no releaser for kind %q", r.Kind)
 	}
+	defer rtrace.StartRegion(ctx, "ledger.record").End()
 	return l.db.AddLedgerEntry(ctx, &store.LedgerEntry{Owner: owner, Kind: r.Kind, Key: r.Key, Data: r.Data})
 }
 
@@ -145,9 +147,13 @@ func (l *Ledger) Release(ctx context.Context, owner string, extra ...Resource) (
 		e := ents[i]
 		r := Resource{Kind: e.Kind, Key: e.Key, Data: e.Data}
 		seen[[2]string{r.Kind, r.Key}] = true
+		reg := rtrace.StartRegion(ctx, "release."+r.Kind)
 		err := release(r)
+		reg.End()
 		if err == nil {
+			reg = rtrace.StartRegion(ctx, "ledger.delete")
 			err = l.db.DeleteLedgerEntry(ctx, e.Seq)
+			reg.End()
 		}
 		if err != nil {
 			err = fmt.Errorf("release %s of %s: %w", r, owner, err)

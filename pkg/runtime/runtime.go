@@ -25,6 +25,7 @@
 package runtime
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,6 +33,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	rtrace "runtime/trace"
 	"sync"
 	"time"
 
@@ -440,7 +442,9 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 	// The child holds its own copy of the descriptor; ours is not needed after Run.
 	defer logf.Close()
 
+	reg := rtrace.StartRegion(context.Background(), "runtime.create")
 	ct, err := libcontainer.Create(r.Root, s.ID, cfg)
+	reg.End()
 	if err != nil {
 		return nil, fmt.Errorf("create container: %w", err)
 	}
@@ -479,7 +483,10 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 		// lowers its own limits instead (the agent's --nofile).
 		proc.Rlimits = nil
 	}
-	if err := ct.Run(proc); err != nil {
+	reg = rtrace.StartRegion(context.Background(), "runtime.run")
+	err = ct.Run(proc)
+	reg.End()
+	if err != nil {
 		return nil, fmt.Errorf("start sandbox init: %w", err)
 	}
 	st, err := ct.State()

@@ -32,6 +32,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	rtrace "runtime/trace"
 	"strconv"
 	"strings"
 
@@ -234,7 +235,9 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		if err := rec.Record(ctx, ledger.Resource{Kind: KindUserns, Key: req.ID}); err != nil {
 			return nil, err
 		}
+		reg := rtrace.StartRegion(ctx, "container.idrange")
 		slot, err := p.Ranges.AcquireIDRange(ctx, req.ID, p.Count)
+		reg.End()
 		if err != nil {
 			if errors.Is(err, store.ErrNoIDRange) {
 				return nil, errdefs.New(errdefs.LimitExceeded, "every one of the %d user namespace id ranges (sandbox.userns_pool.count) is in use", p.Count)
@@ -271,7 +274,10 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		}
 		// The namespace is pinned in dir (released with it), where the
 		// runtime joins it; the layers idmap the image with it.
-		if ns, err = userns.NamespaceFD(*idmap); err != nil {
+		reg := rtrace.StartRegion(ctx, "container.userns")
+		ns, err = userns.NamespaceFD(*idmap)
+		reg.End()
+		if err != nil {
 			return nil, err
 		}
 		defer ns.Close()
@@ -284,7 +290,10 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 
 	spec := req.Spec
 	disk := filepath.Join(dir, "disk")
-	if err := b.mountDisk(ctx, req.ID, disk, spec, rec); err != nil {
+	reg := rtrace.StartRegion(ctx, "container.disk")
+	err = b.mountDisk(ctx, req.ID, disk, spec, rec)
+	reg.End()
+	if err != nil {
 		return nil, err
 	}
 	crashpoint.Hit(CrashAfterMount)
@@ -293,7 +302,9 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	if err := rec.Record(ctx, ledger.Resource{Kind: KindLayers, Key: layersDir}); err != nil {
 		return nil, err
 	}
+	reg = rtrace.StartRegion(ctx, "container.layers")
 	layers, err := image.PrepareMappedLayers(req.Image, layersDir, disk, spec.UID, spec.UID, idmap, ns)
+	reg.End()
 	if err != nil {
 		return nil, fmt.Errorf("prepare filesystem: %w", err)
 	}
@@ -349,7 +360,10 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	if b.opt.SeccompDiagnostics && prof != nil {
 		sock := filepath.Join(dir, "seccomp.sock")
 		_ = os.Remove(sock) // a leftover of an earlier attempt
-		if monitor, err = seccomp.Listen(sock, jobOfPid, b.log.With("sandbox", req.ID)); err != nil {
+		reg := rtrace.StartRegion(ctx, "container.seccomp-listen")
+		monitor, err = seccomp.Listen(sock, jobOfPid, b.log.With("sandbox", req.ID))
+		reg.End()
+		if err != nil {
 			return nil, err
 		}
 		prof = seccomp.WithNotify(prof, sock)
@@ -365,6 +379,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	// pkg/agent/server/jobcgroup.go): the sandbox's cgroup directories are
 	// delegated to it, writable by root only, below its cgroup namespace.
 	// Created here (libcontainer joins existing ones) so they can be bound.
+	reg = rtrace.StartRegion(ctx, "container.cgroup-dirs")
 	for name, dir := range cgroups.DelegatedDirs(cg) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("create cgroup: %w", err)
@@ -378,6 +393,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		}
 		binds = append(binds, runtime.Bind{Source: dir, Destination: filepath.Join(cgroupsInside, name), NoExec: true})
 	}
+	reg.End()
 	sysfs := ""
 	if idmap != nil && req.NetNSPath != "" {
 		sysfs = filepath.Join(dir, "sys")
@@ -403,6 +419,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		// user namespace, capabilities included.
 		initArgs = append(initArgs, "--root-mode")
 	}
+	reg = rtrace.StartRegion(ctx, "container.runtime-start")
 	inst, err := b.opt.Runtime.Start(&runtime.Spec{
 		ID:           req.ID,
 		Rootfs:       layers.Rootfs,
@@ -427,6 +444,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		InitLog:  filepath.Join(dir, "agent.log"),
 		Labels:   map[string]string{"sandboxd.id": req.ID},
 	})
+	reg.End()
 	if err != nil {
 		if monitor != nil {
 			monitor.Close()
