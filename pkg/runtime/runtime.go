@@ -230,6 +230,9 @@ type Spec struct {
 	// Capabilities is PID 1's capability set, Capabilities(rootMode);
 	// nil means AgentCapabilities (normal mode).
 	Capabilities []string
+	// InitFiles are handed to PID 1 as descriptors 3, 4, ... (the agent's
+	// listening socket, bound by the daemon before the start).
+	InitFiles []*os.File
 }
 
 // Runtime starts and stops sandboxes, keeping libcontainer's state under Root
@@ -466,6 +469,7 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 		Stdout:          logf,
 		Stderr:          logf,
 		Init:            true,
+		ExtraFiles:      s.InitFiles,
 		NoNewPrivileges: &nnp,
 		Capabilities: &configs.Capabilities{
 			Bounding: spec.Process.Capabilities.Bounding, Effective: spec.Process.Capabilities.Effective,

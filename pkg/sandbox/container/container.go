@@ -408,7 +408,21 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		// them into a namespace it made).
 		netSysctls = network.SandboxSysctls()
 	}
-	initArgs := []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid,
+	// The agent's socket is bound here, before its start, and handed to it
+	// as descriptor 3: the daemon's first ping connects at once and is
+	// answered as soon as the agent serves, instead of polling for a
+	// socket that does not exist yet (2–8 ms lost per create, measured).
+	// The socket stays root's on the host (mode 0600): only the daemon
+	// connects to it; the agent accepts on its descriptor.
+	lnFile, err := listenAgent(filepath.Join(agentDir, agentSocketName))
+	if err != nil {
+		if monitor != nil {
+			monitor.Close()
+		}
+		return nil, err
+	}
+	defer lnFile.Close() // PID 1 holds its own copy once started
+	initArgs := []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--listen-fd", "3", "--uid", uid, "--gid", uid,
 		"--retain-bytes", "1048576", "--max-finished", "32", "--cgroups", cgroupsInside}
 	if idmap != nil {
 		initArgs = append(initArgs, "--nofile", strconv.Itoa(runtime.NofileLimit)) // see runtime.Start
@@ -439,10 +453,11 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		// Finished jobs are kept (for job_status and re-attach after a daemon
 		// restart) with up to 1 MiB of output tail each, charged to the
 		// sandbox's memory: bound how many.
-		InitArgs: initArgs,
-		InitEnv:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		InitLog:  filepath.Join(dir, "agent.log"),
-		Labels:   map[string]string{"sandboxd.id": req.ID},
+		InitArgs:  initArgs,
+		InitEnv:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		InitLog:   filepath.Join(dir, "agent.log"),
+		InitFiles: []*os.File{lnFile},
+		Labels:    map[string]string{"sandboxd.id": req.ID},
 	})
 	reg.End()
 	if err != nil {
@@ -471,6 +486,27 @@ func jobOfPid(pid int) string {
 		}
 	}
 	return ""
+}
+
+// listenAgent binds the agent's listening socket at path (replacing a
+// leftover of an earlier attempt) and returns it as a file for PID 1.
+// Closing the daemon's copy must not unlink the path the agent serves on.
+func listenAgent(path string) (*os.File, error) {
+	_ = os.Remove(path)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	defer ln.Close()
+	if err := os.Chmod(path, 0o600); err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	f, err := ln.File()
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	return f, nil
 }
 
 // mountDisk mounts the sandbox's writable file system at disk: an ext4
