@@ -631,6 +631,7 @@ func (m *Manager) Terminate(ctx context.Context, id, reason string) (*Info, erro
 // before releasing anything (a sandbox that still runs); without it the
 // release comes first (a sandbox whose init is gone).
 func (m *Manager) terminate(ctx context.Context, id, reason string, recordFirst bool) (*Info, error) {
+	defer rtrace.StartRegion(ctx, "sandbox.terminate").End()
 	m.mu.Lock()
 	sb := m.sandboxes[id]
 	m.mu.Unlock()
