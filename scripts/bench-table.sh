@@ -8,6 +8,7 @@
 # targets. Raw `go test -bench` output and the table go to test-output/.
 #
 #   [BENCH_N=50 BENCHTIME=20x] scripts/bench-table.sh
+#   TABLE_ONLY=1 scripts/bench-table.sh      # the table of the last run again
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 n=${BENCH_N:-50}
@@ -15,7 +16,6 @@ benchtime=${BENCHTIME:-20x}
 out="$top/test-output"
 mkdir -p "$out"
 raw="$out/bench-raw.txt"
-: >"$raw"
 export SANDBOXD_AGENT="$top/bin/sandbox-agent" SANDBOXD_BIN_DIR="$top/bin" CGO_ENABLED=1
 
 bench() { # package pattern benchtime [env...]
@@ -23,10 +23,14 @@ bench() { # package pattern benchtime [env...]
 	shift 3
 	(cd "$top" && env "$@" go test -tags seccomp -run '^$' -bench "$pat" -benchtime "$bt" -count=1 "$pkg") | tee -a "$raw"
 }
-bench ./pkg/engine/ 'SandboxLifecycle$|RunCodePython$|RunCodePythonWarmPool$' "$benchtime"
-bench ./test/mcp/ 'RunCode$' "$benchtime"
-bench ./test/e2e/ 'RESTLifecycle$' "$benchtime"
-bench ./test/e2e/ 'Density$' 1x SANDBOXD_BENCH_N="$n"
+# TABLE_ONLY=1 prints the table of the last run's raw output again.
+if [[ "${TABLE_ONLY:-}" != 1 ]]; then
+	: >"$raw"
+	bench ./pkg/engine/ 'SandboxLifecycle$|RunCodePython$|RunCodePythonWarmPool$' "$benchtime"
+	bench ./test/mcp/ 'RunCode$' "$benchtime"
+	bench ./test/e2e/ 'RESTLifecycle$' "$benchtime"
+	bench ./test/e2e/ 'Density$' 1x SANDBOXD_BENCH_N="$n"
+fi
 
 # "Benchmark<Name>[/sub]-<procs> <N> <value> <unit> ..." → "<Name> <unit> <value>"
 awk '/^Benchmark/ { name = $1; sub(/^Benchmark/, "", name); sub(/-[0-9]+$/, "", name);
@@ -59,7 +63,7 @@ END {
 	row(sprintf("creates/s, 8 clients, up to %d live", g("Density sandboxes")), g("Density creates/s"), "", "", "≥ 50")
 	row(sprintf("terminates/s, 8 clients, from %d live", g("Density sandboxes")), g("Density terminates/s"), "", "", "≥ 100")
 	row(sprintf("host memory per idle sandbox, %d live (MiB)", g("Density sandboxes")), g("Density MiB/sandbox"), "", "", "≤ 1.5")
-	row(sprintf("sandboxes' cgroup memory per idle sandbox, %d live (MiB)", g("Density sandboxes")), g("Density cgroup-MiB/sandbox"), "", "", "(floor of the above)")
+	row(sprintf("cgroup memory of the sandboxes, per idle sandbox, %d live (MiB)", g("Density sandboxes")), g("Density cgroup-MiB/sandbox"), "", "", "(floor of the above)")
 	row(sprintf("daemon RSS with %d live (MiB)", g("Density sandboxes")), g("Density rss-live-MiB"), g("Density rss-start-MiB"), "at start", sprintf("≤ %.0f (64 + 32 KiB each)", 64 + g("Density sandboxes") / 32))
 	row("daemon RSS per live sandbox (KiB)", g("Density rss-KiB/sandbox"), "", "", "≤ 32")
 	row("daemon RSS after all ended (MiB)", g("Density rss-end-MiB"), g("Density rss-start-MiB"), "at start", "near its start")
