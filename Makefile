@@ -97,12 +97,12 @@ fuzz:
 	done
 
 # Lifecycle benchmarks against the runc CLI baseline (see pkg/engine/bench_test.go),
-# then run_code through MCP over HTTP next to the engine API (test/mcp).
+# run_code through MCP over HTTP next to the engine API (test/mcp), the REST
+# lifecycle and the density run (test/e2e), printed as one table of issue 24's figures with their baselines (scripts/bench-table.sh);
+# BENCH_N idle sandboxes for the density run.
+BENCH_N ?= 50
 bench: build
-	SANDBOXD_AGENT=$(CURDIR)/bin/sandbox-agent CGO_ENABLED=1 $(GO) test -tags $(TAGS) -run '^$$' \
-		-bench . -benchtime 20x -count=1 ./pkg/engine/
-	SANDBOXD_AGENT=$(CURDIR)/bin/sandbox-agent SANDBOXD_BIN_DIR=$(CURDIR)/bin CGO_ENABLED=1 $(GO) test -tags $(TAGS) \
-		-run '^$$' -bench RunCode -benchtime 20x -count=1 ./test/mcp/
+	BENCH_N=$(BENCH_N) scripts/bench-table.sh
 
 # The same benchmarks for BASE (a git revision) and the working tree, run
 # alternately in one run, with medians and ratios (scripts/bench-compare.sh).

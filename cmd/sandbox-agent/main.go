@@ -50,6 +50,7 @@ func main() {
 
 type options struct {
 	socket     string
+	listenFD   int
 	virtioPort string
 	nofile     uint64
 	server.Options
@@ -59,6 +60,7 @@ func parseFlags(args []string) (*options, error) {
 	var o options
 	fs := flag.NewFlagSet("sandbox-agent", flag.ContinueOnError)
 	fs.StringVar(&o.socket, "socket", "/.sandboxd/run/agent.sock", "unix socket to listen on (its directory is the agent's private dir)")
+	fs.IntVar(&o.listenFD, "listen-fd", 0, "serve on this inherited listening unix socket (bound by the daemon at --socket before the start) instead of binding --socket")
 	fs.StringVar(&o.virtioPort, "virtio-port", "", "serve on this virtio-serial port (a VM guest) instead of the socket")
 	fs.StringVar(&o.Root, "root", "/", "directory that file operations are confined to")
 	fs.IntVar(&o.UID, "uid", 1000, "default uid of commands and owner of written files")
@@ -76,6 +78,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	case !filepath.IsAbs(o.socket):
 		return nil, fmt.Errorf("--socket %q is not absolute", o.socket)
+	case o.listenFD != 0 && o.listenFD < 3:
+		return nil, fmt.Errorf("--listen-fd %d: want an inherited descriptor, 3 or above", o.listenFD)
 	}
 	o.PrivateDir = filepath.Dir(o.socket)
 	return &o, nil
@@ -145,6 +149,22 @@ func listen(o *options) (net.Listener, error) {
 		// Only the host (QEMU's chardev, the daemon) is at the other end of
 		// the port; guest processes cannot open it unless root.
 		return vport.Listen(o.virtioPort, slog.Default())
+	}
+	if o.listenFD > 0 {
+		// The daemon bound the socket (root's on the host, 0600) before
+		// our start and connects as soon as it started us. The listener
+		// gets a close-on-exec duplicate: no command inherits it.
+		f := os.NewFile(uintptr(o.listenFD), "agent-listener")
+		defer f.Close()
+		ln, err := net.FileListener(f)
+		if err != nil {
+			return nil, fmt.Errorf("--listen-fd %d: %w", o.listenFD, err)
+		}
+		if _, ok := ln.(*net.UnixListener); !ok {
+			ln.Close()
+			return nil, fmt.Errorf("--listen-fd %d: not a unix socket", o.listenFD)
+		}
+		return ln, nil
 	}
 	if err := os.Remove(o.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale socket: %w", err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
@@ -39,7 +40,11 @@ func BenchmarkSandboxLifecycle(b *testing.B) {
 	if err != nil {
 		b.Fatal("runc CLI not found (scripts/install-deps.sh installs Debian's runc)")
 	}
-	env := newTestEngine(b)
+	env := newTestEngine(b, func(c *config.Config) {
+		// As test/e2e's benchmarks: the default's favordynmods only when
+		// asked (host-wide, never cleared).
+		c.Sandbox.CgroupFavorDynMods = os.Getenv("SANDBOXD_BENCH_FAVORDYNMODS") == "1"
+	})
 	ctx := context.Background()
 
 	var create, execTrue, terminate, runcRun, runcExec []time.Duration
@@ -100,6 +105,23 @@ func BenchmarkSandboxLifecycle(b *testing.B) {
 		runcExec = append(runcExec, time.Since(t0))
 	}
 
+	// podman, when installed: a whole `podman run --rm --rootfs` of the
+	// bundle's root. On hybrid-cgroup hosts it needs runc (crun refuses
+	// them) and explicit limits (root may lack CAP_SYS_RESOURCE there).
+	if podman, err := exec.LookPath("podman"); err == nil {
+		var podmanRun []time.Duration
+		for i := 0; i < b.N; i++ {
+			t0 := time.Now()
+			out, err := exec.Command(podman, "run", "--rm", "--runtime", "runc", "--network", "none",
+				"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--rootfs", bundle.rootfs, "/bin/true").CombinedOutput()
+			if err != nil {
+				b.Fatalf("podman run: %v\n%s", err, out)
+			}
+			podmanRun = append(podmanRun, time.Since(t0))
+		}
+		b.ReportMetric(ms(median(podmanRun)), "podman-run-ms")
+	}
+
 	lifecycle := median(create) + median(execTrue) + median(terminate)
 	b.ReportMetric(ms(median(create)), "create-ms")
 	b.ReportMetric(ms(median(execTrue)), "exec-ms")
@@ -111,7 +133,7 @@ func BenchmarkSandboxLifecycle(b *testing.B) {
 	b.ReportMetric(0, "ns/op") // the per-phase medians above are the result
 }
 
-type runcBundle struct{ dir, root string }
+type runcBundle struct{ dir, root, rootfs string }
 
 // newRuncBundle writes an OCI bundle equivalent to a sandbox: the spec comes
 // from runtime.BuildSpec with the same limits, binds and seccomp profile.
@@ -164,5 +186,5 @@ func newRuncBundle(b *testing.B, env *testEnv, args []string) runcBundle {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600); err != nil {
 		b.Fatal(err)
 	}
-	return runcBundle{dir: dir, root: filepath.Join(dir, "runc-state")}
+	return runcBundle{dir: dir, root: filepath.Join(dir, "runc-state"), rootfs: layers.Rootfs}
 }

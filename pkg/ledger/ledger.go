@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	rtrace "runtime/trace"
 	"sync"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
@@ -99,6 +100,7 @@ func (l *Ledger) Record(ctx context.Context, owner string, r Resource) error {
 	if !l.Known(r.Kind) {
 		return fmt.Errorf("ledger: no releaser for kind %q", r.Kind)
 	}
+	defer rtrace.StartRegion(ctx, "ledger.record").End()
 	return l.db.AddLedgerEntry(ctx, &store.LedgerEntry{Owner: owner, Kind: r.Kind, Key: r.Key, Data: r.Data})
 }
 
@@ -170,9 +172,13 @@ func (l *Ledger) Release(ctx context.Context, owner string, extra ...Resource) (
 		e := ents[i]
 		r := Resource{Kind: e.Kind, Key: e.Key, Data: e.Data}
 		seen[[2]string{r.Kind, r.Key}] = true
+		reg := rtrace.StartRegion(ctx, "release."+r.Kind)
 		err := release(r)
+		reg.End()
 		if err == nil {
+			reg = rtrace.StartRegion(ctx, "ledger.delete")
 			err = l.db.DeleteLedgerEntry(ctx, e.Seq)
+			reg.End()
 		}
 		if err != nil {
 			err = fmt.Errorf("release %s of %s: %w", r, owner, err)

@@ -25,6 +25,7 @@
 package runtime
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,6 +33,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	rtrace "runtime/trace"
 	"sync"
 	"time"
 
@@ -228,6 +230,9 @@ type Spec struct {
 	// Capabilities is PID 1's capability set, Capabilities(rootMode);
 	// nil means AgentCapabilities (normal mode).
 	Capabilities []string
+	// InitFiles are handed to PID 1 as descriptors 3, 4, ... (the agent's
+	// listening socket, bound by the daemon before the start).
+	InitFiles []*os.File
 }
 
 // Runtime starts and stops sandboxes, keeping libcontainer's state under Root
@@ -440,7 +445,9 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 	// The child holds its own copy of the descriptor; ours is not needed after Run.
 	defer logf.Close()
 
+	reg := rtrace.StartRegion(context.Background(), "runtime.create")
 	ct, err := libcontainer.Create(r.Root, s.ID, cfg)
+	reg.End()
 	if err != nil {
 		return nil, fmt.Errorf("create container: %w", err)
 	}
@@ -462,6 +469,7 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 		Stdout:          logf,
 		Stderr:          logf,
 		Init:            true,
+		ExtraFiles:      s.InitFiles,
 		NoNewPrivileges: &nnp,
 		Capabilities: &configs.Capabilities{
 			Bounding: spec.Process.Capabilities.Bounding, Effective: spec.Process.Capabilities.Effective,
@@ -479,7 +487,10 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 		// lowers its own limits instead (the agent's --nofile).
 		proc.Rlimits = nil
 	}
-	if err := ct.Run(proc); err != nil {
+	reg = rtrace.StartRegion(context.Background(), "runtime.run")
+	err = ct.Run(proc)
+	reg.End()
+	if err != nil {
 		return nil, fmt.Errorf("start sandbox init: %w", err)
 	}
 	st, err := ct.State()

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	rtrace "runtime/trace"
 	"slices"
 	"sort"
 	"strings"
@@ -328,6 +329,9 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (*Info, error) {
 
 // create starts a new sandbox.
 func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
+	// Regions of the Go execution tracer: the create path's breakdown in
+	// docs/ARCHITECTURE.md is read from them (free when no trace runs).
+	defer rtrace.StartRegion(ctx, "sandbox.create").End()
 	if _, err := m.backend(spec.Backend); err != nil {
 		return nil, err
 	}
@@ -374,7 +378,10 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 		ImageDigest: img.Digest, Spec: specJSON,
 		CreatedAt: now, UpdatedAt: now, LastActiveAt: now,
 	}
-	if err := m.opt.Store.InsertSandbox(ctx, rec); err != nil {
+	reg := rtrace.StartRegion(ctx, "sandbox.insert")
+	err = m.opt.Store.InsertSandbox(ctx, rec)
+	reg.End()
+	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "record sandbox")
 	}
 	crashpoint.Hit(CrashAfterRecord)
@@ -432,7 +439,9 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 	if err != nil {
 		return err
 	}
+	reg := rtrace.StartRegion(ctx, "sandbox.backend-start")
 	h, err := b.Start(ctx, req, m.opt.Ledger.For(sb.ID))
+	reg.End()
 	if err != nil {
 		return err
 	}
@@ -450,15 +459,20 @@ func (m *Manager) boot(ctx context.Context, sb *Sandbox, img *image.Image) error
 		if as, ok := b.(AgentStarter); ok && as.AgentStartup() > limit {
 			limit = as.AgentStartup()
 		}
-		if err := waitAgent(ctx, client, h, limit); err != nil {
+		reg := rtrace.StartRegion(ctx, "sandbox.wait-agent")
+		err := waitAgent(ctx, client, h, limit)
+		reg.End()
+		if err != nil {
 			return err
 		}
 	}
 	crashpoint.Hit(CrashAfterAgent)
 	id := h.Identity()
+	reg = rtrace.StartRegion(ctx, "sandbox.ready-transition")
 	err = m.transition(ctx, sb, StateReady, "agent ready", func(r *store.SandboxRecord) {
 		r.InitPID, r.InitStartTime, r.CgroupPath = id.PID, id.StartTime, h.CgroupPath()
 	})
+	reg.End()
 	crashpoint.Hit(CrashAfterReady)
 	return err
 }
@@ -696,6 +710,7 @@ func (m *Manager) Terminate(ctx context.Context, id, reason string) (*Info, erro
 // before releasing anything (a sandbox that still runs); without it the
 // release comes first (a sandbox whose init is gone).
 func (m *Manager) terminate(ctx context.Context, id, reason string, recordFirst bool) (*Info, error) {
+	defer rtrace.StartRegion(ctx, "sandbox.terminate").End()
 	m.mu.Lock()
 	sb := m.sandboxes[id]
 	m.mu.Unlock()
@@ -726,7 +741,10 @@ func (m *Manager) terminate(ctx context.Context, id, reason string, recordFirst 
 		m.teardown(ctx, sb)
 		m.forget(id)
 	}
-	if err := m.transition(context.WithoutCancel(ctx), sb, StateTerminated, reason); err != nil {
+	reg := rtrace.StartRegion(ctx, "sandbox.terminated-transition")
+	err := m.transition(context.WithoutCancel(ctx), sb, StateTerminated, reason)
+	reg.End()
+	if err != nil {
 		if recordFirst {
 			sb.mu.Lock()
 			sb.terminating = false

@@ -104,6 +104,7 @@ func (p *Pool) Take(image string) (string, error) {
 		p.release(d)
 		return "", fmt.Errorf("storage: take ready disk: %w", err)
 	}
+	renameAttached(d.image, image)
 	return d.mount, nil
 }
 

@@ -404,6 +404,7 @@ func Attach(image string) (dev string, f *os.File, err error) {
 			f.Close()
 			return "", nil, fmt.Errorf("storage: LOOP_CONFIGURE %s: %w", dev, err)
 		}
+		rememberAttached(image, dev)
 		return dev, f, nil
 	}
 	return "", nil, fmt.Errorf("storage: no free loop device after %d attempts (other processes keep taking them)", attachAttempts)
@@ -424,6 +425,54 @@ func openLoop(dev string, n int) (*os.File, error) {
 	return f, nil
 }
 
+// attached remembers, per image path, the loop devices this process
+// attached to it (Attach; renamed with the image by Pool.Take), so that
+// Detach reads those devices' backing files instead of every loop device's:
+// a scan reads one sysfs file per device on the host, which made each
+// terminate cost O(live sandboxes) (terminates per second fell from 162 at
+// 50 live to 39 at 200). An image this process did not attach — one of an
+// earlier daemon, found by reconciliation after a crash — is scanned.
+var attached = struct {
+	sync.Mutex
+	m map[string][]string
+}{m: map[string][]string{}}
+
+func rememberAttached(image, dev string) {
+	attached.Lock()
+	defer attached.Unlock()
+	attached.m[image] = append(attached.m[image], dev)
+}
+
+// renameAttached follows a rename of an attached image (Pool.Take).
+func renameAttached(from, to string) {
+	attached.Lock()
+	defer attached.Unlock()
+	if devs, ok := attached.m[from]; ok {
+		delete(attached.m, from)
+		attached.m[to] = append(attached.m[to], devs...)
+	}
+}
+
+// takeAttached returns and forgets the devices this process attached to
+// image.
+func takeAttached(image string) ([]string, bool) {
+	attached.Lock()
+	defer attached.Unlock()
+	devs, ok := attached.m[image]
+	delete(attached.m, image)
+	return devs, ok
+}
+
+// loopBacking reads the backing file of loop device dev ("" when the
+// device is free or gone).
+func loopBacking(dev string) string {
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop/backing_file"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+}
+
 // detachWait bounds how long Detach waits for a device to be freed: the
 // last reference to an unmounted file system can be dropped a little after
 // the unmount returns (the killed sandbox's mount namespace goes away with
@@ -438,10 +487,21 @@ const detachWait = 5 * time.Second
 func Detach(image string) error {
 	deadline := time.Now().Add(detachWait)
 	cleared := map[string]bool{}
+	known, isKnown := takeAttached(image)
 	for {
-		devs, err := LoopDevices()
-		if err != nil {
-			return err
+		var devs map[string]string
+		if isKnown {
+			// Every device this process gave the image; no other process
+			// attaches our images.
+			devs = map[string]string{}
+			for _, d := range known {
+				devs[d] = loopBacking(d)
+			}
+		} else {
+			var err error
+			if devs, err = LoopDevices(); err != nil {
+				return err
+			}
 		}
 		var left []string
 		for dev, backing := range devs {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -219,6 +220,33 @@ func TestDetach(t *testing.T) {
 	}
 	if err := storage.Detach(img); err != nil {
 		t.Fatalf("storage.Detach of a detached image: %v", err)
+	}
+}
+
+// TestDetachOfAnotherProcess: a device this process did not attach (an
+// earlier daemon's, found by reconciliation after a crash; here losetup's)
+// is found by scanning every device, not missed because Detach knows the
+// devices it attached itself.
+func TestDetachOfAnotherProcess(t *testing.T) {
+	testenv.RequireRoot(t)
+	s := newStore(t)
+	img := s.ImagePath("sb-detach-other")
+	if err := s.CreateImage(context.Background(), img, 32<<20, storage.MinInodes); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = storage.Detach(img); _ = storage.RemoveImage(img) })
+	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v\n%s", err, out)
+	}
+	if !attached(t, img) {
+		t.Fatalf("losetup attached %s, but no device names it", strings.TrimSpace(string(out)))
+	}
+	if err := storage.Detach(img); err != nil {
+		t.Fatal(err)
+	}
+	if attached(t, img) {
+		t.Fatalf("Detach left %s attached to %s", strings.TrimSpace(string(out)), img)
 	}
 }
 

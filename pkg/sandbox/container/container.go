@@ -32,6 +32,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	rtrace "runtime/trace"
 	"strconv"
 	"strings"
 
@@ -234,7 +235,9 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		if err := rec.Record(ctx, ledger.Resource{Kind: KindUserns, Key: req.ID}); err != nil {
 			return nil, err
 		}
+		reg := rtrace.StartRegion(ctx, "container.idrange")
 		slot, err := p.Ranges.AcquireIDRange(ctx, req.ID, p.Count)
+		reg.End()
 		if err != nil {
 			if errors.Is(err, store.ErrNoIDRange) {
 				return nil, errdefs.New(errdefs.LimitExceeded, "every one of the %d user namespace id ranges (sandbox.userns_pool.count) is in use", p.Count)
@@ -271,7 +274,10 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		}
 		// The namespace is pinned in dir (released with it), where the
 		// runtime joins it; the layers idmap the image with it.
-		if ns, err = userns.NamespaceFD(*idmap); err != nil {
+		reg := rtrace.StartRegion(ctx, "container.userns")
+		ns, err = userns.NamespaceFD(*idmap)
+		reg.End()
+		if err != nil {
 			return nil, err
 		}
 		defer ns.Close()
@@ -284,7 +290,10 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 
 	spec := req.Spec
 	disk := filepath.Join(dir, "disk")
-	if err := b.mountDisk(ctx, req.ID, disk, spec, rec); err != nil {
+	reg := rtrace.StartRegion(ctx, "container.disk")
+	err = b.mountDisk(ctx, req.ID, disk, spec, rec)
+	reg.End()
+	if err != nil {
 		return nil, err
 	}
 	crashpoint.Hit(CrashAfterMount)
@@ -293,7 +302,9 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	if err := rec.Record(ctx, ledger.Resource{Kind: KindLayers, Key: layersDir}); err != nil {
 		return nil, err
 	}
+	reg = rtrace.StartRegion(ctx, "container.layers")
 	layers, err := image.PrepareMappedLayers(req.Image, layersDir, disk, spec.UID, spec.UID, idmap, ns)
+	reg.End()
 	if err != nil {
 		return nil, fmt.Errorf("prepare filesystem: %w", err)
 	}
@@ -349,7 +360,10 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	if b.opt.SeccompDiagnostics && prof != nil {
 		sock := filepath.Join(dir, "seccomp.sock")
 		_ = os.Remove(sock) // a leftover of an earlier attempt
-		if monitor, err = seccomp.Listen(sock, jobOfPid, b.log.With("sandbox", req.ID)); err != nil {
+		reg := rtrace.StartRegion(ctx, "container.seccomp-listen")
+		monitor, err = seccomp.Listen(sock, jobOfPid, b.log.With("sandbox", req.ID))
+		reg.End()
+		if err != nil {
 			return nil, err
 		}
 		prof = seccomp.WithNotify(prof, sock)
@@ -370,6 +384,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	// pkg/agent/server/jobcgroup.go): the sandbox's cgroup directories are
 	// delegated to it, writable by root only, below its cgroup namespace.
 	// Created here (libcontainer joins existing ones) so they can be bound.
+	reg = rtrace.StartRegion(ctx, "container.cgroup-dirs")
 	for name, dir := range cgroups.DelegatedDirs(cg) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("create cgroup: %w", err)
@@ -383,6 +398,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		}
 		binds = append(binds, runtime.Bind{Source: dir, Destination: filepath.Join(cgroupsInside, name), NoExec: true})
 	}
+	reg.End()
 	sysfs := ""
 	if idmap != nil && req.NetNSPath != "" {
 		sysfs = filepath.Join(dir, "sys")
@@ -397,7 +413,21 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		// them into a namespace it made).
 		netSysctls = network.SandboxSysctls()
 	}
-	initArgs := []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--uid", uid, "--gid", uid,
+	// The agent's socket is bound here, before its start, and handed to it
+	// as descriptor 3: the daemon's first ping connects at once and is
+	// answered as soon as the agent serves, instead of polling for a
+	// socket that does not exist yet (2–8 ms lost per create, measured).
+	// The socket stays root's on the host (mode 0600): only the daemon
+	// connects to it; the agent accepts on its descriptor.
+	lnFile, err := listenAgent(filepath.Join(agentDir, agentSocketName))
+	if err != nil {
+		if monitor != nil {
+			monitor.Close()
+		}
+		return nil, err
+	}
+	defer lnFile.Close() // PID 1 holds its own copy once started
+	initArgs := []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--listen-fd", "3", "--uid", uid, "--gid", uid,
 		"--retain-bytes", "1048576", "--max-finished", "32", "--cgroups", cgroupsInside}
 	if idmap != nil {
 		initArgs = append(initArgs, "--nofile", strconv.Itoa(runtime.NofileLimit)) // see runtime.Start
@@ -408,6 +438,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		// user namespace, capabilities included.
 		initArgs = append(initArgs, "--root-mode")
 	}
+	reg = rtrace.StartRegion(ctx, "container.runtime-start")
 	inst, err := b.opt.Runtime.Start(&runtime.Spec{
 		ID:           req.ID,
 		Rootfs:       layers.Rootfs,
@@ -427,11 +458,13 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		// Finished jobs are kept (for job_status and re-attach after a daemon
 		// restart) with up to 1 MiB of output tail each, charged to the
 		// sandbox's memory: bound how many.
-		InitArgs: initArgs,
-		InitEnv:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		InitLog:  filepath.Join(dir, "agent.log"),
-		Labels:   map[string]string{"sandboxd.id": req.ID},
+		InitArgs:  initArgs,
+		InitEnv:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		InitLog:   filepath.Join(dir, "agent.log"),
+		InitFiles: []*os.File{lnFile},
+		Labels:    map[string]string{"sandboxd.id": req.ID},
 	})
+	reg.End()
 	if err != nil {
 		if monitor != nil {
 			monitor.Close()
@@ -492,6 +525,27 @@ func jobOfPid(pid int) string {
 		}
 	}
 	return ""
+}
+
+// listenAgent binds the agent's listening socket at path (replacing a
+// leftover of an earlier attempt) and returns it as a file for PID 1.
+// Closing the daemon's copy must not unlink the path the agent serves on.
+func listenAgent(path string) (*os.File, error) {
+	_ = os.Remove(path)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	defer ln.Close()
+	if err := os.Chmod(path, 0o600); err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	f, err := ln.File()
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	return f, nil
 }
 
 // mountDisk mounts the sandbox's writable file system at disk: an ext4
