@@ -18,8 +18,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	rtrace "runtime/trace"
+	"strings"
 	"sync"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
