@@ -243,6 +243,7 @@ type Runtime struct {
 
 	mu        sync.Mutex
 	instances map[string]*Instance
+	rules     ruleLists
 }
 
 // New returns a Runtime whose libcontainer state lives in root.
@@ -437,6 +438,9 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 		return nil, fmt.Errorf("build container config: %w", err)
 	}
 	cfg.Labels = append(cfg.Labels, "owner=mcp-sandboxd")
+	if cfg.Seccomp != nil {
+		cfg.Seccomp.Syscalls = r.rules.intern(cfg.Seccomp.Syscalls)
+	}
 
 	logf, err := os.OpenFile(s.InitLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND|unix.O_CLOEXEC, 0o640)
 	if err != nil {
