@@ -243,6 +243,7 @@ type Runtime struct {
 
 	mu        sync.Mutex
 	instances map[string]*Instance
+	rules     ruleLists
 }
 
 // New returns a Runtime whose libcontainer state lives in root.
@@ -437,6 +438,9 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 		return nil, fmt.Errorf("build container config: %w", err)
 	}
 	cfg.Labels = append(cfg.Labels, "owner=mcp-sandboxd")
+	if cfg.Seccomp != nil {
+		cfg.Seccomp.Syscalls = r.rules.intern(cfg.Seccomp.Syscalls)
+	}
 
 	logf, err := os.OpenFile(s.InitLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND|unix.O_CLOEXEC, 0o640)
 	if err != nil {
@@ -502,7 +506,15 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 		ID: s.ID, Pid: st.InitProcessPid, StartTime: st.InitProcessStartTime, Cgroups: st.CgroupPaths,
 		ct: ct, process: proc, done: make(chan struct{}),
 	}
+	// Init's exit is awaited through a pidfd in Go's poller, and only
+	// then reaped: a goroutine blocked in wait(2) would hold an OS thread
+	// for each live sandbox. Init is our child and unreaped until Wait, so
+	// its pid cannot be recycled meanwhile.
+	pidfd, pidfdErr := unix.PidfdOpen(inst.Pid, unix.PIDFD_NONBLOCK)
 	go func() {
+		if pidfdErr == nil {
+			waitExited(pidfd)
+		}
 		// We are init's parent (libcontainer uses CLONE_PARENT), so we must reap it.
 		ps, err := proc.Wait()
 		inst.exitMu.Lock()
@@ -545,23 +557,46 @@ func (r *Runtime) Adopt(id string) (*Instance, error) {
 	}
 	// Not our child any more: watch init through a pidfd. Load has already
 	// checked init's start time, so the pid is not a recycled one.
-	pidfd, err := unix.PidfdOpen(inst.Pid, 0)
+	pidfd, err := unix.PidfdOpen(inst.Pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
 		close(inst.done)
 		return inst, ErrNotRunning
 	}
 	go func() {
-		defer unix.Close(pidfd)
-		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
-		for {
-			_, err := unix.Poll(fds, -1)
-			if err == nil || !errors.Is(err, unix.EINTR) {
-				break
-			}
-		}
+		waitExited(pidfd)
 		close(inst.done)
 	}()
 	return inst, nil
+}
+
+// waitExited returns once the process of pidfd (non-blocking) has exited,
+// and closes pidfd. It waits in Go's poller (a pidfd is readable once its
+// process has exited), so that no OS thread is held per sandbox; should the
+// poller refuse the descriptor, it falls back to a blocking poll(2).
+func waitExited(pidfd int) {
+	f := os.NewFile(uintptr(pidfd), "pidfd")
+	defer f.Close()
+	exited := func(fd uintptr) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(fds, 0)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return err != nil || n > 0
+		}
+	}
+	if rc, err := f.SyscallConn(); err == nil {
+		if rc.Read(exited) == nil {
+			return
+		}
+	}
+	fds := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLIN}}
+	for {
+		if _, err := unix.Poll(fds, -1); err == nil || !errors.Is(err, unix.EINTR) {
+			return
+		}
+	}
 }
 
 // ErrNotRunning is returned by Adopt when the sandbox's init has exited.

@@ -80,40 +80,71 @@ func (m *Monitor) serve() {
 		m.log.Warn("seccomp listener: no notification descriptor", "err", err)
 		return
 	}
-	defer unix.Close(fd)
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	for {
-		fds[0].Revents = 0
-		if _, err := unix.Poll(fds, -1); err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			return
-		}
-		// POLLHUP: every process of the sandbox is gone.
-		if fds[0].Revents&unix.POLLIN == 0 {
-			return
-		}
-		req, err := libseccomp.NotifReceive(libseccomp.ScmpFd(fd))
-		if err != nil {
-			continue // the caller died (ENOENT) or was interrupted
-		}
-		name, err := libseccomp.ScmpSyscall(req.Data.Syscall).GetNameByArch(req.Data.Arch)
-		if err != nil {
-			name = fmt.Sprintf("syscall_%d", req.Data.Syscall)
-		}
-		// The caller is parked in the syscall, so its /proc entry is there.
-		key := m.attribute(int(req.Pid))
-		// Counted before the answer: once answered, the caller may exit and
-		// its result be collected (Take) before this goroutine runs again.
-		m.mu.Lock()
-		if m.counts[key] == nil {
-			m.counts[key] = map[string]uint64{}
-		}
-		m.counts[key][name]++
-		m.mu.Unlock()
-		_ = libseccomp.NotifRespond(libseccomp.ScmpFd(fd), &libseccomp.ScmpNotifResp{ID: req.ID, Error: int32(unix.EPERM)})
+	// The descriptor waits in Go's poller (epoll), not in a blocking
+	// poll(2): a goroutine blocked in a system call holds an OS thread,
+	// and every live sandbox has a monitor — one idle thread per sandbox
+	// in the daemon (its stack and the runtime's per-thread state).
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		m.log.Warn("seccomp listener", "err", err)
+		return
 	}
+	f := os.NewFile(uintptr(fd), "seccomp-notify")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		m.log.Warn("seccomp listener", "err", err)
+		return
+	}
+	// The callback runs once at first and again each time the poller says
+	// the descriptor is ready; it returns true only when the sandbox is
+	// gone. The poller is edge-triggered: answer every pending
+	// notification before waiting again. NOTIF_RECV blocks whatever the
+	// descriptor's flags, so it is called only when poll(2) says one is
+	// pending.
+	_ = rc.Read(func(fd uintptr) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			fds[0].Revents = 0
+			if _, err := unix.Poll(fds, 0); err != nil {
+				if errors.Is(err, unix.EINTR) {
+					continue
+				}
+				return true
+			}
+			switch {
+			case fds[0].Revents&unix.POLLIN != 0:
+				m.answer(int(fd))
+			case fds[0].Revents != 0:
+				return true // POLLHUP: every process of the sandbox is gone
+			default:
+				return false
+			}
+		}
+	})
+}
+
+// answer receives one notification, counts it and refuses the syscall.
+func (m *Monitor) answer(fd int) {
+	req, err := libseccomp.NotifReceive(libseccomp.ScmpFd(fd))
+	if err != nil {
+		return // the caller died (ENOENT) or was interrupted
+	}
+	name, err := libseccomp.ScmpSyscall(req.Data.Syscall).GetNameByArch(req.Data.Arch)
+	if err != nil {
+		name = fmt.Sprintf("syscall_%d", req.Data.Syscall)
+	}
+	// The caller is parked in the syscall, so its /proc entry is there.
+	key := m.attribute(int(req.Pid))
+	// Counted before the answer: once answered, the caller may exit and
+	// its result be collected (Take) before this goroutine runs again.
+	m.mu.Lock()
+	if m.counts[key] == nil {
+		m.counts[key] = map[string]uint64{}
+	}
+	m.counts[key][name]++
+	m.mu.Unlock()
+	_ = libseccomp.NotifRespond(libseccomp.ScmpFd(fd), &libseccomp.ScmpNotifResp{ID: req.ID, Error: int32(unix.EPERM)})
 }
 
 // receiveFD reads libcontainer's message: the container's state as JSON

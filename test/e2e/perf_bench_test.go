@@ -175,6 +175,7 @@ func BenchmarkDensity(b *testing.B) {
 	waitSettled(b, d.PID())
 	memLive := readKiB(b, "/proc/meminfo", "MemAvailable:")
 	rssLive := readKiB(b, fmt.Sprintf("/proc/%d/status", d.PID()), "VmRSS:")
+	threads := readKiB(b, fmt.Sprintf("/proc/%d/status", d.PID()), "Threads:")
 	// What the sandboxes' own cgroups are charged (their processes, page
 	// cache and kernel memory of their tasks): a floor of the host memory
 	// they cost that other tenants of the machine do not disturb, unlike
@@ -200,6 +201,7 @@ func BenchmarkDensity(b *testing.B) {
 	b.ReportMetric(float64(rssLive)/1024, "rss-live-MiB")
 	b.ReportMetric(float64(rssLive-rssStart)/float64(n), "rss-KiB/sandbox")
 	b.ReportMetric(float64(rssEnd)/1024, "rss-end-MiB")
+	b.ReportMetric(float64(threads), "daemon-threads")
 	b.ReportMetric(0, "ns/op") // the figures above are the result
 }
 
@@ -226,7 +228,7 @@ func waitSettled(b *testing.B, pid int) {
 	}
 }
 
-// readKiB reads a "Key: value kB" line of a /proc file.
+// readKiB reads a "Key: value kB" (or "Key: count") line of a /proc file.
 func readKiB(b *testing.B, path, key string) int64 {
 	f, err := os.Open(path)
 	if err != nil {
