@@ -103,7 +103,10 @@ func TestPullImportPython(t *testing.T) {
 		t.Errorf("progress %+v", events)
 	}
 	root := got.Rootfs
-	for p, want := range map[string]string{"opt/data/new.txt": "upper", "opt/keep/x": "kept", "app/main.py": "print('main')\n", "app/run": "print('main')\n"} {
+	if _, err := os.Stat("/etc/sandboxd-oci-marker"); !os.IsNotExist(err) {
+		t.Errorf("a layer wrote through an absolute symlink onto the host: %v", err)
+	}
+	for p, want := range map[string]string{"etc/sandboxd-oci-marker": "inside", "run/app.pid": "1", "opt/data/new.txt": "upper", "opt/keep/x": "kept", "app/main.py": "print('main')\n", "app/run": "print('main')\n"} {
 		if b, err := os.ReadFile(filepath.Join(root, p)); err != nil || string(b) != want {
 			t.Errorf("%s: %q %v, want %q", p, b, err, want)
 		}
