@@ -287,6 +287,7 @@ func PythonOCIImage(t testing.TB) v1.Image {
 		TarEntry{Name: "opt/data/old.txt", Body: "lower"},
 		TarEntry{Name: "opt/keep/", Type: tar.TypeDir},
 		TarEntry{Name: "opt/keep/x", Body: "kept"},
+		TarEntry{Name: "opt/hostetc", Type: tar.TypeSymlink, Link: "/etc"},
 	)
 	l3 := TarOf(t,
 		TarEntry{Name: "etc/passwd", Body: string(passwd) + "app:x:1001:1001:app:/home/app:/bin/sh\n"},
@@ -300,6 +301,10 @@ func PythonOCIImage(t testing.TB) v1.Image {
 		TarEntry{Name: "app/main.py", Body: "print('main')\n", UID: 1001, GID: 1001},
 		TarEntry{Name: "app/run", Type: tar.TypeLink, Link: "app/main.py"},
 		TarEntry{Name: "app/lib", Type: tar.TypeSymlink, Link: "../usr/lib"},
+		// Through lower layers' absolute symlinks: they resolve inside
+		// the image, never on the host.
+		TarEntry{Name: "opt/hostetc/sandboxd-oci-marker", Body: "inside"},
+		TarEntry{Name: "var/run/app.pid", Body: "1"},
 	)
 	cfg := v1.Config{
 		User: "app", WorkingDir: "/app",

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,11 +67,31 @@ type Registry struct {
 	Username string // "" for an anonymous registry
 	Password string
 	Dir      string
+	// TokensIssued counts the tokens a token registry's server issued.
+	TokensIssued atomic.Int64
 }
 
 // NewRegistry starts a registry for t and stops it (and removes its
-// storage) when t ends. auth makes it refuse anonymous access.
+// storage) when t ends. auth makes it refuse anonymous access (htpasswd
+// basic auth).
 func NewRegistry(t testing.TB, auth bool) *Registry {
+	t.Helper()
+	if auth {
+		return startRegistry(t, "htpasswd")
+	}
+	return startRegistry(t, "")
+}
+
+// NewTokenRegistry starts a registry with token auth: it answers 401 with a
+// Bearer challenge naming a token server (run by the test, on loopback, with
+// the registry's TLS certificate) that issues ES256 tokens for Username and
+// Password, as Docker Hub's auth service does.
+func NewTokenRegistry(t testing.TB) *Registry {
+	t.Helper()
+	return startRegistry(t, "token")
+}
+
+func startRegistry(t testing.TB, mode string) *Registry {
 	t.Helper()
 	bin := RegistryBin(t)
 	dir := t.TempDir()
@@ -85,7 +106,11 @@ func NewRegistry(t testing.TB, auth bool) *Registry {
 	r.CAPool = x509.NewCertPool()
 	r.CAPool.AppendCertsFromPEM(caPEM)
 	authCfg := ""
-	if auth {
+	switch mode {
+	case "token":
+		r.Username, r.Password = "tester", RandHex(12)
+		authCfg = r.startTokenServer(t, dir, certPEM, keyPEM)
+	case "htpasswd":
 		r.Username, r.Password = "tester", RandHex(12)
 		hash, err := bcrypt.GenerateFromPassword([]byte(r.Password), bcrypt.MinCost)
 		if err != nil {

@@ -354,7 +354,7 @@ func (im *Importer) sourceError(what string, err error) error {
 		return errdefs.New(errdefs.PermissionDenied, "image: %s: the registry refused the credentials: %v", what, err)
 	case strings.Contains(msg, "MANIFEST_UNKNOWN") || strings.Contains(msg, "NAME_UNKNOWN") || strings.Contains(msg, "404 Not Found"):
 		return errdefs.NotFoundf("image: %s: %v", what, err)
-	case strings.Contains(msg, "error verifying") || strings.Contains(msg, "digest"):
+	case strings.Contains(msg, "error verifying") || strings.Contains(msg, "does not match") || strings.Contains(msg, "digest mismatch"):
 		return errdefs.Invalidf("image: %s: digest mismatch: %v", what, err)
 	case errors.Is(err, errTooLarge):
 		return errdefs.LimitExceededf("image: %s: %v", what, err)

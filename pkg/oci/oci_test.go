@@ -103,7 +103,10 @@ func TestPullImportPython(t *testing.T) {
 		t.Errorf("progress %+v", events)
 	}
 	root := got.Rootfs
-	for p, want := range map[string]string{"opt/data/new.txt": "upper", "opt/keep/x": "kept", "app/main.py": "print('main')\n", "app/run": "print('main')\n"} {
+	if _, err := os.Stat("/etc/sandboxd-oci-marker"); !os.IsNotExist(err) {
+		t.Errorf("a layer wrote through an absolute symlink onto the host: %v", err)
+	}
+	for p, want := range map[string]string{"etc/sandboxd-oci-marker": "inside", "run/app.pid": "1", "opt/data/new.txt": "upper", "opt/keep/x": "kept", "app/main.py": "print('main')\n", "app/run": "print('main')\n"} {
 		if b, err := os.ReadFile(filepath.Join(root, p)); err != nil || string(b) != want {
 			t.Errorf("%s: %q %v, want %q", p, b, err, want)
 		}
@@ -355,4 +358,37 @@ func BenchmarkPull(b *testing.B) {
 	}
 	b.ReportMetric(float64(bytes)/(1<<20)/took.Seconds(), "MiB/s")
 	b.ReportMetric(float64(bytes)/float64(b.N)/(1<<20), "MiB/pull")
+}
+
+// TestPullTokenAuth pulls a private image from a registry with token auth:
+// the registry's 401 names a token server, which exchanges the configured
+// credentials for a bearer token; wrong credentials are refused.
+func TestPullTokenAuth(t *testing.T) {
+	reg := testenv.NewTokenRegistry(t)
+	img := testenv.MakeOCIImage(t, v1.Config{}, []testenv.OCILayer{{Tar: testenv.TarOf(t, testenv.TarEntry{Name: "token", Body: "yes"}), Comp: "gzip"}}, testenv.OCIImageOpts{})
+	ref := reg.Push(t, reg.Ref("private/tok:1"), img)
+	pushTokens := reg.TokensIssued.Load()
+	if pushTokens == 0 {
+		t.Fatal("the push got no token: the registry is not using token auth")
+	}
+	bad, badStore := newImporter(t, oci.Options{CAFiles: []string{reg.CAFile}, Auth: &oci.Keychain{
+		Registries: map[string]oci.Credential{reg.Host: {Username: reg.Username, Password: "wrong"}},
+	}})
+	if _, err := bad.Pull(ctx(t), ref.String(), nil); errdefs.CodeOf(err) != errdefs.PermissionDenied {
+		t.Errorf("pull with a wrong password: %v (%s), want permission_denied", err, errdefs.CodeOf(err))
+	}
+	assertEmptyStore(t, badStore)
+	im, _ := newImporter(t, oci.Options{CAFiles: []string{reg.CAFile}, Auth: &oci.Keychain{
+		Registries: map[string]oci.Credential{reg.Host: {Username: reg.Username, Password: reg.Password}},
+	}})
+	got, err := im.Pull(ctx(t), ref.String(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(got.Rootfs, "token")); err != nil || string(b) != "yes" {
+		t.Errorf("pulled file %q %v", b, err)
+	}
+	if reg.TokensIssued.Load() == pushTokens {
+		t.Error("the pull got no token from the token server")
+	}
 }

@@ -105,7 +105,13 @@ func applyLayer(root *os.Root, r io.Reader, layer string, b *budget, maxID int) 
 			return refuse("%s %d:%d is outside the sandbox's id range 0-%d", what, hdr.Uid, hdr.Gid, maxID-1)
 		}
 		dir, base := path.Split(name)
-		dir = strings.TrimSuffix(dir, "/")
+		// Symlinks of lower layers in the path (Debian's /var/run ->
+		// /run) are followed as the sandbox will see them: inside the
+		// tree, absolute ones from its root.
+		if dir, err = resolveDir(root, strings.TrimSuffix(dir, "/")); err != nil {
+			return refuse("%v", err)
+		}
+		name = path.Join(dir, base)
 		if base == opaqueMarker {
 			// Writers put the marker right after its directory, before
 			// the layer's own entries in it; any that came earlier are
@@ -189,6 +195,49 @@ func escapes(dir, target string) bool {
 	return false
 }
 
+// resolveDir resolves the symlinks in dir (a clean relative path) the way
+// the sandbox's kernel will, with the tree as its root: an absolute target
+// starts again from the tree's root, ".." stops at it. The result names no
+// symlink, so os.Root (which refuses absolute targets) can use it.
+func resolveDir(root *os.Root, dir string) (string, error) {
+	if dir == "" || dir == "." {
+		return "", nil
+	}
+	todo := strings.Split(dir, "/")
+	var done []string
+	for hops := 0; len(todo) > 0; {
+		c := todo[0]
+		todo = todo[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			if len(done) > 0 {
+				done = done[:len(done)-1]
+			}
+			continue
+		}
+		p := path.Join(append(append([]string{}, done...), c)...)
+		fi, err := root.Lstat(p)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			done = append(done, c) // missing (created later) or a real entry
+			continue
+		}
+		if hops++; hops > 40 {
+			return "", fmt.Errorf("%q: too many levels of symbolic links", dir)
+		}
+		target, err := root.Readlink(p)
+		if err != nil {
+			return "", err
+		}
+		if path.IsAbs(target) {
+			done = nil
+		}
+		todo = append(strings.Split(target, "/"), todo...)
+	}
+	return path.Join(done...), nil
+}
+
 // makeParents creates the missing directories above an entry (a tar need
 // not list them), as root-owned 0755 directories.
 func makeParents(root *os.Root, dir string) error {
@@ -261,6 +310,11 @@ func applyEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string) err
 		if err != nil || target == "" {
 			return errdefs.Invalidf("hard link to %q leads out of the image", hdr.Linkname)
 		}
+		tdir, err := resolveDir(root, path.Dir(target))
+		if err != nil {
+			return errdefs.Invalidf("hard link to %q: %v", hdr.Linkname, err)
+		}
+		target = path.Join(tdir, path.Base(target))
 		fi, err := root.Lstat(target)
 		if err != nil {
 			return errdefs.Invalidf("hard link to %q: no such entry in the image", hdr.Linkname)
