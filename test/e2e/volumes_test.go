@@ -114,3 +114,48 @@ func assertNoVolume(t *testing.T, d *testenv.Daemon, name string) {
 	}
 	testenv.AssertNoLeftovers(t, d.Config)
 }
+
+// TestTemplateCLI: an administrator makes a template whose start command
+// serves HTTP, with a warm pool, through sandboxctl; create --template
+// prints a sandbox whose port already answers (asked from inside it right
+// away, no waiting), and the template survives a kill -9 with its pool.
+func TestTemplateCLI(t *testing.T) {
+	d := testenv.NewDaemon(t, "python")
+	d.Start()
+	d.MustCtl("templates", "create", "web", "--image", "python", "--start", "cd /tmp && exec python3 -m http.server 8000 --bind 127.0.0.1",
+		"--ready-port", "8000", "--pool", "1", "--memory", "256M")
+	probe := []string{"python3", "-c", "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/', timeout=5).status)"}
+	id := strings.TrimSpace(d.MustCtl("create", "--template", "web"))
+	if got := d.MustCtl(append([]string{"exec", id, "--"}, probe...)...); got != "200\n" {
+		t.Fatalf("port 8000 of a template sandbox: %q", got)
+	}
+	var sb struct {
+		Template string `json:"template"`
+		State    string `json:"state"`
+	}
+	if err := json.Unmarshal([]byte(d.MustCtl("inspect", "--json", id)), &sb); err != nil || sb.Template != "web" {
+		t.Fatalf("inspect: %+v, %v", sb, err)
+	}
+	d.MustCtl("rm", "-f", id) // its start command runs: -f
+	d.Crash()
+	d.Start()
+	var tpl struct {
+		Name string `json:"name"`
+		Pool int    `json:"pool"`
+	}
+	if err := json.Unmarshal([]byte(d.MustCtl("templates", "inspect", "web")), &tpl); err != nil || tpl.Name != "web" || tpl.Pool != 1 {
+		t.Fatalf("template after kill -9: %+v, %v", tpl, err)
+	}
+	id = strings.TrimSpace(d.MustCtl("create", "--template", "web"))
+	if got := d.MustCtl(append([]string{"exec", id, "--"}, probe...)...); got != "200\n" {
+		t.Fatalf("port 8000 after the restart: %q", got)
+	}
+	if _, errOut, code := d.Ctl("create", "--template", "nosuch"); code != 3 || !strings.Contains(errOut, "template:") {
+		t.Errorf("create --template nosuch: exit %d %q, want 3 naming template", code, errOut)
+	}
+	d.MustCtl("rm", "-f", id) // its start command runs: -f
+	d.MustCtl("templates", "rm", "web")
+	if out := d.MustCtl("templates", "ls", "--json"); !strings.Contains(out, `"templates": []`) {
+		t.Errorf("templates after rm: %s", out)
+	}
+}
