@@ -41,8 +41,8 @@ var wantTools = []string{
 	"image_build", "image_delete", "image_list", "image_pull", "job_kill", "job_status",
 	"languages_list", "packages_install", "quota_usage", "run_code", "run_get", "run_list", "run_task",
 	"sandbox_create", "sandbox_expose_port", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_restore", "sandbox_resume", "sandbox_screenshot", "sandbox_snapshot", "sandbox_terminate",
-	"snapshot_delete", "snapshot_list",
-	"vm_test",
+	"snapshot_delete", "snapshot_list", "template_create", "template_delete", "template_get", "template_list",
+	"vm_test", "volume_create", "volume_delete", "volume_get", "volume_list",
 }
 
 // node returns the node binary and checks that the SDK is installed.
