@@ -3,7 +3,7 @@ package engine
 import (
 	"context"
 	"net"
-	"path"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -57,7 +57,7 @@ func (e *Engine) SSHHostKey() (ssh.Signer, error) {
 	e.sshHostMu.Lock()
 	defer e.sshHostMu.Unlock()
 	if e.sshHost == nil {
-		k, err := sshHostKey(path.Join(e.cfg.Paths.StateDir, SSHHostKeyFile))
+		k, err := sshkeys.HostKey(filepath.Join(e.cfg.Paths.StateDir, SSHHostKeyFile))
 		if err != nil {
 			return nil, err
 		}
@@ -183,8 +183,6 @@ func (e *Engine) DialPort(ctx context.Context, id string, port int) (net.Conn, e
 	}
 	return e.sandboxes.DialPort(ctx, id, port)
 }
-
-func sshHostKey(file string) (ssh.Signer, error) { return sshkeys.HostKey(file) }
 
 func sshAuthorizedKey(k ssh.PublicKey) string {
 	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(k)))

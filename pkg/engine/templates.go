@@ -19,7 +19,7 @@ import (
 // Templates: a named image with an optional start command, its readiness
 // check (a port that accepts a connection, or a command that exits 0),
 // default limits, network and environment, and a warm pool size. They are
-// rows of SQLite (migration 10); sandbox_create {template} returns a
+// rows of SQLite (migration 13); sandbox_create {template} returns a
 // sandbox whose start command is ready, taken from the template's warm
 // pool (sandbox.Manager's pool, keyed "template:NAME", whose sandboxes are
 // made ready by readyTemplate before they are offered) when one waits.

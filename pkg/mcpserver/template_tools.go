@@ -44,7 +44,7 @@ func (s *srv) addTemplateTools() {
 			return &result{structured: l, text: text}, nil
 		})
 	addTool[apitypes.TemplateRef, apitypes.Template](s, "template_get", "Describe a sandbox template",
-		"Describe a template and how many ready sandboxes of it wait in its pool (warm).",
+		"Describe a template: its image, start command, readiness check and defaults, and how many ready sandboxes of it wait in its warm pool.",
 		annotations{readOnly: true, idempotent: true},
 		func(ctx context.Context, c *call, in *apitypes.TemplateRef) (*result, error) {
 			t, err := s.e.GetTemplate(ctx, in.Name)

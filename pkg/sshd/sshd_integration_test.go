@@ -454,6 +454,13 @@ func TestSSH(t *testing.T) {
 		if _, err := e.goClient(id+"+root", tokenAuth(tok.Token)); err == nil {
 			t.Error("a token of the sandbox user logged in as root")
 		}
+		// Minting validates: a lifetime over an hour, an unknown sandbox.
+		if status, body := e.postToken(id, 7200); status != 400 || !strings.Contains(string(body), "ttl_seconds") {
+			t.Errorf("ttl 7200: %d %s", status, body)
+		}
+		if status, body := e.postToken("sb-000000000000", 0); status != 404 {
+			t.Errorf("unknown sandbox: %d %s", status, body)
+		}
 		// An expired token is refused, and the client is told why.
 		tok = e.mintToken(id, 0.3)
 		time.Sleep(time.Until(tok.ExpiresAt) + 100*time.Millisecond) // the expiry itself is under test
@@ -678,6 +685,16 @@ func TestSSH(t *testing.T) {
 // mintToken asks the API for a login token (POST /v1/sandboxes/{id}/ssh-token).
 func (e *sshEnv) mintToken(id string, ttl float64) apitypes.SSHToken {
 	e.t.Helper()
+	status, body := e.postToken(id, ttl)
+	var tok apitypes.SSHToken
+	if err := json.Unmarshal(body, &tok); err != nil || status != 200 || !strings.HasPrefix(tok.Token, "sbt_") {
+		e.t.Fatalf("mint token: %d %v %s", status, err, body)
+	}
+	return tok
+}
+
+func (e *sshEnv) postToken(id string, ttl float64) (int, []byte) {
+	e.t.Helper()
 	body, _ := json.Marshal(apitypes.SSHTokenRequest{TTLSeconds: ttl})
 	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -691,11 +708,11 @@ func (e *sshEnv) mintToken(id string, ttl float64) apitypes.SSHToken {
 		e.t.Fatal(err)
 	}
 	defer res.Body.Close()
-	var tok apitypes.SSHToken
-	if err := json.NewDecoder(res.Body).Decode(&tok); err != nil || res.StatusCode != 200 || !strings.HasPrefix(tok.Token, "sbt_") {
-		e.t.Fatalf("mint token: %d %v %+v", res.StatusCode, err, tok)
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		e.t.Fatal(err)
 	}
-	return tok
+	return res.StatusCode, b
 }
 
 func tokenAuth(tok string) ssh.AuthMethod {

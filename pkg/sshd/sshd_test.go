@@ -10,6 +10,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -321,5 +322,62 @@ func TestSFTPHandleLimit(t *testing.T) {
 	w.Close()
 	for _, w := range open[1:] {
 		w.Close()
+	}
+}
+
+// TestKeepalive: a client that stops answering (its network gone: here a
+// relay that stops moving bytes) is disconnected after three keep-alive
+// intervals; one that answers stays.
+func TestKeepalive(t *testing.T) {
+	_, hostPriv, _ := ed25519.GenerateKey(rand.Reader)
+	host, _ := ssh.NewSignerFromKey(hostPriv)
+	_, userPriv, _ := ed25519.GenerateKey(rand.Reader)
+	user, _ := ssh.NewSignerFromKey(userPriv)
+	srv := New(&fakeBackend{key: user.PublicKey()}, Options{HostKey: host, Keepalive: 100 * time.Millisecond})
+	defer srv.Close()
+	// The server's side of the connection, and a relay to the client that
+	// can be frozen.
+	serverSide, relayIn := net.Pipe()
+	relayOut, clientSide := net.Pipe()
+	served := make(chan struct{})
+	go func() { srv.ServeConn(serverSide); close(served) }()
+	var frozen atomic.Bool
+	pump := func(dst, src net.Conn) {
+		b := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(b)
+			if err != nil {
+				dst.Close()
+				return
+			}
+			// Frozen, the network loses everything both ways.
+			if frozen.Load() {
+				continue
+			}
+			if _, err := dst.Write(b[:n]); err != nil {
+				return
+			}
+		}
+	}
+	go pump(relayOut, relayIn)
+	go pump(relayIn, relayOut)
+	sc, chans, reqs, err := ssh.NewClientConn(clientSide, "sshd", &ssh.ClientConfig{User: "sb-live",
+		Auth: []ssh.AuthMethod{ssh.PublicKeys(user)}, HostKeyCallback: ssh.FixedHostKey(host.PublicKey())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ssh.NewClient(sc, chans, reqs)
+	defer c.Close()
+	// Answering, the connection outlives many intervals.
+	select {
+	case <-served:
+		t.Fatal("a client that answers keep-alives was disconnected")
+	case <-time.After(time.Second):
+	}
+	frozen.Store(true)
+	select {
+	case <-served:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a silent client is still connected 10s later (keep-alive every 100ms)")
 	}
 }

@@ -140,6 +140,11 @@ func (s *Service) Add(ctx context.Context, req apitypes.SSHKeyAddRequest) (*apit
 		return nil, err
 	}
 	p := owner(ctx)
+	if !p.Admin && p.Tenant == "" {
+		// A key of no tenant logs in as the administrator (Owner): only
+		// the administrator may make one.
+		return nil, errdefs.PermissionDeniedf("public_key: a caller of no tenant that is not the administrator cannot register SSH keys")
+	}
 	k := store.SSHKey{ID: "sk-" + id, Name: req.Name, Tenant: p.Tenant, Fingerprint: ssh.FingerprintSHA256(pub),
 		PublicKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pub))), CreatedAt: s.now().UTC()}
 	if err := s.store.PutSSHKey(ctx, k); err != nil {

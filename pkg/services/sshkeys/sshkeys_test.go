@@ -128,6 +128,12 @@ func TestAddRefuses(t *testing.T) {
 			}
 		})
 	}
+	// A caller that is neither the administrator nor a tenant's would
+	// register a key that logs in as the administrator.
+	nobody := principal.With(ctx, principal.Principal{KeyID: "k-x"})
+	if _, err := s.Add(nobody, apitypes.SSHKeyAddRequest{Name: "x", PublicKey: line}); !errdefs.Is(err, errdefs.PermissionDenied) {
+		t.Errorf("Add by a principal of no tenant: %v, want permission_denied", err)
+	}
 	if l, _ := s.List(ctx); len(l.Keys) != 0 {
 		t.Errorf("refused keys were stored: %+v", l.Keys)
 	}
