@@ -28,7 +28,8 @@ func TestInterruptedRunSandboxEnds(t *testing.T) {
 	}
 	defer run.Wait() //nolint:errcheck // it fails when the daemon dies; that is the point
 
-	// The run's sandbox, by its label, once the program runs in it.
+	// The run's sandbox, by its label, once it is up (the crash may come
+	// at any step of the run from then on).
 	type sb struct {
 		ID     string            `json:"id"`
 		State  string            `json:"state"`
@@ -37,14 +38,15 @@ func TestInterruptedRunSandboxEnds(t *testing.T) {
 	var runSandbox string
 	for deadline := time.Now().Add(60 * time.Second); runSandbox == ""; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("the run's sandbox never ran its program")
+			out, _, _ := d.Ctl("ps", "--json")
+			t.Fatalf("the run's sandbox never came up; sandboxctl ps --json: %s", out)
 		}
 		var all []sb
 		if err := json.Unmarshal([]byte(d.MustCtl("ps", "--json")), &all); err != nil {
 			t.Fatal(err)
 		}
 		for _, s := range all {
-			if s.Labels["sandboxd.run"] != "" && s.State == "running" {
+			if s.Labels["sandboxd.run"] != "" && (s.State == "running" || s.State == "ready") {
 				runSandbox = s.ID
 			}
 		}
