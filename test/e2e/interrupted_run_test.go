@@ -31,7 +31,7 @@ func TestInterruptedRunSandboxEnds(t *testing.T) {
 	// The run's sandbox, by its label, once it is up (the crash may come
 	// at any step of the run from then on).
 	type sb struct {
-		ID     string            `json:"id"`
+		ID     string            `json:"sandbox_id"`
 		State  string            `json:"state"`
 		Labels map[string]string `json:"labels"`
 	}
