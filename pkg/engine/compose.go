@@ -318,6 +318,7 @@ func (e *Engine) restore(ctx context.Context) error {
 		return fmt.Errorf("reconcile: %w", err)
 	}
 	e.adoptNetworks(ctx, rep)
+	e.pipeline.EndInterrupted(ctx, rep.Adopted)
 	if err := e.ports.Load(ctx); err != nil {
 		e.log.Error("restore preview exposures", "err", err)
 	}

@@ -117,7 +117,7 @@ func (s *Service) StartRun(ctx context.Context, spec RunSpec) (*CodeRun, error) 
 	if given == nil {
 		req := spec.Sandbox
 		req.Language = h.Name
-		labels := map[string]string{"sandboxd.run": rec.ID}
+		labels := map[string]string{RunLabel: rec.ID}
 		for k, v := range req.Labels {
 			labels[k] = v
 		}
