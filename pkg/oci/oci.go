@@ -33,6 +33,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -97,7 +98,32 @@ func New(o Options) (*Importer, error) {
 			return nil, fmt.Errorf("oci: %w", err)
 		}
 	}
+	im.removeAbandoned()
 	return im, nil
+}
+
+// abandonedAfter is how old a spool file (a layer being pulled, an upload,
+// an unpacked layout) must be to count as left by a daemon that died: no
+// pull or import runs that long, and an Importer is made per operation,
+// so younger ones may belong to one running now.
+const abandonedAfter = 24 * time.Hour
+
+// removeAbandoned deletes spool files crashed daemons left beside the
+// layer store.
+func (im *Importer) removeAbandoned() {
+	entries, err := os.ReadDir(im.layers)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		n := e.Name()
+		if !strings.HasPrefix(n, ".partial-") && !strings.HasPrefix(n, ".upload-") && !strings.HasPrefix(n, ".import-") {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > abandonedAfter {
+			_ = os.RemoveAll(filepath.Join(im.layers, n))
+		}
+	}
 }
 
 // Progress receives the phases of a pull or import.

@@ -392,3 +392,29 @@ func TestPullTokenAuth(t *testing.T) {
 		t.Error("the pull got no token from the token server")
 	}
 }
+
+// TestAbandonedSpoolRemoved: spool files a crashed daemon left beside the
+// layer store go when they are old; a young one (a pull in progress) stays.
+func TestAbandonedSpoolRemoved(t *testing.T) {
+	_, st := newImporter(t, oci.Options{})
+	dir := filepath.Join(st.Dir(), "layers")
+	old, young := filepath.Join(dir, ".partial-old"), filepath.Join(dir, ".upload-young")
+	for _, p := range []string{old, young} {
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	past := time.Now().Add(-48 * time.Hour)
+	if err := os.Chtimes(old, past, past); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := oci.New(oci.Options{Store: st}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("old spool file kept: %v", err)
+	}
+	if _, err := os.Stat(young); err != nil {
+		t.Errorf("young spool file removed: %v", err)
+	}
+}
