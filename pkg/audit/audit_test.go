@@ -364,3 +364,29 @@ func TestNilLogCostsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// BenchmarkAppend is one record appended and fsynced, alone (the latency a
+// call waits for) and from parallel callers (group commit shares fsyncs).
+func BenchmarkAppend(b *testing.B) {
+	rec := Record{KeyName: "admin-token", FrontEnd: "rest", Source: "127.0.0.1:4000", Action: "POST /v1/sandboxes/{id}/exec", Target: "sb-0123456789", Outcome: Success, Status: 200}
+	for _, par := range []bool{false, true} {
+		b.Run(fmt.Sprintf("parallel=%v", par), func(b *testing.B) {
+			l, err := Open(Options{Dir: b.TempDir()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			if par {
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						_ = l.Append(rec)
+					}
+				})
+				return
+			}
+			for range b.N {
+				_ = l.Append(rec)
+			}
+		})
+	}
+}
