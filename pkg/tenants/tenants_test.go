@@ -182,7 +182,7 @@ func TestQuota(t *testing.T) {
 	held := func(string) apitypes.KeyUse { return live }
 	small := apitypes.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, DiskBytes: 512 << 20}
 
-	rel, err := s.Admit(pctx, apitypes.Limits{MemoryBytes: 2048 << 20}, held)
+	_, err = s.Admit(pctx, apitypes.Limits{MemoryBytes: 2048 << 20}, held)
 	wantCode(t, err, errdefs.LimitExceeded, "memory")
 	if !strings.Contains(errdefs.MessageOf(err), "quota memory_mb") || !strings.Contains(errdefs.MessageOf(err), "1024") {
 		t.Fatalf("memory message: %v", err)
@@ -192,7 +192,7 @@ func TestQuota(t *testing.T) {
 	_, err = s.Admit(pctx, apitypes.Limits{DiskBytes: 4096 << 20}, held)
 	wantCode(t, err, errdefs.LimitExceeded, "disk")
 
-	rel, err = s.Admit(pctx, small, held)
+	rel, err := s.Admit(pctx, small, held)
 	if err != nil {
 		t.Fatal(err)
 	}
