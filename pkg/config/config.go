@@ -43,9 +43,7 @@ type Config struct {
 	E2B E2B `yaml:"e2b"`
 	// Audit: the tamper-evident audit log (pkg/audit).
 	Audit Audit `yaml:"audit"`
-	// Telemetry: OpenTelemetry traces (pkg/telemetry).
-	Telemetry Telemetry `yaml:"telemetry"`
-	Log       Log       `yaml:"log"`
+	Log   Log   `yaml:"log"`
 }
 
 // Server is the `server` section.
@@ -316,18 +314,6 @@ type Audit struct {
 	CheckpointEvery int `yaml:"checkpoint_every"`
 }
 
-// Telemetry is the `telemetry` section.
-type Telemetry struct {
-	// OTLPEndpoint is the OTLP/gRPC collector (host:port) traces are
-	// exported to; empty: tracing off, at no cost.
-	OTLPEndpoint string `yaml:"otlp_endpoint"`
-	// Insecure sends them without TLS (a collector on loopback).
-	Insecure bool `yaml:"insecure"`
-	// SampleRatio is the share of new traces recorded (a caller's sampled
-	// traceparent is always followed).
-	SampleRatio float64 `yaml:"sample_ratio"`
-}
-
 type Log struct {
 	Level  string `yaml:"level"`  // debug | info | warn | error
 	Format string `yaml:"format"` // json | text
@@ -434,7 +420,6 @@ func Default() *Config {
 			RetentionAge:    Duration(90 * 24 * time.Hour),
 			CheckpointEvery: 256,
 		},
-		Telemetry: Telemetry{Insecure: true, SampleRatio: 1},
 		Log: Log{
 			Level:  "info",
 			Format: "text",
