@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
@@ -164,5 +165,13 @@ func (s *server) auditExport(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	if _, err := s.opt.Audit.Export(r.Context(), since, w); err != nil {
 		s.log.Warn("audit export", "err", err)
+	}
+}
+
+// auditCreated names the sandbox a create made as the record's target (the
+// route has no id to take it from).
+func auditCreated(r *http.Request, sb *apitypes.Sandbox, err error) {
+	if err == nil && sb != nil {
+		audit.CallFrom(r.Context()).SetTarget(sb.ID)
 	}
 }

@@ -26,6 +26,7 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info, err := s.e.CreateSandbox(r.Context(), req)
+	auditCreated(r, info, err)
 	s.reply(w, r, http.StatusCreated, info, err)
 }
 

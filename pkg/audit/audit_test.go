@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
 
@@ -388,5 +390,43 @@ func BenchmarkAppend(b *testing.B) {
 				_ = l.Append(rec)
 			}
 		})
+	}
+}
+
+// TestWebSocketRecorded: a WebSocket upgrade through the middleware (the
+// terminal) works and is recorded, as 101, before the connection is handed
+// over.
+func TestWebSocketRecorded(t *testing.T) {
+	l := open(t, Options{})
+	srv := httptest.NewServer(l.HTTP("rest", func(r *http.Request) Classification {
+		return Classification{Action: "GET /term", Changes: true}
+	}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.CloseNow()
+		if _, seq, _ := l.state(); seq != 1 {
+			t.Errorf("upgraded with %d records durable, want 1", seq)
+		}
+		_ = c.Write(r.Context(), websocket.MessageText, []byte("hi"))
+		_ = c.Close(websocket.StatusNormalClosure, "")
+	})))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http")+"/term", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	if _, msg, err := c.Read(ctx); err != nil || string(msg) != "hi" {
+		t.Fatalf("read %q %v", msg, err)
+	}
+	ls := lines(t, filepath.Join(l.Dir(), fileNameOf(1)))
+	var r Record
+	if len(ls) != 2 || json.Unmarshal(ls[0], &r) != nil || r.Status != http.StatusSwitchingProtocols || r.Outcome != Success {
+		t.Fatalf("records %q", ls)
 	}
 }

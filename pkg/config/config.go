@@ -45,8 +45,6 @@ type Config struct {
 	E2B E2B `yaml:"e2b"`
 	// Audit: the tamper-evident audit log (pkg/audit).
 	Audit Audit `yaml:"audit"`
-	// Telemetry: OpenTelemetry traces (pkg/telemetry).
-	Telemetry Telemetry `yaml:"telemetry"`
 	// SSH: the SSH endpoint (pkg/sshd, README "SSH access").
 	SSH SSH `yaml:"ssh"`
 	Log Log `yaml:"log"`
@@ -366,18 +364,6 @@ type Audit struct {
 	CheckpointEvery int `yaml:"checkpoint_every"`
 }
 
-// Telemetry is the `telemetry` section.
-type Telemetry struct {
-	// OTLPEndpoint is the OTLP/gRPC collector (host:port) traces are
-	// exported to; empty: tracing off, at no cost.
-	OTLPEndpoint string `yaml:"otlp_endpoint"`
-	// Insecure sends them without TLS (a collector on loopback).
-	Insecure bool `yaml:"insecure"`
-	// SampleRatio is the share of new traces recorded (a caller's sampled
-	// traceparent is always followed).
-	SampleRatio float64 `yaml:"sample_ratio"`
-}
-
 // SSH is the `ssh` section: the SSH endpoint for ssh, scp, sftp, rsync
 // and editors' remote-SSH. Its host key is generated once, as
 // ssh_host_ed25519_key in paths.state_dir.
@@ -505,8 +491,7 @@ func Default() *Config {
 			RetentionAge:    Duration(90 * 24 * time.Hour),
 			CheckpointEvery: 256,
 		},
-		Telemetry: Telemetry{Insecure: true, SampleRatio: 1},
-		SSH:       SSH{Keepalive: Duration(30 * time.Second), TokenTTL: Duration(5 * time.Minute)},
+		SSH: SSH{Keepalive: Duration(30 * time.Second), TokenTTL: Duration(5 * time.Minute)},
 		Log: Log{
 			Level:  "info",
 			Format: "text",

@@ -434,16 +434,6 @@ audit:
   # disagrees with it.
   checkpoint_every: 256
 
-telemetry:
-  # OTLP/gRPC collector (host:port) to export traces to: a span per request
-  # from the front end through the engine to the sandbox's agent, the
-  # caller's W3C traceparent honoured. Empty: tracing off, at no cost.
-  otlp_endpoint: ""
-  # Send without TLS (a collector on loopback or a trusted network).
-  insecure: true
-  # Share of new traces recorded, 0 to 1 (a sampled traceparent from the
-  # caller is always followed).
-  sample_ratio: 1
 # The SSH endpoint: ssh, scp, sftp, rsync and editors' remote-SSH reach a
 # sandbox as user <sandbox id> (<sandbox id>+root for root mode), with a key
 # registered by "sandboxctl ssh-keys add" or a token "sandboxctl ssh" mints

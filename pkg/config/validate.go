@@ -54,7 +54,6 @@ func (c *Config) Validate() error {
 	c.VM.validate(&p)
 	c.E2B.validate(&p)
 	c.Audit.validate(&p)
-	c.Telemetry.validate(&p)
 	c.SSH.validate(&p)
 	c.Log.validate(&p)
 	return p.err()
@@ -78,15 +77,6 @@ func (a *Audit) validate(p *problems) {
 	}
 	if a.CheckpointEvery < 1 || a.CheckpointEvery > 1<<20 {
 		p.add("audit.checkpoint_every", "", "must be from 1 to 1048576, got %d", a.CheckpointEvery)
-	}
-}
-
-func (t *Telemetry) validate(p *problems) {
-	if t.OTLPEndpoint != "" {
-		p.hostPort("telemetry.otlp_endpoint", t.OTLPEndpoint)
-	}
-	if t.SampleRatio < 0 || t.SampleRatio > 1 {
-		p.add("telemetry.sample_ratio", "", "must be from 0 to 1, got %g", t.SampleRatio)
 	}
 }
 

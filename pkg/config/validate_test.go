@@ -56,10 +56,9 @@ func TestValidate(t *testing.T) {
 			},
 		},
 		{
-			name: "audit and telemetry bad",
+			name: "audit bad",
 			modify: func(c *Config) {
 				c.Audit = Audit{Dir: "audit", MaxFileBytes: 100, MaxFileAge: Duration(time.Second), MaxTotalBytes: 1000, RetentionAge: -1, CheckpointEvery: 0}
-				c.Telemetry = Telemetry{OTLPEndpoint: "collector", SampleRatio: 2}
 			},
 			want: []FieldError{
 				{Key: "audit.dir", Message: `must be an absolute path, got "audit"`},
@@ -67,8 +66,6 @@ func TestValidate(t *testing.T) {
 				{Key: "audit.max_file_age", Message: "must be at least 1m, got 1s"},
 				{Key: "audit.retention_age", Message: "must be 0 (no limit) or positive, got -1ns"},
 				{Key: "audit.checkpoint_every", Message: "must be from 1 to 1048576, got 0"},
-				{Key: "telemetry.otlp_endpoint", Message: `invalid address "collector" (use host:port, e.g. 127.0.0.1:7070)`},
-				{Key: "telemetry.sample_ratio", Message: "must be from 0 to 1, got 2"},
 			},
 		},
 		{

@@ -179,7 +179,7 @@ func TestAuditLog(t *testing.T) {
 			count["auth "+r.FrontEnd]++
 		case r.Action == "mcp:exec_command" && r.Target == sb.ID && r.FrontEnd == "mcp" && r.KeyName == "admin-token":
 			count["mcp exec"]++
-		case r.Action == "POST /v1/sandboxes" && r.Outcome == audit.Success:
+		case r.Action == "POST /v1/sandboxes" && r.Outcome == audit.Success && r.Target == sb.ID:
 			count["create"]++
 		}
 		if strings.Contains(string(mustJSON(r)), d.Token()) || strings.Contains(string(mustJSON(r)), "wrong-") {
