@@ -475,6 +475,14 @@ func (s *server) mintLogin(w http.ResponseWriter, r *http.Request) {
 	s.reply(w, r, http.StatusCreated, l, err)
 }
 
+// keyRevoked says whether the key ctx's request authenticated with no
+// longer authenticates (revoked or expired since): long-lived connections
+// (terminal WebSockets) ask it on each message.
+func (s *server) keyRevoked(ctx context.Context) bool {
+	p, ok := principal.From(ctx)
+	return ok && s.opt.Auth != nil && !s.opt.Auth.Valid(p.KeyID)
+}
+
 // adminOnly says whether r is for a route only admin keys may use: what
 // spans every tenant (metrics, the runs export, garbage collection, the
 // image store, the keys). The engine checks the keys again.

@@ -125,6 +125,12 @@ func (s *server) terminalInput(ctx context.Context, cancel context.CancelFunc, c
 		if err != nil {
 			return
 		}
+		if s.keyRevoked(ctx) {
+			// Each message is a request of the key that opened the
+			// terminal: a revoked or expired key's session ends here.
+			_ = conn.Close(websocket.StatusPolicyViolation, "unauthenticated: missing or invalid API key")
+			return
+		}
 		if typ == websocket.MessageBinary {
 			if _, err := term.Write(data); err != nil {
 				s.log.Debug("terminal input", "err", err)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 )
@@ -337,7 +340,31 @@ func TestTenants(t *testing.T) {
 		t.Errorf("mcp quota_usage as bob: %v %s", u, code)
 	}
 
-	// Revocation: alice's open MCP session and her REST calls stop at once.
+	// Revocation: alice's open MCP session, her open terminal and her REST
+	// calls stop at once.
+	wsCtx, wsCancel := context.WithTimeout(context.Background(), time.Minute)
+	defer wsCancel()
+	// Bob's terminal to alice's sandbox is refused like the rest.
+	if _, res, err := websocket.Dial(wsCtx, "ws://"+d.HTTPAddr+"/v1/sandboxes/"+a+"/terminal?cmd=sh", &websocket.DialOptions{
+		HTTPHeader: http.Header{"Authorization": {"Bearer " + bobKey}}}); err == nil || res == nil || res.StatusCode != http.StatusNotFound {
+		t.Errorf("bob's terminal to alice's sandbox: %v %v", err, res)
+	}
+	term, _, err := websocket.Dial(wsCtx, "ws://"+d.HTTPAddr+"/v1/sandboxes/"+a+"/terminal?cmd=sh", &websocket.DialOptions{
+		HTTPHeader: http.Header{"Authorization": {"Bearer " + aliceKey}}})
+	if err != nil {
+		t.Fatalf("alice's terminal: %v", err)
+	}
+	defer term.CloseNow()
+	if err := term.Write(wsCtx, websocket.MessageBinary, []byte("echo before-revoke\n")); err != nil {
+		t.Fatal(err)
+	}
+	for seen := ""; !strings.Contains(seen, "before-revoke\r\n"); {
+		_, b, err := term.Read(wsCtx)
+		if err != nil {
+			t.Fatalf("alice's terminal before revoke: %v (%q)", err, seen)
+		}
+		seen += string(b)
+	}
 	alice.mcpInit()
 	if _, code := alice.tool("sandbox_get", map[string]any{"sandbox_id": a}); code != "" {
 		t.Fatalf("alice sandbox_get before revoke: %s", code)
@@ -351,6 +378,19 @@ func TestTenants(t *testing.T) {
 	d.MustCtl("keys", "revoke", aliceID)
 	if st, m := alice.mcp("tools/call", map[string]any{"name": "sandbox_get", "arguments": map[string]any{"sandbox_id": a}}); st != http.StatusUnauthorized {
 		t.Errorf("alice's MCP session after revoke: %d %v", st, m)
+	}
+	_ = term.Write(wsCtx, websocket.MessageBinary, []byte("echo after-revoke\n"))
+	for {
+		_, b, err := term.Read(wsCtx)
+		if err != nil {
+			if websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
+				t.Errorf("alice's terminal after revoke ended with %v, want close status policy violation", err)
+			}
+			break
+		}
+		if strings.Contains(string(b), "after-revoke\r\n") && !strings.Contains(string(b), "echo after-revoke") {
+			t.Errorf("alice's terminal ran a command after revoke: %q", b)
+		}
 	}
 	st, b = alice.do("GET", "/v1/sandboxes/"+a, nil)
 	revokedMsg := alice.wantErr("alice after revoke", st, b, "unauthenticated")
