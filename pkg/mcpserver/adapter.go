@@ -43,6 +43,9 @@ type result struct {
 func addTool[In, Out any](s *srv, name, title, description string, a annotations, fn func(ctx context.Context, c *call, in *In) (*result, error)) {
 	opts := []mcp.ToolOption{mcp.WithDescription(description), mcp.WithInputSchema[In](), mcp.WithOutputSchema[Out]()}
 	opts = append(opts, a.options(title)...)
+	if taskTools[name] {
+		opts = append(opts, mcp.WithTaskSupport(mcp.TaskSupportOptional))
+	}
 	tool := mcp.NewTool(name, opts...)
 	s.outputs[name] = reflect.TypeFor[Out]()
 	required := requiredOf(tool.RawInputSchema)
@@ -55,7 +58,15 @@ func addTool[In, Out any](s *srv, name, title, description string, a annotations
 		if sess := server.ClientSessionFromContext(ctx); sess != nil {
 			c.session = sess.SessionID()
 		}
-		c.progress = c.newProgress(ctx)
+		if req.Params.Task != nil {
+			// A task's answer went out as its handle: nothing can follow
+			// it on that stream, so no progress; tasks/get tells the state.
+			var done func()
+			ctx, done = s.detachTask(ctx, req)
+			defer done()
+		} else {
+			c.progress = c.newProgress(ctx)
+		}
 		res, err := fn(ctx, c, &in)
 		c.progress.stop()
 		s.auditTool(ctx, name, a, &in, resultStructured(res), err)

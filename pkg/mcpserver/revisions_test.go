@@ -80,8 +80,10 @@ func TestStdioEveryRevision(t *testing.T) {
 				}
 				// Capabilities say what the server offers, nothing more.
 				caps, _ := res["capabilities"].(map[string]any)
-				if len(caps) != 2 || caps["tools"] == nil || caps["resources"] == nil {
-					t.Errorf("capabilities %v, want tools and resources", caps)
+				tasks, _ := caps["tasks"].(map[string]any)
+				if len(caps) != 3 || caps["tools"] == nil || caps["resources"] == nil ||
+					!strings.Contains(fmt.Sprint(tasks["requests"]), "tools:map[call:map[]]") || tasks["cancel"] == nil {
+					t.Errorf("capabilities %v, want tools, resources and tasks (tools/call, cancel)", caps)
 				}
 				c.send(map[string]any{"jsonrpc": "2.0", "method": "notifications/initialized"})
 			}

@@ -99,7 +99,7 @@ How to start:
 3. For several steps on the same files call sandbox_create {language}, then file_write / exec_command / run_code {sandbox_id} / run_task / packages_install against the returned sandbox_id, and sandbox_terminate when done (idle sandboxes are reclaimed after a while).
 4. Before a risky change in a sandbox, sandbox_snapshot {sandbox_id} saves its files; sandbox_restore {sandbox_id, snapshot_id} rolls them back, sandbox_create {from_snapshot} starts a copy to try something else.
 
-Long work: exec_command with background: true returns a job_id at once; poll job_status with the returned next offsets until state is "finished". Long outputs in results are cut in the middle with a marker saying where the rest is.
+Long work: exec_command with background: true returns a job_id at once; poll job_status with the returned next offsets until state is "finished". Clients that support MCP tasks may call run_code, exec_command, run_task, packages_install, autofix, agent_run, image_build, sandbox_create and vm_test as tasks (tasks/get, tasks/result, tasks/cancel). Long outputs in results are cut in the middle with a marker saying where the rest is.
 Errors come back as isError results with {"error": {"code", "message"}}; codes: invalid_argument (fix the input), not_found, conflict (e.g. the sandbox is terminated: create a new one), limit_exceeded, unavailable, internal.`
 
 // srv is the state the tool handlers share.
@@ -112,6 +112,8 @@ type srv struct {
 	// outputs is each tool's output type, from which its output schema
 	// is generated: the contract test checks that it is pkg/apitypes'.
 	outputs map[string]reflect.Type
+	// tasks are the running tasks' detached contexts (tasks.go).
+	tasks *taskRuns
 }
 
 // NewServer returns the MCP server over e with the enabled tool groups.
@@ -122,16 +124,20 @@ func NewServer(e Engine, opt Options) *server.MCPServer {
 func newSrv(e Engine, opt Options) *srv {
 	cfg := e.Config()
 	opt = opt.withDefaults(cfg)
-	s := &srv{e: e, cfg: cfg, opt: opt, log: opt.Log, outputs: map[string]reflect.Type{}}
+	s := &srv{e: e, cfg: cfg, opt: opt, log: opt.Log, outputs: map[string]reflect.Type{}, tasks: newTaskRuns()}
 	hooks := &server.Hooks{}
+	hooks.AddBeforeCallTool(boundTaskTTL)
 	hooks.AddOnUnregisterSession(func(ctx context.Context, sess server.ClientSession) {
 		s.sessionEnded(ctx, sess.SessionID())
 	})
 	s.mcp = server.NewMCPServer(Name, version.Version,
-		// Declared honestly: tools, and resources (run record logs, when
-		// the run group is on). No logging to clients, prompts,
-		// completions or subscriptions.
+		// Declared honestly: tools, tasks for tools/call (tasks.go: list
+		// and cancel too), and resources (run record logs, when the run
+		// group is on). No logging to clients, prompts, completions or
+		// subscriptions.
 		server.WithToolCapabilities(false),
+		server.WithTaskCapabilities(true, true, true),
+		server.WithTaskHooks(s.taskHooks()),
 		server.WithRecovery(),
 		server.WithInstructions(instructions),
 		server.WithHooks(hooks),
@@ -211,7 +217,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 		server.WithSessionIdleTTL(sessionIdleTTL),
 		server.WithSessionIdManager(sessions),
 	)
-	return flushable(refuseUnknownSessions(sessions, withRequestStreams(h)))
+	return flushable(refuseUnknownSessions(sessions, withRequestStreams(withTaskSlots(h))))
 }
 
 // flushable restores http.Flusher on response writers that middleware

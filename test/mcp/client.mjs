@@ -15,11 +15,14 @@
 //        with progress, run_get of its record, bad inputs) | vm (a VM of
 //        the Linux test guest through the sandbox tools) | vmqga (a VM of
 //        an administrator's disk reached through qemu-ga: the same tools
-//        where capable, unavailable naming the capability where not)
+//        where capable, unavailable naming the capability where not) |
+//        tasks (run_code as MCP tasks through the SDK's task client:
+//        a result fetched, a 90 s program polled and cancelled, over HTTP
+//        a task that outlives its client's connection; and a plain call)
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { CreateMessageRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import { CallToolResultSchema, CreateMessageRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 const [mode, transportJSON, nArg] = process.argv.slice(2);
 const spec = JSON.parse(transportJSON);
@@ -323,7 +326,103 @@ async function vmqga() {
   return vmEnd(client, report, id);
 }
 
-const modes = { scenario, concurrent, bench, progress, autofix, agent, vm, vmqga };
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// startTask starts name as a task through the SDK's task client and
+// returns the task it created (the stream is left: the caller polls).
+async function startTask(client, name, args) {
+  const it = client.experimental.tasks.callToolStream({ name, arguments: args }, undefined, { ...timeout, task: { ttl: 600_000 } });
+  const first = (await it.next()).value;
+  await it.return();
+  if (first?.type !== "taskCreated") throw new Error(`${name}: first message ${JSON.stringify(first)}, want taskCreated`);
+  return first.task;
+}
+
+async function liveSandboxes(client) {
+  return (await ok(client, "sandbox_list", {})).sandboxes.map((s) => s.sandbox_id);
+}
+
+async function tasks() {
+  let client = await connect();
+  const report = { capabilities: client.getServerCapabilities().tasks };
+  const { tools } = await client.listTools();
+  report.task_support = Object.fromEntries(tools.filter((t) => t.execution?.taskSupport).map((t) => [t.name, t.execution.taskSupport]));
+
+  // A short program to its result: the SDK polls tasks/get and fetches
+  // tasks/result itself.
+  report.short = [];
+  for await (const m of client.experimental.tasks.callToolStream({ name: "run_code", arguments: { language: "python", code: "print(6*7)" } },
+    undefined, { ...timeout, task: { ttl: 600_000 } })) {
+    report.short.push(m.type === "result" ? { type: m.type, result: m.result } : m.type === "error" ? { type: m.type, error: String(m.error) }
+      : { type: m.type, status: m.task.status, task_id: m.task.taskId, ttl: m.task.ttl });
+  }
+
+  // A 90 s program: polled while it runs, then cancelled; its throw-away
+  // sandbox must go.
+  const before = await liveSandboxes(client);
+  const long = await startTask(client, "run_code", { language: "python", code: "import time\nprint('started', flush=True)\ntime.sleep(90)\nprint('finished')\n" });
+  report.long = { created: long, polls: [] };
+  let running = [];
+  for (const t0 = Date.now(); Date.now() - t0 < 60_000;) {
+    const t = await client.experimental.tasks.getTask(long.taskId);
+    report.long.polls.push(t.status);
+    running = (await liveSandboxes(client)).filter((id) => !before.includes(id));
+    if (report.long.polls.length >= 3 && running.length > 0) break;
+    await sleep(1000);
+  }
+  report.long.running_sandboxes = running;
+  report.long.listed = (await client.experimental.tasks.listTasks()).tasks.some((t) => t.taskId === long.taskId);
+  const cancelAt = Date.now();
+  await client.experimental.tasks.cancelTask(long.taskId);
+  report.long.after_cancel = (await client.experimental.tasks.getTask(long.taskId)).status;
+  let left = running;
+  while (left.length > 0 && Date.now() - cancelAt < 60_000) {
+    await sleep(250);
+    const live = await liveSandboxes(client);
+    left = running.filter((id) => live.includes(id));
+  }
+  report.long.sandboxes_left = left;
+  report.long.gone_ms = Date.now() - cancelAt;
+  report.long.elapsed_ms = Date.now() - Date.parse(long.createdAt);
+
+  // A client that sends no task parameter gets today's answer.
+  const plain = await client.callTool({ name: "run_code", arguments: { language: "python", code: "print(6*7)" } }, undefined, timeout);
+  report.plain = { keys: Object.keys(plain).sort(), stdout: plain.structuredContent?.stdout, text: plain.content?.map((c) => c.text).join("\n") };
+
+  // Over HTTP: a task outlives its client's connection. The client goes
+  // away while the program runs; a new connection on the same session
+  // finds the task and its result.
+  if (spec.type === "http") {
+    const t = await startTask(client, "run_code", { language: "python", code: "import time\ntime.sleep(4)\nprint(6*7)\n" });
+    const sessionId = client.transport.sessionId;
+    const protocol = client.transport.protocolVersion;
+    // The disconnect is the point: its aborted GET stream is not an error.
+    client.onerror = () => {};
+    await client.close();
+    await sleep(1000);
+    const headers = spec.token ? { Authorization: `Bearer ${spec.token}` } : {};
+    const tr = new StreamableHTTPClientTransport(new URL(spec.url), { requestInit: { headers }, sessionId });
+    client = new Client({ name: "mcp-sandboxd-blackbox", version: "1.0.0" });
+    client.onerror = (e) => errors.push(String(e));
+    await client.connect(tr);
+    if (protocol) tr.setProtocolVersion(protocol);
+    const polls = [];
+    let st;
+    for (const t0 = Date.now(); Date.now() - t0 < 120_000;) {
+      st = await client.experimental.tasks.getTask(t.taskId);
+      polls.push(st.status);
+      if (st.status !== "working") break;
+      await sleep(500);
+    }
+    const res = await client.experimental.tasks.getTaskResult(t.taskId, CallToolResultSchema);
+    report.reconnect = { polls, status: st.status, stdout: res.structuredContent?.stdout, same_session: tr.sessionId === sessionId };
+  }
+  await client.close();
+  report.errors = errors;
+  return report;
+}
+
+const modes = { scenario, concurrent, bench, progress, autofix, agent, vm, vmqga, tasks };
 try {
   const report = await modes[mode]();
   process.stdout.write(JSON.stringify(report) + "\n");
