@@ -25,5 +25,5 @@ func listenSSH(cfg *config.Config, eng *engine.Engine, log *slog.Logger) (net.Li
 	if err != nil {
 		return nil, nil, fmt.Errorf("ssh.listen: %w", err)
 	}
-	return l, sshd.New(sshd.FromEngine(eng), sshd.Options{HostKey: key, Keepalive: cfg.SSH.Keepalive.D(), Log: log.With("api", "ssh")}), nil
+	return l, sshd.New(sshd.FromEngine(eng), sshd.Options{HostKey: key, Keepalive: cfg.SSH.Keepalive.D(), Log: log.With("api", "ssh"), Audit: eng.Audit()}), nil
 }

@@ -34,6 +34,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
@@ -51,6 +52,9 @@ type Options struct {
 	// over the bound is closed at once.
 	MaxHandshakes int
 	Log           *slog.Logger
+	// Audit, if not nil, records every login and every refused one
+	// (pkg/audit), as the other front ends record their authentications.
+	Audit *audit.Log
 }
 
 // maxSessions bounds the sessions of one connection, as OpenSSH's
@@ -190,6 +194,8 @@ func parseUser(user string) (id string, root bool, err error) {
 func (s *Server) refuse(meta ssh.ConnMetadata, method, reason, msg string) error {
 	s.opts.Log.Warn("ssh login refused", "user", meta.User(), "source", meta.RemoteAddr().String(),
 		"method", method, "reason", reason)
+	s.audit(audit.Record{Source: meta.RemoteAddr().String(), Action: "ssh login (" + method + ")", Target: meta.User(),
+		Outcome: audit.Failure, Code: string(errdefs.Unauthenticated)})
 	err := errors.New(reason)
 	if msg == "" {
 		return err
@@ -207,7 +213,22 @@ func (s *Server) admit(meta ssh.ConnMetadata, method string, l login) (*ssh.Perm
 	}
 	s.opts.Log.Info("ssh login", "user", meta.User(), "source", meta.RemoteAddr().String(), "method", method,
 		"key_id", l.who.KeyID, "key_name", l.who.KeyName, "tenant", l.who.Tenant)
+	s.audit(audit.Record{KeyID: l.who.KeyID, KeyName: l.who.KeyName, Tenant: l.who.Tenant, Admin: l.who.Admin,
+		Source: meta.RemoteAddr().String(), Action: "ssh login (" + method + ")", Target: l.sandboxID, Outcome: audit.Success})
 	return l.permissions(), nil
+}
+
+// audit appends rec, from this front end, to the audit log. The login's
+// answer waits for it, as a REST answer waits for its record; a log that
+// cannot be written refuses nothing here but is counted (Log.Failures).
+func (s *Server) audit(rec audit.Record) {
+	if s.opts.Audit == nil {
+		return
+	}
+	rec.FrontEnd = "ssh"
+	if err := s.opts.Audit.Append(rec); err != nil {
+		s.opts.Log.Error("ssh: audit record not written", "err", err)
+	}
 }
 
 // context is a request context carrying the login's principal and origin.

@@ -525,6 +525,27 @@ func TestSSH(t *testing.T) {
 				t.Errorf("daemon log has no refusal with %s", want)
 			}
 		}
+		// ... and a record in the audit log, as the logins did.
+		files, _ := filepath.Glob(filepath.Join(e.d.Config.Paths.StateDir, "audit", "audit-*.jsonl"))
+		var records string
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			records += string(b)
+		}
+		for _, want := range []string{
+			`"front_end":"ssh","source":`, `"action":"ssh login (password)"`, `"outcome":"failure","code":"unauthenticated"`,
+			`"action":"ssh login (publickey)","target":"` + id + `","outcome":"success"`,
+		} {
+			if !strings.Contains(records, want) {
+				t.Errorf("the audit log (%d files) has no ssh record with %s", len(files), want)
+			}
+		}
+		if out, errOut, code := e.d.Ctl("audit", "verify"); code != 0 {
+			t.Errorf("audit verify after the ssh logins: exit %d %s %s", code, out, errOut)
+		}
 		// Agent and X11 forwarding: refused, and the session says so.
 		c, err := e.goClient(id)
 		if err != nil {
