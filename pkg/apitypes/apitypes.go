@@ -59,9 +59,9 @@ type Limits struct {
 type CreateSandboxRequest struct {
 	// Backend is what runs the sandbox: "container" (the default) or "vm"
 	// (a QEMU guest: its own kernel; OS picks the guest).
-	Backend string `json:"backend,omitempty" jsonschema_description:"What runs the sandbox: container (default) or vm (a QEMU virtual machine with its own kernel: slower to start, for code that needs a real kernel or is too dangerous for a container; no network)." jsonschema:"enum=container,enum=vm"`
+	Backend string `json:"backend,omitempty" jsonschema_description:"container (default) or vm: a QEMU VM with its own kernel, slower to start, no network." jsonschema:"enum=container,enum=vm"`
 	// OS is a VM's guest OS: linux (default) or windows.
-	OS       string   `json:"os,omitempty" jsonschema_description:"With backend vm: the guest OS, linux (default) or windows (boots the administrator's disk vm.images.windows, reached through the QEMU guest agent only)." jsonschema:"enum=linux,enum=windows"`
+	OS       string   `json:"os,omitempty" jsonschema_description:"With backend vm: linux (default) or windows (the administrator's disk, via qemu-ga only)." jsonschema:"enum=linux,enum=windows"`
 	Language string   `json:"language,omitempty" jsonschema_description:"Language of the sandbox (see languages_list), e.g. python, c, node. Picks the image of the same name (with backend vm: the language's guest image)."`
 	Image    string   `json:"image,omitempty" jsonschema_description:"Image to use instead of the language's own (rarely needed). With backend vm: linux (the Linux test guest, the default) or a language made into a guest."`
 	MemoryMB *int64   `json:"memory_mb,omitempty" jsonschema_description:"Memory limit in MiB (no swap). Default from the server configuration."`
@@ -75,7 +75,7 @@ type CreateSandboxRequest struct {
 	// ext4 image; does not count against memory) or "memory" (a tmpfs:
 	// fastest, but every byte written counts against the memory limit).
 	// Empty: the configured default.
-	DiskBacking string   `json:"disk_backing,omitempty" jsonschema_description:"Where written files live: disk (default; an ext4 image that does not count against memory) or memory (a tmpfs: fastest for short runs, but every byte written counts against the memory limit)." jsonschema:"enum=disk,enum=memory"`
+	DiskBacking string   `json:"disk_backing,omitempty" jsonschema_description:"disk (default; an ext4 image) or memory (a tmpfs: faster, but counts against the memory limit)." jsonschema:"enum=disk,enum=memory"`
 	Network     string   `json:"network,omitempty" jsonschema_description:"Network mode: none (default; no network at all), egress or allowlist." jsonschema:"enum=none,enum=egress,enum=allowlist"` // none | egress | allowlist
 	Allow       []string `json:"allow,omitempty" jsonschema_description:"With network allowlist: host names, *.domain wildcards, IPv4 CIDRs and @preset names (server configuration) that are reachable; other names do not resolve."`
 	// NetworkBandwidth and NetworkConnRate limit a sandbox with network.
@@ -84,22 +84,22 @@ type CreateSandboxRequest struct {
 	Env              map[string]string `json:"env,omitempty" jsonschema_description:"Environment variables of every command in the sandbox."`
 	// Credentials are granted through the credential proxy on the
 	// gateway; the sandbox never holds their secrets.
-	Credentials []string          `json:"credentials,omitempty" jsonschema_description:"With network egress or allowlist: names of upstream API credentials (server configuration network.credentials) the sandbox may use through the daemon's credential proxy; the sandbox gets the proxy's URL and a dummy key in its environment (e.g. ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY), never the secret."`
+	Credentials []string          `json:"credentials,omitempty" jsonschema_description:"With network egress or allowlist: upstream API credentials (network.credentials) to use through the daemon's proxy; the sandbox never sees the secret."`
 	TTLSeconds  *int64            `json:"ttl_seconds,omitempty" jsonschema_description:"Terminate the sandbox after this many seconds whatever it is doing."`
 	Labels      map[string]string `json:"labels,omitempty" jsonschema_description:"Free-form labels to find the sandbox by."`
 	// SeccompProfile names a profile of the daemon's seccomp_dir ("default",
 	// "strict"); empty takes the configured sandbox.seccomp_profile.
-	SeccompProfile string `json:"seccomp_profile,omitempty" jsonschema_description:"Seccomp profile: default (Docker's) or strict (also no ptrace, personality, io_uring, userfaultfd, perf, bpf, namespaces, keyring). Default from the server configuration."`
+	SeccompProfile string `json:"seccomp_profile,omitempty" jsonschema_description:"default (Docker's) or strict (also no ptrace, io_uring, bpf, namespaces, ...)."`
 	// RequestID makes the create idempotent: a create with the request id
 	// of an earlier one returns that sandbox (whatever its state now)
 	// instead of starting another, so a client may retry after a timeout.
 	RequestID string `json:"request_id,omitempty" jsonschema_description:"Client request id: a create with the id of an earlier one returns that sandbox instead of starting another (safe retries)."`
 	// FromSnapshot starts the sandbox from a workspace snapshot (a fork):
 	// its files, on its own disk, in the snapshot's language.
-	FromSnapshot string `json:"from_snapshot,omitempty" jsonschema_description:"Snapshot id (sandbox_snapshot): start the sandbox with that snapshot's /workspace, /tmp and root file system changes, on its own disk (a fork). Its language is the snapshot's."`
+	FromSnapshot string `json:"from_snapshot,omitempty" jsonschema_description:"Snapshot id: start with that snapshot's files on a disk of its own (a fork)."`
 	// Root runs commands and file operations as uid 0 inside the sandbox's
 	// own user namespace (an unprivileged uid on the host).
-	Root bool `json:"root,omitempty" jsonschema_description:"Run commands as root (uid 0) inside the sandbox, e.g. for apt-get install; the host sees an unprivileged uid of the sandbox's own range. Default: the unprivileged sandbox user."`
+	Root bool `json:"root,omitempty" jsonschema_description:"Run commands as root inside the sandbox (e.g. apt-get); an unprivileged uid on the host."`
 	// RootAsUser (with Root; the E2B front end) keeps the root-mode
 	// sandbox's writable root and capabilities but runs commands and file
 	// operations as the sandbox user unless a command asks for uid 0.
@@ -111,9 +111,9 @@ type CreateSandboxRequest struct {
 	// Template names a template (template_create): its image, limits,
 	// network and environment are the defaults, and the sandbox comes back
 	// with the template's start command already ready.
-	Template string `json:"template,omitempty" jsonschema_description:"Template (template_list) to start from: its image and defaults; the sandbox is returned with the template's start command already ready (from the template's warm pool when it has one)."`
+	Template string `json:"template,omitempty" jsonschema_description:"Template (template_list) to start from; its start command is ready on return."`
 	// Volumes are named volumes mounted into the sandbox.
-	Volumes []VolumeMount `json:"volumes,omitempty" jsonschema_description:"Named volumes (volume_create) to mount: their files outlive the sandbox and are shared with every other sandbox that mounts them (writes are seen at once). Not with backend vm."`
+	Volumes []VolumeMount `json:"volumes,omitempty" jsonschema_description:"Named volumes (volume_create) to mount; their files outlive the sandbox and are shared."`
 }
 
 // Sandbox describes a sandbox, live or not.

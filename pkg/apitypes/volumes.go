@@ -5,8 +5,8 @@ import "time"
 // VolumeMount mounts a named volume into a sandbox (sandbox_create
 // volumes; shown in the sandbox's description).
 type VolumeMount struct {
-	Name     string `json:"name" jsonschema_description:"Name of a volume (volume_create)."`
-	Path     string `json:"path" jsonschema_description:"Absolute path inside the sandbox where the volume appears, e.g. /data or /workspace/cache; not /, not a system directory (/proc, /sys, /dev, /etc, /usr, ...) and not /workspace or /tmp themselves."`
+	Name     string `json:"name" jsonschema_description:"Volume name."`
+	Path     string `json:"path" jsonschema_description:"Absolute mount path, e.g. /data; not a system directory."`
 	ReadOnly bool   `json:"read_only,omitempty" jsonschema_description:"Mount it read-only."`
 }
 
