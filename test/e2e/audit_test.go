@@ -250,8 +250,8 @@ func TestAuditLog(t *testing.T) {
 	// Tampering with the live log: the daemon's verify names the record,
 	// and its checkpoints catch a tail cut off.
 	live := filepath.Join(auditDir(d), "audit-00000000000000000001.jsonl")
-	edited := bytes.Replace(orig, []byte(`"key_name":"admin-token"`), []byte(`"key_name":"admin-tokem"`), 1)
-	first := bytes.Count(orig[:bytes.Index(orig, []byte(`"key_name":"admin-token"`))], []byte("\n")) + 1
+	edited := bytes.Replace(orig, []byte(`"key_name":"auth-token-file"`), []byte(`"key_name":"auth-token-filf"`), 1)
+	first := bytes.Count(orig[:bytes.Index(orig, []byte(`"key_name":"auth-token-file"`))], []byte("\n")) + 1
 	if err := os.WriteFile(live, edited, 0o600); err != nil {
 		t.Fatal(err)
 	}
