@@ -30,10 +30,10 @@ var keptEnv = []string{"TERM", "COLORTERM", "DISPLAY", "LANG", "LANGUAGE", "LC_A
 
 // sudoOptions is the parsed command line.
 type sudoOptions struct {
-	user, group       string
-	preserveEnv       bool
-	login, shell, run bool
-	argv              []string
+	user, group  string
+	preserveEnv  bool
+	login, shell bool
+	argv         []string
 }
 
 // sudoMain runs sudo's command line and returns its exit status.
