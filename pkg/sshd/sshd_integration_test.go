@@ -585,6 +585,79 @@ func TestSSH(t *testing.T) {
 		}
 	})
 
+	t.Run("another tenant's key", func(t *testing.T) {
+		// bob, a user key of his own tenant, registers an SSH key with it.
+		var bob apitypes.KeySecret
+		if err := json.Unmarshal([]byte(e.d.MustCtl("keys", "create", "bob", "--json")), &bob); err != nil || bob.Secret == "" {
+			t.Fatalf("keys create bob: %v %+v", err, bob)
+		}
+		_, priv, err := ed25519.GenerateKey(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bobSigner, err := ssh.NewSignerFromKey(priv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rest := func(method, path string, body any, out any) {
+			t.Helper()
+			b, _ := json.Marshal(body)
+			req, _ := http.NewRequest(method, "http://"+e.d.HTTPAddr+path, bytes.NewReader(b))
+			req.Header.Set("Authorization", "Bearer "+bob.Secret)
+			req.Header.Set("Content-Type", "application/json")
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			data, _ := io.ReadAll(res.Body)
+			if res.StatusCode/100 != 2 {
+				t.Fatalf("%s %s as bob: %d %s", method, path, res.StatusCode, data)
+			}
+			if out != nil {
+				if err := json.Unmarshal(data, out); err != nil {
+					t.Fatalf("%s %s: %v: %s", method, path, err, data)
+				}
+			}
+		}
+		rest(http.MethodPost, "/v1/ssh/keys", apitypes.SSHKeyAddRequest{Name: "bob-laptop", PublicKey: string(ssh.MarshalAuthorizedKey(bobSigner.PublicKey()))}, nil)
+		var own apitypes.Sandbox
+		rest(http.MethodPost, "/v1/sandboxes", apitypes.CreateSandboxRequest{Language: "shell"}, &own)
+
+		// His key opens his own sandbox ...
+		c, err := e.goClient(own.ID, ssh.PublicKeys(bobSigner))
+		if err != nil {
+			t.Fatalf("bob into his own sandbox: %v", err)
+		}
+		sess, err := c.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := sess.Output("echo mine"); err != nil || string(out) != "mine\n" {
+			t.Errorf("bob's command in his sandbox: %q %v", out, err)
+		}
+		c.Close()
+		// ... and not the administrator's, which is not found for him,
+		// exactly as a sandbox that does not exist.
+		other := e.create()
+		if c, err := e.goClient(other, ssh.PublicKeys(bobSigner)); err == nil {
+			c.Close()
+			t.Fatalf("bob's key opened %s, a sandbox of another tenant", other)
+		}
+		log, err := os.ReadFile(e.d.LogPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused := false
+		for _, l := range strings.Split(string(log), "\n") {
+			refused = refused || strings.Contains(l, `msg="ssh login refused"`) && strings.Contains(l, "user="+other+" ") &&
+				strings.Contains(l, "reason=\"sandbox: sandbox_id: no sandbox")
+		}
+		if !refused {
+			t.Errorf("the daemon log has no refusal of bob's login to %s as a sandbox that does not exist", other)
+		}
+	})
+
 	t.Run("ssh-proxy through the API", func(t *testing.T) {
 		// What ssh-config --proxy writes: ssh reaches the endpoint
 		// through sandboxctl ssh-proxy and the daemon's API socket.
