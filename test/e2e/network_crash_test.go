@@ -209,13 +209,22 @@ func TestKillDaemonWhileCreatingNetworkSandboxes(t *testing.T) {
 
 	d.Start()
 	// Every sandbox whose create answered was adopted; the ones killed
-	// half-made were reconciled as failed.
+	// half-made were reconciled as failed. A create in flight may also
+	// have finished in the store just before the kill, its answer lost
+	// with the daemon: it is adopted too, so at most the in-flight
+	// creates add to the answered ones, and nothing answered is lost.
 	live := d.LiveIDs()
 	slices.Sort(live)
 	slices.Sort(ids)
-	if !slices.Equal(live, ids) {
-		t.Errorf("live after restart: %v, want the created %v", live, ids)
+	for _, id := range ids {
+		if !slices.Contains(live, id) {
+			t.Errorf("sandbox %s, whose create answered, is not live after the restart (live: %v)", id, live)
+		}
 	}
+	if extra := len(live) - len(ids); extra < 0 || extra > int(inflightAtCrash) {
+		t.Errorf("live after restart: %v; the created %v and at most %d finished in flight", live, ids, inflightAtCrash)
+	}
+	adopted := len(live)
 	var all []struct {
 		ID    string `json:"sandbox_id"`
 		State string `json:"state"`
@@ -243,8 +252,8 @@ func TestKillDaemonWhileCreatingNetworkSandboxes(t *testing.T) {
 		d.MustCtl(args...)
 	}
 	live = d.LiveIDs()
-	if len(live) != len(ids)+total-len(all) {
-		t.Errorf("%d live sandboxes, want %d", len(live), len(ids)+total-len(all))
+	if len(live) != adopted+total-len(all) {
+		t.Errorf("%d live sandboxes, want %d", len(live), adopted+total-len(all))
 	}
 	for _, id := range live {
 		d.MustCtl("rm", "-f", id)
