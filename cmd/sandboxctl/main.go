@@ -122,6 +122,25 @@ func (g *globals) client() (*client.Client, error) {
 }
 
 // printJSON writes v indented, for --json.
+// eachName runs op on every name a command was given (rm of volumes,
+// templates, snapshots): each name done is printed, each failure reported
+// with its name, and the first failure is the command's error, so one bad
+// name does not stop the others.
+func (g *globals) eachName(names []string, op func(name string) error) error {
+	var first error
+	for _, name := range names {
+		if err := op(name); err != nil {
+			fmt.Fprintf(g.stderr, "%s: %v\n", name, err)
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		fmt.Fprintln(g.stdout, name)
+	}
+	return first
+}
+
 func (g *globals) printJSON(v any) error {
 	enc := json.NewEncoder(g.stdout)
 	enc.SetIndent("", "  ")

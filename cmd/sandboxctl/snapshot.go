@@ -94,18 +94,7 @@ func snapshotsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var first error
-			for _, id := range args {
-				if err := c.DeleteSnapshot(cmd.Context(), id); err != nil {
-					fmt.Fprintf(g.stderr, "%s: %v\n", id, err)
-					if first == nil {
-						first = err
-					}
-					continue
-				}
-				fmt.Fprintln(g.stdout, id)
-			}
-			return first
+			return g.eachName(args, func(name string) error { return c.DeleteSnapshot(cmd.Context(), name) })
 		},
 	})
 	return cmd

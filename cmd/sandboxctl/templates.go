@@ -146,18 +146,7 @@ func templatesCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var first error
-			for _, name := range args {
-				if err := c.DeleteTemplate(cmd.Context(), name); err != nil {
-					fmt.Fprintf(g.stderr, "%s: %v\n", name, err)
-					if first == nil {
-						first = err
-					}
-					continue
-				}
-				fmt.Fprintln(g.stdout, name)
-			}
-			return first
+			return g.eachName(args, func(name string) error { return c.DeleteTemplate(cmd.Context(), name) })
 		},
 	}
 	cmd.AddCommand(create, ls, inspect, rm)
