@@ -120,14 +120,19 @@ func readSudoRequest(c *net.UnixConn) (req agent.SudoRequest, fds [3]int, rest [
 	got := false
 	for {
 		n, oobn, _, _, rerr := c.ReadMsgUnix(buf, oob)
-		if oobn > 0 && !got {
+		if oobn > 0 {
 			received, perr := parseRights(oob[:oobn])
 			if perr != nil {
+				closeFDs(fds[:])
 				return req, fds, nil, perr
 			}
-			if len(received) != 3 {
+			if got || len(received) != 3 {
+				// A second set, or a wrong count: a client of the
+				// sandbox must not make PID 1 hold descriptors it
+				// will never use.
+				closeFDs(fds[:])
 				closeFDs(received)
-				return req, fds, nil, fmt.Errorf("sudo request: %d descriptors sent, want 3 (stdin, stdout, stderr)", len(received))
+				return req, fds, nil, fmt.Errorf("sudo request: %d descriptors sent (again: %v), want 3 once (stdin, stdout, stderr)", len(received), got)
 			}
 			copy(fds[:], received)
 			got = true
