@@ -307,6 +307,27 @@ func BuildSpec(s *Spec) *specs.Spec {
 			{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
 		},
 	}
+	spec.Mounts = specMounts(spec.Mounts, s)
+	// runc's current default masks (Example's list predates some of them).
+	spec.Linux.MaskedPaths = append(spec.Linux.MaskedPaths,
+		"/proc/interrupts", "/proc/sched_debug", "/sys/devices/virtual/powercap", "/proc/kallsyms")
+	spec.Linux.CgroupsPath = s.CgroupPath
+	spec.Linux.Namespaces = specNamespaces(spec.Linux.Namespaces, s)
+	if len(s.NetSysctls) > 0 {
+		spec.Linux.Sysctl = maps.Clone(s.NetSysctls)
+	}
+	spec.Linux.Resources.Memory, spec.Linux.Resources.CPU, spec.Linux.Resources.Pids = resources(s.Limits)
+	spec.Linux.Resources.BlockIO = blockIO(s.Limits)
+	spec.Linux.Seccomp = s.Seccomp
+	if len(s.Labels) > 0 {
+		spec.Annotations = s.Labels
+	}
+	return spec
+}
+
+// specMounts adds the sandbox's binds to the example's mounts and, in a
+// network namespace of its own, replaces /sys with that namespace's.
+func specMounts(mounts []specs.Mount, s *Spec) []specs.Mount {
 	for _, b := range s.Binds {
 		opts := []string{"rbind", "nosuid", "nodev"}
 		if b.ReadOnly {
@@ -317,64 +338,62 @@ func BuildSpec(s *Spec) *specs.Spec {
 		if b.NoExec {
 			opts = append(opts, "noexec")
 		}
-		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: b.Destination, Type: "bind", Source: b.Source, Options: opts})
+		mounts = append(mounts, specs.Mount{Destination: b.Destination, Type: "bind", Source: b.Source, Options: opts})
 	}
-	// runc's current default masks (Example's list predates some of them).
-	spec.Linux.MaskedPaths = append(spec.Linux.MaskedPaths,
-		"/proc/interrupts", "/proc/sched_debug", "/sys/devices/virtual/powercap", "/proc/kallsyms")
 	if s.SysfsPath != "" {
-		for i, m := range spec.Mounts {
+		for i, m := range mounts {
 			if m.Destination == "/sys" {
-				spec.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: s.SysfsPath,
+				mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: s.SysfsPath,
 					Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}}
 			}
 		}
 	}
-	spec.Linux.CgroupsPath = s.CgroupPath
-	if s.NetNSPath != "" {
-		for i, ns := range spec.Linux.Namespaces {
-			if ns.Type == specs.NetworkNamespace {
-				spec.Linux.Namespaces[i].Path = s.NetNSPath
-			}
-		}
-	}
-	if len(s.NetSysctls) > 0 {
-		spec.Linux.Sysctl = maps.Clone(s.NetSysctls)
-	}
+	return mounts
+}
+
+// specNamespaces joins the network and user namespaces made for the
+// sandbox (when it has them) and makes sure of a cgroup namespace.
+func specNamespaces(nss []specs.LinuxNamespace, s *Spec) []specs.LinuxNamespace {
 	hasCgroupNS := false
-	for _, ns := range spec.Linux.Namespaces {
+	for i, ns := range nss {
+		if ns.Type == specs.NetworkNamespace && s.NetNSPath != "" {
+			nss[i].Path = s.NetNSPath
+		}
 		hasCgroupNS = hasCgroupNS || ns.Type == specs.CgroupNamespace
 	}
 	if !hasCgroupNS {
 		// specconv.Example adds it only on unified hosts; on v1/hybrid we want
 		// the sandbox to see its own cgroup as "/" too.
-		spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.CgroupNamespace})
-	}
-	spec.Linux.Resources.Memory, spec.Linux.Resources.CPU, spec.Linux.Resources.Pids = resources(s.Limits)
-	if s.Limits.IODevice != "" && (s.Limits.IOReadBPS > 0 || s.Limits.IOWriteBPS > 0) {
-		var maj, min int64
-		if _, err := fmt.Sscanf(s.Limits.IODevice, "%d:%d", &maj, &min); err == nil {
-			bio := &specs.LinuxBlockIO{}
-			if s.Limits.IOReadBPS > 0 {
-				bio.ThrottleReadBpsDevice = []specs.LinuxThrottleDevice{{LinuxBlockIODevice: specs.LinuxBlockIODevice{Major: maj, Minor: min}, Rate: s.Limits.IOReadBPS}}
-			}
-			if s.Limits.IOWriteBPS > 0 {
-				bio.ThrottleWriteBpsDevice = []specs.LinuxThrottleDevice{{LinuxBlockIODevice: specs.LinuxBlockIODevice{Major: maj, Minor: min}, Rate: s.Limits.IOWriteBPS}}
-			}
-			spec.Linux.Resources.BlockIO = bio
-		}
+		nss = append(nss, specs.LinuxNamespace{Type: specs.CgroupNamespace})
 	}
 	if s.UsernsPath != "" {
 		// Everything in the sandbox, init included, runs as ids of its
 		// range; the capabilities below are the user namespace's only.
 		// runc reads the mapping from the namespace itself.
-		spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: s.UsernsPath})
+		nss = append(nss, specs.LinuxNamespace{Type: specs.UserNamespace, Path: s.UsernsPath})
 	}
-	spec.Linux.Seccomp = s.Seccomp
-	if len(s.Labels) > 0 {
-		spec.Annotations = s.Labels
+	return nss
+}
+
+// blockIO is the sandbox's disk throttle on the device given as
+// "major:minor"; nil without one.
+func blockIO(l Limits) *specs.LinuxBlockIO {
+	if l.IODevice == "" || (l.IOReadBPS <= 0 && l.IOWriteBPS <= 0) {
+		return nil
 	}
-	return spec
+	var maj, min int64
+	if _, err := fmt.Sscanf(l.IODevice, "%d:%d", &maj, &min); err != nil {
+		return nil
+	}
+	dev := specs.LinuxBlockIODevice{Major: maj, Minor: min}
+	bio := &specs.LinuxBlockIO{}
+	if l.IOReadBPS > 0 {
+		bio.ThrottleReadBpsDevice = []specs.LinuxThrottleDevice{{LinuxBlockIODevice: dev, Rate: l.IOReadBPS}}
+	}
+	if l.IOWriteBPS > 0 {
+		bio.ThrottleWriteBpsDevice = []specs.LinuxThrottleDevice{{LinuxBlockIODevice: dev, Rate: l.IOWriteBPS}}
+	}
+	return bio
 }
 
 func resources(l Limits) (*specs.LinuxMemory, *specs.LinuxCPU, *specs.LinuxPids) {
@@ -463,6 +482,32 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 			}
 		}
 	}()
+	proc := initProcess(s, spec, logf)
+	reg = rtrace.StartRegion(context.Background(), "runtime.run")
+	err = ct.Run(proc)
+	reg.End()
+	if err != nil {
+		return nil, fmt.Errorf("start sandbox init: %w", err)
+	}
+	st, err := ct.State()
+	if err != nil {
+		_, _ = proc.Wait()
+		return nil, fmt.Errorf("read container state: %w", err)
+	}
+	inst := &Instance{
+		ID: s.ID, Pid: st.InitProcessPid, StartTime: st.InitProcessStartTime, Cgroups: st.CgroupPaths,
+		ct: ct, process: proc, done: make(chan struct{}),
+	}
+	go inst.awaitExit()
+	r.mu.Lock()
+	r.instances[s.ID] = inst
+	r.mu.Unlock()
+	return inst, nil
+}
+
+// initProcess is the sandbox's init, our agent, as libcontainer runs it:
+// root of the sandbox, with the spec's capabilities, its output in logf.
+func initProcess(s *Spec, spec *specs.Spec, logf *os.File) *libcontainer.Process {
 	nnp := true
 	proc := &libcontainer.Process{
 		Args:            s.InitArgs,
@@ -491,46 +536,30 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 		// lowers its own limits instead (the agent's --nofile).
 		proc.Rlimits = nil
 	}
-	reg = rtrace.StartRegion(context.Background(), "runtime.run")
-	err = ct.Run(proc)
-	reg.End()
-	if err != nil {
-		return nil, fmt.Errorf("start sandbox init: %w", err)
-	}
-	st, err := ct.State()
-	if err != nil {
-		_, _ = proc.Wait()
-		return nil, fmt.Errorf("read container state: %w", err)
-	}
-	inst := &Instance{
-		ID: s.ID, Pid: st.InitProcessPid, StartTime: st.InitProcessStartTime, Cgroups: st.CgroupPaths,
-		ct: ct, process: proc, done: make(chan struct{}),
-	}
+	return proc
+}
+
+// awaitExit records init's exit and closes done.
+func (i *Instance) awaitExit() {
 	// Init's exit is awaited through a pidfd in Go's poller, and only
 	// then reaped: a goroutine blocked in wait(2) would hold an OS thread
 	// for each live sandbox. Init is our child and unreaped until Wait, so
 	// its pid cannot be recycled meanwhile.
-	pidfd, pidfdErr := unix.PidfdOpen(inst.Pid, unix.PIDFD_NONBLOCK)
-	go func() {
-		if pidfdErr == nil {
-			waitExited(pidfd)
-		}
-		// We are init's parent (libcontainer uses CLONE_PARENT), so we must reap it.
-		ps, err := proc.Wait()
-		inst.exitMu.Lock()
-		switch {
-		case ps != nil:
-			inst.exit = ps.String()
-		case err != nil:
-			inst.exit = err.Error()
-		}
-		inst.exitMu.Unlock()
-		close(inst.done)
-	}()
-	r.mu.Lock()
-	r.instances[s.ID] = inst
-	r.mu.Unlock()
-	return inst, nil
+	pidfd, pidfdErr := unix.PidfdOpen(i.Pid, unix.PIDFD_NONBLOCK)
+	if pidfdErr == nil {
+		waitExited(pidfd)
+	}
+	// We are init's parent (libcontainer uses CLONE_PARENT), so we must reap it.
+	ps, err := i.process.Wait()
+	i.exitMu.Lock()
+	switch {
+	case ps != nil:
+		i.exit = ps.String()
+	case err != nil:
+		i.exit = err.Error()
+	}
+	i.exitMu.Unlock()
+	close(i.done)
 }
 
 // Adopt re-attaches to a sandbox started by an earlier daemon process. It

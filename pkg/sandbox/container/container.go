@@ -33,6 +33,7 @@ import (
 	"os"
 	"path/filepath"
 	rtrace "runtime/trace"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -222,21 +223,61 @@ func (b *Backend) dir(id string) string { return filepath.Join(b.opt.RunDir, "sa
 
 func (b *Backend) cgroupPath(id string) string { return filepath.Join(b.opt.CgroupParent, id) }
 
-// Start implements sandbox.Backend: state dir, overlay layers, cgroup and
-// container, in that order.
+// sandboxIdentity is what Start made of a sandbox's identity on the host:
+// its state directory and, with user namespaces, its id map and pinned
+// namespace.
+type sandboxIdentity struct {
+	dir, agentDir string
+	idmap         *userns.IDMap // nil without user namespaces
+	ns            *os.File      // the pinned user namespace; nil without
+	usernsPath    string
+}
+
+// host maps an id inside the sandbox to the host's.
+func (si *sandboxIdentity) host(id int) int {
+	if si.idmap == nil {
+		return id
+	}
+	return si.idmap.Host(id)
+}
+
+// close releases the descriptor of the namespace: its pin in dir keeps it.
+func (si *sandboxIdentity) close() {
+	if si.ns != nil {
+		si.ns.Close()
+	}
+}
+
+// Start implements sandbox.Backend: identity (id range, state dir, user
+// namespace), file system (disk, layers, seed), then the container, in
+// that order; each step's resources are in the ledger before they exist.
 func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledger.Recorder) (sandbox.Handle, error) {
-	var err error
-	// host maps an id inside the sandbox to the host's.
-	var idmap *userns.IDMap
-	host := func(id int) int { return id }
+	si, err := b.startIdentity(ctx, req.ID, rec)
+	if err != nil {
+		return nil, err
+	}
+	defer si.close()
+	crashpoint.Hit(CrashAfterDir)
+	layers, err := b.startFilesystem(ctx, req, si, rec)
+	if err != nil {
+		return nil, err
+	}
+	return b.startContainer(ctx, req, si, layers, rec)
+}
+
+// startIdentity acquires the sandbox's user namespace id range (when user
+// namespaces are on) and makes its state directory, owned so that only
+// the sandbox and root on the host reach into it.
+func (b *Backend) startIdentity(ctx context.Context, id string, rec ledger.Recorder) (*sandboxIdentity, error) {
+	si := &sandboxIdentity{dir: b.dir(id)}
 	if p := b.opt.Userns; p != nil {
 		// Recorded first, released last: the range is free again only once
 		// every process and file of the sandbox is gone.
-		if err := rec.Record(ctx, ledger.Resource{Kind: KindUserns, Key: req.ID}); err != nil {
+		if err := rec.Record(ctx, ledger.Resource{Kind: KindUserns, Key: id}); err != nil {
 			return nil, err
 		}
 		reg := rtrace.StartRegion(ctx, "container.idrange")
-		slot, err := p.Ranges.AcquireIDRange(ctx, req.ID, p.Count)
+		slot, err := p.Ranges.AcquireIDRange(ctx, id, p.Count)
 		reg.End()
 		if err != nil {
 			if errors.Is(err, store.ErrNoIDRange) {
@@ -244,107 +285,114 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 			}
 			return nil, err
 		}
-		idmap = p.idMap(slot)
-		host = idmap.Host
+		si.idmap = p.idMap(slot)
 	}
-	dir := b.dir(req.ID)
-	if err := rec.Record(ctx, ledger.Resource{Kind: KindDir, Key: dir}); err != nil {
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindDir, Key: si.dir}); err != nil {
 		return nil, err
 	}
-	agentDir := filepath.Join(dir, "agent")
-	if err := os.MkdirAll(agentDir, 0o700); err != nil {
+	si.agentDir = filepath.Join(si.dir, "agent")
+	if err := os.MkdirAll(si.agentDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create agent dir: %w", err)
 	}
-	var ns *os.File
-	usernsPath := ""
-	if idmap != nil {
-		// The sandbox's init walks through dir to its root and binds: its
-		// group (the range's first gid) may, no other host user may (the
-		// paths are in /proc/mounts for everyone to see).
-		if err := os.Chown(dir, 0, host(0)); err != nil {
-			return nil, fmt.Errorf("create sandbox dir: %w", err)
-		}
-		if err := os.Chmod(dir, 0o710); err != nil {
-			return nil, fmt.Errorf("create sandbox dir: %w", err)
-		}
-		// The agent (the sandbox's root) creates its socket here; only
-		// root on the host and that sandbox can reach it.
-		if err := os.Chown(agentDir, host(0), host(0)); err != nil {
-			return nil, fmt.Errorf("create agent dir: %w", err)
-		}
-		// The namespace is pinned in dir (released with it), where the
-		// runtime joins it; the layers idmap the image with it.
-		reg := rtrace.StartRegion(ctx, "container.userns")
-		ns, err = userns.NamespaceFD(*idmap)
-		reg.End()
-		if err != nil {
-			return nil, err
-		}
-		defer ns.Close()
-		usernsPath = filepath.Join(dir, "userns")
-		if err := userns.Pin(ns, usernsPath); err != nil {
-			return nil, err
-		}
+	if si.idmap == nil {
+		return si, nil
 	}
-	crashpoint.Hit(CrashAfterDir)
+	// The sandbox's init walks through dir to its root and binds: its
+	// group (the range's first gid) may, no other host user may (the
+	// paths are in /proc/mounts for everyone to see).
+	if err := os.Chown(si.dir, 0, si.host(0)); err != nil {
+		return nil, fmt.Errorf("create sandbox dir: %w", err)
+	}
+	if err := os.Chmod(si.dir, 0o710); err != nil {
+		return nil, fmt.Errorf("create sandbox dir: %w", err)
+	}
+	// The agent (the sandbox's root) creates its socket here; only
+	// root on the host and that sandbox can reach it.
+	if err := os.Chown(si.agentDir, si.host(0), si.host(0)); err != nil {
+		return nil, fmt.Errorf("create agent dir: %w", err)
+	}
+	// The namespace is pinned in dir (released with it), where the
+	// runtime joins it; the layers idmap the image with it.
+	reg := rtrace.StartRegion(ctx, "container.userns")
+	ns, err := userns.NamespaceFD(*si.idmap)
+	reg.End()
+	if err != nil {
+		return nil, err
+	}
+	si.ns = ns
+	si.usernsPath = filepath.Join(si.dir, "userns")
+	if err := userns.Pin(ns, si.usernsPath); err != nil {
+		si.close()
+		return nil, err
+	}
+	return si, nil
+}
 
+// startFilesystem mounts the sandbox's disk and prepares its layers, then
+// writes what the daemon puts into every root: its identity, a fork's
+// snapshot and the resolver configuration.
+func (b *Backend) startFilesystem(ctx context.Context, req sandbox.StartRequest, si *sandboxIdentity, rec ledger.Recorder) (*image.Layers, error) {
 	spec := req.Spec
-	disk := filepath.Join(dir, "disk")
+	disk := filepath.Join(si.dir, "disk")
 	reg := rtrace.StartRegion(ctx, "container.disk")
-	err = b.mountDisk(ctx, req.ID, disk, spec, rec)
+	err := b.mountDisk(ctx, req.ID, disk, spec, rec)
 	reg.End()
 	if err != nil {
 		return nil, err
 	}
 	crashpoint.Hit(CrashAfterMount)
 
-	layersDir := filepath.Join(dir, "layers")
+	layersDir := filepath.Join(si.dir, "layers")
 	if err := rec.Record(ctx, ledger.Resource{Kind: KindLayers, Key: layersDir}); err != nil {
 		return nil, err
 	}
 	reg = rtrace.StartRegion(ctx, "container.layers")
-	layers, err := image.PrepareMappedLayers(req.Image, layersDir, disk, spec.UID, spec.UID, idmap, ns)
+	layers, err := image.PrepareMappedLayers(req.Image, layersDir, disk, spec.UID, spec.UID, si.idmap, si.ns)
 	reg.End()
 	if err != nil {
 		return nil, fmt.Errorf("prepare filesystem: %w", err)
 	}
 	crashpoint.Hit(CrashAfterLayers)
-	if err := writeIdentity(layers.Rootfs, req.ID, host(0)); err != nil {
+	if err := writeIdentity(layers.Rootfs, req.ID, si.host(0)); err != nil {
 		return nil, err
 	}
 	if spec.Seed != "" {
 		// A fork: the snapshot's files, before any sandbox process runs.
 		if err := storage.ApplySnapshot(spec.Seed, storage.ApplyTargets{
 			Rootfs: layers.Rootfs, SkipRoot: daemonFiles, Workspace: layers.Workspace, Tmp: layers.Tmp, UID: spec.UID,
-			IDs: snapshotIDs(idmap),
+			IDs: snapshotIDs(si.idmap),
 		}); err != nil {
 			return nil, fmt.Errorf("restore snapshot %s: %w", spec.SeedSnapshot, err)
 		}
 	}
 	if req.ResolvConf != nil {
-		// The image's resolv.conf may be a symlink (systemd-resolved
-		// style); replace it rather than write through it.
-		p := filepath.Join(layers.Rootfs, "etc/resolv.conf")
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("write /etc/resolv.conf: %w", err)
-		}
-		if err := os.WriteFile(p, req.ResolvConf, 0o644); err != nil {
-			return nil, fmt.Errorf("write /etc/resolv.conf: %w", err)
-		}
-		if err := os.Lchown(p, host(0), host(0)); err != nil {
-			return nil, fmt.Errorf("write /etc/resolv.conf: %w", err)
+		if err := writeResolvConf(layers.Rootfs, req.ResolvConf, si.host(0)); err != nil {
+			return nil, err
 		}
 	}
+	return layers, nil
+}
 
-	cg := b.cgroupPath(req.ID)
-	if err := rec.Record(ctx, ledger.Resource{Kind: KindCgroup, Key: cg}); err != nil {
-		return nil, err
+// writeResolvConf replaces the image's /etc/resolv.conf, which may be a
+// symlink (systemd-resolved style): replaced rather than written through.
+func writeResolvConf(rootfs string, content []byte, owner int) error {
+	p := filepath.Join(rootfs, "etc/resolv.conf")
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("write /etc/resolv.conf: %w", err)
 	}
-	if err := rec.Record(ctx, ledger.Resource{Kind: KindContainer, Key: req.ID}); err != nil {
-		return nil, err
+	if err := os.WriteFile(p, content, 0o644); err != nil {
+		return fmt.Errorf("write /etc/resolv.conf: %w", err)
 	}
-	// Root mode exists only with a user namespace (pkg/engine).
-	rootMode := spec.Root && idmap != nil
+	if err := os.Lchown(p, owner, owner); err != nil {
+		return fmt.Errorf("write /etc/resolv.conf: %w", err)
+	}
+	return nil
+}
+
+// seccompProfile chooses the sandbox's seccomp profile (root mode has its
+// own) and, with diagnostics on, starts the monitor its notify rules
+// report to. The monitor is nil without diagnostics.
+func (b *Backend) seccompProfile(ctx context.Context, id, dir string, spec sandbox.Spec, rootMode bool) (*seccompProfileChoice, error) {
 	prof, profiles := b.opt.Seccomp, b.opt.SeccompProfiles
 	if rootMode {
 		prof, profiles = b.opt.RootSeccomp, b.opt.RootSeccompProfiles
@@ -356,55 +404,137 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		}
 		prof = p
 	}
-	var monitor *seccomp.Monitor
+	choice := &seccompProfileChoice{profile: prof}
 	if b.opt.SeccompDiagnostics && prof != nil {
 		sock := filepath.Join(dir, "seccomp.sock")
 		_ = os.Remove(sock) // a leftover of an earlier attempt
 		reg := rtrace.StartRegion(ctx, "container.seccomp-listen")
-		monitor, err = seccomp.Listen(sock, jobOfPid, b.log.With("sandbox", req.ID))
+		monitor, err := seccomp.Listen(sock, jobOfPid, b.log.With("sandbox", id))
 		reg.End()
 		if err != nil {
 			return nil, err
 		}
-		prof = seccomp.WithNotify(prof, sock)
+		choice.monitor = monitor
+		choice.profile = seccomp.WithNotify(prof, sock)
 	}
-	uid := strconv.Itoa(spec.UID)
-	binds := []runtime.Bind{
-		{Source: layers.Workspace, Destination: "/workspace"},
-		{Source: layers.Tmp, Destination: "/tmp"},
-		{Source: b.opt.AgentPath, Destination: agentBinaryInside, ReadOnly: true},
-		{Source: agentDir, Destination: agentRunInside, NoExec: true},
+	return choice, nil
+}
+
+// seccompProfileChoice is the profile a sandbox runs under and the
+// monitor of its notify rules (nil without diagnostics).
+type seccompProfileChoice struct {
+	profile *specs.LinuxSeccomp
+	monitor *seccomp.Monitor
+}
+
+// close stops the monitor of a sandbox that did not start.
+func (c *seccompProfileChoice) close() {
+	if c.monitor != nil {
+		c.monitor.Close()
 	}
-	vbinds, err := mountVolumes(dir, spec.Volumes, ns)
-	if err != nil {
-		return nil, err
-	}
-	binds = append(binds, vbinds...)
-	// The agent gives every job its own child cgroup of the sandbox's (see
-	// pkg/agent/server/jobcgroup.go): the sandbox's cgroup directories are
-	// delegated to it, writable by root only, below its cgroup namespace.
-	// Created here (libcontainer joins existing ones) so they can be bound.
-	reg = rtrace.StartRegion(ctx, "container.cgroup-dirs")
+}
+
+// jobCgroupBinds creates the sandbox's delegated cgroup directories and
+// binds them into the sandbox. The agent gives every job its own child
+// cgroup of the sandbox's (see pkg/agent/server/jobcgroup.go): the
+// directories are delegated to it, writable by root only, below its
+// cgroup namespace. Created here (libcontainer joins existing ones) so
+// they can be bound.
+func jobCgroupBinds(ctx context.Context, cg string, si *sandboxIdentity) ([]runtime.Bind, error) {
+	defer rtrace.StartRegion(ctx, "container.cgroup-dirs").End()
+	var binds []runtime.Bind
 	for name, dir := range cgroups.DelegatedDirs(cg) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("create cgroup: %w", err)
 		}
-		if idmap != nil {
+		if si.idmap != nil {
 			// The agent is root of the sandbox's namespace only: the
 			// directory is delegated to that root's host uid.
-			if err := cgroups.Delegate(dir, host(0), host(0)); err != nil {
+			if err := cgroups.Delegate(dir, si.host(0), si.host(0)); err != nil {
 				return nil, err
 			}
 		}
 		binds = append(binds, runtime.Bind{Source: dir, Destination: filepath.Join(cgroupsInside, name), NoExec: true})
 	}
-	reg.End()
+	return binds, nil
+}
+
+// agentInitArgs is the command line of the sandbox's PID 1, our agent.
+func agentInitArgs(spec sandbox.Spec, userns, rootMode bool) []string {
+	uid := strconv.Itoa(spec.UID)
+	// Finished jobs are kept (for job_status and re-attach after a daemon
+	// restart) with up to 1 MiB of output tail each, charged to the
+	// sandbox's memory: bound how many.
+	args := []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--listen-fd", "3", "--uid", uid, "--gid", uid,
+		"--retain-bytes", "1048576", "--max-finished", "32", "--cgroups", cgroupsInside}
+	if userns {
+		args = append(args, "--nofile", strconv.Itoa(runtime.NofileLimit)) // see runtime.Start
+	}
+	if rootMode && spec.UID != 0 {
+		// Root mode with an unprivileged default user (the E2B front
+		// end's sandboxes): uid 0 on request is root of the sandbox's
+		// user namespace, capabilities included.
+		args = append(args, "--root-mode")
+	}
+	return args
+}
+
+// sandboxBinds is what the sandbox sees of the host: its workspace and
+// tmp, our agent and its socket directory, its named volumes and its
+// delegated cgroups; and, in its own network namespace, the sysfs of
+// that namespace (mounted under dir; "" when none is needed).
+func (b *Backend) sandboxBinds(ctx context.Context, req sandbox.StartRequest, si *sandboxIdentity, layers *image.Layers, cg string) ([]runtime.Bind, string, error) {
+	binds := []runtime.Bind{
+		{Source: layers.Workspace, Destination: "/workspace"},
+		{Source: layers.Tmp, Destination: "/tmp"},
+		{Source: b.opt.AgentPath, Destination: agentBinaryInside, ReadOnly: true},
+		{Source: si.agentDir, Destination: agentRunInside, NoExec: true},
+	}
+	vbinds, err := mountVolumes(si.dir, req.Spec.Volumes, si.ns)
+	if err != nil {
+		return nil, "", err
+	}
+	cbinds, err := jobCgroupBinds(ctx, cg, si)
+	if err != nil {
+		return nil, "", err
+	}
+	binds = append(append(binds, vbinds...), cbinds...)
 	sysfs := ""
-	if idmap != nil && req.NetNSPath != "" {
-		sysfs = filepath.Join(dir, "sys")
+	if si.idmap != nil && req.NetNSPath != "" {
+		sysfs = filepath.Join(si.dir, "sys")
 		if err := mountNetSysfs(req.NetNSPath, sysfs); err != nil {
-			return nil, err
+			return nil, "", err
 		}
+	}
+	return binds, sysfs, nil
+}
+
+// startContainer records the cgroup and container, then starts the
+// container with our agent as PID 1.
+func (b *Backend) startContainer(ctx context.Context, req sandbox.StartRequest, si *sandboxIdentity, layers *image.Layers, rec ledger.Recorder) (sandbox.Handle, error) {
+	spec := req.Spec
+	cg := b.cgroupPath(req.ID)
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindCgroup, Key: cg}); err != nil {
+		return nil, err
+	}
+	if err := rec.Record(ctx, ledger.Resource{Kind: KindContainer, Key: req.ID}); err != nil {
+		return nil, err
+	}
+	// Root mode exists only with a user namespace (pkg/engine).
+	rootMode := spec.Root && si.idmap != nil
+	sc, err := b.seccompProfile(ctx, req.ID, si.dir, spec, rootMode)
+	if err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			sc.close()
+		}
+	}()
+	binds, sysfs, err := b.sandboxBinds(ctx, req, si, layers, cg)
+	if err != nil {
+		return nil, err
 	}
 	var netSysctls map[string]string
 	if req.NetNSPath == "" {
@@ -419,26 +549,12 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 	// socket that does not exist yet (2–8 ms lost per create, measured).
 	// The socket stays root's on the host (mode 0600): only the daemon
 	// connects to it; the agent accepts on its descriptor.
-	lnFile, err := listenAgent(filepath.Join(agentDir, agentSocketName))
+	lnFile, err := listenAgent(filepath.Join(si.agentDir, agentSocketName))
 	if err != nil {
-		if monitor != nil {
-			monitor.Close()
-		}
 		return nil, err
 	}
 	defer lnFile.Close() // PID 1 holds its own copy once started
-	initArgs := []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--listen-fd", "3", "--uid", uid, "--gid", uid,
-		"--retain-bytes", "1048576", "--max-finished", "32", "--cgroups", cgroupsInside}
-	if idmap != nil {
-		initArgs = append(initArgs, "--nofile", strconv.Itoa(runtime.NofileLimit)) // see runtime.Start
-	}
-	if rootMode && spec.UID != 0 {
-		// Root mode with an unprivileged default user (the E2B front
-		// end's sandboxes): uid 0 on request is root of the sandbox's
-		// user namespace, capabilities included.
-		initArgs = append(initArgs, "--root-mode")
-	}
-	reg = rtrace.StartRegion(ctx, "container.runtime-start")
+	reg := rtrace.StartRegion(ctx, "container.runtime-start")
 	inst, err := b.opt.Runtime.Start(&runtime.Spec{
 		ID:           req.ID,
 		Rootfs:       layers.Rootfs,
@@ -446,7 +562,7 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 		CgroupPath:   cg,
 		NetNSPath:    req.NetNSPath,
 		NetSysctls:   netSysctls,
-		UsernsPath:   usernsPath,
+		UsernsPath:   si.usernsPath,
 		SysfsPath:    sysfs,
 		WritableRoot: rootMode,
 		Capabilities: runtime.Capabilities(rootMode),
@@ -454,26 +570,21 @@ func (b *Backend) Start(ctx context.Context, req sandbox.StartRequest, rec ledge
 			MemoryBytes: spec.Limits.MemoryBytes, CPUs: spec.Limits.CPUs, Pids: spec.Limits.Pids,
 			IODevice: b.opt.IO.Device, IOReadBPS: b.opt.IO.ReadBPS, IOWriteBPS: b.opt.IO.WriteBPS,
 		},
-		Seccomp: prof,
-		// Finished jobs are kept (for job_status and re-attach after a daemon
-		// restart) with up to 1 MiB of output tail each, charged to the
-		// sandbox's memory: bound how many.
-		InitArgs:  initArgs,
+		Seccomp:   sc.profile,
+		InitArgs:  agentInitArgs(spec, si.idmap != nil, rootMode),
 		InitEnv:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		InitLog:   filepath.Join(dir, "agent.log"),
+		InitLog:   filepath.Join(si.dir, "agent.log"),
 		InitFiles: []*os.File{lnFile},
 		Labels:    map[string]string{"sandboxd.id": req.ID},
 	})
 	reg.End()
 	if err != nil {
-		if monitor != nil {
-			monitor.Close()
-		}
 		return nil, err
 	}
+	started = true
 	crashpoint.Hit(CrashAfterContainer)
 	h := b.handle(req.ID, inst, spec.UID)
-	h.monitor = monitor
+	h.monitor = sc.monitor
 	return h, nil
 }
 
@@ -641,7 +752,7 @@ func (b *Backend) Adopt(ctx context.Context, req sandbox.AdoptRequest) (sandbox.
 // cgroups named like sandboxes.
 func (b *Backend) Scan(ctx context.Context) (map[string][]ledger.Resource, error) {
 	out := map[string][]ledger.Resource{}
-	isSandbox := func(name string) bool { return strings.HasPrefix(name, "sb-") }
+	isSandbox := isSandboxName
 	var errs []error
 	// In acquisition order: Release walks extras in the order given, and the
 	// container must go before its cgroup, the layers before their dir.
@@ -655,24 +766,9 @@ func (b *Backend) Scan(ctx context.Context) (map[string][]ledger.Resource, error
 			}
 		}
 	}
-	// Image files, and loop devices backed by a file of the store even if
-	// the file is gone.
-	images, err := b.opt.Storage.Images()
+	images, err := b.scanImages()
 	if err != nil {
 		errs = append(errs, err)
-		images = map[string]string{}
-	}
-	if devs, err := storage.LoopDevices(); err != nil {
-		errs = append(errs, fmt.Errorf("list loop devices: %w", err))
-	} else {
-		for _, backing := range devs {
-			if filepath.Dir(backing) != b.opt.Storage.Dir() {
-				continue
-			}
-			if id := strings.TrimSuffix(filepath.Base(backing), ".img"); isSandbox(id) && images[id] == "" {
-				images[id] = backing
-			}
-		}
 	}
 	for id, img := range images {
 		if isSandbox(id) {
@@ -714,14 +810,40 @@ func (b *Backend) Scan(ctx context.Context) (map[string][]ledger.Resource, error
 	}
 	// Reverse each list so that Release, which takes extras in the order
 	// given, releases them newest first like recorded ones.
-	for id, rs := range out {
-		for i, j := 0, len(rs)-1; i < j; i, j = i+1, j-1 {
-			rs[i], rs[j] = rs[j], rs[i]
-		}
-		out[id] = rs
+	for _, rs := range out {
+		slices.Reverse(rs)
 	}
 	return out, errors.Join(errs...)
 }
+
+// scanImages lists the disk image files of the store by sandbox id, and
+// the loop devices backed by a file of the store even if the file is
+// gone. What it could list is returned with the error.
+func (b *Backend) scanImages() (map[string]string, error) {
+	var errs []error
+	images, err := b.opt.Storage.Images()
+	if err != nil {
+		errs = append(errs, err)
+		images = map[string]string{}
+	}
+	devs, err := storage.LoopDevices()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list loop devices: %w", err))
+	}
+	for _, backing := range devs {
+		if filepath.Dir(backing) != b.opt.Storage.Dir() {
+			continue
+		}
+		if id := strings.TrimSuffix(filepath.Base(backing), ".img"); isSandboxName(id) && images[id] == "" {
+			images[id] = backing
+		}
+	}
+	return images, errors.Join(errs...)
+}
+
+// isSandboxName tells a sandbox's name among the files, cgroups and
+// containers the backend scans.
+func isSandboxName(name string) bool { return strings.HasPrefix(name, "sb-") }
 
 // handle is one container sandbox.
 type handle struct {
