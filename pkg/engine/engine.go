@@ -239,27 +239,14 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 			return nil, err
 		}
 	}
-	if len(req.Volumes) > 0 && req.Backend == BackendVM {
-		return nil, errdefs.Invalidf("volumes: not available with backend vm (a VM has no host mounts)")
-	}
-	switch req.Backend {
-	case BackendVM:
-		return e.createVM(ctx, req, progress)
-	case "", BackendContainer:
-	default:
-		return nil, errdefs.Invalidf("backend: must be %s or %s, got %q", BackendContainer, BackendVM, req.Backend)
-	}
-	if req.OS != "" {
-		return nil, errdefs.Invalidf("os: only with backend vm (a container runs Linux)")
-	}
-	if oci.IsReference(req.Image) {
-		// A registry reference: the image it was pulled as, pulled now
-		// if images.allow_pull lets it.
-		name, err := e.imgs.Resolve(ctx, "image", req.Image, progressLines(progress))
-		if err != nil {
-			return nil, err
+	if req.Backend == BackendVM {
+		if len(req.Volumes) > 0 {
+			return nil, errdefs.Invalidf("volumes: not available with backend vm (a VM has no host mounts)")
 		}
-		req.Image = name
+		return e.createVM(ctx, req, progress)
+	}
+	if err := e.resolveContainerImage(ctx, &req, progress); err != nil {
+		return nil, err
 	}
 	seed, err := e.snapshots.ForkSeed(ctx, &req)
 	if err != nil {
@@ -314,6 +301,35 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 		}
 		defer unlock()
 	}
+	return e.startSandbox(ctx, spec, tmpl)
+}
+
+// resolveContainerImage checks a container create's backend and OS, and
+// turns a registry reference into the image it was pulled as, pulling it
+// now if images.allow_pull lets it.
+func (e *Engine) resolveContainerImage(ctx context.Context, req *CreateSandboxRequest, progress func(string)) error {
+	switch req.Backend {
+	case "", BackendContainer:
+	default:
+		return errdefs.Invalidf("backend: must be %s or %s, got %q", BackendContainer, BackendVM, req.Backend)
+	}
+	if req.OS != "" {
+		return errdefs.Invalidf("os: only with backend vm (a container runs Linux)")
+	}
+	if !oci.IsReference(req.Image) {
+		return nil
+	}
+	name, err := e.imgs.Resolve(ctx, "image", req.Image, progressLines(progress))
+	if err != nil {
+		return err
+	}
+	req.Image = name
+	return nil
+}
+
+// startSandbox starts the sandbox of spec and, for a template, waits for
+// its start command to be ready; the create metrics count the outcome.
+func (e *Engine) startSandbox(ctx context.Context, spec *sandbox.Spec, tmpl *apitypes.TemplateCreateRequest) (*sandbox.Info, error) {
 	start := time.Now()
 	info, err := e.sandboxes.Create(ctx, *spec)
 	if err == nil && tmpl != nil {

@@ -78,14 +78,8 @@ func PrepareMappedLayers(img *Image, dir, disk string, uid, gid int, m *userns.I
 	if disk, err = filepath.Abs(disk); err != nil {
 		return nil, fmt.Errorf("prepare layers: %w", err)
 	}
-	// Overlay mount options separate layers with ':' and options with ','.
-	for _, p := range []string{img.Rootfs, dir, disk} {
-		if strings.ContainsAny(p, ",:\\\n") {
-			return nil, fmt.Errorf("prepare layers: path %q contains a character overlayfs options cannot carry", p)
-		}
-	}
-	if fi, err := os.Stat(img.Rootfs); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("prepare layers: image %s rootfs %q: not a directory (%w)", img.Name, img.Rootfs, err)
+	if err := checkLayerPaths(img, dir, disk); err != nil {
+		return nil, err
 	}
 	l := &Layers{
 		Rootfs:    filepath.Join(dir, layersRootfs),
@@ -125,27 +119,8 @@ func PrepareMappedLayers(img *Image, dir, disk string, uid, gid int, m *userns.I
 		return nil, fmt.Errorf("prepare layers: %w", err)
 	}
 	upper, work := filepath.Join(disk, "upper"), filepath.Join(disk, "work")
-	for _, d := range []string{upper, work} {
-		// The upper dir's owner is the owner of the sandbox's "/".
-		if err := makeDir(d, 0o755, host(0), host(0)); err != nil {
-			return nil, fmt.Errorf("prepare layers: %w", err)
-		}
-	}
-	if err := makeDir(l.Tmp, os.ModePerm|os.ModeSticky, host(0), host(0)); err != nil {
+	if err := makeDiskDirs(img, l, upper, work, uid, gid, host); err != nil {
 		return nil, fmt.Errorf("prepare layers: %w", err)
-	}
-	if err := makeDir(l.Workspace, 0o755, host(uid), host(gid)); err != nil {
-		return nil, fmt.Errorf("prepare layers: %w", err)
-	}
-	for _, sub := range []string{"input", "output"} {
-		mode, owner, group := os.FileMode(0o755), uid, gid
-		if fi, err := os.Lstat(filepath.Join(img.Rootfs, WorkspaceDir, sub)); err == nil && fi.IsDir() {
-			st := fi.Sys().(*syscall.Stat_t)
-			mode, owner, group = fi.Mode()&(os.ModePerm|os.ModeSticky|os.ModeSetgid), int(st.Uid), int(st.Gid)
-		}
-		if err := makeDir(filepath.Join(l.Workspace, sub), mode, host(owner), host(group)); err != nil {
-			return nil, fmt.Errorf("prepare layers: %w", err)
-		}
 	}
 
 	// nosuid and nodev carry over to the runtime's bind mount of the
@@ -168,6 +143,50 @@ func PrepareMappedLayers(img *Image, dir, disk string, uid, gid int, m *userns.I
 		_ = os.Remove(lower)
 	}
 	return l, nil
+}
+
+// checkLayerPaths refuses paths an overlay mount cannot carry and an
+// image whose root file system is not a directory.
+func checkLayerPaths(img *Image, dir, disk string) error {
+	// Overlay mount options separate layers with ':' and options with ','.
+	for _, p := range []string{img.Rootfs, dir, disk} {
+		if strings.ContainsAny(p, ",:\\\n") {
+			return fmt.Errorf("prepare layers: path %q contains a character overlayfs options cannot carry", p)
+		}
+	}
+	if fi, err := os.Stat(img.Rootfs); err != nil || !fi.IsDir() {
+		return fmt.Errorf("prepare layers: image %s rootfs %q: not a directory (%w)", img.Name, img.Rootfs, err)
+	}
+	return nil
+}
+
+// makeDiskDirs makes the overlay's upper and work directories and the
+// sandbox's tmp and workspace on its disk, owned by their ids on the host.
+// The workspace's input and output keep the image's modes and owners.
+func makeDiskDirs(img *Image, l *Layers, upper, work string, uid, gid int, host func(int) int) error {
+	for _, d := range []string{upper, work} {
+		// The upper dir's owner is the owner of the sandbox's "/".
+		if err := makeDir(d, 0o755, host(0), host(0)); err != nil {
+			return err
+		}
+	}
+	if err := makeDir(l.Tmp, os.ModePerm|os.ModeSticky, host(0), host(0)); err != nil {
+		return err
+	}
+	if err := makeDir(l.Workspace, 0o755, host(uid), host(gid)); err != nil {
+		return err
+	}
+	for _, sub := range []string{"input", "output"} {
+		mode, owner, group := os.FileMode(0o755), uid, gid
+		if fi, err := os.Lstat(filepath.Join(img.Rootfs, WorkspaceDir, sub)); err == nil && fi.IsDir() {
+			st := fi.Sys().(*syscall.Stat_t)
+			mode, owner, group = fi.Mode()&(os.ModePerm|os.ModeSticky|os.ModeSetgid), int(st.Uid), int(st.Gid)
+		}
+		if err := makeDir(filepath.Join(l.Workspace, sub), mode, host(owner), host(group)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // mountMappedLower attaches an idmapped, read-only clone of rootfs at at.

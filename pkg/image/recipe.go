@@ -274,6 +274,7 @@ func (r *Recipe) Validate() error {
 	return nil
 }
 
+// problems lists what is wrong with r, each naming its field.
 func (r *Recipe) problems() []string {
 	var p []string
 	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
@@ -297,6 +298,41 @@ func (r *Recipe) problems() []string {
 		}
 		seen[pkg] = true
 	}
+	r.fileProblems(add)
+	for _, k := range sortedKeys(r.Env) {
+		if !envKeyRE.MatchString(k) {
+			add("env.%s: not a valid environment variable name", k)
+		}
+		if strings.ContainsRune(r.Env[k], 0) {
+			add("env.%s: value contains a NUL byte", k)
+		}
+	}
+	r.User.problems(add)
+	for _, k := range sortedKeys(r.Commands) {
+		if !commandRE.MatchString(k) {
+			add("commands.%s: command names are lower-case words", k)
+		}
+		if len(r.Commands[k]) == 0 {
+			add("commands.%s: must be a non-empty list of strings", k)
+		}
+	}
+	r.dependencyProblems(add)
+	for i, line := range r.Setup {
+		if strings.TrimSpace(line) == "" {
+			add("setup[%d]: empty line", i)
+		}
+		if strings.ContainsRune(line, 0) {
+			add("setup[%d]: contains a NUL byte", i)
+		}
+	}
+	return p
+}
+
+// problemFunc adds one problem, naming its field.
+type problemFunc func(format string, args ...any)
+
+// fileProblems checks the files a recipe copies into its image.
+func (r *Recipe) fileProblems(add problemFunc) {
 	dests := map[string]bool{}
 	for i, f := range r.Files {
 		if f.Src == "" {
@@ -317,15 +353,10 @@ func (r *Recipe) problems() []string {
 			add("files[%d].mode: %s is not a permission mode", i, f.Mode)
 		}
 	}
-	for _, k := range sortedKeys(r.Env) {
-		if !envKeyRE.MatchString(k) {
-			add("env.%s: not a valid environment variable name", k)
-		}
-		if strings.ContainsRune(r.Env[k], 0) {
-			add("env.%s: value contains a NUL byte", k)
-		}
-	}
-	u := r.User
+}
+
+// problems checks the sandbox user of a recipe.
+func (u UserSpec) problems(add problemFunc) {
 	if !userNameRE.MatchString(u.Name) {
 		add("user.name: %q is not a valid user name", u.Name)
 	}
@@ -342,14 +373,10 @@ func (r *Recipe) problems() []string {
 	if !path.IsAbs(u.Shell) || path.Clean(u.Shell) != u.Shell {
 		add("user.shell: %q must be a clean absolute path", u.Shell)
 	}
-	for _, k := range sortedKeys(r.Commands) {
-		if !commandRE.MatchString(k) {
-			add("commands.%s: command names are lower-case words", k)
-		}
-		if len(r.Commands[k]) == 0 {
-			add("commands.%s: must be a non-empty list of strings", k)
-		}
-	}
+}
+
+// dependencyProblems checks a recipe's dependency managers.
+func (r *Recipe) dependencyProblems(add problemFunc) {
 	managers := map[string]bool{}
 	for i, d := range r.Dependencies {
 		switch {
@@ -374,15 +401,6 @@ func (r *Recipe) problems() []string {
 			}
 		}
 	}
-	for i, line := range r.Setup {
-		if strings.TrimSpace(line) == "" {
-			add("setup[%d]: empty line", i)
-		}
-		if strings.ContainsRune(line, 0) {
-			add("setup[%d]: contains a NUL byte", i)
-		}
-	}
-	return p
 }
 
 // sourcePath finds a file's source: first under files/<name>/, so that

@@ -50,6 +50,9 @@ func (m *Manager) Reconcile(ctx context.Context) (*GCReport, error) {
 	return rep, nil
 }
 
+// reconcileOne adopts one recorded sandbox the manager does not hold:
+// alive with its agent answering, it is watched again; otherwise what it
+// held is released and it is marked ended.
 func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, rep *GCReport) {
 	var spec Spec
 	if err := json.Unmarshal(rec.Spec, &spec); err != nil {
@@ -99,42 +102,59 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 		m.adoptAgentless(ctx, sb, al, rep)
 		return
 	}
-	// A frozen agent cannot answer. Thaw it for the ping and the list of
-	// jobs, and freeze it again if it is recorded paused: the record wins
-	// over a pause or resume the daemon died in the middle of.
+	jobs, reason := m.reachAdoptedAgent(ctx, sb, h)
+	if reason != "" {
+		dead(reason)
+		return
+	}
+	m.mu.Lock()
+	m.sandboxes[sb.ID] = sb
+	m.mu.Unlock()
+	running := m.reattachJobs(ctx, sb, jobs, rep)
+	go m.watchInit(sb)
+	rep.Adopted = append(rep.Adopted, sb.ID)
+	m.log.Info("reconcile: adopted sandbox", "sandbox", sb.ID, "state", sb.state, "running_commands", running)
+}
+
+// reachAdoptedAgent pings an adopted sandbox's agent and lists its jobs.
+// A frozen agent cannot answer: it is thawed for the ping and the list,
+// and frozen again if it is recorded paused — the record wins over a
+// pause or resume the daemon died in the middle of. A non-empty reason
+// says why the sandbox is dead.
+func (m *Manager) reachAdoptedAgent(ctx context.Context, sb *Sandbox, h Handle) ([]agent.JobInfo, string) {
 	pauser, canPause := h.(Pauser)
 	if canPause {
 		if frozen, err := pauser.Paused(); err == nil && frozen {
 			if err := pauser.Resume(ctx); err != nil {
-				dead(fmt.Sprintf("cannot thaw after daemon restart: %v", err))
-				return
+				return nil, fmt.Sprintf("cannot thaw after daemon restart: %v", err)
 			}
 		}
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err = sb.agent.Ping(pctx)
+	_, err := sb.agent.Ping(pctx)
 	var jobs []agent.JobInfo
 	if err == nil {
 		jobs, err = sb.agent.Jobs(pctx)
 	}
 	cancel()
 	if err != nil {
-		dead(fmt.Sprintf("agent unreachable after daemon restart: %v", err))
-		return
+		return nil, fmt.Sprintf("agent unreachable after daemon restart: %v", err)
 	}
 	if sb.state == StatePaused {
 		if !canPause {
-			dead("recorded paused, but its backend cannot pause")
-			return
+			return nil, "recorded paused, but its backend cannot pause"
 		}
 		if err := pauser.Pause(ctx); err != nil {
-			dead(fmt.Sprintf("cannot freeze again after daemon restart: %v", err))
-			return
+			return nil, fmt.Sprintf("cannot freeze again after daemon restart: %v", err)
 		}
 	}
-	m.mu.Lock()
-	m.sandboxes[sb.ID] = sb
-	m.mu.Unlock()
+	return jobs, ""
+}
+
+// reattachJobs watches the adopted sandbox's running jobs again and
+// moves it between ready and running by what ran on while the daemon was
+// down. It returns how many jobs still run.
+func (m *Manager) reattachJobs(ctx context.Context, sb *Sandbox, jobs []agent.JobInfo, rep *GCReport) int {
 	running := 0
 	for _, j := range jobs {
 		if j.Exit == nil {
@@ -145,6 +165,7 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 			go m.watchJob(sb, j.ID, j.StdoutBytes, j.StderrBytes)
 		}
 	}
+	var err error
 	switch {
 	case running > 0 && sb.state == StateReady:
 		err = m.transition(ctx, sb, StateRunning, "commands re-attached after daemon restart")
@@ -154,9 +175,7 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 	if err != nil {
 		reportError(rep, "%s: %v", sb.ID, err)
 	}
-	go m.watchInit(sb)
-	rep.Adopted = append(rep.Adopted, sb.ID)
-	m.log.Info("reconcile: adopted sandbox", "sandbox", sb.ID, "state", sb.state, "running_commands", running)
+	return running
 }
 
 // adoptAgentless adopts a sandbox without an agent (see Agentless): its

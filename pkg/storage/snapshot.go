@@ -542,22 +542,7 @@ func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader,
 		group = uid
 	}
 	owner, group = ids.host(owner), ids.host(group)
-	replace := func() error {
-		if rel == "." {
-			return nil
-		}
-		fi, err := r.Lstat(rel)
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if fi.IsDir() && hdr.Typeflag == tar.TypeDir {
-			return nil // kept: its entries follow
-		}
-		return r.RemoveAll(rel)
-	}
+	replace := func() error { return replaceEntry(r, rel, hdr.Typeflag == tar.TypeDir) }
 	switch hdr.Typeflag {
 	case tar.TypeChar:
 		// The overlay's whiteout: the path is deleted in this layer.
@@ -569,52 +554,15 @@ func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader,
 		if err := replace(); err != nil {
 			return err
 		}
-		if rel != "." {
-			if err := r.Mkdir(rel, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-				return err
-			}
-		}
 		if hdr.Mode&unix.S_ISGID != 0 {
 			mode |= fs.ModeSetgid
 		}
-		if sec == SectionUpper && hdr.PAXRecords[xattrPAXPrefix+opaqueXattr] == "y" {
-			// Opaque: nothing of the lower directory shows through.
-			if err := clearRootDir(r, rel); err != nil {
-				return err
-			}
-		}
-		if err := r.Lchown(rel, owner, group); err != nil {
-			return err
-		}
-		if err := r.Chmod(rel, mode); err != nil {
-			return err
-		}
-		return setUserXattrs(r, rel, hdr, true)
+		return applyDir(r, sec, rel, hdr, mode, owner, group)
 	case tar.TypeReg:
 		if err := replace(); err != nil {
 			return err
 		}
-		f, err := r.OpenFile(rel, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
-		if err != nil {
-			return err
-		}
-		_, err = io.CopyN(f, content, hdr.Size)
-		if err == nil {
-			err = f.Chown(owner, group)
-		}
-		if err == nil {
-			err = f.Chmod(mode) // no setuid/setgid
-		}
-		if err == nil {
-			err = fsetUserXattrs(int(f.Fd()), hdr)
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return err
-		}
-		return r.Chtimes(rel, hdr.ModTime, hdr.ModTime)
+		return applyFile(r, rel, hdr, content, mode, owner, group)
 	case tar.TypeSymlink:
 		if err := replace(); err != nil {
 			return err
@@ -651,6 +599,74 @@ func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader,
 	default:
 		return fmt.Errorf("entry type %q is not restored", hdr.Typeflag)
 	}
+}
+
+// replaceEntry clears the way for an entry at rel: what is there goes,
+// except a directory that a directory entry keeps (its entries follow).
+func replaceEntry(r *os.Root, rel string, isDir bool) error {
+	if rel == "." {
+		return nil
+	}
+	fi, err := r.Lstat(rel)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() && isDir {
+		return nil
+	}
+	return r.RemoveAll(rel)
+}
+
+// applyDir makes directory rel (an opaque one of the upper section
+// emptied: nothing of the lower directory shows through) with its owner,
+// mode and user xattrs.
+func applyDir(r *os.Root, sec, rel string, hdr *tar.Header, mode fs.FileMode, owner, group int) error {
+	if rel != "." {
+		if err := r.Mkdir(rel, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+	}
+	if sec == SectionUpper && hdr.PAXRecords[xattrPAXPrefix+opaqueXattr] == "y" {
+		if err := clearRootDir(r, rel); err != nil {
+			return err
+		}
+	}
+	if err := r.Lchown(rel, owner, group); err != nil {
+		return err
+	}
+	if err := r.Chmod(rel, mode); err != nil {
+		return err
+	}
+	return setUserXattrs(r, rel, hdr, true)
+}
+
+// applyFile writes regular file rel, new (O_EXCL, never through a link),
+// with its owner, mode (no setuid or setgid), user xattrs and times.
+func applyFile(r *os.Root, rel string, hdr *tar.Header, content io.Reader, mode fs.FileMode, owner, group int) error {
+	f, err := r.OpenFile(rel, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.CopyN(f, content, hdr.Size)
+	if err == nil {
+		err = f.Chown(owner, group)
+	}
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if err == nil {
+		err = fsetUserXattrs(int(f.Fd()), hdr)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return r.Chtimes(rel, hdr.ModTime, hdr.ModTime)
 }
 
 // clearRootDir removes every entry of directory rel of r.
