@@ -144,19 +144,8 @@ func (b *Builder) build(ctx context.Context, r *Recipe, suite, mirror, digest st
 	if err := s.removeStale(r.Name); err != nil {
 		return nil, fmt.Errorf("build image %q: remove leftovers of earlier builds: %w", r.Name, err)
 	}
-	tmp, err := os.MkdirTemp(s.dir, buildPrefix+r.Name+".")
+	tmp, logFile, err := s.newBuildDir(r.Name)
 	if err != nil {
-		return nil, fmt.Errorf("build image %q: %w", r.Name, err)
-	}
-	// MkdirTemp's 0700 would keep apt's unprivileged _apt user from
-	// downloading into the chroot (apt then falls back to root).
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		os.RemoveAll(tmp)
-		return nil, fmt.Errorf("build image %q: %w", r.Name, err)
-	}
-	logFile, err := os.OpenFile(filepath.Join(tmp, buildLog), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("build image %q: %w", r.Name, err)
 	}
 	log := io.Writer(logFile)
@@ -180,22 +169,7 @@ func (b *Builder) build(ctx context.Context, r *Recipe, suite, mirror, digest st
 	}()
 
 	b.progress(log, r.Name, "building digest %s from %s %s", digest[:12], mirror, suite)
-	root := filepath.Join(tmp, rootfsDir)
-	if err := b.mmdebstrap(ctx, r, suite, mirror, root, log); err != nil {
-		return nil, err
-	}
-	b.progress(log, r.Name, "adding files, user %s and sandbox layout", r.User.Name)
-	if err := finalise(root, r); err != nil {
-		return nil, err
-	}
-	if err := verify(ctx, root, r.User); err != nil {
-		return nil, fmt.Errorf("verify: %w", err)
-	}
-	packages, err := installedPackages(ctx, root)
-	if err != nil {
-		return nil, err
-	}
-	size, err := diskSize(root)
+	packages, size, err := b.buildTree(ctx, r, suite, mirror, filepath.Join(tmp, rootfsDir), log)
 	if err != nil {
 		return nil, err
 	}
@@ -232,6 +206,52 @@ func (b *Builder) build(ctx context.Context, r *Recipe, suite, mirror, digest st
 		return nil, err
 	}
 	return img, nil
+}
+
+// newBuildDir makes a build's temporary directory in the store and opens
+// its log there.
+func (s *Store) newBuildDir(name string) (string, *os.File, error) {
+	tmp, err := os.MkdirTemp(s.dir, buildPrefix+name+".")
+	if err != nil {
+		return "", nil, err
+	}
+	// MkdirTemp's 0700 would keep apt's unprivileged _apt user from
+	// downloading into the chroot (apt then falls back to root).
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		os.RemoveAll(tmp)
+		return "", nil, err
+	}
+	logFile, err := os.OpenFile(filepath.Join(tmp, buildLog), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return "", nil, err
+	}
+	return tmp, logFile, nil
+}
+
+// buildTree makes the image's root file system at root: mmdebstrap, then
+// our files, user and sandbox layout, verified. It returns the installed
+// packages and the tree's size.
+func (b *Builder) buildTree(ctx context.Context, r *Recipe, suite, mirror, root string, log io.Writer) (map[string]string, int64, error) {
+	if err := b.mmdebstrap(ctx, r, suite, mirror, root, log); err != nil {
+		return nil, 0, err
+	}
+	b.progress(log, r.Name, "adding files, user %s and sandbox layout", r.User.Name)
+	if err := finalise(root, r); err != nil {
+		return nil, 0, err
+	}
+	if err := verify(ctx, root, r.User); err != nil {
+		return nil, 0, fmt.Errorf("verify: %w", err)
+	}
+	packages, err := installedPackages(ctx, root)
+	if err != nil {
+		return nil, 0, err
+	}
+	size, err := diskSize(root)
+	if err != nil {
+		return nil, 0, err
+	}
+	return packages, size, nil
 }
 
 // install moves a finished build to its digest. A tree already stored under

@@ -365,6 +365,7 @@ func (fs *fileService) mkdirAll(dir string) (int, error) {
 	return fd, nil
 }
 
+// write writes a file whole: checked, then replaced atomically.
 func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.Reader, rp *reply) error {
 	p := w.Path
 	switch {
@@ -395,21 +396,9 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 	// beside it, renamed over the target once complete. A failure (the
 	// disk filling up, the client going away) leaves the old file, or
 	// none, never a partial one.
-	owner := [2]int{fs.uid, fs.gid}
-	var old unix.Stat_t
-	switch err := unix.Fstatat(dirfd, path.Base(p), &old, unix.AT_SYMLINK_NOFOLLOW); {
-	case err == nil && old.Mode&unix.S_IFMT == unix.S_IFREG:
-		// An existing file keeps its owner, and its mode unless one is asked for.
-		owner = [2]int{int(old.Uid), int(old.Gid)}
-		if w.Mode == 0 {
-			mode = old.Mode & 0o7777 &^ (unix.S_ISUID | unix.S_ISGID)
-		}
-	case err == nil:
-		// A symlink is refused rather than replaced: what the user
-		// wanted written is not what a planted link would leave there.
-		return agent.Errorf(errdefs.InvalidArgument, "%s is not a regular file", p)
-	case err != nil && err != unix.ENOENT:
-		return errnoError(p, err)
+	owner, mode, err := fs.replacedOwnerMode(dirfd, p, mode, w.Mode != 0)
+	if err != nil {
+		return err
 	}
 	tmp := "." + path.Base(p) + "." + strconv.FormatUint(uint64(time.Now().UnixNano()), 36) + ".sandboxd-tmp"
 	fd, err := unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
@@ -456,6 +445,28 @@ func (fs *fileService) write(w *agent.WriteFileRequest, payload int64, r *bufio.
 		return errnoError(p, err)
 	}
 	return rp.send(&agent.Frame{Type: agent.FrameResult, File: fileInfo(p, &st)})
+}
+
+// replacedOwnerMode is the owner and mode of a file a write replaces: an
+// existing file keeps its owner, and its mode unless one is asked for
+// (setMode); a new one is the sandbox user's. A symlink is refused rather
+// than replaced: what the user wanted written is not what a planted link
+// would leave there.
+func (fs *fileService) replacedOwnerMode(dirfd int, p string, mode uint32, setMode bool) ([2]int, uint32, error) {
+	owner := [2]int{fs.uid, fs.gid}
+	var old unix.Stat_t
+	switch err := unix.Fstatat(dirfd, path.Base(p), &old, unix.AT_SYMLINK_NOFOLLOW); {
+	case err == nil && old.Mode&unix.S_IFMT == unix.S_IFREG:
+		owner = [2]int{int(old.Uid), int(old.Gid)}
+		if !setMode {
+			mode = old.Mode & 0o7777 &^ (unix.S_ISUID | unix.S_ISGID)
+		}
+	case err == nil:
+		return owner, 0, agent.Errorf(errdefs.InvalidArgument, "%s is not a regular file", p)
+	case err != unix.ENOENT:
+		return owner, 0, errnoError(p, err)
+	}
+	return owner, mode, nil
 }
 
 // appendTo appends to (or creates) p in place: an append is not atomic.

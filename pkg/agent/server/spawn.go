@@ -83,24 +83,7 @@ func (t *jobTable) launch(req *agent.ExecRequest, argv0 string, env []string, cw
 			Credential: cred,
 		},
 	}
-	j := &job{
-		id:          newJobID(),
-		argv:        req.Argv,
-		tty:         req.TTY != nil,
-		openStdin:   req.OpenStdin,
-		outputLimit: req.OutputLimit,
-		timeout:     time.Duration(req.TimeoutMS) * time.Millisecond,
-		table:       t,
-		readers:     fds.readers,
-		readersDone: make(chan struct{}),
-		pty:         fds.pty,
-		stdin:       fds.stdin,
-		changed:     make(chan struct{}),
-		sudo:        sudo,
-	}
-	for i := range j.streams {
-		j.streams[i].retain = t.opts.RetainBytes
-	}
+	j := t.newJob(req, fds, sudo)
 	var failed atomic.Bool
 	onExit := func(ws unix.WaitStatus, ru *unix.Rusage) {
 		if !failed.Load() {
@@ -123,6 +106,37 @@ func (t *jobTable) launch(req *agent.ExecRequest, argv0 string, env []string, cw
 		}
 		return nil, execError(argv0, cwd, err)
 	}
+	t.run(j, req, pid, stdin)
+	t.log.Info("job started", "job", j.id, "pid", pid, "argv0", argv0, "uid", credUID(cred), "tty", j.tty)
+	return j, nil
+}
+
+// newJob is the job a launch starts, before it has a process.
+func (t *jobTable) newJob(req *agent.ExecRequest, fds *childFDs, sudo bool) *job {
+	j := &job{
+		id:          newJobID(),
+		argv:        req.Argv,
+		tty:         req.TTY != nil,
+		openStdin:   req.OpenStdin,
+		outputLimit: req.OutputLimit,
+		timeout:     time.Duration(req.TimeoutMS) * time.Millisecond,
+		table:       t,
+		readers:     fds.readers,
+		readersDone: make(chan struct{}),
+		pty:         fds.pty,
+		stdin:       fds.stdin,
+		changed:     make(chan struct{}),
+		sudo:        sudo,
+	}
+	for i := range j.streams {
+		j.streams[i].retain = t.opts.RetainBytes
+	}
+	return j
+}
+
+// run follows a started job: output held for the daemon to attach if
+// asked, the job in the table, its readers, its stdin and its timeout.
+func (t *jobTable) run(j *job, req *agent.ExecRequest, pid int, stdin []byte) {
 	if req.HoldOutput {
 		// Before the readers start, so no byte can be dropped before the
 		// daemon attaches.
@@ -168,8 +182,6 @@ func (t *jobTable) launch(req *agent.ExecRequest, argv0 string, env []string, cw
 		})
 		j.mu.Unlock()
 	}
-	t.log.Info("job started", "job", j.id, "pid", pid, "argv0", argv0, "uid", credUID(cred), "tty", j.tty)
-	return j, nil
 }
 
 // startOnSpareIfReady starts the command on the ready spare (spare.go):
