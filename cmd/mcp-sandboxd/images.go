@@ -21,27 +21,19 @@ func imagesCmd() *cobra.Command {
 	var cfgPath string
 	cmd := &cobra.Command{Use: "images", Short: "Build or list language images offline"}
 	cmd.PersistentFlags().StringVar(&cfgPath, "config", config.DefaultPath, "configuration file")
-	imagesDir := func(cfg *config.Config) string {
-		if cfg.Paths.ImagesDir != "" {
-			return cfg.Paths.ImagesDir
-		}
-		return filepath.Join(cfg.Paths.StateDir, "images")
-	}
-	open := func() (*config.Config, *image.Store, error) {
-		cfg, err := loadConfig(cfgPath)
-		if err != nil {
-			return nil, nil, &exitError{code: 2, err: err}
-		}
-		st, err := image.OpenStore(imagesDir(cfg))
-		return cfg, st, err
-	}
+	cmd.AddCommand(imagesBuildCmd(&cfgPath), imagesLsCmd(&cfgPath))
+	return cmd
+}
+
+// imagesBuildCmd is the build subcommand of imagesCmd.
+func imagesBuildCmd(cfgPath *string) *cobra.Command {
 	var vmGuest bool
 	build := &cobra.Command{
 		Use:   "build [--vm] NAME...",
 		Short: "Build the images of the named recipes unless they are up to date (--vm: VM guest images, linux or a language)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, st, err := open()
+			cfg, st, err := openImageStore(*cfgPath)
 			if err != nil {
 				return err
 			}
@@ -67,7 +59,7 @@ func imagesCmd() *cobra.Command {
 				if vmGuest {
 					// The bootable guest (kernel, initramfs with this
 					// daemon's agent, qcow2 disk) where the daemon looks.
-					if _, err := vm.PrepareGuest(cmd.Context(), img, cfg.Paths.AgentPath, filepath.Join(imagesDir(cfg), "vm-guests")); err != nil {
+					if _, err := vm.PrepareGuest(cmd.Context(), img, cfg.Paths.AgentPath, filepath.Join(imagesStoreDir(cfg), "vm-guests")); err != nil {
 						return fmt.Errorf("make guest of %s: %w", img.Name, err)
 					}
 				}
@@ -77,12 +69,17 @@ func imagesCmd() *cobra.Command {
 		},
 	}
 	build.Flags().BoolVar(&vmGuest, "vm", false, "build VM guest images: linux (the Linux test guest) or a language made into a guest")
-	ls := &cobra.Command{
+	return build
+}
+
+// imagesLsCmd is the ls subcommand of imagesCmd.
+func imagesLsCmd(cfgPath *string) *cobra.Command {
+	return &cobra.Command{
 		Use:   "ls",
 		Short: "List built images",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, st, err := open()
+			_, st, err := openImageStore(*cfgPath)
 			if err != nil {
 				return err
 			}
@@ -99,6 +96,23 @@ func imagesCmd() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.AddCommand(build, ls)
-	return cmd
+}
+
+// imagesStoreDir is where the daemon of cfg keeps its images.
+func imagesStoreDir(cfg *config.Config) string {
+	if cfg.Paths.ImagesDir != "" {
+		return cfg.Paths.ImagesDir
+	}
+	return filepath.Join(cfg.Paths.StateDir, "images")
+}
+
+// openImageStore loads the configuration at cfgPath and opens its image
+// store.
+func openImageStore(cfgPath string) (*config.Config, *image.Store, error) {
+	cfg, err := loadConfig(cfgPath)
+	if err != nil {
+		return nil, nil, &exitError{code: 2, err: err}
+	}
+	st, err := image.OpenStore(imagesStoreDir(cfg))
+	return cfg, st, err
 }

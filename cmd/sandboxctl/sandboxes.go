@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
@@ -93,75 +94,18 @@ func inspectCmd(g *globals) *cobra.Command {
 	}
 }
 
+// createCmd is create: a sandbox from flags, its id printed.
 func createCmd(g *globals) *cobra.Command {
-	var (
-		req                  client.CreateSandboxRequest
-		memory, disk         string
-		bandwidth            string
-		connRate             int64
-		cpus                 float64
-		pids, inodes         int64
-		ttl                  time.Duration
-		envFlags, labelFlags []string
-		volumeFlags          []string
-	)
+	var o createOptions
 	cmd := &cobra.Command{
 		Use:   "create --lang L [flags] | create --backend vm [--os OS] [--image linux|LANG]",
 		Short: "Create a sandbox and print its ID",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f := cmd.Flags()
-			if f.Changed("memory") {
-				mb, err := parseMB("memory", memory)
-				if err != nil {
-					return err
-				}
-				req.MemoryMB = &mb
-			}
-			if f.Changed("disk") {
-				mb, err := parseMB("disk", disk)
-				if err != nil {
-					return err
-				}
-				req.DiskMB = &mb
-			}
-			if f.Changed("inodes") {
-				req.Inodes = &inodes
-			}
-			if f.Changed("cpus") {
-				req.CPUs = &cpus
-			}
-			if f.Changed("network-bandwidth") {
-				b, err := config.ParseByteSize(bandwidth)
-				if err != nil {
-					return usagef("--network-bandwidth: %v", err)
-				}
-				n := int64(b)
-				req.NetworkBandwidth = &n
-			}
-			if f.Changed("network-conn-rate") {
-				req.NetworkConnRate = &connRate
-			}
-			if f.Changed("pids") {
-				req.Pids = &pids
-			}
-			if f.Changed("ttl") {
-				s, err := seconds("ttl", ttl)
-				if err != nil {
-					return err
-				}
-				req.TTLSeconds = &s
-			}
-			var err error
-			if req.Env, err = parseKV("env", envFlags); err != nil {
+			if err := o.apply(cmd.Flags()); err != nil {
 				return err
 			}
-			if req.Labels, err = parseKV("label", labelFlags); err != nil {
-				return err
-			}
-			if req.Volumes, err = parseVolumes(volumeFlags); err != nil {
-				return err
-			}
+			req := o.req
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -182,29 +126,102 @@ func createCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&req.Backend, "backend", "", "what runs the sandbox: container (default) or vm (a QEMU guest with its own kernel)")
-	f.StringVar(&req.OS, "os", "", "with --backend vm: guest OS, linux (default) or windows (an administrator's disk, vm.images.windows)")
-	f.StringVarP(&req.Language, "lang", "l", "", "language (image) of the sandbox (with --backend vm: the language's guest)")
-	f.StringVar(&req.Image, "image", "", "image, when it differs from the language, or an OCI image reference (registry[:port]/name:tag, pulled on first use where images.allow_pull allows)")
-	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512M or 1G (default: the daemon's)")
-	f.StringVar(&disk, "disk", "", "disk limit for /workspace and other writes, e.g. 1G")
-	f.StringVar(&req.DiskBacking, "disk-backing", "", "where writes live: disk (an ext4 image) or memory (a tmpfs, counts against the memory limit)")
-	f.Int64Var(&inodes, "inodes", 0, "limit of files and directories (default: one per 16K of disk)")
-	f.Float64Var(&cpus, "cpus", 0, "CPU limit in cores, e.g. 0.5")
-	f.Int64Var(&pids, "pids", 0, "process limit")
-	f.StringVar(&req.Network, "network", "", "network mode: none, egress or allowlist")
-	f.StringArrayVar(&req.Allow, "allow", nil, "host, *.domain, IPv4 CIDR or @preset reachable with --network allowlist (repeatable)")
-	f.StringVar(&bandwidth, "network-bandwidth", "", "bandwidth per second in each direction with network, e.g. 1M (default: the daemon's)")
-	f.Int64Var(&connRate, "network-conn-rate", 0, "new connections per second with network (default: the daemon's)")
-	f.StringArrayVar(&req.Credentials, "credential", nil, "credential (network.credentials) the sandbox may use through the daemon's proxy, with --network egress or allowlist (repeatable)")
-	f.StringArrayVarP(&envFlags, "env", "e", nil, "environment variable NAME=VALUE (repeatable)")
-	f.StringArrayVar(&labelFlags, "label", nil, "label NAME=VALUE (repeatable)")
-	f.DurationVar(&ttl, "ttl", 0, "lifetime after which the sandbox is terminated, e.g. 30m")
-	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start from a snapshot's files (a fork; the language is the snapshot's)")
-	f.StringVar(&req.Template, "template", "", "start from a template: its image and defaults, its start command ready on return")
-	f.StringArrayVar(&volumeFlags, "volume", nil, "mount a named volume, NAME:PATH or NAME:PATH:ro (repeatable)")
+	o.flags(cmd.Flags())
 	return cmd
+}
+
+// createOptions are the flags of create.
+type createOptions struct {
+	req                  client.CreateSandboxRequest
+	memory, disk         string
+	bandwidth            string
+	connRate             int64
+	cpus                 float64
+	pids, inodes         int64
+	ttl                  time.Duration
+	envFlags, labelFlags []string
+	volumeFlags          []string
+}
+
+// flags declares create's flags on f.
+func (o *createOptions) flags(f *pflag.FlagSet) {
+	f.StringVar(&o.req.Backend, "backend", "", "what runs the sandbox: container (default) or vm (a QEMU guest with its own kernel)")
+	f.StringVar(&o.req.OS, "os", "", "with --backend vm: guest OS, linux (default) or windows (an administrator's disk, vm.images.windows)")
+	f.StringVarP(&o.req.Language, "lang", "l", "", "language (image) of the sandbox (with --backend vm: the language's guest)")
+	f.StringVar(&o.req.Image, "image", "", "image, when it differs from the language, or an OCI image reference (registry[:port]/name:tag, pulled on first use where images.allow_pull allows)")
+	f.StringVar(&o.memory, "memory", "", "memory limit, e.g. 512M or 1G (default: the daemon's)")
+	f.StringVar(&o.disk, "disk", "", "disk limit for /workspace and other writes, e.g. 1G")
+	f.StringVar(&o.req.DiskBacking, "disk-backing", "", "where writes live: disk (an ext4 image) or memory (a tmpfs, counts against the memory limit)")
+	f.Int64Var(&o.inodes, "inodes", 0, "limit of files and directories (default: one per 16K of disk)")
+	f.Float64Var(&o.cpus, "cpus", 0, "CPU limit in cores, e.g. 0.5")
+	f.Int64Var(&o.pids, "pids", 0, "process limit")
+	f.StringVar(&o.req.Network, "network", "", "network mode: none, egress or allowlist")
+	f.StringArrayVar(&o.req.Allow, "allow", nil, "host, *.domain, IPv4 CIDR or @preset reachable with --network allowlist (repeatable)")
+	f.StringVar(&o.bandwidth, "network-bandwidth", "", "bandwidth per second in each direction with network, e.g. 1M (default: the daemon's)")
+	f.Int64Var(&o.connRate, "network-conn-rate", 0, "new connections per second with network (default: the daemon's)")
+	f.StringArrayVar(&o.req.Credentials, "credential", nil, "credential (network.credentials) the sandbox may use through the daemon's proxy, with --network egress or allowlist (repeatable)")
+	f.StringArrayVarP(&o.envFlags, "env", "e", nil, "environment variable NAME=VALUE (repeatable)")
+	f.StringArrayVar(&o.labelFlags, "label", nil, "label NAME=VALUE (repeatable)")
+	f.DurationVar(&o.ttl, "ttl", 0, "lifetime after which the sandbox is terminated, e.g. 30m")
+	f.StringVar(&o.req.FromSnapshot, "from-snapshot", "", "start from a snapshot's files (a fork; the language is the snapshot's)")
+	f.StringVar(&o.req.Template, "template", "", "start from a template: its image and defaults, its start command ready on return")
+	f.StringArrayVar(&o.volumeFlags, "volume", nil, "mount a named volume, NAME:PATH or NAME:PATH:ro (repeatable)")
+}
+
+// apply puts the flags the user set into the request, each checked.
+func (o *createOptions) apply(f *pflag.FlagSet) error {
+	if f.Changed("memory") {
+		mb, err := parseMB("memory", o.memory)
+		if err != nil {
+			return err
+		}
+		o.req.MemoryMB = &mb
+	}
+	if f.Changed("disk") {
+		mb, err := parseMB("disk", o.disk)
+		if err != nil {
+			return err
+		}
+		o.req.DiskMB = &mb
+	}
+	if f.Changed("inodes") {
+		o.req.Inodes = &o.inodes
+	}
+	if f.Changed("cpus") {
+		o.req.CPUs = &o.cpus
+	}
+	if f.Changed("network-bandwidth") {
+		b, err := config.ParseByteSize(o.bandwidth)
+		if err != nil {
+			return usagef("--network-bandwidth: %v", err)
+		}
+		n := int64(b)
+		o.req.NetworkBandwidth = &n
+	}
+	if f.Changed("network-conn-rate") {
+		o.req.NetworkConnRate = &o.connRate
+	}
+	if f.Changed("pids") {
+		o.req.Pids = &o.pids
+	}
+	if f.Changed("ttl") {
+		s, err := seconds("ttl", o.ttl)
+		if err != nil {
+			return err
+		}
+		o.req.TTLSeconds = &s
+	}
+	var err error
+	if o.req.Env, err = parseKV("env", o.envFlags); err != nil {
+		return err
+	}
+	if o.req.Labels, err = parseKV("label", o.labelFlags); err != nil {
+		return err
+	}
+	if o.req.Volumes, err = parseVolumes(o.volumeFlags); err != nil {
+		return err
+	}
+	return nil
 }
 
 func pauseCmd(g *globals) *cobra.Command {

@@ -146,6 +146,12 @@ func sshKeysCmd(g *globals) *cobra.Command {
 		Use:   "ssh-keys",
 		Short: "Manage the public keys that may log in to sandboxes over SSH",
 	}
+	cmd.AddCommand(sshKeysAddCmd(g), sshKeysListCmd(g), sshKeysRmCmd(g))
+	return cmd
+}
+
+// sshKeysAddCmd is the add subcommand of sshKeysCmd.
+func sshKeysAddCmd(g *globals) *cobra.Command {
 	var name string
 	add := &cobra.Command{
 		Use:   "add [--name NAME] FILE|-",
@@ -186,7 +192,12 @@ func sshKeysCmd(g *globals) *cobra.Command {
 		},
 	}
 	add.Flags().StringVar(&name, "name", "", "a label for the key (default: its comment)")
-	list := &cobra.Command{
+	return add
+}
+
+// sshKeysListCmd is the list subcommand of sshKeysCmd.
+func sshKeysListCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "list",
 		Short: "List the registered keys",
 		Args:  cobra.NoArgs,
@@ -208,7 +219,11 @@ func sshKeysCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	rm := &cobra.Command{
+}
+
+// sshKeysRmCmd is the rm subcommand of sshKeysCmd.
+func sshKeysRmCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "rm ID|FINGERPRINT",
 		Short: "Remove a key",
 		Args:  cobra.ExactArgs(1),
@@ -220,8 +235,6 @@ func sshKeysCmd(g *globals) *cobra.Command {
 			return c.RemoveSSHKey(cmd.Context(), args[0])
 		},
 	}
-	cmd.AddCommand(add, list, rm)
-	return cmd
 }
 
 func sshConfigCmd(g *globals) *cobra.Command {

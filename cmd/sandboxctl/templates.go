@@ -19,6 +19,12 @@ func templatesCmd(g *globals) *cobra.Command {
 		Aliases: []string{"template"},
 		Short:   "Sandbox templates: an image, a start command ready on create, defaults, a warm pool",
 	}
+	cmd.AddCommand(templatesCreateCmd(g), templatesLsCmd(g), templatesInspectCmd(g), templatesRmCmd(g))
+	return cmd
+}
+
+// templatesCreateCmd is templates create.
+func templatesCreateCmd(g *globals) *cobra.Command {
 	var (
 		req           apitypes.TemplateCreateRequest
 		memory, disk  string
@@ -95,7 +101,12 @@ func templatesCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Network, "network", "", "default network mode: none, egress or allowlist")
 	f.StringArrayVar(&req.Allow, "allow", nil, "with --network allowlist: host, *.domain, CIDR or @preset (repeatable)")
 	f.StringArrayVarP(&envFlags, "env", "e", nil, "environment variable NAME=VALUE (repeatable)")
-	ls := &cobra.Command{
+	return create
+}
+
+// templatesLsCmd is templates ls.
+func templatesLsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List templates",
@@ -120,7 +131,11 @@ func templatesCmd(g *globals) *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	inspect := &cobra.Command{
+}
+
+// templatesInspectCmd is templates inspect.
+func templatesInspectCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "inspect NAME",
 		Short: "Describe a template (JSON)",
 		Args:  cobra.ExactArgs(1),
@@ -136,7 +151,11 @@ func templatesCmd(g *globals) *cobra.Command {
 			return g.printJSON(t)
 		},
 	}
-	rm := &cobra.Command{
+}
+
+// templatesRmCmd is templates rm.
+func templatesRmCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:     "rm NAME...",
 		Aliases: []string{"delete"},
 		Short:   "Delete templates (and their warm sandboxes)",
@@ -149,6 +168,4 @@ func templatesCmd(g *globals) *cobra.Command {
 			return g.eachName(args, func(name string) error { return c.DeleteTemplate(cmd.Context(), name) })
 		},
 	}
-	cmd.AddCommand(create, ls, inspect, rm)
-	return cmd
 }

@@ -20,6 +20,12 @@ func volumesCmd(g *globals) *cobra.Command {
 		Aliases: []string{"volume"},
 		Short:   "Named volumes: disk that outlives sandboxes",
 	}
+	cmd.AddCommand(volumesCreateCmd(g), volumesLsCmd(g), volumesInspectCmd(g), volumesRmCmd(g))
+	return cmd
+}
+
+// volumesCreateCmd is the create subcommand of volumesCmd.
+func volumesCreateCmd(g *globals) *cobra.Command {
 	var (
 		size   string
 		inodes int64
@@ -57,7 +63,12 @@ func volumesCmd(g *globals) *cobra.Command {
 	}
 	create.Flags().StringVar(&size, "size", "", "size, e.g. 512M or 4G (default: the daemon's volumes.default_size)")
 	create.Flags().Int64Var(&inodes, "inodes", 0, "limit of files and directories (default: one per 16K)")
-	ls := &cobra.Command{
+	return create
+}
+
+// volumesLsCmd is the ls subcommand of volumesCmd.
+func volumesLsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List named volumes",
@@ -84,7 +95,11 @@ func volumesCmd(g *globals) *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	inspect := &cobra.Command{
+}
+
+// volumesInspectCmd is the inspect subcommand of volumesCmd.
+func volumesInspectCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "inspect NAME",
 		Short: "Describe a named volume (JSON)",
 		Args:  cobra.ExactArgs(1),
@@ -100,7 +115,11 @@ func volumesCmd(g *globals) *cobra.Command {
 			return g.printJSON(v)
 		},
 	}
-	rm := &cobra.Command{
+}
+
+// volumesRmCmd is the rm subcommand of volumesCmd.
+func volumesRmCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:     "rm NAME...",
 		Aliases: []string{"delete"},
 		Short:   "Delete named volumes and their files (refused while a live sandbox mounts one)",
@@ -113,8 +132,6 @@ func volumesCmd(g *globals) *cobra.Command {
 			return g.eachName(args, func(name string) error { return c.DeleteVolume(cmd.Context(), name) })
 		},
 	}
-	cmd.AddCommand(create, ls, inspect, rm)
-	return cmd
 }
 
 // parseVolumes reads --volume NAME:PATH[:ro|:rw] flags.
