@@ -77,79 +77,12 @@ func parseSudo(args []string) (o sudoOptions, status int, done bool) {
 			break
 		}
 		if strings.HasPrefix(a, "--") {
-			name, val, hasVal := strings.Cut(a[2:], "=")
-			switch name {
-			case "preserve-env":
-				o.preserveEnv = true
-			case "login":
-				o.login = true
-			case "shell":
-				o.shell = true
-			case "non-interactive", "set-home", "stdin":
-			case "user", "group":
-				if !hasVal {
-					if len(args) == 0 {
-						return o, usage("option --" + name + " needs a value"), true
-					}
-					val, args = args[0], args[1:]
-				}
-				if name == "user" {
-					o.user = val
-				} else {
-					o.group = val
-				}
-			case "version":
-				fmt.Println("Sudo version 1.9 (mcp-sandboxd agent: the sandbox's sudo channel)")
-				return o, 0, true
-			case "help":
-				return o, usage(""), true
-			default:
-				return o, usage("option --" + name + " is not supported in this sandbox"), true
-			}
-			continue
+			args, status, done = o.parseLong(a[2:], args)
+		} else {
+			args, status, done = o.parseShort(a, args)
 		}
-		for i := 1; i < len(a); i++ {
-			switch c := a[i]; c {
-			case 'E':
-				o.preserveEnv = true
-			case 'i':
-				o.login = true
-			case 's':
-				o.shell = true
-			case 'n', 'H', 'S', 'b', 'P':
-				// Nothing to ask for and the home is always set; -S and -b
-				// have no meaning without a password or a terminal to keep.
-			case 'k', 'K', 'v':
-				if len(a) == 2 && len(args) == 0 {
-					return o, 0, true // no cached credentials to drop or extend
-				}
-			case 'u', 'g':
-				val := a[i+1:]
-				if val == "" {
-					if len(args) == 0 {
-						return o, usage(fmt.Sprintf("option -%c needs a value", c)), true
-					}
-					val, args = args[0], args[1:]
-				}
-				if c == 'u' {
-					o.user = val
-				} else {
-					o.group = val
-				}
-				i = len(a)
-			case 'l':
-				if len(args) == 0 {
-					fmt.Println("User may run the following commands in this sandbox:\n    (ALL : ALL) NOPASSWD: ALL")
-					return o, 0, true
-				}
-			case 'V':
-				fmt.Println("Sudo version 1.9 (mcp-sandboxd agent: the sandbox's sudo channel)")
-				return o, 0, true
-			case 'h':
-				return o, usage(""), true
-			default:
-				return o, usage(fmt.Sprintf("option -%c is not supported in this sandbox", c)), true
-			}
+		if done {
+			return o, status, true
 		}
 	}
 	o.argv = args
@@ -157,6 +90,92 @@ func parseSudo(args []string) (o sudoOptions, status int, done bool) {
 		return o, usage("a command is needed"), true
 	}
 	return o, 0, false
+}
+
+// parseLong parses one long option opt (without its "--"), taking its
+// value from args when it is not given with "="; it returns what is left
+// of args.
+func (o *sudoOptions) parseLong(opt string, args []string) (rest []string, status int, done bool) {
+	name, val, hasVal := strings.Cut(opt, "=")
+	switch name {
+	case "preserve-env":
+		o.preserveEnv = true
+	case "login":
+		o.login = true
+	case "shell":
+		o.shell = true
+	case "non-interactive", "set-home", "stdin":
+	case "user", "group":
+		if !hasVal {
+			if len(args) == 0 {
+				return args, usage("option --" + name + " needs a value"), true
+			}
+			val, args = args[0], args[1:]
+		}
+		if name == "user" {
+			o.user = val
+		} else {
+			o.group = val
+		}
+	case "version":
+		fmt.Println("Sudo version 1.9 (mcp-sandboxd agent: the sandbox's sudo channel)")
+		return args, 0, true
+	case "help":
+		return args, usage(""), true
+	default:
+		return args, usage("option --" + name + " is not supported in this sandbox"), true
+	}
+	return args, 0, false
+}
+
+// parseShort parses one group of short options a ("-Eu" "user"), taking
+// an option's value from args when the group ends with it; it returns what
+// is left of args.
+func (o *sudoOptions) parseShort(a string, args []string) (rest []string, status int, done bool) {
+	for i := 1; i < len(a); i++ {
+		switch c := a[i]; c {
+		case 'E':
+			o.preserveEnv = true
+		case 'i':
+			o.login = true
+		case 's':
+			o.shell = true
+		case 'n', 'H', 'S', 'b', 'P':
+			// Nothing to ask for and the home is always set; -S and -b
+			// have no meaning without a password or a terminal to keep.
+		case 'k', 'K', 'v':
+			if len(a) == 2 && len(args) == 0 {
+				return args, 0, true // no cached credentials to drop or extend
+			}
+		case 'u', 'g':
+			val := a[i+1:]
+			if val == "" {
+				if len(args) == 0 {
+					return args, usage(fmt.Sprintf("option -%c needs a value", c)), true
+				}
+				val, args = args[0], args[1:]
+			}
+			if c == 'u' {
+				o.user = val
+			} else {
+				o.group = val
+			}
+			i = len(a)
+		case 'l':
+			if len(args) == 0 {
+				fmt.Println("User may run the following commands in this sandbox:\n    (ALL : ALL) NOPASSWD: ALL")
+				return args, 0, true
+			}
+		case 'V':
+			fmt.Println("Sudo version 1.9 (mcp-sandboxd agent: the sandbox's sudo channel)")
+			return args, 0, true
+		case 'h':
+			return args, usage(""), true
+		default:
+			return args, usage(fmt.Sprintf("option -%c is not supported in this sandbox", c)), true
+		}
+	}
+	return args, 0, false
 }
 
 func usage(problem string) int {
