@@ -120,47 +120,67 @@ type writtenJSON struct {
 	Type string `json:"type"`
 }
 
+// uploadBody is an upload's body, bounded, gunzipped when its
+// Content-Encoding says gzip.
+func uploadBody(w http.ResponseWriter, r *http.Request) (io.Reader, error) {
+	body := io.Reader(http.MaxBytesReader(w, r.Body, maxFile+1<<20))
+	switch enc := r.Header.Get("Content-Encoding"); enc {
+	case "", "identity":
+		return body, nil
+	case "gzip":
+		zr, err := gzip.NewReader(body)
+		if err != nil {
+			return nil, errdefs.Invalidf("body: invalid gzip: %v", err)
+		}
+		return zr, nil
+	default:
+		return nil, errdefs.Invalidf("Content-Encoding: %q is not supported (gzip is)", enc)
+	}
+}
+
+// uploadFile writes one uploaded file, at most maxFile bytes, to dest
+// resolved for user.
+func (s *Server) uploadFile(ctx context.Context, sandboxID, user, dest string, rd io.Reader) (writtenJSON, error) {
+	p, err := resolve(user, dest)
+	if err != nil {
+		return writtenJSON{}, err
+	}
+	var buf bytes.Buffer
+	n, err := io.Copy(&buf, io.LimitReader(rd, maxFile+1))
+	if err != nil {
+		return writtenJSON{}, errdefs.Invalidf("body: %v", err)
+	}
+	if n > maxFile {
+		return writtenJSON{}, errdefs.Invalidf("body: file larger than %d bytes", maxFile)
+	}
+	if _, err := s.b.WriteFileFrom(ctx, sandboxID, p, "", false, n, &buf); err != nil {
+		return writtenJSON{}, err
+	}
+	return writtenJSON{Path: p, Name: path.Base(p), Type: "file"}, nil
+}
+
+// upload serves POST /files: multipart parts named file, or one
+// octet-stream body, each written whole.
 func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	c := callOf(r.Context())
 	user, ok := filesAuth(w, r, c)
 	if !ok {
 		return
 	}
-	body := io.Reader(http.MaxBytesReader(w, r.Body, maxFile+1<<20))
-	switch enc := r.Header.Get("Content-Encoding"); enc {
-	case "", "identity":
-	case "gzip":
-		zr, err := gzip.NewReader(body)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "body: invalid gzip: %v", err)
-			return
-		}
-		body = zr
-	default:
-		writeError(w, http.StatusBadRequest, "Content-Encoding: %q is not supported (gzip is)", enc)
+	body, err := uploadBody(w, r)
+	if err != nil {
+		writeErr(w, err)
 		return
 	}
 	qpath := r.URL.Query().Get("path")
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var out []writtenJSON
 	write := func(dest string, rd io.Reader) error {
-		p, err := resolve(user, dest)
-		if err != nil {
-			return err
+		wj, err := s.uploadFile(r.Context(), c.sb.ID, user, dest, rd)
+		if err == nil {
+			out = append(out, wj)
 		}
-		var buf bytes.Buffer
-		n, err := io.Copy(&buf, io.LimitReader(rd, maxFile+1))
-		if err != nil {
-			return errdefs.Invalidf("body: %v", err)
-		}
-		if n > maxFile {
-			return errdefs.Invalidf("body: file larger than %d bytes", maxFile)
-		}
-		if _, err := s.b.WriteFileFrom(r.Context(), c.sb.ID, p, "", false, n, &buf); err != nil {
-			return err
-		}
-		out = append(out, writtenJSON{Path: p, Name: path.Base(p), Type: "file"})
-		return nil
+		return err
 	}
 	switch mt {
 	case "multipart/form-data":
