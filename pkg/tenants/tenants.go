@@ -3,8 +3,9 @@
 // the web editor's logins, preview URLs) asks with the secret a client
 // presented, which answers a principal.Principal or `unauthenticated`.
 //
-// Keys are stored only as SHA-256 hashes in the daemon's SQLite store
-// (table api_keys) and held in memory by hash, so that authenticating is a
+// Keys are stored only as SHA-256 hashes in a KeyStore — the daemon's
+// SQLite store (table api_keys), or the fleet's PostgreSQL store that
+// several gateways share, whose changes are watched — and held in memory by hash, so that authenticating is a
 // hash and a map read, with no database access on the request path; the
 // time a key was last used is written in batches (Options.TouchInterval),
 // not per request. The keys of server.auth_token_file and e2b.api_key_file
@@ -56,7 +57,9 @@ const (
 
 // Options configure New.
 type Options struct {
-	Store *store.Store
+	// Store holds the keys (nil: only the keys of files); a KeyWatcher
+	// is watched for other processes' changes.
+	Store KeyStore
 	// AdminToken is the content of server.auth_token_file ("" when the
 	// daemon has no HTTP listener): the first admin key.
 	AdminToken string
@@ -136,6 +139,9 @@ func New(ctx context.Context, opt Options) (*Service, error) {
 				return nil, err
 			}
 			s.add(e)
+		}
+		if w, ok := opt.Store.(KeyWatcher); ok {
+			s.watch(w)
 		}
 	}
 	go s.touchLoop()
