@@ -69,8 +69,10 @@ func TestValidate(t *testing.T) {
 			},
 		},
 		{
-			name:   "postgres store",
-			modify: func(c *Config) { c.Store.PostgresURL = "postgres://sandboxd@db.example:5432/sandboxd?sslmode=verify-full" },
+			name: "postgres store",
+			modify: func(c *Config) {
+				c.Store.PostgresURL = "postgres://sandboxd@db.example:5432/sandboxd?sslmode=verify-full"
+			},
 		},
 		{
 			name:   "postgres store on a socket",

@@ -48,11 +48,42 @@ func (s *Service) watch(w KeyWatcher) {
 
 // Reload replaces the store's keys held in memory by the store's live
 // keys (revoked and rotated ones drop out, new ones come in); the keys of
-// files stay as they are.
+// files stay as they are. A listing that this service's own Create,
+// Rotate or Revoke overtook is taken again: applied, it could bring back
+// a key just revoked here.
 func (s *Service) Reload(ctx context.Context) error {
+	for try := 0; ; try++ {
+		s.mu.RLock()
+		gen := s.gen
+		s.mu.RUnlock()
+		live, err := s.liveKeys(ctx)
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		if s.gen != gen && try < 10 {
+			s.mu.Unlock()
+			continue
+		}
+		for h, e := range s.byHash {
+			if e.key.Source != "file" {
+				delete(s.byHash, h)
+				delete(s.byID, e.key.ID)
+			}
+		}
+		for _, e := range live {
+			s.byHash[e.hash] = e
+			s.byID[e.key.ID] = e
+		}
+		s.mu.Unlock()
+		return nil
+	}
+}
+
+func (s *Service) liveKeys(ctx context.Context) ([]*entry, error) {
 	recs, err := s.opt.Store.ListKeys(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	live := make([]*entry, 0, len(recs))
 	for _, r := range recs {
@@ -61,21 +92,9 @@ func (s *Service) Reload(ctx context.Context) error {
 		}
 		e, err := entryOf(r)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		live = append(live, e)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for h, e := range s.byHash {
-		if e.key.Source != "file" {
-			delete(s.byHash, h)
-			delete(s.byID, e.key.ID)
-		}
-	}
-	for _, e := range live {
-		s.byHash[e.hash] = e
-		s.byID[e.key.ID] = e
-	}
-	return nil
+	return live, nil
 }

@@ -81,6 +81,7 @@ type Service struct {
 	mu     sync.RWMutex
 	byHash map[[32]byte]*entry
 	byID   map[string]*entry
+	gen    uint64 // changes of the maps by this service, under mu (Reload)
 
 	usedMu sync.Mutex
 	used   map[string]time.Time // key id → last use not yet written
@@ -185,6 +186,7 @@ func (s *Service) SetFileKeys(adminToken string, fileKeys []string) {
 
 func (s *Service) add(e *entry) {
 	s.mu.Lock()
+	s.gen++
 	s.byHash[e.hash] = e
 	s.byID[e.key.ID] = e
 	s.mu.Unlock()
@@ -364,6 +366,7 @@ func (s *Service) Revoke(ctx context.Context, id string) (*apitypes.Key, error) 
 		return nil, errdefs.Wrap(errdefs.Internal, err, "revoke key %s", id)
 	}
 	s.mu.Lock()
+	s.gen++
 	delete(s.byHash, e.hash)
 	delete(s.byID, id)
 	s.mu.Unlock()
@@ -386,6 +389,7 @@ func (s *Service) Rotate(ctx context.Context, id string) (*apitypes.KeySecret, e
 		return nil, errdefs.Wrap(errdefs.Internal, err, "rotate key %s", id)
 	}
 	s.mu.Lock()
+	s.gen++
 	delete(s.byHash, e.hash)
 	ne := &entry{key: e.key, hash: h}
 	s.byHash[h] = ne
