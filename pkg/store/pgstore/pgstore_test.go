@@ -246,3 +246,67 @@ func TestAuditLog(t *testing.T) {
 		t.Fatalf("rewritten tail: %+v", rep.Problem)
 	}
 }
+
+// TestWatchKeysReconnects: WatchKeys reports a committed key change, not
+// a rolled-back one, and keeps reporting after its listening connection is
+// killed by the server (it reconnects, and reports once on reconnecting).
+func TestWatchKeysReconnects(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	url := testenv.Postgres(t)
+	s, other := open(t, url), open(t, url)
+	events := make(chan struct{}, 64)
+	done := make(chan error, 1)
+	go func() { done <- s.WatchKeys(ctx, func() { events <- struct{}{} }) }()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != context.Canceled {
+				t.Errorf("WatchKeys ended with %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("WatchKeys did not end with its context")
+		}
+	}()
+	next := func(what string) {
+		t.Helper()
+		select {
+		case <-events:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no event after 10 s", what)
+		}
+	}
+	drain := func() {
+		for {
+			select {
+			case <-events:
+			case <-time.After(200 * time.Millisecond):
+				return
+			}
+		}
+	}
+	next("listening")
+	if err := other.InsertKey(ctx, &store.KeyRecord{ID: "key-1", Name: "one", Tenant: "one", Hash: make([]byte, 32), CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	next("insert on another pool")
+	// A duplicate name rolls back: no event.
+	if err := other.InsertKey(ctx, &store.KeyRecord{ID: "key-2", Name: "one", Tenant: "one", Hash: make([]byte, 32), CreatedAt: time.Now()}); !errors.Is(err, store.ErrExists) {
+		t.Fatalf("duplicate: %v", err)
+	}
+	select {
+	case <-events:
+		t.Fatal("an event for a rolled-back insert")
+	case <-time.After(300 * time.Millisecond):
+	}
+	var killed int
+	if err := other.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' AND pid <> pg_backend_pid()`).Scan(&killed); err != nil || killed != 1 {
+		t.Fatalf("terminate the listener: %d, %v", killed, err)
+	}
+	next("reconnected")
+	drain()
+	if err := other.RevokeKey(ctx, "key-1", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	next("revoke after the reconnect")
+}
