@@ -310,3 +310,38 @@ func TestWatchKeysReconnects(t *testing.T) {
 	}
 	next("revoke after the reconnect")
 }
+
+// BenchmarkReserveRelease: one fleet-wide quota reservation and its
+// release, the cost a gateway adds to a create.
+func BenchmarkReserveRelease(b *testing.B) {
+	ctx := context.Background()
+	s, err := Open(ctx, testenv.Postgres(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	one, q := apitypes.KeyUse{Sandboxes: 1, MemoryMB: 256}, apitypes.Quota{Sandboxes: 10}
+	for b.Loop() {
+		if err := s.ReserveUsage(ctx, "key-bench", one, q); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.ReleaseUsage(ctx, "key-bench", one); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAppendAudit: one record chained and committed.
+func BenchmarkAppendAudit(b *testing.B) {
+	ctx := context.Background()
+	s, err := Open(ctx, testenv.Postgres(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	for b.Loop() {
+		if _, err := s.AppendAudit(ctx, audit.Record{FrontEnd: "rest", Action: "POST /v1/sandboxes", Target: "sb-x", Outcome: audit.Success}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
