@@ -29,11 +29,15 @@ set -euo pipefail
 #                              image file (mkfs.vfat, mcopy -i), the GPT written by sfdisk
 #   openssh-client rsync       the SSH endpoint's tests drive it with the real ssh, scp, sftp
 #                              and rsync (pkg/sshd)
+#   postgresql                 the fleet's shared store (pkg/store/pgstore): tests start a private
+#                              cluster with its initdb and pg_ctl as an unprivileged user on a unix
+#                              socket in a temp dir (testenv.Postgres); the package's own cluster
+#                              and service are never used
 # (The Linux guest's kernel, qemu-guest-agent and busybox come from Debian packages
 # installed into the guest image by rootfs/vm/vm-linux.yaml, not on the host.)
 packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd chromium
 	qemu-system-x86 qemu-utils ovmf swtpm e2fsprogs git apt-utils gnupg
-	grub-efi-amd64-bin grub-common mtools dosfstools fdisk openssh-client rsync)
+	grub-efi-amd64-bin grub-common mtools dosfstools fdisk openssh-client rsync postgresql)
 # The MCP black-box tests drive the server with the official TypeScript SDK,
 # and the web editor is bundled with esbuild: Node.js from Debian unless a
 # node is already on PATH.

@@ -47,7 +47,20 @@ type Config struct {
 	Audit Audit `yaml:"audit"`
 	// SSH: the SSH endpoint (pkg/sshd, README "SSH access").
 	SSH SSH `yaml:"ssh"`
-	Log Log `yaml:"log"`
+	// Store: where the fleet's shared state lives (pkg/store/pgstore).
+	Store Store `yaml:"store"`
+	Log   Log   `yaml:"log"`
+}
+
+// Store is the `store` section. The daemon's own state is always the
+// SQLite file in paths.state_dir; PostgresURL moves what several
+// daemons and gateways must share — the API keys — into one PostgreSQL
+// database.
+type Store struct {
+	// PostgresURL is a postgres:// URL (empty: the keys stay in the
+	// SQLite state database). Keep the password out of it: libpq's
+	// PGPASSWORD or ~/.pgpass are read.
+	PostgresURL string `yaml:"postgres_url"`
 }
 
 // Server is the `server` section.

@@ -449,6 +449,17 @@ ssh:
   # also single-use.
   token_ttl: 5m
 
+# The fleet's shared store. The daemon's own state is always state.db in
+# paths.state_dir; several daemons and gateways that must share API keys
+# (created, rotated and revoked through any of them, seen by all at once)
+# name one PostgreSQL database here (docs/ARCHITECTURE.md, "The store
+# seam").
+store:
+  # postgres:// URL, e.g. postgres://sandboxd@db.example/sandboxd or
+  # postgres:///sandboxd?host=/run/postgresql. Empty: the keys stay in
+  # state.db. Keep the password out of it (PGPASSWORD or ~/.pgpass).
+  postgres_url: ""
+
 log:
   # Least severe level logged: debug, info, warn or error.
   level: info

@@ -55,6 +55,7 @@ func (c *Config) Validate() error {
 	c.E2B.validate(&p)
 	c.Audit.validate(&p)
 	c.SSH.validate(&p)
+	c.Store.validate(&p)
 	c.Log.validate(&p)
 	return p.err()
 }
@@ -77,6 +78,22 @@ func (a *Audit) validate(p *problems) {
 	}
 	if a.CheckpointEvery < 1 || a.CheckpointEvery > 1<<20 {
 		p.add("audit.checkpoint_every", "", "must be from 1 to 1048576, got %d", a.CheckpointEvery)
+	}
+}
+
+func (s *Store) validate(p *problems) {
+	if s.PostgresURL == "" {
+		return
+	}
+	// Never echo the URL: it may hold a password.
+	u, err := url.Parse(s.PostgresURL)
+	switch {
+	case err != nil:
+		p.add("store.postgres_url", "", "not a URL")
+	case u.Scheme != "postgres" && u.Scheme != "postgresql":
+		p.add("store.postgres_url", "", "want a postgres:// or postgresql:// URL, got scheme %q", u.Scheme)
+	case u.Host == "" && u.Query().Get("host") == "":
+		p.add("store.postgres_url", "", "names no host (host:port, or ?host=/socket/dir)")
 	}
 }
 

@@ -69,6 +69,31 @@ func TestValidate(t *testing.T) {
 			},
 		},
 		{
+			name: "postgres store",
+			modify: func(c *Config) {
+				c.Store.PostgresURL = "postgres://sandboxd@db.example:5432/sandboxd?sslmode=verify-full"
+			},
+		},
+		{
+			name:   "postgres store on a socket",
+			modify: func(c *Config) { c.Store.PostgresURL = "postgresql:///sandboxd?host=/run/postgresql" },
+		},
+		{
+			name:   "postgres store of another scheme",
+			modify: func(c *Config) { c.Store.PostgresURL = "mysql://u:hunter2@db/x" },
+			want:   []FieldError{{Key: "store.postgres_url", Message: `want a postgres:// or postgresql:// URL, got scheme "mysql"`}},
+		},
+		{
+			name:   "postgres store without host",
+			modify: func(c *Config) { c.Store.PostgresURL = "postgres:///sandboxd" },
+			want:   []FieldError{{Key: "store.postgres_url", Message: "names no host (host:port, or ?host=/socket/dir)"}},
+		},
+		{
+			name:   "postgres store not a URL, password not echoed",
+			modify: func(c *Config) { c.Store.PostgresURL = "postgres://u:hunter2@db:5432%zz/x" },
+			want:   []FieldError{{Key: "store.postgres_url", Message: "not a URL"}},
+		},
+		{
 			name:   "e2b without keys",
 			modify: func(c *Config) { c.E2B = E2B{Listen: "127.0.0.1:7072"} },
 			want:   []FieldError{{Key: "e2b.api_key_file", Message: "required when e2b.listen is set"}},

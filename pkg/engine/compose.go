@@ -22,6 +22,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/volumes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store/pgstore"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
 
@@ -67,14 +68,14 @@ func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, e
 	}
 	if err := e.openAudit(); err != nil {
 		e.tenants.Close()
-		_ = e.store.Close()
+		_ = e.closeStores()
 		return nil, err
 	}
 	backend, err := e.newContainerBackend()
 	if err != nil {
 		_ = e.audit.Close()
 		e.tenants.Close()
-		_ = e.store.Close()
+		_ = e.closeStores()
 		return nil, err
 	}
 	if err := e.newSandboxService(backend); err != nil {
@@ -97,7 +98,7 @@ func (e *Engine) closeCore() {
 	}
 	_ = e.audit.Close()
 	e.tenants.Close()
-	_ = e.store.Close()
+	_ = e.closeStores()
 }
 
 // Core is what the services are made over (services.Compose): the core's
@@ -132,6 +133,14 @@ func (e *Engine) Start(ctx context.Context, set *services.Set) error {
 	return nil
 }
 
+// closeStores closes the state database and the fleet's, if open.
+func (e *Engine) closeStores() error {
+	if e.fleet != nil {
+		e.fleet.Close()
+	}
+	return e.store.Close()
+}
+
 // openStores opens the state database, the image store and the recipe
 // catalog; on failure it leaves nothing open.
 func (e *Engine) openStores(ctx context.Context) error {
@@ -140,19 +149,29 @@ func (e *Engine) openStores(ctx context.Context) error {
 		return fmt.Errorf("open state database: %w", err)
 	}
 	if e.images, err = image.OpenStore(e.imagesDir()); err != nil {
-		_ = e.store.Close()
+		_ = e.closeStores()
 		return fmt.Errorf("open image store: %w", err)
 	}
 	recipes, err := image.LoadRecipes(e.cfg.Paths.RecipesDir)
 	if err != nil {
-		_ = e.store.Close()
+		_ = e.closeStores()
 		return fmt.Errorf("load recipes: %w", err)
 	}
 	e.catalog = lang.NewCatalog(recipes, e.cfg.Images.Languages)
 	// The keys of the store; the daemon adds the files' keys
 	// (Tenants().SetFileKeys) once it has read them.
-	if e.tenants, err = tenants.New(ctx, tenants.Options{Store: e.store, Log: e.log.With("component", "tenants")}); err != nil {
-		_ = e.store.Close()
+	// With store.postgres_url the keys live in the fleet's database that
+	// every gateway and daemon shares, and changes there are watched.
+	var keys tenants.KeyStore = e.store
+	if url := e.cfg.Store.PostgresURL; url != "" {
+		if e.fleet, err = pgstore.Open(ctx, url); err != nil {
+			_ = e.closeStores()
+			return fmt.Errorf("open the fleet's database (store.postgres_url): %w", err)
+		}
+		keys = e.fleet
+	}
+	if e.tenants, err = tenants.New(ctx, tenants.Options{Store: keys, Log: e.log.With("component", "tenants")}); err != nil {
+		_ = e.closeStores()
 		return fmt.Errorf("load api keys: %w", err)
 	}
 	return nil

@@ -46,6 +46,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/volumes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store/pgstore"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
 
@@ -54,7 +55,8 @@ type Engine struct {
 	cfg       *config.Config
 	log       *slog.Logger
 	store     *store.Store
-	audit     *audit.Log // nil when audit.enabled is false
+	fleet     *pgstore.Store // the keys' store with store.postgres_url; nil on one machine
+	audit     *audit.Log     // nil when audit.enabled is false
 	images    *image.Store
 	catalog   *lang.Catalog
 	runtime   *runtime.Runtime
@@ -197,7 +199,7 @@ func (e *Engine) Close() error {
 		e.volumeDisks.Close()
 	}
 	// The audit log before the database: its last checkpoint goes there.
-	return errors.Join(err, e.audit.Close(), e.store.Close())
+	return errors.Join(err, e.audit.Close(), e.closeStores())
 }
 
 // Config returns the engine's configuration.

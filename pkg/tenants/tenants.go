@@ -3,8 +3,9 @@
 // the web editor's logins, preview URLs) asks with the secret a client
 // presented, which answers a principal.Principal or `unauthenticated`.
 //
-// Keys are stored only as SHA-256 hashes in the daemon's SQLite store
-// (table api_keys) and held in memory by hash, so that authenticating is a
+// Keys are stored only as SHA-256 hashes in a KeyStore — the daemon's
+// SQLite store (table api_keys), or the fleet's PostgreSQL store that
+// several gateways share, whose changes are watched — and held in memory by hash, so that authenticating is a
 // hash and a map read, with no database access on the request path; the
 // time a key was last used is written in batches (Options.TouchInterval),
 // not per request. The keys of server.auth_token_file and e2b.api_key_file
@@ -56,7 +57,9 @@ const (
 
 // Options configure New.
 type Options struct {
-	Store *store.Store
+	// Store holds the keys (nil: only the keys of files); a KeyWatcher
+	// is watched for other processes' changes.
+	Store KeyStore
 	// AdminToken is the content of server.auth_token_file ("" when the
 	// daemon has no HTTP listener): the first admin key.
 	AdminToken string
@@ -78,6 +81,7 @@ type Service struct {
 	mu     sync.RWMutex
 	byHash map[[32]byte]*entry
 	byID   map[string]*entry
+	gen    uint64 // changes of the maps by this service, under mu (Reload)
 
 	usedMu sync.Mutex
 	used   map[string]time.Time // key id → last use not yet written
@@ -137,6 +141,9 @@ func New(ctx context.Context, opt Options) (*Service, error) {
 			}
 			s.add(e)
 		}
+		if w, ok := opt.Store.(KeyWatcher); ok {
+			s.watch(w)
+		}
 	}
 	go s.touchLoop()
 	return s, nil
@@ -179,6 +186,7 @@ func (s *Service) SetFileKeys(adminToken string, fileKeys []string) {
 
 func (s *Service) add(e *entry) {
 	s.mu.Lock()
+	s.gen++
 	s.byHash[e.hash] = e
 	s.byID[e.key.ID] = e
 	s.mu.Unlock()
@@ -358,6 +366,7 @@ func (s *Service) Revoke(ctx context.Context, id string) (*apitypes.Key, error) 
 		return nil, errdefs.Wrap(errdefs.Internal, err, "revoke key %s", id)
 	}
 	s.mu.Lock()
+	s.gen++
 	delete(s.byHash, e.hash)
 	delete(s.byID, id)
 	s.mu.Unlock()
@@ -380,6 +389,7 @@ func (s *Service) Rotate(ctx context.Context, id string) (*apitypes.KeySecret, e
 		return nil, errdefs.Wrap(errdefs.Internal, err, "rotate key %s", id)
 	}
 	s.mu.Lock()
+	s.gen++
 	delete(s.byHash, e.hash)
 	ne := &entry{key: e.key, hash: h}
 	s.byHash[h] = ne

@@ -2,7 +2,6 @@ package tenants
 
 import (
 	"context"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -12,7 +11,6 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
 // clock is a settable clock.
@@ -24,14 +22,10 @@ type clock struct {
 func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
-func open(t *testing.T, c *clock) (*Service, *store.Store) {
+func open(t *testing.T, c *clock, d driver) (*Service, KeyStore) {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "sandboxd.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
+	st := d.open(t)
 	s, err := New(ctx, Options{Store: st, AdminToken: "0123456789abcdef-token", FileKeys: []string{"e2b_00112233445566778899"}, Now: c.now, TouchInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -49,10 +43,12 @@ func wantCode(t *testing.T, err error, code errdefs.Code, what string) {
 
 // TestKeysLifecycle: create, authenticate, list, rotate, revoke, expiry,
 // and that the store holds no secret.
-func TestKeysLifecycle(t *testing.T) {
+func TestKeysLifecycle(t *testing.T) { forDrivers(t, testKeysLifecycle) }
+
+func testKeysLifecycle(t *testing.T, d driver) {
 	ctx := context.Background()
 	c := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-	s, st := open(t, c)
+	s, st := open(t, c, d)
 
 	if p, err := s.Authenticate("0123456789abcdef-token", "10.0.0.1:5"); err != nil || !p.Admin || p.Tenant != AdminTenant {
 		t.Fatalf("token file key: %+v, %v", p, err)
@@ -146,9 +142,11 @@ func TestKeysLifecycle(t *testing.T) {
 }
 
 // TestFailureLimit: a source that keeps failing is refused, others are not.
-func TestFailureLimit(t *testing.T) {
+func TestFailureLimit(t *testing.T) { forDrivers(t, testFailureLimit) }
+
+func testFailureLimit(t *testing.T, d driver) {
 	c := &clock{t: time.Now()}
-	s, _ := open(t, c)
+	s, _ := open(t, c, d)
 	k, err := s.Create(context.Background(), apitypes.KeyCreateRequest{Name: "carol"})
 	if err != nil {
 		t.Fatal(err)
@@ -169,10 +167,12 @@ func TestFailureLimit(t *testing.T) {
 }
 
 // TestQuota: each quota refuses, names itself, and frees.
-func TestQuota(t *testing.T) {
+func TestQuota(t *testing.T) { forDrivers(t, testQuota) }
+
+func testQuota(t *testing.T, d driver) {
 	ctx := context.Background()
 	c := &clock{t: time.Now()}
-	s, _ := open(t, c)
+	s, _ := open(t, c, d)
 	k, err := s.Create(ctx, apitypes.KeyCreateRequest{Name: "dave", Quota: apitypes.Quota{Sandboxes: 2, MemoryMB: 1024, CPUs: 2, DiskMB: 2048, CreatesPerMinute: 4}})
 	if err != nil {
 		t.Fatal(err)
