@@ -201,9 +201,20 @@ func (o *Options) defaults() {
 // Log is an open audit log. A nil *Log is a log that is off: Append and
 // the front-end hooks do nothing.
 type Log struct {
-	opt  Options
-	reqs chan *pending
-	done chan struct{}
+	opt Options
+
+	// qmu guards the queue of appends waiting and who writes them: the
+	// first Append to find no writer becomes the writer and writes in its
+	// own goroutine (no hand-over to another goroutine, which costs a
+	// wake-up on each side on a busy machine); appends that arrive
+	// meanwhile queue, and the writer hands the role to the first of them
+	// when it has written its own batch (group commit: one write for all
+	// of them).
+	qmu     sync.Mutex
+	queue   []*pending
+	writing bool
+	closed  bool
+	idle    *sync.Cond // signalled when writing ends (Close waits on it)
 
 	// mu guards the file state below, which the writer changes and Verify
 	// and Export read (the list of files and how much of the last is
@@ -216,12 +227,6 @@ type Log struct {
 	fileStart time.Time
 	seq       uint64 // last durable record
 	hash      string // its hash
-	closed    bool   // under closeMu
-
-	// closeMu orders Append's send against Close's closing of reqs (a
-	// separate lock: the writer takes mu while an Append may be blocked
-	// sending).
-	closeMu sync.RWMutex
 
 	cpSeq  uint64    // last checkpointed seq
 	cpTime time.Time // and when
@@ -232,9 +237,12 @@ type Log struct {
 }
 
 type pending struct {
-	rec  Record
-	err  error
+	rec Record
+	err error
+	// done is closed when the record is written (err says how), or when
+	// this append is made the writer (lead).
 	done chan struct{}
+	lead bool
 }
 
 // fileName of the file whose first record is seq.
@@ -267,7 +275,8 @@ func Open(opt Options) (*Log, error) {
 	if err := os.MkdirAll(opt.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit.dir: %w", err)
 	}
-	l := &Log{opt: opt, reqs: make(chan *pending, 1024), done: make(chan struct{}), hash: zeroHash}
+	l := &Log{opt: opt, hash: zeroHash}
+	l.idle = sync.NewCond(&l.qmu)
 	names, err := files(opt.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("audit.dir: %w", err)
@@ -299,7 +308,6 @@ func Open(opt Options) (*Log, error) {
 		break
 	}
 	l.cpSeq, l.cpTime = l.seq, opt.Now()
-	go l.writer()
 	return l, nil
 }
 
@@ -365,14 +373,22 @@ func (l *Log) Append(rec Record) error {
 	}
 	rec.Time = rec.Time.UTC()
 	p := &pending{rec: rec, done: make(chan struct{})}
-	l.closeMu.RLock()
+	l.qmu.Lock()
 	if l.closed {
-		l.closeMu.RUnlock()
+		l.qmu.Unlock()
 		return errdefs.Unavailablef("audit log: closed")
 	}
-	l.reqs <- p
-	l.closeMu.RUnlock()
-	<-p.done
+	l.queue = append(l.queue, p)
+	lead := !l.writing
+	l.writing = true
+	l.qmu.Unlock()
+	if !lead {
+		<-p.done
+		lead = p.lead
+	}
+	if lead {
+		l.lead()
+	}
 	if p.err != nil {
 		l.failures.Add(1)
 		l.opt.Log.Error("audit: append failed", "action", rec.Action, "err", p.err)
@@ -383,63 +399,67 @@ func (l *Log) Append(rec Record) error {
 // maxBatch bounds one group commit.
 const maxBatch = 256
 
-// writer is the one goroutine that writes: it takes every append waiting,
-// chains them in arrival order, writes them in one write and one fsync and
-// then releases their callers.
-func (l *Log) writer() {
-	defer close(l.done)
-	batch := make([]*pending, 0, maxBatch)
+// lead is the writer's turn: it takes the appends queued (its own first),
+// chains them in arrival order, writes them in one write and releases
+// their callers; then it hands the role to the first append that queued
+// meanwhile, or ends it.
+func (l *Log) lead() {
+	l.qmu.Lock()
+	n := min(len(l.queue), maxBatch)
+	batch := slices.Clone(l.queue[:n])
+	l.queue = slices.Delete(l.queue, 0, n)
+	l.qmu.Unlock()
+
+	l.commit(batch)
+
+	l.qmu.Lock()
+	if len(l.queue) > 0 {
+		next := l.queue[0]
+		next.lead = true
+		close(next.done)
+	} else {
+		l.writing = false
+		l.idle.Broadcast()
+	}
+	l.qmu.Unlock()
+}
+
+// commit writes one batch and releases its callers (not the writer's own
+// record's caller: it is the one running).
+func (l *Log) commit(batch []*pending) {
 	var buf []byte
-	for {
-		p, ok := <-l.reqs
-		if !ok {
-			return
-		}
-		batch = append(batch[:0], p)
-	drain:
-		for len(batch) < maxBatch {
-			select {
-			case p, ok := <-l.reqs:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, p)
-			default:
-				break drain
-			}
-		}
-		buf = buf[:0]
-		err := l.prepare(batch[0].rec.Time)
-		seq, hash := l.seq, l.hash
-		if err == nil {
-			for _, p := range batch {
-				seq++
-				p.rec.Seq, p.rec.Prev = seq, hash
-				line, e := p.rec.encode()
-				if e != nil {
-					err = e
-					break
-				}
-				hash = p.rec.Hash
-				buf = append(append(buf, line...), '\n')
-			}
-		}
-		if err == nil {
-			err = l.write(buf)
-		}
-		if err == nil {
-			l.mu.Lock()
-			l.seq, l.hash = seq, hash
-			l.fileSize += int64(len(buf))
-			l.mu.Unlock()
-		}
+	err := l.prepare(batch[0].rec.Time)
+	seq, hash := l.seq, l.hash
+	if err == nil {
 		for _, p := range batch {
-			p.err = err
+			seq++
+			p.rec.Seq, p.rec.Prev = seq, hash
+			line, e := p.rec.encode()
+			if e != nil {
+				err = e
+				break
+			}
+			hash = p.rec.Hash
+			buf = append(append(buf, line...), '\n')
+		}
+	}
+	if err == nil {
+		err = l.write(buf)
+	}
+	if err == nil {
+		l.mu.Lock()
+		l.seq, l.hash = seq, hash
+		l.fileSize += int64(len(buf))
+		l.mu.Unlock()
+	}
+	for i, p := range batch {
+		p.err = err
+		if i > 0 {
 			close(p.done)
 		}
-		if err == nil {
-			l.maybeCheckpoint(false)
-		}
+	}
+	if err == nil {
+		l.maybeCheckpoint(false)
 	}
 }
 
@@ -663,15 +683,16 @@ func (l *Log) Close() error {
 	if l == nil {
 		return nil
 	}
-	l.closeMu.Lock()
+	l.qmu.Lock()
 	if l.closed {
-		l.closeMu.Unlock()
+		l.qmu.Unlock()
 		return nil
 	}
-	l.closed = true
-	close(l.reqs)
-	l.closeMu.Unlock()
-	<-l.done
+	l.closed = true // no append queues any more
+	for l.writing {
+		l.idle.Wait()
+	}
+	l.qmu.Unlock()
 	l.cpWG.Wait()
 	l.maybeCheckpoint(true)
 	l.cpWG.Wait()
