@@ -294,6 +294,16 @@ CREATE TABLE templates (
 ) STRICT;
 `,
 	},
+	{
+		version:     14,
+		description: "preview exposures tied to their key; volume names per tenant",
+		sql: `
+-- The API key that made an exposure: preview requests through it stop
+-- when that key is revoked or expires ('' for the unix socket and
+-- exposures made before tenants, which no key revocation ends).
+ALTER TABLE port_exposures ADD COLUMN key_id TEXT NOT NULL DEFAULT '';
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.
