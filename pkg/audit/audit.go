@@ -12,9 +12,9 @@
 // torn last line, which Open cuts off (it was never acknowledged) and Verify
 // ignores.
 //
-// Cost: the current file is preallocated in segments (fallocate, so its
-// size already covers the records to come) and written with O_DSYNC
-// pwrites. An append then changes no metadata the filesystem must journal
+// Cost: the current file is preallocated in segments (zeros written ahead,
+// so its size and blocks already cover the records to come) and written
+// with O_DSYNC pwrites. An append then changes no metadata the filesystem must journal
 // (no new size, no new blocks), so making it durable is one data write
 // rather than a data write plus a journal commit, as append-and-fdatasync
 // was (on ext4: median 80 µs instead of 150 µs, and no multi-millisecond
@@ -222,8 +222,9 @@ type Log struct {
 	mu        sync.Mutex
 	f         *os.File
 	fileName  string
-	fileSize  int64 // bytes of records (the durable end)
-	fileAlloc int64 // preallocated length (zeros past fileSize)
+	fileSize  int64  // bytes of records (the durable end)
+	fileAlloc int64  // preallocated length (zeros past fileSize)
+	zeros     []byte // a segment of zeros (the writer's)
 	fileStart time.Time
 	seq       uint64 // last durable record
 	hash      string // its hash
@@ -464,8 +465,8 @@ func (l *Log) commit(batch []*pending) {
 }
 
 // segmentBytes is how much of a file is preallocated at a time: one
-// journalled size change (and fsync) per segment instead of per batch.
-const segmentBytes = 4 << 20
+// journalled size change per segment instead of per batch.
+const segmentBytes = 1 << 20
 
 // openSegment opens a log file for O_DSYNC positional writes: a write
 // returns once its data, and whatever metadata reading it back needs, is
@@ -493,23 +494,23 @@ func (l *Log) write(buf []byte) error {
 }
 
 // preallocate makes the file at least need bytes long, a segment at a
-// time, and makes its new size durable before records are written into
-// it. A filesystem without fallocate gets plain O_DSYNC writes past the
-// end (each then also journals the new size: slower, as durable).
+// time, by writing zeros (O_DSYNC: durable, size and blocks, when the
+// write returns). Written zeros rather than fallocate: an fallocated range
+// is unwritten extents, and the first record written into each block
+// converts one, a metadata change the filesystem journals — and a journal
+// commit waits for whatever else the daemon has just changed on that
+// filesystem (measured: +0.1 to 0.2 ms per exec under load). Overwriting
+// written blocks changes no metadata at all.
 func (l *Log) preallocate(need int64) error {
 	if need <= l.fileAlloc {
 		return nil
 	}
 	// A segment, but not much past the size the file rotates at.
 	alloc := max(l.fileAlloc+min(segmentBytes, l.opt.MaxFileBytes), need)
-	if err := unix.Fallocate(int(l.f.Fd()), 0, l.fileAlloc, alloc-l.fileAlloc); err != nil {
-		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
-			l.fileAlloc = need
-			return nil
-		}
-		return fmt.Errorf("audit: preallocate %s: %w", l.fileName, err)
+	if int64(len(l.zeros)) < alloc-l.fileAlloc {
+		l.zeros = make([]byte, alloc-l.fileAlloc)
 	}
-	if err := unix.Fdatasync(int(l.f.Fd())); err != nil {
+	if _, err := l.f.WriteAt(l.zeros[:alloc-l.fileAlloc], l.fileAlloc); err != nil {
 		return fmt.Errorf("audit: preallocate %s: %w", l.fileName, err)
 	}
 	l.fileAlloc = alloc
