@@ -341,6 +341,13 @@ func TestVolumeNamesPerTenant(t *testing.T) {
 	if v, err := env.GetVolume(admin, "bob:data"); err != nil || v.Tenant != "bob" {
 		t.Errorf("admin gets bob:data: %+v %v", v, err)
 	}
+	// Hostile qualified names: the name part is checked like any name.
+	for n, code := range map[string]errdefs.Code{"alice:": errdefs.InvalidArgument, "alice:../x": errdefs.InvalidArgument,
+		"alice:data:x": errdefs.InvalidArgument, ":data": errdefs.NotFound, "../../etc:data": errdefs.NotFound} {
+		if _, err := env.GetVolume(admin, n); errdefs.CodeOf(err) != code {
+			t.Errorf("admin gets %q: %v, want %s", n, err, code)
+		}
+	}
 	err = env.DeleteVolume(admin, "alice:data")
 	if errdefs.CodeOf(err) != errdefs.FailedPrecondition || !strings.Contains(err.Error(), sbs["alice"]) || strings.Contains(err.Error(), sbs["bob"]) {
 		t.Errorf("delete of alice's mounted data: %v, want failed_precondition naming %s only", err, sbs["alice"])
