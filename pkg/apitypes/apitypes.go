@@ -322,8 +322,11 @@ type GCReport struct {
 // Artifact is a tar.gz of a sandbox directory kept by the daemon
 // (files_export), downloadable at /v1/artifacts/{id}.
 type Artifact struct {
-	ID        string    `json:"artifact_id"`
-	SandboxID string    `json:"sandbox_id"`
+	ID        string `json:"artifact_id"`
+	SandboxID string `json:"sandbox_id"`
+	// Tenant owns the archive: its sandbox's tenant. Another tenant's
+	// download is not_found, as for an id that does not exist.
+	Tenant    string    `json:"tenant,omitempty"`
 	Path      string    `json:"path"`
 	Size      int64     `json:"size"`
 	SHA256    string    `json:"sha256"`

@@ -6,9 +6,14 @@
 // Archives hold user files and are written by the daemon (root): the files
 // are 0600 in a 0700 directory. Ids are random and checked for shape before
 // they reach a path, so a request cannot name a file outside the directory.
+//
+// An archive belongs to its sandbox's tenant, recorded beside it, since it
+// outlives the sandbox: Open gives another tenant's caller the not_found of
+// an id that does not exist (the id alone is not a capability).
 package artifacts
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -24,6 +29,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
 
 // Artifact describes one archive.
@@ -61,12 +67,13 @@ type Writer struct {
 	done bool
 }
 
-// Create starts a new archive of dir in sandbox sandboxID.
-func (s *Store) Create(sandboxID, dir string) (*Writer, error) {
+// Create starts a new archive of dir in sandbox sandboxID, owned by tenant
+// (the sandbox's).
+func (s *Store) Create(sandboxID, tenant, dir string) (*Writer, error) {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create artifacts dir: %w", err)
 	}
-	art := Artifact{ID: newID(), SandboxID: sandboxID, Path: dir, CreatedAt: time.Now().UTC()}
+	art := Artifact{ID: newID(), SandboxID: sandboxID, Tenant: tenant, Path: dir, CreatedAt: time.Now().UTC()}
 	f, err := os.OpenFile(s.path(art.ID, ".tar.gz"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create artifact: %w", err)
@@ -118,14 +125,18 @@ func (w *Writer) Abort() {
 	_ = os.Remove(w.s.path(w.art.ID, ".tar.gz"))
 }
 
-// Open opens an archive for reading.
-func (s *Store) Open(id string) (*Artifact, io.ReadCloser, error) {
+// Open opens an archive for reading, if ctx's caller may see it: callers
+// without a principal (the engine's own work) and admins see all, a
+// tenant's key its tenant's only (an archive recorded without a tenant,
+// made before tenants, is the administrator's).
+func (s *Store) Open(ctx context.Context, id string) (*Artifact, io.ReadCloser, error) {
 	if !ValidID(id) {
 		return nil, nil, errdefs.Invalidf("artifact_id: malformed %q", id)
 	}
+	notFound := errdefs.NotFoundf("artifact_id: no artifact %q", id)
 	meta, err := os.ReadFile(s.path(id, ".json"))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil, errdefs.NotFoundf("artifact_id: no artifact %q", id)
+		return nil, nil, notFound
 	}
 	if err != nil {
 		return nil, nil, errdefs.Wrap(errdefs.Internal, err, "read artifact %s", id)
@@ -133,6 +144,9 @@ func (s *Store) Open(id string) (*Artifact, io.ReadCloser, error) {
 	var art Artifact
 	if err := json.Unmarshal(meta, &art); err != nil {
 		return nil, nil, errdefs.Wrap(errdefs.Internal, err, "decode artifact %s", id)
+	}
+	if p, ok := principal.From(ctx); ok && !p.Admin && p.Tenant != art.Tenant {
+		return nil, nil, notFound // the same answer as for no archive
 	}
 	f, err := os.Open(s.path(id, ".tar.gz"))
 	if err != nil {

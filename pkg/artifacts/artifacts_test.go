@@ -1,20 +1,23 @@
 package artifacts
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
 
 func TestCommitOpenAbortPrune(t *testing.T) {
 	s := Open(filepath.Join(t.TempDir(), "artifacts"))
-	w, err := s.Create("sb-1", "/workspace")
+	w, err := s.Create("sb-1", "alice", "/workspace")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +33,7 @@ func TestCommitOpenAbortPrune(t *testing.T) {
 		t.Fatalf("artifact = %+v", art)
 	}
 	w.Abort() // no-op after Commit
-	got, rc, err := s.Open(art.ID)
+	got, rc, err := s.Open(context.Background(), art.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,18 +43,18 @@ func TestCommitOpenAbortPrune(t *testing.T) {
 		t.Fatalf("open = %+v %q", got, b)
 	}
 
-	w2, err := s.Create("sb-1", "/workspace")
+	w2, err := s.Create("sb-1", "alice", "/workspace")
 	if err != nil {
 		t.Fatal(err)
 	}
 	w2.Abort()
-	if _, _, err := s.Open(w2.art.ID); errdefs.CodeOf(err) != errdefs.NotFound {
+	if _, _, err := s.Open(context.Background(), w2.art.ID); errdefs.CodeOf(err) != errdefs.NotFound {
 		t.Fatalf("aborted artifact: %v", err)
 	}
 	if _, err := os.Stat(s.path(w2.art.ID, ".tar.gz")); !os.IsNotExist(err) {
 		t.Fatalf("aborted archive left on disk: %v", err)
 	}
-	if _, _, err := s.Open("../../etc/passwd"); errdefs.CodeOf(err) != errdefs.InvalidArgument {
+	if _, _, err := s.Open(context.Background(), "../../etc/passwd"); errdefs.CodeOf(err) != errdefs.InvalidArgument {
 		t.Fatalf("malformed id: %v", err)
 	}
 
@@ -64,7 +67,67 @@ func TestCommitOpenAbortPrune(t *testing.T) {
 	if n := s.Prune(time.Hour); n != 2 {
 		t.Fatalf("pruned %d files, want 2", n)
 	}
-	if _, _, err := s.Open(art.ID); errdefs.CodeOf(err) != errdefs.NotFound {
+	if _, _, err := s.Open(context.Background(), art.ID); errdefs.CodeOf(err) != errdefs.NotFound {
 		t.Fatalf("pruned artifact: %v", err)
+	}
+}
+
+// TestTenantOwnsArchive: an archive outlives its sandbox, so its tenant is
+// checked on the archive itself: another tenant's key gets exactly the
+// answer of an id that does not exist, the owner and admins get it, and an
+// archive recorded without a tenant is the administrator's only.
+func TestTenantOwnsArchive(t *testing.T) {
+	s := Open(filepath.Join(t.TempDir(), "artifacts"))
+	mk := func(tenant string) string {
+		w, err := s.Create("sb-1", tenant, "/workspace")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = w.Write([]byte("x"))
+		art, err := w.Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return art.ID
+	}
+	alices, nobodys := mk("alice"), mk("")
+	as := func(p principal.Principal) context.Context { return principal.With(context.Background(), p) }
+	alice := as(principal.Principal{KeyID: "k1", KeyName: "alice", Tenant: "alice"})
+	bob := as(principal.Principal{KeyID: "k2", KeyName: "bob", Tenant: "bob"})
+	admin := as(principal.Principal{KeyID: "k3", KeyName: "ops", Tenant: "ops", Admin: true})
+	absent := "art-0123456789abcdef"
+	_, _, errAbsent := s.Open(bob, absent)
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		id   string
+		ok   bool
+	}{
+		{"owner", alice, alices, true},
+		{"admin", admin, alices, true},
+		{"engine (no principal)", context.Background(), alices, true},
+		{"other tenant", bob, alices, false},
+		{"tenant, archive of no tenant", alice, nobodys, false},
+		{"admin, archive of no tenant", admin, nobodys, true},
+	} {
+		art, rc, err := s.Open(tc.ctx, tc.id)
+		if tc.ok {
+			if err != nil || art.ID != tc.id {
+				t.Errorf("%s: %v", tc.name, err)
+				continue
+			}
+			rc.Close()
+			continue
+		}
+		want := strings.Replace(errAbsent.Error(), absent, tc.id, 1)
+		if errdefs.CodeOf(err) != errdefs.NotFound || err.Error() != want || rc != nil {
+			t.Errorf("%s: %v, want %q", tc.name, err, want)
+		}
+	}
+	if art, rc, err := s.Open(admin, alices); err == nil {
+		rc.Close()
+		if art.Tenant != "alice" {
+			t.Errorf("admin sees tenant %q, want alice", art.Tenant)
+		}
 	}
 }

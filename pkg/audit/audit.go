@@ -5,12 +5,21 @@
 // edited, removed, inserted or reordered record breaks the chain at that
 // record (Verify names it).
 //
-// Durability: Append returns only once the record's line is written and
-// fsynced (group commit: concurrent appends share one write and one fsync),
-// and the front ends call it before they send the call's answer — a client
-// never sees an answer whose record a crash could lose. A daemon killed
-// mid-write leaves at worst a torn last line, which Open cuts off (it was
-// never acknowledged) and Verify ignores.
+// Durability: Append returns only once the record's line is on disk (group
+// commit: concurrent appends share one write), and the front ends call it
+// before they send the call's answer — a client never sees an answer whose
+// record a crash could lose. A daemon killed mid-write leaves at worst a
+// torn last line, which Open cuts off (it was never acknowledged) and Verify
+// ignores.
+//
+// Cost: the current file is preallocated in segments (zeros written ahead,
+// so its size and blocks already cover the records to come) and written
+// with O_DSYNC pwrites. An append then changes no metadata the filesystem must journal
+// (no new size, no new blocks), so making it durable is one data write
+// rather than a data write plus a journal commit, as append-and-fdatasync
+// was (on ext4: median 80 µs instead of 150 µs, and no multi-millisecond
+// tail). The unused end of a file is zeros: readers stop at them, and a
+// file is cut to its records when it is rotated or the log closed.
 //
 // Checkpoints: every so many records (and at every rotation) the newest
 // record's sequence number and hash are stored in the state database
@@ -192,9 +201,20 @@ func (o *Options) defaults() {
 // Log is an open audit log. A nil *Log is a log that is off: Append and
 // the front-end hooks do nothing.
 type Log struct {
-	opt  Options
-	reqs chan *pending
-	done chan struct{}
+	opt Options
+
+	// qmu guards the queue of appends waiting and who writes them: the
+	// first Append to find no writer becomes the writer and writes in its
+	// own goroutine (no hand-over to another goroutine, which costs a
+	// wake-up on each side on a busy machine); appends that arrive
+	// meanwhile queue, and the writer hands the role to the first of them
+	// when it has written its own batch (group commit: one write for all
+	// of them).
+	qmu     sync.Mutex
+	queue   []*pending
+	writing bool
+	closed  bool
+	idle    *sync.Cond // signalled when writing ends (Close waits on it)
 
 	// mu guards the file state below, which the writer changes and Verify
 	// and Export read (the list of files and how much of the last is
@@ -202,16 +222,12 @@ type Log struct {
 	mu        sync.Mutex
 	f         *os.File
 	fileName  string
-	fileSize  int64
+	fileSize  int64  // bytes of records (the durable end)
+	fileAlloc int64  // preallocated length (zeros past fileSize)
+	zeros     []byte // a segment of zeros (the writer's)
 	fileStart time.Time
 	seq       uint64 // last durable record
 	hash      string // its hash
-	closed    bool   // under closeMu
-
-	// closeMu orders Append's send against Close's closing of reqs (a
-	// separate lock: the writer takes mu while an Append may be blocked
-	// sending).
-	closeMu sync.RWMutex
 
 	cpSeq  uint64    // last checkpointed seq
 	cpTime time.Time // and when
@@ -222,9 +238,12 @@ type Log struct {
 }
 
 type pending struct {
-	rec  Record
-	err  error
+	rec Record
+	err error
+	// done is closed when the record is written (err says how), or when
+	// this append is made the writer (lead).
 	done chan struct{}
+	lead bool
 }
 
 // fileName of the file whose first record is seq.
@@ -257,7 +276,8 @@ func Open(opt Options) (*Log, error) {
 	if err := os.MkdirAll(opt.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit.dir: %w", err)
 	}
-	l := &Log{opt: opt, reqs: make(chan *pending, 1024), done: make(chan struct{}), hash: zeroHash}
+	l := &Log{opt: opt, hash: zeroHash}
+	l.idle = sync.NewCond(&l.qmu)
 	names, err := files(opt.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("audit.dir: %w", err)
@@ -279,17 +299,16 @@ func Open(opt Options) (*Log, error) {
 		}
 		l.seq, l.hash = rec.Seq, rec.Hash
 		if size < opt.MaxFileBytes {
-			f, err := os.OpenFile(filepath.Join(opt.Dir, last), os.O_WRONLY|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+			f, err := openSegment(filepath.Join(opt.Dir, last), 0)
 			if err != nil {
 				return nil, fmt.Errorf("audit: %w", err)
 			}
-			l.f, l.fileName, l.fileSize = f, last, size
+			l.f, l.fileName, l.fileSize, l.fileAlloc = f, last, size, size
 			l.fileStart = firstTime(filepath.Join(opt.Dir, last), rec.Time)
 		}
 		break
 	}
 	l.cpSeq, l.cpTime = l.seq, opt.Now()
-	go l.writer()
 	return l, nil
 }
 
@@ -319,10 +338,14 @@ func (l *Log) recoverTail(path string) (*Record, int64, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("audit: %w", err)
 	}
-	whole := bytes.LastIndexByte(data, '\n') + 1
+	// A file the daemon did not close ends in its preallocated zeros.
+	end := len(bytes.TrimRight(data, "\x00"))
+	whole := bytes.LastIndexByte(data[:end], '\n') + 1
 	if whole < len(data) {
-		l.opt.Log.Warn("audit: cutting a torn last line (a write interrupted by a crash, never acknowledged)",
-			"file", path, "bytes", len(data)-whole)
+		if whole < end {
+			l.opt.Log.Warn("audit: cutting a torn last line (a write interrupted by a crash, never acknowledged)",
+				"file", path, "bytes", end-whole)
+		}
 		if err := os.Truncate(path, int64(whole)); err != nil {
 			return nil, 0, fmt.Errorf("audit: cut torn line of %s: %w", path, err)
 		}
@@ -351,14 +374,22 @@ func (l *Log) Append(rec Record) error {
 	}
 	rec.Time = rec.Time.UTC()
 	p := &pending{rec: rec, done: make(chan struct{})}
-	l.closeMu.RLock()
+	l.qmu.Lock()
 	if l.closed {
-		l.closeMu.RUnlock()
+		l.qmu.Unlock()
 		return errdefs.Unavailablef("audit log: closed")
 	}
-	l.reqs <- p
-	l.closeMu.RUnlock()
-	<-p.done
+	l.queue = append(l.queue, p)
+	lead := !l.writing
+	l.writing = true
+	l.qmu.Unlock()
+	if !lead {
+		<-p.done
+		lead = p.lead
+	}
+	if lead {
+		l.lead()
+	}
 	if p.err != nil {
 		l.failures.Add(1)
 		l.opt.Log.Error("audit: append failed", "action", rec.Action, "err", p.err)
@@ -369,79 +400,135 @@ func (l *Log) Append(rec Record) error {
 // maxBatch bounds one group commit.
 const maxBatch = 256
 
-// writer is the one goroutine that writes: it takes every append waiting,
-// chains them in arrival order, writes them in one write and one fsync and
-// then releases their callers.
-func (l *Log) writer() {
-	defer close(l.done)
-	batch := make([]*pending, 0, maxBatch)
+// lead is the writer's turn: it takes the appends queued (its own first),
+// chains them in arrival order, writes them in one write and releases
+// their callers; then it hands the role to the first append that queued
+// meanwhile, or ends it.
+func (l *Log) lead() {
+	l.qmu.Lock()
+	n := min(len(l.queue), maxBatch)
+	batch := slices.Clone(l.queue[:n])
+	l.queue = slices.Delete(l.queue, 0, n)
+	l.qmu.Unlock()
+
+	l.commit(batch)
+
+	l.qmu.Lock()
+	if len(l.queue) > 0 {
+		next := l.queue[0]
+		next.lead = true
+		close(next.done)
+	} else {
+		l.writing = false
+		l.idle.Broadcast()
+	}
+	l.qmu.Unlock()
+}
+
+// commit writes one batch and releases its callers (not the writer's own
+// record's caller: it is the one running).
+func (l *Log) commit(batch []*pending) {
 	var buf []byte
-	for {
-		p, ok := <-l.reqs
-		if !ok {
-			return
-		}
-		batch = append(batch[:0], p)
-	drain:
-		for len(batch) < maxBatch {
-			select {
-			case p, ok := <-l.reqs:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, p)
-			default:
-				break drain
-			}
-		}
-		buf = buf[:0]
-		err := l.prepare(batch[0].rec.Time)
-		seq, hash := l.seq, l.hash
-		if err == nil {
-			for _, p := range batch {
-				seq++
-				p.rec.Seq, p.rec.Prev = seq, hash
-				line, e := p.rec.encode()
-				if e != nil {
-					err = e
-					break
-				}
-				hash = p.rec.Hash
-				buf = append(append(buf, line...), '\n')
-			}
-		}
-		if err == nil {
-			err = l.write(buf)
-		}
-		if err == nil {
-			l.mu.Lock()
-			l.seq, l.hash = seq, hash
-			l.fileSize += int64(len(buf))
-			l.mu.Unlock()
-		}
+	err := l.prepare(batch[0].rec.Time)
+	seq, hash := l.seq, l.hash
+	if err == nil {
 		for _, p := range batch {
-			p.err = err
+			seq++
+			p.rec.Seq, p.rec.Prev = seq, hash
+			line, e := p.rec.encode()
+			if e != nil {
+				err = e
+				break
+			}
+			hash = p.rec.Hash
+			buf = append(append(buf, line...), '\n')
+		}
+	}
+	if err == nil {
+		err = l.write(buf)
+	}
+	if err == nil {
+		l.mu.Lock()
+		l.seq, l.hash = seq, hash
+		l.fileSize += int64(len(buf))
+		l.mu.Unlock()
+	}
+	for i, p := range batch {
+		p.err = err
+		if i > 0 {
 			close(p.done)
 		}
-		if err == nil {
-			l.maybeCheckpoint(false)
-		}
+	}
+	if err == nil {
+		l.maybeCheckpoint(false)
 	}
 }
 
-// write appends buf and makes it durable. A failed or short write is cut
-// back off, so that the file never holds a half-written, unacknowledged
-// batch that later records would chain after.
+// segmentBytes is how much of a file is preallocated at a time: one
+// journalled size change per segment instead of per batch.
+const segmentBytes = 1 << 20
+
+// openSegment opens a log file for O_DSYNC positional writes: a write
+// returns once its data, and whatever metadata reading it back needs, is
+// on disk.
+func openSegment(path string, flag int) (*os.File, error) {
+	return os.OpenFile(path, flag|os.O_WRONLY|unix.O_DSYNC|unix.O_CLOEXEC, 0o600)
+}
+
+// write writes buf after the file's records and returns once it is
+// durable. A failed or short write is zeroed back out, so that the file
+// never holds a half-written, unacknowledged batch that later records
+// would chain after.
 func (l *Log) write(buf []byte) error {
-	n, err := l.f.Write(buf)
+	if err := l.preallocate(l.fileSize + int64(len(buf))); err != nil {
+		return err
+	}
+	n, err := l.f.WriteAt(buf, l.fileSize)
+	if err != nil {
+		if n > 0 {
+			_, _ = l.f.WriteAt(make([]byte, n), l.fileSize)
+		}
+		return fmt.Errorf("audit: write %s: %w", l.fileName, err)
+	}
+	return nil
+}
+
+// preallocate makes the file at least need bytes long, a segment at a
+// time, by writing zeros (O_DSYNC: durable, size and blocks, when the
+// write returns). Written zeros rather than fallocate: an fallocated range
+// is unwritten extents, and the first record written into each block
+// converts one, a metadata change the filesystem journals — and a journal
+// commit waits for whatever else the daemon has just changed on that
+// filesystem (measured: +0.1 to 0.2 ms per exec under load). Overwriting
+// written blocks changes no metadata at all.
+func (l *Log) preallocate(need int64) error {
+	if need <= l.fileAlloc {
+		return nil
+	}
+	// A segment, but not much past the size the file rotates at.
+	alloc := max(l.fileAlloc+min(segmentBytes, l.opt.MaxFileBytes), need)
+	if int64(len(l.zeros)) < alloc-l.fileAlloc {
+		l.zeros = make([]byte, alloc-l.fileAlloc)
+	}
+	if _, err := l.f.WriteAt(l.zeros[:alloc-l.fileAlloc], l.fileAlloc); err != nil {
+		return fmt.Errorf("audit: preallocate %s: %w", l.fileName, err)
+	}
+	l.fileAlloc = alloc
+	return nil
+}
+
+// closeFile cuts the current file to its records (a closed file holds no
+// zeros) and closes it.
+func (l *Log) closeFile() error {
+	err := l.f.Truncate(l.fileSize)
 	if err == nil {
 		err = unix.Fdatasync(int(l.f.Fd()))
 	}
+	if e := l.f.Close(); err == nil {
+		err = e
+	}
 	if err != nil {
-		if n > 0 {
-			_ = l.f.Truncate(l.fileSize)
-		}
-		return fmt.Errorf("audit: write %s: %w", l.fileName, err)
+		return fmt.Errorf("audit: close %s: %w", l.fileName, err)
 	}
 	return nil
 }
@@ -453,8 +540,8 @@ func (l *Log) prepare(now time.Time) error {
 		return nil
 	}
 	if l.f != nil {
-		if err := l.f.Close(); err != nil {
-			return fmt.Errorf("audit: close %s: %w", l.fileName, err)
+		if err := l.closeFile(); err != nil {
+			return err
 		}
 		l.mu.Lock()
 		l.f = nil
@@ -462,7 +549,7 @@ func (l *Log) prepare(now time.Time) error {
 		l.maybeCheckpoint(true) // the last record of the full file
 	}
 	name := fileNameOf(l.seq + 1)
-	f, err := os.OpenFile(filepath.Join(l.opt.Dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+	f, err := openSegment(filepath.Join(l.opt.Dir, name), os.O_CREATE)
 	if err != nil {
 		return fmt.Errorf("audit: create %s: %w", name, err)
 	}
@@ -472,7 +559,7 @@ func (l *Log) prepare(now time.Time) error {
 		d.Close()
 	}
 	l.mu.Lock()
-	l.f, l.fileName, l.fileSize, l.fileStart = f, name, 0, now
+	l.f, l.fileName, l.fileSize, l.fileAlloc, l.fileStart = f, name, 0, 0, now
 	l.mu.Unlock()
 	l.retain(now)
 	return nil
@@ -498,8 +585,12 @@ func (l *Log) retain(now time.Time) {
 		if err != nil {
 			continue
 		}
-		all = append(all, fi{n, st.Size(), st.ModTime()})
-		total += st.Size()
+		size := st.Size()
+		if n == l.fileName {
+			size = l.fileSize // not its preallocated zeros
+		}
+		all = append(all, fi{n, size, st.ModTime()})
+		total += size
 	}
 	removed := 0
 	for _, f := range all {
@@ -593,22 +684,25 @@ func (l *Log) Close() error {
 	if l == nil {
 		return nil
 	}
-	l.closeMu.Lock()
+	l.qmu.Lock()
 	if l.closed {
-		l.closeMu.Unlock()
+		l.qmu.Unlock()
 		return nil
 	}
-	l.closed = true
-	close(l.reqs)
-	l.closeMu.Unlock()
-	<-l.done
+	l.closed = true // no append queues any more
+	for l.writing {
+		l.idle.Wait()
+	}
+	l.qmu.Unlock()
 	l.cpWG.Wait()
 	l.maybeCheckpoint(true)
 	l.cpWG.Wait()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f != nil {
-		return l.f.Close()
+		err := l.closeFile()
+		l.f = nil
+		return err
 	}
 	return nil
 }
@@ -627,6 +721,10 @@ var errStop = errors.New("stop")
 
 // scanLines calls fn for each line of the files in order (without its
 // newline; torn is true for a last line of the last file that has none).
+// The zeros a file was preallocated with end it: a file the daemon still
+// writes, or one a crash left, holds its records, maybe a torn line, then
+// nothing but zeros; anything else after the zeros is a line like any
+// other (and no record).
 func scanLines(dir string, names []string, fn func(file string, line int, b []byte, torn bool) error) error {
 	for i, n := range names {
 		f, err := os.Open(filepath.Join(dir, n))
@@ -646,6 +744,8 @@ func scanLines(dir string, names []string, fn func(file string, line int, b []by
 			torn := err == io.EOF // no newline
 			if !torn {
 				b = b[:len(b)-1]
+			} else if b = bytes.TrimRight(b, "\x00"); len(b) == 0 {
+				break // the preallocated end
 			}
 			if e := fn(n, ln, b, torn && i == len(names)-1); e != nil {
 				f.Close()

@@ -91,7 +91,8 @@ func lines(t *testing.T, path string) [][]byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return bytes.SplitAfter(b, []byte("\n"))
+	// A live file ends in its preallocated zeros (not records).
+	return bytes.SplitAfter(bytes.TrimRight(b, "\x00"), []byte("\n"))
 }
 
 func write(t *testing.T, path string, ls [][]byte) {
@@ -205,6 +206,62 @@ func mustHash(t *testing.T, line []byte) string {
 		t.Fatal(err)
 	}
 	return r.Hash
+}
+
+// TestCrashInPreallocatedFile: a daemon killed while it writes leaves its
+// file as it was — records, maybe half a line, then the preallocated zeros.
+// Verify ignores the zeros and the half line, Export too, and a reopened
+// log cuts both off and goes on from the last whole record; a closed file
+// holds its records only.
+func TestCrashInPreallocatedFile(t *testing.T) {
+	live := t.TempDir()
+	l := open(t, Options{Dir: live})
+	fill(t, l, 10)
+	src := filepath.Join(live, fileNameOf(1))
+	b, err := os.ReadFile(src) // the file as a kill -9 would leave it
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := bytes.LastIndexByte(b, '\n') + 1
+	if len(b)-end < 1024 || len(bytes.Trim(b[end:], "\x00")) != 0 {
+		t.Fatalf("live file: %d bytes of records, %d after them (want preallocated zeros)", end, len(b)-end)
+	}
+	for _, tc := range []struct {
+		name string
+		torn bool
+	}{{"zeros after the last record", false}, {"half a line, then zeros", true}} {
+		dir := t.TempDir()
+		c := bytes.Clone(b)
+		if tc.torn {
+			ls := bytes.SplitAfter(b[:end], []byte("\n"))
+			copy(c[end:], ls[3][:len(ls[3])/2])
+		}
+		path := filepath.Join(dir, fileNameOf(1))
+		if err := os.WriteFile(path, c, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := VerifyDir(dir, nil)
+		if err != nil || !rep.OK || rep.TornTail != tc.torn || rep.LastSeq != 10 || rep.Records != 10 {
+			t.Fatalf("%s: %+v %v", tc.name, rep, err)
+		}
+		var out bytes.Buffer
+		if n, err := ExportDir(context.Background(), dir, time.Time{}, &out); err != nil || n != 10 {
+			t.Fatalf("%s: export %d %v", tc.name, n, err)
+		}
+		l2 := open(t, Options{Dir: dir})
+		fill(t, l2, 5)
+		if err := l2.Close(); err != nil {
+			t.Fatal(err)
+		}
+		rep, err = VerifyDir(dir, nil)
+		if err != nil || !rep.OK || rep.TornTail || rep.LastSeq != 15 {
+			t.Fatalf("%s, reopened: %+v %v", tc.name, rep, err)
+		}
+		closed, _ := os.ReadFile(path)
+		if bytes.IndexByte(closed, 0) >= 0 || bytes.Count(closed, []byte("\n")) != 15 || closed[len(closed)-1] != '\n' {
+			t.Fatalf("%s: closed file is not 15 whole lines: %d bytes, %d zeros", tc.name, len(closed), bytes.Count(closed, []byte{0}))
+		}
+	}
 }
 
 // TestTornTail: a crash in the middle of a write leaves half a line; it is

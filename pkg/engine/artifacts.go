@@ -44,7 +44,13 @@ func (e *Engine) ExportFiles(ctx context.Context, id, dir string) (*Artifact, er
 	if err := e.sandboxes.Require(ctx, id, sandbox.CapFileList); err != nil {
 		return nil, err
 	}
-	w, err := e.artifacts().Create(id, dir)
+	// The archive belongs to the sandbox's tenant (also when an admin
+	// exports it), so that its owner can download it.
+	sb, err := e.sandboxes.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	w, err := e.artifacts().Create(id, sb.Tenant, dir)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "export %s", dir)
 	}
@@ -81,9 +87,10 @@ func (e *Engine) ExportFiles(ctx context.Context, id, dir string) (*Artifact, er
 	return art, nil
 }
 
-// OpenArtifact opens an exported archive for download.
+// OpenArtifact opens an exported archive for download: not_found for
+// another tenant's.
 func (e *Engine) OpenArtifact(ctx context.Context, id string) (*Artifact, io.ReadCloser, error) {
-	return e.artifacts().Open(id)
+	return e.artifacts().Open(ctx, id)
 }
 
 // pruneArtifacts deletes archives older than runs.max_age, the retention of

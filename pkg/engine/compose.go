@@ -117,6 +117,8 @@ func (e *Engine) Core() services.Core {
 // left and starts the background work. On failure it closes the core.
 func (e *Engine) Start(ctx context.Context, set *services.Set) error {
 	e.imgs, e.ports, e.pipeline, e.agents, e.fixes, e.snapshots = set.Images, set.Ports, set.Pipeline, set.Agents, set.Fixes, set.Snapshots
+	// A preview exposure lives only as long as the key that made it.
+	e.ports.SetKeyCheck(e.tenants.Valid)
 	e.sshKeys = set.SSHKeys
 	if err := e.pipeline.Open(); err != nil {
 		e.closeCore()

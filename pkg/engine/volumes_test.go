@@ -11,6 +11,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 )
 
@@ -164,17 +165,27 @@ func TestVolumes(t *testing.T) {
 	if err != nil || len(list.Volumes) != 1 || list.Volumes[0].Name != "shared" || len(list.Volumes[0].UsedBy) != 0 {
 		t.Errorf("volume_list: %+v, %v", list, err)
 	}
+	// The volume's files are named by its storage name: its name and a
+	// random suffix (names are per tenant).
+	imgs, _ := filepath.Glob(filepath.Join(cfg.Volumes.DirOrDefault(cfg.Paths.StateDir), "shared.*.img"))
+	if len(imgs) != 1 {
+		t.Fatalf("images of shared: %v, want one", imgs)
+	}
+	img := imgs[0]
+	owner := "vol-" + strings.TrimSuffix(filepath.Base(img), ".img")
+	if ents, _ := e2.ledger.Resources(ctx, owner); len(ents) == 0 {
+		t.Errorf("ledger of %s before delete: empty", owner)
+	}
 	if err := e2.DeleteVolume(ctx, "shared"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e2.GetVolume(ctx, "shared"); errdefs.CodeOf(err) != errdefs.NotFound {
 		t.Errorf("volume_get after delete: %v, want not_found", err)
 	}
-	img := filepath.Join(cfg.Volumes.DirOrDefault(cfg.Paths.StateDir), "shared.img")
 	if _, err := os.Stat(img); !os.IsNotExist(err) {
 		t.Errorf("image %s after delete: %v", img, err)
 	}
-	if ents, _ := e2.ledger.Resources(ctx, "vol-shared"); len(ents) != 0 {
+	if ents, _ := e2.ledger.Resources(ctx, owner); len(ents) != 0 {
 		t.Errorf("ledger after delete: %v", ents)
 	}
 }
@@ -250,5 +261,108 @@ func TestVolumeBadInput(t *testing.T) {
 		if err := env.DeleteVolume(ctx, name); err == nil {
 			t.Errorf("delete %q succeeded", name)
 		}
+	}
+}
+
+// TestVolumeNamesPerTenant: volume names are per tenant. Two tenants each
+// make a "data" (no conflict, nothing revealed), a tenant's second "data"
+// conflicts; each sandbox mounts its own tenant's "data" and neither sees
+// the other's files; a tenant cannot name another's volume; an admin sees
+// both with their tenant, is told to qualify the ambiguous name and acts
+// on "tenant:name"; a delete refused while mounted names only that
+// volume's sandbox.
+func TestVolumeNamesPerTenant(t *testing.T) {
+	requireRoot(t)
+	env := newTestEngine(t)
+	bg := context.Background()
+	as := func(name string, admin bool) context.Context {
+		k, err := env.Tenants().Create(bg, apitypes.KeyCreateRequest{Name: name, Admin: admin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := env.Tenants().Authenticate(k.Secret, "127.0.0.1:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return principal.With(bg, p)
+	}
+	alice, bob, admin := as("alice", false), as("bob", false), as("ops", true)
+	for _, ctx := range []context.Context{alice, bob} {
+		if _, err := env.CreateVolume(ctx, apitypes.VolumeCreateRequest{Name: "data", SizeMB: ptr[int64](16)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer func() {
+		for _, n := range []string{"alice:data", "bob:data"} {
+			_ = env.DeleteVolume(bg, n)
+		}
+	}()
+	if _, err := env.CreateVolume(alice, apitypes.VolumeCreateRequest{Name: "data"}); errdefs.CodeOf(err) != errdefs.Conflict {
+		t.Errorf("alice's second data: %v, want conflict", err)
+	}
+	sbs := map[string]string{}
+	for name, ctx := range map[string]context.Context{"alice": alice, "bob": bob} {
+		sb, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "shell", Volumes: []apitypes.VolumeMount{{Name: "data", Path: "/data"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer env.TerminateSandbox(bg, sb.ID) //nolint:errcheck
+		sbs[name] = sb.ID
+		mustExec(t, env.Engine, sb.ID, "echo "+name+" > /data/owner")
+	}
+	for name, id := range sbs {
+		if out := mustExec(t, env.Engine, id, "cat /data/owner"); out != name+"\n" {
+			t.Errorf("%s's sandbox reads %q from its data, want its own", name, out)
+		}
+	}
+	for _, n := range []string{"alice:data", "alice"} {
+		if _, err := env.GetVolume(bob, n); err == nil {
+			t.Errorf("bob gets %q: no error", n)
+		}
+	}
+	if _, err := env.GetVolume(bob, "alice:data"); errdefs.CodeOf(err) != errdefs.InvalidArgument {
+		t.Errorf("bob names alice:data: %v, want invalid_argument", err)
+	}
+	if l, err := env.ListVolumes(bob); err != nil || len(l.Volumes) != 1 || l.Volumes[0].Tenant != "bob" {
+		t.Errorf("bob's list: %+v %v", l, err)
+	}
+	l, err := env.ListVolumes(admin)
+	if err != nil || len(l.Volumes) != 2 {
+		t.Fatalf("admin's list: %+v %v", l, err)
+	}
+	for _, v := range l.Volumes {
+		if v.Name != "data" || len(v.UsedBy) != 1 || v.UsedBy[0] != sbs[v.Tenant] {
+			t.Errorf("admin sees %+v, want data of %s used by %s", v, v.Tenant, sbs[v.Tenant])
+		}
+	}
+	if _, err := env.GetVolume(admin, "data"); errdefs.CodeOf(err) != errdefs.InvalidArgument || !strings.Contains(err.Error(), "tenant:data") {
+		t.Errorf("admin gets the ambiguous data: %v, want invalid_argument asking for tenant:data", err)
+	}
+	if v, err := env.GetVolume(admin, "bob:data"); err != nil || v.Tenant != "bob" {
+		t.Errorf("admin gets bob:data: %+v %v", v, err)
+	}
+	// Hostile qualified names: the name part is checked like any name.
+	for n, code := range map[string]errdefs.Code{"alice:": errdefs.InvalidArgument, "alice:../x": errdefs.InvalidArgument,
+		"alice:data:x": errdefs.InvalidArgument, ":data": errdefs.NotFound, "../../etc:data": errdefs.NotFound} {
+		if _, err := env.GetVolume(admin, n); errdefs.CodeOf(err) != code {
+			t.Errorf("admin gets %q: %v, want %s", n, err, code)
+		}
+	}
+	err = env.DeleteVolume(admin, "alice:data")
+	if errdefs.CodeOf(err) != errdefs.FailedPrecondition || !strings.Contains(err.Error(), sbs["alice"]) || strings.Contains(err.Error(), sbs["bob"]) {
+		t.Errorf("delete of alice's mounted data: %v, want failed_precondition naming %s only", err, sbs["alice"])
+	}
+	if _, err := env.TerminateSandbox(bg, sbs["alice"]); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.DeleteVolume(alice, "data"); err != nil {
+		t.Fatalf("alice deletes her data: %v", err)
+	}
+	if v, err := env.GetVolume(bob, "data"); err != nil || v.Tenant != "bob" {
+		t.Errorf("bob's data after alice's went: %+v %v", v, err)
+	}
+	// Now unambiguous: the admin's unqualified name finds bob's.
+	if v, err := env.GetVolume(admin, "data"); err != nil || v.Tenant != "bob" {
+		t.Errorf("admin gets data with one left: %+v %v", v, err)
 	}
 }

@@ -111,15 +111,17 @@ type VolumeMount struct {
 	Source string `json:"source"`
 }
 
-// VolumeUsers lists the live sandboxes that mount volume name.
-func (m *Manager) VolumeUsers(name string) []string {
+// VolumeUsers lists the live sandboxes that mount the volume the daemon
+// mounts at source (its mount path: volume names are per tenant, the
+// path is one volume's).
+func (m *Manager) VolumeUsers(source string) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []string
 	for id, sb := range m.sandboxes {
 		sb.mu.Lock()
 		for _, v := range sb.spec.Volumes {
-			if v.Name == name {
+			if v.Source == source {
 				out = append(out, id)
 				break
 			}

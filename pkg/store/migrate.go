@@ -294,6 +294,36 @@ CREATE TABLE templates (
 ) STRICT;
 `,
 	},
+	{
+		version:     14,
+		description: "preview exposures tied to their key; volume names per tenant",
+		sql: `
+-- The API key that made an exposure: preview requests through it stop
+-- when that key is revoked or expires ('' for the unix socket and
+-- exposures made before tenants, which no key revocation ends).
+ALTER TABLE port_exposures ADD COLUMN key_id TEXT NOT NULL DEFAULT '';
+-- Volume names are per tenant: two tenants may each have a volume "data",
+-- and a create that clashes says so only within its own tenant. storage
+-- names the volume's files (image, mount point, ledger owner vol-<storage>):
+-- the name for volumes made before (their files are named so), the name
+-- and a random suffix for new ones (unique whatever the tenant).
+CREATE TABLE volumes_v14 (
+	tenant      TEXT NOT NULL DEFAULT '',
+	name        TEXT NOT NULL,
+	storage     TEXT NOT NULL UNIQUE,
+	state       TEXT NOT NULL,
+	size_bytes  INTEGER NOT NULL,
+	inodes      INTEGER NOT NULL,
+	created_by  TEXT NOT NULL DEFAULT '',
+	created_at  INTEGER NOT NULL,
+	PRIMARY KEY (tenant, name)
+) STRICT;
+INSERT INTO volumes_v14 (tenant, name, storage, state, size_bytes, inodes, created_by, created_at)
+	SELECT tenant, name, name, state, size_bytes, inodes, created_by, created_at FROM volumes;
+DROP TABLE volumes;
+ALTER TABLE volumes_v14 RENAME TO volumes;
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.

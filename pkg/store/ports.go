@@ -13,13 +13,15 @@ type PortExposure struct {
 	Port      int
 	Token     string
 	CreatedAt time.Time
+	// KeyID is the API key that made the exposure ("" for the socket).
+	KeyID string
 }
 
 // PutPortExposure records an exposure (replacing one of the same port).
 func (s *Store) PutPortExposure(ctx context.Context, x PortExposure) error {
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, "INSERT OR REPLACE INTO port_exposures (sandbox_id, port, token, created_at) VALUES (?, ?, ?, ?)",
-			x.SandboxID, x.Port, x.Token, nanos(x.CreatedAt))
+		_, err := tx.ExecContext(ctx, "INSERT OR REPLACE INTO port_exposures (sandbox_id, port, token, created_at, key_id) VALUES (?, ?, ?, ?, ?)",
+			x.SandboxID, x.Port, x.Token, nanos(x.CreatedAt), x.KeyID)
 		return err
 	})
 	if err != nil {
@@ -51,8 +53,8 @@ func (s *Store) ListPortExposures(ctx context.Context) ([]PortExposure, error) {
 	return queryAll(ctx, s.r, "list port exposures", func(r rowScanner) (PortExposure, error) {
 		var x PortExposure
 		var at int64
-		err := r.Scan(&x.SandboxID, &x.Port, &x.Token, &at)
+		err := r.Scan(&x.SandboxID, &x.Port, &x.Token, &at, &x.KeyID)
 		x.CreatedAt = fromNanos(at)
 		return x, err
-	}, "SELECT sandbox_id, port, token, created_at FROM port_exposures ORDER BY sandbox_id, port")
+	}, "SELECT sandbox_id, port, token, created_at, key_id FROM port_exposures ORDER BY sandbox_id, port")
 }

@@ -9,9 +9,12 @@ import (
 )
 
 // VolumeRecord is the row of one named volume; its image file, loop
-// device and mount are the volume service's, named in the ledger.
+// device and mount are the volume service's, named in the ledger. A
+// volume is known to its tenant by Name (unique per tenant) and to the
+// host by Storage (unique), which names its files.
 type VolumeRecord struct {
 	Name      string
+	Storage   string
 	State     string // creating, ready or deleting
 	SizeBytes int64
 	Inodes    int64
@@ -22,15 +25,15 @@ type VolumeRecord struct {
 	CreatedAt time.Time
 }
 
-const volumeColumns = `name, state, size_bytes, inodes, tenant, created_by, created_at`
+const volumeColumns = `name, storage, state, size_bytes, inodes, tenant, created_by, created_at`
 
-// InsertVolume records volume r. A volume of that name exists already:
-// ErrExists, and nothing changes.
+// InsertVolume records volume r. The tenant has a volume of that name
+// already: ErrExists, and nothing changes.
 func (s *Store) InsertVolume(ctx context.Context, r *VolumeRecord) error {
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (name) DO NOTHING`,
-			r.Name, r.State, r.SizeBytes, r.Inodes, r.Tenant, r.CreatedBy, nanos(r.CreatedAt))
+		res, err := tx.ExecContext(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (tenant, name) DO NOTHING`,
+			r.Name, r.Storage, r.State, r.SizeBytes, r.Inodes, r.Tenant, r.CreatedBy, nanos(r.CreatedAt))
 		if err != nil {
 			return err
 		}
@@ -50,16 +53,16 @@ func scanVolume(r rowScanner) (*VolumeRecord, error) {
 		v       VolumeRecord
 		created int64
 	)
-	if err := r.Scan(&v.Name, &v.State, &v.SizeBytes, &v.Inodes, &v.Tenant, &v.CreatedBy, &created); err != nil {
+	if err := r.Scan(&v.Name, &v.Storage, &v.State, &v.SizeBytes, &v.Inodes, &v.Tenant, &v.CreatedBy, &created); err != nil {
 		return nil, err
 	}
 	v.CreatedAt = fromNanos(created)
 	return &v, nil
 }
 
-// GetVolume returns volume name, or an error wrapping ErrNotFound.
-func (s *Store) GetVolume(ctx context.Context, name string) (*VolumeRecord, error) {
-	r, err := scanVolume(s.r.QueryRowContext(ctx, "SELECT "+volumeColumns+" FROM volumes WHERE name = ?", name))
+// GetVolume returns tenant's volume name, or an error wrapping ErrNotFound.
+func (s *Store) GetVolume(ctx context.Context, tenant, name string) (*VolumeRecord, error) {
+	r, err := scanVolume(s.r.QueryRowContext(ctx, "SELECT "+volumeColumns+" FROM volumes WHERE tenant = ? AND name = ?", tenant, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		err = ErrNotFound
 	}
@@ -69,15 +72,15 @@ func (s *Store) GetVolume(ctx context.Context, name string) (*VolumeRecord, erro
 	return r, nil
 }
 
-// ListVolumes lists every volume by name.
+// ListVolumes lists every volume by name (then tenant).
 func (s *Store) ListVolumes(ctx context.Context) ([]*VolumeRecord, error) {
-	return queryAll(ctx, s.r, "list volumes", scanVolume, "SELECT "+volumeColumns+" FROM volumes ORDER BY name")
+	return queryAll(ctx, s.r, "list volumes", scanVolume, "SELECT "+volumeColumns+" FROM volumes ORDER BY name, tenant")
 }
 
-// SetVolumeState moves volume name to state.
+// SetVolumeState moves the volume of storage name name to state.
 func (s *Store) SetVolumeState(ctx context.Context, name, state string) error {
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, "UPDATE volumes SET state = ? WHERE name = ?", state, name)
+		res, err := tx.ExecContext(ctx, "UPDATE volumes SET state = ? WHERE storage = ?", state, name)
 		if err != nil {
 			return err
 		}
@@ -92,10 +95,11 @@ func (s *Store) SetVolumeState(ctx context.Context, name, state string) error {
 	return nil
 }
 
-// DeleteVolume drops volume name's row; a missing one is already gone.
+// DeleteVolume drops the row of the volume of storage name name; a missing
+// one is already gone.
 func (s *Store) DeleteVolume(ctx context.Context, name string) error {
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, "DELETE FROM volumes WHERE name = ?", name)
+		_, err := tx.ExecContext(ctx, "DELETE FROM volumes WHERE storage = ?", name)
 		return err
 	})
 	if err != nil {

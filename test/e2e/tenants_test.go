@@ -18,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
 
 // tenantClient speaks REST and MCP over HTTP to a daemon with one key.
@@ -340,8 +341,49 @@ func TestTenants(t *testing.T) {
 		t.Errorf("mcp quota_usage as bob: %v %s", u, code)
 	}
 
-	// Revocation: alice's open MCP session, her open terminal and her REST
-	// calls stop at once.
+	// Alice's exported archive is hers: bob's download is the answer of an
+	// archive that does not exist; the admin sees it with its tenant.
+	st, b = alice.do("POST", "/v1/sandboxes/"+a+"/export?path=/workspace", nil)
+	var art apitypes.Artifact
+	if err := json.Unmarshal(b, &art); st != http.StatusOK && st != http.StatusCreated || err != nil || art.ID == "" || art.Tenant != "alice" {
+		t.Fatalf("alice's export: %d %s", st, b)
+	}
+	const missingArt = "art-0123456789abcdef"
+	st, b = bob.do("GET", "/v1/artifacts/"+missingArt, nil)
+	absentArt := bob.wantErr("bob downloads a missing archive", st, b, "not_found")
+	st, b = bob.do("GET", "/v1/artifacts/"+art.ID, nil)
+	if msg := bob.wantErr("bob downloads alice's archive", st, b, "not_found"); st != http.StatusNotFound || strings.ReplaceAll(msg, art.ID, missingArt) != absentArt {
+		t.Errorf("bob downloads alice's archive: %d %q, want the missing archive's %q", st, msg, absentArt)
+	}
+	for who, c := range map[string]*tenantClient{"alice": alice, "admin": admin} {
+		if st, b := c.do("GET", "/v1/artifacts/"+art.ID, nil); st != http.StatusOK || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("%s downloads alice's archive: %d, %d bytes (want gzip)", who, st, len(b))
+		}
+	}
+	// Alice's preview exposure answers her token (502: nothing listens on
+	// the port, so the request passed authorization and was relayed).
+	st, b = alice.do("POST", "/v1/sandboxes/"+a+"/ports", map[string]any{"port": 8080})
+	var x apitypes.PortExposure
+	if err := json.Unmarshal(b, &x); st >= 300 || err != nil || x.Token == "" {
+		t.Fatalf("alice exposes 8080: %d %s", st, b)
+	}
+	preview := func(token string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", x.BaseURL+"index.html", nil)
+		req.Header.Set(x.TokenHeader, token)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("preview: %v", err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if st := preview(x.Token); st != http.StatusBadGateway {
+		t.Fatalf("alice's preview before revoke: %d, want 502 (relayed, nothing listening)", st)
+	}
+
+	// Revocation: alice's open MCP session, her open terminal, her preview
+	// exposure and her REST calls stop at once.
 	wsCtx, wsCancel := context.WithTimeout(context.Background(), time.Minute)
 	defer wsCancel()
 	// Bob's terminal to alice's sandbox is refused like the rest.
@@ -394,6 +436,22 @@ func TestTenants(t *testing.T) {
 	}
 	st, b = alice.do("GET", "/v1/sandboxes/"+a, nil)
 	revokedMsg := alice.wantErr("alice after revoke", st, b, "unauthenticated")
+	if st := preview(x.Token); st != http.StatusUnauthorized {
+		t.Errorf("alice's preview after revoke: %d, want 401", st)
+	}
+	// The admin exposes the port again: a new exposure, alice's token
+	// stays dead.
+	st, b = admin.do("POST", "/v1/sandboxes/"+a+"/ports", map[string]any{"port": 8080})
+	var y apitypes.PortExposure
+	if err := json.Unmarshal(b, &y); st >= 300 || err != nil || y.Token == "" || y.Token == x.Token {
+		t.Errorf("admin exposes 8080 again: %d %s (alice's token %s)", st, b, x.Token)
+	}
+	if st := preview(y.Token); st != http.StatusBadGateway {
+		t.Errorf("admin's new exposure: %d, want 502", st)
+	}
+	if st := preview(x.Token); st != http.StatusUnauthorized {
+		t.Errorf("alice's old token after the admin's expose: %d, want 401", st)
+	}
 	// The admin still reaches alice's sandbox, and ends it.
 	if st, b := admin.do("DELETE", "/v1/sandboxes/"+a, nil); st != http.StatusOK {
 		t.Errorf("admin terminates alice's: %d %s", st, b)

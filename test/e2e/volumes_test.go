@@ -93,24 +93,34 @@ func TestVolumeCrashAtEveryStep(t *testing.T) {
 }
 
 // assertNoVolume checks that nothing of volume name is on the host: its
-// image, a loop device backed by it, its mount point.
+// image, a loop device backed by it, its mount point. Its files are named
+// by its storage name: the name (volumes made before names were per
+// tenant) or the name, a dot and a random suffix.
 func assertNoVolume(t *testing.T, d *testenv.Daemon, name string) {
 	t.Helper()
-	img := filepath.Join(d.Config.Volumes.DirOrDefault(d.Config.Paths.StateDir), name+".img")
-	if _, err := os.Stat(img); !os.IsNotExist(err) {
-		t.Errorf("image %s: %v", img, err)
+	dir := filepath.Join(d.Config.Volumes.DirOrDefault(d.Config.Paths.StateDir))
+	imgs, _ := filepath.Glob(filepath.Join(dir, name+".*.img"))
+	imgs = append(imgs, filepath.Join(dir, name+".img"))
+	for _, img := range imgs {
+		if _, err := os.Stat(img); !os.IsNotExist(err) {
+			t.Errorf("image %s: %v", img, err)
+		}
 	}
 	devs, err := storage.LoopDevices()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for dev, backing := range devs {
-		if backing == img {
-			t.Errorf("loop device %s of %s left", dev, img)
+		if b := filepath.Base(backing); filepath.Dir(backing) == dir && (b == name+".img" || strings.HasPrefix(b, name+".")) {
+			t.Errorf("loop device %s of %s left", dev, backing)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(d.Config.Paths.RunDir, "volumes", name)); !os.IsNotExist(err) {
-		t.Errorf("mount point of %s: %v", name, err)
+	mps, _ := filepath.Glob(filepath.Join(d.Config.Paths.RunDir, "volumes", name+".*"))
+	mps = append(mps, filepath.Join(d.Config.Paths.RunDir, "volumes", name))
+	for _, mp := range mps {
+		if _, err := os.Stat(mp); !os.IsNotExist(err) {
+			t.Errorf("mount point %s of %s: %v", mp, name, err)
+		}
 	}
 	testenv.AssertNoLeftovers(t, d.Config)
 }

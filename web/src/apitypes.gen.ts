@@ -157,6 +157,7 @@ export interface RunRecord {
 export interface Artifact {
   artifact_id: string;
   sandbox_id: string;
+  tenant?: string;
   path: string;
   size: number;
   sha256: string;

@@ -200,6 +200,8 @@ async function refreshSandboxes() {
         el('span', { class: `state ${s.state}` }, s.state),
         el('span', { class: 'lang' }, s.language || s.image),
         el('span', { class: 'id' }, s.sandbox_id),
+        // An admin's session lists every tenant's sandboxes: say whose.
+        ...(s.tenant ? [el('span', { class: 'tenant', title: 'Tenant' }, s.tenant)] : []),
         el('button', { class: 'terminate', title: 'Terminate' }, '✕'),
         el('span', { class: 'limits' }, `limits ${fmtBytes(s.limits.memory_bytes)} · ${s.limits.cpus} CPU · net ${s.network}`),
         el('span', { class: 'usage' }));

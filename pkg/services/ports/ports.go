@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
@@ -39,6 +40,11 @@ import (
 // sandbox (every transition to terminated or failed drops them, whatever
 // caused it; at startup the rows of sandboxes no longer live are removed)
 // and on Unexpose.
+//
+// An exposure is also tied to the API key that made it: once that key is
+// revoked or expired (SetKeyCheck), requests through the exposure are
+// refused like a wrong token, and exposing the port again makes a new
+// exposure (new token) for the new caller's key.
 
 // Sandboxes is what the port service needs of the sandbox service.
 type Sandboxes interface {
@@ -60,9 +66,23 @@ type Service struct {
 	store     Store
 	log       *slog.Logger
 
-	mu      sync.Mutex
-	baseURL string // the preview listener's address; "" until it listens
-	m       map[portKey]exposure
+	mu       sync.Mutex
+	baseURL  string // the preview listener's address; "" until it listens
+	m        map[portKey]exposure
+	keyValid func(keyID string) bool // nil: every key is
+}
+
+// SetKeyCheck sets how the service learns whether the key an exposure was
+// made with still authenticates (tenants.Service.Valid).
+func (s *Service) SetKeyCheck(valid func(keyID string) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keyValid = valid
+}
+
+// live says whether x's key still authenticates; under s.mu.
+func (s *Service) live(x exposure) bool {
+	return s.keyValid == nil || s.keyValid(x.keyID)
 }
 
 // New returns an empty table; Load restores the exposures a previous run
@@ -92,6 +112,7 @@ type portKey struct {
 type exposure struct {
 	token   string
 	created time.Time
+	keyID   string // the key that made it ("" for the socket)
 }
 
 // public describes an exposure with the listener's current address (it may
@@ -141,11 +162,13 @@ func (s *Service) Expose(ctx context.Context, req apitypes.ExposePortRequest) (*
 	}
 	key := portKey{req.SandboxID, req.Port}
 	x, ok := s.m[key]
-	fresh := !ok
+	// An exposure whose key was revoked is dead: exposing again replaces
+	// it (and its token) with one of the caller's key.
+	fresh := !ok || !s.live(x)
 	if fresh {
 		n := 0
 		for k := range s.m {
-			if k.sandbox == req.SandboxID {
+			if k.sandbox == req.SandboxID && k != key {
 				n++
 			}
 		}
@@ -158,7 +181,8 @@ func (s *Service) Expose(ctx context.Context, req apitypes.ExposePortRequest) (*
 			s.mu.Unlock()
 			return nil, errdefs.Wrap(errdefs.Internal, err, "preview token")
 		}
-		x = exposure{token: hex.EncodeToString(b[:]), created: time.Now().UTC()}
+		p, _ := principal.From(ctx)
+		x = exposure{token: hex.EncodeToString(b[:]), created: time.Now().UTC(), keyID: p.KeyID}
 		if s.m == nil {
 			s.m = map[portKey]exposure{}
 		}
@@ -167,7 +191,7 @@ func (s *Service) Expose(ctx context.Context, req apitypes.ExposePortRequest) (*
 	out := s.public(key, x)
 	s.mu.Unlock()
 	if fresh {
-		if err := s.store.PutPortExposure(ctx, store.PortExposure{SandboxID: req.SandboxID, Port: req.Port, Token: x.token, CreatedAt: x.created}); err != nil {
+		if err := s.store.PutPortExposure(ctx, store.PortExposure{SandboxID: req.SandboxID, Port: req.Port, Token: x.token, CreatedAt: x.created, KeyID: x.keyID}); err != nil {
 			s.mu.Lock()
 			delete(s.m, key)
 			s.mu.Unlock()
@@ -285,7 +309,7 @@ func (s *Service) Load(ctx context.Context) error {
 			if s.m == nil {
 				s.m = map[portKey]exposure{}
 			}
-			s.m[portKey{x.SandboxID, x.Port}] = exposure{token: x.Token, created: x.CreatedAt}
+			s.m[portKey{x.SandboxID, x.Port}] = exposure{token: x.Token, created: x.CreatedAt, keyID: x.KeyID}
 			s.mu.Unlock()
 			continue
 		}
@@ -302,6 +326,7 @@ func (s *Service) Load(ctx context.Context) error {
 func (s *Service) Authorize(id string, port int, token string) error {
 	s.mu.Lock()
 	x, ok := s.m[portKey{id, port}]
+	ok = ok && s.live(x) // the key that made it still authenticates
 	s.mu.Unlock()
 	if !ok || token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(x.token)) != 1 {
 		return errdefs.Unauthenticatedf("preview: a valid token for this port is required")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
@@ -162,5 +163,61 @@ func TestEndAndLoad(t *testing.T) {
 	}
 	if l, err := s2.List(ctx, "sb1"); err != nil || len(l) != 0 {
 		t.Fatalf("list after end: %+v, %v: want none", l, err)
+	}
+}
+
+// TestExposureTiedToKey: an exposure made with an API key stops
+// authorizing requests once that key no longer authenticates — after a
+// restart too (the key is stored with it) — with the answer of a wrong
+// token; exposing the port again makes a new exposure for the caller's
+// key, and the old token stays dead.
+func TestExposureTiedToKey(t *testing.T) {
+	s, sb, st := newService(t)
+	s.SetPreviewURL("http://127.0.0.1:7000")
+	revoked := map[string]bool{}
+	valid := func(id string) bool { return !revoked[id] }
+	s.SetKeyCheck(valid)
+	alice := principal.With(context.Background(), principal.Principal{KeyID: "key-alice", KeyName: "alice", Tenant: "alice"})
+	admin := principal.With(context.Background(), principal.Principal{KeyID: "key-admin", KeyName: "ops", Tenant: "ops", Admin: true})
+	x, err := s.Expose(alice, apitypes.ExposePortRequest{SandboxID: "sb1", Port: 8080})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := st.ListPortExposures(context.Background())
+	if len(rows) != 1 || rows[0].KeyID != "key-alice" {
+		t.Fatalf("stored %+v: want the exposure with alice's key", rows)
+	}
+	if err := s.Authorize("sb1", 8080, x.Token); err != nil {
+		t.Fatalf("before revocation: %v", err)
+	}
+	wrong := s.Authorize("sb1", 8080, "wrong")
+	revoked["key-alice"] = true
+	err = s.Authorize("sb1", 8080, x.Token)
+	if errdefs.CodeOf(err) != errdefs.Unauthenticated || err.Error() != wrong.Error() {
+		t.Fatalf("after revocation: %v, want %v", err, wrong)
+	}
+	// A restarted daemon keeps the tie.
+	s2 := New(sb, st, s.log)
+	s2.SetPreviewURL("http://127.0.0.1:7000")
+	s2.SetKeyCheck(valid)
+	if err := s2.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Authorize("sb1", 8080, x.Token); errdefs.CodeOf(err) != errdefs.Unauthenticated {
+		t.Fatalf("after restart, revoked key's exposure: %v", err)
+	}
+	y, err := s2.Expose(admin, apitypes.ExposePortRequest{SandboxID: "sb1", Port: 8080})
+	if err != nil || y.Token == x.Token {
+		t.Fatalf("exposing again after revocation: %v, token reused %v", err, y != nil && y.Token == x.Token)
+	}
+	if err := s2.Authorize("sb1", 8080, y.Token); err != nil {
+		t.Fatalf("the new exposure: %v", err)
+	}
+	if err := s2.Authorize("sb1", 8080, x.Token); err == nil {
+		t.Fatal("the revoked key's token works again")
+	}
+	rows, _ = st.ListPortExposures(context.Background())
+	if len(rows) != 1 || rows[0].KeyID != "key-admin" || rows[0].Token != y.Token {
+		t.Fatalf("stored %+v: want one exposure, the admin's", rows)
 	}
 }

@@ -13,6 +13,16 @@
 // need the host file system mounted with them, which the state directory's
 // usually is not; an image is a hard size and inode limit anywhere.
 //
+// Names are per tenant: a volume is (tenant, name), so two tenants may
+// each have a "data" and a create that clashes reveals only the caller's
+// own volumes. A caller names its own tenant's volumes; callers who see
+// every tenant (admins, the socket) may also name another's as
+// "tenant:name", and an unqualified name no volume of theirs has resolves
+// to the one volume of that name of any tenant (ambiguous: they are told
+// to qualify it). On the host a volume's files — image, mount point,
+// ledger owner — are named by its storage name (store.VolumeRecord.Storage):
+// the name and a random suffix, unique whatever the tenant.
+//
 // Crash safety: the row is written (state creating) before anything
 // exists, and each resource — image, loop device, mount — is recorded in
 // the resource ledger (owner "vol-<name>", claimed so that the sandbox
@@ -32,6 +42,8 @@ package volumes
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -79,15 +91,15 @@ const (
 )
 
 // Sandboxes is what the service needs of the sandbox service: which live
-// sandboxes mount a volume.
+// sandboxes mount a volume (by its mount path).
 type Sandboxes interface {
-	VolumeUsers(name string) []string
+	VolumeUsers(source string) []string
 }
 
 // Store keeps the volumes' rows (pkg/store/volumes.go).
 type Store interface {
 	InsertVolume(ctx context.Context, r *store.VolumeRecord) error
-	GetVolume(ctx context.Context, name string) (*store.VolumeRecord, error)
+	GetVolume(ctx context.Context, tenant, name string) (*store.VolumeRecord, error)
 	ListVolumes(ctx context.Context) ([]*store.VolumeRecord, error)
 	SetVolumeState(ctx context.Context, name, state string) error
 	DeleteVolume(ctx context.Context, name string) error
@@ -115,11 +127,12 @@ type Service struct {
 	opt Options
 
 	mu sync.Mutex
-	// pending counts, per volume, the sandbox creates that were given it
+	// pending counts, per volume (storage name), the sandbox creates that were given it
 	// and have not yet become live sandboxes (or failed): a delete waits
 	// for neither and refuses while any is pending.
 	pending map[string]int
-	// busy marks a volume being created or deleted by this daemon.
+	// busy marks a volume (tenant:name) being created or deleted by this
+	// daemon.
 	busy map[string]bool
 }
 
@@ -164,12 +177,27 @@ func unmountVolume(dir string) error {
 	return nil
 }
 
-func owner(name string) string { return OwnerPrefix + name }
+// The files of a volume are named by its storage name.
 
-func (s *Service) imagePath(name string) string { return s.opt.Disks.ImagePath(name) }
+func owner(storage string) string { return OwnerPrefix + storage }
 
-// MountPath is where the daemon mounts volume name.
-func (s *Service) MountPath(name string) string { return filepath.Join(s.opt.MountDir, name) }
+func (s *Service) imagePath(storage string) string { return s.opt.Disks.ImagePath(storage) }
+
+// MountPath is where the daemon mounts the volume of storage name storage.
+func (s *Service) MountPath(storage string) string { return filepath.Join(s.opt.MountDir, storage) }
+
+// storageName is a new volume's storage name: its name (for whoever reads
+// the host's directories) and a random suffix ('.' is not in names, so it
+// never equals the storage name of a volume made before tenants, which is
+// its name).
+func storageName(name string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:]) // never fails on Linux
+	return name + "." + hex.EncodeToString(b[:])
+}
+
+// busyKey is a volume's key in busy: its tenant and name.
+func busyKey(tenant, name string) string { return tenant + ":" + name }
 
 // Load finishes what a previous daemon left: a volume it was creating or
 // deleting is released and forgotten, a ready one mounted if it is not.
@@ -182,12 +210,12 @@ func (s *Service) Load(ctx context.Context) error {
 	for _, r := range recs {
 		switch r.State {
 		case StateReady:
-			if err := s.ensureMounted(r.Name); err != nil {
+			if err := s.ensureMounted(r.Storage); err != nil {
 				errs = append(errs, fmt.Errorf("volume %s: %w", r.Name, err))
 			}
 		default:
-			s.opt.Log.Info("volumes: finishing what a stopped daemon left", "volume", r.Name, "state", r.State)
-			if err := s.drop(ctx, r.Name); err != nil {
+			s.opt.Log.Info("volumes: finishing what a stopped daemon left", "volume", r.Name, "tenant", r.Tenant, "state", r.State)
+			if err := s.drop(ctx, r.Storage); err != nil {
 				errs = append(errs, fmt.Errorf("volume %s: %w", r.Name, err))
 			}
 		}
@@ -195,15 +223,16 @@ func (s *Service) Load(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// drop releases everything volume name holds, then its row.
-func (s *Service) drop(ctx context.Context, name string) error {
-	if _, err := s.opt.Ledger.Release(ctx, owner(name)); err != nil {
+// drop releases everything the volume of storage name storage holds,
+// then its row.
+func (s *Service) drop(ctx context.Context, storage string) error {
+	if _, err := s.opt.Ledger.Release(ctx, owner(storage)); err != nil {
 		return err
 	}
-	return s.opt.Store.DeleteVolume(ctx, name)
+	return s.opt.Store.DeleteVolume(ctx, storage)
 }
 
-// ensureMounted mounts volume name's file system at its mount point
+// ensureMounted mounts the file system of the volume of storage name name at its mount point
 // unless it is mounted there already. A loop device still backed by its
 // image (held by sandboxes' binds after the mount point went) is mounted
 // again rather than a second one attached: two devices of one image would
@@ -318,6 +347,18 @@ func visible(ctx context.Context, tenant string) bool {
 	return !ok || p.Admin || p.Tenant == "" || p.Tenant == tenant
 }
 
+// seesAll says whether the caller sees every tenant's volumes.
+func seesAll(ctx context.Context) bool {
+	p, ok := principal.From(ctx)
+	return !ok || p.Admin || p.Tenant == ""
+}
+
+// tenantOf is the tenant whose names the caller's names are.
+func tenantOf(ctx context.Context) string {
+	p, _ := principal.From(ctx)
+	return p.Tenant
+}
+
 // Create makes a volume: its row, its image, the loop device and the mount,
 // each recorded before it is acquired.
 func (s *Service) Create(ctx context.Context, req apitypes.VolumeCreateRequest) (*apitypes.Volume, error) {
@@ -351,18 +392,19 @@ func (s *Service) Create(ctx context.Context, req apitypes.VolumeCreateRequest) 
 		}
 	}
 	p, _ := principal.From(ctx)
-	rec := &store.VolumeRecord{Name: req.Name, State: StateCreating, SizeBytes: size, Inodes: inodes,
+	rec := &store.VolumeRecord{Name: req.Name, Storage: storageName(req.Name), State: StateCreating, SizeBytes: size, Inodes: inodes,
 		Tenant: p.Tenant, CreatedBy: p.KeyName, CreatedAt: time.Now().UTC()}
+	bk := busyKey(rec.Tenant, rec.Name)
 	s.mu.Lock()
-	if s.busy[req.Name] {
+	if s.busy[bk] {
 		s.mu.Unlock()
 		return nil, errdefs.Conflictf("name: volume %q is being created or deleted", req.Name)
 	}
-	s.busy[req.Name] = true
+	s.busy[bk] = true
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		delete(s.busy, req.Name)
+		delete(s.busy, bk)
 		s.mu.Unlock()
 	}()
 	switch err := s.opt.Store.InsertVolume(ctx, rec); {
@@ -375,7 +417,7 @@ func (s *Service) Create(ctx context.Context, req apitypes.VolumeCreateRequest) 
 	if err := s.acquire(ctx, rec); err != nil {
 		// Undo with a context of its own: the caller may have gone.
 		uctx := context.WithoutCancel(ctx)
-		if derr := s.drop(uctx, req.Name); derr != nil {
+		if derr := s.drop(uctx, rec.Storage); derr != nil {
 			s.opt.Log.Error("volumes: undo a failed create", "volume", req.Name, "err", derr)
 		}
 		if errdefs.CodeOf(err) == errdefs.Internal {
@@ -383,8 +425,8 @@ func (s *Service) Create(ctx context.Context, req apitypes.VolumeCreateRequest) 
 		}
 		return nil, err
 	}
-	if err := s.opt.Store.SetVolumeState(ctx, req.Name, StateReady); err != nil {
-		if derr := s.drop(context.WithoutCancel(ctx), req.Name); derr != nil {
+	if err := s.opt.Store.SetVolumeState(ctx, rec.Storage, StateReady); err != nil {
+		if derr := s.drop(context.WithoutCancel(ctx), rec.Storage); derr != nil {
 			s.opt.Log.Error("volumes: undo a failed create", "volume", req.Name, "err", derr)
 		}
 		return nil, errdefs.Wrap(errdefs.Internal, err, "record volume")
@@ -397,8 +439,8 @@ func (s *Service) Create(ctx context.Context, req apitypes.VolumeCreateRequest) 
 
 // acquire makes the image, attaches it and mounts it, recording each first.
 func (s *Service) acquire(ctx context.Context, rec *store.VolumeRecord) error {
-	rc := s.opt.Ledger.For(owner(rec.Name))
-	img := s.imagePath(rec.Name)
+	rc := s.opt.Ledger.For(owner(rec.Storage))
+	img := s.imagePath(rec.Storage)
 	if err := rc.Record(ctx, ledger.Resource{Kind: KindImage, Key: img}); err != nil {
 		return err
 	}
@@ -409,11 +451,11 @@ func (s *Service) acquire(ctx context.Context, rec *store.VolumeRecord) error {
 	if err := rc.Record(ctx, ledger.Resource{Kind: KindLoop, Key: img}); err != nil {
 		return err
 	}
-	mp := s.MountPath(rec.Name)
+	mp := s.MountPath(rec.Storage)
 	if err := rc.Record(ctx, ledger.Resource{Kind: KindMount, Key: mp}); err != nil {
 		return err
 	}
-	if err := s.ensureMounted(rec.Name); err != nil {
+	if err := s.ensureMounted(rec.Storage); err != nil {
 		return err
 	}
 	crashpoint.Hit(CrashAfterMount)
@@ -425,15 +467,31 @@ func (s *Service) acquire(ctx context.Context, rec *store.VolumeRecord) error {
 	return os.Chmod(mp, 0o755)
 }
 
-// record returns volume name's row: not_found naming field when there is
-// none or the caller may not see it.
+// record returns the row of the volume the caller names: not_found naming
+// field when there is none or the caller may not see it. A tenant's
+// caller names its own tenant's volumes; a caller who sees every tenant
+// names its own, another tenant's as "tenant:name", or — for a name none
+// of its own has — the one volume of that name of any tenant.
 func (s *Service) record(ctx context.Context, field, name string) (*store.VolumeRecord, error) {
-	if err := CheckName(field, name); err != nil {
+	tenant, bare, qualified := strings.Cut(name, ":")
+	if !qualified {
+		tenant, bare = tenantOf(ctx), name
+	} else if !seesAll(ctx) {
+		return nil, errdefs.Invalidf("%s: %q: only an admin names another tenant's volume (tenant:name)", field, truncate(name))
+	}
+	if err := CheckName(field, bare); err != nil {
 		return nil, err
 	}
-	r, err := s.opt.Store.GetVolume(ctx, name)
+	notFound := errdefs.NotFoundf("%s: no volume %q", field, name)
+	r, err := s.opt.Store.GetVolume(ctx, tenant, bare)
+	if errors.Is(err, store.ErrNotFound) && !qualified && seesAll(ctx) {
+		r, err = s.onlyOne(ctx, field, bare)
+		if errdefs.CodeOf(err) == errdefs.InvalidArgument {
+			return nil, err
+		}
+	}
 	if errors.Is(err, store.ErrNotFound) || (err == nil && (r.State != StateReady || !visible(ctx, r.Tenant))) {
-		return nil, errdefs.NotFoundf("%s: no volume %q", field, name)
+		return nil, notFound
 	}
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "look up volume %s", name)
@@ -441,10 +499,35 @@ func (s *Service) record(ctx context.Context, field, name string) (*store.Volume
 	return r, nil
 }
 
+// onlyOne finds the one ready volume called name of any tenant:
+// store.ErrNotFound when there is none, invalid_argument naming the
+// tenants when there are several.
+func (s *Service) onlyOne(ctx context.Context, field, name string) (*store.VolumeRecord, error) {
+	all, err := s.opt.Store.ListVolumes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var found []*store.VolumeRecord
+	var tenants []string
+	for _, r := range all {
+		if r.Name == name && r.State == StateReady {
+			found = append(found, r)
+			tenants = append(tenants, fmt.Sprintf("%q", r.Tenant))
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, store.ErrNotFound
+	case 1:
+		return found[0], nil
+	}
+	return nil, errdefs.Invalidf("%s: tenants %s each have a volume %q: name one as tenant:%s", field, strings.Join(tenants, ", "), name, name)
+}
+
 func (s *Service) public(r *store.VolumeRecord) apitypes.Volume {
 	v := apitypes.Volume{Name: r.Name, SizeBytes: r.SizeBytes, Inodes: r.Inodes, Tenant: r.Tenant,
-		CreatedBy: r.CreatedBy, CreatedAt: r.CreatedAt, UsedBy: s.opt.Sandboxes.VolumeUsers(r.Name)}
-	if b, n, err := storage.Usage(s.MountPath(r.Name)); err == nil {
+		CreatedBy: r.CreatedBy, CreatedAt: r.CreatedAt, UsedBy: s.opt.Sandboxes.VolumeUsers(s.MountPath(r.Storage))}
+	if b, n, err := storage.Usage(s.MountPath(r.Storage)); err == nil {
 		v.UsedBytes, v.InodesUsed = b, n
 	}
 	return v
@@ -478,37 +561,39 @@ func (s *Service) List(ctx context.Context) (*apitypes.VolumeList, error) {
 // Delete removes volume name and its files, unless a live sandbox mounts it
 // (failed_precondition naming them) or a create is about to.
 func (s *Service) Delete(ctx context.Context, name string) error {
-	if _, err := s.record(ctx, "name", name); err != nil {
+	r, err := s.record(ctx, "name", name)
+	if err != nil {
 		return err
 	}
+	bk := busyKey(r.Tenant, r.Name)
 	s.mu.Lock()
-	if s.busy[name] {
+	if s.busy[bk] {
 		s.mu.Unlock()
 		return errdefs.Conflictf("name: volume %q is being created or deleted", name)
 	}
-	if users := s.opt.Sandboxes.VolumeUsers(name); len(users) > 0 || s.pending[name] > 0 {
+	if users := s.opt.Sandboxes.VolumeUsers(s.MountPath(r.Storage)); len(users) > 0 || s.pending[r.Storage] > 0 {
 		s.mu.Unlock()
 		if len(users) == 0 {
 			return errdefs.FailedPreconditionf("name: volume %q is being mounted by a sandbox that is starting", name)
 		}
 		return errdefs.FailedPreconditionf("name: volume %q is mounted by live sandbox(es) %s; terminate them first", name, strings.Join(users, ", "))
 	}
-	s.busy[name] = true
+	s.busy[bk] = true
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		delete(s.busy, name)
+		delete(s.busy, bk)
 		s.mu.Unlock()
 	}()
 	// Deleting before anything is released: a crash from here on is
 	// finished by the next daemon's Load, never half a volume left ready.
-	if err := s.opt.Store.SetVolumeState(ctx, name, StateDeleting); err != nil {
+	if err := s.opt.Store.SetVolumeState(ctx, r.Storage, StateDeleting); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "delete volume %s", name)
 	}
-	if err := s.drop(context.WithoutCancel(ctx), name); err != nil {
+	if err := s.drop(context.WithoutCancel(ctx), r.Storage); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "delete volume %s", name)
 	}
-	s.opt.Log.Info("volume deleted", "volume", name)
+	s.opt.Log.Info("volume deleted", "volume", r.Name, "tenant", r.Tenant)
 	return nil
 }
 
@@ -526,10 +611,13 @@ func (s *Service) Acquire(ctx context.Context, mounts []apitypes.VolumeMount) (_
 		return nil, release, errdefs.Invalidf("volumes: %d volumes, at most %d (volumes.max_per_sandbox)", len(mounts), max)
 	}
 	out := make([]sandbox.VolumeMount, 0, len(mounts))
+	recs := make([]*store.VolumeRecord, len(mounts))
 	for i, m := range mounts {
-		if _, err := s.record(ctx, fmt.Sprintf("volumes[%d].name", i), m.Name); err != nil {
+		r, err := s.record(ctx, fmt.Sprintf("volumes[%d].name", i), m.Name)
+		if err != nil {
 			return nil, release, err
 		}
+		recs[i] = r
 		if err := CheckPath(fmt.Sprintf("volumes[%d].path", i), m.Path); err != nil {
 			return nil, release, err
 		}
@@ -538,17 +626,17 @@ func (s *Service) Acquire(ctx context.Context, mounts []apitypes.VolumeMount) (_
 				return nil, release, errdefs.Invalidf("volumes[%d].path: %q overlaps volumes[%d].path %q", i, m.Path, j, o.Path)
 			}
 		}
-		out = append(out, sandbox.VolumeMount{VolumeMount: m, Source: s.MountPath(m.Name)})
+		out = append(out, sandbox.VolumeMount{VolumeMount: m, Source: s.MountPath(r.Storage)})
 	}
 	s.mu.Lock()
-	for _, m := range mounts {
-		if s.busy[m.Name] {
+	for i, m := range mounts {
+		if s.busy[busyKey(recs[i].Tenant, recs[i].Name)] {
 			s.mu.Unlock()
 			return nil, release, errdefs.Conflictf("volumes: volume %q is being deleted", m.Name)
 		}
 	}
-	for _, m := range mounts {
-		s.pending[m.Name]++
+	for _, r := range recs {
+		s.pending[r.Storage]++
 	}
 	s.mu.Unlock()
 	var once sync.Once
@@ -556,9 +644,9 @@ func (s *Service) Acquire(ctx context.Context, mounts []apitypes.VolumeMount) (_
 		once.Do(func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			for _, m := range mounts {
-				if s.pending[m.Name]--; s.pending[m.Name] <= 0 {
-					delete(s.pending, m.Name)
+			for _, r := range recs {
+				if s.pending[r.Storage]--; s.pending[r.Storage] <= 0 {
+					delete(s.pending, r.Storage)
 				}
 			}
 		})
@@ -566,8 +654,11 @@ func (s *Service) Acquire(ctx context.Context, mounts []apitypes.VolumeMount) (_
 	// A delete that finished between the look-up above and the count is
 	// caught here; one that starts after the count refuses.
 	for i, m := range mounts {
-		if _, err := s.record(ctx, fmt.Sprintf("volumes[%d].name", i), m.Name); err != nil {
+		if r, err := s.record(ctx, fmt.Sprintf("volumes[%d].name", i), m.Name); err != nil || r.Storage != recs[i].Storage {
 			release()
+			if err == nil {
+				err = errdefs.NotFoundf("volumes[%d].name: no volume %q", i, m.Name) // deleted and made again
+			}
 			return nil, func() {}, err
 		}
 	}
