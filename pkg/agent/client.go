@@ -11,7 +11,10 @@ import (
 	"os"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
 func byteReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
@@ -55,6 +58,10 @@ type conn struct {
 	r    *bufio.Reader
 	w    *bufio.Writer
 	stop func() bool
+	// span is the request's client span (pkg/telemetry), ended by close
+	// with the first error a frame read met.
+	span trace.Span
+	err  error
 }
 
 // longAgo is a deadline in the past, used to abort blocked I/O.
@@ -68,12 +75,13 @@ func (c *Client) do(ctx context.Context, req *Request, payload io.Reader) (*conn
 		return nil, err
 	}
 	req.V = ProtocolVersion
+	ctx, span := telemetry.StartChildClient(ctx, "agent "+req.Op, telemetry.KeyAgentOp.String(req.Op))
 	nc, err := c.dial(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("agent: %w: %w", err, ctx.Err())
+			return nil, telemetry.End(span, fmt.Errorf("agent: %w: %w", err, ctx.Err()))
 		}
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return nil, telemetry.End(span, fmt.Errorf("%w: %w", ErrUnavailable, err))
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)
@@ -84,31 +92,37 @@ func (c *Client) do(ctx context.Context, req *Request, payload io.Reader) (*conn
 		r:    bufio.NewReaderSize(nc, 64<<10),
 		w:    bufio.NewWriterSize(nc, 64<<10),
 		stop: context.AfterFunc(ctx, func() { _ = nc.SetDeadline(longAgo) }),
+		span: span,
 	}
 	if err := WriteHeader(cn.w, req); err != nil {
-		cn.close()
-		return nil, cn.wrap(err)
+		return nil, cn.fail(cn.wrap(err))
 	}
 	if req.Len > 0 {
 		n, err := io.CopyN(cn.w, payload, req.Len)
 		if err != nil {
-			cn.close()
 			if err == io.EOF {
-				return nil, Errorf(errdefs.InvalidArgument, "payload ended after %d of %d bytes", n, req.Len)
+				return nil, cn.fail(Errorf(errdefs.InvalidArgument, "payload ended after %d of %d bytes", n, req.Len))
 			}
-			return nil, cn.wrap(fmt.Errorf("send payload: %w", err))
+			return nil, cn.fail(cn.wrap(fmt.Errorf("send payload: %w", err)))
 		}
 	}
 	if err := cn.w.Flush(); err != nil {
-		cn.close()
-		return nil, cn.wrap(fmt.Errorf("send request: %w", err))
+		return nil, cn.fail(cn.wrap(fmt.Errorf("send request: %w", err)))
 	}
 	return cn, nil
+}
+
+// fail closes the connection of a request that failed with err.
+func (cn *conn) fail(err error) error {
+	cn.err = err
+	cn.close()
+	return err
 }
 
 func (cn *conn) close() {
 	cn.stop()
 	_ = cn.nc.Close()
+	telemetry.End(cn.span, cn.err)
 }
 
 // wrap prefers the context's error over the I/O error it caused.
@@ -133,8 +147,13 @@ func (cn *conn) wrap(err error) error {
 }
 
 // frame reads the next frame. An error frame is returned as its *Error.
-func (cn *conn) frame(maxLen int64) (*Frame, error) {
-	f, err := ReadFrame(cn.r, maxLen)
+func (cn *conn) frame(maxLen int64) (f *Frame, err error) {
+	defer func() {
+		if err != nil && cn.err == nil {
+			cn.err = err
+		}
+	}()
+	f, err = ReadFrame(cn.r, maxLen)
 	if err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF

@@ -46,6 +46,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/volumes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
 
@@ -232,6 +233,15 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 // phase lines of a slow start (a VM's guest image built on first use, a
 // disk guest booting).
 func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxRequest, progress func(string)) (*sandbox.Info, error) {
+	ctx, span := telemetry.StartOp(ctx, "sandbox.create", telemetry.KeyImage.String(req.Image))
+	info, err := e.createSandbox(ctx, req, progress)
+	if info != nil {
+		span.SetAttributes(telemetry.Sandbox(info.ID))
+	}
+	return info, telemetry.End(span, err)
+}
+
+func (e *Engine) createSandbox(ctx context.Context, req CreateSandboxRequest, progress func(string)) (*sandbox.Info, error) {
 	var tmpl *apitypes.TemplateCreateRequest
 	if req.Template != "" {
 		var err error

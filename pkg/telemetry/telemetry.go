@@ -179,6 +179,17 @@ func StartClient(ctx context.Context, name string, attrs ...attribute.KeyValue) 
 	return (*tr).Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 }
 
+// StartChildClient is StartClient only under a span: the calls the daemon
+// makes on its own (health checks, the reaper's) would otherwise each be a
+// trace of one span, noise that buries the requests' traces.
+func StartChildClient(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	tr := state.Load()
+	if tr == nil || !trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx, noopSpan
+	}
+	return (*tr).Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+}
+
 // Attribute keys (docs/SPEC.md, "Traces"). sandboxd.* are ours; the rest
 // are OpenTelemetry's semantic conventions.
 const (
