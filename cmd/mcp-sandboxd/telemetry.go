@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
@@ -27,11 +28,15 @@ func startTelemetry(ctx context.Context, c config.Telemetry, log *slog.Logger) (
 	if p == nil {
 		return func() {}, nil
 	}
+	// The agent client shares its package with the agent binary, which
+	// must not link the exporter: its spans come through this hook.
+	agent.SetTracer(telemetry.AgentSpan)
 	// The endpoint is logged, the headers (credentials) never.
 	log.Info("exporting traces", "otlp_endpoint", c.OTLPEndpoint, "protocol", c.OTLPProtocol, "sample_ratio", c.SampleRatio)
 	return func() {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
 		defer cancel()
+		agent.SetTracer(nil)
 		if err := p.Shutdown(fctx); err != nil {
 			log.Warn("traces: flush at shutdown", "err", err)
 		}

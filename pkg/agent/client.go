@@ -9,12 +9,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
 func byteReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
@@ -58,10 +56,10 @@ type conn struct {
 	r    *bufio.Reader
 	w    *bufio.Writer
 	stop func() bool
-	// span is the request's client span (pkg/telemetry), ended by close
-	// with the first error a frame read met.
-	span trace.Span
-	err  error
+	// end ends the request's trace span (SetTracer) with the first
+	// error the request met; nil when tracing is off.
+	end func(error)
+	err error
 }
 
 // longAgo is a deadline in the past, used to abort blocked I/O.
@@ -75,13 +73,21 @@ func (c *Client) do(ctx context.Context, req *Request, payload io.Reader) (*conn
 		return nil, err
 	}
 	req.V = ProtocolVersion
-	ctx, span := telemetry.StartChildClient(ctx, "agent "+req.Op, telemetry.KeyAgentOp.String(req.Op))
+	var end func(error)
+	if t := tracer.Load(); t != nil {
+		ctx, end = (*t)(ctx, req.Op)
+	}
 	nc, err := c.dial(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, telemetry.End(span, fmt.Errorf("agent: %w: %w", err, ctx.Err()))
+			err = fmt.Errorf("agent: %w: %w", err, ctx.Err())
+		} else {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		return nil, telemetry.End(span, fmt.Errorf("%w: %w", ErrUnavailable, err))
+		if end != nil {
+			end(err)
+		}
+		return nil, err
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)
@@ -92,7 +98,7 @@ func (c *Client) do(ctx context.Context, req *Request, payload io.Reader) (*conn
 		r:    bufio.NewReaderSize(nc, 64<<10),
 		w:    bufio.NewWriterSize(nc, 64<<10),
 		stop: context.AfterFunc(ctx, func() { _ = nc.SetDeadline(longAgo) }),
-		span: span,
+		end:  end,
 	}
 	if err := WriteHeader(cn.w, req); err != nil {
 		return nil, cn.fail(cn.wrap(err))
@@ -122,7 +128,28 @@ func (cn *conn) fail(err error) error {
 func (cn *conn) close() {
 	cn.stop()
 	_ = cn.nc.Close()
-	telemetry.End(cn.span, cn.err)
+	if cn.end != nil {
+		cn.end(cn.err)
+		cn.end = nil
+	}
+}
+
+// Tracer starts the span of one request to an agent (its op: start,
+// attach, write_file…) and returns the context under it and the function
+// that ends it with the request's error. The daemon sets one
+// (pkg/telemetry) when it exports traces; the agent binary, which shares
+// this package, never links the exporter.
+type Tracer func(ctx context.Context, op string) (context.Context, func(error))
+
+var tracer atomic.Pointer[Tracer]
+
+// SetTracer sets (nil: clears) the tracer of every Client.
+func SetTracer(t Tracer) {
+	if t == nil {
+		tracer.Store(nil)
+		return
+	}
+	tracer.Store(&t)
 }
 
 // wrap prefers the context's error over the I/O error it caused.

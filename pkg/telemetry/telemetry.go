@@ -315,3 +315,14 @@ func boundedName(s string) string {
 	}
 	return strings.ToValidUTF8(s, "?")
 }
+
+// AgentSpan is the daemon's tracer of requests to a sandbox's agent
+// (pkg/agent.SetTracer): a client span "agent <op>" under the request's
+// span, ended with the request's outcome.
+func AgentSpan(ctx context.Context, op string) (context.Context, func(error)) {
+	ctx, span := StartChildClient(ctx, "agent "+op, KeyAgentOp.String(op))
+	if !span.IsRecording() {
+		return ctx, func(error) {}
+	}
+	return ctx, func(err error) { End(span, err) }
+}
