@@ -9,6 +9,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -233,7 +234,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 // phase lines of a slow start (a VM's guest image built on first use, a
 // disk guest booting).
 func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxRequest, progress func(string)) (*sandbox.Info, error) {
-	ctx, span := telemetry.StartOp(ctx, "sandbox.create", telemetry.KeyImage.String(req.Image))
+	ctx, span := telemetry.StartOp(ctx, "sandbox.create", telemetry.KeyImage.String(cmp.Or(req.Image, req.Language)))
 	info, err := e.createSandbox(ctx, req, progress)
 	if info != nil {
 		span.SetAttributes(telemetry.Sandbox(info.ID))

@@ -175,6 +175,7 @@ func TestTraces(t *testing.T) {
 		t.Fatalf("no span in the MCP caller's trace; received:\n%v", spans)
 	}
 	tree := tr.Tree()
+	t.Logf("the run_code trace:\n%s", tree)
 	one := func(tr *otlptest.Trace, name string) otlptest.Span {
 		t.Helper()
 		ss := tr.Named(name)
