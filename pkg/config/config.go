@@ -511,7 +511,7 @@ func Default() *Config {
 			RetentionAge:    Duration(90 * 24 * time.Hour),
 			CheckpointEvery: 256,
 		},
-		SSH: SSH{Keepalive: Duration(30 * time.Second), TokenTTL: Duration(5 * time.Minute)},
+		SSH:       SSH{Keepalive: Duration(30 * time.Second), TokenTTL: Duration(5 * time.Minute)},
 		Telemetry: Telemetry{OTLPProtocol: "http/protobuf", SampleRatio: 1, ServiceName: "mcp-sandboxd"},
 		Log: Log{
 			Level:  "info",
