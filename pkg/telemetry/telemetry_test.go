@@ -268,3 +268,28 @@ func BenchmarkStartOff(b *testing.B) {
 		telemetry.End(s, nil)
 	}
 }
+
+// BenchmarkRequestOn is the CPU cost of an exec's spans with tracing on
+// and every span exported (to a real receiver): a server span, the
+// engine's span and two agent spans, as in an exec over REST.
+func BenchmarkRequestOn(b *testing.B) {
+	rcv := otlptest.Start(b)
+	p, err := telemetry.Setup(context.Background(), telemetry.Options{Endpoint: rcv.Endpoint, SampleRatio: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Shutdown(context.Background())
+	ctx := principal.With(context.Background(), principal.Principal{KeyName: "k", Tenant: "t"})
+	b.ReportAllocs()
+	for b.Loop() {
+		c := telemetry.ExtractTraceparent(ctx, traceparent, "")
+		c, req := telemetry.StartClient(c, "POST /v1/sandboxes/{id}/exec")
+		c2, op := telemetry.StartOp(c, "sandbox.exec", telemetry.Sandbox("sb-1"))
+		for _, name := range []string{"start", "attach"} {
+			_, end := telemetry.AgentSpan(c2, name)
+			end(nil)
+		}
+		telemetry.End(op, nil)
+		telemetry.End(req, nil)
+	}
+}
