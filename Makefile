@@ -98,7 +98,7 @@ fuzz:
 
 # Lifecycle benchmarks against the runc CLI baseline (see pkg/engine/bench_test.go),
 # run_code through MCP over HTTP next to the engine API (test/mcp), the REST
-# lifecycle and the density run (test/e2e), printed as one table of issue 24's figures with their baselines (scripts/bench-table.sh);
+# lifecycle, tracing on vs off and the density run (test/e2e), printed as one table of issue 24's figures with their baselines (scripts/bench-table.sh);
 # BENCH_N idle sandboxes for the density run.
 BENCH_N ?= 50
 bench: build

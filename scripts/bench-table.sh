@@ -2,7 +2,8 @@
 # make bench: runs the benchmarks behind issue 24's figures — the engine's
 # lifecycle next to `runc run`/`runc exec` of the same bundle (and `podman
 # run --rootfs` when podman is installed), run_code next to a chroot, MCP
-# over HTTP next to the engine, the REST lifecycle and the density and
+# over HTTP next to the engine, the REST lifecycle, the cost of tracing on
+# an exec (issue 27: two daemons, OTLP export on and off) and the density and
 # throughput of BENCH_N idle sandboxes on a real daemon — and prints them as
 # one table with their baselines (measured in the same run), ratios and
 # targets. Raw `go test -bench` output and the table go to test-output/.
@@ -29,6 +30,9 @@ if [[ "${TABLE_ONLY:-}" != 1 ]]; then
 	bench ./pkg/engine/ 'SandboxLifecycle$|RunCodePython$|RunCodePythonWarmPool$' "$benchtime"
 	bench ./test/mcp/ 'RunCode$' "$benchtime"
 	bench ./test/e2e/ 'RESTLifecycle$' "$benchtime"
+	# Tracing's cost: exec on a daemon exporting every span to an OTLP
+	# receiver next to one with telemetry off (issue 27).
+	bench ./test/e2e/ 'ExecTracing$' "${TRACING_BENCHTIME:-200x}"
 	bench ./test/e2e/ 'Density$' 1x SANDBOXD_BENCH_N="$n"
 fi
 
@@ -55,6 +59,8 @@ END {
 		row("create + exec true + terminate, REST", g("RESTLifecycle rest-lifecycle-ms"), g("SandboxLifecycle podman-run-ms"), "podman run --rootfs", "—")
 	row("exec true, engine", g("SandboxLifecycle exec-ms"), g("SandboxLifecycle runc-exec-ms"), "runc exec", "≤ 2")
 	row("exec true, REST", g("RESTLifecycle rest-exec-ms"), g("SandboxLifecycle runc-exec-ms"), "runc exec", "≤ 2")
+	row("exec true, REST, tracing on (OTLP, every span)", g("ExecTracing exec-on-ms"), g("ExecTracing exec-off-ms"), "tracing off", "≤ off + 0.2 ms")
+	row("what tracing adds to an exec (ms)", g("ExecTracing tracing-ms"), "", "", "≤ 0.2")
 	row("terminate, engine", g("SandboxLifecycle terminate-ms"), "", "", "≤ 4")
 	row("terminate, REST", g("RESTLifecycle rest-terminate-ms"), "", "", "≤ 4")
 	row("run_code Python print(1), fresh sandbox", g("RunCodePython run_code-ms"), g("RunCodePython chroot-ms"), "chroot", "≤ 2.0× chroot")

@@ -10,6 +10,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/e2b"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
 // listenE2B opens the E2B listener (e2b.listen), over TLS when a
@@ -43,7 +44,7 @@ func listenE2B(cfg *config.Config, eng *engine.Engine, log *slog.Logger) (net.Li
 		l = tls.NewListener(l, tc)
 	}
 	srv := e2b.New(e2b.FromEngine(eng), e2b.Options{Auth: eng.Tenants(), Domain: c.Domain, Log: log.With("api", "e2b")})
-	return l, &e2bHandler{srv, eng.Audit().HTTP("e2b", srv.AuditClassify, srv)}, keys, nil
+	return l, &e2bHandler{srv, telemetry.HTTP("e2b", srv.TraceRoute, eng.Audit().HTTP("e2b", srv.AuditClassify, srv))}, keys, nil
 }
 
 // e2bHandler is the E2B server behind the audit log's recording.

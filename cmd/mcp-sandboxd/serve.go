@@ -291,6 +291,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
+	// Deferred before the engine's Close and the servers' drain return, so
+	// it runs after them: their last spans are flushed too.
+	stopTraces, err := startTelemetry(ctx, cfg.Telemetry, log)
+	if err != nil {
+		return err
+	}
+	defer stopTraces()
+
 	eng, err := compose(ctx, cfg, log)
 	if err != nil {
 		return err

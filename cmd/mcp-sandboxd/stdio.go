@@ -91,6 +91,11 @@ func serveStdio(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 			cfg.Paths.StateDir, err))
 	}
 	defer lock.Close()
+	stopTraces, err := startTelemetry(ctx, cfg.Telemetry, log)
+	if err != nil {
+		return refuse(fmt.Sprintf("mcp-sandboxd stdio: telemetry: %v", err))
+	}
+	defer stopTraces()
 	eng, err := compose(ctx, cfg, log)
 	if err != nil {
 		return refuse(fmt.Sprintf("mcp-sandboxd stdio: cannot start the engine in-process: %v", err))

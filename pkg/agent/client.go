@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -55,6 +56,10 @@ type conn struct {
 	r    *bufio.Reader
 	w    *bufio.Writer
 	stop func() bool
+	// end ends the request's trace span (SetTracer) with the first
+	// error the request met; nil when tracing is off.
+	end func(error)
+	err error
 }
 
 // longAgo is a deadline in the past, used to abort blocked I/O.
@@ -68,12 +73,21 @@ func (c *Client) do(ctx context.Context, req *Request, payload io.Reader) (*conn
 		return nil, err
 	}
 	req.V = ProtocolVersion
+	var end func(error)
+	if t := tracer.Load(); t != nil {
+		ctx, end = (*t)(ctx, req.Op)
+	}
 	nc, err := c.dial(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("agent: %w: %w", err, ctx.Err())
+			err = fmt.Errorf("agent: %w: %w", err, ctx.Err())
+		} else {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		if end != nil {
+			end(err)
+		}
+		return nil, err
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)
@@ -84,31 +98,58 @@ func (c *Client) do(ctx context.Context, req *Request, payload io.Reader) (*conn
 		r:    bufio.NewReaderSize(nc, 64<<10),
 		w:    bufio.NewWriterSize(nc, 64<<10),
 		stop: context.AfterFunc(ctx, func() { _ = nc.SetDeadline(longAgo) }),
+		end:  end,
 	}
 	if err := WriteHeader(cn.w, req); err != nil {
-		cn.close()
-		return nil, cn.wrap(err)
+		return nil, cn.fail(cn.wrap(err))
 	}
 	if req.Len > 0 {
 		n, err := io.CopyN(cn.w, payload, req.Len)
 		if err != nil {
-			cn.close()
 			if err == io.EOF {
-				return nil, Errorf(errdefs.InvalidArgument, "payload ended after %d of %d bytes", n, req.Len)
+				return nil, cn.fail(Errorf(errdefs.InvalidArgument, "payload ended after %d of %d bytes", n, req.Len))
 			}
-			return nil, cn.wrap(fmt.Errorf("send payload: %w", err))
+			return nil, cn.fail(cn.wrap(fmt.Errorf("send payload: %w", err)))
 		}
 	}
 	if err := cn.w.Flush(); err != nil {
-		cn.close()
-		return nil, cn.wrap(fmt.Errorf("send request: %w", err))
+		return nil, cn.fail(cn.wrap(fmt.Errorf("send request: %w", err)))
 	}
 	return cn, nil
+}
+
+// fail closes the connection of a request that failed with err.
+func (cn *conn) fail(err error) error {
+	cn.err = err
+	cn.close()
+	return err
 }
 
 func (cn *conn) close() {
 	cn.stop()
 	_ = cn.nc.Close()
+	if cn.end != nil {
+		cn.end(cn.err)
+		cn.end = nil
+	}
+}
+
+// Tracer starts the span of one request to an agent (its op: start,
+// attach, write_file…) and returns the context under it and the function
+// that ends it with the request's error. The daemon sets one
+// (pkg/telemetry) when it exports traces; the agent binary, which shares
+// this package, never links the exporter.
+type Tracer func(ctx context.Context, op string) (context.Context, func(error))
+
+var tracer atomic.Pointer[Tracer]
+
+// SetTracer sets (nil: clears) the tracer of every Client.
+func SetTracer(t Tracer) {
+	if t == nil {
+		tracer.Store(nil)
+		return
+	}
+	tracer.Store(&t)
 }
 
 // wrap prefers the context's error over the I/O error it caused.
@@ -133,8 +174,13 @@ func (cn *conn) wrap(err error) error {
 }
 
 // frame reads the next frame. An error frame is returned as its *Error.
-func (cn *conn) frame(maxLen int64) (*Frame, error) {
-	f, err := ReadFrame(cn.r, maxLen)
+func (cn *conn) frame(maxLen int64) (f *Frame, err error) {
+	defer func() {
+		if err != nil && cn.err == nil {
+			cn.err = err
+		}
+	}()
+	f, err = ReadFrame(cn.r, maxLen)
 	if err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF

@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
 // DefaultMaxBodyBytes caps JSON request bodies unless Options say otherwise.
@@ -148,7 +149,31 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { s.noRoute(mux, w, r) })
 	// Authentication wraps the mux, so an unauthenticated request reaches no
 	// handler at all.
-	return s.logRequests(s.auditCalls(s.authenticate(s.auditWho(mux))))
+	// Tracing wraps them all, so that a request's span covers its
+	// authentication and audit record; Caller names the principal on it.
+	return s.logRequests(telemetry.HTTP(s.frontEnd(), s.traceRoute, s.auditCalls(s.authenticate(s.auditWho(telemetry.Caller(mux))))))
+}
+
+// frontEnd names the listener in traces: rest (TCP) or socket.
+func (s *server) frontEnd() string {
+	if s.tcp() {
+		return "rest"
+	}
+	return "socket"
+}
+
+// traceRoute is a request's span name: the mux's route template ("POST
+// /v1/sandboxes/{id}/exec"), never the raw path, so that names stay as few
+// as the routes.
+func (s *server) traceRoute(r *http.Request) string {
+	_, pattern := s.mux.Handler(r)
+	switch {
+	case pattern == "" || pattern == "/":
+		return r.Method + " (unmatched)"
+	case !strings.Contains(pattern, " "):
+		return r.Method + " " + pattern
+	}
+	return pattern
 }
 
 // capBody refuses a request body over MaxBodyBytes: at once when its
@@ -246,6 +271,7 @@ func errorBodyOf(err error) errorBody { return apitypes.ErrorBodyOf(err) }
 // their cause, which the client never sees.
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	status := errhttp.ToHTTP(err)
+	telemetry.RecordError(r.Context(), err)
 	if status >= http.StatusInternalServerError {
 		s.log.Error("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}

@@ -50,6 +50,8 @@ type Config struct {
 	// Store: where the fleet's shared state lives (pkg/store/pgstore).
 	Store Store `yaml:"store"`
 	Log   Log   `yaml:"log"`
+	// Telemetry: OpenTelemetry traces exported over OTLP (pkg/telemetry).
+	Telemetry Telemetry `yaml:"telemetry"`
 }
 
 // Store is the `store` section. The daemon's own state is always the
@@ -377,6 +379,24 @@ type Audit struct {
 	CheckpointEvery int `yaml:"checkpoint_every"`
 }
 
+// Telemetry is the `telemetry` section: distributed traces exported over
+// OTLP to the collector the administrator names (docs/SPEC.md, "Traces").
+type Telemetry struct {
+	// OTLPEndpoint is the collector's URL (http:// or https://); empty:
+	// tracing off, at no cost.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// OTLPProtocol is "http/protobuf" (port 4318) or "grpc" (port 4317).
+	OTLPProtocol string `yaml:"otlp_protocol"`
+	// OTLPHeaders are sent with every export (a hosted collector's API
+	// key): a secret, never logged.
+	OTLPHeaders map[string]string `yaml:"otlp_headers"`
+	// SampleRatio is the share of new traces recorded, 0 to 1; a caller's
+	// traceparent decides for its own trace.
+	SampleRatio float64 `yaml:"sample_ratio"`
+	// ServiceName is the service.name the spans carry.
+	ServiceName string `yaml:"service_name"`
+}
+
 // SSH is the `ssh` section: the SSH endpoint for ssh, scp, sftp, rsync
 // and editors' remote-SSH. Its host key is generated once, as
 // ssh_host_ed25519_key in paths.state_dir.
@@ -504,7 +524,8 @@ func Default() *Config {
 			RetentionAge:    Duration(90 * 24 * time.Hour),
 			CheckpointEvery: 256,
 		},
-		SSH: SSH{Keepalive: Duration(30 * time.Second), TokenTTL: Duration(5 * time.Minute)},
+		SSH:       SSH{Keepalive: Duration(30 * time.Second), TokenTTL: Duration(5 * time.Minute)},
+		Telemetry: Telemetry{OTLPProtocol: "http/protobuf", SampleRatio: 1, ServiceName: "mcp-sandboxd"},
 		Log: Log{
 			Level:  "info",
 			Format: "text",

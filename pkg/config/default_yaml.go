@@ -465,4 +465,24 @@ log:
   level: info
   # text (for people) or json (one object per line, for log collectors).
   format: text
+
+# Distributed traces (OpenTelemetry): a span for every request from the
+# front end through the services to the sandbox's agent, exported over OTLP
+# (docs/SPEC.md, "Traces"). A caller's W3C traceparent (HTTP header, or an
+# MCP request's params._meta) parents them.
+telemetry:
+  # The collector's URL, e.g. http://127.0.0.1:4318 (http/protobuf; the
+  # path /v1/traces is added when there is none) or http://127.0.0.1:4317
+  # (grpc); https:// for TLS. Empty: tracing off, at no cost.
+  otlp_endpoint: ""
+  # http/protobuf or grpc.
+  otlp_protocol: http/protobuf
+  # Headers sent with every export, e.g. a hosted collector's API key
+  # ({"x-api-key": "..."}); never logged.
+  otlp_headers: {}
+  # Share of new traces recorded, 0 to 1; a caller's traceparent decides
+  # for its own trace.
+  sample_ratio: 1
+  # The service.name of the spans.
+  service_name: mcp-sandboxd
 `

@@ -57,6 +57,7 @@ func (c *Config) Validate() error {
 	c.SSH.validate(&p)
 	c.Store.validate(&p)
 	c.Log.validate(&p)
+	c.Telemetry.validate(&p)
 	return p.err()
 }
 
@@ -95,6 +96,53 @@ func (s *Store) validate(p *problems) {
 	case u.Host == "" && u.Query().Get("host") == "":
 		p.add("store.postgres_url", "", "names no host (host:port, or ?host=/socket/dir)")
 	}
+}
+
+// maxOTLPHeaders bounds telemetry.otlp_headers (a collector needs one or
+// two: an API key, a tenant).
+const maxOTLPHeaders = 16
+
+func (t *Telemetry) validate(p *problems) {
+	p.oneOf("telemetry.otlp_protocol", t.OTLPProtocol, "http/protobuf", "grpc")
+	if t.OTLPEndpoint != "" {
+		p.httpURL("telemetry.otlp_endpoint", t.OTLPEndpoint)
+		if u, err := url.Parse(t.OTLPEndpoint); err == nil && (u.User != nil || u.RawQuery != "" || u.Fragment != "") {
+			// Credentials belong in otlp_headers; a query or fragment is
+			// not part of OTLP and would be sent or dropped silently.
+			p.add("telemetry.otlp_endpoint", "", "must have no user info, query or fragment (put credentials in telemetry.otlp_headers)")
+		}
+	}
+	if len(t.OTLPHeaders) > maxOTLPHeaders {
+		p.add("telemetry.otlp_headers", "", "at most %d headers, got %d", maxOTLPHeaders, len(t.OTLPHeaders))
+	}
+	for k, v := range t.OTLPHeaders {
+		if !httpToken(k) {
+			p.add("telemetry.otlp_headers", "", "header name %q is not an HTTP token", k)
+		}
+		// The value is a secret: the message never quotes it.
+		if len(v) > 4096 || strings.ContainsAny(v, "\r\n\x00") {
+			p.add("telemetry.otlp_headers", "", "value of %q must be at most 4096 bytes without CR, LF or NUL", k)
+		}
+	}
+	if t.SampleRatio < 0 || t.SampleRatio > 1 || t.SampleRatio != t.SampleRatio {
+		p.add("telemetry.sample_ratio", "", "must be from 0 to 1, got %v", t.SampleRatio)
+	}
+	if t.ServiceName == "" || len(t.ServiceName) > 128 || strings.ContainsFunc(t.ServiceName, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		p.add("telemetry.service_name", "", "must be 1 to 128 printable characters, got %q", t.ServiceName)
+	}
+}
+
+// httpToken says whether s is an HTTP header name (RFC 9110 token).
+func httpToken(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *SSH) validate(p *problems) {

@@ -94,6 +94,35 @@ func TestValidate(t *testing.T) {
 			want:   []FieldError{{Key: "store.postgres_url", Message: "not a URL"}},
 		},
 		{
+			name: "telemetry on",
+			modify: func(c *Config) {
+				c.Telemetry = Telemetry{OTLPEndpoint: "https://otel.example.com:4318", OTLPProtocol: "grpc", OTLPHeaders: map[string]string{"x-api-key": "s3cret"}, SampleRatio: 0.25, ServiceName: "sandboxd-eu"}
+			},
+		},
+		{
+			name: "telemetry bad",
+			modify: func(c *Config) {
+				c.Telemetry = Telemetry{OTLPEndpoint: "collector:4318", OTLPProtocol: "thrift", OTLPHeaders: map[string]string{"bad name": "s3cret\r\nX-Evil: 1"}, SampleRatio: 1.5, ServiceName: ""}
+			},
+			want: []FieldError{
+				{Key: "telemetry.otlp_protocol", Message: `invalid value "thrift" (use http/protobuf, grpc)`},
+				{Key: "telemetry.otlp_endpoint", Message: `invalid URL "collector:4318" (use http:// or https://)`},
+				{Key: "telemetry.otlp_headers", Message: `header name "bad name" is not an HTTP token`},
+				{Key: "telemetry.otlp_headers", Message: `value of "bad name" must be at most 4096 bytes without CR, LF or NUL`},
+				{Key: "telemetry.sample_ratio", Message: "must be from 0 to 1, got 1.5"},
+				{Key: "telemetry.service_name", Message: `must be 1 to 128 printable characters, got ""`},
+			},
+		},
+		{
+			name: "telemetry credentials in the URL",
+			modify: func(c *Config) {
+				c.Telemetry.OTLPEndpoint = "http://user:pw@collector:4318/v1/traces?k=v"
+			},
+			want: []FieldError{
+				{Key: "telemetry.otlp_endpoint", Message: "must have no user info, query or fragment (put credentials in telemetry.otlp_headers)"},
+			},
+		},
+		{
 			name:   "e2b without keys",
 			modify: func(c *Config) { c.E2B = E2B{Listen: "127.0.0.1:7072"} },
 			want:   []FieldError{{Key: "e2b.api_key_file", Message: "required when e2b.listen is set"}},

@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
 // defaultTimeout is E2B's sandbox timeout when a create gives none (the
@@ -66,6 +67,7 @@ func (s *Server) controlPlane() http.Handler {
 		audit.CallFrom(r.Context()).SetPrincipal(keyPrincipal(key))
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		ctx := principal.WithOrigin(principal.With(r.Context(), p), principal.Origin{FrontEnd: "e2b", Source: r.RemoteAddr})
+		telemetry.SetCaller(ctx, p)
 		mux.ServeHTTP(w, r.WithContext(ctx))
 	})
 }

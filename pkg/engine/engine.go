@@ -9,6 +9,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -47,6 +48,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store/pgstore"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
 
@@ -234,6 +236,15 @@ func (e *Engine) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 // phase lines of a slow start (a VM's guest image built on first use, a
 // disk guest booting).
 func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxRequest, progress func(string)) (*sandbox.Info, error) {
+	ctx, span := telemetry.StartOp(ctx, "sandbox.create", telemetry.KeyImage.String(cmp.Or(req.Image, req.Language)))
+	info, err := e.createSandbox(ctx, req, progress)
+	if info != nil {
+		span.SetAttributes(telemetry.Sandbox(info.ID))
+	}
+	return info, telemetry.End(span, err)
+}
+
+func (e *Engine) createSandbox(ctx context.Context, req CreateSandboxRequest, progress func(string)) (*sandbox.Info, error) {
 	var tmpl *apitypes.TemplateCreateRequest
 	if req.Template != "" {
 		var err error

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -26,16 +27,18 @@ const maxStdin = apitypes.MaxStdin
 // Exec runs a command in a sandbox and waits for it. onOutput, if not nil,
 // receives output as it arrives.
 func (e *Engine) Exec(ctx context.Context, req ExecRequest, onOutput sandbox.OutputFunc) (*sandbox.ExecResult, error) {
+	ctx, span := telemetry.StartOp(ctx, "sandbox.exec", telemetry.Sandbox(req.SandboxID))
 	spec, err := e.execSpecFor(ctx, req)
 	if err != nil {
-		return nil, err
+		return nil, telemetry.End(span, err)
 	}
 	res, err := e.sandboxes.Exec(ctx, req.SandboxID, *spec, onOutput)
 	if err == nil {
 		e.metrics.execTime.Observe(float64(res.DurationMS) / 1000)
 		e.metrics.causes.WithLabelValues(res.Termination.Cause).Inc()
+		span.SetAttributes(telemetry.KeyExitCode.Int(res.ExitCode))
 	}
-	return res, err
+	return res, telemetry.End(span, err)
 }
 
 // StartJob runs a command in the background (exec_command with background:

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"io"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/oci"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/images"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
 // Images are the image service's (pkg/services/images); these methods keep
@@ -19,7 +22,9 @@ import (
 // EnsureImage builds the image for recipe name unless an image with the
 // recipe's digest exists already.
 func (e *Engine) EnsureImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error) {
-	return e.imgs.Ensure(ctx, name, log)
+	ctx, span := telemetry.StartOp(ctx, "image.build", telemetry.KeyImage.String(name))
+	im, err := e.imgs.Ensure(ctx, name, log)
+	return im, telemetry.End(span, err)
 }
 
 // Images lists the built images.
@@ -43,19 +48,25 @@ func (e *Engine) RemoveImage(ctx context.Context, name string) error {
 // PullImage fetches the image ref names from its registry into the store
 // (docs/SPEC.md "OCI images"); progress, if not nil, sees each phase.
 func (e *Engine) PullImage(ctx context.Context, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error) {
-	return e.imgs.Pull(ctx, ref, progress)
+	ctx, span := telemetry.StartOp(ctx, "image.pull", telemetry.KeyImage.String(ref))
+	im, err := e.imgs.Pull(ctx, ref, progress)
+	return im, telemetry.End(span, err)
 }
 
 // ImportImage installs the image of the archive at path (a docker save tar,
 // an OCI layout directory or a tar of one); ref picks one of several.
 func (e *Engine) ImportImage(ctx context.Context, path, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error) {
-	return e.imgs.Import(ctx, path, ref, progress)
+	ctx, span := telemetry.StartOp(ctx, "image.import", telemetry.KeyImage.String(ref))
+	im, err := e.imgs.Import(ctx, path, ref, progress)
+	return im, telemetry.End(span, err)
 }
 
 // ImportImageFrom installs the image of an uploaded archive (docker save,
 // or a tar of an OCI layout) read from r.
 func (e *Engine) ImportImageFrom(ctx context.Context, r io.Reader, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error) {
-	return e.imgs.ImportFrom(ctx, r, ref, progress)
+	ctx, span := telemetry.StartOp(ctx, "image.import", telemetry.KeyImage.String(ref))
+	im, err := e.imgs.ImportFrom(ctx, r, ref, progress)
+	return im, telemetry.End(span, err)
 }
 
 // progressLines turns pull progress into the phase lines of a create.
@@ -82,7 +93,8 @@ func (e *Engine) knownImages() []string { return e.imgs.KnownNames() }
 func (e *Engine) pruneStaleImages(ctx context.Context) { e.imgs.PruneStale(ctx) }
 
 func (e *Engine) ensureImageOnDemand(ctx context.Context, name string) error {
-	return e.imgs.EnsureOnDemand(ctx, name)
+	ctx, span := telemetry.Start(ctx, "image.build", telemetry.KeyImage.String(name), attribute.Bool("sandboxd.on_demand", true))
+	return telemetry.End(span, e.imgs.EnsureOnDemand(ctx, name))
 }
 
 func (e *Engine) describedImage(ctx context.Context, img *image.Image) (*apitypes.Image, error) {

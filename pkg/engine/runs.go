@@ -8,6 +8,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/fixloop"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
 // The run pipeline (run_code, run_task, packages_install, run records) and
@@ -51,7 +52,12 @@ const (
 
 // RunCode runs source code (pipeline.Service.RunCode).
 func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandbox.OutputFunc) (*RunResult, error) {
-	return e.pipeline.RunCode(ctx, req, onOutput)
+	ctx, span := telemetry.StartOp(ctx, "run_code", telemetry.KeyLanguage.String(req.Language), telemetry.Sandbox(req.SandboxID))
+	res, err := e.pipeline.RunCode(ctx, req, onOutput)
+	if res != nil {
+		span.SetAttributes(telemetry.Sandbox(res.SandboxID))
+	}
+	return res, telemetry.End(span, err)
 }
 
 // RunTask runs the sandbox language's lint, build or test command.
@@ -77,7 +83,9 @@ func (e *Engine) ListRuns(ctx context.Context, f RunFilter) ([]runs.Metadata, er
 
 // Autofix runs a program and, while it fails, asks a provider for fixes.
 func (e *Engine) Autofix(ctx context.Context, req AutofixRequest, opts AutofixOptions) (*AutofixResult, error) {
-	return e.fixes.Autofix(ctx, req, opts)
+	ctx, span := telemetry.StartOp(ctx, "autofix", telemetry.KeyLanguage.String(req.Language))
+	res, err := e.fixes.Autofix(ctx, req, opts)
+	return res, telemetry.End(span, err)
 }
 
 // AutofixSubmit continues a client-provider loop with the client's fix.

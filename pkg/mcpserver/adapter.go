@@ -51,7 +51,11 @@ func addTool[In, Out any](s *srv, name, title, description string, a annotations
 	required := requiredOf(tool.RawInputSchema)
 	s.mcp.AddTool(tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		var in In
-		if err := decodeArgs(req.GetRawArguments(), required, &in); err != nil {
+		var res *result
+		var err error // the tool's error, for its span
+		ctx, span := startToolSpan(ctx, name, req)
+		defer func() { endToolSpan(span, &in, resultStructured(res), err) }()
+		if err = decodeArgs(req.GetRawArguments(), required, &in); err != nil {
 			return s.errorResult(name, err), nil
 		}
 		c := &call{s: s, req: req}
@@ -67,7 +71,7 @@ func addTool[In, Out any](s *srv, name, title, description string, a annotations
 		} else {
 			c.progress = c.newProgress(ctx)
 		}
-		res, err := fn(ctx, c, &in)
+		res, err = fn(ctx, c, &in)
 		c.progress.stop()
 		s.auditTool(ctx, name, a, &in, resultStructured(res), err)
 		if err != nil {

@@ -20,6 +20,8 @@ var layer = map[string]int{
 
 	"pkg/apitypes": 1, "pkg/audit": 1, "pkg/config": 1, "pkg/store": 1, "pkg/userns": 1, "pkg/cgroups": 1, "pkg/seccomp": 1, "pkg/storage": 1,
 	"internal/crashpoint": 1, "pkg/lifetime": 1, "internal/tsgen": 1,
+	// OpenTelemetry traces (over pkg/errdefs and pkg/principal), used from the agent client up.
+	"pkg/telemetry": 1,
 
 	"pkg/agent": 2, "pkg/ledger": 2, "pkg/image": 2, "pkg/runtime": 2, "pkg/runs": 2,
 	"pkg/artifacts": 2, "pkg/lang": 2, "pkg/network": 2, "pkg/autofix": 2, "pkg/vm/qga": 2, "pkg/vm/vport": 2, "pkg/tenants": 2,
@@ -46,7 +48,7 @@ var layer = map[string]int{
 	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7, "cmd/tsgen": 7,
 
 	// Test harnesses and black-box tests sit above everything.
-	"internal/testenv": 8, "internal/testenv/vmenv": 8, "internal/fakemessages": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
+	"internal/testenv": 8, "internal/testenv/vmenv": 8, "internal/otlptest": 8, "internal/fakemessages": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
 	"test/claude": 8, "test/conformance": 8, "test/web": 8, "test/adversarial": 8, "test/cgroupv2": 8, "test/chaos": 8, "test/e2b": 8, "test/clients": 8,
 }
 

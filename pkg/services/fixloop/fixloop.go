@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/autofix"
@@ -34,6 +35,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/agents"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
 // The loop's state lives in
@@ -660,6 +662,15 @@ type autofixRunner struct {
 }
 
 func (r *autofixRunner) RunAttempt(ctx context.Context, req autofix.AttemptRequest) (*apitypes.RunResult, error) {
+	ctx, span := telemetry.Start(ctx, "autofix.attempt", telemetry.KeyAttempt.Int(req.Attempt), telemetry.Sandbox(r.run.Sandbox.ID))
+	res, err := r.runAttempt(ctx, req)
+	if res != nil {
+		span.SetAttributes(attribute.Bool("sandboxd.success", res.Success))
+	}
+	return res, telemetry.End(span, err)
+}
+
+func (r *autofixRunner) runAttempt(ctx context.Context, req autofix.AttemptRequest) (*apitypes.RunResult, error) {
 	for _, name := range req.Removed {
 		if err := r.s.o.Sandboxes.DeleteFile(ctx, r.run.Sandbox.ID, lang.Workspace+"/"+name, false); err != nil && errdefs.CodeOf(err) != errdefs.NotFound {
 			return nil, fmt.Errorf("remove %s: %w", name, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
 // The run pipeline: a CodeRun is one run record in progress, bound to one
@@ -86,6 +87,15 @@ type Attempt struct {
 // StartRun creates a run record and binds it to a sandbox: the given one,
 // which must be live and of the handler's image, or a new ephemeral one.
 func (s *Service) StartRun(ctx context.Context, spec RunSpec) (*CodeRun, error) {
+	ctx, span := telemetry.Start(ctx, "run.start", telemetry.Sandbox(spec.SandboxID))
+	r, err := s.startRun(ctx, spec)
+	if r != nil {
+		span.SetAttributes(telemetry.Sandbox(r.Sandbox.ID))
+	}
+	return r, telemetry.End(span, err)
+}
+
+func (s *Service) startRun(ctx context.Context, spec RunSpec) (*CodeRun, error) {
 	h := spec.Handler
 	var given *sandbox.Info
 	if spec.SandboxID != "" {
@@ -162,7 +172,8 @@ func (r *CodeRun) Run(ctx context.Context, a Attempt) (*RunResult, error) {
 	r.Meta.Files, r.Meta.Entrypoint = names, a.Main
 
 	out := r.BuildDir()
-	if err := r.writeFiles(ctx, a.Files, names, out); err != nil {
+	fctx, span := telemetry.Start(ctx, "run.write_files", telemetry.Sandbox(r.Sandbox.ID))
+	if err := telemetry.End(span, r.writeFiles(fctx, a.Files, names, out)); err != nil {
 		return nil, err
 	}
 	if !r.ephemeral {
@@ -348,6 +359,9 @@ func (r *CodeRun) step(ctx context.Context, a *Attempt, res *RunResult, name str
 			env[k] = v
 		}
 	}
+	// One span per step; its argv and env stay out (code, secrets).
+	ctx, span := telemetry.Start(ctx, "run.step "+name, telemetry.KeyStep.String(name), telemetry.Sandbox(r.Sandbox.ID))
+	defer span.End()
 	remaining := time.Until(r.deadline)
 	var er *sandbox.ExecResult
 	if remaining < 10*time.Millisecond {
@@ -358,10 +372,13 @@ func (r *CodeRun) step(ctx context.Context, a *Attempt, res *RunResult, name str
 			Argv: argv, Env: env, Cwd: lang.Workspace, Stdin: stdin, Timeout: remaining, MaxResultBytes: a.MaxOutputBytes,
 		}, r.recordOutput(a))
 		if err != nil {
+			telemetry.SetOutcome(span, err)
 			return nil, err
 		}
 		r.s.metrics.Exec(er)
 	}
+	telemetry.SetOutcome(span, nil)
+	span.SetAttributes(telemetry.KeyExitCode.Int(er.ExitCode))
 	return r.recordStep(res, name, argv, er), nil
 }
 
