@@ -443,7 +443,7 @@ async function approval() {
   const sb = await ok(client, "sandbox_create", { language: "python", network: "allowlist", allow: ["other.example.test"] });
   const id = sb.sandbox_id;
   const pip = "pip install --no-cache-dir --disable-pip-version-check --retries 0 --timeout 5 --target /workspace/lib " +
-    "--index-url http://pkg.example.test/simple/ greetpkg";
+    "--index-url http://pkg.example.test/simple/ --trusted-host pkg.example.test greetpkg";
   const report = { sandbox_id: id };
   report.first = await call(client, "exec_command", { sandbox_id: id, command: pip });
   report.asked_after_first = asked.length;
