@@ -172,7 +172,13 @@ func (s *srv) askApproval(ctx context.Context, id, host string) bool {
 		s.log.Info("mcp: network approval not answered", "sandbox", id, "host", host, "err", err)
 		return false
 	}
-	if res.Action != mcp.ElicitationResponseActionAccept {
+	return approved(res)
+}
+
+// approved reads an answer: only accept with allow exactly true is a yes
+// (a string "true", a missing field or any other action is a no).
+func approved(res *mcp.ElicitationResult) bool {
+	if res == nil || res.Action != mcp.ElicitationResponseActionAccept {
 		return false
 	}
 	// Transports hand the content over decoded from JSON.
