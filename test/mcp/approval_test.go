@@ -105,6 +105,9 @@ func TestNetworkApproval(t *testing.T) {
 	run := func(t *testing.T, answer string) approvalReport {
 		t.Helper()
 		tr := httpTransport(d)
+		if strings.HasSuffix(t.Name(), "stdio") {
+			tr = stdioTransport(d)
+		}
 		tr["answer"] = answer
 		var r approvalReport
 		if err := runClientIn(tp.Host, "approval", tr, 0, &r); err != nil {
@@ -124,7 +127,7 @@ func TestNetworkApproval(t *testing.T) {
 		return r
 	}
 
-	t.Run("yes", func(t *testing.T) {
+	yes := func(t *testing.T) {
 		r := run(t, "yes")
 		if len(r.Asked) != 1 || r.AskedAfterFirst != 1 || r.Asked[0].Mode != "form" ||
 			!strings.Contains(r.Asked[0].Message, "Allow "+indexHost+" for sandbox "+r.SandboxID+"?") {
@@ -151,6 +154,7 @@ func TestNetworkApproval(t *testing.T) {
 		}
 		mu.Lock()
 		n := downloads
+		downloads = 0
 		mu.Unlock()
 		if n != 1 {
 			t.Errorf("the index served the wheel %d times, want once", n)
@@ -161,7 +165,11 @@ func TestNetworkApproval(t *testing.T) {
 		}) {
 			t.Errorf("no audit record of the approval among %d records", len(recs))
 		}
-	})
+	}
+	t.Run("yes", yes)
+	// Over stdio the bridge relays the server's elicitation/create to the
+	// client and its answer back.
+	t.Run("yes-stdio", yes)
 	for _, answer := range []string{"no", "none"} {
 		t.Run(answer, func(t *testing.T) {
 			r := run(t, answer)
