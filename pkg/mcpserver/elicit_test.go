@@ -1,13 +1,20 @@
 package mcpserver
 
 import (
+	"context"
+	"fmt"
+	"io"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 )
 
 // TestApprovalWindow: a host is asked about once per sandbox within the
@@ -87,5 +94,81 @@ func TestAttachRefusals(t *testing.T) {
 	attachRefusals(run, rep)
 	if v := run.structured.(apitypes.RunResult); v.NetworkRefusals != rep {
 		t.Errorf("run result: %+v", v)
+	}
+}
+
+// TestApprovalUnanswered: over stdio, a client that declared elicitation
+// but never answers is asked once, the call's result comes after the
+// timeout with the host still refused (no policy change), and a second
+// call refused the same host in the same sandbox does not ask again.
+func TestApprovalUnanswered(t *testing.T) {
+	const host = "pkg.example.test"
+	f := newFake()
+	var mu sync.Mutex
+	statuses, changes := 0, 0
+	f.network = func(req apitypes.SandboxNetworkRequest) (*apitypes.NetworkStatus, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if req.Mode != "" || req.Allow != nil {
+			changes++
+			return &apitypes.NetworkStatus{Mode: engine.NetworkAllowlist, Allow: req.Allow}, nil
+		}
+		// Before each call nothing was refused, after it host was.
+		statuses++
+		st := &apitypes.NetworkStatus{Mode: engine.NetworkAllowlist, Allow: []string{"a.example.test"}}
+		if statuses%2 == 0 {
+			st.Counters.DeniedDestinations = []string{host, "203.0.113.10"}
+		}
+		return st, nil
+	}
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- ServeStdio(context.Background(), f, Options{Log: testenv.Logger(t), ApprovalTimeout: 200 * time.Millisecond}, inR, outW)
+	}()
+	defer func() { inW.Close(); <-done }()
+	c := newLineClient(t, inW, outR)
+	c.request("initialize", map[string]any{"protocolVersion": "2025-11-25",
+		"capabilities": map[string]any{"elicitation": map[string]any{"form": map[string]any{}}}, "clientInfo": map[string]any{"name": "line-client", "version": "0"}})
+	c.send(map[string]any{"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+	asked := func() (n int) {
+		for _, m := range c.notifs {
+			if m["method"] == "elicitation/create" {
+				n++
+				p, _ := m["params"].(map[string]any)
+				if msg, _ := p["message"].(string); !strings.Contains(msg, "Allow "+host+" for sandbox sb-1?") {
+					t.Errorf("elicitation message %q", msg)
+				}
+			}
+		}
+		return n
+	}
+	for i := range 2 {
+		c.notifs = nil
+		start := time.Now()
+		res := c.callTool("exec_command", map[string]any{"sandbox_id": "sb-1", "command": "pip install x"})
+		sc, _ := res["structuredContent"].(map[string]any)
+		rep, _ := sc["network_refusals"].(map[string]any)
+		if res["isError"] == true || rep == nil || fmt.Sprint(rep["refused"]) != "["+host+"]" || rep["approved"] != nil ||
+			fmt.Sprint(rep["proposed_allow"]) != "[a.example.test "+host+"]" {
+			t.Fatalf("call %d: %v", i, res)
+		}
+		want := 1
+		if i == 1 {
+			want = 0 // asked within the window already
+		}
+		if n := asked(); n != want {
+			t.Errorf("call %d: asked %d times, want %d", i, n, want)
+		}
+		if i == 0 && time.Since(start) < 200*time.Millisecond {
+			t.Errorf("the result came before the approval timed out (%v)", time.Since(start))
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if changes != 0 {
+		t.Errorf("%d policy changes without a yes", changes)
 	}
 }

@@ -35,6 +35,8 @@ type fakeEngine struct {
 	listReq  apitypes.FileListRequest
 	output   [][2]string // what Exec writes through onOutput
 	fileList *apitypes.FileList
+	// network, when set, answers SandboxNetwork (elicit_test.go).
+	network func(apitypes.SandboxNetworkRequest) (*apitypes.NetworkStatus, error)
 }
 
 func newFake() *fakeEngine { return &fakeEngine{cfg: config.Default()} }
@@ -85,7 +87,11 @@ func (f *fakeEngine) ResumeSandbox(context.Context, string) (*apitypes.Sandbox, 
 	return ex[apitypes.Sandbox](f, "ResumeSandbox")
 }
 
-func (f *fakeEngine) SandboxNetwork(context.Context, apitypes.SandboxNetworkRequest) (*apitypes.NetworkStatus, error) {
+func (f *fakeEngine) SandboxNetwork(_ context.Context, req apitypes.SandboxNetworkRequest) (*apitypes.NetworkStatus, error) {
+	if f.network != nil {
+		f.calls = append(f.calls, "SandboxNetwork")
+		return f.network(req)
+	}
 	return ex[apitypes.NetworkStatus](f, "SandboxNetwork")
 }
 
