@@ -111,6 +111,13 @@ if [[ ! -e test/clients/node_modules/@openai/codex-linux-x64/package.json || ! -
 	(cd test/clients && npm ci --no-audit --no-fund --loglevel=error --ignore-scripts)
 fi
 
+# MCP Inspector's CLI for test/clients TestInspector (pinned by
+# test/clients/inspector/package-lock.json) with the Node.js it needs
+# (>= 22.19), pinned as the npm package "node" like the conformance suite's.
+if [[ ! -x test/clients/inspector/node_modules/.bin/node || ! -e test/clients/inspector/node_modules/@modelcontextprotocol/inspector/package.json || test/clients/inspector/package-lock.json -nt test/clients/inspector/node_modules/.package-lock.json ]]; then
+	(cd test/clients/inspector && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 # The official MCP conformance suite (test/conformance, pinned by its
 # package-lock.json) with the Node.js it needs (>= 22), itself pinned as the
 # npm package "node", whose install script (allowed in package.json's

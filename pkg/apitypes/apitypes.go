@@ -351,6 +351,16 @@ type NetworkStatus struct {
 	Counters NetworkCounters `json:"counters"`
 }
 
+// NetworkRefusals is what an allowlist sandbox was refused during one MCP
+// call: the host names its DNS lookups were refused, the ones the client
+// approved through elicitation (now allowed), and the allowlist that
+// would have let the call through (learning an allowlist from a run).
+type NetworkRefusals struct {
+	Refused       []string `json:"refused"`
+	Approved      []string `json:"approved,omitempty"`
+	ProposedAllow []string `json:"proposed_allow"`
+}
+
 // NetworkCounters count a sandbox's connection attempts.
 type NetworkCounters struct {
 	Allowed            uint64   `json:"allowed"`

@@ -54,6 +54,9 @@ type CommandResult struct {
 	BlockedSyscalls []BlockedSyscall `json:"blocked_syscalls,omitempty"`
 	// Note says where cut output went, when it was cut.
 	Note string `json:"note,omitempty"`
+	// NetworkRefusals lists the hosts an allowlist sandbox was refused
+	// during this call (MCP only).
+	NetworkRefusals *NetworkRefusals `json:"network_refusals,omitempty"`
 }
 
 // Job states.

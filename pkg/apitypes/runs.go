@@ -73,6 +73,9 @@ type RunResult struct {
 	OutputFiles []string `json:"output_files,omitempty"`
 	// Note says where output cut to fit a tool result went (MCP only).
 	Note string `json:"note,omitempty"`
+	// NetworkRefusals lists the hosts an allowlist sandbox (sandbox_id)
+	// was refused during this run (MCP only).
+	NetworkRefusals *NetworkRefusals `json:"network_refusals,omitempty"`
 }
 
 // LanguageInfo is one entry of languages_list.

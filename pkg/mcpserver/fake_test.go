@@ -35,6 +35,8 @@ type fakeEngine struct {
 	listReq  apitypes.FileListRequest
 	output   [][2]string // what Exec writes through onOutput
 	fileList *apitypes.FileList
+	// network, when set, answers SandboxNetwork (elicit_test.go).
+	network func(apitypes.SandboxNetworkRequest) (*apitypes.NetworkStatus, error)
 }
 
 func newFake() *fakeEngine { return &fakeEngine{cfg: config.Default()} }
@@ -85,7 +87,11 @@ func (f *fakeEngine) ResumeSandbox(context.Context, string) (*apitypes.Sandbox, 
 	return ex[apitypes.Sandbox](f, "ResumeSandbox")
 }
 
-func (f *fakeEngine) SandboxNetwork(context.Context, apitypes.SandboxNetworkRequest) (*apitypes.NetworkStatus, error) {
+func (f *fakeEngine) SandboxNetwork(_ context.Context, req apitypes.SandboxNetworkRequest) (*apitypes.NetworkStatus, error) {
+	if f.network != nil {
+		f.calls = append(f.calls, "SandboxNetwork")
+		return f.network(req)
+	}
 	return ex[apitypes.NetworkStatus](f, "SandboxNetwork")
 }
 
@@ -300,7 +306,9 @@ var contractCases = []contractCase{
 	// ExecResult (usage and blocked_syscalls too, as SPEC promises) but its
 	// job id: the job is gone once it finished.
 	{"exec_command", with(sb, "command", "true"), reflect.TypeFor[apitypes.ExecResult](), []string{"job_id"}},
-	{"exec_command", with(sb, "command", "true"), reflect.TypeFor[apitypes.CommandResult](), []string{"job_id", "note"}},
+	// network_refusals: only after a call in an allowlist sandbox that was
+	// refused a host (elicit_test.go; test/mcp TestNetworkApproval).
+	{"exec_command", with(sb, "command", "true"), reflect.TypeFor[apitypes.CommandResult](), []string{"job_id", "note", "network_refusals"}},
 	{"run_task", with(sb, "task", "test"), reflect.TypeFor[apitypes.ExecResult](), []string{"job_id"}},
 	{"packages_install", with(sb, "manager", "pip", "packages", []string{"x"}), reflect.TypeFor[apitypes.ExecResult](), []string{"job_id"}},
 	{"job_status", with(sb, "job_id", "j-1"), reflect.TypeFor[apitypes.JobStatus](), nil},
@@ -324,16 +332,16 @@ var contractCases = []contractCase{
 	{"volume_delete", map[string]any{"name": "v"}, reflect.TypeFor[apitypes.VolumeDeleteResult](), nil},
 	// run_code spends the budget once: the last step's output is the top
 	// level's, so the last step carries none (its fields stay, empty).
-	{"run_code", map[string]any{"language": "python", "code": "print(1)"}, reflect.TypeFor[apitypes.RunResult](), []string{"note"}},
+	{"run_code", map[string]any{"language": "python", "code": "print(1)"}, reflect.TypeFor[apitypes.RunResult](), []string{"note", "network_refusals"}},
 	{"run_get", map[string]any{"run_id": "r-1"}, reflect.TypeFor[apitypes.RunRecord](), []string{"note"}},
 	{"run_list", nil, reflect.TypeFor[apitypes.RunList](), []string{"truncated"}},
 	{"image_list", nil, reflect.TypeFor[apitypes.ImageList](), []string{"note"}},
 	{"image_build", map[string]any{"name": "python"}, reflect.TypeFor[apitypes.Image](), nil},
 	{"image_pull", map[string]any{"reference": "registry.example:5000/team/python:3"}, reflect.TypeFor[apitypes.Image](), nil},
 	{"image_delete", map[string]any{"name": "python"}, reflect.TypeFor[apitypes.ImageDeleteResult](), nil},
-	{"autofix", map[string]any{"language": "python", "code": "print(1)"}, reflect.TypeFor[apitypes.AutofixResult](), []string{"note", "last_result.note"}},
-	{"autofix_status", map[string]any{"autofix_id": "af-1"}, reflect.TypeFor[apitypes.AutofixResult](), []string{"note", "last_result.note"}},
-	{"autofix_submit", map[string]any{"autofix_id": "af-1", "code": "print(2)"}, reflect.TypeFor[apitypes.AutofixResult](), []string{"note", "last_result.note"}},
+	{"autofix", map[string]any{"language": "python", "code": "print(1)"}, reflect.TypeFor[apitypes.AutofixResult](), []string{"note", "last_result.note", "last_result.network_refusals"}},
+	{"autofix_status", map[string]any{"autofix_id": "af-1"}, reflect.TypeFor[apitypes.AutofixResult](), []string{"note", "last_result.note", "last_result.network_refusals"}},
+	{"autofix_submit", map[string]any{"autofix_id": "af-1", "code": "print(2)"}, reflect.TypeFor[apitypes.AutofixResult](), []string{"note", "last_result.note", "last_result.network_refusals"}},
 	{"agent_run", map[string]any{"prompt": "p"}, reflect.TypeFor[apitypes.AgentRunResult](), nil},
 }
 

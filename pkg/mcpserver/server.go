@@ -63,6 +63,9 @@ type Options struct {
 	// Audit, if not nil, records calls of tools that change anything
 	// (audit.go).
 	Audit *audit.Log
+	// ApprovalTimeout bounds the wait for a client's answer to a network
+	// approval (elicit.go); 0 means two minutes.
+	ApprovalTimeout time.Duration
 }
 
 func (o Options) withDefaults(cfg *config.Config) Options {
@@ -114,6 +117,8 @@ type srv struct {
 	outputs map[string]reflect.Type
 	// tasks are the running tasks' detached contexts (tasks.go).
 	tasks *taskRuns
+	// approvals are the hosts asked about through elicitation (elicit.go).
+	approvals approvals
 }
 
 // NewServer returns the MCP server over e with the enabled tool groups.

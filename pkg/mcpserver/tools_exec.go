@@ -50,11 +50,13 @@ func (s *srv) addExecTools() {
 				out := execOut{JobID: id, State: apitypes.JobRunning}
 				return &result{structured: out, text: fmt.Sprintf("started job %s in sandbox %s; poll job_status {sandbox_id: %q, job_id: %q, stdout_offset: 0, stderr_offset: 0}", id, in.SandboxID, in.SandboxID, id)}, nil
 			}
-			res, err := s.e.Exec(ctx, req, c.progress.outputFunc())
-			if err != nil {
-				return nil, err
-			}
-			return s.execResult(res, "the full output is not kept: redirect it to a file in the sandbox and read that with file_read, or use background: true and page it with job_status"), nil
+			return s.watchRefusals(ctx, req.SandboxID, func() (*result, error) {
+				res, err := s.e.Exec(ctx, req, c.progress.outputFunc())
+				if err != nil {
+					return nil, err
+				}
+				return s.execResult(res, "the full output is not kept: redirect it to a file in the sandbox and read that with file_read, or use background: true and page it with job_status"), nil
+			})
 		})
 
 	addTool[jobStatusIn, jobStatusOut](s, "job_status", "Follow a background job",

@@ -43,11 +43,13 @@ func (s *srv) addRunTools() {
 		),
 		annotations{destructive: true},
 		func(ctx context.Context, c *call, in *runCodeIn) (*result, error) {
-			res, err := s.e.RunCode(ctx, *in, c.progress.outputFunc())
-			if err != nil {
-				return nil, err
-			}
-			return s.runResult(res), nil
+			return s.watchRefusals(ctx, in.SandboxID, func() (*result, error) {
+				res, err := s.e.RunCode(ctx, *in, c.progress.outputFunc())
+				if err != nil {
+					return nil, err
+				}
+				return s.runResult(res), nil
+			})
 		})
 
 	addTool[runTaskIn, execOut](s, "run_task", "Lint, build or test",
@@ -57,11 +59,13 @@ func (s *srv) addRunTools() {
 		),
 		annotations{destructive: true},
 		func(ctx context.Context, c *call, in *runTaskIn) (*result, error) {
-			res, err := s.e.RunTask(ctx, *in)
-			if err != nil {
-				return nil, err
-			}
-			return s.execResult(res, "the full output is not kept: run the task's command with exec_command, redirected to a file"), nil
+			return s.watchRefusals(ctx, in.SandboxID, func() (*result, error) {
+				res, err := s.e.RunTask(ctx, *in)
+				if err != nil {
+					return nil, err
+				}
+				return s.execResult(res, "the full output is not kept: run the task's command with exec_command, redirected to a file"), nil
+			})
 		})
 
 	addTool[packagesIn, execOut](s, "packages_install", "Install packages",
@@ -71,11 +75,13 @@ func (s *srv) addRunTools() {
 		),
 		annotations{destructive: true, idempotent: true},
 		func(ctx context.Context, c *call, in *packagesIn) (*result, error) {
-			res, err := s.e.PackagesInstall(ctx, *in)
-			if err != nil {
-				return nil, err
-			}
-			return s.execResult(res, "the full output is not kept"), nil
+			return s.watchRefusals(ctx, in.SandboxID, func() (*result, error) {
+				res, err := s.e.PackagesInstall(ctx, *in)
+				if err != nil {
+					return nil, err
+				}
+				return s.execResult(res, "the full output is not kept"), nil
+			})
 		})
 
 	addTool[runGetIn, runGetOut](s, "run_get", "Show a run record",

@@ -18,11 +18,14 @@
 //        where capable, unavailable naming the capability where not) |
 //        tasks (run_code as MCP tasks through the SDK's task client:
 //        a result fetched, a 90 s program polled and cancelled, over HTTP
-//        a task that outlives its client's connection; and a plain call)
+//        a task that outlives its client's connection; and a plain call) |
+//        approval (an allowlist sandbox refused the package index's host:
+//        pip install twice, the client answering transport.answer "yes",
+//        "no" or, for "none", declaring no elicitation at all)
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { CallToolResultSchema, CreateMessageRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import { CallToolResultSchema, CreateMessageRequestSchema, ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 const [mode, transportJSON, nArg] = process.argv.slice(2);
 const spec = JSON.parse(transportJSON);
@@ -422,7 +425,40 @@ async function tasks() {
   return report;
 }
 
-const modes = { scenario, concurrent, bench, progress, autofix, agent, vm, vmqga, tasks };
+// approval: network approvals through elicitation (elicit.go). The client
+// declares elicitation (form mode) unless spec.answer is "none", records
+// every elicitation/create and answers it spec.answer.
+async function approval() {
+  const asked = [];
+  const options = spec.answer === "none" ? {} : { capabilities: { elicitation: { form: {} } } };
+  const client = new Client({ name: "mcp-sandboxd-blackbox", version: "1.0.0" }, options);
+  if (spec.answer !== "none") {
+    client.setRequestHandler(ElicitRequestSchema, async (req) => {
+      asked.push(req.params);
+      return spec.answer === "yes" ? { action: "accept", content: { allow: true } } : { action: "decline" };
+    });
+  }
+  client.onerror = (e) => errors.push(String(e));
+  await client.connect(transport());
+  const sb = await ok(client, "sandbox_create", { language: "python", network: "allowlist", allow: ["other.example.test"] });
+  const id = sb.sandbox_id;
+  const pip = "pip install --no-cache-dir --disable-pip-version-check --retries 0 --timeout 5 --target /workspace/lib " +
+    "--index-url http://pkg.example.test/simple/ --trusted-host pkg.example.test greetpkg";
+  const report = { sandbox_id: id };
+  report.first = await call(client, "exec_command", { sandbox_id: id, command: pip });
+  report.asked_after_first = asked.length;
+  report.second = await call(client, "exec_command", { sandbox_id: id, command: pip });
+  report.hello = await ok(client, "exec_command", { sandbox_id: id,
+    command: "PYTHONPATH=/workspace/lib python3 -c 'import greetpkg; print(greetpkg.hello())'" });
+  report.status = await ok(client, "sandbox_network", { sandbox_id: id });
+  await ok(client, "sandbox_terminate", { sandbox_id: id });
+  report.asked = asked;
+  await client.close();
+  report.errors = errors;
+  return report;
+}
+
+const modes = { approval, scenario, concurrent, bench, progress, autofix, agent, vm, vmqga, tasks };
 try {
   const report = await modes[mode]();
   process.stdout.write(JSON.stringify(report) + "\n");

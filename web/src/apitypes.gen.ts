@@ -347,6 +347,7 @@ export interface RunResult {
   blocked_syscalls?: BlockedSyscall[];
   output_files?: string[];
   note?: string;
+  network_refusals?: NetworkRefusals;
 }
 
 export interface RunMetadata {
@@ -483,6 +484,12 @@ export interface RunStep {
   termination: Termination;
   duration_ms: number;
   blocked_syscalls?: BlockedSyscall[];
+}
+
+export interface NetworkRefusals {
+  refused: string[];
+  approved?: string[];
+  proposed_allow: string[];
 }
 
 export interface RunTermination {
