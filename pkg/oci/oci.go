@@ -117,7 +117,7 @@ func (im *Importer) removeAbandoned() {
 	}
 	for _, e := range entries {
 		n := e.Name()
-		if !strings.HasPrefix(n, ".partial-") && !strings.HasPrefix(n, ".upload-") && !strings.HasPrefix(n, ".import-") {
+		if !strings.HasPrefix(n, ".partial-") && !strings.HasPrefix(n, ".upload-") && !strings.HasPrefix(n, ".import-") && !strings.HasPrefix(n, ".context-") {
 			continue
 		}
 		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > abandonedAfter {
