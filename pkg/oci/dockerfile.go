@@ -485,7 +485,7 @@ func (im *Importer) stepRun(ctx context.Context, req BuildRequest, b Builders, s
 	if c.PrependShell {
 		argv = append(slices.Clone(s.shell), strings.Join(c.CmdLine, " "))
 	}
-	if len(argv) == 0 {
+	if strings.TrimSpace(strings.Join(c.CmdLine, "")) == "" {
 		return lineError(loc, "RUN: empty command")
 	}
 	// ARGs are the command's environment too; those given as build args

@@ -254,7 +254,7 @@ func Public(im *image.Image) apitypes.Image {
 		out.OCI = &apitypes.ImageOCI{
 			References: o.References, ManifestDigest: o.ManifestDigest, ConfigDigest: o.ConfigDigest,
 			Layers: o.Layers, WorkingDir: o.WorkingDir, User: im.User.Name, UID: im.User.UID,
-			Entrypoint: o.Entrypoint, Cmd: o.Cmd,
+			Entrypoint: o.Entrypoint, Cmd: o.Cmd, Labels: o.Labels,
 		}
 	}
 	return out
