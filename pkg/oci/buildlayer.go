@@ -276,9 +276,11 @@ func (im *Importer) stepCopy(req BuildRequest, s *buildState, loc []parser.Range
 		if clean == "" {
 			clean = "."
 		}
-		matches, err := fs.Glob(root.FS(), clean)
-		if err != nil {
-			return lineError(loc, "%s %s: %v", what, src, err)
+		matches := []string{clean}
+		if strings.ContainsAny(clean, `*?[\`) {
+			if matches, err = fs.Glob(root.FS(), clean); err != nil {
+				return lineError(loc, "%s %s: %v", what, src, err)
+			}
 		}
 		if len(matches) == 0 {
 			return lineError(loc, "%s %s: no such file in the context", what, src)
@@ -288,6 +290,9 @@ func (im *Importer) stepCopy(req BuildRequest, s *buildState, loc []parser.Range
 		}
 		for _, m := range matches {
 			fi, err := root.Stat(m)
+			if errors.Is(err, fs.ErrNotExist) {
+				return lineError(loc, "%s %s: no such file in the context", what, src)
+			}
 			if err != nil {
 				return lineError(loc, "%s %s: entry %q: %v", what, src, m, contextErr(err))
 			}

@@ -1,0 +1,125 @@
+package oci_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/oci"
+)
+
+func contextTar(t *testing.T, hdrs ...*tar.Header) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range hdrs {
+		if h.Typeflag == tar.TypeReg {
+			h.Size = 1
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			tw.Write([]byte("x"))
+		}
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+// TestUnpackContextRefusesHostileEntries: an uploaded build context with
+// an entry leading out of it is refused naming the entry, and nothing is
+// written outside the context's directory.
+func TestUnpackContextRefusesHostileEntries(t *testing.T) {
+	for _, c := range []struct {
+		hdrs  []*tar.Header
+		entry string
+	}{
+		{[]*tar.Header{{Name: "../evil", Typeflag: tar.TypeReg, Mode: 0o644}}, `"../evil"`},
+		{[]*tar.Header{{Name: "/etc/evil", Typeflag: tar.TypeReg, Mode: 0o644}}, `"/etc/evil"`},
+		{[]*tar.Header{{Name: "a/../../evil", Typeflag: tar.TypeReg, Mode: 0o644}}, `"a/../../evil"`},
+		{[]*tar.Header{{Name: "up", Typeflag: tar.TypeSymlink, Linkname: "../.."}}, `"up": symlink to "../.." leads out`},
+		{[]*tar.Header{{Name: "abs", Typeflag: tar.TypeSymlink, Linkname: "/etc"}}, `"abs": symlink to "/etc" leads out`},
+		{[]*tar.Header{{Name: "dev", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}}, `"dev": type`},
+		{[]*tar.Header{{Name: "hard", Typeflag: tar.TypeLink, Linkname: "/etc/shadow"}}, `"hard": type`},
+	} {
+		outer := t.TempDir()
+		dir := filepath.Join(outer, "ctx")
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		err := oci.UnpackContext(bytes.NewReader(contextTar(t, c.hdrs...)), dir, 1<<20)
+		if errdefs.CodeOf(err) != errdefs.InvalidArgument || !strings.Contains(err.Error(), c.entry) {
+			t.Errorf("context %s: %v, want invalid_argument naming %s", c.hdrs[0].Name, err, c.entry)
+		}
+		if _, err := os.Lstat(filepath.Join(outer, "evil")); err == nil {
+			t.Errorf("context %s: wrote outside the context", c.hdrs[0].Name)
+		}
+	}
+	// Over the size cap: limit_exceeded naming the entry.
+	dir := t.TempDir()
+	err := oci.UnpackContext(bytes.NewReader(contextTar(t, &tar.Header{Name: "a", Typeflag: tar.TypeReg, Mode: 0o644}, &tar.Header{Name: "b", Typeflag: tar.TypeReg, Mode: 0o644})), dir, 1)
+	if errdefs.CodeOf(err) != errdefs.LimitExceeded || !strings.Contains(err.Error(), `"b"`) {
+		t.Errorf("context over its cap: %v", err)
+	}
+}
+
+// TestBuildRefusesSymlinkOutOfContext: a context directory holding a
+// symlink that leads out (one the daemon did not unpack, as a local
+// build's could) is refused when COPY reaches it, naming the entry; so is
+// a COPY of a directory holding one.
+func TestBuildRefusesSymlinkOutOfContext(t *testing.T) {
+	st, err := image.OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := oci.New(oci.Options{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("host secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bctx := t.TempDir()
+	if err := os.Symlink(secret, filepath.Join(bctx, "leak")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(bctx, "dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../../../../../etc/passwd", filepath.Join(bctx, "dir", "up")); err != nil {
+		t.Fatal(err)
+	}
+	base := &image.Image{Name: "base", Digest: strings.Repeat("ab", 32), Rootfs: t.TempDir()}
+	b := oci.Builders{
+		Base: func(context.Context, string) (*image.Image, error) { return base, nil },
+		Run: func(context.Context, oci.RunStep, io.Writer) error {
+			t.Fatal("no RUN in this Dockerfile")
+			return nil
+		},
+	}
+	for _, c := range []struct{ dockerfile, want string }{
+		{"FROM base\nCOPY leak /leak\n", `line 2: COPY leak: entry "leak": a symlink leads out of the context`},
+		{"FROM base\nCOPY dir /d\n", `line 2: COPY: entry "dir/up": symlink to "../../../../../../etc/passwd" leads out of the context`},
+	} {
+		var events []apitypes.BuildProgress
+		_, err := im.Build(context.Background(), oci.BuildRequest{Dockerfile: []byte(c.dockerfile), Context: bctx}, b, func(p apitypes.BuildProgress) { events = append(events, p) })
+		if errdefs.CodeOf(err) != errdefs.InvalidArgument || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want invalid_argument with %q", c.dockerfile, err, c.want)
+		}
+	}
+	// Nothing of the refused copies is in the layer store.
+	entries, _ := os.ReadDir(filepath.Join(st.Dir(), "layers"))
+	for _, e := range entries {
+		t.Errorf("layer store holds %s after refused builds", e.Name())
+	}
+}
