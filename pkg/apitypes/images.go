@@ -59,6 +59,9 @@ type DockerfileBuildRequest struct {
 	Network string   `json:"network,omitempty" jsonschema_description:"Network of the RUN steps: none, egress or allowlist (default: the server's default)." jsonschema:"enum=none,enum=egress,enum=allowlist"`
 	Allow   []string `json:"allow,omitempty" jsonschema_description:"With network allowlist: hosts the RUN steps may reach (e.g. the package mirror)."`
 	NoCache bool     `json:"no_cache,omitempty" jsonschema_description:"Run every step again instead of reusing cached layers."`
+	// DockerfilePath (REST) is the Dockerfile's path in the uploaded
+	// context, read when Dockerfile is empty.
+	DockerfilePath string `json:"-"`
 }
 
 // BuildProgress is one event of a Dockerfile build: "step" (an
@@ -76,4 +79,13 @@ type BuildProgress struct {
 	Output      string  `json:"output,omitempty"`
 	Image       string  `json:"image,omitempty"`
 	Digest      string  `json:"digest,omitempty"`
+}
+
+// DockerfileBuildLine is one line of a Dockerfile build's NDJSON stream
+// (POST /v1/images/dockerfile): a progress event, then the image or the
+// error.
+type DockerfileBuildLine struct {
+	Progress *BuildProgress `json:"progress,omitempty"`
+	Image    *Image         `json:"image,omitempty"`
+	Error    *ErrorBody     `json:"error,omitempty"`
 }

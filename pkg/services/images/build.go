@@ -79,6 +79,13 @@ func (s *Service) Build(ctx context.Context, req apitypes.DockerfileBuildRequest
 			return nil, err
 		}
 	}
+	if req.Dockerfile == "" && req.DockerfilePath != "" {
+		data, err := readContextFile(dir, req.DockerfilePath)
+		if err != nil {
+			return nil, err
+		}
+		req.Dockerfile = string(data)
+	}
 	img, err := im.Build(ctx, oci.BuildRequest{
 		Dockerfile: []byte(req.Dockerfile), Context: dir, Tag: req.Tag, BuildArgs: req.BuildArgs,
 		Network: req.Network, Allow: req.Allow, NoCache: req.NoCache,
@@ -128,6 +135,28 @@ func writeFiles(dir string, files map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// readContextFile reads the Dockerfile named by the request from the
+// context (a regular file inside it, at most oci.MaxDockerfile bytes).
+func readContextFile(dir, name string) ([]byte, error) {
+	clean := path.Clean(name)
+	if path.IsAbs(name) || clean == ".." || strings.HasPrefix(clean, "../") {
+		return nil, errdefs.Invalidf("dockerfile: %q: a path inside the context is expected", name)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	fi, err := root.Stat(clean)
+	if err != nil {
+		return nil, errdefs.Invalidf("dockerfile: %q: not in the context", name)
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > oci.MaxDockerfile {
+		return nil, errdefs.Invalidf("dockerfile: %q: not a regular file of at most %d bytes", name, oci.MaxDockerfile)
+	}
+	return root.ReadFile(clean)
 }
 
 // Image returns the stored image called name.
