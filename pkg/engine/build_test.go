@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,31 +14,6 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
-
-// seedImages makes a private image store holding the shared cache's
-// images names (hard links: the trees are read only), so that a test's
-// builds, layers and cache stay its own.
-func seedImages(t *testing.T, shared string, names ...string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := os.Mkdir(filepath.Join(dir, "by-name"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range names {
-		target, err := os.Readlink(filepath.Join(shared, "by-name", n))
-		if err != nil {
-			t.Fatal(err)
-		}
-		digest := filepath.Base(target)
-		if out, err := exec.Command("cp", "-al", filepath.Join(shared, digest), filepath.Join(dir, digest)).CombinedOutput(); err != nil {
-			t.Fatalf("seed image %s: %v: %s", n, err, out)
-		}
-		if err := os.Symlink("../"+digest, filepath.Join(dir, "by-name", n)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
 
 // buildSteps summarises a build's step events: instruction → cached.
 func buildSteps(events []apitypes.BuildProgress) (ran, cached []string) {
@@ -69,11 +43,8 @@ func TestDockerfileBuild(t *testing.T) {
 	requireRoot(t)
 	testenv.EnsureImages(t, "shell")
 	tp := newNetTopology(t)
-	var shared string
-	env := newEngineIn(t, tp.HostNS, upstreamNetwork("sbxd"+randHex(2)), func(c *config.Config) {
-		shared = c.Paths.ImagesDir
-		c.Paths.ImagesDir = seedImages(t, shared, "shell")
-	})
+	images := testenv.SeedImages(t, "shell")
+	env := newEngineIn(t, tp.HostNS, upstreamNetwork("sbxd"+randHex(2)), func(c *config.Config) { c.Paths.ImagesDir = images })
 	base, err := env.imgs.Image("shell")
 	if err != nil {
 		t.Fatal(err)
