@@ -10,6 +10,7 @@ package oci
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -510,12 +511,19 @@ func (im *Importer) stepRun(ctx context.Context, req BuildRequest, b Builders, s
 	ev.Phase = "" // reported already
 	// An intermediate image of the state so far, run in a sandbox, then
 	// removed: its tree is only the lower layer of the step's sandbox.
-	inter, err := im.installState(ctx, s, IntermediatePrefix+key[:16], s.key, nil)
+	// Its digest is the chain's plus a nonce: two builds of the same chain
+	// at once each run on a tree of their own, and remove only theirs.
+	nonce := make([]byte, 16)
+	if _, err := rand.Read(nonce); err != nil {
+		return err
+	}
+	interDigest := chain(s.key, "intermediate", hex.EncodeToString(nonce))
+	inter, err := im.installState(ctx, s, IntermediatePrefix+interDigest[:16], interDigest, nil)
 	if err != nil {
 		return err
 	}
 	// The step's sandbox is gone when Run returns; a tree left by a crash
-	// is reused by the next build of the same chain.
+	// is removed as abandoned (removeAbandoned).
 	defer im.o.Store.Remove(inter.Name)
 	start := time.Now()
 	d, err := im.storeLayer(func(w io.Writer) error {

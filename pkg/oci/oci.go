@@ -109,8 +109,15 @@ func New(o Options) (*Importer, error) {
 const abandonedAfter = 24 * time.Hour
 
 // removeAbandoned deletes spool files crashed daemons left beside the
-// layer store.
+// layer store, and the intermediate images of builds they were running.
 func (im *Importer) removeAbandoned() {
+	if imgs, err := im.o.Store.List(); err == nil {
+		for _, img := range imgs {
+			if strings.HasPrefix(img.Name, IntermediatePrefix) && time.Since(img.BuiltAt) > abandonedAfter {
+				_ = im.o.Store.Remove(img.Name)
+			}
+		}
+	}
 	entries, err := os.ReadDir(im.layers)
 	if err != nil {
 		return
