@@ -7,8 +7,8 @@ import (
 	"strings"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // runCode is run_code: POST /v1/run with an engine.RunCodeRequest. With
