@@ -7,9 +7,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
@@ -121,5 +127,77 @@ func TestBuildRefusesSymlinkOutOfContext(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Join(st.Dir(), "layers"))
 	for _, e := range entries {
 		t.Errorf("layer store holds %s after refused builds", e.Name())
+	}
+}
+
+// TestCollectLayers: the layer gc removes the layers no stored image
+// lists, and only those: a layer two images share stays while one of them
+// does, and a layer only a build-cache entry names goes with the entry.
+func TestCollectLayers(t *testing.T) {
+	im, st := newImporter(t, oci.Options{})
+	shared := testenv.OCILayer{Tar: testenv.TarOf(t, testenv.TarEntry{Name: "etc/os-release", Body: "ID=gc\n"}), Comp: "gzip"}
+	archive := func(tag string, layers ...testenv.OCILayer) string {
+		p := filepath.Join(t.TempDir(), "a.tar")
+		ref, _ := name.NewTag(tag)
+		if err := tarball.WriteToFile(p, ref, testenv.MakeOCIImage(t, v1.Config{}, layers, testenv.OCIImageOpts{})); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	a, err := im.Import(ctx(t), archive("example.test/a:1", shared, testenv.OCILayer{Tar: testenv.TarOf(t, testenv.TarEntry{Name: "a", Body: "a"}), Comp: "gzip"}), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := im.Import(ctx(t), archive("example.test/b:1", shared, testenv.OCILayer{Tar: testenv.TarOf(t, testenv.TarEntry{Name: "b", Body: "b"}), Comp: "gzip"}), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := storedLayers(t, st); len(got) != 3 {
+		t.Fatalf("layer store after two imports: %v", got)
+	}
+	// Everything is used: nothing goes.
+	if removed, _, err := im.CollectLayers(); err != nil || len(removed) != 0 {
+		t.Fatalf("gc with every layer used: %v %v", removed, err)
+	}
+	// An orphan layer a build cache entry names (a failed build's step),
+	// and a spool file of a pull in flight.
+	orphan := strings.Repeat("0", 63) + "1"
+	if err := os.WriteFile(filepath.Join(st.Dir(), "layers", orphan), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(st.Dir(), "buildcache"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(st.Dir(), "buildcache", strings.Repeat("c", 64))
+	if err := os.WriteFile(key, []byte(orphan+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spool := filepath.Join(st.Dir(), "layers", ".partial-123")
+	if err := os.WriteFile(spool, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Remove(a.Name); err != nil {
+		t.Fatal(err)
+	}
+	removed, freed, err := im.CollectLayers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{a.OCI.Layers[1], "sha256:" + orphan}
+	slices.Sort(want)
+	slices.Sort(removed)
+	if !slices.Equal(removed, want) || freed <= 0 {
+		t.Errorf("gc after removing image a: removed %v (%d bytes), want %v", removed, freed, want)
+	}
+	for _, l := range b.OCI.Layers {
+		if _, err := os.Stat(filepath.Join(st.Dir(), "layers", strings.TrimPrefix(l, "sha256:"))); err != nil {
+			t.Errorf("layer %s of image b: %v", l, err)
+		}
+	}
+	if _, err := os.Stat(key); !os.IsNotExist(err) {
+		t.Errorf("cache entry of a removed layer kept: %v", err)
+	}
+	if _, err := os.Stat(spool); err != nil {
+		t.Errorf("spool file of a pull in flight removed: %v", err)
 	}
 }

@@ -60,6 +60,7 @@ func (s *Service) Build(ctx context.Context, req apitypes.DockerfileBuildRequest
 	if ctxTar != nil && len(req.Files) > 0 {
 		return nil, errdefs.Invalidf("files: give the context as files or as an upload, not both")
 	}
+	defer s.useLayers()()
 	im, err := s.importer()
 	if err != nil {
 		return nil, err
