@@ -4,15 +4,23 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/pem"
+	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
@@ -199,5 +207,85 @@ func TestCollectLayers(t *testing.T) {
 	}
 	if _, err := os.Stat(spool); err != nil {
 		t.Errorf("spool file of a pull in flight removed: %v", err)
+	}
+}
+
+// TestPullFetchesLayersInParallel: a pull of an image of five layers
+// fetches up to three blobs at once, never more, and the image is the same
+// as a pull one layer at a time would make (every digest checked). The
+// registry is go-containerregistry's in-memory one behind TLS, with a
+// handler that holds each blob GET until three are in flight (or a bound
+// of seconds passes, so that a serial pull ends, slowly, and fails).
+func TestPullFetchesLayersInParallel(t *testing.T) {
+	var layers []testenv.OCILayer
+	for i := range 5 {
+		layers = append(layers, testenv.OCILayer{Tar: testenv.TarOf(t, testenv.TarEntry{Name: fmt.Sprintf("l%d", i), Body: strings.Repeat("x", 1000+i)}), Comp: "gzip"})
+	}
+	img := testenv.MakeOCIImage(t, v1.Config{}, layers, testenv.OCIImageOpts{})
+	cfgDigest, err := img.ConfigName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu       sync.Mutex
+		inFlight int
+		maxSeen  int
+		total    int
+		three    = make(chan struct{}) // closed when three are in flight
+		once     sync.Once
+	)
+	reg := registry.New()
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || !strings.Contains(r.URL.Path, "/blobs/sha256:") || strings.Contains(r.URL.Path, cfgDigest.Hex) {
+			reg.ServeHTTP(w, r)
+			return
+		}
+		mu.Lock()
+		inFlight++
+		total++
+		maxSeen = max(maxSeen, inFlight)
+		first := total <= 3
+		if inFlight >= 3 {
+			once.Do(func() { close(three) })
+		}
+		mu.Unlock()
+		if first {
+			// The first three wait for each other (a serial pull gives up
+			// after the bound, slowly, and fails below).
+			select {
+			case <-three:
+			case <-time.After(3 * time.Second):
+			}
+		}
+		reg.ServeHTTP(w, r)
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	host := strings.TrimPrefix(srv.URL, "https://")
+	ref, err := name.ParseReference(host + "/par/img:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img, remote.WithTransport(srv.Client().Transport)); err != nil {
+		t.Fatal(err)
+	}
+	im, _ := newImporter(t, oci.Options{CAFiles: []string{caFile}})
+	got, err := im.Pull(ctx(t), ref.String(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := cfgDigest; got.Digest != want.Hex || len(got.OCI.Layers) != 5 {
+		t.Errorf("pulled %s with %d layers, want %s with 5", got.Digest, len(got.OCI.Layers), want.Hex)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if maxSeen != 3 {
+		t.Errorf("at most %d blob downloads at once, want 3 (the bound)", maxSeen)
 	}
 }
