@@ -117,8 +117,8 @@ COPY settings.conf conf/
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := env.sh(t, info.ID, `id -un; id -u; pwd; echo "$GREETING"; hello; ./main.sh; cat conf/settings.conf; stat -c '%U %a' main.sh /etc/apt/keyrings/sandboxd-test.gpg`)
-	want := "builder\n1234\n/srv/app\nhello from the build\nHello, world!\napp says hello from the build\nlevel=1\nbuilder 755\nroot 644\n"
+	res := env.sh(t, info.ID, `id -un; id -u; pwd; echo "$GREETING"; echo "$HOME"; hello; ./main.sh; cat conf/settings.conf; stat -c '%U %a' main.sh /etc/apt/keyrings/sandboxd-test.gpg`)
+	want := "builder\n1234\n/srv/app\nhello from the build\n/home/builder\nHello, world!\napp says hello from the build\nlevel=1\nbuilder 755\nroot 644\n"
 	if res.ExitCode != 0 || res.Stdout != want {
 		t.Errorf("sandbox from the built image: exit %d\n%s\nwant\n%s\nstderr %s", res.ExitCode, res.Stdout, want, res.Stderr)
 	}

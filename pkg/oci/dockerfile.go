@@ -97,6 +97,7 @@ type buildState struct {
 	cfg    v1.Config
 	shell  []string
 	args   map[string]string // ARGs declared in the stage, with values
+	envSet map[string]bool   // names an ENV of the Dockerfile set
 }
 
 // lineError is an invalid_argument naming the Dockerfile line of cmd.
@@ -172,7 +173,7 @@ func (im *Importer) Build(ctx context.Context, req BuildRequest, b Builders, pro
 	if err != nil {
 		return nil, fmt.Errorf("dockerfile: line %d: FROM %s: %w", lineOf(st.Location), baseName.Result, err)
 	}
-	s := &buildState{base: base, key: chain("", "FROM", base.Digest), args: map[string]string{}, shell: []string{"/bin/sh", "-c"}}
+	s := &buildState{base: base, key: chain("", "FROM", base.Digest), args: map[string]string{}, envSet: map[string]bool{}, shell: []string{"/bin/sh", "-c"}}
 	s.cfg.Env = envList(base.Env)
 	if base.OCI != nil {
 		s.cfg.WorkingDir, s.cfg.User = base.OCI.WorkingDir, base.OCI.ConfigUser
@@ -207,6 +208,7 @@ func (im *Importer) Build(ctx context.Context, req BuildRequest, b Builders, pro
 		case *instructions.EnvCommand:
 			for _, kv := range c.Env {
 				s.cfg.Env = setEnv(s.cfg.Env, kv.Key, kv.Value)
+				s.envSet[kv.Key] = true
 			}
 		case *instructions.ArgCommand:
 			for _, kv := range c.Args {
@@ -492,7 +494,6 @@ func (im *Importer) stepRun(ctx context.Context, req BuildRequest, b Builders, s
 	// ARGs are the command's environment too; those given as build args
 	// are part of the key (BuildKit keys a RUN by the args it sees).
 	env := s.expandEnv()
-	envMapv := envMap(env)
 	argvJSON, _ := json.Marshal(argv)
 	key := chain(s.key, "RUN", string(argvJSON), strings.Join(env, "\x00"), s.cfg.WorkingDir, s.cfg.User, req.Network, strings.Join(req.Allow, ","))
 	for k := range s.args {
@@ -525,10 +526,19 @@ func (im *Importer) stepRun(ctx context.Context, req BuildRequest, b Builders, s
 	// The step's sandbox is gone when Run returns; a tree left by a crash
 	// is removed as abandoned (removeAbandoned).
 	defer im.o.Store.Remove(inter.Name)
+	// The command's environment: the intermediate image's (its HOME and
+	// USER those of the step's USER) over the ARGs.
+	runEnv := maps(s.args)
+	if runEnv == nil {
+		runEnv = map[string]string{}
+	}
+	for k, v := range inter.Env {
+		runEnv[k] = v
+	}
 	start := time.Now()
 	d, err := im.storeLayer(func(w io.Writer) error {
 		return b.Run(ctx, RunStep{
-			Image: inter.Name, Argv: argv, Env: envMapv, Cwd: s.cfg.WorkingDir, Root: inter.User.UID == 0,
+			Image: inter.Name, Argv: argv, Env: runEnv, Cwd: s.cfg.WorkingDir, Root: inter.User.UID == 0,
 			Network: req.Network, Allow: req.Allow,
 			Output: func(stream, data string) {
 				progress(apitypes.BuildProgress{Phase: "output", Step: ev.Step, Steps: ev.Steps, Stream: stream, Output: data})
@@ -592,9 +602,12 @@ func (im *Importer) installState(ctx context.Context, s *buildState, name, diges
 		if rec.User, err = resolveUser(root, s.cfg.User, im.o.MaxID); err != nil {
 			return err
 		}
-		for k, v := range map[string]string{"HOME": rec.User.Home, "USER": rec.User.Name} {
-			if _, ok := rec.Env[k]; !ok && v != "" {
-				rec.Env[k] = v
+		// HOME and USER of the base's user (the store records them with
+		// its Env) follow a USER that changed the account; ones the
+		// Dockerfile set stay.
+		for k, v := range map[string][2]string{"HOME": {s.base.User.Home, rec.User.Home}, "USER": {s.base.User.Name, rec.User.Name}} {
+			if cur, ok := rec.Env[k]; (!ok || cur == v[0] && !s.envSet[k]) && v[1] != "" {
+				rec.Env[k] = v[1]
 			}
 		}
 		return nil
