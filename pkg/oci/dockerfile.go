@@ -300,7 +300,7 @@ func (im *Importer) Build(ctx context.Context, req BuildRequest, b Builders, pro
 	}
 	out, err := im.installBuilt(ctx, s, req.Tag)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("dockerfile: the resulting image: %w", err)
 	}
 	progress(apitypes.BuildProgress{Phase: "done", Step: total, Steps: total, Image: out.Name, Digest: out.OCI.ConfigDigest})
 	return out, nil
@@ -521,7 +521,7 @@ func (im *Importer) stepRun(ctx context.Context, req BuildRequest, b Builders, s
 	interDigest := chain(s.key, "intermediate", hex.EncodeToString(nonce))
 	inter, err := im.installState(ctx, s, IntermediatePrefix+interDigest[:16], interDigest, nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("dockerfile: line %d: RUN: %w", lineOf(loc), err)
 	}
 	// The step's sandbox is gone when Run returns; a tree left by a crash
 	// is removed as abandoned (removeAbandoned).
