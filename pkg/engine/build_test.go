@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -151,6 +152,29 @@ COPY settings.conf conf/
 	}
 	if _, err := env.TerminateSandbox(ctx, info.ID); err != nil {
 		t.Fatal(err)
+	}
+	// images prune removes the first build's image (stale: "dfapp" is the
+	// third's now) and the layer only it used, the first settings.conf's;
+	// no build context or spool file is left beside the layers.
+	settingsV1 := img.OCI.Layers[len(img.OCI.Layers)-1]
+	if _, err := env.PruneImages(ctx); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(filepath.Join(images, "layers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored []string
+	for _, e := range entries {
+		stored = append(stored, "sha256:"+e.Name())
+	}
+	for _, l := range img3.OCI.Layers {
+		if !slices.Contains(stored, l) {
+			t.Errorf("layer %s of the current image removed by prune", l)
+		}
+	}
+	if slices.Contains(stored, settingsV1) || len(stored) != len(img3.OCI.Layers) {
+		t.Errorf("layers after prune: %v; want those of the current image %v (the first settings.conf's %s removed), nothing else", stored, img3.OCI.Layers, settingsV1)
 	}
 	// No intermediate image is left.
 	for _, n := range env.knownImages() {
