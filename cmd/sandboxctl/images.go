@@ -1,15 +1,20 @@
 package main
 
 import (
+	"archive/tar"
+	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
 
@@ -45,15 +50,36 @@ func imagesCmd(g *globals) *cobra.Command {
 			return tw.Flush()
 		},
 	})
-	var vmGuest bool
+	var (
+		vmGuest    bool
+		dockerfile string
+		dreq       apitypes.DockerfileBuildRequest
+		buildArgs  []string
+	)
 	build := &cobra.Command{
-		Use:   "build [--vm] LANG...",
-		Short: "Build language images unless they are up to date (the log streams as it builds); --vm: VM guest images (linux, or a language)",
+		Use:   "build [--vm] LANG... | build -f Dockerfile [-t NAME] [--build-arg K=V] DIR",
+		Short: "Build language images unless they are up to date (the log streams as it builds); --vm: VM guest images (linux, or a language); -f: an image from a Dockerfile and the context DIR",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
+			}
+			if dockerfile != "" {
+				if len(args) != 1 || vmGuest {
+					return fmt.Errorf("build -f: one context directory, no --vm")
+				}
+				for _, kv := range buildArgs {
+					k, v, ok := strings.Cut(kv, "=")
+					if !ok {
+						return fmt.Errorf("--build-arg %q: KEY=VALUE expected", kv)
+					}
+					if dreq.BuildArgs == nil {
+						dreq.BuildArgs = map[string]string{}
+					}
+					dreq.BuildArgs[k] = v
+				}
+				return buildDockerfile(cmd.Context(), g, c, dockerfile, args[0], dreq)
 			}
 			do := c.BuildImage
 			if vmGuest {
@@ -70,6 +96,12 @@ func imagesCmd(g *globals) *cobra.Command {
 		},
 	}
 	build.Flags().BoolVar(&vmGuest, "vm", false, "build VM guest images: linux (the Linux test guest) or a language made into a guest")
+	build.Flags().StringVarP(&dockerfile, "file", "f", "", "build from this Dockerfile with the context directory DIR")
+	build.Flags().StringVarP(&dreq.Tag, "tag", "t", "", "with -f: name of the image (a plain name or registry/name:tag)")
+	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "with -f: KEY=VALUE for an ARG (repeatable)")
+	build.Flags().StringVar(&dreq.Network, "network", "", "with -f: network of the RUN steps: none, egress or allowlist (default: the daemon's)")
+	build.Flags().StringArrayVar(&dreq.Allow, "allow", nil, "with -f and --network allowlist: a host the RUN steps may reach (repeatable)")
+	build.Flags().BoolVar(&dreq.NoCache, "no-cache", false, "with -f: run every step again")
 	cmd.AddCommand(build)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "pull REFERENCE",
@@ -159,6 +191,109 @@ func imagesCmd(g *globals) *cobra.Command {
 		},
 	})
 	return cmd
+}
+
+// buildDockerfile sends dir as the build context (a tar streamed as it is
+// written) with the Dockerfile at path, inside dir or added to the
+// context under a name of its own.
+func buildDockerfile(ctx context.Context, g *globals, c *client.Client, path, dir string, req apitypes.DockerfileBuildRequest) error {
+	df, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	absDir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	absDF, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	extra := ""
+	if rel, err := filepath.Rel(absDir, absDF); err == nil && !strings.HasPrefix(rel, "..") {
+		req.DockerfilePath = filepath.ToSlash(rel)
+	} else {
+		extra = ".sandboxctl-Dockerfile"
+		req.DockerfilePath = extra
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(writeContextTar(pw, absDir, extra, df)) }()
+	defer pr.Close()
+	img, err := c.BuildDockerfile(ctx, pr, req, func(p apitypes.BuildProgress) {
+		switch p.Phase {
+		case "step":
+			how := ""
+			if p.Cached {
+				how = " (cached)"
+			}
+			fmt.Fprintf(g.stderr, "step %d/%d: %s%s\n", p.Step, p.Steps, p.Instruction, how)
+		case "output":
+			fmt.Fprint(g.stderr, p.Output)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("build %s: %w", dir, err)
+	}
+	return printPulled(g, img)
+}
+
+// writeContextTar writes dir as a tar: directories, regular files and
+// symlinks (as links; the daemon refuses ones leading out), plus the
+// Dockerfile under extra when it lives outside dir.
+func writeContextTar(w io.Writer, dir, extra string, df []byte) error {
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		} else if !fi.IsDir() && !fi.Mode().IsRegular() {
+			return nil // sockets, fifos, devices are no context
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		hdr.Name = filepath.ToSlash(rel)
+		hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.CopyN(tw, f, fi.Size())
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if extra != "" {
+		if err := tw.WriteHeader(&tar.Header{Name: extra, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(df))}); err != nil {
+			return err
+		}
+		if _, err := tw.Write(df); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
 }
 
 func printImageProgress(g *globals, p apitypes.ImageProgress) {

@@ -94,6 +94,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("POST /v1/images/prune", s.pruneImages)
 	mux.HandleFunc("POST /v1/images/pull", s.pullImage)
 	mux.HandleFunc("POST /v1/images/import", s.importImage)
+	mux.HandleFunc("POST /v1/images/dockerfile", s.buildDockerfile)
 	mux.HandleFunc("GET /v1/languages", s.languages)
 	mux.HandleFunc("POST /v1/run", s.runCode)
 	mux.HandleFunc("POST /v1/agent/run", s.agentRun)

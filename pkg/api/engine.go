@@ -106,6 +106,7 @@ type Engine interface {
 	KeyUsage(ctx context.Context, id string) (*apitypes.KeyUsage, error)
 	PullImage(ctx context.Context, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error)
 	ImportImageFrom(ctx context.Context, r io.Reader, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error)
+	BuildDockerfile(ctx context.Context, req apitypes.DockerfileBuildRequest, ctxTar io.Reader, progress func(apitypes.BuildProgress)) (*apitypes.Image, error)
 }
 
 // The daemon's engine is the REST API's engine.

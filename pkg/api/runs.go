@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // runCode is run_code: POST /v1/run with an engine.RunCodeRequest. With
@@ -139,6 +141,39 @@ func (s *server) importImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st.send(apitypes.ImageLine{Image: img})
+}
+
+// buildDockerfile is POST /v1/images/dockerfile?dockerfile=PATH&tag=T
+// &build_arg=K=V&network=N&allow=H&no_cache=true with the build context as
+// the body (a tar, optionally gzip or zstd; the Dockerfile is read from it
+// at PATH, default "Dockerfile"), answered with NDJSON DockerfileBuildLines.
+func (s *server) buildDockerfile(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	req := apitypes.DockerfileBuildRequest{
+		DockerfilePath: q.Get("dockerfile"), Tag: q.Get("tag"), Network: q.Get("network"), Allow: q["allow"],
+		NoCache: q.Get("no_cache") == "true",
+	}
+	if req.DockerfilePath == "" {
+		req.DockerfilePath = "Dockerfile"
+	}
+	for _, kv := range q["build_arg"] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			s.writeError(w, r, errdefs.Invalidf("build_arg: %q: KEY=VALUE expected", kv))
+			return
+		}
+		if req.BuildArgs == nil {
+			req.BuildArgs = map[string]string{}
+		}
+		req.BuildArgs[k] = v
+	}
+	st := newNDJSONStream(w)
+	img, err := s.e.BuildDockerfile(r.Context(), req, r.Body, func(p apitypes.BuildProgress) { st.send(apitypes.DockerfileBuildLine{Progress: &p}) })
+	if err != nil {
+		st.fail(s, r, err, func(b errorBody) any { return apitypes.DockerfileBuildLine{Error: &b} })
+		return
+	}
+	st.send(apitypes.DockerfileBuildLine{Image: img})
 }
 
 // pruneImages removes stale images no sandbox uses.

@@ -42,3 +42,50 @@ type ImageDeleteResult struct {
 	Name    string `json:"name"`
 	Deleted bool   `json:"deleted"`
 }
+
+// DockerfileBuildRequest builds an image from a Dockerfile
+// (image_build_dockerfile, POST /v1/images/build, sandboxctl images build).
+// The build context comes as an upload (REST) or as Files (MCP).
+type DockerfileBuildRequest struct {
+	Dockerfile string `json:"dockerfile" jsonschema_description:"The Dockerfile's text. FROM a pulled image or a language image; RUN, COPY, ADD (context files only), ENV, ARG, WORKDIR, USER, LABEL, ENTRYPOINT, CMD, EXPOSE, SHELL."`
+	// Tag names the result: an image name (sandbox_create {image: tag})
+	// or a registry reference.
+	Tag       string            `json:"tag,omitempty" jsonschema_description:"Name of the image: a plain name (a-z, 0-9, _ and -) or a reference registry/name:tag. Default: oci-<digest prefix>."`
+	BuildArgs map[string]string `json:"build_args,omitempty" jsonschema_description:"Values of the Dockerfile's ARGs."`
+	// Files are the build context's files (MCP): path → content.
+	Files map[string]string `json:"files,omitempty" jsonschema_description:"Build context: relative path to file content (text), for COPY and ADD."`
+	// Network is the policy RUN steps run under ("": the daemon's
+	// default); Allow its allowlist.
+	Network string   `json:"network,omitempty" jsonschema_description:"Network of the RUN steps: none, egress or allowlist (default: the server's default)." jsonschema:"enum=none,enum=egress,enum=allowlist"`
+	Allow   []string `json:"allow,omitempty" jsonschema_description:"With network allowlist: hosts the RUN steps may reach (e.g. the package mirror)."`
+	NoCache bool     `json:"no_cache,omitempty" jsonschema_description:"Run every step again instead of reusing cached layers."`
+	// DockerfilePath (REST) is the Dockerfile's path in the uploaded
+	// context, read when Dockerfile is empty.
+	DockerfilePath string `json:"-"`
+}
+
+// BuildProgress is one event of a Dockerfile build: "step" (an
+// instruction done; Cached when its layer came from the build cache),
+// "output" (a RUN step's output), "done" (Image is ready).
+type BuildProgress struct {
+	Phase       string  `json:"phase"`
+	Step        int     `json:"step,omitempty"`
+	Steps       int     `json:"steps,omitempty"`
+	Instruction string  `json:"instruction,omitempty"`
+	Cached      bool    `json:"cached,omitempty"`
+	Layer       string  `json:"layer,omitempty"`
+	Seconds     float64 `json:"seconds,omitempty"`
+	Stream      string  `json:"stream,omitempty"`
+	Output      string  `json:"output,omitempty"`
+	Image       string  `json:"image,omitempty"`
+	Digest      string  `json:"digest,omitempty"`
+}
+
+// DockerfileBuildLine is one line of a Dockerfile build's NDJSON stream
+// (POST /v1/images/dockerfile): a progress event, then the image or the
+// error.
+type DockerfileBuildLine struct {
+	Progress *BuildProgress `json:"progress,omitempty"`
+	Image    *Image         `json:"image,omitempty"`
+	Error    *ErrorBody     `json:"error,omitempty"`
+}

@@ -189,6 +189,8 @@ type ImageOCI struct {
 	UID            int      `json:"uid"`
 	Entrypoint     []string `json:"entrypoint,omitempty"`
 	Cmd            []string `json:"cmd,omitempty"`
+	// Labels are the config's labels (LABEL of a Dockerfile build).
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // ImagePullRequest asks for an image from a registry.

@@ -32,6 +32,8 @@ type OCIInfo struct {
 	ConfigUser string   `json:"config_user,omitempty"`
 	Entrypoint []string `json:"entrypoint,omitempty"`
 	Cmd        []string `json:"cmd,omitempty"`
+	// Labels are the config's labels (LABEL of a Dockerfile build).
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // InstallTree stores an image whose tree fill writes (an OCI image):

@@ -81,6 +81,7 @@ type Engine interface {
 	EnsureImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error)
 	EnsureVMImage(ctx context.Context, name string, log io.Writer) (*apitypes.Image, error)
 	PullImage(ctx context.Context, ref string, progress func(apitypes.ImageProgress)) (*apitypes.Image, error)
+	BuildDockerfile(ctx context.Context, req apitypes.DockerfileBuildRequest, ctxTar io.Reader, progress func(apitypes.BuildProgress)) (*apitypes.Image, error)
 	RemoveImage(ctx context.Context, name string) error
 }
 

@@ -258,6 +258,13 @@ func (f *fakeEngine) PullImage(_ context.Context, ref string, progress func(apit
 	return ex[apitypes.Image](f, "PullImage")
 }
 
+func (f *fakeEngine) BuildDockerfile(_ context.Context, _ apitypes.DockerfileBuildRequest, _ io.Reader, progress func(apitypes.BuildProgress)) (*apitypes.Image, error) {
+	if progress != nil {
+		progress(apitypes.BuildProgress{Phase: "step", Step: 1, Steps: 1, Instruction: "FROM shell"})
+	}
+	return ex[apitypes.Image](f, "BuildDockerfile")
+}
+
 func (f *fakeEngine) EnsureImage(context.Context, string, io.Writer) (*apitypes.Image, error) {
 	return ex[apitypes.Image](f, "EnsureImage")
 }
@@ -338,6 +345,7 @@ var contractCases = []contractCase{
 	{"image_list", nil, reflect.TypeFor[apitypes.ImageList](), []string{"note"}},
 	{"image_build", map[string]any{"name": "python"}, reflect.TypeFor[apitypes.Image](), nil},
 	{"image_pull", map[string]any{"reference": "registry.example:5000/team/python:3"}, reflect.TypeFor[apitypes.Image](), nil},
+	{"image_build_dockerfile", map[string]any{"dockerfile": "FROM shell\n"}, reflect.TypeFor[apitypes.Image](), nil},
 	{"image_delete", map[string]any{"name": "python"}, reflect.TypeFor[apitypes.ImageDeleteResult](), nil},
 	{"autofix", map[string]any{"language": "python", "code": "print(1)"}, reflect.TypeFor[apitypes.AutofixResult](), []string{"note", "last_result.note", "last_result.network_refusals"}},
 	{"autofix_status", map[string]any{"autofix_id": "af-1"}, reflect.TypeFor[apitypes.AutofixResult](), []string{"note", "last_result.note", "last_result.network_refusals"}},

@@ -102,7 +102,7 @@ How to start:
 3. For several steps on the same files call sandbox_create {language}, then file_write / exec_command / run_code {sandbox_id} / run_task / packages_install against the returned sandbox_id, and sandbox_terminate when done (idle sandboxes are reclaimed after a while).
 4. Before a risky change in a sandbox, sandbox_snapshot {sandbox_id} saves its files; sandbox_restore {sandbox_id, snapshot_id} rolls them back, sandbox_create {from_snapshot} starts a copy to try something else.
 
-Long work: exec_command with background: true returns a job_id at once; poll job_status with the returned next offsets until state is "finished". Clients that support MCP tasks may call run_code, exec_command, run_task, packages_install, autofix, agent_run, image_build, sandbox_create and vm_test as tasks (tasks/get, tasks/result, tasks/cancel). Long outputs in results are cut in the middle with a marker saying where the rest is.
+Long work: exec_command with background: true returns a job_id at once; poll job_status with the returned next offsets until state is "finished". Clients that support MCP tasks may call run_code, exec_command, run_task, packages_install, autofix, agent_run, image_build, image_build_dockerfile, sandbox_create and vm_test as tasks (tasks/get, tasks/result, tasks/cancel). Long outputs in results are cut in the middle with a marker saying where the rest is.
 Errors come back as isError results with {"error": {"code", "message"}}; codes: invalid_argument (fix the input), not_found, conflict (e.g. the sandbox is terminated: create a new one), limit_exceeded, unavailable, internal.`
 
 // srv is the state the tool handlers share.

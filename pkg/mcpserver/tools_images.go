@@ -122,6 +122,37 @@ func (s *srv) addImageTools() {
 			return &result{structured: img, text: "image " + imageText(img)}, nil
 		})
 
+	addTool[apitypes.DockerfileBuildRequest, apitypes.Image](s, "image_build_dockerfile", "Build an image from a Dockerfile",
+		joinLines(
+			"Build an image from a Dockerfile (dockerfile: its text) with the build context given inline (files: relative path → text content, for COPY and ADD), and return it; sandbox_create {image: tag} and template_create take it.",
+			"FROM names a pulled image (a reference) or a language image (its user is the sandbox user: write USER root before RUN steps that need root). RUN runs in a root-mode sandbox under the build's network (none, egress or allowlist with allow; default the server's). COPY and ADD take context files only (no URLs, no archive unpacking). ENV, ARG (build_args), WORKDIR, USER, LABEL, ENTRYPOINT, CMD, EXPOSE and SHELL set the image's configuration. Refused: VOLUME, HEALTHCHECK, ONBUILD, STOPSIGNAL, RUN --mount and other RUN options, COPY --from, multi-stage builds.",
+			"Each step is a cached layer: a rebuild of an unchanged Dockerfile and context runs no step, and a change in a late step reuses every earlier layer (no_cache: true runs them all). Errors name the Dockerfile line. With a progress token, steps and RUN output are sent as progress notifications.",
+		),
+		annotations{idempotent: true},
+		func(ctx context.Context, c *call, in *apitypes.DockerfileBuildRequest) (*result, error) {
+			c.progress.sendRestAtStop()
+			out := c.progress.outputFunc()
+			img, err := s.e.BuildDockerfile(ctx, *in, nil, func(p apitypes.BuildProgress) {
+				if out == nil {
+					return
+				}
+				switch p.Phase {
+				case "step":
+					how := ""
+					if p.Cached {
+						how = " (cached)"
+					}
+					out("stderr", []byte(fmt.Sprintf("step %d/%d: %s%s\n", p.Step, p.Steps, p.Instruction, how)))
+				case "output":
+					out(p.Stream, []byte(p.Output))
+				}
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &result{structured: img, text: "image " + imageText(img)}, nil
+		})
+
 	addTool[apitypes.ImageDeleteRequest, apitypes.ImageDeleteResult](s, "image_delete", "Delete an image",
 		joinLines(
 			"Delete a built image (every tree built for that name) from the image store. Refused with conflict while a live sandbox runs on it: terminate those first (image_list: users).",

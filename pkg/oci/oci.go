@@ -109,15 +109,22 @@ func New(o Options) (*Importer, error) {
 const abandonedAfter = 24 * time.Hour
 
 // removeAbandoned deletes spool files crashed daemons left beside the
-// layer store.
+// layer store, and the intermediate images of builds they were running.
 func (im *Importer) removeAbandoned() {
+	if imgs, err := im.o.Store.List(); err == nil {
+		for _, img := range imgs {
+			if strings.HasPrefix(img.Name, IntermediatePrefix) && time.Since(img.BuiltAt) > abandonedAfter {
+				_ = im.o.Store.Remove(img.Name)
+			}
+		}
+	}
 	entries, err := os.ReadDir(im.layers)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
 		n := e.Name()
-		if !strings.HasPrefix(n, ".partial-") && !strings.HasPrefix(n, ".upload-") && !strings.HasPrefix(n, ".import-") {
+		if !strings.HasPrefix(n, ".partial-") && !strings.HasPrefix(n, ".upload-") && !strings.HasPrefix(n, ".import-") && !strings.HasPrefix(n, ".context-") {
 			continue
 		}
 		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > abandonedAfter {
@@ -212,13 +219,23 @@ func (im *Importer) install(ctx context.Context, img v1.Image, src source, refs 
 		}
 		defer root.Close()
 		b := &budget{left: im.o.MaxSize, max: im.o.MaxSize}
+		var ahead []*prefetch
+		if src == fromCompressed {
+			var stop func()
+			ahead, stop = im.startPrefetch(ctx, layers, diffIDs)
+			defer stop()
+		}
 		for i, l := range layers {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
 			name := fmt.Sprintf("%d (%s)", i, diffIDs[i])
 			ev := apitypes.ImageProgress{Phase: "layer", Image: rec.Name, Layer: diffIDs[i].String(), Index: i, Layers: len(layers)}
-			partial, err := im.applyOne(root, l, src, diffIDs[i], name, b, &ev)
+			var pf *prefetch
+			if ahead != nil {
+				pf = ahead[i]
+			}
+			partial, err := im.applyOne(ctx, root, l, src, diffIDs[i], name, b, &ev, pf)
 			if partial != "" {
 				partials = append(partials, partialLayer{tmp: partial, diffID: diffIDs[i].Hex})
 			}
@@ -267,7 +284,10 @@ type partialLayer struct{ tmp, diffID string }
 // id is stored, else from its source, kept beside the layer store (the
 // returned partial file, which install renames into the store once the
 // whole image is in).
-func (im *Importer) applyOne(root *os.Root, l v1.Layer, src source, diffID v1.Hash, name string, b *budget, ev *apitypes.ImageProgress) (partial string, err error) {
+//
+// pf, if not nil, is the layer's blob being fetched ahead (prefetch.go):
+// it is read from its spool file once fetched.
+func (im *Importer) applyOne(ctx context.Context, root *os.Root, l v1.Layer, src source, diffID v1.Hash, name string, b *budget, ev *apitypes.ImageProgress, pf *prefetch) (partial string, err error) {
 	stored := filepath.Join(im.layers, diffID.Hex)
 	if f, err := os.Open(stored); err == nil {
 		defer f.Close()
@@ -280,9 +300,22 @@ func (im *Importer) applyOne(root *os.Root, l v1.Layer, src source, diffID v1.Ha
 		rc       io.ReadCloser
 		wantBlob v1.Hash
 	)
-	if src == fromUncompressed {
+	switch {
+	case src == fromUncompressed:
 		rc, err = l.Uncompressed()
-	} else {
+	case pf != nil:
+		select {
+		case <-pf.done:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+		if pf.err != nil {
+			return "", pf.err
+		}
+		if wantBlob, err = l.Digest(); err == nil {
+			rc, err = os.Open(pf.path)
+		}
+	default:
 		if wantBlob, err = l.Digest(); err == nil {
 			rc, err = l.Compressed()
 		}

@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 
 var wantTools = []string{
 	"agent_run", "autofix", "autofix_status", "autofix_submit", "exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export",
-	"image_build", "image_delete", "image_list", "image_pull", "job_kill", "job_status",
+	"image_build", "image_build_dockerfile", "image_delete", "image_list", "image_pull", "job_kill", "job_status",
 	"languages_list", "packages_install", "quota_usage", "run_code", "run_get", "run_list", "run_task",
 	"sandbox_create", "sandbox_expose_port", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_restore", "sandbox_resume", "sandbox_screenshot", "sandbox_snapshot", "sandbox_terminate",
 	"snapshot_delete", "snapshot_list",

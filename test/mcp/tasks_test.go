@@ -94,7 +94,7 @@ func checkTasks(t *testing.T, transport string, r *tasksReport) {
 	if c.List == nil || c.Cancel == nil || c.Requests.Tools.Call == nil {
 		t.Errorf("server task capabilities %+v, want list, cancel and requests.tools.call", c)
 	}
-	for _, name := range []string{"run_code", "exec_command", "autofix", "agent_run", "image_build", "sandbox_create"} {
+	for _, name := range []string{"run_code", "exec_command", "autofix", "agent_run", "image_build", "image_build_dockerfile", "sandbox_create"} {
 		if r.TaskSupport[name] != "optional" {
 			t.Errorf("%s taskSupport %q, want optional", name, r.TaskSupport[name])
 		}

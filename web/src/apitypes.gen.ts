@@ -527,4 +527,5 @@ export interface ImageOCI {
   uid: number;
   entrypoint?: string[];
   cmd?: string[];
+  labels?: Record<string, string>;
 }

@@ -121,6 +121,40 @@ func (c *Client) ImportImage(ctx context.Context, archive io.Reader, ref string,
 	return postStream(ctx, c, "/v1/images/import", q, archive, "import", imageLines(progress))
 }
 
+// BuildDockerfile uploads a build context (a tar) and builds the
+// Dockerfile at req.DockerfilePath in it; progress sees each step.
+func (c *Client) BuildDockerfile(ctx context.Context, contextTar io.Reader, req apitypes.DockerfileBuildRequest, progress func(apitypes.BuildProgress)) (*Image, error) {
+	q := url.Values{}
+	set := func(k, v string) {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	set("dockerfile", req.DockerfilePath)
+	set("tag", req.Tag)
+	set("network", req.Network)
+	if req.NoCache {
+		q.Set("no_cache", "true")
+	}
+	for _, a := range req.Allow {
+		q.Add("allow", a)
+	}
+	for k, v := range req.BuildArgs {
+		q.Add("build_arg", k+"="+v)
+	}
+	return postStream(ctx, c, "/v1/images/dockerfile", q, contextTar, "build", func(line *apitypes.DockerfileBuildLine) (bool, *Image, error) {
+		switch {
+		case line.Error != nil:
+			return true, nil, line.Error.Err()
+		case line.Image != nil:
+			return true, line.Image, nil
+		case line.Progress != nil && progress != nil:
+			progress(*line.Progress)
+		}
+		return false, nil, nil
+	})
+}
+
 func imageLines(progress func(apitypes.ImageProgress)) func(*apitypes.ImageLine) (bool, *Image, error) {
 	return func(line *apitypes.ImageLine) (bool, *Image, error) {
 		switch {

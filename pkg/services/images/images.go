@@ -58,6 +58,7 @@ type Service struct {
 	onBuild   func(name, outcome string)
 	builds    imageBuilds // images being built on first use (ondemand.go)
 	pulls     pulls       // OCI images being pulled (oci.go)
+	layerUse  layerUse    // pulls, imports and builds in flight (gc.go)
 	maxID     int
 }
 
@@ -254,7 +255,7 @@ func Public(im *image.Image) apitypes.Image {
 		out.OCI = &apitypes.ImageOCI{
 			References: o.References, ManifestDigest: o.ManifestDigest, ConfigDigest: o.ConfigDigest,
 			Layers: o.Layers, WorkingDir: o.WorkingDir, User: im.User.Name, UID: im.User.UID,
-			Entrypoint: o.Entrypoint, Cmd: o.Cmd,
+			Entrypoint: o.Entrypoint, Cmd: o.Cmd, Labels: o.Labels,
 		}
 	}
 	return out
@@ -290,6 +291,12 @@ func (s *Service) Prune(ctx context.Context) ([]apitypes.Image, error) {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return out, errdefs.Wrap(errdefs.Internal, err, "prune images")
+	}
+	// The layers only the removed images (or images deleted before) used.
+	if layers, freed, err := s.CollectLayers(); err != nil {
+		return out, errdefs.Wrap(errdefs.Internal, err, "collect unused layers")
+	} else if len(layers) > 0 {
+		s.log.Info("removed unused layers", "layers", len(layers), "bytes", freed)
 	}
 	return out, nil
 }

@@ -51,6 +51,7 @@ func (s *Service) Pull(ctx context.Context, ref string, progress oci.Progress) (
 	if _, err := oci.ParseReference("reference", ref); err != nil {
 		return nil, err
 	}
+	defer s.useLayers()()
 	im, err := s.importer()
 	if err != nil {
 		return nil, err
@@ -91,6 +92,7 @@ func (s *Service) Pull(ctx context.Context, ref string, progress oci.Progress) (
 // Import installs the image of the archive at path (docker save, or an OCI
 // layout directory or tar); ref picks one of several images in it.
 func (s *Service) Import(ctx context.Context, path, ref string, progress oci.Progress) (*apitypes.Image, error) {
+	defer s.useLayers()()
 	im, err := s.importer()
 	if err != nil {
 		return nil, err

@@ -1,0 +1,42 @@
+package images
+
+import "sync"
+
+// layerUse counts the pulls, imports and builds in flight: they read
+// layers they found in the layer store and add layers before an image
+// names them, so the layer gc (CollectLayers) waits for a moment when
+// none runs, and none starts while it runs.
+type layerUse struct {
+	mu     sync.Mutex
+	active int
+}
+
+// useLayers marks an operation that reads or adds layers as in flight
+// until the returned function is called. Nested operations (a build
+// pulling its base) count twice, which is harmless.
+func (s *Service) useLayers() func() {
+	s.layerUse.mu.Lock()
+	s.layerUse.active++
+	s.layerUse.mu.Unlock()
+	return func() {
+		s.layerUse.mu.Lock()
+		s.layerUse.active--
+		s.layerUse.mu.Unlock()
+	}
+}
+
+// CollectLayers removes the layers no stored image uses (pkg/oci
+// Importer.CollectLayers), unless a pull, import or build is in flight:
+// then it removes nothing (busy reports it) and the next prune collects.
+func (s *Service) CollectLayers() (removed []string, freed int64, err error) {
+	s.layerUse.mu.Lock()
+	defer s.layerUse.mu.Unlock()
+	if s.layerUse.active > 0 {
+		return nil, 0, nil
+	}
+	im, err := s.importer()
+	if err != nil {
+		return nil, 0, err
+	}
+	return im.CollectLayers()
+}
