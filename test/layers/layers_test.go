@@ -23,6 +23,8 @@ var layer = map[string]int{
 
 	"pkg/agent": 2, "pkg/ledger": 2, "pkg/image": 2, "pkg/runtime": 2, "pkg/runs": 2,
 	"pkg/artifacts": 2, "pkg/lang": 2, "pkg/network": 2, "pkg/autofix": 2, "pkg/vm/qga": 2, "pkg/vm/vport": 2, "pkg/tenants": 2,
+	// Node discovery through the Kubernetes API (client-go), for the gateway.
+	"pkg/kubediscovery": 2,
 
 	"pkg/agent/server": 3, "pkg/sandbox": 3, "pkg/vm": 3,
 	// OCI images into the image store (over pkg/image).
