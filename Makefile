@@ -11,7 +11,7 @@ TAGS := seccomp
 TEST_TIMEOUT ?= 60m
 DEV_CONFIG ?= dev-state/mcp-sandboxd.yaml
 
-.PHONY: fuzz all build deps web test test-unit test-cgroupv2 chaos soak bench bench-compare run fmt vet lint install clean
+.PHONY: image test-kubernetes fuzz all build deps web test test-unit test-cgroupv2 chaos soak bench bench-compare run fmt vet lint install clean
 
 all: build
 
@@ -33,6 +33,14 @@ build: deps web
 	CGO_ENABLED=1 $(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o bin/mcp-sandboxd ./cmd/mcp-sandboxd
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/sandboxctl ./cmd/sandboxctl
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/sandbox-agent ./cmd/sandbox-agent
+
+# The OCI image of the daemon (deploy/image, no Docker): a Debian base of the
+# host's suite made by mmdebstrap (cached in bin/.image-cache) and bin/'s
+# binaries, as an OCI archive for `ctr import`. IMAGE_VM=1 adds QEMU and swtpm.
+IMAGE_NAME ?= mcp-sandboxd:$(VERSION)
+IMAGE_OUT ?= bin/mcp-sandboxd-image.tar
+image: build
+	$(GO) run ./deploy/image -bin bin -out $(IMAGE_OUT) -name '$(IMAGE_NAME)' -version '$(VERSION)' $(if $(filter 1,$(IMAGE_VM)),-vm)
 
 # Integration tests need root; SANDBOXD_INTEGRATION=1 turns their skip into a failure.
 # -p 1: packages one at a time, so that timing-sensitive checks (the CPU quota

@@ -44,6 +44,8 @@ var layer = map[string]int{
 	"pkg/e2b/envdpb/filesystem": 1, "pkg/e2b/envdpb/filesystem/filesystemconnect": 1,
 
 	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7, "cmd/tsgen": 7,
+	// make image's builder (a command like the ones above).
+	"deploy/image": 7,
 
 	// Test harnesses and black-box tests sit above everything.
 	"internal/testenv": 8, "internal/testenv/vmenv": 8, "internal/fakemessages": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
