@@ -42,6 +42,14 @@ IMAGE_OUT ?= bin/mcp-sandboxd-image.tar
 image: build
 	$(GO) run ./deploy/image -bin bin -out $(IMAGE_OUT) -name '$(IMAGE_NAME)' -version '$(VERSION)' $(if $(filter 1,$(IMAGE_VM)),-vm)
 
+# A real single-node Kubernetes v1.34 cluster in namespaces of its own, the
+# chart installed, sandboxes run through the DaemonSet's node daemon and
+# adopted across its pod's replacement, then a teardown checked against the
+# host's state before (scripts/test-kubernetes.sh; root; not part of make
+# test, which must run first: it fills the shared image cache).
+test-kubernetes: build
+	scripts/test-kubernetes.sh
+
 # Integration tests need root; SANDBOXD_INTEGRATION=1 turns their skip into a failure.
 # -p 1: packages one at a time, so that timing-sensitive checks (the CPU quota
 # test) do not compete with another package's sandboxes for the two cores.

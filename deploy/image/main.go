@@ -64,6 +64,7 @@ func main() {
 	flag.StringVar(&o.cache, "cache", "bin/.image-cache", "where mmdebstrap's base tar is kept between builds")
 	flag.StringVar(&o.version, "version", "dev", "version label")
 	flag.BoolVar(&o.vm, "vm", false, "add QEMU and swtpm for the vm backend (much larger)")
+	flag.StringVar(&o.pause, "pause", "", "instead: an image of this one static binary as /pause (the test cluster's pod sandbox image)")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
@@ -72,8 +73,8 @@ func main() {
 }
 
 type options struct {
-	bin, tree, out, name, base, cache, version string
-	vm                                         bool
+	bin, tree, out, name, base, cache, version, pause string
+	vm                                                bool
 }
 
 // nameRE is what containerd accepts as a reference after normalisation,
@@ -95,6 +96,13 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	start := time.Now()
+	if o.pause != "" {
+		img, err := pauseImage(o.pause)
+		if err != nil {
+			return err
+		}
+		return writeArchive(img, o.name, o.out)
+	}
 	base := o.base
 	if base == "" {
 		var err error
@@ -308,6 +316,31 @@ func build(baseTar string, o options) (v1.Image, error) {
 		"org.opencontainers.image.version": o.version,
 		"org.opencontainers.image.source":  "https://github.com/sandboxrunner/mcp-sandboxd",
 	}
+	return mutate.ConfigFile(img, cf)
+}
+
+// pauseImage is an image of one static binary, /pause, its entrypoint.
+func pauseImage(bin string) (v1.Image, error) {
+	layer, err := appLayer([]appFile{{src: bin, dst: "/pause", mode: 0o755}})
+	if err != nil {
+		return nil, err
+	}
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layer)), nil },
+		tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, err
+	}
+	img := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
+	if img, err = mutate.AppendLayers(img, l); err != nil {
+		return nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Entrypoint = []string{"/pause"}
 	return mutate.ConfigFile(img, cf)
 }
 
