@@ -16,8 +16,8 @@
 #
 # Isolation: the whole cluster runs in a network namespace of its own
 # (addresses in 198.18.0.0/16 only: node 198.18.3.1, pods 198.18.0.0/24,
-# services 198.18.1.0/24, the daemon's sandboxes 198.18.2.0/24; a dummy
-# default route, so nothing leaves it) and in a mount namespace of its own
+# services 198.18.1.0/24, the daemon's sandboxes 198.18.2.0/24; a
+# default route into a veth pair of its own, so nothing leaves it) and in a mount namespace of its own
 # whose mounts are shared among themselves (the chart's Bidirectional
 # mounts need that) but not with the host's. What is not namespaced — cgroups
 # (under /sbx-k8s*), loop devices, the kernel sysctls the kubelet sets — is
@@ -95,10 +95,13 @@ inner() {
 	export KUBECONFIG=$W/kubeconfig PATH=$BIN:$PATH
 	mount --make-rshared /
 	ip link set lo up
-	ip link add dummy0 type dummy
-	ip addr add "$NODE_IP/32" dev dummy0
-	ip link set dummy0 up
-	ip route add default dev dummy0
+	# The node's address on a veth pair whose both ends are in here (this
+	# kernel has no dummy driver): a default route that leads nowhere.
+	ip link add node0 type veth peer name node1
+	ip addr add "$NODE_IP/32" dev node0
+	ip link set node0 up
+	ip link set node1 up
+	ip route add default dev node0
 
 	pki
 	cat >"$KUBECONFIG" <<-EOF
@@ -161,6 +164,9 @@ inner() {
 	ctr -a "$R/containerd.sock" -n k8s.io images ls -q | grep -qx "docker.io/library/mcp-sandboxd:$IMAGE_TAG" ||
 		die "ctr import did not name the image docker.io/library/mcp-sandboxd:$IMAGE_TAG"
 
+	# The kubelet's cgroupRoot must exist in every hierarchy (teardown
+	# removes it).
+	for h in /sys/fs/cgroup/*/; do mkdir -p "${h}sbx-k8s"; done
 	echo "nameserver 127.0.0.1" >"$W/resolv.conf"
 	cat >"$W/kubelet.yaml" <<-EOF
 		apiVersion: kubelet.config.k8s.io/v1beta1
