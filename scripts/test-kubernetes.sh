@@ -44,7 +44,19 @@ SHARED_IMAGES=${SANDBOXD_TEST_IMAGES:-/var/tmp/mcp-sandboxd-test-images}
 SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
 
 log() { printf '%s test-kubernetes: %s\n' "$(date -u +%T)" "$*" >&2; }
-die() { log "FAIL: $*"; exit 1; }
+die() {
+	log "FAIL: $*"
+	if [[ -n ${KUBECONFIG:-} && -f ${KUBECONFIG:-} ]]; then
+		# What a reader needs to see why, before teardown removes it.
+		{
+			kubectl get nodes,pods -A -o wide
+			kubectl -n sandboxes describe daemonset,pods
+			kubectl -n sandboxes logs -l app.kubernetes.io/component=node --all-containers --tail=60 --prefix
+		} >"$W/logs/diagnostics.txt" 2>&1 || true
+		tail -n 80 "$W/logs/diagnostics.txt" >&2
+	fi
+	exit 1
+}
 
 # hoststate prints what the cluster must leave as it found it.
 hoststate() {
@@ -207,7 +219,12 @@ inner() {
 		--set image.tag="$IMAGE_TAG" --set gateway.enabled=false \
 		--set node.stateDir="$W/node-state" --set node.runDir="$R/node-run" \
 		--set-json 'node.config={"sandbox":{"cgroup_parent":"/sbx-k8s-sandboxes","max_sandboxes":4},"network":{"subnet":"198.18.2.0/24"}}' \
-		--wait --timeout 5m || { kubectl -n sandboxes describe pods >&2 || true; die "helm install --wait"; }
+		--wait --timeout 5m || die "helm install --wait"
+	# helm's --wait counts a DaemonSet with no pod scheduled yet as ready:
+	# wait for the daemon's pod itself.
+	wait_for "a node daemon pod" 120 sh -c 'kubectl -n sandboxes get pods -l app.kubernetes.io/component=node -o name | grep -q .'
+	kubectl -n sandboxes wait --for=condition=Ready pod -l app.kubernetes.io/component=node --timeout=300s >/dev/null ||
+		die "the node daemon's pod is not ready"
 	log "helm install: node daemon ready"
 
 	TOKEN=$(kubectl -n sandboxes get secret sbx-mcp-sandboxd-admin -o jsonpath='{.data.token}' | base64 -d)
