@@ -134,7 +134,7 @@ run: build
 	@scripts/dev-run.sh
 
 fmt:
-	gofmt -w cmd pkg internal test
+	gofmt -w cmd pkg internal test deploy
 
 vet:
 	CGO_ENABLED=1 $(GO) vet -tags $(TAGS) ./...
@@ -142,7 +142,7 @@ vet:
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 lint: vet
-	@out=$$(gofmt -l cmd pkg internal test); if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l cmd pkg internal test deploy); if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	CGO_ENABLED=1 $(GO) run $(STATICCHECK) -tags $(TAGS) ./...
 
 install: build
