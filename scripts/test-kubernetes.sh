@@ -58,17 +58,20 @@ die() {
 	exit 1
 }
 
-# hoststate prints what the cluster must leave as it found it.
+# hoststate prints what the cluster must leave as it found it. The root
+# network namespace is compared whole (no test may touch it); mounts,
+# cgroups and loop devices only where the cluster makes them, since other
+# tests on the machine make and remove their own meanwhile.
 hoststate() {
 	echo "## links"; ip -o link show | sed 's/^[0-9]*: //; s/ state .*//' | sort
 	echo "## routes"; ip route show table all | sort
 	echo "## netns"; ip netns list | sort
 	echo "## nftables"; nft list ruleset 2>/dev/null || true
 	echo "## iptables"; iptables-save 2>/dev/null | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//' || true
-	echo "## mounts"; awk '{print $5, $9}' /proc/self/mountinfo | sort
-	echo "## cgroups"; for h in /sys/fs/cgroup/*/; do ls "$h" | grep -v '\.' | sed "s#^#$h#"; done | sort
+	echo "## mounts"; awk '{print $5, $9}' /proc/self/mountinfo | grep -E "sbx-k8s|kubelet|containerd|/run/netns" | sort || true
+	echo "## cgroups"; for h in /sys/fs/cgroup/*/; do ls "$h" | grep -E 'sbx-k8s|kubepods' | sed "s#^#$h#"; done | sort || true
 	echo "## sysctls"; for s in "${SYSCTLS[@]}" net.ipv4.ip_forward; do echo "$s=$(sysctl -n "$s")"; done
-	echo "## loop"; losetup -a | sed 's/^\([^:]*\):.*(\(.*\))$/\1 \2/' | sort
+	echo "## loop"; losetup -a | grep -E "sbx-k8s|mcp-sandboxd-test-images" | sort || true
 }
 
 teardown() {
