@@ -176,7 +176,9 @@ inner() {
 	for img in "$W/pause.tar" "$IMAGE"; do
 		ctr -a "$R/containerd.sock" -n k8s.io images import "$img" >/dev/null
 	done
-	ctr -a "$R/containerd.sock" -n k8s.io images ls -q | grep -qx "docker.io/library/mcp-sandboxd:$IMAGE_TAG" ||
+	# Not `| grep -q`: under pipefail its early exit fails ctr with SIGPIPE.
+	images=$(ctr -a "$R/containerd.sock" -n k8s.io images ls -q)
+	grep -qx "docker.io/library/mcp-sandboxd:$IMAGE_TAG" <<<"$images" ||
 		die "ctr import did not name the image docker.io/library/mcp-sandboxd:$IMAGE_TAG"
 
 	# The kubelet's cgroupRoot must exist in every hierarchy (teardown
@@ -225,7 +227,7 @@ inner() {
 		--wait --timeout 5m || die "helm install --wait"
 	# helm's --wait counts a DaemonSet with no pod scheduled yet as ready:
 	# wait for the daemon's pod itself.
-	wait_for "a node daemon pod" 120 sh -c 'kubectl -n sandboxes get pods -l app.kubernetes.io/component=node -o name | grep -q .'
+	wait_for "a node daemon pod" 120 sh -c 'test -n "$(kubectl -n sandboxes get pods -l app.kubernetes.io/component=node -o name)"'
 	kubectl -n sandboxes wait --for=condition=Ready pod -l app.kubernetes.io/component=node --timeout=300s >/dev/null ||
 		die "the node daemon's pod is not ready"
 	log "helm install: node daemon ready"
