@@ -138,6 +138,7 @@ inner() {
 		--service-account-key-file="$W/pki/sa.pub" --service-account-signing-key-file="$W/pki/sa.key" \
 		--service-account-issuer=https://kubernetes.default.svc --service-cluster-ip-range=198.18.1.0/24 \
 		--authorization-mode=Node,RBAC --allow-privileged=true --endpoint-reconciler-type=none \
+		--kubelet-preferred-address-types=InternalIP \
 		>"$W/logs/kube-apiserver.log" 2>&1 &
 	wait_for "kube-apiserver" 120 kubectl get --raw /readyz
 	"$BIN/kube-controller-manager" --kubeconfig="$KUBECONFIG" --leader-elect=false --bind-address=127.0.0.1 \

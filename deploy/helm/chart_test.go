@@ -209,13 +209,15 @@ func TestChartDefaults(t *testing.T) {
 	if env["SANDBOXD_SERVER_HTTP_ADDR"] != "$(POD_IP):7070" || env["SANDBOXD_SERVER_PREVIEW_LISTEN"] != "$(POD_IP):7071" {
 		t.Errorf("listen addresses %v: want the pod's (node's) own address", env)
 	}
-	for _, p := range []*corev1.Probe{c.StartupProbe, c.LivenessProbe, c.ReadinessProbe} {
-		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port != intstr.FromString("http") {
-			t.Errorf("probe %+v: want an HTTP probe on the http port", p)
+	for _, p := range []*corev1.Probe{c.StartupProbe, c.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port != intstr.FromString("http") || p.HTTPGet.Path != "/healthz" {
+			t.Errorf("probe %+v: want /healthz (unauthenticated) on the http port", p)
 		}
 	}
-	if c.ReadinessProbe.HTTPGet.Path != "/readyz" {
-		t.Errorf("readiness path %q", c.ReadinessProbe.HTTPGet.Path)
+	// Readiness runs the daemon's checks through its socket: /readyz
+	// needs the token, which probe headers cannot take from the Secret.
+	if p := c.ReadinessProbe; p == nil || p.Exec == nil || strings.Join(p.Exec.Command, " ") != "sandboxctl --socket /run/mcp-sandboxd/api.sock health" {
+		t.Errorf("readiness probe %+v: want sandboxctl health over the socket", p)
 	}
 
 	hostPaths := map[string]*corev1.HostPathVolumeSource{}
