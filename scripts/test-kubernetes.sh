@@ -248,10 +248,14 @@ inner() {
 	old=$(kubectl -n sandboxes get pods -l app.kubernetes.io/component=node -o jsonpath='{.items[0].metadata.name}')
 	kubectl -n sandboxes delete pod "$old" --wait=true >/dev/null
 	kubectl -n sandboxes rollout status daemonset/sbx-mcp-sandboxd-node --timeout=180s >/dev/null || die "no new node daemon"
+	kubectl -n sandboxes wait --for=condition=Ready pod -l app.kubernetes.io/component=node --timeout=180s >/dev/null ||
+		die "the new node daemon's pod is not ready"
+	new=$(kubectl -n sandboxes get pods -l app.kubernetes.io/component=node -o jsonpath='{.items[*].metadata.name}')
+	[[ -n $new && $new != "$old" && $new != *" "* ]] || die "node daemon pods after the delete: '$new' (was $old)"
 	wait_for "the new node daemon" 120 curl -sf "$URL/readyz" -H "Authorization: Bearer $TOKEN" -o /dev/null
 	out=$(ctl exec "$id" -- cat /tmp/mark) || die "exec after the node daemon's pod was replaced"
 	[[ $out == kept ]] || die "the sandbox lost its files across the pod's replacement: $out"
-	log "sandbox adopted by the new pod: $out"
+	log "sandbox adopted by the new pod $new (was $old): $out"
 
 	ctl rm -f "$id" >/dev/null || die "terminate"
 	helm uninstall sbx --namespace sandboxes --wait --timeout 2m >/dev/null || die "helm uninstall"
