@@ -215,14 +215,15 @@ inner() {
 	kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=120s >/dev/null || die "node not ready (logs in $W/logs)"
 	log "cluster up"
 
-	# The chart, without the gateway (its command is another change's):
+	# The chart, with no gateway replica (its command is another change's)
+	# but its ServiceAccount and Role, which the discovery check uses:
 	# state and cgroups of the node daemon where teardown finds them, the
 	# language images from the shared test cache (no mirror is reachable
 	# from this network namespace).
 	mkdir -p "$W/node-state/images"
 	mount --bind "$SHARED_IMAGES" "$W/node-state/images"
 	helm install sbx "$ROOT/deploy/helm/mcp-sandboxd" --namespace sandboxes --create-namespace \
-		--set image.tag="$IMAGE_TAG" --set gateway.enabled=false \
+		--set image.tag="$IMAGE_TAG" --set gateway.replicas=0 \
 		--set node.stateDir="$W/node-state" --set node.runDir="$R/node-run" \
 		--set-json 'node.config={"sandbox":{"cgroup_parent":"/sbx-k8s-sandboxes","max_sandboxes":4},"network":{"subnet":"198.18.2.0/24"}}' \
 		--wait --timeout 5m || die "helm install --wait"
@@ -232,6 +233,15 @@ inner() {
 	kubectl -n sandboxes wait --for=condition=Ready pod -l app.kubernetes.io/component=node --timeout=300s >/dev/null ||
 		die "the node daemon's pod is not ready"
 	log "helm install: node daemon ready"
+
+	# pkg/kubediscovery against this cluster's own EndpointSlice controller,
+	# as the gateway's ServiceAccount (test/kubernetes, tag kubernetes).
+	KUBE_TEST_SERVER=https://$NODE_IP:6443 KUBE_TEST_CA=$W/pki/ca.crt \
+		KUBE_TEST_TOKEN=$(kubectl -n sandboxes create token sbx-mcp-sandboxd-gateway) \
+		KUBE_TEST_NODE=$NODE_NAME KUBE_TEST_NODE_URL=http://$NODE_IP:7070 \
+		"$W/kubernetes.test" -test.v -test.run TestDiscoveryInCluster >"$W/logs/discovery.log" 2>&1 ||
+		{ cat "$W/logs/discovery.log" >&2; die "discovery in the cluster"; }
+	log "discovery in the cluster: $(grep -c ': ready\|: drained\|: undrained' "$W/logs/discovery.log") states seen as the gateway's ServiceAccount"
 
 	TOKEN=$(kubectl -n sandboxes get secret sbx-mcp-sandboxd-admin -o jsonpath='{.data.token}' | base64 -d)
 	export SANDBOXD_TOKEN=$TOKEN
@@ -316,6 +326,7 @@ mkdir -p "$W"
 IMAGE=$W/mcp-sandboxd-image.tar
 (cd "$ROOT" && go run ./deploy/image -bin bin -out "$IMAGE" -name "mcp-sandboxd:$IMAGE_TAG" -cache "$W/image-cache" >&2)
 CGO_ENABLED=0 go build -C "$ROOT" -o "$W/pause" ./test/kubernetes/pause
+(cd "$ROOT" && go test -c -tags kubernetes -o "$W/kubernetes.test" ./test/kubernetes)
 (cd "$ROOT" && go run ./deploy/image -pause "$W/pause" -out "$W/pause.tar" -name "$PAUSE_IMAGE")
 export IMAGE
 log "assets ready after $((SECONDS - start))s"

@@ -51,7 +51,7 @@ var layer = map[string]int{
 	"internal/testenv": 8, "internal/testenv/vmenv": 8, "internal/fakemessages": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
 	"test/claude": 8, "test/conformance": 8, "test/web": 8, "test/adversarial": 8, "test/cgroupv2": 8, "test/chaos": 8, "test/e2b": 8, "test/clients": 8,
 	// The Helm chart's tests (deploy/helm) and the Kubernetes discovery harness.
-	"deploy/helm": 8, "internal/testenv/kubeenv": 8, "test/kubernetes/pause": 8,
+	"deploy/helm": 8, "internal/testenv/kubeenv": 8, "test/kubernetes/pause": 8, "test/kubernetes": 8,
 }
 
 // Front ends never import each other's internals: only pkg/apitypes, the
