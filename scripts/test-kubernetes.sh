@@ -40,6 +40,8 @@ KUBE_VERSION=${KUBE_VERSION:-v1.34.2}
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 IMAGE_TAG=k8s-test
 SHARED_IMAGES=${SANDBOXD_TEST_IMAGES:-/var/tmp/mcp-sandboxd-test-images}
+# mmdebstrap's base of the image, kept between runs beside the binaries.
+IMAGE_CACHE=${KUBE_ASSETS_CACHE:-/var/cache/sandboxd-test/kube}/image-base
 # Kernel settings the kubelet changes (not namespaced): restored at the end.
 SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
 
@@ -324,7 +326,7 @@ export BIN
 [[ -d $SHARED_IMAGES ]] || die "no shared image cache $SHARED_IMAGES (make test builds it)"
 mkdir -p "$W"
 IMAGE=$W/mcp-sandboxd-image.tar
-(cd "$ROOT" && go run ./deploy/image -bin bin -out "$IMAGE" -name "mcp-sandboxd:$IMAGE_TAG" -cache "$W/image-cache" >&2)
+(cd "$ROOT" && go run ./deploy/image -bin bin -out "$IMAGE" -name "mcp-sandboxd:$IMAGE_TAG" -cache "$IMAGE_CACHE" >&2)
 CGO_ENABLED=0 go build -C "$ROOT" -o "$W/pause" ./test/kubernetes/pause
 (cd "$ROOT" && go test -c -tags kubernetes -o "$W/kubernetes.test" ./test/kubernetes)
 (cd "$ROOT" && go run ./deploy/image -pause "$W/pause" -out "$W/pause.tar" -name "$PAUSE_IMAGE")
@@ -352,5 +354,10 @@ if ! diff -u "$W/host.before" "$W/host.after" >&2; then
 	rc=1
 fi
 rm -f "$W/sysctls.saved"
+if ((rc == 0)); then
+	rm -rf "$W"
+else
+	log "logs kept in $W/logs"
+fi
 log "done in $((SECONDS - start))s, rc=$rc"
 exit $rc
