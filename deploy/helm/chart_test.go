@@ -310,8 +310,18 @@ func TestChartDefaults(t *testing.T) {
 	checkReadOnlyRBAC(t, r)
 
 	sec := r.get(t, "Secret", "rel-mcp-sandboxd-admin").(*corev1.Secret)
-	if tok := sec.Data["token"]; len(tok) != 48 {
-		t.Errorf("generated admin token has %d bytes, want 48", len(tok))
+	if tok, gws := sec.Data["token"], sec.Data["gateway-secret"]; len(tok) != 48 || len(gws) != 48 || string(tok) == string(gws) {
+		t.Errorf("generated admin token (%d bytes) and gateway secret (%d bytes): want 48 each, different", len(tok), len(gws))
+	}
+	nodeEnv := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		nodeEnv[e.Name] = e
+	}
+	if e := nodeEnv["SANDBOXD_NODE_NAME"]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("node.name does not come from the Kubernetes node name: %+v", e)
+	}
+	if nodeEnv["SANDBOXD_NODE_GATEWAY_SECRET_FILE"].Value != "/etc/mcp-sandboxd/admin/gateway-secret" {
+		t.Errorf("node's gateway secret file %+v", nodeEnv["SANDBOXD_NODE_GATEWAY_SECRET_FILE"])
 	}
 	for _, p := range []corev1.PodSpec{pod, gpod} {
 		if secretOf(p, "admin") != "rel-mcp-sandboxd-admin" {
@@ -421,8 +431,9 @@ rbac: {create: false}
 	if err := yaml.UnmarshalStrict([]byte(gw), &g); err != nil {
 		t.Fatalf("gateway.yaml: %v", err)
 	}
-	d, _ := g["discovery"].(map[string]any)["kubernetes"].(map[string]any)
-	if g["listen"] != ":8443" || d["namespace"] != "sbx" || d["service"] != "rel-mcp-sandboxd-node" || d["port_name"] != "http" {
+	gs, _ := g["gateway"].(map[string]any)
+	d, _ := gs["kubernetes"].(map[string]any)
+	if gs["listen"] != ":8443" || gs["secret_file"] != "/etc/mcp-sandboxd/admin/gateway-secret" || d["namespace"] != "sbx" || d["service"] != "rel-mcp-sandboxd-node" || d["port_name"] != "http" {
 		t.Errorf("gateway.yaml %v", g)
 	}
 }
