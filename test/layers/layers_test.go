@@ -27,6 +27,8 @@ var layer = map[string]int{
 	"pkg/artifacts": 2, "pkg/lang": 2, "pkg/network": 2, "pkg/autofix": 2, "pkg/vm/qga": 2, "pkg/vm/vport": 2, "pkg/tenants": 2,
 	// The fleet's PostgreSQL store: pkg/store's records, pkg/audit's chain.
 	"pkg/store/pgstore": 2,
+	// Node discovery through the Kubernetes API (client-go), for the gateway.
+	"pkg/kubediscovery": 2,
 
 	"pkg/agent/server": 3, "pkg/sandbox": 3, "pkg/vm": 3,
 	// OCI images into the image store (over pkg/image).
@@ -46,10 +48,14 @@ var layer = map[string]int{
 	"pkg/e2b/envdpb/filesystem": 1, "pkg/e2b/envdpb/filesystem/filesystemconnect": 1,
 
 	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7, "cmd/tsgen": 7,
+	// make image's builder (a command like the ones above).
+	"deploy/image": 7,
 
 	// Test harnesses and black-box tests sit above everything.
 	"internal/testenv": 8, "internal/testenv/vmenv": 8, "internal/otlptest": 8, "internal/fakemessages": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
 	"test/claude": 8, "test/conformance": 8, "test/web": 8, "test/adversarial": 8, "test/cgroupv2": 8, "test/chaos": 8, "test/e2b": 8, "test/clients": 8,
+	// The Helm chart's tests (deploy/helm) and the Kubernetes discovery harness.
+	"deploy/helm": 8, "internal/testenv/kubeenv": 8, "test/kubernetes/pause": 8, "test/kubernetes": 8,
 }
 
 // Front ends never import each other's internals: only pkg/apitypes, the
