@@ -47,7 +47,51 @@ type Config struct {
 	Audit Audit `yaml:"audit"`
 	// SSH: the SSH endpoint (pkg/sshd, README "SSH access").
 	SSH SSH `yaml:"ssh"`
-	Log Log `yaml:"log"`
+	// Node: this daemon as one node of a fleet behind gateways.
+	Node Node `yaml:"node"`
+	// Gateway: the settings of `mcp-sandboxd gateway` (pkg/gateway).
+	Gateway Gateway `yaml:"gateway"`
+	Log     Log     `yaml:"log"`
+}
+
+// Node is the `node` section: a daemon's identity in a fleet.
+type Node struct {
+	// Name is this node's name in the fleet (its gateways' node list, its
+	// Kubernetes node name). Non-empty, it is written into every new
+	// sandbox id (pkg/sandbox.NodeTag) so that a gateway routes by id
+	// without a lookup. Empty: a lone daemon, ids as before.
+	Name string `yaml:"name"`
+	// GatewaySecretFile holds the secret gateways present when they
+	// forward a caller they authenticated; only a request carrying it may
+	// name its principal. Empty: no gateway is trusted.
+	GatewaySecretFile string `yaml:"gateway_secret_file"`
+}
+
+// Gateway is the `gateway` section, read only by `mcp-sandboxd gateway`.
+type Gateway struct {
+	// Listen is the gateway's TCP address (host:port).
+	Listen string `yaml:"listen"`
+	// Nodes is the static node list (hosts without Kubernetes).
+	Nodes []GatewayNode `yaml:"nodes"`
+	// SecretFile holds the secret shared with the nodes'
+	// node.gateway_secret_file; it also authenticates the gateway to the
+	// nodes' admin routes.
+	SecretFile string `yaml:"secret_file"`
+	// AuthTokenFile is the admin key callers present to the gateway (the
+	// first key of the fleet's tenants store).
+	AuthTokenFile string `yaml:"auth_token_file"`
+	// StateDB is the tenants store the gateways share (SQLite path here;
+	// the fleet's shared database with the pgx driver).
+	StateDB string `yaml:"state_db"`
+	// NodeTimeout bounds a gateway's calls that ask every node (lists,
+	// capacity); a node slower than this counts as gone for that call.
+	NodeTimeout Duration `yaml:"node_timeout"`
+}
+
+// GatewayNode is one node of gateway.nodes.
+type GatewayNode struct {
+	Name string `yaml:"name"` // node.name of that daemon
+	URL  string `yaml:"url"`  // its server.http_addr as http://host:port
 }
 
 // Server is the `server` section.
@@ -492,6 +536,11 @@ func Default() *Config {
 			CheckpointEvery: 256,
 		},
 		SSH: SSH{Keepalive: Duration(30 * time.Second), TokenTTL: Duration(5 * time.Minute)},
+		Gateway: Gateway{
+			Listen: "127.0.0.1:7080", SecretFile: "/etc/mcp-sandboxd/gateway-secret",
+			AuthTokenFile: "/etc/mcp-sandboxd/gateway-token", StateDB: "/var/lib/mcp-sandboxd/gateway.db",
+			NodeTimeout: Duration(2 * time.Second),
+		},
 		Log: Log{
 			Level:  "info",
 			Format: "text",
