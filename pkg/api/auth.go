@@ -296,6 +296,18 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		if p, ok, err := s.gatewayPrincipal(r); ok || err != nil {
+			if err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+			if !p.Admin && adminOnly(r) {
+				s.writeError(w, r, errdefs.PermissionDeniedf("%s %s: needs an admin key (key %s is of scope user)", r.Method, r.URL.Path, p.KeyName))
+				return
+			}
+			admit(next, w, r, callerInfo{kind: callerBearer}, p)
+			return
+		}
 		scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 		if strings.EqualFold(scheme, "Bearer") && tok != "" {
 			p, err := auth.Authenticate(tok, r.RemoteAddr)
@@ -489,7 +501,7 @@ func (s *server) keyRevoked(ctx context.Context) bool {
 func adminOnly(r *http.Request) bool {
 	p := r.URL.Path
 	switch {
-	case p == "/metrics", p == "/v1/gc", p == "/v1/runs/export", p == "/v1/keys", strings.HasPrefix(p, "/v1/keys/") && !strings.HasSuffix(p, "/usage"):
+	case p == "/metrics", p == "/v1/gc", p == "/v1/node", p == "/v1/node/drain", p == "/v1/runs/export", p == "/v1/keys", strings.HasPrefix(p, "/v1/keys/") && !strings.HasSuffix(p, "/usage"):
 		return true
 	case strings.HasPrefix(p, "/v1/images") && r.Method != http.MethodGet:
 		return true

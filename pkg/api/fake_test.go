@@ -162,6 +162,14 @@ func (f *fakeEngine) Status(context.Context) (*apitypes.Status, error) {
 	return ex[apitypes.Status](), f.err
 }
 
+func (f *fakeEngine) NodeStatus(context.Context) (*apitypes.NodeStatus, error) {
+	return ex[apitypes.NodeStatus](), f.err
+}
+
+func (f *fakeEngine) SetDraining(context.Context, bool) (*apitypes.NodeStatus, error) {
+	return ex[apitypes.NodeStatus](), f.err
+}
+
 func (f *fakeEngine) ImageList(context.Context) (*apitypes.ImageList, error) {
 	return ex[apitypes.ImageList](), f.err
 }

@@ -1,0 +1,69 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"os"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+)
+
+// NodeStatus reports this daemon as a node of a fleet: what gateways place
+// creates by (pkg/gateway). It counts every tenant's sandboxes: the
+// route is admin only.
+func (e *Engine) NodeStatus(ctx context.Context) (*apitypes.NodeStatus, error) {
+	st := &apitypes.NodeStatus{
+		Name: e.cfg.Node.Name, Ready: Ready(e.Readiness(ctx)), Draining: e.draining.Load(),
+		MaxSandboxes: e.cfg.Sandbox.MaxSandboxes, MemoryBytes: memTotal(), CPUs: float64(goruntime.NumCPU()),
+		VM: e.vm.backend != nil, Images: []string{},
+	}
+	live, err := e.sandboxes.List(ctx, sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StatePaused)
+	if err != nil {
+		return nil, err
+	}
+	st.Live = len(live)
+	for _, s := range live {
+		st.MemoryCommittedBytes += s.Limits.MemoryBytes
+		st.CPUsCommitted += s.Limits.CPUs
+	}
+	imgs, err := e.imgs.Catalog(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, im := range imgs.Images {
+		st.Images = append(st.Images, im.Name)
+	}
+	return st, nil
+}
+
+// SetDraining starts or ends a drain: while draining the node refuses
+// creates, and gateways place none here. The flag lives in memory: a
+// restarted daemon takes creates again (a drain ahead of maintenance is
+// repeated after it, by the operator or the orchestrator).
+func (e *Engine) SetDraining(ctx context.Context, draining bool) (*apitypes.NodeStatus, error) {
+	e.draining.Store(draining)
+	e.log.Info("node drain", "draining", draining)
+	return e.NodeStatus(ctx)
+}
+
+// memTotal is the machine's memory (MemTotal of /proc/meminfo), 0 if
+// unreadable.
+func memTotal() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
