@@ -22,6 +22,10 @@ const (
 	StatePaused     State = "paused"
 	StateTerminated State = "terminated"
 	StateFailed     State = "failed"
+	// StateUnavailable is a gateway's word (pkg/gateway) for a sandbox
+	// whose node does not answer: last seen live there, neither lost nor
+	// reachable until the node is back. Nodes never report it.
+	StateUnavailable State = "unavailable"
 )
 
 // Live reports whether s is a state in which the sandbox holds resources.
