@@ -149,10 +149,10 @@ type Options struct {
 	MaxSandboxes int
 	// NodeName (config node.name), non-empty, is written into every new
 	// id as NodeTag(NodeName): a gateway routes by id without a lookup.
-	NodeName string
-	IdleTimeout  time.Duration // 0: never
-	MaxLifetime  time.Duration // 0: never
-	OutputLimit  int64         // per stream per command
+	NodeName    string
+	IdleTimeout time.Duration // 0: never
+	MaxLifetime time.Duration // 0: never
+	OutputLimit int64         // per stream per command
 	// Pool is the number of warm sandboxes to keep per image, started from
 	// PoolSpec(image), the spec a default request for it gets.
 	Pool map[string]int
