@@ -59,7 +59,7 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	defer keys.Close()
 	h := gateway.New(gateway.Options{
 		Discovery: gateway.Static(g.Nodes), Auth: keys, Secret: secret,
-		NodeTimeout: g.NodeTimeout.D(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
+		NodeTimeout: g.NodeTimeout.D(), ProbeInterval: g.ProbeInterval.D(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
 	})
 	ln, err := net.Listen("tcp", g.Listen)
 	if err != nil {

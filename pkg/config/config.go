@@ -86,6 +86,10 @@ type Gateway struct {
 	// NodeTimeout bounds a gateway's calls that ask every node (lists,
 	// capacity); a node slower than this counts as gone for that call.
 	NodeTimeout Duration `yaml:"node_timeout"`
+	// ProbeInterval is how long placements reuse the nodes' capacity
+	// before asking them again (each gateway counts its own placements
+	// in between); a drain through another gateway is seen within it.
+	ProbeInterval Duration `yaml:"probe_interval"`
 }
 
 // GatewayNode is one node of gateway.nodes.
@@ -539,7 +543,7 @@ func Default() *Config {
 		Gateway: Gateway{
 			Listen: "127.0.0.1:7080", SecretFile: "/etc/mcp-sandboxd/gateway-secret",
 			AuthTokenFile: "/etc/mcp-sandboxd/gateway-token", StateDB: "/var/lib/mcp-sandboxd/gateway.db",
-			NodeTimeout: Duration(2 * time.Second),
+			NodeTimeout: Duration(2 * time.Second), ProbeInterval: Duration(250 * time.Millisecond),
 		},
 		Log: Log{
 			Level:  "info",

@@ -475,6 +475,10 @@ gateway:
   state_db: /var/lib/mcp-sandboxd/gateway.db
   # How long a call that asks every node waits for one (duration).
   node_timeout: 2s
+  # How old the nodes' capacity may grow before a placement renews it in
+  # the background (duration); each gateway counts its own placements in
+  # between.
+  probe_interval: 250ms
 
 log:
   # Least severe level logged: debug, info, warn or error.

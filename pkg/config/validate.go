@@ -130,6 +130,9 @@ func (g *Gateway) validate(p *problems) {
 	if g.NodeTimeout <= 0 {
 		p.add("gateway.node_timeout", "", "must be more than 0, got %s", g.NodeTimeout)
 	}
+	if g.ProbeInterval <= 0 {
+		p.add("gateway.probe_interval", "", "must be more than 0, got %s", g.ProbeInterval)
+	}
 }
 
 func (e *E2B) validate(p *problems) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -36,6 +37,13 @@ type Options struct {
 	NodeTimeout time.Duration
 	// Transport reaches the nodes; nil means a pooled http.Transport.
 	Transport http.RoundTripper
+	// ProbeInterval is how old the nodes' capacity may be before a
+	// placement renews it in the background (default 250ms): a create
+	// does not wait for every node's answer, and this gateway counts its
+	// own placements in between. A drain made through another gateway is
+	// seen within about it; a create that still reaches the draining node
+	// is placed again elsewhere.
+	ProbeInterval time.Duration
 	// MaxBodyBytes caps a create's body, which the gateway reads to place
 	// it (default api.DefaultMaxBodyBytes).
 	MaxBodyBytes int64
@@ -56,12 +64,22 @@ type Gateway struct {
 	// cache, not a record: the node's store is the record.
 	mu   sync.Mutex
 	seen map[string]map[string][]apitypes.Sandbox
+
+	// view is the capacity placements read, probed at viewAt; placements
+	// count themselves into it until the next probe.
+	viewMu     sync.Mutex
+	view       []probed
+	viewAt     time.Time
+	refreshing bool // a background probe renews view
 }
 
 // New returns the gateway over opt.Discovery's nodes.
 func New(opt Options) *Gateway {
 	if opt.NodeTimeout <= 0 {
 		opt.NodeTimeout = 2 * time.Second
+	}
+	if opt.ProbeInterval <= 0 {
+		opt.ProbeInterval = 250 * time.Millisecond
 	}
 	if opt.MaxBodyBytes <= 0 {
 		opt.MaxBodyBytes = api.DefaultMaxBodyBytes
@@ -81,8 +99,21 @@ func New(opt Options) *Gateway {
 		// Streams (NDJSON exec, events) reach the caller as the node
 		// writes them.
 		FlushInterval: -1,
+		ModifyResponse: func(res *http.Response) error {
+			t, _ := res.Request.Context().Value(targetKey{}).(target)
+			if t.retry != nil && res.StatusCode == http.StatusServiceUnavailable {
+				// Nothing is written to the caller yet: place again.
+				res.Body.Close()
+				return errNodeRefused
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			t, _ := r.Context().Value(targetKey{}).(target)
+			if t.retry != nil {
+				t.retry(w)
+				return
+			}
 			writeError(w, errdefs.Unavailablef("node %s does not answer: %v", t.node, err))
 		},
 	}
@@ -96,7 +127,13 @@ type target struct {
 	// path, when set, replaces the request's path (the drain route).
 	path string
 	p    *principal.Principal // nil: the gateway's own call (admin)
+	// retry, set on a create, places it again when the node does not
+	// answer or answers unavailable (a drain this gateway had not seen).
+	retry func(w http.ResponseWriter)
 }
+
+// errNodeRefused is a node's 503 to a create: placed again.
+var errNodeRefused = errors.New("node refused the create")
 
 type targetKey struct{}
 
@@ -182,12 +219,16 @@ func (g *Gateway) authenticate(r *http.Request) (principal.Principal, error) {
 
 // forward proxies r to node n as p.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n Node, p *principal.Principal, path string) {
+	g.forwardRetry(w, r, n, p, path, nil)
+}
+
+func (g *Gateway) forwardRetry(w http.ResponseWriter, r *http.Request, n Node, p *principal.Principal, path string, retry func(http.ResponseWriter)) {
 	u, err := url.Parse(n.URL)
 	if err != nil {
 		writeError(w, errdefs.Wrap(errdefs.Internal, err, "node %s: url %q", n.Name, n.URL))
 		return
 	}
-	ctx := context.WithValue(r.Context(), targetKey{}, target{node: n.Name, url: u, path: path, p: p})
+	ctx := context.WithValue(r.Context(), targetKey{}, target{node: n.Name, url: u, path: path, p: p, retry: retry})
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -101,14 +103,94 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request, p principal.Pri
 	}
 	var h placeHints
 	_ = json.Unmarshal(body, &h) // the node refuses a malformed body, naming the field
-	n, err := place(g.probe(r.Context()), h)
+	g.createOn(w, r, p, body, h, map[string]bool{})
+}
+
+// createOn places a create on a node not in tried and forwards it; a node
+// that refuses it (unavailable: draining, or gone) is tried no more, and
+// the last candidate's answer is the caller's.
+func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.Principal, body []byte, h placeHints, tried map[string]bool) {
+	n, more, err := g.placeCounted(r.Context(), h, tried)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	tried[n.Name] = true
+	var retry func(http.ResponseWriter)
+	if more {
+		retry = func(w http.ResponseWriter) {
+			g.log.Info("node refused a create; placing it again", "node", n.Name)
+			g.invalidate()
+			g.createOn(w, r, p, body, h, tried)
+		}
+	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
-	g.forward(w, r, n, &p, "")
+	g.forwardRetry(w, r, n, &p, "", retry)
+}
+
+// placeCounted places on the capacity view among the nodes not in
+// tried, and counts the placement into the view so that the next create
+// through this gateway sees it. A view older than ProbeInterval is still
+// used while one background probe renews it (stale-while-revalidate):
+// a create waits for the nodes' answers only when there is no view at
+// all (the first create, or after a node refused one). more says whether
+// another node would have fitted.
+func (g *Gateway) placeCounted(ctx context.Context, h placeHints, tried map[string]bool) (n Node, more bool, err error) {
+	g.viewMu.Lock()
+	empty := g.view == nil
+	if !empty && time.Since(g.viewAt) >= g.opt.ProbeInterval && !g.refreshing {
+		g.refreshing = true
+		go func() {
+			// Not the request's context: the renewed view outlives it.
+			v := g.probe(context.Background())
+			g.viewMu.Lock()
+			g.view, g.viewAt, g.refreshing = v, time.Now(), false
+			g.viewMu.Unlock()
+		}()
+	}
+	g.viewMu.Unlock()
+	if empty {
+		v := g.probe(ctx)
+		g.viewMu.Lock()
+		g.view, g.viewAt = v, time.Now()
+		g.viewMu.Unlock()
+	}
+	g.viewMu.Lock()
+	defer g.viewMu.Unlock()
+	var cands []probed
+	for _, pr := range g.view {
+		if !tried[pr.node.Name] {
+			cands = append(cands, pr)
+		}
+	}
+	n, err = place(cands, h)
+	if err != nil {
+		return n, false, err
+	}
+	fitting := 0
+	for _, pr := range cands {
+		if ok, _ := fits(pr, h); ok {
+			fitting++
+		}
+		if pr.node.Name == n.Name {
+			pr.st.Live++
+			if h.MemoryMB != nil {
+				pr.st.MemoryCommittedBytes += *h.MemoryMB << 20
+			}
+			if h.CPUs != nil {
+				pr.st.CPUsCommitted += *h.CPUs
+			}
+		}
+	}
+	return n, fitting > 1, nil
+}
+
+// invalidate makes the next placement probe the nodes again.
+func (g *Gateway) invalidate() {
+	g.viewMu.Lock()
+	g.view = nil
+	g.viewMu.Unlock()
 }
 
 // list merges every node's GET /v1/sandboxes; the sandboxes of a node that
@@ -209,6 +291,7 @@ func (g *Gateway) drain(w http.ResponseWriter, r *http.Request, name string) {
 	}
 	for _, n := range nodes {
 		if n.Name == name {
+			g.invalidate()
 			g.forward(w, r, n, nil, "/v1/node/drain")
 			return
 		}
