@@ -10,14 +10,18 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 )
 
 // NodeStatus reports this daemon as a node of a fleet: what gateways place
 // creates by (pkg/gateway). It counts every tenant's sandboxes: the
 // route is admin only.
 func (e *Engine) NodeStatus(ctx context.Context) (*apitypes.NodeStatus, error) {
+	// Gateways ask every probe interval: the cheap part of readiness
+	// (the store answers, seccomp holds, an image exists); the full
+	// /readyz, with its write to the store, is the orchestrator's.
 	st := &apitypes.NodeStatus{
-		Name: e.cfg.Node.Name, Ready: Ready(e.Readiness(ctx)), Draining: e.draining.Load(),
+		Name: e.cfg.Node.Name, Draining: e.draining.Load(),
 		MaxSandboxes: e.cfg.Sandbox.MaxSandboxes, MemoryBytes: memTotal(), CPUs: float64(goruntime.NumCPU()),
 		VM: e.vm.backend != nil, Images: []string{},
 	}
@@ -30,13 +34,15 @@ func (e *Engine) NodeStatus(ctx context.Context) (*apitypes.NodeStatus, error) {
 		st.MemoryCommittedBytes += s.Limits.MemoryBytes
 		st.CPUsCommitted += s.Limits.CPUs
 	}
-	imgs, err := e.imgs.Catalog(ctx)
+	imgs, err := e.images.List()
 	if err != nil {
 		return nil, err
 	}
-	for _, im := range imgs.Images {
+	for _, im := range imgs {
 		st.Images = append(st.Images, im.Name)
 	}
+	seccompOK := e.seccomp.OK() || e.cfg.Sandbox.SeccompProfile == seccomp.Unconfined
+	st.Ready = len(imgs) > 0 && seccompOK && e.store.Ping(ctx) == nil
 	return st, nil
 }
 

@@ -446,9 +446,16 @@ func TestGatewayFleet(t *testing.T) {
 	}
 	execOver := median(viaGW) - median(viaNode)
 	t.Logf("exec median: direct %v, through a gateway %v, overhead %v", median(viaNode), median(viaGW), execOver)
-	t.Logf("create median: direct %v, through a gateway %v, overhead %v (placement probes every node)", median(cNode), median(cGW), median(cGW)-median(cNode))
+	createOver := median(cGW) - median(cNode)
+	t.Logf("create median: direct %v, through a gateway %v, overhead %v", median(cNode), median(cGW), createOver)
 	if execOver > 2*time.Millisecond {
 		t.Errorf("the gateway adds %v to an exec, want at most 2ms", execOver)
+	}
+	// A create's own time varies by more than 2 ms from one to the next
+	// on a shared machine; 5 ms still catches a probe of every node on
+	// the create's path (6 ms and more here).
+	if createOver > 5*time.Millisecond {
+		t.Errorf("the gateway adds %v to a create, want about 2ms (at most 5ms)", createOver)
 	}
 
 	// Both gateways have listed once with every node up; then node-2 dies.
