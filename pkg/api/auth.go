@@ -262,6 +262,8 @@ func frontEnd(path string, c caller) string {
 		return "socket"
 	case c == callerBrowser:
 		return "web"
+	case c == callerGateway:
+		return "gateway"
 	case path == "/mcp" || strings.HasPrefix(path, "/mcp/"):
 		return "mcp"
 	}

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -44,6 +45,7 @@ type fleet struct {
 	names    []string
 	gateways []string // base URLs, in the fabric namespace
 	adminKey string
+	aliceKey string // a user key of tenant alice, in the gateways' store
 	client   *http.Client
 }
 
@@ -142,36 +144,114 @@ func newFleet(t *testing.T) *fleet {
 	}
 
 	// The gateways' shared tenants store (SQLite here; the fleet's
-	// PostgreSQL with the pgx driver).
-	st, err := store.Open(context.Background(), filepath.Join(dir, "gateway.db"))
+	// PostgreSQL with the pgx driver), with a user key made before the
+	// gateways load it.
+	dbPath := filepath.Join(dir, "gateway.db")
+	st, err := store.Open(context.Background(), dbPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
 	f.adminKey = testenv.RandHex(24)
+	tokenFile := filepath.Join(dir, "gateway-token")
+	if err := os.WriteFile(tokenFile, []byte(f.adminKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	boot, err := tenants.New(context.Background(), tenants.Options{Store: st, AdminToken: f.adminKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, err := boot.Create(context.Background(), apitypes.KeyCreateRequest{Name: "alice"})
+	boot.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.aliceKey = alice.Secret
+
+	// Gateway 1 in this process.
 	tr := &http.Transport{DialContext: dialIn(f.fabric), MaxIdleConnsPerHost: 128}
 	t.Cleanup(tr.CloseIdleConnections)
-	for range 2 {
-		keys, err := tenants.New(context.Background(), tenants.Options{Store: st, AdminToken: f.adminKey})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(keys.Close)
-		h := gateway.New(gateway.Options{Discovery: static, Auth: keys, Secret: strings.TrimSpace(string(secret)),
-			Transport: tr, NodeTimeout: 2 * time.Second, Log: testenv.Logger(t)})
-		var ln net.Listener
-		testenv.InNamespace(t, f.fabric, func() { ln, err = net.Listen("tcp4", "127.0.0.1:0") })
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := &http.Server{Handler: h}
-		go srv.Serve(ln)
-		t.Cleanup(func() { srv.Close() })
-		f.gateways = append(f.gateways, "http://"+ln.Addr().String())
+	keys, err := tenants.New(context.Background(), tenants.Options{Store: st, AdminToken: f.adminKey})
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(keys.Close)
+	h := gateway.New(gateway.Options{Discovery: static, Auth: keys, Secret: strings.TrimSpace(string(secret)),
+		Transport: tr, NodeTimeout: 2 * time.Second, Log: testenv.Logger(t)})
+	var ln net.Listener
+	testenv.InNamespace(t, f.fabric, func() { ln, err = net.Listen("tcp4", "127.0.0.1:0") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	f.gateways = append(f.gateways, "http://"+ln.Addr().String())
+
+	// Gateway 2: the real `mcp-sandboxd gateway`, in the fabric namespace
+	// (a fixed port is safe there), over the same store.
+	cfg := config.Default()
+	cfg.Gateway = config.Gateway{Listen: "127.0.0.1:7080", Nodes: static, SecretFile: secretFile, AuthTokenFile: tokenFile,
+		StateDB: dbPath, NodeTimeout: config.Duration(2 * time.Second), ProbeInterval: config.Duration(250 * time.Millisecond)}
+	cfg.Log.Level = "debug"
+	data, err := config.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "gateway.yaml")
+	if err := os.WriteFile(cfgPath, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, "gateway.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+fab, filepath.Join(testenv.BinDir(t), "mcp-sandboxd"), "gateway", "--config", cfgPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Errorf("mcp-sandboxd gateway exited with %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Errorf("mcp-sandboxd gateway ignored SIGTERM for 20s")
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("gateway log:\n%s", b)
+		}
+	})
+	f.gateways = append(f.gateways, "http://127.0.0.1:7080")
 	ctr := &http.Transport{DialContext: dialIn(f.fabric), MaxIdleConnsPerHost: 64}
 	t.Cleanup(ctr.CloseIdleConnections)
 	f.client = &http.Client{Transport: ctr, Timeout: 60 * time.Second}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("mcp-sandboxd gateway exited during start: %v\n%s", err, b)
+		default:
+		}
+		if res, err := f.client.Get(f.gateways[1] + "/healthz"); err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("mcp-sandboxd gateway did not answer within 30s")
+		}
+	}
 	return f
 }
 
@@ -403,6 +483,53 @@ func TestGatewayFleet(t *testing.T) {
 			t.Errorf("the node of %s holds %q, want %q", id, got, content)
 		}
 		f.terminal(g2, id)
+	}
+
+	// A user key of the fleet's store: its principal reaches the nodes,
+	// which keep tenants apart as they do for direct callers.
+	var mine []string
+	for i := range 3 {
+		id, err := f.create(f.gateways[i%2], f.aliceKey)
+		if err != nil {
+			t.Fatalf("alice's create: %v", err)
+		}
+		mine = append(mine, id)
+	}
+	for _, g := range f.gateways {
+		code, b := f.do(g, f.aliceKey, http.MethodGet, "/v1/sandboxes", "")
+		var l apitypes.SandboxList
+		if err := json.Unmarshal(b, &l); code != http.StatusOK || err != nil {
+			t.Fatalf("alice's list: %d %v %s", code, err, b)
+		}
+		var got []string
+		for _, sb := range l.Sandboxes {
+			got = append(got, sb.ID)
+			if sb.Tenant != "alice" {
+				t.Errorf("alice sees %s of tenant %q", sb.ID, sb.Tenant)
+			}
+		}
+		slices.Sort(got)
+		want := slices.Sorted(slices.Values(mine))
+		if !slices.Equal(got, want) {
+			t.Errorf("alice's list through %s: %v, want %v", g, got, want)
+		}
+	}
+	if got := f.exec(g2, f.aliceKey, mine[0], "echo mine"); got != "mine\n" {
+		t.Errorf("alice's exec: %q", got)
+	}
+	if code, b := f.do(g1, f.aliceKey, http.MethodPost, "/v1/sandboxes/"+ids[0]+"/exec", `{"command":"true"}`); code != http.StatusNotFound {
+		t.Errorf("alice's exec in the admin's sandbox: %d %s, want 404", code, b)
+	}
+	if code, b := f.do(g1, f.aliceKey, http.MethodGet, "/v1/nodes", ""); code != http.StatusForbidden {
+		t.Errorf("alice's GET /v1/nodes: %d %s, want 403", code, b)
+	}
+	if code, b := f.do(g2, f.aliceKey, http.MethodPut, "/v1/nodes/node-1/drain", `{"draining":true}`); code != http.StatusForbidden {
+		t.Errorf("alice's drain: %d %s, want 403", code, b)
+	}
+	for _, id := range mine {
+		if code, b := f.do(g1, f.aliceKey, http.MethodDelete, "/v1/sandboxes/"+id, ""); code != http.StatusOK {
+			t.Errorf("alice's terminate of %s: %d %s", id, code, b)
+		}
 	}
 
 	// Overhead: the same exec directly on a node and through a gateway,
