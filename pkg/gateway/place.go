@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -91,6 +92,7 @@ func place(probes []probed, h placeHints) (Node, error) {
 
 // create places a create and forwards it.
 func (g *Gateway) create(w http.ResponseWriter, r *http.Request, p principal.Principal) {
+	start := time.Now()
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opt.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -103,14 +105,18 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request, p principal.Pri
 	}
 	var h placeHints
 	_ = json.Unmarshal(body, &h) // the node refuses a malformed body, naming the field
-	g.createOn(w, r, p, body, h, map[string]bool{})
+	g.createOn(w, r, p, body, h, map[string]bool{}, start)
 }
 
 // createOn places a create on a node not in tried and forwards it; a node
 // that refuses it (unavailable: draining, or gone) is tried no more, and
 // the last candidate's answer is the caller's.
-func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.Principal, body []byte, h placeHints, tried map[string]bool) {
+func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.Principal, body []byte, h placeHints, tried map[string]bool, start time.Time) {
 	n, more, err := g.placeCounted(r.Context(), h, tried)
+	// What the gateway spent before the node saw the create (reading the
+	// body, placing), for operators and the overhead benchmark; the
+	// node's own headers are added to it.
+	w.Header().Set("Server-Timing", fmt.Sprintf("gateway-place;dur=%.3f", float64(time.Since(start).Microseconds())/1000))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -121,7 +127,7 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.P
 		retry = func(w http.ResponseWriter) {
 			g.log.Info("node refused a create; placing it again", "node", n.Name)
 			g.invalidate()
-			g.createOn(w, r, p, body, h, tried)
+			g.createOn(w, r, p, body, h, tried, start)
 		}
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
