@@ -160,4 +160,3 @@ func TestGatewayForwarding(t *testing.T) {
 		t.Errorf("/mcp: %d, want 503 until the gateway serves MCP", code)
 	}
 }
-
