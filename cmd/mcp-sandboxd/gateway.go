@@ -39,6 +39,10 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	if len(g.Nodes) == 0 {
 		return &exitError{code: 2, err: errors.New("gateway.nodes: required (at least one node) for mcp-sandboxd gateway")}
 	}
+	static := gateway.Static(g.Nodes)
+	if nodes, _ := static.Nodes(ctx); gateway.CheckTags(nodes) != nil {
+		return &exitError{code: 2, err: gateway.CheckTags(nodes)}
+	}
 	secret, err := readSecret(g.SecretFile, "gateway.secret_file")
 	if err != nil {
 		return err
@@ -58,7 +62,7 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	}
 	defer keys.Close()
 	h := gateway.New(gateway.Options{
-		Discovery: gateway.Static(g.Nodes), Auth: keys, Secret: secret,
+		Discovery: static, Auth: keys, Secret: secret,
 		NodeTimeout: g.NodeTimeout.D(), ProbeInterval: g.ProbeInterval.D(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
 	})
 	ln, err := net.Listen("tcp", g.Listen)

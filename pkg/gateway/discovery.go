@@ -12,6 +12,8 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
 
 // Node is one node daemon as discovery knows it.
@@ -50,4 +52,22 @@ func (s Static) Nodes(context.Context) ([]Node, error) {
 		out = append(out, Node{Name: n.Name, URL: n.URL, Ready: true})
 	}
 	return out, nil
+}
+
+// CheckTags refuses a node list in which two names share a tag
+// (pkg/sandbox.NodeTag): their sandboxes' ids could not be told apart. With
+// 32-bit tags this takes tens of thousands of nodes to happen by chance.
+func CheckTags(nodes []Node) error { return checkTags(nodes, sandbox.NodeTag) }
+
+// checkTags is CheckTags with the tag function a test may shorten.
+func checkTags(nodes []Node, tagOf func(string) string) error {
+	seen := map[string]string{}
+	for _, n := range nodes {
+		tag := tagOf(n.Name)
+		if other, ok := seen[tag]; ok && other != n.Name {
+			return errdefs.Invalidf("gateway.nodes: %q and %q share the id tag %s; rename one", other, n.Name, tag)
+		}
+		seen[tag] = n.Name
+	}
+	return nil
 }

@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
 
 func node(name string, live int, mut func(*probed)) probed {
@@ -75,5 +78,22 @@ func TestPlaceSpreadsTies(t *testing.T) {
 		if got[name] < 50 {
 			t.Errorf("node %s got %d of 300 tied placements: %v", name, got[name], got)
 		}
+	}
+}
+
+// TestCheckTags: distinct (or repeated) names pass; names whose tags
+// collide are refused, naming both (a one-character tag forces one).
+func TestCheckTags(t *testing.T) {
+	if err := CheckTags([]Node{{Name: "node-1"}, {Name: "node-2"}, {Name: "node-1"}}); err != nil {
+		t.Fatalf("distinct or repeated names: %v", err)
+	}
+	short := func(name string) string { return sandbox.NodeTag(name)[:1] }
+	var nodes []Node
+	for i := range 17 { // 17 names, 16 one-digit tags: a collision
+		nodes = append(nodes, Node{Name: fmt.Sprintf("node-%d", i)})
+	}
+	err := checkTags(nodes, short)
+	if !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), "share the id tag") {
+		t.Fatalf("colliding tags: %v", err)
 	}
 }

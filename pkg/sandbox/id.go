@@ -31,7 +31,7 @@ const nodeTagLen = 8
 // hash, so that a gateway that knows the node names maps a tag back to its
 // node without a lookup or a shared table. 32 bits make a collision in a
 // fleet of hundreds of nodes negligible, and a gateway refuses a node list
-// with one (gateway.checkTags).
+// with one (gateway.CheckTags).
 func NodeTag(name string) string {
 	h := sha256.Sum256([]byte(name))
 	return hex.EncodeToString(h[:])[:nodeTagLen]
