@@ -388,3 +388,19 @@ type NodeStatus struct {
 type NodeDrainRequest struct {
 	Draining bool `json:"draining"`
 }
+
+// FleetNode is one node in a gateway's GET /v1/nodes.
+type FleetNode struct {
+	Name string `json:"name"`
+	URL  string `json:"url"`
+	// Reachable is false when the node did not answer its probe (Error
+	// says why); Status is then absent.
+	Reachable bool        `json:"reachable"`
+	Error     string      `json:"error,omitempty"`
+	Status    *NodeStatus `json:"status,omitempty"`
+}
+
+// FleetNodeList is a gateway's GET /v1/nodes.
+type FleetNodeList struct {
+	Nodes []FleetNode `json:"nodes"`
+}

@@ -260,31 +260,20 @@ func (g *Gateway) list(w http.ResponseWriter, r *http.Request, p principal.Princ
 	writeJSON(w, http.StatusOK, out)
 }
 
-// NodeInfo is one node in GET /v1/nodes on a gateway.
-type NodeInfo struct {
-	Name string `json:"name"`
-	URL  string `json:"url"`
-	// Reachable is false when the node did not answer its probe (Error
-	// says why); Status is then absent.
-	Reachable bool                 `json:"reachable"`
-	Error     string               `json:"error,omitempty"`
-	Status    *apitypes.NodeStatus `json:"status,omitempty"`
-}
-
 // listNodes is GET /v1/nodes: every node and its capacity.
 func (g *Gateway) listNodes(w http.ResponseWriter, r *http.Request) {
-	out := []NodeInfo{}
+	out := apitypes.FleetNodeList{Nodes: []apitypes.FleetNode{}}
 	for _, pr := range g.probe(r.Context()) {
-		ni := NodeInfo{Name: pr.node.Name, URL: pr.node.URL, Reachable: pr.err == nil}
+		ni := apitypes.FleetNode{Name: pr.node.Name, URL: pr.node.URL, Reachable: pr.err == nil}
 		if pr.err != nil {
 			ni.Error = pr.err.Error()
 		} else {
 			ni.Status = pr.st
 			ni.Status.Draining = ni.Status.Draining || pr.node.Draining
 		}
-		out = append(out, ni)
+		out.Nodes = append(out.Nodes, ni)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"nodes": out})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // drain is PUT /v1/nodes/{name}/drain: the drain is the node's own flag,

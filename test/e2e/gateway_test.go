@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	goruntime "runtime"
 	"slices"
 	"sort"
@@ -39,14 +40,16 @@ import (
 // listen and the test's clients dial: the machine's own namespace is never
 // touched.
 type fleet struct {
-	t        *testing.T
-	fabric   netns.NsHandle
-	nodes    []*testenv.Daemon
-	names    []string
-	gateways []string // base URLs, in the fabric namespace
-	adminKey string
-	aliceKey string // a user key of tenant alice, in the gateways' store
-	client   *http.Client
+	t      *testing.T
+	fabric netns.NsHandle
+	// fabricName is the fabric's name under /run/netns.
+	fabricName string
+	nodes      []*testenv.Daemon
+	names      []string
+	gateways   []string // base URLs, in the fabric namespace
+	adminKey   string
+	aliceKey   string // a user key of tenant alice, in the gateways' store
+	client     *http.Client
 }
 
 // ipRun runs ip(8) on one of the test's namespaces (-n) and fails the test
@@ -98,6 +101,7 @@ func newFleet(t *testing.T) *fleet {
 	sfx := testenv.RandHex(3)
 	f := &fleet{t: t}
 	fab := "gwf-" + sfx
+	f.fabricName = fab
 	newNetns(t, fab)
 	var err error
 	if f.fabric, err = netns.GetFromName(fab); err != nil {
@@ -128,6 +132,8 @@ func newFleet(t *testing.T) *fleet {
 		addr := fmt.Sprintf("198.19.%d.2:7070", i)
 		d.Config.Server.HTTPAddr, d.HTTPAddr = addr, addr
 		d.Config.Node.Name = name
+		// Room for the acceptance run: 200 creates over three nodes.
+		d.Config.Sandbox.MaxSandboxes = 100
 		d.Config.Node.GatewaySecretFile = secretFile
 		data, err := config.Marshal(d.Config)
 		if err != nil {
@@ -422,7 +428,7 @@ func TestGatewayFleet(t *testing.T) {
 	}
 
 	// Creates from 8 clients through both gateways.
-	n := envInt("SANDBOXD_GATEWAY_CREATES", 60)
+	n := envInt("SANDBOXD_GATEWAY_CREATES", 200)
 	var (
 		mu   sync.Mutex
 		ids  []string
@@ -666,14 +672,21 @@ func TestGatewayFleet(t *testing.T) {
 		}
 	}
 
-	// Drain node-3 through one gateway: the other places nothing there.
-	if code, b := f.do(g2, f.adminKey, http.MethodPut, "/v1/nodes/node-3/drain", `{"draining":true}`); code != http.StatusOK {
-		t.Fatalf("drain node-3: %d %s", code, b)
+	// Drain node-3 with sandboxctl through one gateway (the real one, in
+	// the fabric namespace): the other places nothing there.
+	ctl := exec.Command("nsenter", "--net=/run/netns/"+f.fabricName, filepath.Join(testenv.BinDir(t), "sandboxctl"),
+		"--url", g2, "nodes", "drain", "node-3")
+	ctl.Env = append(os.Environ(), "SANDBOXD_TOKEN="+f.adminKey)
+	if out, err := ctl.CombinedOutput(); err != nil || !strings.Contains(string(out), "node-3: draining yes") {
+		t.Fatalf("sandboxctl nodes drain node-3: %v: %s", err, out)
+	}
+	ctl = exec.Command("nsenter", "--net=/run/netns/"+f.fabricName, filepath.Join(testenv.BinDir(t), "sandboxctl"), "--url", g1, "nodes")
+	ctl.Env = append(os.Environ(), "SANDBOXD_TOKEN="+f.adminKey)
+	if out, err := ctl.CombinedOutput(); err != nil || !regexp.MustCompile(`(?m)^node-3 +http://\S+ +draining `).Match(out) {
+		t.Errorf("sandboxctl nodes: %v: %s", err, out)
 	}
 	code, b := f.do(g1, f.adminKey, http.MethodGet, "/v1/nodes", "")
-	var nl struct {
-		Nodes []gateway.NodeInfo `json:"nodes"`
-	}
+	var nl apitypes.FleetNodeList
 	if err := json.Unmarshal(b, &nl); code != http.StatusOK || err != nil || len(nl.Nodes) != 3 {
 		t.Fatalf("GET /v1/nodes: %d %v %s", code, err, b)
 	}
