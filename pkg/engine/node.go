@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 )
 
@@ -25,14 +24,13 @@ func (e *Engine) NodeStatus(ctx context.Context) (*apitypes.NodeStatus, error) {
 		MaxSandboxes: e.cfg.Sandbox.MaxSandboxes, MemoryBytes: memTotal(), CPUs: float64(goruntime.NumCPU()),
 		VM: e.vm.backend != nil, Images: []string{},
 	}
-	live, err := e.sandboxes.List(ctx, sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StatePaused)
-	if err != nil {
-		return nil, err
-	}
-	st.Live = len(live)
-	for _, s := range live {
-		st.MemoryCommittedBytes += s.Limits.MemoryBytes
-		st.CPUsCommitted += s.Limits.CPUs
+	// From memory, not the store: gateways ask often, and the live
+	// sandboxes (warm ones and those still starting included) are all in
+	// the manager's map.
+	for _, u := range e.sandboxes.ByTenant() {
+		st.Live += u.Sandboxes
+		st.MemoryCommittedBytes += u.MemoryMB << 20
+		st.CPUsCommitted += u.CPUs
 	}
 	imgs, err := e.images.List()
 	if err != nil {

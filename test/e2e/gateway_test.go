@@ -132,8 +132,11 @@ func newFleet(t *testing.T) *fleet {
 		addr := fmt.Sprintf("198.19.%d.2:7070", i)
 		d.Config.Server.HTTPAddr, d.HTTPAddr = addr, addr
 		d.Config.Node.Name = name
-		// Room for the acceptance run: 200 creates over three nodes.
-		d.Config.Sandbox.MaxSandboxes = 100
+		// As many as a test daemon's user namespace block allows (64):
+		// room for 150 creates over three nodes and the later ones.
+		if c := d.Config.Sandbox.UsernsPool.Count; c > 0 {
+			d.Config.Sandbox.MaxSandboxes = int(c)
+		}
 		d.Config.Node.GatewaySecretFile = secretFile
 		data, err := config.Marshal(d.Config)
 		if err != nil {
@@ -428,7 +431,7 @@ func TestGatewayFleet(t *testing.T) {
 	}
 
 	// Creates from 8 clients through both gateways.
-	n := envInt("SANDBOXD_GATEWAY_CREATES", 200)
+	n := envInt("SANDBOXD_GATEWAY_CREATES", 150)
 	var (
 		mu   sync.Mutex
 		ids  []string
