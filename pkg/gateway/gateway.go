@@ -177,6 +177,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	path := r.URL.Path
 	switch {
+	case path == "/metrics" && r.Method == http.MethodGet:
+		if g.admin(w, p) {
+			g.metrics(w, r)
+		}
 	case path == "/v1/nodes" && r.Method == http.MethodGet:
 		if g.admin(w, p) {
 			g.listNodes(w, r)

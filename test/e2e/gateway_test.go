@@ -511,6 +511,9 @@ func TestGatewayFleet(t *testing.T) {
 		f.terminal(g2, id)
 	}
 
+	// Metrics merge every node's, labelled with the node.
+	f.checkMetrics(g2, map[string]bool{"node-1": true, "node-2": true, "node-3": true})
+
 	// A user key of the fleet's store: its principal reaches the nodes,
 	// which keep tenants apart as they do for direct callers.
 	var mine []string
@@ -643,6 +646,7 @@ func TestGatewayFleet(t *testing.T) {
 			}
 		}
 	}
+	f.checkMetrics(g1, map[string]bool{"node-1": true, "node-2": false, "node-3": true})
 	for _, id := range ids {
 		if where[id] == "node-2" {
 			body, _ := json.Marshal(apitypes.ExecRequest{Command: "true"})
@@ -717,6 +721,30 @@ func TestGatewayFleet(t *testing.T) {
 	}
 	sort.Strings(drained)
 	t.Logf("while node-3 drained: %v", drained)
+}
+
+// checkMetrics scrapes GET /metrics through base and checks each node's
+// up gauge and that the metrics of the nodes that are up carry their label.
+func (f *fleet) checkMetrics(base string, up map[string]bool) {
+	f.t.Helper()
+	code, b := f.do(base, f.adminKey, http.MethodGet, "/metrics", "")
+	if code != http.StatusOK {
+		f.t.Fatalf("GET /metrics through %s: %d %s", base, code, b)
+	}
+	if code, _ := f.do(base, f.aliceKey, http.MethodGet, "/metrics", ""); code != http.StatusForbidden {
+		f.t.Errorf("a user's GET /metrics: %d, want 403", code)
+	}
+	text := string(b)
+	for node, isUp := range up {
+		want := fmt.Sprintf("sandboxd_gateway_node_up{node=%q} %d", node, map[bool]int{true: 1}[isUp])
+		if !strings.Contains(text, want) {
+			f.t.Errorf("metrics through %s lack %q", base, want)
+		}
+		has := regexp.MustCompile(`(?m)^sandboxd_sandboxes\{[^}]*node="` + node + `"`).MatchString(text)
+		if has != isUp {
+			f.t.Errorf("metrics through %s: sandboxd_sandboxes of %s present %v, want %v", base, node, has, isUp)
+		}
+	}
 }
 
 // terminal opens a terminal WebSocket to id through base, runs a command
