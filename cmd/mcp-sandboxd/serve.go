@@ -352,11 +352,17 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		if token, err = readToken(cfg.Server.AuthTokenFile, log); err != nil {
 			return err
 		}
+		var gwSecret string
+		if cfg.Node.GatewaySecretFile != "" {
+			if gwSecret, err = readSecret(cfg.Node.GatewaySecretFile, "node.gateway_secret_file"); err != nil {
+				return err
+			}
+		}
 		tl, err := net.Listen("tcp", cfg.Server.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("server.http_addr: %w", err)
 		}
-		listeners = append(listeners, listener{tl, api.NewHandler(eng, api.Options{Auth: eng.Tenants(), Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "http"})
+		listeners = append(listeners, listener{tl, api.NewHandler(eng, api.Options{Auth: eng.Tenants(), Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), GatewaySecret: gwSecret}), "http"})
 	}
 
 	pl, ph, err := listenPreview(cfg, eng, log)

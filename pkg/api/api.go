@@ -63,6 +63,9 @@ type Options struct {
 	// ServeConn): GET /v1/ssh/connect relays a WebSocket to it, for
 	// sandboxctl ssh-proxy where the SSH endpoint is not reachable.
 	SSHConn func(net.Conn)
+	// GatewaySecret (node.gateway_secret_file), when set, lets a gateway
+	// that presents it name the principal it authenticated (gateway.go).
+	GatewaySecret string
 }
 
 type server struct {
@@ -88,6 +91,8 @@ func NewHandler(e Engine, opt Options) http.Handler {
 		ErrorLog: slog.NewLogLogger(opt.Log.Handler(), slog.LevelWarn),
 	}))
 	mux.HandleFunc("GET /v1/status", s.status)
+	mux.HandleFunc("GET /v1/node", s.nodeStatus)
+	mux.HandleFunc("PUT /v1/node/drain", s.nodeDrain)
 	mux.HandleFunc("GET /v1/images", s.images)
 	mux.HandleFunc("POST /v1/images/{name}/build", s.buildImage)
 	mux.HandleFunc("DELETE /v1/images/{name}", s.removeImage)

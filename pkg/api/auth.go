@@ -204,6 +204,7 @@ const (
 	callerSocket  caller = iota // the unix socket: no token configured
 	callerBearer                // Authorization: Bearer
 	callerBrowser               // session cookie
+	callerGateway               // forwarded by a gateway (gateway.go)
 )
 
 type callerKey struct{}
@@ -261,6 +262,8 @@ func frontEnd(path string, c caller) string {
 		return "socket"
 	case c == callerBrowser:
 		return "web"
+	case c == callerGateway:
+		return "gateway"
 	case path == "/mcp" || strings.HasPrefix(path, "/mcp/"):
 		return "mcp"
 	}
@@ -294,6 +297,18 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" || r.URL.Path == "/login" {
 			next.ServeHTTP(w, r)
+			return
+		}
+		if p, ok, err := s.gatewayPrincipal(r); ok || err != nil {
+			if err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+			if !p.Admin && adminOnly(r) {
+				s.writeError(w, r, errdefs.PermissionDeniedf("%s %s: needs an admin key (key %s is of scope user)", r.Method, r.URL.Path, p.KeyName))
+				return
+			}
+			admit(next, w, r, callerInfo{kind: callerGateway}, p)
 			return
 		}
 		scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
@@ -480,6 +495,11 @@ func (s *server) mintLogin(w http.ResponseWriter, r *http.Request) {
 // (terminal WebSockets) ask it on each message.
 func (s *server) keyRevoked(ctx context.Context) bool {
 	p, ok := principal.From(ctx)
+	if c, _ := ctx.Value(callerKey{}).(callerInfo); c.kind == callerGateway {
+		// The key lives in the fleet's store, which the gateway checked
+		// when the request came in; this node's store does not hold it.
+		return false
+	}
 	return ok && s.opt.Auth != nil && !s.opt.Auth.Valid(p.KeyID)
 }
 
@@ -489,7 +509,7 @@ func (s *server) keyRevoked(ctx context.Context) bool {
 func adminOnly(r *http.Request) bool {
 	p := r.URL.Path
 	switch {
-	case p == "/metrics", p == "/v1/gc", p == "/v1/runs/export", p == "/v1/keys", strings.HasPrefix(p, "/v1/keys/") && !strings.HasSuffix(p, "/usage"):
+	case p == "/metrics", p == "/v1/gc", p == "/v1/node", p == "/v1/node/drain", p == "/v1/runs/export", p == "/v1/keys", strings.HasPrefix(p, "/v1/keys/") && !strings.HasSuffix(p, "/usage"):
 		return true
 	case strings.HasPrefix(p, "/v1/images") && r.Method != http.MethodGet:
 		return true

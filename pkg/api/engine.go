@@ -24,6 +24,8 @@ type Engine interface {
 	Uptime() time.Duration
 	Readiness(ctx context.Context) []apitypes.Check
 	Status(ctx context.Context) (*apitypes.Status, error)
+	NodeStatus(ctx context.Context) (*apitypes.NodeStatus, error)
+	SetDraining(ctx context.Context, draining bool) (*apitypes.NodeStatus, error)
 	MetricsRegistry() *prometheus.Registry
 	GC(ctx context.Context) (*apitypes.GCReport, error)
 	SubscribeEvents(ctx context.Context, id string) <-chan apitypes.Event

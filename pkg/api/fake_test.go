@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/internal/contract"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
 
@@ -38,6 +39,7 @@ type fakeEngine struct {
 	output   [][2]string // what Exec writes through onOutput: stream, data
 	metrics  *prometheus.Registry
 	fileList *apitypes.FileList
+	who      principal.Principal // of the last ListSandboxes or NodeStatus
 }
 
 func ex[T any]() *T { v := contract.ExampleOf[T](); return &v }
@@ -63,7 +65,8 @@ func (f *fakeEngine) CreateSandbox(_ context.Context, req apitypes.CreateSandbox
 	return ex[apitypes.Sandbox](), f.err
 }
 
-func (f *fakeEngine) ListSandboxes(context.Context, string) ([]*apitypes.Sandbox, error) {
+func (f *fakeEngine) ListSandboxes(ctx context.Context, _ string) ([]*apitypes.Sandbox, error) {
+	f.who, _ = principal.From(ctx)
 	return []*apitypes.Sandbox{ex[apitypes.Sandbox]()}, f.err
 }
 
@@ -160,6 +163,15 @@ func (f *fakeEngine) KillJob(context.Context, apitypes.JobKillRequest) (*apitype
 
 func (f *fakeEngine) Status(context.Context) (*apitypes.Status, error) {
 	return ex[apitypes.Status](), f.err
+}
+
+func (f *fakeEngine) NodeStatus(ctx context.Context) (*apitypes.NodeStatus, error) {
+	f.who, _ = principal.From(ctx)
+	return ex[apitypes.NodeStatus](), f.err
+}
+
+func (f *fakeEngine) SetDraining(context.Context, bool) (*apitypes.NodeStatus, error) {
+	return ex[apitypes.NodeStatus](), f.err
 }
 
 func (f *fakeEngine) ImageList(context.Context) (*apitypes.ImageList, error) {

@@ -28,6 +28,23 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 	s.reply(w, r, http.StatusOK, st, err)
 }
 
+// nodeStatus is GET /v1/node: capacity and usage for gateways' placement.
+func (s *server) nodeStatus(w http.ResponseWriter, r *http.Request) {
+	st, err := s.e.NodeStatus(r.Context())
+	s.reply(w, r, http.StatusOK, st, err)
+}
+
+// nodeDrain is PUT /v1/node/drain: start or end a drain.
+func (s *server) nodeDrain(w http.ResponseWriter, r *http.Request) {
+	var req apitypes.NodeDrainRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	st, err := s.e.SetDraining(r.Context(), req.Draining)
+	s.reply(w, r, http.StatusOK, st, err)
+}
+
 type imageList struct {
 	Images []apitypes.Image `json:"images"`
 }

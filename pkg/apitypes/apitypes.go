@@ -22,6 +22,10 @@ const (
 	StatePaused     State = "paused"
 	StateTerminated State = "terminated"
 	StateFailed     State = "failed"
+	// StateUnavailable is a gateway's word (pkg/gateway) for a sandbox
+	// whose node does not answer: last seen live there, neither lost nor
+	// reachable until the node is back. Nodes never report it.
+	StateUnavailable State = "unavailable"
 )
 
 // Live reports whether s is a state in which the sandbox holds resources.
@@ -366,4 +370,50 @@ type NetworkCounters struct {
 	Allowed            uint64   `json:"allowed"`
 	Denied             uint64   `json:"denied"`
 	DeniedDestinations []string `json:"denied_destinations"` // recent denied addresses and refused names, bounded
+}
+
+// NodeStatus is a node daemon's capacity and usage as its gateways place
+// creates by it (GET /v1/node, admin only).
+type NodeStatus struct {
+	// Name is the node's node.name (empty for a lone daemon).
+	Name string `json:"name"`
+	// Ready is the daemon's readiness (GET /readyz).
+	Ready bool `json:"ready"`
+	// Draining nodes take no new sandboxes (PUT /v1/node/drain).
+	Draining bool `json:"draining"`
+	// Live counts the sandboxes that hold resources (creating, ready,
+	// running, paused); MaxSandboxes is sandbox.max_sandboxes.
+	Live         int `json:"live"`
+	MaxSandboxes int `json:"max_sandboxes"`
+	// MemoryBytes and CPUs are the machine's; the committed figures sum the
+	// limits of the live sandboxes.
+	MemoryBytes          int64   `json:"memory_bytes"`
+	MemoryCommittedBytes int64   `json:"memory_committed_bytes"`
+	CPUs                 float64 `json:"cpus"`
+	CPUsCommitted        float64 `json:"cpus_committed"`
+	// Images are the names of the built images a sandbox may start from.
+	Images []string `json:"images"`
+	// VM says whether the node offers backend vm.
+	VM bool `json:"vm"`
+}
+
+// NodeDrainRequest is the body of PUT /v1/node/drain.
+type NodeDrainRequest struct {
+	Draining bool `json:"draining"`
+}
+
+// FleetNode is one node in a gateway's GET /v1/nodes.
+type FleetNode struct {
+	Name string `json:"name"`
+	URL  string `json:"url"`
+	// Reachable is false when the node did not answer its probe (Error
+	// says why); Status is then absent.
+	Reachable bool        `json:"reachable"`
+	Error     string      `json:"error,omitempty"`
+	Status    *NodeStatus `json:"status,omitempty"`
+}
+
+// FleetNodeList is a gateway's GET /v1/nodes.
+type FleetNodeList struct {
+	Nodes []FleetNode `json:"nodes"`
 }

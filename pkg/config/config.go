@@ -49,7 +49,11 @@ type Config struct {
 	SSH SSH `yaml:"ssh"`
 	// Store: where the fleet's shared state lives (pkg/store/pgstore).
 	Store Store `yaml:"store"`
-	Log   Log   `yaml:"log"`
+	// Node: this daemon as one node of a fleet behind gateways.
+	Node Node `yaml:"node"`
+	// Gateway: the settings of `mcp-sandboxd gateway` (pkg/gateway).
+	Gateway Gateway `yaml:"gateway"`
+	Log     Log     `yaml:"log"`
 	// Telemetry: OpenTelemetry traces exported over OTLP (pkg/telemetry).
 	Telemetry Telemetry `yaml:"telemetry"`
 }
@@ -63,6 +67,50 @@ type Store struct {
 	// SQLite state database). Keep the password out of it: libpq's
 	// PGPASSWORD or ~/.pgpass are read.
 	PostgresURL string `yaml:"postgres_url"`
+}
+
+// Node is the `node` section: a daemon's identity in a fleet.
+type Node struct {
+	// Name is this node's name in the fleet (its gateways' node list, its
+	// Kubernetes node name). Non-empty, it is written into every new
+	// sandbox id (pkg/sandbox.NodeTag) so that a gateway routes by id
+	// without a lookup. Empty: a lone daemon, ids as before.
+	Name string `yaml:"name"`
+	// GatewaySecretFile holds the secret gateways present when they
+	// forward a caller they authenticated; only a request carrying it may
+	// name its principal. Empty: no gateway is trusted.
+	GatewaySecretFile string `yaml:"gateway_secret_file"`
+}
+
+// Gateway is the `gateway` section, read only by `mcp-sandboxd gateway`.
+type Gateway struct {
+	// Listen is the gateway's TCP address (host:port).
+	Listen string `yaml:"listen"`
+	// Nodes is the static node list (hosts without Kubernetes).
+	Nodes []GatewayNode `yaml:"nodes"`
+	// SecretFile holds the secret shared with the nodes'
+	// node.gateway_secret_file; it also authenticates the gateway to the
+	// nodes' admin routes.
+	SecretFile string `yaml:"secret_file"`
+	// AuthTokenFile is the admin key callers present to the gateway (the
+	// first key of the fleet's tenants store).
+	AuthTokenFile string `yaml:"auth_token_file"`
+	// StateDB is the tenants store the gateways share (SQLite path here;
+	// the fleet's shared database with the pgx driver).
+	StateDB string `yaml:"state_db"`
+	// NodeTimeout bounds a gateway's calls that ask every node (lists,
+	// capacity); a node slower than this counts as gone for that call.
+	NodeTimeout Duration `yaml:"node_timeout"`
+	// ProbeInterval is how long placements reuse the nodes' capacity
+	// before asking them again (each gateway counts its own placements
+	// in between); a drain through another gateway is seen within it.
+	ProbeInterval Duration `yaml:"probe_interval"`
+}
+
+// GatewayNode is one node of gateway.nodes.
+type GatewayNode struct {
+	Name string `yaml:"name"` // node.name of that daemon
+	URL  string `yaml:"url"`  // its server.http_addr as http://host:port
 }
 
 // Server is the `server` section.
@@ -526,6 +574,11 @@ func Default() *Config {
 		},
 		SSH:       SSH{Keepalive: Duration(30 * time.Second), TokenTTL: Duration(5 * time.Minute)},
 		Telemetry: Telemetry{OTLPProtocol: "http/protobuf", SampleRatio: 1, ServiceName: "mcp-sandboxd"},
+		Gateway: Gateway{
+			Listen: "127.0.0.1:7080", SecretFile: "/etc/mcp-sandboxd/gateway-secret",
+			AuthTokenFile: "/etc/mcp-sandboxd/gateway-token", StateDB: "/var/lib/mcp-sandboxd/gateway.db",
+			NodeTimeout: Duration(2 * time.Second), ProbeInterval: Duration(250 * time.Millisecond),
+		},
 		Log: Log{
 			Level:  "info",
 			Format: "text",

@@ -460,6 +460,37 @@ store:
   # state.db. Keep the password out of it (PGPASSWORD or ~/.pgpass).
   postgres_url: ""
 
+# This daemon as one node of a fleet behind gateways (docs/ARCHITECTURE.md,
+# "Gateway").
+node:
+  # Name of this node in the fleet: [a-z0-9-], at most 63. Non-empty, it is
+  # written into every new sandbox id so that gateways route without a
+  # lookup. Empty: a lone daemon.
+  name: ""
+  # File holding the secret gateways present when they forward a caller
+  # they authenticated. Empty: no gateway is trusted.
+  gateway_secret_file: ""
+
+# mcp-sandboxd gateway: the stateless front of a fleet of node daemons.
+gateway:
+  # TCP address (host:port) the gateway serves REST on.
+  listen: 127.0.0.1:7080
+  # Static node list: each with name (its node.name) and url
+  # (http://host:port of its server.http_addr).
+  nodes: []
+  # Secret shared with the nodes' node.gateway_secret_file.
+  secret_file: /etc/mcp-sandboxd/gateway-secret
+  # Admin key of the gateway's callers (created on first start).
+  auth_token_file: /etc/mcp-sandboxd/gateway-token
+  # Tenants store the gateways share.
+  state_db: /var/lib/mcp-sandboxd/gateway.db
+  # How long a call that asks every node waits for one (duration).
+  node_timeout: 2s
+  # How old the nodes' capacity may grow before a placement renews it in
+  # the background (duration); each gateway counts its own placements in
+  # between.
+  probe_interval: 250ms
+
 log:
   # Least severe level logged: debug, info, warn or error.
   level: info

@@ -56,6 +56,8 @@ func (c *Config) Validate() error {
 	c.Audit.validate(&p)
 	c.SSH.validate(&p)
 	c.Store.validate(&p)
+	c.Node.validate(&p)
+	c.Gateway.validate(&p)
 	c.Log.validate(&p)
 	c.Telemetry.validate(&p)
 	return p.err()
@@ -154,6 +156,47 @@ func (s *SSH) validate(p *problems) {
 	}
 	if s.TokenTTL <= 0 || s.TokenTTL.D() > MaxSSHTokenTTL {
 		p.add("ssh.token_ttl", s.TokenTTL.String(), "must be more than 0 and at most %s", MaxSSHTokenTTL)
+	}
+}
+
+// nodeName is a node's name: a DNS label, as Kubernetes node names are.
+var nodeName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+func (n *Node) validate(p *problems) {
+	if n.Name != "" && !nodeName.MatchString(n.Name) {
+		p.add("node.name", "", "must be a DNS label ([a-z0-9-], at most 63), got %q", n.Name)
+	}
+	if n.GatewaySecretFile != "" {
+		p.absPath("node.gateway_secret_file", n.GatewaySecretFile)
+	}
+}
+
+func (g *Gateway) validate(p *problems) {
+	if g.Listen != "" {
+		p.hostPort("gateway.listen", g.Listen)
+	}
+	seen := map[string]bool{}
+	for i, n := range g.Nodes {
+		key := fmt.Sprintf("gateway.nodes[%d]", i)
+		if !nodeName.MatchString(n.Name) {
+			p.add(key+".name", "", "must be a DNS label ([a-z0-9-], at most 63), got %q", n.Name)
+		}
+		if seen[n.Name] {
+			p.add(key+".name", "", "duplicate node %q", n.Name)
+		}
+		seen[n.Name] = true
+		p.httpURL(key+".url", n.URL)
+	}
+	for _, kv := range [][2]string{{"gateway.secret_file", g.SecretFile}, {"gateway.auth_token_file", g.AuthTokenFile}, {"gateway.state_db", g.StateDB}} {
+		if kv[1] != "" {
+			p.absPath(kv[0], kv[1])
+		}
+	}
+	if g.NodeTimeout <= 0 {
+		p.add("gateway.node_timeout", "", "must be more than 0, got %s", g.NodeTimeout)
+	}
+	if g.ProbeInterval <= 0 {
+		p.add("gateway.probe_interval", "", "must be more than 0, got %s", g.ProbeInterval)
 	}
 }
 

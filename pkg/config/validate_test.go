@@ -56,6 +56,21 @@ func TestValidate(t *testing.T) {
 			},
 		},
 		{
+			name: "node and gateway hostile",
+			modify: func(c *Config) {
+				c.Node = Node{Name: "../n1", GatewaySecretFile: "secret"}
+				c.Gateway.Nodes = []GatewayNode{{Name: "n1", URL: "http://198.19.1.2:7070"}, {Name: "n1", URL: "file:///etc/passwd"}}
+				c.Gateway.NodeTimeout = 0
+			},
+			want: []FieldError{
+				{Key: "node.name", Message: `must be a DNS label ([a-z0-9-], at most 63), got "../n1"`},
+				{Key: "node.gateway_secret_file", Message: `must be an absolute path, got "secret"`},
+				{Key: "gateway.nodes[1].name", Message: `duplicate node "n1"`},
+				{Key: "gateway.nodes[1].url", Message: `invalid URL "file:///etc/passwd" (use http:// or https://)`},
+				{Key: "gateway.node_timeout", Message: "must be more than 0, got 0"},
+			},
+		},
+		{
 			name: "audit bad",
 			modify: func(c *Config) {
 				c.Audit = Audit{Dir: "audit", MaxFileBytes: 100, MaxFileAge: Duration(time.Second), MaxTotalBytes: 1000, RetentionAge: -1, CheckpointEvery: 0}

@@ -268,7 +268,7 @@ func (e *Engine) newSandboxService(backend sandbox.Backend) error {
 	var err error
 	e.sandboxes, err = sandbox.NewManager(sandbox.Options{
 		Store: e.store, Images: e.images, Backend: backend, Backends: more, Ledger: e.ledger, Network: netHook,
-		MaxSandboxes: cfg.Sandbox.MaxSandboxes, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
+		MaxSandboxes: cfg.Sandbox.MaxSandboxes, NodeName: cfg.Node.Name, IdleTimeout: cfg.Sandbox.IdleTimeout.D(),
 		MaxLifetime: cfg.Sandbox.MaxLifetime.D(), OutputLimit: int64(cfg.Sandbox.OutputLimit), Log: e.log,
 		Pool: cfg.Sandbox.Pool,
 		PoolSpec: func(image string) (sandbox.Spec, error) {

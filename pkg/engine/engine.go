@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -55,6 +56,7 @@ import (
 // Engine wires the stores, the runtime and the sandbox manager together.
 type Engine struct {
 	cfg       *config.Config
+	draining  atomic.Bool // node.go: no creates while set
 	log       *slog.Logger
 	store     *store.Store
 	fleet     *pgstore.Store // the keys' store with store.postgres_url; nil on one machine
@@ -245,6 +247,11 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req CreateSandboxReq
 }
 
 func (e *Engine) createSandbox(ctx context.Context, req CreateSandboxRequest, progress func(string)) (*sandbox.Info, error) {
+	if e.draining.Load() {
+		// Gateways place no creates here; this refuses one from a gateway
+		// whose view is older than the drain, or from a direct caller.
+		return nil, errdefs.Unavailablef("node %q is draining: it takes no new sandboxes", e.cfg.Node.Name)
+	}
 	var tmpl *apitypes.TemplateCreateRequest
 	if req.Template != "" {
 		var err error

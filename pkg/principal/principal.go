@@ -26,7 +26,8 @@ type Principal struct {
 // Origin is where a call came in.
 type Origin struct {
 	// FrontEnd is the adapter that took the call: "rest", "mcp", "e2b",
-	// "ssh", "web" or "socket".
+	// "ssh", "web" or "socket"; "gateway" on a node for a call a gateway
+	// forwarded (pkg/gateway), whose key the fleet's store holds.
 	FrontEnd string `json:"front_end,omitempty"`
 	// Source is the client's address (host:port), or "unix" for the socket.
 	Source string `json:"source,omitempty"`

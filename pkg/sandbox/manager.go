@@ -149,9 +149,12 @@ type Options struct {
 	// nil: only "none" can start.
 	Network      Network
 	MaxSandboxes int
-	IdleTimeout  time.Duration // 0: never
-	MaxLifetime  time.Duration // 0: never
-	OutputLimit  int64         // per stream per command
+	// NodeName (config node.name), non-empty, is written into every new
+	// id as NodeTag(NodeName): a gateway routes by id without a lookup.
+	NodeName    string
+	IdleTimeout time.Duration // 0: never
+	MaxLifetime time.Duration // 0: never
+	OutputLimit int64         // per stream per command
 	// Pool is the number of warm sandboxes to keep per image, started from
 	// PoolSpec(image), the spec a default request for it gets.
 	Pool map[string]int
@@ -299,10 +302,13 @@ func (m *Manager) Close() {
 	}
 }
 
-func newID() string {
+func newID(node string) string {
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic(err) // crypto/rand never fails on Linux
+	}
+	if node != "" {
+		return "sb-" + NodeTag(node) + hex.EncodeToString(b[:])
 	}
 	return "sb-" + hex.EncodeToString(b[:])
 }
@@ -368,7 +374,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 	spec.ImageEnv = img.Env
 	now := m.opt.Now().UTC()
 	sb := &Sandbox{
-		ID: newID(), spec: spec, state: StateCreating, createdAt: now, lastActive: now, digest: img.Digest,
+		ID: newID(m.opt.NodeName), spec: spec, state: StateCreating, createdAt: now, lastActive: now, digest: img.Digest,
 	}
 	sb.setTenant(spec.Tenant)
 	specJSON, err := json.Marshal(spec)

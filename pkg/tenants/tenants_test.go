@@ -246,3 +246,23 @@ func testQuota(t *testing.T, d driver) {
 		r()
 	}
 }
+
+// TestAdmitGatewayKey: a key this node's store does not hold is admitted
+// only when a gateway forwarded it (the fleet's store holds it and its
+// quota); from any other front end it is refused as a revoked key.
+func TestAdmitGatewayKey(t *testing.T) {
+	s, _ := open(t, &clock{t: time.Now()})
+	held := func(string) apitypes.KeyUse { return apitypes.KeyUse{} }
+	p := principal.Principal{KeyID: "key-fleet-only", KeyName: "alice", Tenant: "alice"}
+	for _, fe := range []string{"rest", "mcp", "e2b", "web"} {
+		ctx := principal.WithOrigin(principal.With(context.Background(), p), principal.Origin{FrontEnd: fe})
+		_, err := s.Admit(ctx, apitypes.Limits{}, held)
+		wantCode(t, err, errdefs.Unauthenticated, "")
+	}
+	ctx := principal.WithOrigin(principal.With(context.Background(), p), principal.Origin{FrontEnd: "gateway"})
+	release, err := s.Admit(ctx, apitypes.Limits{}, held)
+	if err != nil {
+		t.Fatalf("a gateway-forwarded fleet key: %v", err)
+	}
+	release()
+}

@@ -46,6 +46,8 @@ var layer = map[string]int{
 	// The E2B front end and its generated envd protocol code (leaves).
 	"pkg/e2b": 6, "pkg/e2b/envdpb/process": 1, "pkg/e2b/envdpb/process/processconnect": 1,
 	"pkg/e2b/envdpb/filesystem": 1, "pkg/e2b/envdpb/filesystem/filesystemconnect": 1,
+	// The fleet's gateway: a front end over remote node daemons.
+	"pkg/gateway": 6,
 
 	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7, "cmd/tsgen": 7,
 	// make image's builder (a command like the ones above).
@@ -76,6 +78,8 @@ var forbidden = map[string][]string{
 	"pkg/services/pipeline": {"pkg/engine"}, "pkg/services/fixloop": {"pkg/engine"},
 	"pkg/services":         {"pkg/engine"},
 	"pkg/services/sshkeys": {"pkg/engine"},
+	// The gateway is stateless: it reaches sandboxes only through nodes.
+	"pkg/gateway": {"pkg/engine", "pkg/store", "pkg/runtime", "pkg/mcpserver", "pkg/e2b"},
 }
 
 func TestImportsPointDown(t *testing.T) {

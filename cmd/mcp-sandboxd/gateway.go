@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/gateway"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
+)
+
+func gatewayCmd() *cobra.Command {
+	return runtimeCmd(&cobra.Command{
+		Use:   "gateway",
+		Short: "Run a stateless gateway in front of node daemons: places creates, routes by sandbox id",
+	}, runGateway)
+}
+
+// runGateway serves the gateway on gateway.listen until SIGTERM or SIGINT.
+// It holds no sandbox state: only the tenants store the gateways share and
+// a cache of what lists showed.
+func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	g := cfg.Gateway
+	if g.Listen == "" {
+		return &exitError{code: 2, err: errors.New("gateway.listen: required for mcp-sandboxd gateway")}
+	}
+	if len(g.Nodes) == 0 {
+		return &exitError{code: 2, err: errors.New("gateway.nodes: required (at least one node) for mcp-sandboxd gateway")}
+	}
+	static := gateway.Static(g.Nodes)
+	if nodes, _ := static.Nodes(ctx); gateway.CheckTags(nodes) != nil {
+		return &exitError{code: 2, err: gateway.CheckTags(nodes)}
+	}
+	secret, err := readSecret(g.SecretFile, "gateway.secret_file")
+	if err != nil {
+		return err
+	}
+	token, err := readToken(g.AuthTokenFile, log)
+	if err != nil {
+		return fmt.Errorf("gateway.auth_token_file: %w", err)
+	}
+	st, err := store.Open(ctx, g.StateDB)
+	if err != nil {
+		return fmt.Errorf("gateway.state_db: %w", err)
+	}
+	defer st.Close()
+	keys, err := tenants.New(ctx, tenants.Options{Store: st, AdminToken: token, Log: log})
+	if err != nil {
+		return err
+	}
+	defer keys.Close()
+	h := gateway.New(gateway.Options{
+		Discovery: static, Auth: keys, Secret: secret,
+		NodeTimeout: g.NodeTimeout.D(), ProbeInterval: g.ProbeInterval.D(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
+	})
+	ln, err := net.Listen("tcp", g.Listen)
+	if err != nil {
+		return fmt.Errorf("gateway.listen: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	log.Info("gateway listening", "addr", ln.Addr().String(), "nodes", len(g.Nodes))
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
+
+// readSecret reads a shared secret that an operator provisions (never
+// created here: both sides must hold the same one).
+func readSecret(path, key string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", key, err)
+	}
+	s := strings.TrimSpace(string(b))
+	if len(s) < 16 {
+		return "", fmt.Errorf("%s: %s holds a secret shorter than 16 characters", key, path)
+	}
+	return s, nil
+}

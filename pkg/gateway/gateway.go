@@ -1,0 +1,371 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/api"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+)
+
+// Options configure New.
+type Options struct {
+	// Discovery lists the nodes (Static, pkg/kubediscovery).
+	Discovery Discovery
+	// Auth authenticates callers' bearer keys: the fleet's tenants
+	// (pkg/tenants' Service over the store the gateways share).
+	Auth api.Authenticator
+	// Secret is the gateway secret the nodes trust (node.gateway_secret_file).
+	Secret string
+	// NodeTimeout bounds a call that asks every node (default 2s).
+	NodeTimeout time.Duration
+	// Transport reaches the nodes; nil means a pooled http.Transport.
+	Transport http.RoundTripper
+	// ProbeInterval is how old the nodes' capacity may be before a
+	// placement renews it in the background (default 250ms): a create
+	// does not wait for every node's answer, and this gateway counts its
+	// own placements in between. A drain made through another gateway is
+	// seen within about it; a create that still reaches the draining node
+	// is placed again elsewhere.
+	ProbeInterval time.Duration
+	// MaxBodyBytes caps a create's body, which the gateway reads to place
+	// it (default api.DefaultMaxBodyBytes).
+	MaxBodyBytes int64
+	// Log; nil means slog.Default().
+	Log *slog.Logger
+}
+
+// Gateway is the gateway's HTTP handler.
+type Gateway struct {
+	opt    Options
+	log    *slog.Logger
+	proxy  *httputil.ReverseProxy
+	client *http.Client
+
+	// seen is, per node and per caller's view (tenant, or admin), the
+	// live sandboxes the last successful list there showed: what a list
+	// reports as unavailable while that node does not answer. It is a
+	// cache, not a record: the node's store is the record.
+	mu   sync.Mutex
+	seen map[string]map[string][]apitypes.Sandbox
+
+	// view is the capacity placements read, probed at viewAt; placements
+	// count themselves into it until the next probe.
+	viewMu     sync.Mutex
+	view       []probed
+	viewAt     time.Time
+	refreshing bool // a background probe renews view
+}
+
+// New returns the gateway over opt.Discovery's nodes.
+func New(opt Options) *Gateway {
+	if opt.NodeTimeout <= 0 {
+		opt.NodeTimeout = 2 * time.Second
+	}
+	if opt.ProbeInterval <= 0 {
+		opt.ProbeInterval = 250 * time.Millisecond
+	}
+	if opt.MaxBodyBytes <= 0 {
+		opt.MaxBodyBytes = api.DefaultMaxBodyBytes
+	}
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	if opt.Transport == nil {
+		// Kept-alive connections to every node: a new TCP connection per
+		// forwarded call would cost more than the 2 ms the gateway may add.
+		opt.Transport = &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 128, IdleConnTimeout: 90 * time.Second}
+	}
+	g := &Gateway{opt: opt, log: opt.Log, client: &http.Client{Transport: opt.Transport}, seen: map[string]map[string][]apitypes.Sandbox{}}
+	g.proxy = &httputil.ReverseProxy{
+		Rewrite:   g.rewrite,
+		Transport: opt.Transport,
+		// Streams (NDJSON exec, events) reach the caller as the node
+		// writes them.
+		FlushInterval: -1,
+		ModifyResponse: func(res *http.Response) error {
+			t, _ := res.Request.Context().Value(targetKey{}).(target)
+			if t.retry != nil && res.StatusCode == http.StatusServiceUnavailable {
+				// Nothing is written to the caller yet: place again.
+				res.Body.Close()
+				return errNodeRefused
+			}
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			t, _ := r.Context().Value(targetKey{}).(target)
+			if t.retry != nil {
+				t.retry(w)
+				return
+			}
+			writeError(w, errdefs.Unavailablef("node %s does not answer: %v", t.node, err))
+		},
+	}
+	return g
+}
+
+// target is where the proxy sends a request, in its context.
+type target struct {
+	node string
+	url  *url.URL
+	// path, when set, replaces the request's path (the drain route).
+	path string
+	p    *principal.Principal // nil: the gateway's own call (admin)
+	// retry, set on a create, places it again when the node does not
+	// answer or answers unavailable (a drain this gateway had not seen).
+	retry func(w http.ResponseWriter)
+}
+
+// errNodeRefused is a node's 503 to a create: placed again.
+var errNodeRefused = errors.New("node refused the create")
+
+type targetKey struct{}
+
+// rewrite turns a caller's request into the node's: the caller's
+// credentials are dropped and the gateway's put in their place (see
+// pkg/api/gateway.go for the node's side of the boundary).
+func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
+	t := pr.In.Context().Value(targetKey{}).(target)
+	pr.SetURL(t.url)
+	if t.path != "" {
+		pr.Out.URL.Path, pr.Out.URL.RawPath = t.path, ""
+	}
+	pr.Out.Host = t.url.Host
+	pr.SetXForwarded()
+	g.authorize(pr.Out.Header, t.p)
+}
+
+// authorize replaces whatever credentials h holds by the gateway's.
+func (g *Gateway) authorize(h http.Header, p *principal.Principal) {
+	h.Del("Authorization")
+	h.Del("Cookie")
+	h.Set(api.GatewaySecretHeader, g.opt.Secret)
+	h.Del(api.GatewayPrincipalHeader)
+	if p != nil {
+		b, _ := json.Marshal(p) // a struct of strings and a bool
+		h.Set(api.GatewayPrincipalHeader, string(b))
+	}
+}
+
+// ServeHTTP authenticates the caller and places, routes or merges.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/healthz" {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		return
+	}
+	p, err := g.authenticate(r)
+	if err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-sandboxd"`)
+		writeError(w, err)
+		return
+	}
+	path := r.URL.Path
+	switch {
+	case path == "/metrics" && r.Method == http.MethodGet:
+		if g.admin(w, p) {
+			g.metrics(w, r)
+		}
+	case path == "/v1/nodes" && r.Method == http.MethodGet:
+		if g.admin(w, p) {
+			g.listNodes(w, r)
+		}
+	case strings.HasPrefix(path, "/v1/nodes/") && strings.HasSuffix(path, "/drain") && r.Method == http.MethodPut:
+		if g.admin(w, p) {
+			g.drain(w, r, strings.TrimSuffix(strings.TrimPrefix(path, "/v1/nodes/"), "/drain"))
+		}
+	case r.Method == http.MethodPost && (path == "/v1/sandboxes" || path == "/v1/run" || path == "/v1/agent/run"):
+		g.create(w, r, p)
+	case r.Method == http.MethodGet && path == "/v1/sandboxes":
+		g.list(w, r, p)
+	case strings.HasPrefix(path, "/v1/sandboxes/"):
+		id, _, _ := strings.Cut(strings.TrimPrefix(path, "/v1/sandboxes/"), "/")
+		g.route(w, r, p, id)
+	case path == "/mcp" || strings.HasPrefix(path, "/mcp/"):
+		// MCP tool calls carry sandbox ids in their arguments, and a
+		// session spans calls: not routable by path (docs/ARCHITECTURE.md).
+		writeError(w, errdefs.Unavailablef("%s: MCP is not served by the gateway yet; use a node's /mcp", path))
+	default:
+		g.any(w, r, p)
+	}
+}
+
+func (g *Gateway) admin(w http.ResponseWriter, p principal.Principal) bool {
+	if !p.Admin {
+		writeError(w, errdefs.PermissionDeniedf("needs an admin key (key %s is of scope user)", p.KeyName))
+	}
+	return p.Admin
+}
+
+// authenticate checks the bearer key against the fleet's tenants.
+func (g *Gateway) authenticate(r *http.Request) (principal.Principal, error) {
+	scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !strings.EqualFold(scheme, "Bearer") || tok == "" {
+		return principal.Principal{}, errdefs.Unauthenticatedf("Authorization: missing bearer key")
+	}
+	return g.opt.Auth.Authenticate(tok, r.RemoteAddr)
+}
+
+// forward proxies r to node n as p.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n Node, p *principal.Principal, path string) {
+	g.forwardRetry(w, r, n, p, path, nil)
+}
+
+func (g *Gateway) forwardRetry(w http.ResponseWriter, r *http.Request, n Node, p *principal.Principal, path string, retry func(http.ResponseWriter)) {
+	u, err := url.Parse(n.URL)
+	if err != nil {
+		writeError(w, errdefs.Wrap(errdefs.Internal, err, "node %s: url %q", n.Name, n.URL))
+		return
+	}
+	ctx := context.WithValue(r.Context(), targetKey{}, target{node: n.Name, url: u, path: path, p: p, retry: retry})
+	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// route forwards a request about sandbox id to the node its tag names.
+func (g *Gateway) route(w http.ResponseWriter, r *http.Request, p principal.Principal, id string) {
+	if err := sandbox.CheckID(id); err != nil {
+		writeError(w, err)
+		return
+	}
+	tag, ok := sandbox.IDNodeTag(id)
+	if !ok {
+		writeError(w, errdefs.NotFoundf("sandbox_id: %q names no node of this fleet", id))
+		return
+	}
+	nodes, err := g.opt.Discovery.Nodes(r.Context())
+	if err != nil {
+		writeError(w, errdefs.Unavailablef("node discovery: %v", err))
+		return
+	}
+	for _, n := range nodes {
+		if sandbox.NodeTag(n.Name) == tag {
+			g.forward(w, r, n, &p, "")
+			return
+		}
+	}
+	writeError(w, errdefs.NotFoundf("sandbox_id: %q names no node of this fleet", id))
+}
+
+// any forwards a request that is about no sandbox (images, languages,
+// status) to a node that answers: nodes of a fleet share their
+// configuration and images.
+func (g *Gateway) any(w http.ResponseWriter, r *http.Request, p principal.Principal) {
+	probes := g.probe(r.Context())
+	for _, pr := range probes {
+		if pr.err == nil {
+			g.forward(w, r, pr.node, &p, "")
+			return
+		}
+	}
+	writeError(w, errdefs.Unavailablef("no node answers (%s)", summary(probes)))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v) // a failed write means the client left
+}
+
+// writeError answers err in the taxonomy's JSON, as the nodes do.
+func writeError(w http.ResponseWriter, err error) {
+	writeJSON(w, errhttp.ToHTTP(err), apitypes.ErrorResponse{Error: apitypes.ErrorBodyOf(err)})
+}
+
+// probed is one node's answer to GET /v1/node.
+type probed struct {
+	node Node
+	st   *apitypes.NodeStatus
+	err  error
+}
+
+// probe asks every discovered node for its capacity, in parallel, each
+// within NodeTimeout, in discovery's order.
+func (g *Gateway) probe(ctx context.Context) []probed {
+	nodes, err := g.opt.Discovery.Nodes(ctx)
+	if err != nil {
+		g.log.Warn("node discovery failed", "err", err)
+		return nil
+	}
+	out := make([]probed, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		out[i].node = n
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var st apitypes.NodeStatus
+			out[i].err = g.call(ctx, n, http.MethodGet, "/v1/node", nil, nil, &st)
+			out[i].st = &st
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// call is the gateway's own request to node n, as p (nil: the gateway,
+// admin), decoding a 200 answer into out.
+func (g *Gateway) call(ctx context.Context, n Node, method, path string, body []byte, p *principal.Principal, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, g.opt.NodeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(n.URL, "/")+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	g.authorize(req.Header, p)
+	res, err := g.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if res.StatusCode != http.StatusOK {
+		var e apitypes.ErrorResponse
+		_ = json.Unmarshal(data, &e)
+		if res.StatusCode >= 400 && res.StatusCode < 500 && errdefs.Known(errdefs.Code(e.Error.Code)) {
+			// The request's fault, in the node's own words: the
+			// caller's answer, not a sign the node is gone.
+			return errdefs.New(errdefs.Code(e.Error.Code), "%s", e.Error.Message)
+		}
+		return fmt.Errorf("%s %s: %s %s", method, path, res.Status, e.Error.Message)
+	}
+	return json.Unmarshal(data, out)
+}
+
+func summary(probes []probed) string {
+	var parts []string
+	for _, p := range probes {
+		switch {
+		case p.err != nil:
+			parts = append(parts, fmt.Sprintf("%s: %v", p.node.Name, p.err))
+		case p.st.Draining || p.node.Draining:
+			parts = append(parts, p.node.Name+": draining")
+		case !p.st.Ready || !p.node.Ready:
+			parts = append(parts, p.node.Name+": not ready")
+		default:
+			parts = append(parts, p.node.Name+": full")
+		}
+	}
+	if len(parts) == 0 {
+		return "no nodes discovered"
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, "; ")
+}

@@ -1,0 +1,295 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
+)
+
+// placeHints are the fields of a create (POST /v1/sandboxes, /v1/run,
+// /v1/agent/run) that placement reads. The node validates the whole
+// request: a body placement cannot read still goes to a node, whose answer
+// names the field at fault.
+type placeHints struct {
+	Backend  string   `json:"backend"`
+	Image    string   `json:"image"`
+	Language string   `json:"language"`
+	MemoryMB *int64   `json:"memory_mb"`
+	CPUs     *float64 `json:"cpus"`
+}
+
+// fits says whether node st takes a create of h, and whether it holds
+// the image the create names.
+func fits(pr probed, h placeHints) (ok, hasImage bool) {
+	st := pr.st
+	if pr.err != nil || !pr.node.Ready || pr.node.Draining || !st.Ready || st.Draining {
+		return false, false
+	}
+	if st.MaxSandboxes > 0 && st.Live >= st.MaxSandboxes {
+		return false, false
+	}
+	if h.MemoryMB != nil && st.MemoryBytes > 0 && st.MemoryCommittedBytes+*h.MemoryMB<<20 > st.MemoryBytes {
+		return false, false
+	}
+	if h.CPUs != nil && st.CPUs > 0 && st.CPUsCommitted+*h.CPUs > st.CPUs*float64(cpuOvercommit) {
+		return false, false
+	}
+	if h.Backend == "vm" && !st.VM {
+		return false, false
+	}
+	img := h.Image
+	if img == "" {
+		img = h.Language
+	}
+	hasImage = img == ""
+	for _, name := range st.Images {
+		hasImage = hasImage || name == img
+	}
+	return true, hasImage
+}
+
+// cpuOvercommit: CPU limits are ceilings, not reservations (an idle
+// sandbox uses none), so a node takes limits summing to this many times
+// its cores; memory is not overcommitted.
+const cpuOvercommit = 4
+
+// place picks the node for a create: among the nodes that fit, those that
+// hold the image first (one that does not would build it on first use),
+// then the fewest live sandboxes — creating ones count, so concurrent
+// creates through several gateways spread — ties broken at random.
+func place(probes []probed, h placeHints) (Node, error) {
+	var cands []probed
+	withImage := false
+	for _, pr := range probes {
+		ok, img := fits(pr, h)
+		switch {
+		case !ok:
+		case img && !withImage:
+			cands, withImage = []probed{pr}, true
+		case img == withImage:
+			cands = append(cands, pr)
+		}
+	}
+	if len(cands) == 0 {
+		return Node{}, errdefs.Unavailablef("no node takes this sandbox (%s)", summary(probes))
+	}
+	rand.Shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
+	sort.SliceStable(cands, func(i, j int) bool { return cands[i].st.Live < cands[j].st.Live })
+	return cands[0].node, nil
+}
+
+// create places a create and forwards it.
+func (g *Gateway) create(w http.ResponseWriter, r *http.Request, p principal.Principal) {
+	start := time.Now()
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opt.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, errdefs.LimitExceededf("body: larger than %d bytes", tooBig.Limit))
+			return
+		}
+		writeError(w, errdefs.Invalidf("body: %v", err))
+		return
+	}
+	var h placeHints
+	_ = json.Unmarshal(body, &h) // the node refuses a malformed body, naming the field
+	g.createOn(w, r, p, body, h, map[string]bool{}, start)
+}
+
+// createOn places a create on a node not in tried and forwards it; a node
+// that refuses it (unavailable: draining, or gone) is tried no more, and
+// the last candidate's answer is the caller's.
+func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.Principal, body []byte, h placeHints, tried map[string]bool, start time.Time) {
+	n, more, err := g.placeCounted(r.Context(), h, tried)
+	// What the gateway spent before the node saw the create (reading the
+	// body, placing), for operators and the overhead benchmark; the
+	// node's own headers are added to it.
+	w.Header().Set("Server-Timing", fmt.Sprintf("gateway-place;dur=%.3f", float64(time.Since(start).Microseconds())/1000))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	tried[n.Name] = true
+	var retry func(http.ResponseWriter)
+	if more {
+		retry = func(w http.ResponseWriter) {
+			g.log.Info("node refused a create; placing it again", "node", n.Name)
+			g.invalidate()
+			g.createOn(w, r, p, body, h, tried, start)
+		}
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	g.forwardRetry(w, r, n, &p, "", retry)
+}
+
+// placeCounted places on the capacity view among the nodes not in
+// tried, and counts the placement into the view so that the next create
+// through this gateway sees it. A view older than ProbeInterval is still
+// used while one background probe renews it (stale-while-revalidate):
+// a create waits for the nodes' answers only when there is no view at
+// all (the first create, or after a node refused one). more says whether
+// another node would have fitted.
+func (g *Gateway) placeCounted(ctx context.Context, h placeHints, tried map[string]bool) (n Node, more bool, err error) {
+	g.viewMu.Lock()
+	empty := g.view == nil
+	if !empty && time.Since(g.viewAt) >= g.opt.ProbeInterval && !g.refreshing {
+		g.refreshing = true
+		go func() {
+			// Not the request's context: the renewed view outlives it.
+			v := g.probe(context.Background())
+			g.viewMu.Lock()
+			g.view, g.viewAt, g.refreshing = v, time.Now(), false
+			g.viewMu.Unlock()
+		}()
+	}
+	g.viewMu.Unlock()
+	if empty {
+		v := g.probe(ctx)
+		g.viewMu.Lock()
+		g.view, g.viewAt = v, time.Now()
+		g.viewMu.Unlock()
+	}
+	g.viewMu.Lock()
+	defer g.viewMu.Unlock()
+	var cands []probed
+	for _, pr := range g.view {
+		if !tried[pr.node.Name] {
+			cands = append(cands, pr)
+		}
+	}
+	n, err = place(cands, h)
+	if err != nil {
+		return n, false, err
+	}
+	fitting := 0
+	for _, pr := range cands {
+		if ok, _ := fits(pr, h); ok {
+			fitting++
+		}
+		if pr.node.Name == n.Name {
+			pr.st.Live++
+			if h.MemoryMB != nil {
+				pr.st.MemoryCommittedBytes += *h.MemoryMB << 20
+			}
+			if h.CPUs != nil {
+				pr.st.CPUsCommitted += *h.CPUs
+			}
+		}
+	}
+	return n, fitting > 1, nil
+}
+
+// invalidate makes the next placement probe the nodes again.
+func (g *Gateway) invalidate() {
+	g.viewMu.Lock()
+	g.view = nil
+	g.viewMu.Unlock()
+}
+
+// list merges every node's GET /v1/sandboxes; the sandboxes of a node that
+// does not answer are those this caller last saw there, as unavailable.
+func (g *Gateway) list(w http.ResponseWriter, r *http.Request, p principal.Principal) {
+	nodes, err := g.opt.Discovery.Nodes(r.Context())
+	if err != nil {
+		writeError(w, errdefs.Unavailablef("node discovery: %v", err))
+		return
+	}
+	view := p.Tenant
+	if p.Admin {
+		view = "\x00admin"
+	}
+	lists := make([]apitypes.SandboxList, len(nodes))
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = g.call(r.Context(), n, http.MethodGet, "/v1/sandboxes?"+r.URL.RawQuery, nil, &p, &lists[i])
+		}()
+	}
+	wg.Wait()
+	out := apitypes.SandboxList{Sandboxes: []apitypes.Sandbox{}}
+	g.mu.Lock()
+	for i, n := range nodes {
+		if errs[i] != nil {
+			var c *errdefs.Error
+			if errors.As(errs[i], &c) {
+				// An answer that is an error of the request (a bad
+				// state filter) is the caller's, not the node's loss.
+				g.mu.Unlock()
+				writeError(w, errs[i])
+				return
+			}
+			g.log.Warn("node does not answer a list", "node", n.Name, "err", errs[i])
+			for _, sb := range g.seen[n.Name][view] {
+				sb.State = apitypes.StateUnavailable
+				out.Sandboxes = append(out.Sandboxes, sb)
+			}
+			continue
+		}
+		if g.seen[n.Name] == nil {
+			g.seen[n.Name] = map[string][]apitypes.Sandbox{}
+		}
+		var live []apitypes.Sandbox
+		for _, sb := range lists[i].Sandboxes {
+			if sb.State.Live() {
+				live = append(live, sb)
+			}
+		}
+		g.seen[n.Name][view] = live
+		out.Sandboxes = append(out.Sandboxes, lists[i].Sandboxes...)
+		out.Truncated = out.Truncated || lists[i].Truncated
+	}
+	g.mu.Unlock()
+	sort.SliceStable(out.Sandboxes, func(i, j int) bool { return out.Sandboxes[i].CreatedAt.Before(out.Sandboxes[j].CreatedAt) })
+	out.Total = len(out.Sandboxes)
+	writeJSON(w, http.StatusOK, out)
+}
+
+// listNodes is GET /v1/nodes: every node and its capacity.
+func (g *Gateway) listNodes(w http.ResponseWriter, r *http.Request) {
+	out := apitypes.FleetNodeList{Nodes: []apitypes.FleetNode{}}
+	for _, pr := range g.probe(r.Context()) {
+		ni := apitypes.FleetNode{Name: pr.node.Name, URL: pr.node.URL, Reachable: pr.err == nil}
+		if pr.err != nil {
+			ni.Error = pr.err.Error()
+		} else {
+			ni.Status = pr.st
+			ni.Status.Draining = ni.Status.Draining || pr.node.Draining
+		}
+		out.Nodes = append(out.Nodes, ni)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// drain is PUT /v1/nodes/{name}/drain: the drain is the node's own flag,
+// so every gateway sees it at its next probe.
+func (g *Gateway) drain(w http.ResponseWriter, r *http.Request, name string) {
+	nodes, err := g.opt.Discovery.Nodes(r.Context())
+	if err != nil {
+		writeError(w, errdefs.Unavailablef("node discovery: %v", err))
+		return
+	}
+	for _, n := range nodes {
+		if n.Name == name {
+			g.invalidate()
+			g.forward(w, r, n, nil, "/v1/node/drain")
+			return
+		}
+	}
+	writeError(w, errdefs.NotFoundf("node: no node named %q", name))
+}

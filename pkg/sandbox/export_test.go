@@ -1,0 +1,4 @@
+package sandbox
+
+// NewID is newID for the external tests (id_test.go), which import pkg/e2b.
+var NewID = newID
