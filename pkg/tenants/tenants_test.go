@@ -251,7 +251,7 @@ func testQuota(t *testing.T, d driver) {
 // only when a gateway forwarded it (the fleet's store holds it and its
 // quota); from any other front end it is refused as a revoked key.
 func TestAdmitGatewayKey(t *testing.T) {
-	s, _ := open(t, &clock{t: time.Now()})
+	s, _ := open(t, &clock{t: time.Now()}, drivers[0])
 	held := func(string) apitypes.KeyUse { return apitypes.KeyUse{} }
 	p := principal.Principal{KeyID: "key-fleet-only", KeyName: "alice", Tenant: "alice"}
 	for _, fe := range []string{"rest", "mcp", "e2b", "web"} {
