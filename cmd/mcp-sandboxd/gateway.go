@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/gateway"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/kubediscovery"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
@@ -36,12 +37,11 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	if g.Listen == "" {
 		return &exitError{code: 2, err: errors.New("gateway.listen: required for mcp-sandboxd gateway")}
 	}
-	if len(g.Nodes) == 0 {
-		return &exitError{code: 2, err: errors.New("gateway.nodes: required (at least one node) for mcp-sandboxd gateway")}
-	}
-	static := gateway.Static(g.Nodes)
-	if nodes, _ := static.Nodes(ctx); gateway.CheckTags(nodes) != nil {
-		return &exitError{code: 2, err: gateway.CheckTags(nodes)}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	disc, err := gatewayDiscovery(ctx, g, log)
+	if err != nil {
+		return err
 	}
 	secret, err := readSecret(g.SecretFile, "gateway.secret_file")
 	if err != nil {
@@ -62,7 +62,7 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	}
 	defer keys.Close()
 	h := gateway.New(gateway.Options{
-		Discovery: static, Auth: keys, Secret: secret,
+		Discovery: disc, Auth: keys, Secret: secret,
 		NodeTimeout: g.NodeTimeout.D(), ProbeInterval: g.ProbeInterval.D(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
 	})
 	ln, err := net.Listen("tcp", g.Listen)
@@ -70,11 +70,9 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		return fmt.Errorf("gateway.listen: %w", err)
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
-	log.Info("gateway listening", "addr", ln.Addr().String(), "nodes", len(g.Nodes))
+	log.Info("gateway listening", "addr", ln.Addr().String(), "static_nodes", len(g.Nodes), "kubernetes_service", g.Kubernetes.Service)
 	select {
 	case err := <-done:
 		return err
@@ -83,6 +81,53 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return srv.Shutdown(sctx)
+}
+
+// gatewayDiscovery is where the gateway finds its nodes: the Kubernetes
+// API (gateway.kubernetes, the Helm chart's gateway) or the static list.
+func gatewayDiscovery(ctx context.Context, g config.Gateway, log *slog.Logger) (gateway.Discovery, error) {
+	if k := g.Kubernetes; k.Service != "" {
+		d, err := kubediscovery.NewInCluster(kubediscovery.Config{
+			Namespace: k.Namespace, Service: k.Service, PortName: k.PortName, Logger: log,
+		})
+		if err != nil {
+			return nil, &exitError{code: 2, err: fmt.Errorf("gateway.kubernetes: %w", err)}
+		}
+		// Not waited for: until the first list is in, Nodes answers
+		// unavailable and the gateway's creates and lists say so.
+		go func() {
+			if err := d.Start(ctx); err != nil && ctx.Err() == nil {
+				log.Error("kubernetes node discovery", "err", err)
+			}
+		}()
+		return kubeNodes{d}, nil
+	}
+	if len(g.Nodes) == 0 {
+		return nil, &exitError{code: 2, err: errors.New("gateway.nodes: required (at least one node, or gateway.kubernetes) for mcp-sandboxd gateway")}
+	}
+	static := gateway.Static(g.Nodes)
+	if nodes, _ := static.Nodes(ctx); gateway.CheckTags(nodes) != nil {
+		return nil, &exitError{code: 2, err: gateway.CheckTags(nodes)}
+	}
+	return static, nil
+}
+
+// kubeNodes is pkg/kubediscovery's node list as the gateway's Discovery.
+// Its capacity hints are not passed on: the gateway asks each node
+// (GET /v1/node), which knows its live use as well as its limits.
+type kubeNodes struct{ d *kubediscovery.Discovery }
+
+// Nodes implements gateway.Discovery.
+func (k kubeNodes) Nodes(ctx context.Context) ([]gateway.Node, error) {
+	kn, err := k.d.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	nodes := make([]gateway.Node, 0, len(kn))
+	for _, n := range kn {
+		nodes = append(nodes, gateway.Node{Name: n.Name, URL: n.URL, Ready: n.Ready, Draining: n.Draining})
+	}
+	return nodes, nil
 }
 
 // readSecret reads a shared secret that an operator provisions (never

@@ -436,6 +436,19 @@ rbac: {create: false}
 	if gs["listen"] != ":8443" || gs["secret_file"] != "/etc/mcp-sandboxd/admin/gateway-secret" || d["namespace"] != "sbx" || d["service"] != "rel-mcp-sandboxd-node" || d["port_name"] != "http" {
 		t.Errorf("gateway.yaml %v", g)
 	}
+	// The gateway reads it with the daemon's parser, which refuses unknown
+	// keys: the chart's gateway must start with it.
+	f := t.TempDir() + "/gateway.yaml"
+	if err := os.WriteFile(f, []byte(gw), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gcfg, err := config.Load(f, config.WithLookupEnv(func(string) (string, bool) { return "", false }))
+	if err != nil {
+		t.Fatalf("mcp-sandboxd gateway refuses the chart's gateway.yaml: %v\n%s", err, gw)
+	}
+	if k := gcfg.Gateway.Kubernetes; k.Namespace != "sbx" || k.Service != "rel-mcp-sandboxd-node" || k.PortName != "http" || len(gcfg.Gateway.Nodes) != 0 {
+		t.Errorf("gateway discovery from the chart: %+v nodes %v", k, gcfg.Gateway.Nodes)
+	}
 }
 
 // TestChartGatewayDisabled: a fleet without the gateway (clients reach

@@ -101,10 +101,22 @@ type Gateway struct {
 	// NodeTimeout bounds a gateway's calls that ask every node (lists,
 	// capacity); a node slower than this counts as gone for that call.
 	NodeTimeout Duration `yaml:"node_timeout"`
+	// Kubernetes finds the nodes through the Kubernetes API
+	// (pkg/kubediscovery) instead of Nodes: the EndpointSlices of the node
+	// daemons' headless Service. Service empty: the static list.
+	Kubernetes GatewayKubernetes `yaml:"kubernetes"`
 	// ProbeInterval is how long placements reuse the nodes' capacity
 	// before asking them again (each gateway counts its own placements
 	// in between); a drain through another gateway is seen within it.
 	ProbeInterval Duration `yaml:"probe_interval"`
+}
+
+// GatewayKubernetes is gateway.kubernetes: where the node daemons'
+// headless Service is (the Helm chart sets it).
+type GatewayKubernetes struct {
+	Namespace string `yaml:"namespace"` // the Service's namespace
+	Service   string `yaml:"service"`   // its name; empty: discovery off
+	PortName  string `yaml:"port_name"` // the port of the daemons' REST API
 }
 
 // GatewayNode is one node of gateway.nodes.

@@ -486,6 +486,15 @@ gateway:
   state_db: /var/lib/mcp-sandboxd/gateway.db
   # How long a call that asks every node waits for one (duration).
   node_timeout: 2s
+  # Kubernetes discovery instead of nodes: the node daemons' headless
+  # Service, read through the Kubernetes API (the Helm chart sets it).
+  kubernetes:
+    # Namespace of the Service (a DNS label).
+    namespace: ""
+    # Name of the Service. Empty: the static nodes list above.
+    service: ""
+    # Name of the Service's port that serves the daemons' REST API.
+    port_name: ""
   # How old the nodes' capacity may grow before a placement renews it in
   # the background (duration); each gateway counts its own placements in
   # between.

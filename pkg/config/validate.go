@@ -187,6 +187,16 @@ func (g *Gateway) validate(p *problems) {
 		seen[n.Name] = true
 		p.httpURL(key+".url", n.URL)
 	}
+	if k := g.Kubernetes; k.Service != "" || k.Namespace != "" || k.PortName != "" {
+		for _, kv := range [][2]string{{"gateway.kubernetes.namespace", k.Namespace}, {"gateway.kubernetes.service", k.Service}, {"gateway.kubernetes.port_name", k.PortName}} {
+			if !nodeName.MatchString(kv[1]) {
+				p.add(kv[0], "", "must be a DNS label ([a-z0-9-], at most 63), got %q", kv[1])
+			}
+		}
+		if len(g.Nodes) > 0 {
+			p.add("gateway.nodes", "", "must be empty with gateway.kubernetes (one source of nodes)")
+		}
+	}
 	for _, kv := range [][2]string{{"gateway.secret_file", g.SecretFile}, {"gateway.auth_token_file", g.AuthTokenFile}, {"gateway.state_db", g.StateDB}} {
 		if kv[1] != "" {
 			p.absPath(kv[0], kv[1])
