@@ -229,36 +229,12 @@ func (s *server) requireUpgrade(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-// statusRecorder remembers the status a handler sent, for the request log.
-// Unwrap lets http.ResponseController and the WebSocket upgrade reach the
-// underlying writer's Flush and Hijack.
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (r *statusRecorder) WriteHeader(code int) {
-	if r.status == 0 {
-		r.status = code
-	}
-	r.ResponseWriter.WriteHeader(code)
-}
-
-func (r *statusRecorder) Write(p []byte) (int, error) {
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
-	return r.ResponseWriter.Write(p)
-}
-
-func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
-
 func (s *server) logRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		rec := &statusRecorder{ResponseWriter: w}
+		rec := &telemetry.StatusWriter{ResponseWriter: w}
 		next.ServeHTTP(rec, r)
-		s.log.Debug("api request", "method", r.Method, "path", r.URL.Path, "status", rec.status,
+		s.log.Debug("api request", "method", r.Method, "path", r.URL.Path, "status", rec.Status(),
 			"duration", time.Since(start))
 	})
 }

@@ -29,12 +29,9 @@ func HTTP(frontEnd string, route func(*http.Request) string, next http.Handler) 
 		ctx := propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		name := route(r)
 		ctx, span := startServer(ctx, name, KeyFrontEnd.String(frontEnd), KeyMethod.String(r.Method), KeyRoute.String(name))
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &StatusWriter{ResponseWriter: w}
 		defer func() {
-			st := sw.status
-			if st == 0 {
-				st = http.StatusOK
-			}
+			st := sw.Status()
 			span.SetAttributes(KeyStatus.Int(st))
 			if st >= http.StatusInternalServerError {
 				span.SetStatus(codes.Error, http.StatusText(st))
@@ -56,38 +53,48 @@ func Caller(next http.Handler) http.Handler {
 	})
 }
 
-// statusWriter keeps the status code of the answer. Flush and Hijack pass
+// StatusWriter keeps the status code of the answer (the span's here, the
+// REST request log's in pkg/api). Flush and Hijack pass
 // through (streams and the terminal's WebSocket), as does Unwrap for
 // http.ResponseController.
-type statusWriter struct {
+type StatusWriter struct {
 	http.ResponseWriter
 	status int
 }
 
-func (w *statusWriter) WriteHeader(code int) {
+func (w *StatusWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
-func (w *statusWriter) Write(p []byte) (int, error) {
+func (w *StatusWriter) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
 	return w.ResponseWriter.Write(p)
 }
 
-func (w *statusWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+func (w *StatusWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
 
-func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+func (w *StatusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if w.status == 0 {
 		w.status = http.StatusSwitchingProtocols
 	}
 	return http.NewResponseController(w.ResponseWriter).Hijack()
 }
 
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Status is the status the handler sent: 200 when it wrote a body without
+// a header, or sent nothing at all.
+func (w *StatusWriter) Status() int {
+	if w.status == 0 {
+		return http.StatusOK
+	}
+	return w.status
+}
 
 // StartTool starts the span of an MCP tool call, over HTTP (a child of the
 // request's span) or stdio. meta is the request's params._meta: its
