@@ -274,6 +274,10 @@ type Network struct {
 	// proxy's TCP port on the gateway.
 	Credentials    map[string]Credential `yaml:"credentials"`
 	CredentialPort int                   `yaml:"credential_port"`
+	// ApprovalHold is how long the DNS forwarder holds an allowlist
+	// sandbox's lookup of a refused name while the MCP client running
+	// the call is asked whether to allow it (network approvals).
+	ApprovalHold Duration `yaml:"approval_hold"`
 }
 
 // Credential is one `network.credentials.NAME`.
@@ -543,6 +547,7 @@ func Default() *Config {
 				"fc00::/7", "fe80::/10", "::1/128",
 			},
 			CredentialPort: 8119,
+			ApprovalHold:   Duration(30 * time.Second),
 		},
 		Images: Images{
 			Suite:           "bookworm",

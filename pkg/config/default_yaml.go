@@ -218,6 +218,10 @@ network:
   # unlimited), and the most a sandbox may ask for.
   conn_rate: 0
   max_conn_rate: 0
+  # How long the DNS forwarder holds an allowlist sandbox's lookup of a
+  # refused name while the MCP client running the call is asked whether to
+  # allow it (1s to 40s; sandboxes' resolv.conf lets glibc wait 50s).
+  approval_hold: 30s
   # Named allowlists a sandbox's allow list can use as "@name", e.g.
   # python: [pkgs.example.org, "*.files.example.org"]. Entries are host
   # names, *.domain wildcards and IPv4 CIDRs.

@@ -448,6 +448,11 @@ func (n *Network) validate(p *problems) {
 	if n.MaxBandwidth > 0 && (n.Bandwidth == 0 || n.Bandwidth > n.MaxBandwidth) {
 		p.add("network.bandwidth", "", "%v (0: unlimited) exceeds network.max_bandwidth %v", n.Bandwidth, n.MaxBandwidth)
 	}
+	// Bounded above by what a sandbox's resolver waits for one lookup
+	// (network.ResolvConf: timeout 10 s, 5 attempts), with a margin.
+	if h := time.Duration(n.ApprovalHold); h < time.Second || h > 40*time.Second {
+		p.add("network.approval_hold", "", "%v is outside 1s..40s", h)
+	}
 	if n.ConnRate < 0 || n.MaxConnRate < 0 {
 		p.add("network.conn_rate", "", "must not be negative")
 	}

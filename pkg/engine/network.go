@@ -249,3 +249,58 @@ func (e *Engine) networkStatus(id string) (*apitypes.NetworkStatus, error) {
 		Allowed: st.Counters.Allowed, Denied: st.Counters.Denied, DeniedDestinations: st.Counters.DeniedDestinations,
 	}}, nil
 }
+
+// NetworkWatch is one front-end call's view of its sandbox's DNS
+// refusals, and, with Approve, its say over them while the lookup is held
+// (network.Watch; docs/mcp.md, network approvals).
+type NetworkWatch = network.Watch
+
+// WatchNetwork makes w see the names sandbox id is refused (and decide
+// them, with Approve) until ctx ends or stop is called. The sandbox must
+// be the caller's, live, and created with network egress or allowlist.
+func (e *Engine) WatchNetwork(ctx context.Context, id string, w NetworkWatch) (stop func(), err error) {
+	if err := checkSandboxID(id); err != nil {
+		return nil, err
+	}
+	info, err := e.sandboxes.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !info.State.Live() {
+		return nil, errdefs.Conflictf("sandbox_id: sandbox %s is %s", id, info.State)
+	}
+	if info.Network == "" || info.Network == NetworkNone {
+		return nil, errdefs.Conflictf("sandbox_id: sandbox %s has network none: nothing to watch", id)
+	}
+	if e.net == nil {
+		return nil, errdefs.Unavailablef("network: the network subsystem did not start (%s)", e.netErr)
+	}
+	return e.net.Watch(ctx, id, w)
+}
+
+type networkWatchKey struct{}
+
+// WithNetworkWatch returns ctx for a call that makes its own sandbox
+// (run_code without sandbox_id): the allowlist sandbox the engine
+// creates for it is watched by w until ctx ends. The sandbox's id is
+// not the caller's to know before the call returns, hence a context
+// value rather than WatchNetwork.
+func WithNetworkWatch(ctx context.Context, w NetworkWatch) context.Context {
+	return context.WithValue(ctx, networkWatchKey{}, w)
+}
+
+// CreateSandbox is the engine's, plus the watch of WithNetworkWatch for
+// the services' sandboxes (a run's fresh sandbox).
+func (l lifecycle) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*sandbox.Info, error) {
+	info, err := l.Engine.CreateSandbox(ctx, req)
+	if err != nil {
+		return info, err
+	}
+	if w, ok := ctx.Value(networkWatchKey{}).(NetworkWatch); ok && l.net != nil && info.Network == NetworkAllowlist {
+		// Ended by ctx, the call's: the run's sandbox goes with it.
+		if _, err := l.net.Watch(ctx, info.ID, w); err != nil {
+			l.log.Warn("network watch of a run's sandbox", "sandbox", info.ID, "err", err)
+		}
+	}
+	return info, nil
+}

@@ -30,6 +30,9 @@ type Engine interface {
 	PauseSandbox(ctx context.Context, id string) (*apitypes.Sandbox, error)
 	ResumeSandbox(ctx context.Context, id string) (*apitypes.Sandbox, error)
 	SandboxNetwork(ctx context.Context, req apitypes.SandboxNetworkRequest) (*apitypes.NetworkStatus, error)
+	// WatchNetwork: a call's watch of its sandbox's DNS refusals
+	// (network approvals, elicit.go).
+	WatchNetwork(ctx context.Context, id string, w engine.NetworkWatch) (stop func(), err error)
 	ExposePort(ctx context.Context, req apitypes.ExposePortRequest) (*apitypes.PortExposure, error)
 
 	// Commands and jobs.

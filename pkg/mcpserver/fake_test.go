@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"reflect"
+	"sync"
 	"testing"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -37,6 +38,9 @@ type fakeEngine struct {
 	fileList *apitypes.FileList
 	// network, when set, answers SandboxNetwork (elicit_test.go).
 	network func(apitypes.SandboxNetworkRequest) (*apitypes.NetworkStatus, error)
+	// watches are the live WatchNetwork watches, by sandbox id.
+	watches map[string]engine.NetworkWatch
+	watchMu sync.Mutex
 }
 
 func newFake() *fakeEngine { return &fakeEngine{cfg: config.Default()} }
@@ -93,6 +97,22 @@ func (f *fakeEngine) SandboxNetwork(_ context.Context, req apitypes.SandboxNetwo
 		return f.network(req)
 	}
 	return ex[apitypes.NetworkStatus](f, "SandboxNetwork")
+}
+
+// WatchNetwork records the watch in f.watches; the tests call its
+// functions as pkg/network's DNS forwarder would.
+func (f *fakeEngine) WatchNetwork(_ context.Context, id string, w engine.NetworkWatch) (func(), error) {
+	f.watchMu.Lock()
+	defer f.watchMu.Unlock()
+	if f.watches == nil {
+		f.watches = map[string]engine.NetworkWatch{}
+	}
+	f.watches[id] = w
+	return func() {
+		f.watchMu.Lock()
+		defer f.watchMu.Unlock()
+		delete(f.watches, id)
+	}, nil
 }
 
 func (f *fakeEngine) ExposePort(context.Context, apitypes.ExposePortRequest) (*apitypes.PortExposure, error) {

@@ -50,7 +50,7 @@ func (s *srv) addExecTools() {
 				out := execOut{JobID: id, State: apitypes.JobRunning}
 				return &result{structured: out, text: fmt.Sprintf("started job %s in sandbox %s; poll job_status {sandbox_id: %q, job_id: %q, stdout_offset: 0, stderr_offset: 0}", id, in.SandboxID, in.SandboxID, id)}, nil
 			}
-			return s.watchRefusals(ctx, req.SandboxID, func() (*result, error) {
+			return s.watchRefusals(ctx, req.SandboxID, func(ctx context.Context) (*result, error) {
 				res, err := s.e.Exec(ctx, req, c.progress.outputFunc())
 				if err != nil {
 					return nil, err

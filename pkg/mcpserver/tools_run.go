@@ -43,7 +43,7 @@ func (s *srv) addRunTools() {
 		),
 		annotations{destructive: true},
 		func(ctx context.Context, c *call, in *runCodeIn) (*result, error) {
-			return s.watchRefusals(ctx, in.SandboxID, func() (*result, error) {
+			return s.watchRefusals(ctx, in.SandboxID, func(ctx context.Context) (*result, error) {
 				res, err := s.e.RunCode(ctx, *in, c.progress.outputFunc())
 				if err != nil {
 					return nil, err
@@ -59,7 +59,7 @@ func (s *srv) addRunTools() {
 		),
 		annotations{destructive: true},
 		func(ctx context.Context, c *call, in *runTaskIn) (*result, error) {
-			return s.watchRefusals(ctx, in.SandboxID, func() (*result, error) {
+			return s.watchRefusals(ctx, in.SandboxID, func(ctx context.Context) (*result, error) {
 				res, err := s.e.RunTask(ctx, *in)
 				if err != nil {
 					return nil, err
@@ -75,7 +75,7 @@ func (s *srv) addRunTools() {
 		),
 		annotations{destructive: true, idempotent: true},
 		func(ctx context.Context, c *call, in *packagesIn) (*result, error) {
-			return s.watchRefusals(ctx, in.SandboxID, func() (*result, error) {
+			return s.watchRefusals(ctx, in.SandboxID, func(ctx context.Context) (*result, error) {
 				res, err := s.e.PackagesInstall(ctx, *in)
 				if err != nil {
 					return nil, err

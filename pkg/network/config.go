@@ -39,6 +39,7 @@ func FromConfig(n config.Network, runDir, mirror string) (Config, error) {
 		RunDir:            runDir,
 		MaxBandwidthBytes: uint64(max(n.MaxBandwidth, 0)),
 		MaxConnPerSecond:  uint32(max(n.MaxConnRate, 0)),
+		ApprovalHold:      n.ApprovalHold.D(),
 	}
 	for i, d := range n.Deny {
 		p, err := netip.ParsePrefix(d)

@@ -26,6 +26,10 @@ type dnsPolicy interface {
 	// refusedName records a name the sandbox at src was not allowed to
 	// resolve.
 	refusedName(src netip.Addr, name string)
+	// hold decides a refused lookup: refuse at once, or after a call
+	// watching the sandbox was asked; allow (the policy changed, look
+	// again); drop (a copy of a held lookup too many).
+	hold(src netip.Addr, name string) holdResult
 }
 
 // dnsForwarder is the resolver sandboxes with network use: it listens on
@@ -35,7 +39,8 @@ type dnsPolicy interface {
 // Security boundary: in allowlist mode this is what makes names work. A
 // query for a name the sandbox may not resolve is answered NXDOMAIN
 // without asking upstream (so names cannot be used to smuggle data out
-// either); the A records of allowed names go into the sandbox's nftables
+// either; a call watching the sandbox may hold the answer while its client
+// is asked, approve.go, and sees only valid host names); the A records of allowed names go into the sandbox's nftables
 // set before the answer is sent. AAAA records are removed from every answer
 // (IPv6 is dropped), and a source address that is not a sandbox's is
 // refused.
@@ -117,9 +122,20 @@ func (f *dnsForwarder) serve(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	q := req.Question[0]
 	if !r.allows(q.Name) {
-		f.policy.refusedName(src.Addr().Unmap(), strings.TrimSuffix(dns.CanonicalName(q.Name), "."))
-		reply(dns.RcodeNameError)
-		return
+		// A call watching the sandbox may be asked first (approve.go):
+		// the lookup is held, and answered as allowed after a yes.
+		name := strings.TrimSuffix(dns.CanonicalName(q.Name), ".")
+		switch f.policy.hold(src.Addr().Unmap(), name) {
+		case holdDrop:
+			return
+		case holdAllow:
+			key, r, ok = f.policy.policyFor(src.Addr().Unmap())
+		}
+		if !ok || !r.allows(q.Name) {
+			f.policy.refusedName(src.Addr().Unmap(), name)
+			reply(dns.RcodeNameError)
+			return
+		}
 	}
 	if q.Qtype == dns.TypeAAAA {
 		// No IPv6 for sandboxes: an empty answer makes clients use IPv4

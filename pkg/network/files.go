@@ -14,9 +14,16 @@ func ResolvConf(gateway netip.Addr) []byte {
 	if !gateway.IsValid() {
 		return []byte("# no network: no resolver\n")
 	}
-	// Few attempts, short timeout: the forwarder is one hop away, and an
-	// NXDOMAIN for a name outside the allowlist should come back quickly.
-	return fmt.Appendf(nil, "nameserver %s\noptions timeout:2 attempts:2\n", gateway)
+	// The forwarder is one hop away and always answers (NXDOMAIN for a
+	// name outside the allowlist at once, SERVFAIL when upstream fails),
+	// except while it holds a refused name's lookup for a network
+	// approval (network.approval_hold, at most 40 s). glibc waits
+	// timeout x attempts for one nameserver (its defaults, 5 s x 2, give
+	// up after 10 s), so 10 s x 5 lets a lookup outlive the longest hold,
+	// its retries deduplicated by the forwarder; the cost is 10 s instead
+	// of 2 s for a datagram lost on the bridge. musl waits timeout alone
+	// (10 s): an Alpine sandbox outlives only a hold that short.
+	return fmt.Appendf(nil, "nameserver %s\noptions timeout:10 attempts:5\n", gateway)
 }
 
 // Hosts is a sandbox's /etc/hosts.

@@ -59,7 +59,11 @@ type Config struct {
 	// name; CredentialPort is its port on the gateway.
 	Credentials    map[string]Credential
 	CredentialPort int
-	Log            *slog.Logger
+	// ApprovalHold bounds how long the DNS forwarder holds a refused
+	// lookup while a Watch's Approve decides (network.approval_hold);
+	// 0: DefaultApprovalHold.
+	ApprovalHold time.Duration
+	Log          *slog.Logger
 }
 
 // Request is a sandbox's network as asked for.
@@ -100,6 +104,11 @@ type sandboxNet struct {
 	ip              netip.Addr        // valid while connected
 	refused         []string          // recent refused DNS names, newest last
 	grants          map[string]*grant // credentials, by name (guarded by dnsMu)
+	// watches and held are the calls watching the sandbox's refusals and
+	// the refused names whose lookups are held for one (approve.go);
+	// guarded by dnsMu.
+	watches []*watchEntry
+	held    map[string]*heldName
 }
 
 // maxDeniedNames bounds the refused DNS names kept per sandbox.
@@ -446,6 +455,12 @@ func (m *Manager) hostUpLocked() (netlink.Link, error) {
 
 // stopServersLocked stops the DNS forwarder and the credential proxy.
 func (m *Manager) stopServersLocked() {
+	// Stopping waits for the forwarder's handlers: held lookups first.
+	m.dnsMu.Lock()
+	for _, sb := range m.sandboxes {
+		releaseHeldLocked(sb)
+	}
+	m.dnsMu.Unlock()
 	if m.dns != nil {
 		m.dns.stop()
 		m.dns = nil
@@ -544,6 +559,7 @@ func (m *Manager) unmapLocked(id string) {
 	}
 	m.dnsMu.Lock()
 	delete(m.byIP, sb.ip)
+	releaseHeldLocked(sb)
 	m.dnsMu.Unlock()
 	sb.ip = netip.Addr{}
 }
@@ -688,7 +704,8 @@ func (m *Manager) Status(id string) (Status, error) {
 	return st, nil
 }
 
-// policyFor, allowResolved and refusedName serve the DNS forwarder.
+// policyFor, allowResolved, refusedName and hold (approve.go) serve the
+// DNS forwarder.
 
 func (m *Manager) policyFor(src netip.Addr) (string, *rules, bool) {
 	m.dnsMu.RLock()
@@ -706,15 +723,20 @@ func (m *Manager) allowResolved(key string, addrs map[netip.Addr]time.Duration) 
 
 func (m *Manager) refusedName(src netip.Addr, name string) {
 	m.dnsMu.Lock()
-	defer m.dnsMu.Unlock()
 	sb := m.byIP[src]
 	if sb == nil {
+		m.dnsMu.Unlock()
 		return
 	}
 	sb.refused = slices.DeleteFunc(sb.refused, func(s string) bool { return s == name })
 	sb.refused = append(sb.refused, name)
 	if len(sb.refused) > maxDeniedNames {
 		sb.refused = sb.refused[len(sb.refused)-maxDeniedNames:]
+	}
+	fns := m.refusalWatchers(sb)
+	m.dnsMu.Unlock()
+	for _, fn := range fns {
+		fn(name)
 	}
 }
 
