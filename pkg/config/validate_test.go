@@ -276,6 +276,16 @@ func TestValidate(t *testing.T) {
 			},
 		},
 		{
+			name:   "approval hold too long",
+			modify: func(c *Config) { c.Network.ApprovalHold = Duration(time.Minute) },
+			want:   []FieldError{{Key: "network.approval_hold", Message: "1m0s is outside 1s..40s"}},
+		},
+		{
+			name:   "approval hold zero",
+			modify: func(c *Config) { c.Network.ApprovalHold = 0 },
+			want:   []FieldError{{Key: "network.approval_hold", Message: "0s is outside 1s..40s"}},
+		},
+		{
 			name:   "ipv6 subnet",
 			modify: func(c *Config) { c.Network.Subnet = "fd00::/64" },
 			want:   []FieldError{{Key: "network.subnet", Message: `must be an IPv4 CIDR, got "fd00::/64"`}},

@@ -289,6 +289,12 @@ func WithNetworkWatch(ctx context.Context, w NetworkWatch) context.Context {
 	return context.WithValue(ctx, networkWatchKey{}, w)
 }
 
+// NetworkWatchFrom is the watch WithNetworkWatch put in ctx.
+func NetworkWatchFrom(ctx context.Context) (NetworkWatch, bool) {
+	w, ok := ctx.Value(networkWatchKey{}).(NetworkWatch)
+	return w, ok
+}
+
 // CreateSandbox is the engine's, plus the watch of WithNetworkWatch for
 // the services' sandboxes (a run's fresh sandbox).
 func (l lifecycle) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*sandbox.Info, error) {
@@ -296,7 +302,7 @@ func (l lifecycle) CreateSandbox(ctx context.Context, req CreateSandboxRequest) 
 	if err != nil {
 		return info, err
 	}
-	if w, ok := ctx.Value(networkWatchKey{}).(NetworkWatch); ok && l.net != nil && info.Network == NetworkAllowlist {
+	if w, ok := NetworkWatchFrom(ctx); ok && l.net != nil && info.Network == NetworkAllowlist {
 		// Ended by ctx, the call's: the run's sandbox goes with it.
 		if _, err := l.net.Watch(ctx, info.ID, w); err != nil {
 			l.log.Warn("network watch of a run's sandbox", "sandbox", info.ID, "err", err)

@@ -338,10 +338,11 @@ func attachRefusals(r *result, rep *apitypes.NetworkRefusals) {
 	}
 	var parts []string
 	if len(rep.Refused) > 0 {
-		parts = append(parts, "network: refused "+strings.Join(rep.Refused, ", "))
+		parts = append(parts, "refused "+strings.Join(rep.Refused, ", "))
 	}
 	if len(rep.Approved) > 0 {
-		parts = append(parts, "network: allowed during this call after your approval: "+strings.Join(rep.Approved, ", "))
+		parts = append(parts, "allowed during this call after your approval: "+strings.Join(rep.Approved, ", "))
 	}
-	r.text += "\n" + strings.Join(parts, "; ") + "; an allowlist that lets this through: " + strings.Join(rep.ProposedAllow, ", ")
+	parts = append(parts, "an allowlist that lets this through: "+strings.Join(rep.ProposedAllow, ", "))
+	r.text += "\nnetwork: " + strings.Join(parts, "; ")
 }

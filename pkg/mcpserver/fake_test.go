@@ -41,6 +41,10 @@ type fakeEngine struct {
 	// watches are the live WatchNetwork watches, by sandbox id.
 	watches map[string]engine.NetworkWatch
 	watchMu sync.Mutex
+	// execHook, when set, runs inside Exec and RunCode with the call's
+	// context: what the sandbox does meanwhile (elicit_test.go: the DNS
+	// forwarder's questions).
+	execHook func(ctx context.Context)
 }
 
 func newFake() *fakeEngine { return &fakeEngine{cfg: config.Default()} }
@@ -119,8 +123,11 @@ func (f *fakeEngine) ExposePort(context.Context, apitypes.ExposePortRequest) (*a
 	return ex[apitypes.PortExposure](f, "ExposePort")
 }
 
-func (f *fakeEngine) Exec(_ context.Context, req apitypes.ExecRequest, onOutput sandbox.OutputFunc) (*apitypes.ExecResult, error) {
+func (f *fakeEngine) Exec(ctx context.Context, req apitypes.ExecRequest, onOutput sandbox.OutputFunc) (*apitypes.ExecResult, error) {
 	f.execReq = req
+	if f.execHook != nil {
+		f.execHook(ctx)
+	}
 	for _, o := range f.output {
 		if onOutput != nil {
 			onOutput(o[0], []byte(o[1]))
@@ -229,7 +236,10 @@ func (f *fakeEngine) DeleteVolume(context.Context, string) error {
 	return err
 }
 
-func (f *fakeEngine) RunCode(context.Context, apitypes.RunCodeRequest, sandbox.OutputFunc) (*apitypes.RunResult, error) {
+func (f *fakeEngine) RunCode(ctx context.Context, _ apitypes.RunCodeRequest, _ sandbox.OutputFunc) (*apitypes.RunResult, error) {
+	if f.execHook != nil {
+		f.execHook(ctx)
+	}
 	return ex[apitypes.RunResult](f, "RunCode")
 }
 

@@ -27,6 +27,9 @@ type lineClient struct {
 	r      *bufio.Reader
 	nextID int
 	notifs []map[string]any
+	// answer, when set, answers the server's requests (elicitation)
+	// with its result; they are kept in notifs as well.
+	answer func(req map[string]any) any
 }
 
 func newLineClient(t *testing.T, w io.Writer, r io.Reader) *lineClient {
@@ -59,6 +62,9 @@ func (c *lineClient) request(method string, params any) map[string]any {
 		}
 		if _, isResp := msg["id"]; !isResp || msg["method"] != nil {
 			c.notifs = append(c.notifs, msg)
+			if _, isReq := msg["id"]; isReq && c.answer != nil {
+				c.send(map[string]any{"jsonrpc": "2.0", "id": msg["id"], "result": c.answer(msg)})
+			}
 			continue
 		}
 		if msg["id"] != float64(id) {
