@@ -39,16 +39,25 @@ func (r toolResult) text() string {
 }
 
 type approvalReport struct {
-	SandboxID       string                 `json:"sandbox_id"`
-	First           toolResult             `json:"first"`
-	AskedAfterFirst int                    `json:"asked_after_first"`
-	Second          toolResult             `json:"second"`
-	Hello           apitypes.CommandResult `json:"hello"`
-	Status          apitypes.NetworkStatus `json:"status"`
-	Asked           []struct {
+	SandboxID        string                 `json:"sandbox_id"`
+	First            toolResult             `json:"first"`
+	FirstAt          int64                  `json:"first_at"` // ms since the client started
+	FirstMS          int64                  `json:"first_ms"`
+	AskedAfterFirst  int                    `json:"asked_after_first"`
+	Second           toolResult             `json:"second"`
+	Hello            apitypes.CommandResult `json:"hello"`
+	Status           apitypes.NetworkStatus `json:"status"`
+	AskedBeforeFresh int                    `json:"asked_before_fresh"`
+	Fresh            struct {
+		IsError           bool               `json:"isError"`
+		StructuredContent apitypes.RunResult `json:"structuredContent"`
+	} `json:"fresh"`
+	FreshAt int64 `json:"fresh_at"`
+	Asked   []struct {
 		Mode            string         `json:"mode"`
 		Message         string         `json:"message"`
 		RequestedSchema map[string]any `json:"requestedSchema"`
+		At              int64          `json:"at"`
 	} `json:"asked"`
 	Errors []string `json:"errors"`
 }
@@ -58,11 +67,15 @@ type approvalReport struct {
 // (the daemon in a simulated host namespace, a PEP 503 package index and
 // DNS upstream; the machine's namespace untouched). An allowlist sandbox
 // is refused the index's host by pip: a client that declared elicitation
-// is asked once (form mode, a boolean), and after its yes the host is in
-// the allowlist and the same pip install succeeds; the approval is in
-// the audit log. A client that declines, or that declared no
-// elicitation, keeps today's refusal; every result reports the refused
-// host and the allowlist that would have let it through.
+// is asked once (form mode, a boolean) while pip's lookup is held, and
+// after its yes the host is in the allowlist and that same pip install
+// succeeds — over HTTP with the answer 12 s late, longer than glibc
+// waits with its default resolver options (5 s x 2); the approval is in
+// the audit log; a fresh run_code sandbox in allowlist mode asks as well
+// and its pip install -r requirements.txt succeeds. A client that
+// declines, or that declared no elicitation (not held: not slowed),
+// keeps today's refusal; every result reports the refused host and the
+// allowlist that would have let it through.
 func TestNetworkApproval(t *testing.T) {
 	testenv.RequireRoot(t)
 	node(t)
@@ -86,6 +99,8 @@ func TestNetworkApproval(t *testing.T) {
 
 	d := testenv.NewDaemon(t, "python")
 	d.Config.Network.DNS = []string{testenv.UpstreamAddr}
+	// run_code's fresh sandbox installs from the index (PIP_INDEX_URL).
+	d.Config.Network.PackageIndexes.PipIndexURL = "http://" + indexHost + "/simple/"
 	d.Config.Audit.Enabled = true
 	d.Config.Audit.Dir = filepath.Join(t.TempDir(), "audit")
 	data, err := config.Marshal(d.Config)
@@ -95,6 +110,7 @@ func TestNetworkApproval(t *testing.T) {
 	if err := os.WriteFile(d.CfgPath, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	hold := d.Config.Network.ApprovalHold.D()
 	d.Wrapper = []string{"nsenter", "--net=/run/netns/" + tp.Host}
 	d.Start()
 	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(d.Log(), "mcp-sandboxd ready"); time.Sleep(20 * time.Millisecond) {
@@ -102,13 +118,16 @@ func TestNetworkApproval(t *testing.T) {
 			t.Fatalf("daemon not ready\n%s", d.Log())
 		}
 	}
-	run := func(t *testing.T, answer string) approvalReport {
+	run := func(t *testing.T, answer string, tweak map[string]any) approvalReport {
 		t.Helper()
 		tr := httpTransport(d)
 		if strings.HasSuffix(t.Name(), "stdio") {
 			tr = stdioTransport(d)
 		}
 		tr["answer"] = answer
+		for k, v := range tweak {
+			tr[k] = v
+		}
 		var r approvalReport
 		if err := runClientIn(tp.Host, "approval", tr, 0, &r); err != nil {
 			t.Fatal(err)
@@ -116,7 +135,12 @@ func TestNetworkApproval(t *testing.T) {
 		if len(r.Errors) > 0 {
 			t.Errorf("client errors: %q", r.Errors)
 		}
-		// The first install is refused whatever the answer, and says so.
+		t.Logf("answer %s: first pip install %d ms, questions %d", answer, r.FirstMS, len(r.Asked))
+		return r
+	}
+	// refusedFirst: the first install is refused (no yes) and says so.
+	refusedFirst := func(t *testing.T, answer string, r approvalReport) {
+		t.Helper()
 		f := r.First.StructuredContent
 		if r.First.IsError || f.ExitCode == nil || *f.ExitCode == 0 || f.NetworkRefusals == nil ||
 			!slices.Equal(f.NetworkRefusals.Refused, []string{indexHost}) ||
@@ -124,23 +148,40 @@ func TestNetworkApproval(t *testing.T) {
 			!strings.Contains(r.First.text(), "network: refused "+indexHost) {
 			t.Fatalf("first pip install (answer %s): %+v %+v\n%s", answer, f, f.NetworkRefusals, r.First.text())
 		}
-		return r
 	}
 
 	yes := func(t *testing.T) {
-		r := run(t, "yes")
-		if len(r.Asked) != 1 || r.AskedAfterFirst != 1 || r.Asked[0].Mode != "form" ||
+		stdio := strings.HasSuffix(t.Name(), "stdio")
+		tweak := map[string]any{}
+		const delay = 12 * time.Second
+		if !stdio {
+			// Later than glibc's default resolver options would wait
+			// (5 s x 2) and than the old ones (2 s x 2).
+			tweak["delay_ms"] = delay.Milliseconds()
+			tweak["fresh"] = true
+		}
+		r := run(t, "yes", tweak)
+		if len(r.Asked) < 1 || r.AskedAfterFirst != 1 || r.Asked[0].Mode != "form" ||
 			!strings.Contains(r.Asked[0].Message, "Allow "+indexHost+" for sandbox "+r.SandboxID+"?") {
 			t.Fatalf("elicitations: %+v (after the first call %d), want one asking about %s", r.Asked, r.AskedAfterFirst, indexHost)
+		}
+		// Asked during the call: the question came before its result,
+		// which came after the answer.
+		if r.Asked[0].At >= r.FirstAt || (!stdio && r.FirstMS < delay.Milliseconds()) {
+			t.Errorf("question at %d ms, first result at %d ms (the call took %d ms): not asked during the call", r.Asked[0].At, r.FirstAt, r.FirstMS)
 		}
 		props, _ := r.Asked[0].RequestedSchema["properties"].(map[string]any)
 		allow, _ := props["allow"].(map[string]any)
 		if allow["type"] != "boolean" {
 			t.Errorf("requested schema %v, want a boolean allow", r.Asked[0].RequestedSchema)
 		}
-		if !slices.Equal(r.First.StructuredContent.NetworkRefusals.Approved, []string{indexHost}) ||
-			!strings.Contains(r.First.text(), "allowed now after your approval: "+indexHost) {
-			t.Errorf("first result does not report the approval: %+v", r.First.StructuredContent.NetworkRefusals)
+		// The same call installed, and reports the approval.
+		f := r.First.StructuredContent
+		if r.First.IsError || f.ExitCode == nil || *f.ExitCode != 0 || f.NetworkRefusals == nil ||
+			!slices.Equal(f.NetworkRefusals.Approved, []string{indexHost}) || len(f.NetworkRefusals.Refused) != 0 ||
+			!slices.Equal(f.NetworkRefusals.ProposedAllow, []string{"other.example.test", indexHost}) ||
+			!strings.Contains(r.First.text(), "allowed during this call after your approval: "+indexHost) {
+			t.Fatalf("pip install approved during the call: %+v %+v\n%s", f, f.NetworkRefusals, r.First.text())
 		}
 		s := r.Second.StructuredContent
 		if r.Second.IsError || s.ExitCode == nil || *s.ExitCode != 0 || s.NetworkRefusals != nil {
@@ -152,12 +193,28 @@ func TestNetworkApproval(t *testing.T) {
 		if !slices.Equal(r.Status.Allow, []string{"other.example.test", indexHost}) || r.Status.Mode != "allowlist" {
 			t.Errorf("network status after the yes: %+v", r.Status)
 		}
+		wantDownloads := 2 // the approved install and the second one
+		if !stdio {
+			// run_code's fresh sandbox: asked, and its install went on.
+			fr := r.Fresh.StructuredContent
+			if len(r.Asked) != 2 || r.AskedBeforeFresh != 1 || r.Asked[1].At >= r.FreshAt ||
+				!strings.Contains(r.Asked[1].Message, "Allow "+indexHost+" for sandbox "+fr.SandboxID+"?") {
+				t.Errorf("fresh run_code: questions %+v (before it %d), result at %d ms", r.Asked, r.AskedBeforeFresh, r.FreshAt)
+			}
+			if r.Fresh.IsError || !fr.Success || fr.Stdout != "hello from the index\n" || fr.NetworkRefusals == nil ||
+				!slices.Equal(fr.NetworkRefusals.Approved, []string{indexHost}) || !slices.Equal(fr.NetworkRefusals.ProposedAllow, []string{indexHost}) {
+				t.Errorf("fresh run_code after the yes: %+v %+v", fr, fr.NetworkRefusals)
+			}
+			wantDownloads++
+		} else if len(r.Asked) != 1 {
+			t.Errorf("%d questions, want 1: %+v", len(r.Asked), r.Asked)
+		}
 		mu.Lock()
 		n := downloads
 		downloads = 0
 		mu.Unlock()
-		if n != 1 {
-			t.Errorf("the index served the wheel %d times, want once", n)
+		if n != wantDownloads {
+			t.Errorf("the index served the wheel %d times, want once per install (%d)", n, wantDownloads)
 		}
 		recs := auditRecords(t, d.Config.Audit.Dir)
 		if !slices.ContainsFunc(recs, func(rec audit.Record) bool {
@@ -172,13 +229,22 @@ func TestNetworkApproval(t *testing.T) {
 	t.Run("yes-stdio", yes)
 	for _, answer := range []string{"no", "none"} {
 		t.Run(answer, func(t *testing.T) {
-			r := run(t, answer)
+			r := run(t, answer, nil)
+			refusedFirst(t, answer, r)
 			want := 1
 			if answer == "none" {
 				want = 0
 			}
-			if len(r.Asked) != want {
-				t.Fatalf("%d elicitations, want %d: %+v", len(r.Asked), want, r.Asked)
+			if len(r.Asked) != want || r.AskedAfterFirst != want {
+				t.Fatalf("%d elicitations (%d after the first call), want %d: %+v", len(r.Asked), r.AskedAfterFirst, want, r.Asked)
+			}
+			if want == 1 && r.Asked[0].At >= r.FirstAt {
+				t.Errorf("question at %d ms, after the first result (%d ms)", r.Asked[0].At, r.FirstAt)
+			}
+			// Not held without elicitation, nor after an answer: the
+			// refusal comes well within the hold.
+			if time.Duration(r.FirstMS)*time.Millisecond >= hold/2 {
+				t.Errorf("refused pip install took %d ms (hold %v)", r.FirstMS, hold)
 			}
 			if r.First.StructuredContent.NetworkRefusals.Approved != nil {
 				t.Errorf("approved without a yes: %+v", r.First.StructuredContent.NetworkRefusals)

@@ -427,14 +427,19 @@ async function tasks() {
 
 // approval: network approvals through elicitation (elicit.go). The client
 // declares elicitation (form mode) unless spec.answer is "none", records
-// every elicitation/create and answers it spec.answer.
+// every elicitation/create (with the time it came, ms since the start)
+// and answers it spec.answer, after spec.delay_ms if set. With spec.fresh
+// it then runs a fresh allowlist run_code that pip-installs from the
+// configured index.
 async function approval() {
+  const t0 = Date.now();
   const asked = [];
   const options = spec.answer === "none" ? {} : { capabilities: { elicitation: { form: {} } } };
   const client = new Client({ name: "mcp-sandboxd-blackbox", version: "1.0.0" }, options);
   if (spec.answer !== "none") {
     client.setRequestHandler(ElicitRequestSchema, async (req) => {
-      asked.push(req.params);
+      asked.push({ ...req.params, at: Date.now() - t0 });
+      if (spec.delay_ms) await new Promise((r) => setTimeout(r, spec.delay_ms));
       return spec.answer === "yes" ? { action: "accept", content: { allow: true } } : { action: "decline" };
     });
   }
@@ -445,13 +450,22 @@ async function approval() {
   const pip = "pip install --no-cache-dir --disable-pip-version-check --retries 0 --timeout 5 --target /workspace/lib " +
     "--index-url http://pkg.example.test/simple/ --trusted-host pkg.example.test greetpkg";
   const report = { sandbox_id: id };
+  const start = Date.now() - t0;
   report.first = await call(client, "exec_command", { sandbox_id: id, command: pip });
+  report.first_at = Date.now() - t0;
+  report.first_ms = report.first_at - start;
   report.asked_after_first = asked.length;
   report.second = await call(client, "exec_command", { sandbox_id: id, command: pip });
   report.hello = await ok(client, "exec_command", { sandbox_id: id,
     command: "PYTHONPATH=/workspace/lib python3 -c 'import greetpkg; print(greetpkg.hello())'" });
   report.status = await ok(client, "sandbox_network", { sandbox_id: id });
   await ok(client, "sandbox_terminate", { sandbox_id: id });
+  if (spec.fresh) {
+    report.asked_before_fresh = asked.length;
+    report.fresh = await call(client, "run_code", { language: "python", network: "allowlist",
+      files: { "requirements.txt": "greetpkg\n" }, code: "import greetpkg\nprint(greetpkg.hello())\n" });
+    report.fresh_at = Date.now() - t0;
+  }
   report.asked = asked;
   await client.close();
   report.errors = errors;
