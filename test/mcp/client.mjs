@@ -428,7 +428,7 @@ async function tasks() {
 // approval: network approvals through elicitation (elicit.go). The client
 // declares elicitation (form mode) unless spec.answer is "none", records
 // every elicitation/create (with the time it came, ms since the start)
-// and answers it spec.answer, after spec.delay_ms if set. With spec.fresh
+// and answers it spec.answer, the first one after spec.delay_ms if set. With spec.fresh
 // it then runs a fresh allowlist run_code that pip-installs from the
 // configured index.
 async function approval() {
@@ -439,7 +439,7 @@ async function approval() {
   if (spec.answer !== "none") {
     client.setRequestHandler(ElicitRequestSchema, async (req) => {
       asked.push({ ...req.params, at: Date.now() - t0 });
-      if (spec.delay_ms) await new Promise((r) => setTimeout(r, spec.delay_ms));
+      if (spec.delay_ms && asked.length === 1) await new Promise((r) => setTimeout(r, spec.delay_ms));
       return spec.answer === "yes" ? { action: "accept", content: { allow: true } } : { action: "decline" };
     });
   }
