@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/netip"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -86,20 +85,18 @@ func (m *Manager) Watch(ctx context.Context, id string, w Watch) (stop func(), e
 	if sb == nil {
 		return nil, errdefs.NotFoundf("sandbox_id: sandbox %s has no network", id)
 	}
+	// stop ends the watch's holds as well: they derive from its context.
+	ctx, stop = context.WithCancel(ctx)
 	e := &watchEntry{w: w, ctx: ctx}
 	m.dnsMu.Lock()
 	sb.watches = append(sb.watches, e)
 	m.dnsMu.Unlock()
-	var once sync.Once
-	remove := func() {
-		once.Do(func() {
-			m.dnsMu.Lock()
-			sb.watches = slices.DeleteFunc(sb.watches, func(x *watchEntry) bool { return x == e })
-			m.dnsMu.Unlock()
-		})
-	}
-	after := context.AfterFunc(ctx, remove)
-	return func() { after(); remove() }, nil
+	context.AfterFunc(ctx, func() {
+		m.dnsMu.Lock()
+		sb.watches = slices.DeleteFunc(sb.watches, func(x *watchEntry) bool { return x == e })
+		m.dnsMu.Unlock()
+	})
+	return stop, nil
 }
 
 func (m *Manager) approvalHold() time.Duration {
