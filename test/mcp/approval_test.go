@@ -227,6 +227,33 @@ func TestNetworkApproval(t *testing.T) {
 	// Over stdio the bridge relays the server's elicitation/create to the
 	// client and its answer back.
 	t.Run("yes-stdio", yes)
+	// A client that goes away while it is asked: the held lookup is
+	// released at once (the forwarder records the refusal only then),
+	// not at the end of the hold, and the allowlist stays.
+	t.Run("disconnect", func(t *testing.T) {
+		var r struct {
+			AskedAt       int64                  `json:"asked_at"`
+			ClosedAt      int64                  `json:"closed_at"`
+			Call          string                 `json:"call"`
+			ReleasedAfter int64                  `json:"released_after"`
+			Status        apitypes.NetworkStatus `json:"status"`
+			Errors        []string               `json:"errors"`
+		}
+		if err := runClientIn(tp.Host, "approvaldisconnect", httpTransport(d), 0, &r); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("asked at %d ms, closed at %d ms, refusal recorded %d ms after the close; call: %s", r.AskedAt, r.ClosedAt, r.ReleasedAfter, r.Call)
+		if r.AskedAt < 0 || r.ClosedAt < r.AskedAt || r.Call == "returned" {
+			t.Fatalf("not asked, or the call returned to a closed client: %+v", r)
+		}
+		if !slices.Contains(r.Status.Counters.DeniedDestinations, indexHost) ||
+			time.Duration(r.ReleasedAfter)*time.Millisecond >= hold/3 {
+			t.Errorf("held lookup not released after the client left: %d ms (hold %v), denied %v", r.ReleasedAfter, hold, r.Status.Counters.DeniedDestinations)
+		}
+		if !slices.Equal(r.Status.Allow, []string{"other.example.test"}) {
+			t.Errorf("allowlist changed without an answer: %+v", r.Status)
+		}
+	})
 	for _, answer := range []string{"no", "none"} {
 		t.Run(answer, func(t *testing.T) {
 			r := run(t, answer, nil)

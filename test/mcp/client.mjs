@@ -21,7 +21,8 @@
 //        a task that outlives its client's connection; and a plain call) |
 //        approval (an allowlist sandbox refused the package index's host:
 //        pip install twice, the client answering transport.answer "yes",
-//        "no" or, for "none", declaring no elicitation at all)
+//        "no" or, for "none", declaring no elicitation at all),
+//        approvaldisconnect (the client goes away while it is asked)
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -472,7 +473,49 @@ async function approval() {
   return report;
 }
 
-const modes = { approval, scenario, concurrent, bench, progress, autofix, agent, vm, vmqga, tasks };
+// approvaldisconnect: a client that goes away while it is asked (it
+// closes its connection from the elicitation handler, never answering).
+// A second client then reads the sandbox's network status until the
+// refused name shows (the forwarder records it once the held lookup is
+// answered), bounded, and removes the sandbox.
+async function approvaldisconnect() {
+  const t0 = Date.now();
+  const client = new Client({ name: "mcp-sandboxd-blackbox", version: "1.0.0" }, { capabilities: { elicitation: { form: {} } } });
+  const report = { asked_at: -1, closed_at: -1 };
+  client.setRequestHandler(ElicitRequestSchema, async () => {
+    report.asked_at = Date.now() - t0;
+    setTimeout(() => { report.closed_at = Date.now() - t0; client.close(); }, 0);
+    return new Promise(() => {}); // never answered
+  });
+  client.onerror = () => {}; // closing mid-call makes errors
+  await client.connect(transport());
+  const sb = await ok(client, "sandbox_create", { language: "python", network: "allowlist", allow: ["other.example.test"] });
+  const id = sb.sandbox_id;
+  report.sandbox_id = id;
+  const pip = "pip install --no-cache-dir --disable-pip-version-check --retries 0 --timeout 5 --target /workspace/lib " +
+    "--index-url http://pkg.example.test/simple/ --trusted-host pkg.example.test greetpkg";
+  try {
+    await call(client, "exec_command", { sandbox_id: id, command: pip });
+    report.call = "returned";
+  } catch (e) {
+    report.call = String(e);
+  }
+  const c2 = await connect();
+  let st;
+  for (;;) {
+    st = await ok(c2, "sandbox_network", { sandbox_id: id });
+    if (st.counters.denied_destinations.includes("pkg.example.test") || Date.now() - t0 - report.closed_at > 20_000) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  report.released_after = Date.now() - t0 - report.closed_at;
+  report.status = st;
+  await ok(c2, "sandbox_terminate", { sandbox_id: id });
+  await c2.close();
+  report.errors = errors;
+  return report;
+}
+
+const modes = { approval, approvaldisconnect, scenario, concurrent, bench, progress, autofix, agent, vm, vmqga, tasks };
 try {
   const report = await modes[mode]();
   process.stdout.write(JSON.stringify(report) + "\n");
