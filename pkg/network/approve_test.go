@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netns"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
 // lookup sends one query from inside the sandbox with a fixed id (a
@@ -47,6 +50,13 @@ func TestApprovalHold(t *testing.T) {
 	m := tp.manager(t, func(c *Config) { c.ApprovalHold = hold })
 	const id = "sb-hold"
 	a := attach(t, m, id, Request{Policy: Policy{Mode: ModeAllowlist, Allow: []string{"pkg.example.test"}}})
+
+	// Hostile or unknown sandbox ids are refused, naming the field.
+	for bad, code := range map[string]errdefs.Code{"../x": errdefs.InvalidArgument, "": errdefs.InvalidArgument, "sb-none": errdefs.NotFound} {
+		if _, err := m.Watch(context.Background(), bad, Watch{}); errdefs.CodeOf(err) != code || !strings.Contains(err.Error(), "sandbox_id") {
+			t.Errorf("Watch(%q) = %v, want %s naming sandbox_id", bad, err, code)
+		}
+	}
 
 	type question struct {
 		name   string
