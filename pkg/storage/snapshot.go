@@ -22,8 +22,13 @@ package storage
 //     device node is refused, except the 0:0 whiteout of the upper layer,
 //     which is turned into a removal (never created);
 //   - owners are kept only when they are root or the sandbox's user, anything
-//     else becomes the sandbox's user; setuid/setgid bits of files are
-//     dropped (the mounts are nosuid anyway);
+//     else becomes the sandbox's user; in /workspace and /tmp the user of the
+//     sandbox that took the snapshot (recorded on each section's own entry,
+//     userPAXKey) becomes the new sandbox's user, so that a root-mode
+//     sandbox's files (uid 0) are its fork's user's, not read-only to it; a
+//     section's own directory keeps the owner the new sandbox's layout gave
+//     it (/workspace its user's, /tmp root's); setuid/setgid bits of files
+//     are dropped (the mounts are nosuid anyway);
 //   - only user.* xattrs are restored, through the opened file's descriptor;
 //   - the bytes written are bounded by the sandbox's own file system (a full
 //     disk is ENOSPC) and by the caller's maxBytes.
@@ -41,6 +46,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -65,6 +71,10 @@ const SnapshotSuffix = ".tar.zst"
 const (
 	xattrPAXPrefix = "SCHILY.xattr."
 	opaqueXattr    = "trusted.overlay.opaque"
+	// userPAXKey, on a section's own directory entry, is the user (the
+	// sandbox's view of its uid) of the sandbox that took the snapshot.
+	// Without it (archives of earlier versions) nobody's files change hands.
+	userPAXKey = "SANDBOXD.user"
 )
 
 // ErrSnapshotTooLarge is returned by WriteSnapshot when the archive
@@ -98,8 +108,10 @@ type SnapshotFile struct {
 // restored) in full — without the cap, a sandbox's sparse terabyte would
 // keep it frozen for as long as it takes to compress.
 // The archive is not synced to disk: call Sync before recording it (a
-// caller that froze the sandbox for the copy thaws it first).
-func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent int64, ids IDRange) (_ *SnapshotFile, err error) {
+// caller that froze the sandbox for the copy thaws it first). user is the
+// sandbox's user (inside its namespace): recorded, so that a restore or fork
+// gives that user's files to its own user.
+func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent int64, ids IDRange, user int) (_ *SnapshotFile, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot dir: %w", err)
 	}
@@ -128,7 +140,7 @@ func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent 
 		if !ok {
 			continue
 		}
-		if err := archiveDir(tw, sec, src, out, ids); err != nil {
+		if err := archiveDir(tw, sec, src, out, ids, user); err != nil {
 			_ = zw.Close()
 			if cw.over {
 				return nil, ErrSnapshotTooLarge
@@ -193,7 +205,7 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 
 // archiveDir adds src's tree below the name sec. It does not follow
 // symlinks; sockets are skipped (they mean nothing without their process).
-func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile, ids IDRange) error {
+func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile, ids IDRange, user int) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("snapshot %s: %w", sec, err)
@@ -245,6 +257,12 @@ func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile, ids IDRange)
 			return fmt.Errorf("snapshot %s: %w", name, err)
 		} else if len(x) > 0 {
 			hdr.PAXRecords = x
+		}
+		if rel == "." {
+			if hdr.PAXRecords == nil {
+				hdr.PAXRecords = map[string]string{}
+			}
+			hdr.PAXRecords[userPAXKey] = strconv.Itoa(user)
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
@@ -432,6 +450,11 @@ func ApplySnapshot(archive string, t ApplyTargets) error {
 		}
 	}()
 	targets := map[string]string{SectionUpper: t.Rootfs, SectionWorkspace: t.Workspace, SectionTmp: t.Tmp}
+	// The upper section's owners map by the general rule only: root's
+	// files there are the system's (a root-mode sandbox's apt-get), not its
+	// user's.
+	general := ownerMap{uid: t.UID, ids: t.IDs, from: -1}
+	owners := map[string]ownerMap{SectionUpper: general, SectionWorkspace: general, SectionTmp: general}
 	var written int64
 	var dirTimes []dirTime
 	files := map[string]bool{} // regular files extracted so far: what a hard link may name
@@ -454,18 +477,18 @@ func ApplySnapshot(archive string, t ApplyTargets) error {
 		}
 		r := roots[sec]
 		if r == nil {
-			if sec != SectionUpper {
-				if err := ClearDir(dst); err != nil {
-					return fmt.Errorf("clear %s: %w", sec, err)
-				}
-			}
-			if r, err = os.OpenRoot(dst); err != nil {
-				return fmt.Errorf("restore %s: %w", sec, err)
+			if r, err = openSection(sec, dst); err != nil {
+				return err
 			}
 			roots[sec] = r
 		}
 		if sec == SectionUpper && UnderAny(rel, t.SkipRoot) {
 			continue
+		}
+		if rel == "." && sec != SectionUpper {
+			if owners[sec], err = sectionOwners(hdr, t.UID, t.IDs); err != nil {
+				return err
+			}
 		}
 		if hdr.Typeflag == tar.TypeReg {
 			if t.MaxBytes > 0 && written+hdr.Size > t.MaxBytes {
@@ -476,7 +499,7 @@ func ApplySnapshot(archive string, t ApplyTargets) error {
 		if hdr.Typeflag == tar.TypeLink && !files[hdr.Linkname] {
 			return fmt.Errorf("restore %s: hard link to %q, which is not an earlier file of the snapshot", hdr.Name, hdr.Linkname)
 		}
-		if err := applyEntry(r, sec, rel, hdr, tr, t.UID, t.IDs); err != nil {
+		if err := applyEntry(r, sec, rel, hdr, tr, owners[sec]); err != nil {
 			return fmt.Errorf("restore %s: %w", hdr.Name, err)
 		}
 		if hdr.Typeflag == tar.TypeReg {
@@ -528,20 +551,67 @@ func splitEntry(name string) (sec, rel string, err error) {
 	return sec, rel, nil
 }
 
+// openSection opens a section's target, emptied first unless it is the
+// root file system (the upper section is laid over it).
+func openSection(sec, dst string) (*os.Root, error) {
+	if sec != SectionUpper {
+		if err := ClearDir(dst); err != nil {
+			return nil, fmt.Errorf("clear %s: %w", sec, err)
+		}
+	}
+	r, err := os.OpenRoot(dst)
+	if err != nil {
+		return nil, fmt.Errorf("restore %s: %w", sec, err)
+	}
+	return r, nil
+}
+
+// ownerMap turns an archive's owners (the sandbox's view) into the host ids
+// a restored entry gets.
+type ownerMap struct {
+	uid int     // the new sandbox's user
+	ids IDRange // the new sandbox's user namespace
+	// from is the user of the sandbox that took the snapshot, whose files
+	// become uid's; -1: not recorded (nobody's files change hands).
+	from int
+}
+
+// host is the host id that archive owner id is restored as: root's and the
+// user's are kept, the snapshot's user's become the new user's, anything
+// else is the new user's.
+func (o ownerMap) host(id int) int {
+	if id == o.from || (id != 0 && id != o.uid) {
+		id = o.uid
+	}
+	return o.ids.host(id)
+}
+
+// sectionOwners reads the snapshot's user from a workspace or tmp
+// section's own entry. The value is sandbox-reachable only through the
+// daemon, but it is checked like everything else of an archive: it picks
+// only which owner becomes the new user (root's or the user's ids are the
+// only outcomes).
+func sectionOwners(hdr *tar.Header, uid int, ids IDRange) (ownerMap, error) {
+	o := ownerMap{uid: uid, ids: ids, from: -1}
+	v, ok := hdr.PAXRecords[userPAXKey]
+	if !ok {
+		return o, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > overflowID {
+		return o, fmt.Errorf("restore %s: %s %q is not a user id", hdr.Name, userPAXKey, v)
+	}
+	o.from = n
+	return o, nil
+}
+
 // applyEntry creates one entry inside r (see the security notes above).
-func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader, uid int, ids IDRange) error {
+func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader, owners ownerMap) error {
 	mode := fs.FileMode(hdr.Mode) & (fs.ModePerm)
 	if hdr.Mode&unix.S_ISVTX != 0 {
 		mode |= fs.ModeSticky
 	}
-	owner, group := hdr.Uid, hdr.Gid
-	if owner != 0 && owner != uid {
-		owner = uid
-	}
-	if group != 0 && group != uid {
-		group = uid
-	}
-	owner, group = ids.host(owner), ids.host(group)
+	owner, group := owners.host(hdr.Uid), owners.host(hdr.Gid)
 	replace := func() error { return replaceEntry(r, rel, hdr.Typeflag == tar.TypeDir) }
 	switch hdr.Typeflag {
 	case tar.TypeChar:
@@ -634,8 +704,13 @@ func applyDir(r *os.Root, sec, rel string, hdr *tar.Header, mode fs.FileMode, ow
 			return err
 		}
 	}
-	if err := r.Lchown(rel, owner, group); err != nil {
-		return err
+	// A section's own directory keeps the owner the sandbox's layout gave
+	// it: /workspace its user's, /tmp (and "/") root's, whoever owned the
+	// snapshot's.
+	if rel != "." {
+		if err := r.Lchown(rel, owner, group); err != nil {
+			return err
+		}
 	}
 	if err := r.Chmod(rel, mode); err != nil {
 		return err
