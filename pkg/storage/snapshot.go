@@ -271,21 +271,27 @@ func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile, ids IDRange,
 		if hdr.Typeflag != tar.TypeReg {
 			return nil
 		}
-		if out.maxContent > 0 && out.ContentBytes+fi.Size() > out.maxContent {
-			return fmt.Errorf("%w: %s brings them past %d bytes", ErrSnapshotContentTooLarge, name, out.maxContent)
-		}
-		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
-		if err != nil {
-			return fmt.Errorf("snapshot %s: %w", name, err)
-		}
-		defer f.Close()
-		n, err := io.CopyN(tw, f, fi.Size())
-		out.ContentBytes += n
-		if err != nil {
-			return fmt.Errorf("snapshot %s: %w", name, err)
-		}
-		return nil
+		return out.copyContent(tw, p, name, fi.Size())
 	})
+}
+
+// copyContent writes regular file p's size bytes (never through a
+// symlink) after its header, within the files' cap.
+func (out *SnapshotFile) copyContent(tw *tar.Writer, p, name string, size int64) error {
+	if out.maxContent > 0 && out.ContentBytes+size > out.maxContent {
+		return fmt.Errorf("%w: %s brings them past %d bytes", ErrSnapshotContentTooLarge, name, out.maxContent)
+	}
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	defer f.Close()
+	n, err := io.CopyN(tw, f, size)
+	out.ContentBytes += n
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	return nil
 }
 
 // readXattrs returns p's user.* attributes, and the overlay's opaque marker
@@ -443,21 +449,20 @@ func ApplySnapshot(archive string, t ApplyTargets) error {
 		return fmt.Errorf("read snapshot: %w", err)
 	}
 	defer zr.Close()
-	roots := map[string]*os.Root{}
-	defer func() {
-		for _, r := range roots {
-			r.Close()
-		}
-	}()
-	targets := map[string]string{SectionUpper: t.Rootfs, SectionWorkspace: t.Workspace, SectionTmp: t.Tmp}
 	// The upper section's owners map by the general rule only: root's
 	// files there are the system's (a root-mode sandbox's apt-get), not its
 	// user's.
 	general := ownerMap{uid: t.UID, ids: t.IDs, from: -1}
-	owners := map[string]ownerMap{SectionUpper: general, SectionWorkspace: general, SectionTmp: general}
-	var written int64
-	var dirTimes []dirTime
-	files := map[string]bool{} // regular files extracted so far: what a hard link may name
+	a := &applier{
+		t: t, roots: map[string]*os.Root{}, files: map[string]bool{},
+		targets: map[string]string{SectionUpper: t.Rootfs, SectionWorkspace: t.Workspace, SectionTmp: t.Tmp},
+		owners:  map[string]ownerMap{SectionUpper: general, SectionWorkspace: general, SectionTmp: general},
+	}
+	defer func() {
+		for _, r := range a.roots {
+			r.Close()
+		}
+	}()
 	tr := tar.NewReader(zr)
 	for {
 		hdr, err := tr.Next()
@@ -467,52 +472,72 @@ func ApplySnapshot(archive string, t ApplyTargets) error {
 		if err != nil {
 			return fmt.Errorf("read snapshot: %w", err)
 		}
-		sec, rel, err := splitEntry(hdr.Name)
-		if err != nil {
+		if err := a.entry(hdr, tr); err != nil {
 			return err
-		}
-		dst := targets[sec]
-		if dst == "" {
-			continue
-		}
-		r := roots[sec]
-		if r == nil {
-			if r, err = openSection(sec, dst); err != nil {
-				return err
-			}
-			roots[sec] = r
-		}
-		if sec == SectionUpper && UnderAny(rel, t.SkipRoot) {
-			continue
-		}
-		if rel == "." && sec != SectionUpper {
-			if owners[sec], err = sectionOwners(hdr, t.UID, t.IDs); err != nil {
-				return err
-			}
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			if t.MaxBytes > 0 && written+hdr.Size > t.MaxBytes {
-				return fmt.Errorf("snapshot: %s: content exceeds %d bytes", hdr.Name, t.MaxBytes)
-			}
-			written += hdr.Size
-		}
-		if hdr.Typeflag == tar.TypeLink && !files[hdr.Linkname] {
-			return fmt.Errorf("restore %s: hard link to %q, which is not an earlier file of the snapshot", hdr.Name, hdr.Linkname)
-		}
-		if err := applyEntry(r, sec, rel, hdr, tr, owners[sec]); err != nil {
-			return fmt.Errorf("restore %s: %w", hdr.Name, err)
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			files[sec+"/"+rel] = true
-		}
-		if hdr.Typeflag == tar.TypeDir {
-			dirTimes = append(dirTimes, dirTime{r, rel, hdr.ModTime})
 		}
 	}
 	// Directory mtimes last: creating their entries changed them.
-	for i := len(dirTimes) - 1; i >= 0; i-- {
-		d := dirTimes[i]
+	for i := len(a.dirTimes) - 1; i >= 0; i-- {
+		d := a.dirTimes[i]
 		_ = d.root.Chtimes(d.rel, d.mtime, d.mtime)
+	}
+	return nil
+}
+
+// applier is one ApplySnapshot: the sections' targets, opened as they
+// come, and what it has written so far.
+type applier struct {
+	t        ApplyTargets
+	targets  map[string]string   // section → its directory ("": not applied)
+	roots    map[string]*os.Root // the sections opened so far
+	owners   map[string]ownerMap
+	written  int64 // bytes of file content
+	dirTimes []dirTime
+	files    map[string]bool // regular files extracted so far: what a hard link may name
+}
+
+// entry applies one entry of the archive, with content read from tr.
+func (a *applier) entry(hdr *tar.Header, tr io.Reader) error {
+	sec, rel, err := splitEntry(hdr.Name)
+	if err != nil {
+		return err
+	}
+	dst := a.targets[sec]
+	if dst == "" {
+		return nil
+	}
+	r := a.roots[sec]
+	if r == nil {
+		if r, err = openSection(sec, dst); err != nil {
+			return err
+		}
+		a.roots[sec] = r
+	}
+	if sec == SectionUpper && UnderAny(rel, a.t.SkipRoot) {
+		return nil
+	}
+	if rel == "." && sec != SectionUpper {
+		if a.owners[sec], err = sectionOwners(hdr, a.t.UID, a.t.IDs); err != nil {
+			return err
+		}
+	}
+	if hdr.Typeflag == tar.TypeReg {
+		if a.t.MaxBytes > 0 && a.written+hdr.Size > a.t.MaxBytes {
+			return fmt.Errorf("snapshot: %s: content exceeds %d bytes", hdr.Name, a.t.MaxBytes)
+		}
+		a.written += hdr.Size
+	}
+	if hdr.Typeflag == tar.TypeLink && !a.files[hdr.Linkname] {
+		return fmt.Errorf("restore %s: hard link to %q, which is not an earlier file of the snapshot", hdr.Name, hdr.Linkname)
+	}
+	if err := applyEntry(r, sec, rel, hdr, tr, a.owners[sec]); err != nil {
+		return fmt.Errorf("restore %s: %w", hdr.Name, err)
+	}
+	if hdr.Typeflag == tar.TypeReg {
+		a.files[sec+"/"+rel] = true
+	}
+	if hdr.Typeflag == tar.TypeDir {
+		a.dirTimes = append(a.dirTimes, dirTime{r, rel, hdr.ModTime})
 	}
 	return nil
 }
