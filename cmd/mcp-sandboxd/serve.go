@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lifetime"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/mcpserver"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sshd"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -308,106 +309,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// Every listener is opened (and the token read or created) before any
 	// of them serves: a client that sees the socket answer can rely on the
 	// HTTP listener and its token file being there too.
-	type listener struct {
-		l    net.Listener
-		h    http.Handler
-		what string
-	}
-	sl, ss, err := listenSSH(cfg, eng, log)
-	if err != nil {
+	ls := &listenerSet{}
+	defer ls.close()
+	if err := ls.open(cfg, eng, log); err != nil {
 		return err
 	}
-
-	var sshConn func(net.Conn) // GET /v1/ssh/connect (sandboxctl ssh-proxy)
-	if ss != nil {
-		defer ss.Close()
-		defer sl.Close()
-		sshConn = ss.ServeConn
-	}
-	var listeners []listener
-	defer func() {
-		for _, l := range listeners {
-			_ = l.l.Close()
-		}
-	}()
-
-	ul, err := listenUnix(cfg.Server, log)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(cfg.Server.Socket)
-	// MCP is served on both listeners: behind the token on TCP, and on the
-	// socket for `mcp-sandboxd stdio`, which bridges to it.
-	mcpH := mcpserver.NewHandler(eng, mcpserver.Options{Log: log, Audit: eng.Audit()}) // the rest from cfg.Server
-	// The web editor's logins and sessions, shared by both listeners:
-	// `sandboxctl ui` mints a login URL on the socket, the browser uses it
-	// over HTTP.
-	ui := api.NewUIAuth(api.UIAuthOptions{BaseURL: uiBaseURL(cfg.Server.HTTPAddr)})
-	listeners = append(listeners, listener{ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix"})
-
-	// The token file's token is the first admin key of the one
-	// authenticator (pkg/tenants) every TCP front end shares.
-	var token string
-	if cfg.Server.HTTPAddr != "" {
-		if token, err = readToken(cfg.Server.AuthTokenFile, log); err != nil {
-			return err
-		}
-		var gwSecret string
-		if cfg.Node.GatewaySecretFile != "" {
-			if gwSecret, err = readSecret(cfg.Node.GatewaySecretFile, "node.gateway_secret_file"); err != nil {
-				return err
-			}
-		}
-		tl, err := net.Listen("tcp", cfg.Server.HTTPAddr)
-		if err != nil {
-			return fmt.Errorf("server.http_addr: %w", err)
-		}
-		listeners = append(listeners, listener{tl, api.NewHandler(eng, api.Options{Auth: eng.Tenants(), Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), GatewaySecret: gwSecret}), "http"})
-	}
-
-	pl, ph, err := listenPreview(cfg, eng, log)
-	if err != nil {
-		return err
-	}
-	if pl != nil {
-		defer ph.Close()
-		listeners = append(listeners, listener{pl, ph, "preview"})
-	}
-	el, eh, e2bKeys, err := listenE2B(cfg, eng, log)
-	if err != nil {
-		return err
-	}
-	eng.Tenants().SetFileKeys(token, e2bKeys)
-	if el != nil {
-		defer eh.Close()
-		listeners = append(listeners, listener{el, eh, "e2b"})
-	}
-
-	var servers []*http.Server
-	errc := make(chan error, len(listeners)+1)
-	if sl != nil {
-		go func() {
-			if err := ss.Serve(sl); err != nil {
-				errc <- fmt.Errorf("ssh: %w", err)
-			}
-		}()
-		log.Info("serving", "api", "ssh", "addr", sl.Addr().String())
-	}
-	for _, l := range listeners {
-		// IdleTimeout closes keep-alive connections idle between requests
-		// (a client that leaks them would otherwise grow the daemon's
-		// descriptors and goroutines without bound); it does not touch a
-		// request in progress, so streams and WebSockets are unaffected.
-		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-		servers = append(servers, srv)
-		go func(l listener) {
-			if err := srv.Serve(l.l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("%s: %w", l.what, err)
-			}
-		}(l)
-		log.Info("serving", "api", l.what, "addr", l.l.Addr().String())
-	}
+	servers, errc := ls.serve(log)
 
 	// Only now can clients connect: tell systemd (Type=notify).
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
@@ -435,6 +342,142 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		}
 	}
 	return nil
+}
+
+// listener is one HTTP listener of the daemon and what it serves.
+type listener struct {
+	l    net.Listener
+	h    http.Handler
+	what string
+}
+
+// listenerSet is the daemon's listeners: the HTTP ones, the SSH one, and
+// what closes them (and their handlers) in the reverse of their opening.
+type listenerSet struct {
+	ls      []listener
+	ssh     *sshd.Server
+	sshL    net.Listener
+	closers []func()
+}
+
+// close runs the closers, last registered first (as defers would).
+func (s *listenerSet) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+}
+
+// open opens every listener: SSH, the unix socket, HTTP, preview and E2B;
+// the token file's token and the E2B keys become the tenants' file keys.
+func (s *listenerSet) open(cfg *config.Config, eng *engine.Engine, log *slog.Logger) error {
+	sl, ss, err := listenSSH(cfg, eng, log)
+	if err != nil {
+		return err
+	}
+	var sshConn func(net.Conn) // GET /v1/ssh/connect (sandboxctl ssh-proxy)
+	if ss != nil {
+		s.closers = append(s.closers, func() { ss.Close() }, func() { sl.Close() })
+		s.ssh, s.sshL, sshConn = ss, sl, ss.ServeConn
+	}
+	s.closers = append(s.closers, func() {
+		for _, l := range s.ls {
+			_ = l.l.Close()
+		}
+	})
+
+	ul, err := listenUnix(cfg.Server, log)
+	if err != nil {
+		return err
+	}
+	s.closers = append(s.closers, func() { os.Remove(cfg.Server.Socket) })
+	// MCP is served on both listeners: behind the token on TCP, and on the
+	// socket for `mcp-sandboxd stdio`, which bridges to it.
+	mcpH := mcpserver.NewHandler(eng, mcpserver.Options{Log: log, Audit: eng.Audit()}) // the rest from cfg.Server
+	// The web editor's logins and sessions, shared by both listeners:
+	// `sandboxctl ui` mints a login URL on the socket, the browser uses it
+	// over HTTP.
+	ui := api.NewUIAuth(api.UIAuthOptions{BaseURL: uiBaseURL(cfg.Server.HTTPAddr)})
+	s.ls = append(s.ls, listener{ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix"})
+
+	token, err := s.openHTTP(cfg, eng, log, api.Options{Auth: eng.Tenants(), Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)})
+	if err != nil {
+		return err
+	}
+
+	pl, ph, err := listenPreview(cfg, eng, log)
+	if err != nil {
+		return err
+	}
+	if pl != nil {
+		s.closers = append(s.closers, func() { ph.Close() })
+		s.ls = append(s.ls, listener{pl, ph, "preview"})
+	}
+	el, eh, e2bKeys, err := listenE2B(cfg, eng, log)
+	if err != nil {
+		return err
+	}
+	eng.Tenants().SetFileKeys(token, e2bKeys)
+	if el != nil {
+		s.closers = append(s.closers, func() { eh.Close() })
+		s.ls = append(s.ls, listener{el, eh, "e2b"})
+	}
+	return nil
+}
+
+// openHTTP opens the TCP listener (server.http_addr; none when empty)
+// with the REST API over opt, and returns the token file's token: the
+// first admin key of the one authenticator (pkg/tenants) every TCP front
+// end shares.
+func (s *listenerSet) openHTTP(cfg *config.Config, eng *engine.Engine, log *slog.Logger, opt api.Options) (string, error) {
+	if cfg.Server.HTTPAddr == "" {
+		return "", nil
+	}
+	token, err := readToken(cfg.Server.AuthTokenFile, log)
+	if err != nil {
+		return "", err
+	}
+	if cfg.Node.GatewaySecretFile != "" {
+		if opt.GatewaySecret, err = readSecret(cfg.Node.GatewaySecretFile, "node.gateway_secret_file"); err != nil {
+			return "", err
+		}
+	}
+	tl, err := net.Listen("tcp", cfg.Server.HTTPAddr)
+	if err != nil {
+		return "", fmt.Errorf("server.http_addr: %w", err)
+	}
+	s.ls = append(s.ls, listener{tl, api.NewHandler(eng, opt), "http"})
+	return token, nil
+}
+
+// serve starts serving every listener; errc receives the first one's
+// failure.
+func (s *listenerSet) serve(log *slog.Logger) ([]*http.Server, chan error) {
+	var servers []*http.Server
+	errc := make(chan error, len(s.ls)+1)
+	if s.sshL != nil {
+		go func() {
+			if err := s.ssh.Serve(s.sshL); err != nil {
+				errc <- fmt.Errorf("ssh: %w", err)
+			}
+		}()
+		log.Info("serving", "api", "ssh", "addr", s.sshL.Addr().String())
+	}
+	for _, l := range s.ls {
+		// IdleTimeout closes keep-alive connections idle between requests
+		// (a client that leaks them would otherwise grow the daemon's
+		// descriptors and goroutines without bound); it does not touch a
+		// request in progress, so streams and WebSockets are unaffected.
+		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		servers = append(servers, srv)
+		go func(l listener) {
+			if err := srv.Serve(l.l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("%s: %w", l.what, err)
+			}
+		}(l)
+		log.Info("serving", "api", l.what, "addr", l.l.Addr().String())
+	}
+	return servers, errc
 }
 
 // watchdog pings systemd while the engine's store answers, so a wedged

@@ -23,7 +23,12 @@ func imagesCmd(g *globals) *cobra.Command {
 		Use:   "images",
 		Short: "Language images and OCI images",
 	}
-	cmd.AddCommand(&cobra.Command{
+	cmd.AddCommand(imagesLsCmd(g), imagesBuildCmd(g), imagesPullCmd(g), imagesImportCmd(g), imagesRmCmd(g), imagesPruneCmd(g))
+	return cmd
+}
+
+func imagesLsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List the built images",
@@ -49,7 +54,12 @@ func imagesCmd(g *globals) *cobra.Command {
 			}
 			return tw.Flush()
 		},
-	})
+	}
+}
+
+// imagesBuildCmd builds language or VM guest images by name, or (-f) an
+// image from a Dockerfile and a context directory.
+func imagesBuildCmd(g *globals) *cobra.Command {
 	var (
 		vmGuest    bool
 		dockerfile string
@@ -69,15 +79,8 @@ func imagesCmd(g *globals) *cobra.Command {
 				if len(args) != 1 || vmGuest {
 					return fmt.Errorf("build -f: one context directory, no --vm")
 				}
-				for _, kv := range buildArgs {
-					k, v, ok := strings.Cut(kv, "=")
-					if !ok {
-						return fmt.Errorf("--build-arg %q: KEY=VALUE expected", kv)
-					}
-					if dreq.BuildArgs == nil {
-						dreq.BuildArgs = map[string]string{}
-					}
-					dreq.BuildArgs[k] = v
+				if dreq.BuildArgs, err = parseBuildArgs(buildArgs); err != nil {
+					return err
 				}
 				return buildDockerfile(cmd.Context(), g, c, dockerfile, args[0], dreq)
 			}
@@ -102,8 +105,28 @@ func imagesCmd(g *globals) *cobra.Command {
 	build.Flags().StringVar(&dreq.Network, "network", "", "with -f: network of the RUN steps: none, egress or allowlist (default: the daemon's)")
 	build.Flags().StringArrayVar(&dreq.Allow, "allow", nil, "with -f and --network allowlist: a host the RUN steps may reach (repeatable)")
 	build.Flags().BoolVar(&dreq.NoCache, "no-cache", false, "with -f: run every step again")
-	cmd.AddCommand(build)
-	cmd.AddCommand(&cobra.Command{
+	return build
+}
+
+// parseBuildArgs turns --build-arg KEY=VALUE flags into a map (nil for
+// none, as the request had without them).
+func parseBuildArgs(kvs []string) (map[string]string, error) {
+	var out map[string]string
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("--build-arg %q: KEY=VALUE expected", kv)
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func imagesPullCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "pull REFERENCE",
 		Short: "Pull an OCI image from a registry (registry[:port]/name:tag or @sha256:digest); progress on stderr",
 		Args:  cobra.ExactArgs(1),
@@ -118,7 +141,10 @@ func imagesCmd(g *globals) *cobra.Command {
 			}
 			return printPulled(g, img)
 		},
-	})
+	}
+}
+
+func imagesImportCmd(g *globals) *cobra.Command {
 	var importRef string
 	imp := &cobra.Command{
 		Use:   "import FILE",
@@ -149,8 +175,11 @@ func imagesCmd(g *globals) *cobra.Command {
 		},
 	}
 	imp.Flags().StringVar(&importRef, "reference", "", "the image to take from an archive holding several (its tag)")
-	cmd.AddCommand(imp)
-	cmd.AddCommand(&cobra.Command{
+	return imp
+}
+
+func imagesRmCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "rm LANG...",
 		Short: "Remove language images (refused while a sandbox uses one)",
 		Args:  cobra.MinimumNArgs(1),
@@ -167,8 +196,11 @@ func imagesCmd(g *globals) *cobra.Command {
 			}
 			return nil
 		},
-	})
-	cmd.AddCommand(&cobra.Command{
+	}
+}
+
+func imagesPruneCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "prune",
 		Short: "Remove stale images (an older digest of a recipe) that no sandbox uses",
 		Args:  cobra.NoArgs,
@@ -189,8 +221,7 @@ func imagesCmd(g *globals) *cobra.Command {
 			}
 			return nil
 		},
-	})
-	return cmd
+	}
 }
 
 // buildDockerfile sends dir as the build context (a tar streamed as it is

@@ -93,41 +93,53 @@ type AptRepository struct {
 func NewAptRepository(t testing.TB, suite, arch string, debs ...string) *AptRepository {
 	t.Helper()
 	r := &AptRepository{Root: t.TempDir(), Suite: suite}
-	run := func(stdout *bytes.Buffer, env []string, name string, args ...string) {
-		t.Helper()
-		cmd := exec.Command(name, args...)
-		cmd.Dir, cmd.Env = r.Root, append(os.Environ(), env...)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if stdout != nil {
-			cmd.Stdout = stdout
-		}
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.Bytes())
-		}
-	}
-	write := func(rel string, data []byte) {
-		t.Helper()
-		p := filepath.Join(r.Root, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	for _, deb := range debs {
 		data, err := os.ReadFile(deb)
 		if err != nil {
 			t.Fatal(err)
 		}
-		write(filepath.Join("pool", "main", filepath.Base(deb)), data)
+		r.write(t, filepath.Join("pool", "main", filepath.Base(deb)), data)
 	}
-
-	// Packages (and its gzip) for the one component and architecture.
 	dist := filepath.Join("dists", suite)
+	r.writeIndexes(t, dist, arch)
+	r.sign(t, dist)
+	return r
+}
+
+// run runs a command in the repository's root (env added to the
+// test's), its output into stdout when not nil.
+func (r *AptRepository) run(t testing.TB, stdout *bytes.Buffer, env []string, name string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir, cmd.Env = r.Root, append(os.Environ(), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if stdout != nil {
+		cmd.Stdout = stdout
+	}
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.Bytes())
+	}
+}
+
+// write writes file rel of the repository.
+func (r *AptRepository) write(t testing.TB, rel string, data []byte) {
+	t.Helper()
+	p := filepath.Join(r.Root, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeIndexes writes Packages (and its gzip) for the one component and
+// architecture, and the Release file with the indexes' sizes and hashes.
+func (r *AptRepository) writeIndexes(t testing.TB, dist, arch string) {
+	t.Helper()
 	var packages bytes.Buffer
-	run(&packages, nil, "apt-ftparchive", "packages", "pool")
+	r.run(t, &packages, nil, "apt-ftparchive", "packages", "pool")
 	if !bytes.Contains(packages.Bytes(), []byte("Filename: pool/main/")) {
 		t.Fatalf("apt-ftparchive packages indexed nothing:\n%s", packages.Bytes())
 	}
@@ -136,23 +148,26 @@ func NewAptRepository(t testing.TB, suite, arch string, debs ...string) *AptRepo
 	zw.Write(packages.Bytes())
 	zw.Close()
 	bin := filepath.Join(dist, "main", "binary-"+arch)
-	write(filepath.Join(bin, "Packages"), packages.Bytes())
-	write(filepath.Join(bin, "Packages.gz"), gz.Bytes())
+	r.write(t, filepath.Join(bin, "Packages"), packages.Bytes())
+	r.write(t, filepath.Join(bin, "Packages.gz"), gz.Bytes())
 
-	// Release, with the indexes' sizes and hashes.
 	var release bytes.Buffer
-	run(&release, nil, "apt-ftparchive",
+	r.run(t, &release, nil, "apt-ftparchive",
 		"-o", "APT::FTPArchive::Release::Origin=sandboxd-test",
-		"-o", "APT::FTPArchive::Release::Suite="+suite,
-		"-o", "APT::FTPArchive::Release::Codename="+suite,
+		"-o", "APT::FTPArchive::Release::Suite="+r.Suite,
+		"-o", "APT::FTPArchive::Release::Codename="+r.Suite,
 		"-o", "APT::FTPArchive::Release::Architectures="+arch,
 		"-o", "APT::FTPArchive::Release::Components=main",
 		"release", dist)
-	write(filepath.Join(dist, "Release"), release.Bytes())
+	r.write(t, filepath.Join(dist, "Release"), release.Bytes())
+}
 
-	// A signing key of the test's own, in a GNUPGHOME of its own (short:
-	// gpg-agent's socket lives there); the agent gpg starts is stopped at
-	// the end.
+// sign signs dist's Release (InRelease and Release.gpg) with a key of the
+// test's own, made in a GNUPGHOME of its own (short: gpg-agent's socket
+// lives there); the agent gpg starts is stopped at the end. Keyring gets
+// the key's public half.
+func (r *AptRepository) sign(t testing.TB, dist string) {
+	t.Helper()
 	home, err := os.MkdirTemp("", "sbxgpg-")
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +179,7 @@ func NewAptRepository(t testing.TB, suite, arch string, debs ...string) *AptRepo
 	gpgEnv := []string{"GNUPGHOME=" + home}
 	gpg := func(stdout *bytes.Buffer, args ...string) {
 		t.Helper()
-		run(stdout, gpgEnv, "gpg", append([]string{"--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", ""}, args...)...)
+		r.run(t, stdout, gpgEnv, "gpg", append([]string{"--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", ""}, args...)...)
 	}
 	gpg(nil, "--quick-gen-key", "sandboxd test repository <repo@example.test>", "ed25519", "sign", "never")
 	var key bytes.Buffer
@@ -173,5 +188,4 @@ func NewAptRepository(t testing.TB, suite, arch string, debs ...string) *AptRepo
 	releasePath := filepath.Join(dist, "Release")
 	gpg(nil, "--clearsign", "-o", filepath.Join(dist, "InRelease"), releasePath)
 	gpg(nil, "--armor", "--detach-sign", "-o", filepath.Join(dist, "Release.gpg"), releasePath)
-	return r
 }

@@ -105,22 +105,37 @@ func startRegistry(t testing.TB, mode string) *Registry {
 	}
 	r.CAPool = x509.NewCertPool()
 	r.CAPool.AppendCertsFromPEM(caPEM)
-	authCfg := ""
+	cfgPath := r.writeConfig(t, r.authConfig(t, mode, certPEM, keyPEM))
+	logf, exited := runRegistry(t, bin, cfgPath)
+	r.waitAnswering(t, logf, exited)
+	return r
+}
+
+// authConfig sets up the registry's authentication of mode ("": none)
+// and returns its section of the registry's configuration.
+func (r *Registry) authConfig(t testing.TB, mode string, certPEM, keyPEM []byte) string {
 	switch mode {
 	case "token":
 		r.Username, r.Password = "tester", RandHex(12)
-		authCfg = r.startTokenServer(t, dir, certPEM, keyPEM)
+		return r.startTokenServer(t, r.Dir, certPEM, keyPEM)
 	case "htpasswd":
 		r.Username, r.Password = "tester", RandHex(12)
 		hash, err := bcrypt.GenerateFromPassword([]byte(r.Password), bcrypt.MinCost)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, "htpasswd"), []byte(r.Username+":"+string(hash)+"\n"), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(r.Dir, "htpasswd"), []byte(r.Username+":"+string(hash)+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		authCfg = fmt.Sprintf("auth:\n  htpasswd:\n    realm: sandboxd-test\n    path: %s\n", filepath.Join(dir, "htpasswd"))
+		return fmt.Sprintf("auth:\n  htpasswd:\n    realm: sandboxd-test\n    path: %s\n", filepath.Join(r.Dir, "htpasswd"))
 	}
+	return ""
+}
+
+// writeConfig writes the registry's configuration (storage in its
+// directory, TLS, authCfg) and returns its path.
+func (r *Registry) writeConfig(t testing.TB, authCfg string) string {
+	dir := r.Dir
 	cfg := fmt.Sprintf(`version: 0.1
 log:
   level: warn
@@ -140,7 +155,13 @@ http:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logf, err := os.Create(filepath.Join(dir, "registry.log"))
+	return cfgPath
+}
+
+// runRegistry starts the registry binary with cfgPath, killed when t
+// ends; exited closes when it exits. Its output goes to logf.
+func runRegistry(t testing.TB, bin, cfgPath string) (logf *os.File, exited chan struct{}) {
+	logf, err := os.Create(filepath.Join(filepath.Dir(cfgPath), "registry.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,13 +173,20 @@ http:
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
+	exited = make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
 		logf.Close()
 	})
+	return logf, exited
+}
+
+// waitAnswering waits (30 s at most) until the registry answers /v2/, with
+// its log in the failure when it exits or does not answer.
+func (r *Registry) waitAnswering(t testing.TB, logf *os.File, exited chan struct{}) {
+	t.Helper()
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: r.CAPool}}, Timeout: 2 * time.Second}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -166,7 +194,7 @@ http:
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusUnauthorized {
-				return r
+				return
 			}
 		}
 		select {

@@ -85,14 +85,51 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	}
 	s := &server{e: e, opt: opt, log: opt.Log}
 	mux := http.NewServeMux()
+	s.routeDaemon(mux)
+	s.routeImages(mux)
+	s.routeRuns(mux)
+	s.routeSandboxes(mux)
+	s.routePorts(mux)
+	s.routeSSH(mux)
+	s.routeJobs(mux)
+	s.vmRoutes(mux)
+	s.registerSnapshots(mux)
+	s.routeKeys(mux)
+	s.routeAudit(mux)
+	s.registerVolumes(mux)
+	s.registerTemplates(mux)
+	if opt.MCP != nil {
+		mux.Handle("/mcp", s.capBody(opt.MCP))
+	}
+	s.routeUI(mux)
+	s.mux = mux
+	// Every other path, and a known path with another method, answers the
+	// taxonomy's JSON rather than the mux's plain text.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { s.noRoute(mux, w, r) })
+	// Authentication wraps the mux, so an unauthenticated request reaches no
+	// handler at all.
+	// Tracing wraps them all, so that a request's span covers its
+	// authentication and audit record; Caller names the principal on it.
+	return s.logRequests(telemetry.HTTP(s.frontEnd(), s.traceRoute, s.auditCalls(s.authenticate(s.auditWho(telemetry.Caller(mux))))))
+}
+
+// routeDaemon registers the daemon's own routes: health, metrics, status,
+// the node's drain, garbage collection and the event stream.
+func (s *server) routeDaemon(mux *http.ServeMux) {
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(e.MetricsRegistry(), promhttp.HandlerOpts{
-		ErrorLog: slog.NewLogLogger(opt.Log.Handler(), slog.LevelWarn),
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.e.MetricsRegistry(), promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(s.opt.Log.Handler(), slog.LevelWarn),
 	}))
 	mux.HandleFunc("GET /v1/status", s.status)
 	mux.HandleFunc("GET /v1/node", s.nodeStatus)
 	mux.HandleFunc("PUT /v1/node/drain", s.nodeDrain)
+	mux.HandleFunc("POST /v1/gc", s.gc)
+	mux.HandleFunc("GET /v1/events", s.events)
+}
+
+// routeImages registers the image store's routes and the languages.
+func (s *server) routeImages(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/images", s.images)
 	mux.HandleFunc("POST /v1/images/{name}/build", s.buildImage)
 	mux.HandleFunc("DELETE /v1/images/{name}", s.removeImage)
@@ -101,6 +138,11 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("POST /v1/images/import", s.importImage)
 	mux.HandleFunc("POST /v1/images/dockerfile", s.buildDockerfile)
 	mux.HandleFunc("GET /v1/languages", s.languages)
+}
+
+// routeRuns registers the run pipeline's routes: runs, agent runs, their
+// records and autofix.
+func (s *server) routeRuns(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/run", s.runCode)
 	mux.HandleFunc("POST /v1/agent/run", s.agentRun)
 	mux.HandleFunc("GET /v1/runs", s.listRuns)
@@ -109,8 +151,11 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("POST /v1/autofix", s.autofix)
 	mux.HandleFunc("GET /v1/autofix/{id}", s.autofixStatus)
 	mux.HandleFunc("POST /v1/autofix/{id}/submit", s.autofixSubmit)
-	mux.HandleFunc("POST /v1/gc", s.gc)
-	mux.HandleFunc("GET /v1/events", s.events)
+}
+
+// routeSandboxes registers a sandbox's life cycle, commands, files,
+// terminal and network, and artifact downloads.
+func (s *server) routeSandboxes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/sandboxes", s.createSandbox)
 	mux.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
 	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
@@ -126,22 +171,19 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/network", s.sandboxNetwork)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/network", s.sandboxNetwork)
 	mux.HandleFunc("GET /v1/artifacts/{id}", s.downloadArtifact)
-	s.routePorts(mux)
-	s.routeSSH(mux)
+}
+
+// routeJobs registers a sandbox's background jobs.
+func (s *server) routeJobs(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/jobs", s.startJob)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs", s.listJobs)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs/{job}", s.jobStatus)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/jobs/{job}", s.killJob)
-	s.vmRoutes(mux)
-	s.registerSnapshots(mux)
-	s.routeKeys(mux)
-	s.routeAudit(mux)
-	s.registerVolumes(mux)
-	s.registerTemplates(mux)
-	if opt.MCP != nil {
-		mux.Handle("/mcp", s.capBody(opt.MCP))
-	}
-	// The web editor (auth.go, ui.go).
+}
+
+// routeUI registers the web editor's pages and session routes (auth.go,
+// ui.go) and the system description it reads.
+func (s *server) routeUI(mux *http.ServeMux) {
 	mux.HandleFunc("/login", s.login)
 	mux.HandleFunc("GET /v1/ui/session", s.getUISession)
 	mux.HandleFunc("POST /v1/ui/logout", s.logout)
@@ -149,15 +191,6 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("GET /v1/system", s.system)
 	mux.HandleFunc("GET /{$}", s.ui)
 	mux.HandleFunc("GET /assets/", s.ui)
-	s.mux = mux
-	// Every other path, and a known path with another method, answers the
-	// taxonomy's JSON rather than the mux's plain text.
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { s.noRoute(mux, w, r) })
-	// Authentication wraps the mux, so an unauthenticated request reaches no
-	// handler at all.
-	// Tracing wraps them all, so that a request's span covers its
-	// authentication and audit record; Caller names the principal on it.
-	return s.logRequests(telemetry.HTTP(s.frontEnd(), s.traceRoute, s.auditCalls(s.authenticate(s.auditWho(telemetry.Caller(mux))))))
 }
 
 // frontEnd names the listener in traces: rest (TCP) or socket.

@@ -490,21 +490,7 @@ type Log struct {
 // mapping decodes to.
 func Default() *Config {
 	return &Config{
-		Server: Server{
-			Socket:        "/run/mcp-sandboxd/api.sock",
-			SocketGroup:   "mcp-sandboxd",
-			SocketMode:    "0660",
-			HTTPAddr:      "127.0.0.1:7070",
-			AuthTokenFile: "/etc/mcp-sandboxd/token",
-			Tools:         append([]string(nil), ToolGroups...),
-
-			MCPMaxResultBytes:   48 << 10,
-			MCPOnSessionEnd:     SessionEndKeep,
-			MCPProgressInterval: Duration(15 * time.Second),
-			MaxRequestBytes:     4 << 20,
-
-			PreviewListen: "127.0.0.1:7071",
-		},
+		Server: defaultServer(),
 		Paths: Paths{
 			StateDir:   "/var/lib/mcp-sandboxd",
 			RunDir:     "/run/mcp-sandboxd",
@@ -512,43 +498,8 @@ func Default() *Config {
 			SeccompDir: "/usr/share/mcp-sandboxd/seccomp-profiles",
 			AgentPath:  "/usr/libexec/mcp-sandboxd/sandbox-agent",
 		},
-		Sandbox: Sandbox{
-			Memory:             512 << 20,
-			MaxMemory:          4 << 30,
-			CPUs:               1,
-			MaxCPUs:            2,
-			Pids:               256,
-			MaxPids:            4096,
-			Disk:               1 << 30,
-			MaxDisk:            8 << 30,
-			DiskBacking:        "disk",
-			ExecTimeout:        Duration(5 * time.Minute),
-			MaxExecTimeout:     Duration(time.Hour),
-			IdleTimeout:        Duration(30 * time.Minute),
-			MaxLifetime:        Duration(24 * time.Hour),
-			MaxSandboxes:       32,
-			OutputLimit:        16 << 20,
-			User:               1000,
-			SeccompProfile:     "default",
-			SeccompDiagnostics: true,
-			CgroupParent:       "/mcp-sandboxd",
-			CgroupFavorDynMods: true,
-			UsernsPool:         UsernsPool{Base: 0x70000000, Size: 65536, Count: 2048},
-		},
-		Network: Network{
-			Bridge:      "sbx0",
-			Subnet:      "10.88.0.0/16",
-			DefaultMode: "none",
-			Deny: []string{
-				"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", // private
-				"169.254.0.0/16", // link-local, cloud metadata
-				"100.64.0.0/10",  // carrier-grade NAT
-				"127.0.0.0/8",    // the host
-				"fc00::/7", "fe80::/10", "::1/128",
-			},
-			CredentialPort: 8119,
-			ApprovalHold:   Duration(30 * time.Second),
-		},
+		Sandbox: defaultSandbox(),
+		Network: defaultNetwork(),
 		Images: Images{
 			Suite:           "bookworm",
 			BuildOnDemand:   true,
@@ -562,33 +513,15 @@ func Default() *Config {
 		},
 		Snapshots: Snapshots{MaxAge: Duration(168 * time.Hour), MaxSize: 2 << 30},
 		Volumes:   Volumes{DefaultSize: 1 << 30, MaxSize: 64 << 30, MaxVolumes: 256, MaxPerSandbox: 8},
-		Autofix: Autofix{
-			Provider:       "client",
-			MaxRetries:     5,
-			MaxRetriesCap:  20,
-			Timeout:        Duration(300 * time.Second),
-			MaxTimeout:     Duration(1800 * time.Second),
-			Success:        "exit_zero_and_empty_stderr",
-			SessionTTL:     Duration(time.Hour),
-			MaxTokens:      8192,
-			CommandTimeout: Duration(120 * time.Second),
-			APIKeyEnv:      "ANTHROPIC_API_KEY",
-		},
+		Autofix:   defaultAutofix(),
 		VM: VM{
 			QEMU:        "qemu-system-x86_64",
 			Accel:       "auto",
 			MaxVMs:      2,
 			BootTimeout: Duration(15 * time.Minute),
 		},
-		E2B: E2B{APIKeyFile: "/etc/mcp-sandboxd/e2b-keys"},
-		Audit: Audit{
-			Enabled:         true,
-			MaxFileBytes:    64 << 20,
-			MaxFileAge:      Duration(24 * time.Hour),
-			MaxTotalBytes:   1 << 30,
-			RetentionAge:    Duration(90 * 24 * time.Hour),
-			CheckpointEvery: 256,
-		},
+		E2B:       E2B{APIKeyFile: "/etc/mcp-sandboxd/e2b-keys"},
+		Audit:     defaultAudit(),
 		SSH:       SSH{Keepalive: Duration(30 * time.Second), TokenTTL: Duration(5 * time.Minute)},
 		Telemetry: Telemetry{OTLPProtocol: "http/protobuf", SampleRatio: 1, ServiceName: "mcp-sandboxd"},
 		Gateway: Gateway{
@@ -600,6 +533,101 @@ func Default() *Config {
 			Level:  "info",
 			Format: "text",
 		},
+	}
+}
+
+// defaultServer is the front ends' defaults: local listeners only, every
+// tool group.
+func defaultServer() Server {
+	return Server{
+		Socket:        "/run/mcp-sandboxd/api.sock",
+		SocketGroup:   "mcp-sandboxd",
+		SocketMode:    "0660",
+		HTTPAddr:      "127.0.0.1:7070",
+		AuthTokenFile: "/etc/mcp-sandboxd/token",
+		Tools:         append([]string(nil), ToolGroups...),
+
+		MCPMaxResultBytes:   48 << 10,
+		MCPOnSessionEnd:     SessionEndKeep,
+		MCPProgressInterval: Duration(15 * time.Second),
+		MaxRequestBytes:     4 << 20,
+
+		PreviewListen: "127.0.0.1:7071",
+	}
+}
+
+// defaultSandbox is a sandbox's default limits and the caps a request may
+// raise them to.
+func defaultSandbox() Sandbox {
+	return Sandbox{
+		Memory:             512 << 20,
+		MaxMemory:          4 << 30,
+		CPUs:               1,
+		MaxCPUs:            2,
+		Pids:               256,
+		MaxPids:            4096,
+		Disk:               1 << 30,
+		MaxDisk:            8 << 30,
+		DiskBacking:        "disk",
+		ExecTimeout:        Duration(5 * time.Minute),
+		MaxExecTimeout:     Duration(time.Hour),
+		IdleTimeout:        Duration(30 * time.Minute),
+		MaxLifetime:        Duration(24 * time.Hour),
+		MaxSandboxes:       32,
+		OutputLimit:        16 << 20,
+		User:               1000,
+		SeccompProfile:     "default",
+		SeccompDiagnostics: true,
+		CgroupParent:       "/mcp-sandboxd",
+		CgroupFavorDynMods: true,
+		UsernsPool:         UsernsPool{Base: 0x70000000, Size: 65536, Count: 2048},
+	}
+}
+
+// defaultNetwork is the default network: no access, and egress (when asked
+// for) denied to private, link-local and the host's ranges.
+func defaultNetwork() Network {
+	return Network{
+		Bridge:      "sbx0",
+		Subnet:      "10.88.0.0/16",
+		DefaultMode: "none",
+		Deny: []string{
+			"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", // private
+			"169.254.0.0/16", // link-local, cloud metadata
+			"100.64.0.0/10",  // carrier-grade NAT
+			"127.0.0.0/8",    // the host
+			"fc00::/7", "fe80::/10", "::1/128",
+		},
+		CredentialPort: 8119,
+		ApprovalHold:   Duration(30 * time.Second),
+	}
+}
+
+// defaultAutofix is the autofix loop's defaults and caps.
+func defaultAutofix() Autofix {
+	return Autofix{
+		Provider:       "client",
+		MaxRetries:     5,
+		MaxRetriesCap:  20,
+		Timeout:        Duration(300 * time.Second),
+		MaxTimeout:     Duration(1800 * time.Second),
+		Success:        "exit_zero_and_empty_stderr",
+		SessionTTL:     Duration(time.Hour),
+		MaxTokens:      8192,
+		CommandTimeout: Duration(120 * time.Second),
+		APIKeyEnv:      "ANTHROPIC_API_KEY",
+	}
+}
+
+// defaultAudit is the audit log's rotation and retention.
+func defaultAudit() Audit {
+	return Audit{
+		Enabled:         true,
+		MaxFileBytes:    64 << 20,
+		MaxFileAge:      Duration(24 * time.Hour),
+		MaxTotalBytes:   1 << 30,
+		RetentionAge:    Duration(90 * 24 * time.Hour),
+		CheckpointEvery: 256,
 	}
 }
 

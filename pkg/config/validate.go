@@ -328,6 +328,15 @@ func (s *Sandbox) validate(p *problems, languages []string) {
 	if s.User < 1 || s.User > 65535 {
 		p.add("sandbox.user", "", "must be a uid from 1 to 65535, got %d", s.User)
 	}
+	s.validateSeccomp(p)
+	s.validatePool(p, languages)
+	s.validateCgroupParent(p)
+	s.validateUsernsPool(p)
+}
+
+// validateSeccomp checks the default profile's name and the extra rules
+// of each profile.
+func (s *Sandbox) validateSeccomp(p *problems) {
 	if s.SeccompProfile != "unconfined" && !plainName.MatchString(s.SeccompProfile) {
 		p.add("sandbox.seccomp_profile", "", "invalid profile name %q (a file name in paths.seccomp_dir without .json, or \"unconfined\")", s.SeccompProfile)
 	}
@@ -350,6 +359,11 @@ func (s *Sandbox) validate(p *problems, languages []string) {
 			}
 		}
 	}
+}
+
+// validatePool checks the warm pool: enabled languages, and no more warm
+// sandboxes than sandbox.max_sandboxes.
+func (s *Sandbox) validatePool(p *problems, languages []string) {
 	warm := 0
 	for _, lang := range slices.Sorted(maps.Keys(s.Pool)) {
 		key, n := "sandbox.pool."+lang, s.Pool[lang]
@@ -366,6 +380,11 @@ func (s *Sandbox) validate(p *problems, languages []string) {
 	if warm > s.MaxSandboxes && s.MaxSandboxes >= 1 {
 		p.add("sandbox.pool", "", "%d warm sandboxes exceed sandbox.max_sandboxes %d", warm, s.MaxSandboxes)
 	}
+}
+
+// validateCgroupParent wants a clean absolute cgroup path other than the
+// root: the daemon owns everything below it.
+func (s *Sandbox) validateCgroupParent(p *problems) {
 	switch {
 	case !path.IsAbs(s.CgroupParent):
 		p.add("sandbox.cgroup_parent", "", "must be an absolute cgroup path, got %q", s.CgroupParent)
@@ -374,6 +393,12 @@ func (s *Sandbox) validate(p *problems, languages []string) {
 	case path.Clean(s.CgroupParent) != s.CgroupParent:
 		p.add("sandbox.cgroup_parent", "", "%q is not a clean path (did you mean %q?)", s.CgroupParent, path.Clean(s.CgroupParent))
 	}
+}
+
+// validateUsernsPool checks the user namespace ranges (count 0: none):
+// one per sandbox at least, each reaching nobody and the sandbox user,
+// all above the host's accounts and below the largest uid.
+func (s *Sandbox) validateUsernsPool(p *problems) {
 	if u := s.UsernsPool; u.Count != 0 {
 		switch {
 		case u.Count < 0:
@@ -436,6 +461,14 @@ func (n *Network) validate(p *problems) {
 	if n.MTU != 0 && (n.MTU < 576 || n.MTU > 65535) {
 		p.add("network.mtu", "", "%d is outside 576..65535 (0: the kernel's default)", n.MTU)
 	}
+	n.validateShaping(p)
+	n.validatePresets(p)
+	n.validateCredentials(p)
+}
+
+// validateShaping checks the bandwidth and connection rate defaults
+// against their floors and caps.
+func (n *Network) validateShaping(p *problems) {
 	const minBandwidth = 8 << 10 // below, a single full-size packet takes most of a second
 	for _, b := range []struct {
 		key string
@@ -459,6 +492,11 @@ func (n *Network) validate(p *problems) {
 	if n.MaxConnRate > 0 && (n.ConnRate == 0 || n.ConnRate > n.MaxConnRate) {
 		p.add("network.conn_rate", "", "%d (0: unlimited) exceeds network.max_conn_rate %d", n.ConnRate, n.MaxConnRate)
 	}
+}
+
+// validatePresets checks the allowlist presets' names and entries and the
+// package index URLs.
+func (n *Network) validatePresets(p *problems) {
 	for _, name := range slices.Sorted(maps.Keys(n.Presets)) {
 		if !plainName.MatchString(name) {
 			p.add("network.presets."+name, "", "invalid preset name %q", name)
@@ -478,6 +516,12 @@ func (n *Network) validate(p *problems) {
 			p.httpURL(u.key, u.v)
 		}
 	}
+}
+
+// validateCredentials checks the credential proxy's port and each
+// credential: a name, an http(s) base URL, a header, exactly one secret
+// source, the sandbox's variable, caps not negative.
+func (n *Network) validateCredentials(p *problems) {
 	if len(n.Credentials) > 0 && (n.CredentialPort <= 0 || n.CredentialPort > 65535 || n.CredentialPort == 53) {
 		p.add("network.credential_port", "", "want a TCP port other than 53, got %d", n.CredentialPort)
 	}

@@ -77,20 +77,7 @@ func (s *srv) addImageTools() {
 			"With a progress token, the build log is sent as progress notifications while it builds; without one the call stays silent but heartbeats keep it alive. Cancelling the call stops the build, and so does a client giving up at its tool timeout (Claude Code: MCP_TOOL_TIMEOUT, raise it for builds) — or build ahead with `sandboxctl images build NAME`.",
 		),
 		annotations{idempotent: true},
-		func(ctx context.Context, c *call, in *apitypes.ImageBuildRequest) (*result, error) {
-			// The result does not carry the log: its last lines are
-			// sent too.
-			c.progress.sendRestAtStop()
-			build := s.e.EnsureImage
-			if in.VM {
-				build = s.e.EnsureVMImage
-			}
-			img, err := build(ctx, in.Name, progressWriter{c.progress.outputFunc()})
-			if err != nil {
-				return nil, err
-			}
-			return &result{structured: img, text: "image " + imageText(img)}, nil
-		})
+		s.imageBuild)
 
 	addTool[apitypes.ImagePullRequest, apitypes.Image](s, "image_pull", "Pull an OCI image",
 		joinLines(
@@ -99,28 +86,7 @@ func (s *srv) addImageTools() {
 			"With a progress token, each layer is reported as a progress notification as it is unpacked. The image's Entrypoint/Cmd are recorded, never run: sandboxes from it start with the daemon's own init and agent, and commands run as the image's user in its working directory with its Env.",
 		),
 		annotations{idempotent: true},
-		func(ctx context.Context, c *call, in *apitypes.ImagePullRequest) (*result, error) {
-			out := c.progress.outputFunc()
-			img, err := s.e.PullImage(ctx, in.Reference, func(p apitypes.ImageProgress) {
-				if out == nil {
-					return
-				}
-				switch p.Phase {
-				case "resolved":
-					out("stderr", []byte(fmt.Sprintf("image %s (%s): %d layers\n", p.Image, p.Digest, p.Layers)))
-				case "layer":
-					how := "pulled"
-					if p.Cached {
-						how = "stored already"
-					}
-					out("stderr", []byte(fmt.Sprintf("layer %d/%d %s: %d bytes, %s\n", p.Index+1, p.Layers, p.Layer, p.Bytes, how)))
-				}
-			})
-			if err != nil {
-				return nil, err
-			}
-			return &result{structured: img, text: "image " + imageText(img)}, nil
-		})
+		s.imagePull)
 
 	addTool[apitypes.DockerfileBuildRequest, apitypes.Image](s, "image_build_dockerfile", "Build an image from a Dockerfile",
 		joinLines(
@@ -129,29 +95,7 @@ func (s *srv) addImageTools() {
 			"Each step is a cached layer: a rebuild of an unchanged Dockerfile and context runs no step, and a change in a late step reuses every earlier layer (no_cache: true runs them all). Errors name the Dockerfile line. With a progress token, steps and RUN output are sent as progress notifications.",
 		),
 		annotations{idempotent: true},
-		func(ctx context.Context, c *call, in *apitypes.DockerfileBuildRequest) (*result, error) {
-			c.progress.sendRestAtStop()
-			out := c.progress.outputFunc()
-			img, err := s.e.BuildDockerfile(ctx, *in, nil, func(p apitypes.BuildProgress) {
-				if out == nil {
-					return
-				}
-				switch p.Phase {
-				case "step":
-					how := ""
-					if p.Cached {
-						how = " (cached)"
-					}
-					out("stderr", []byte(fmt.Sprintf("step %d/%d: %s%s\n", p.Step, p.Steps, p.Instruction, how)))
-				case "output":
-					out(p.Stream, []byte(p.Output))
-				}
-			})
-			if err != nil {
-				return nil, err
-			}
-			return &result{structured: img, text: "image " + imageText(img)}, nil
-		})
+		s.imageBuildDockerfile)
 
 	addTool[apitypes.ImageDeleteRequest, apitypes.ImageDeleteResult](s, "image_delete", "Delete an image",
 		joinLines(
@@ -159,12 +103,81 @@ func (s *srv) addImageTools() {
 			"A deleted language image is built again on the next sandbox_create/run_code of that language (minutes) when images.build_on_demand is on, or by image_build.",
 		),
 		annotations{destructive: true},
-		func(ctx context.Context, c *call, in *apitypes.ImageDeleteRequest) (*result, error) {
-			if err := s.e.RemoveImage(ctx, in.Name); err != nil {
-				return nil, err
+		s.imageDelete)
+}
+
+// imageBuild is image_build: a recipe's image (a VM guest's with vm),
+// the build log as progress.
+func (s *srv) imageBuild(ctx context.Context, c *call, in *apitypes.ImageBuildRequest) (*result, error) {
+	// The result does not carry the log: its last lines are sent too.
+	c.progress.sendRestAtStop()
+	build := s.e.EnsureImage
+	if in.VM {
+		build = s.e.EnsureVMImage
+	}
+	img, err := build(ctx, in.Name, progressWriter{c.progress.outputFunc()})
+	if err != nil {
+		return nil, err
+	}
+	return &result{structured: img, text: "image " + imageText(img)}, nil
+}
+
+// imagePull is image_pull: each layer as a progress line.
+func (s *srv) imagePull(ctx context.Context, c *call, in *apitypes.ImagePullRequest) (*result, error) {
+	out := c.progress.outputFunc()
+	img, err := s.e.PullImage(ctx, in.Reference, func(p apitypes.ImageProgress) {
+		if out == nil {
+			return
+		}
+		switch p.Phase {
+		case "resolved":
+			out("stderr", []byte(fmt.Sprintf("image %s (%s): %d layers\n", p.Image, p.Digest, p.Layers)))
+		case "layer":
+			how := "pulled"
+			if p.Cached {
+				how = "stored already"
 			}
-			return &result{structured: apitypes.ImageDeleteResult{Name: in.Name, Deleted: true}, text: "image " + in.Name + " deleted"}, nil
-		})
+			out("stderr", []byte(fmt.Sprintf("layer %d/%d %s: %d bytes, %s\n", p.Index+1, p.Layers, p.Layer, p.Bytes, how)))
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &result{structured: img, text: "image " + imageText(img)}, nil
+}
+
+// imageBuildDockerfile is image_build_dockerfile: each step and the RUN
+// steps' output as progress.
+func (s *srv) imageBuildDockerfile(ctx context.Context, c *call, in *apitypes.DockerfileBuildRequest) (*result, error) {
+	c.progress.sendRestAtStop()
+	out := c.progress.outputFunc()
+	img, err := s.e.BuildDockerfile(ctx, *in, nil, func(p apitypes.BuildProgress) {
+		if out == nil {
+			return
+		}
+		switch p.Phase {
+		case "step":
+			how := ""
+			if p.Cached {
+				how = " (cached)"
+			}
+			out("stderr", []byte(fmt.Sprintf("step %d/%d: %s%s\n", p.Step, p.Steps, p.Instruction, how)))
+		case "output":
+			out(p.Stream, []byte(p.Output))
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &result{structured: img, text: "image " + imageText(img)}, nil
+}
+
+// imageDelete is image_delete.
+func (s *srv) imageDelete(ctx context.Context, c *call, in *apitypes.ImageDeleteRequest) (*result, error) {
+	if err := s.e.RemoveImage(ctx, in.Name); err != nil {
+		return nil, err
+	}
+	return &result{structured: apitypes.ImageDeleteResult{Name: in.Name, Deleted: true}, text: "image " + in.Name + " deleted"}, nil
 }
 
 // imageList is image_list: the images and recipes, users lists cut to fit

@@ -125,28 +125,52 @@ func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, de
 	if err := c.AddSet(denySet, intervalElements(deny)); err != nil {
 		return fmt.Errorf("nftables: deny set: %w", err)
 	}
+	ch := addChains(c, t)
+	rule := func(chain *nftables.Chain, exprs ...expr.Any) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: exprs})
+	}
+	f.sandboxRules(rule, ch)
+	f.hostRules(rule, ch, gw, subnet, uplink, credPort)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables: create table %s: %w", TableName, err)
+	}
+	return nil
+}
 
+// tableChains are the table's chains that install adds rules to.
+type tableChains struct {
+	fwd, in, out, post *nftables.Chain // base chains (policy accept)
+	from, to, toHost   *nftables.Chain
+}
+
+// addChains adds the table's base chains (hooked, policy accept) and its
+// regular ones (dispatch is filled per sandbox).
+func addChains(c *nftables.Conn, t *nftables.Table) tableChains {
 	accept := nftables.ChainPolicyAccept
 	base := func(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority) *nftables.Chain {
 		return c.AddChain(&nftables.Chain{Name: name, Table: t, Type: typ, Hooknum: hook, Priority: prio, Policy: &accept})
 	}
-	fwd := base(chainForward, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter)
-	in := base(chainInput, nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter)
-	out := base(chainOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter)
-	post := base(chainPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource)
-	from := c.AddChain(&nftables.Chain{Name: chainFromSandbox, Table: t})
-	to := c.AddChain(&nftables.Chain{Name: chainToSandbox, Table: t})
-	toHost := c.AddChain(&nftables.Chain{Name: chainToHost, Table: t})
-	c.AddChain(&nftables.Chain{Name: chainDispatch, Table: t})
-
-	rule := func(ch *nftables.Chain, exprs ...expr.Any) {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
+	ch := tableChains{
+		fwd:    base(chainForward, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter),
+		in:     base(chainInput, nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter),
+		out:    base(chainOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter),
+		post:   base(chainPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource),
+		from:   c.AddChain(&nftables.Chain{Name: chainFromSandbox, Table: t}),
+		to:     c.AddChain(&nftables.Chain{Name: chainToSandbox, Table: t}),
+		toHost: c.AddChain(&nftables.Chain{Name: chainToHost, Table: t}),
 	}
+	c.AddChain(&nftables.Chain{Name: chainDispatch, Table: t})
+	return ch
+}
+
+// sandboxRules adds the rules of traffic through the bridge: what enters
+// our chains, and the from_sandbox and to_sandbox chains.
+func (f *firewall) sandboxRules(rule func(*nftables.Chain, ...expr.Any), ch tableChains) {
 	// Only the bridge's traffic enters our chains; everything else passes
 	// the base chains untouched (policy accept).
-	rule(fwd, cat(matchIfname(expr.MetaKeyIIFNAME, f.bridge), jump(chainFromSandbox))...)
-	rule(fwd, cat(matchIfname(expr.MetaKeyOIFNAME, f.bridge), jump(chainToSandbox))...)
-	rule(in, cat(matchIfname(expr.MetaKeyIIFNAME, f.bridge), jump(chainToHost))...)
+	rule(ch.fwd, cat(matchIfname(expr.MetaKeyIIFNAME, f.bridge), jump(chainFromSandbox))...)
+	rule(ch.fwd, cat(matchIfname(expr.MetaKeyOIFNAME, f.bridge), jump(chainToSandbox))...)
+	rule(ch.in, cat(matchIfname(expr.MetaKeyIIFNAME, f.bridge), jump(chainToHost))...)
 
 	// from_sandbox: replies of connections the policy let through pass;
 	// IPv6 never leaves (the sandbox has it disabled; this catches any
@@ -154,44 +178,44 @@ func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, de
 	// (on the bridge itself, ports are isolated); then the dispatch chain
 	// sends each source address to its sandbox's chain. An address not in
 	// the map (spoofed, or a sandbox being torn down) is dropped.
-	rule(from, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept))...)
-	rule(from, cat(matchNFProto(unix.NFPROTO_IPV6), verdict(expr.VerdictDrop))...)
-	rule(from, cat(matchIfname(expr.MetaKeyOIFNAME, f.bridge), verdict(expr.VerdictDrop))...)
+	rule(ch.from, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept))...)
+	rule(ch.from, cat(matchNFProto(unix.NFPROTO_IPV6), verdict(expr.VerdictDrop))...)
+	rule(ch.from, cat(matchIfname(expr.MetaKeyOIFNAME, f.bridge), verdict(expr.VerdictDrop))...)
 	// Past the IPv6 rule only IPv4 is left (the inet hooks see nothing
 	// else), so the IPv4 header offsets below are safe.
-	rule(from, jump(chainDispatch)...)
-	rule(from, verdict(expr.VerdictDrop)...)
+	rule(ch.from, jump(chainDispatch)...)
+	rule(ch.from, verdict(expr.VerdictDrop)...)
 
 	// to_sandbox: nothing opens a connection into a sandbox; only replies
 	// to the sandbox's own connections get in.
-	rule(to, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept))...)
-	rule(to, verdict(expr.VerdictDrop)...)
+	rule(ch.to, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept))...)
+	rule(ch.to, verdict(expr.VerdictDrop)...)
+}
 
+// hostRules adds the rules between sandboxes and the host: what a sandbox
+// may reach of the host (DNS, the credential proxy), that the host opens
+// nothing into a sandbox, and the masquerade out of the uplink.
+func (f *firewall) hostRules(rule func(*nftables.Chain, ...expr.Any), ch tableChains, gw netip.Addr, subnet netip.Prefix, uplink string, credPort int) {
 	// sandbox_to_host: the host's own addresses (all of them, the
 	// gateway's included) are closed to sandboxes, except DNS to the
 	// gateway, where the forwarder enforces the policy.
-	rule(toHost, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept))...)
-	rule(toHost, cat(matchNFProto(unix.NFPROTO_IPV6), verdict(expr.VerdictDrop))...)
+	rule(ch.toHost, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept))...)
+	rule(ch.toHost, cat(matchNFProto(unix.NFPROTO_IPV6), verdict(expr.VerdictDrop))...)
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-		rule(toHost, cat(matchNFProto(unix.NFPROTO_IPV4), matchAddr(16, gw), matchL4Proto(proto), matchDport(53), verdict(expr.VerdictAccept))...)
+		rule(ch.toHost, cat(matchNFProto(unix.NFPROTO_IPV4), matchAddr(16, gw), matchL4Proto(proto), matchDport(53), verdict(expr.VerdictAccept))...)
 	}
 	// The credential proxy (credentials.go), which decides per request
 	// whose it is; only when credentials are configured.
 	if credPort > 0 {
-		rule(toHost, cat(matchNFProto(unix.NFPROTO_IPV4), matchAddr(16, gw), matchL4Proto(unix.IPPROTO_TCP), matchDport(uint16(credPort)), verdict(expr.VerdictAccept))...)
+		rule(ch.toHost, cat(matchNFProto(unix.NFPROTO_IPV4), matchAddr(16, gw), matchL4Proto(unix.IPPROTO_TCP), matchDport(uint16(credPort)), verdict(expr.VerdictAccept))...)
 	}
-	rule(toHost, verdict(expr.VerdictDrop)...)
+	rule(ch.toHost, verdict(expr.VerdictDrop)...)
 
 	// output: the host opens no connection into a sandbox either.
-	rule(out, cat(matchIfname(expr.MetaKeyOIFNAME, f.bridge), ctStateIn(expr.CtStateBitNEW), verdict(expr.VerdictDrop))...)
+	rule(ch.out, cat(matchIfname(expr.MetaKeyOIFNAME, f.bridge), ctStateIn(expr.CtStateBitNEW), verdict(expr.VerdictDrop))...)
 
 	// Masquerade the subnet out of the default-route interface only.
-	rule(post, cat(matchNFProto(unix.NFPROTO_IPV4), matchPrefix(12, subnet), matchIfname(expr.MetaKeyOIFNAME, uplink), []expr.Any{&expr.Masq{}})...)
-
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables: create table %s: %w", TableName, err)
-	}
-	return nil
+	rule(ch.post, cat(matchNFProto(unix.NFPROTO_IPV4), matchPrefix(12, subnet), matchIfname(expr.MetaKeyOIFNAME, uplink), []expr.Any{&expr.Masq{}})...)
 }
 
 // sandboxKey names a sandbox's objects in the table and its host veth:

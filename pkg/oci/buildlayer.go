@@ -43,98 +43,132 @@ var layerTime = time.Unix(0, 0).UTC()
 // are left out, and so are sockets and device nodes. Owners are turned
 // from host ids to the sandbox's (idBase, idSize; idSize 0: as they are).
 func WriteUpperLayer(upper string, skip []string, idBase, idSize int, w io.Writer) error {
-	tw := tar.NewWriter(w)
-	links := map[[2]uint64]string{}
-	inside := func(id int) int {
-		if idSize == 0 {
-			return id
-		}
-		if id >= idBase && id < idBase+idSize {
-			return id - idBase
-		}
-		return 65534
-	}
-	err := filepath.WalkDir(upper, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(upper, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		for _, s := range skip {
-			s = strings.Trim(s, "/")
-			if rel == s || strings.HasPrefix(rel, s+"/") {
-				if d.IsDir() {
-					return filepath.SkipDir
-				}
-				return nil
-			}
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		st, _ := fi.Sys().(*syscall.Stat_t)
-		mode := fi.Mode()
-		if mode&fs.ModeCharDevice != 0 && st != nil && st.Rdev == 0 {
-			dir, base := path.Split(rel)
-			return tw.WriteHeader(&tar.Header{Name: dir + whiteoutPrefix + base, Typeflag: tar.TypeReg, Mode: 0o600, ModTime: fi.ModTime(), Format: tar.FormatPAX})
-		}
-		if mode&(fs.ModeSocket|fs.ModeDevice|fs.ModeCharDevice) != 0 {
-			return nil
-		}
-		link := ""
-		if mode&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = rel
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname = "", ""
-		hdr.Uid, hdr.Gid = inside(hdr.Uid), inside(hdr.Gid)
-		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
-		hdr.Format = tar.FormatPAX
-		if st != nil && mode.IsRegular() && st.Nlink > 1 {
-			k := [2]uint64{st.Dev, st.Ino}
-			if first, ok := links[k]; ok {
-				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
-			} else {
-				links[k] = rel
-			}
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if fi.IsDir() {
-			if v, err := getxattr(p, "trusted.overlay.opaque"); err == nil && v == "y" {
-				return tw.WriteHeader(&tar.Header{Name: rel + "/" + opaqueMarker, Typeflag: tar.TypeReg, Mode: 0o600, ModTime: fi.ModTime(), Format: tar.FormatPAX})
-			}
-			return nil
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			return nil
-		}
-		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.CopyN(tw, f, hdr.Size)
-		return err
-	})
-	if err != nil {
+	lw := &upperLayerWriter{tw: tar.NewWriter(w), upper: upper, skip: skip, idBase: idBase, idSize: idSize, links: map[[2]uint64]string{}}
+	if err := filepath.WalkDir(upper, lw.entry); err != nil {
 		return fmt.Errorf("layer of the step's changes: %w", err)
 	}
-	return tw.Close()
+	return lw.tw.Close()
+}
+
+// upperLayerWriter is one WriteUpperLayer: the walk's callback and what it
+// carries from one entry to the next.
+type upperLayerWriter struct {
+	tw             *tar.Writer
+	upper          string
+	skip           []string
+	idBase, idSize int
+	links          map[[2]uint64]string // (dev, inode) of files with several links → first name
+}
+
+// inside is the sandbox's id of host id id (the overflow id outside its
+// range).
+func (lw *upperLayerWriter) inside(id int) int {
+	if lw.idSize == 0 {
+		return id
+	}
+	if id >= lw.idBase && id < lw.idBase+lw.idSize {
+		return id - lw.idBase
+	}
+	return 65534
+}
+
+// skipped reports whether rel is one of the daemon's own paths or below one.
+func (lw *upperLayerWriter) skipped(rel string) bool {
+	for _, s := range lw.skip {
+		s = strings.Trim(s, "/")
+		if rel == s || strings.HasPrefix(rel, s+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// entry writes the walk's entry p (a fs.WalkDirFunc).
+func (lw *upperLayerWriter) entry(p string, d fs.DirEntry, err error) error {
+	if err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(lw.upper, p)
+	if err != nil || rel == "." {
+		return err
+	}
+	rel = filepath.ToSlash(rel)
+	if lw.skipped(rel) {
+		if d.IsDir() {
+			return filepath.SkipDir
+		}
+		return nil
+	}
+	fi, err := d.Info()
+	if err != nil {
+		return err
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	mode := fi.Mode()
+	if mode&fs.ModeCharDevice != 0 && st != nil && st.Rdev == 0 {
+		dir, base := path.Split(rel)
+		return lw.tw.WriteHeader(&tar.Header{Name: dir + whiteoutPrefix + base, Typeflag: tar.TypeReg, Mode: 0o600, ModTime: fi.ModTime(), Format: tar.FormatPAX})
+	}
+	if mode&(fs.ModeSocket|fs.ModeDevice|fs.ModeCharDevice) != 0 {
+		return nil
+	}
+	hdr, err := lw.header(p, rel, fi, st)
+	if err != nil {
+		return err
+	}
+	if err := lw.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		if v, err := getxattr(p, "trusted.overlay.opaque"); err == nil && v == "y" {
+			return lw.tw.WriteHeader(&tar.Header{Name: rel + "/" + opaqueMarker, Typeflag: tar.TypeReg, Mode: 0o600, ModTime: fi.ModTime(), Format: tar.FormatPAX})
+		}
+		return nil
+	}
+	if hdr.Typeflag != tar.TypeReg {
+		return nil
+	}
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.CopyN(lw.tw, f, hdr.Size)
+	return err
+}
+
+// header is the tar header of entry rel: owners as the sandbox sees them,
+// no names or access times (the layer's bytes depend on the files only),
+// a second name of a file a hard link to its first.
+func (lw *upperLayerWriter) header(p, rel string, fi fs.FileInfo, st *syscall.Stat_t) (*tar.Header, error) {
+	link := ""
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		var err error
+		if link, err = os.Readlink(p); err != nil {
+			return nil, err
+		}
+	}
+	hdr, err := tar.FileInfoHeader(fi, link)
+	if err != nil {
+		return nil, err
+	}
+	hdr.Name = rel
+	if fi.IsDir() {
+		hdr.Name += "/"
+	}
+	hdr.Uname, hdr.Gname = "", ""
+	hdr.Uid, hdr.Gid = lw.inside(hdr.Uid), lw.inside(hdr.Gid)
+	hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
+	hdr.Format = tar.FormatPAX
+	if st != nil && fi.Mode().IsRegular() && st.Nlink > 1 {
+		k := [2]uint64{st.Dev, st.Ino}
+		if first, ok := lw.links[k]; ok {
+			hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+		} else {
+			lw.links[k] = rel
+		}
+	}
+	return hdr, nil
 }
 
 func getxattr(p, name string) (string, error) {
@@ -235,138 +269,32 @@ func (im *Importer) stepCopy(req BuildRequest, s *buildState, loc []parser.Range
 	if req.Context == "" {
 		return lineError(loc, "%s: the build has no context", what)
 	}
-	uid, gid := 0, 0
+	cp := &contextCopy{loc: loc, what: what, perm: -1}
 	if chown != "" {
 		var err error
-		if uid, gid, err = im.chownIDs(s, chown); err != nil {
+		if cp.uid, cp.gid, err = im.chownIDs(s, chown); err != nil {
 			return lineError(loc, "%s --chown=%s: %v", what, chown, err)
 		}
 	}
-	var perm int64 = -1
 	if chmod != "" {
 		v, err := strconv.ParseUint(chmod, 8, 32)
 		if err != nil || v > 0o7777 {
 			return lineError(loc, "%s --chmod=%s: an octal mode is expected", what, chmod)
 		}
-		perm = int64(v)
+		cp.perm = int64(v)
 	}
-	dest := sd.DestPath
-	if !path.IsAbs(dest) {
-		wd := s.cfg.WorkingDir
-		if wd == "" {
-			wd = "/"
-		}
-		dest = path.Join(wd, dest) + map[bool]string{true: "/"}[strings.HasSuffix(sd.DestPath, "/")]
-	}
-	destIsDir := strings.HasSuffix(dest, "/") || len(sd.SourcePaths) > 1
-	dest = strings.TrimPrefix(path.Clean(dest), "/")
+	dest, destIsDir := copyDest(s, sd)
 	root, err := os.OpenRoot(req.Context)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
-	var files []copySource
-	for _, src := range sd.SourcePaths {
-		clean := strings.TrimPrefix(path.Clean("/"+src), "/")
-		for _, part := range strings.Split(src, "/") {
-			if part == ".." {
-				return lineError(loc, "%s %s: \"..\" leads out of the context", what, src)
-			}
-		}
-		if clean == "" {
-			clean = "."
-		}
-		matches := []string{clean}
-		if strings.ContainsAny(clean, `*?[\`) {
-			if matches, err = fs.Glob(root.FS(), clean); err != nil {
-				return lineError(loc, "%s %s: %v", what, src, err)
-			}
-		}
-		if len(matches) == 0 {
-			return lineError(loc, "%s %s: no such file in the context", what, src)
-		}
-		if len(matches) > 1 {
-			destIsDir = true
-		}
-		for _, m := range matches {
-			fi, err := root.Stat(m)
-			if errors.Is(err, fs.ErrNotExist) {
-				return lineError(loc, "%s %s: no such file in the context", what, src)
-			}
-			if err != nil {
-				return lineError(loc, "%s %s: entry %q: %v", what, src, m, contextErr(err))
-			}
-			if !fi.IsDir() {
-				d := dest
-				if destIsDir {
-					d = path.Join(dest, path.Base(m))
-				}
-				files = append(files, copySource{rel: m, dest: d})
-				continue
-			}
-			// A directory's contents go into dest, as Docker's COPY does.
-			err = fs.WalkDir(root.FS(), m, func(p string, d fs.DirEntry, err error) error {
-				if err != nil {
-					return err
-				}
-				r, _ := filepath.Rel(m, p)
-				files = append(files, copySource{rel: p, dest: path.Join(dest, filepath.ToSlash(r))})
-				return nil
-			})
-			if err != nil {
-				return lineError(loc, "%s %s: %v", what, src, contextErr(err))
-			}
-		}
+	cp.root = root
+	files, err := cp.sources(sd.SourcePaths, dest, destIsDir)
+	if err != nil {
+		return err
 	}
-	sort.SliceStable(files, func(i, j int) bool { return files[i].dest < files[j].dest })
-	d, err := im.storeLayer(func(w io.Writer) error {
-		tw := tar.NewWriter(w)
-		for _, f := range files {
-			fi, err := root.Lstat(f.rel)
-			if err != nil {
-				return lineError(loc, "%s: entry %q: %v", what, f.rel, contextErr(err))
-			}
-			hdr := &tar.Header{Name: f.dest, Uid: uid, Gid: gid, ModTime: layerTime, Mode: int64(fi.Mode().Perm()), Format: tar.FormatPAX}
-			switch {
-			case fi.Mode()&fs.ModeSymlink != 0:
-				target, err := root.Readlink(f.rel)
-				if err != nil {
-					return lineError(loc, "%s: entry %q: %v", what, f.rel, err)
-				}
-				if path.IsAbs(target) || escapes(path.Dir(f.rel), target) {
-					return lineError(loc, "%s: entry %q: symlink to %q leads out of the context", what, f.rel, target)
-				}
-				hdr.Typeflag, hdr.Linkname, hdr.Mode = tar.TypeSymlink, target, 0o777
-			case fi.IsDir():
-				hdr.Typeflag, hdr.Name = tar.TypeDir, f.dest+"/"
-			case fi.Mode().IsRegular():
-				hdr.Typeflag, hdr.Size = tar.TypeReg, fi.Size()
-			default:
-				return lineError(loc, "%s: entry %q: not a file, directory or symlink", what, f.rel)
-			}
-			if perm >= 0 && hdr.Typeflag != tar.TypeSymlink {
-				hdr.Mode = perm
-			}
-			if f.dest == "" || f.dest == "." {
-				continue // the root's own entry: its mode is the image's
-			}
-			if err := tw.WriteHeader(hdr); err != nil {
-				return err
-			}
-			if hdr.Typeflag == tar.TypeReg {
-				fh, err := root.Open(f.rel)
-				if err != nil {
-					return lineError(loc, "%s: entry %q: %v", what, f.rel, contextErr(err))
-				}
-				_, err = io.CopyN(tw, fh, hdr.Size)
-				fh.Close()
-				if err != nil {
-					return err
-				}
-			}
-		}
-		return tw.Close()
-	})
+	d, err := im.storeLayer(func(w io.Writer) error { return cp.writeLayer(w, files) })
 	if err != nil {
 		return err
 	}
@@ -382,6 +310,172 @@ func (im *Importer) stepCopy(req BuildRequest, s *buildState, loc []parser.Range
 		return lineError(loc, "more than %d layers", maxLayers)
 	}
 	return nil
+}
+
+// copyDest is a COPY's destination, relative to the image's root (a
+// relative one is below the WORKDIR), and whether it is a directory (a
+// trailing "/" or several sources).
+func copyDest(s *buildState, sd instructions.SourcesAndDest) (string, bool) {
+	dest := sd.DestPath
+	if !path.IsAbs(dest) {
+		wd := s.cfg.WorkingDir
+		if wd == "" {
+			wd = "/"
+		}
+		dest = path.Join(wd, dest) + map[bool]string{true: "/"}[strings.HasSuffix(sd.DestPath, "/")]
+	}
+	destIsDir := strings.HasSuffix(dest, "/") || len(sd.SourcePaths) > 1
+	return strings.TrimPrefix(path.Clean(dest), "/"), destIsDir
+}
+
+// contextCopy is one COPY or ADD from the build context: the context
+// (opened as a root, so nothing resolves out of it) and the owners and
+// mode the layer's entries get (perm -1: the context's).
+type contextCopy struct {
+	root     *os.Root
+	loc      []parser.Range
+	what     string // COPY or ADD, for errors
+	uid, gid int
+	perm     int64
+}
+
+// sources lists the files the sources bring (globs expanded, directories
+// walked), sorted by their destination.
+func (cp *contextCopy) sources(srcs []string, dest string, destIsDir bool) ([]copySource, error) {
+	var files []copySource
+	for _, src := range srcs {
+		matches, err := cp.match(src)
+		if err != nil {
+			return nil, err
+		}
+		if len(matches) > 1 {
+			destIsDir = true
+		}
+		for _, m := range matches {
+			if files, err = cp.addMatch(files, src, m, dest, destIsDir); err != nil {
+				return nil, err
+			}
+		}
+	}
+	sort.SliceStable(files, func(i, j int) bool { return files[i].dest < files[j].dest })
+	return files, nil
+}
+
+// match is what source src names in the context: itself, or what its glob
+// matches (at least one).
+func (cp *contextCopy) match(src string) ([]string, error) {
+	clean := strings.TrimPrefix(path.Clean("/"+src), "/")
+	for _, part := range strings.Split(src, "/") {
+		if part == ".." {
+			return nil, lineError(cp.loc, "%s %s: \"..\" leads out of the context", cp.what, src)
+		}
+	}
+	if clean == "" {
+		clean = "."
+	}
+	matches := []string{clean}
+	if strings.ContainsAny(clean, `*?[\`) {
+		var err error
+		if matches, err = fs.Glob(cp.root.FS(), clean); err != nil {
+			return nil, lineError(cp.loc, "%s %s: %v", cp.what, src, err)
+		}
+	}
+	if len(matches) == 0 {
+		return nil, lineError(cp.loc, "%s %s: no such file in the context", cp.what, src)
+	}
+	return matches, nil
+}
+
+// addMatch adds m, a match of source src: a file at dest (or in it), a
+// directory's whole tree into dest.
+func (cp *contextCopy) addMatch(files []copySource, src, m, dest string, destIsDir bool) ([]copySource, error) {
+	fi, err := cp.root.Stat(m)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, lineError(cp.loc, "%s %s: no such file in the context", cp.what, src)
+	}
+	if err != nil {
+		return nil, lineError(cp.loc, "%s %s: entry %q: %v", cp.what, src, m, contextErr(err))
+	}
+	if !fi.IsDir() {
+		d := dest
+		if destIsDir {
+			d = path.Join(dest, path.Base(m))
+		}
+		return append(files, copySource{rel: m, dest: d}), nil
+	}
+	// A directory's contents go into dest, as Docker's COPY does.
+	err = fs.WalkDir(cp.root.FS(), m, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		r, _ := filepath.Rel(m, p)
+		files = append(files, copySource{rel: p, dest: path.Join(dest, filepath.ToSlash(r))})
+		return nil
+	})
+	if err != nil {
+		return nil, lineError(cp.loc, "%s %s: %v", cp.what, src, contextErr(err))
+	}
+	return files, nil
+}
+
+// writeLayer writes files as an uncompressed layer to w.
+func (cp *contextCopy) writeLayer(w io.Writer, files []copySource) error {
+	tw := tar.NewWriter(w)
+	for _, f := range files {
+		hdr, err := cp.header(f)
+		if err != nil {
+			return err
+		}
+		if f.dest == "" || f.dest == "." {
+			continue // the root's own entry: its mode is the image's
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			fh, err := cp.root.Open(f.rel)
+			if err != nil {
+				return lineError(cp.loc, "%s: entry %q: %v", cp.what, f.rel, contextErr(err))
+			}
+			_, err = io.CopyN(tw, fh, hdr.Size)
+			fh.Close()
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return tw.Close()
+}
+
+// header is the layer's entry of f: a symlink only when it stays inside
+// the context, nothing but files, directories and symlinks.
+func (cp *contextCopy) header(f copySource) (*tar.Header, error) {
+	fi, err := cp.root.Lstat(f.rel)
+	if err != nil {
+		return nil, lineError(cp.loc, "%s: entry %q: %v", cp.what, f.rel, contextErr(err))
+	}
+	hdr := &tar.Header{Name: f.dest, Uid: cp.uid, Gid: cp.gid, ModTime: layerTime, Mode: int64(fi.Mode().Perm()), Format: tar.FormatPAX}
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		target, err := cp.root.Readlink(f.rel)
+		if err != nil {
+			return nil, lineError(cp.loc, "%s: entry %q: %v", cp.what, f.rel, err)
+		}
+		if path.IsAbs(target) || escapes(path.Dir(f.rel), target) {
+			return nil, lineError(cp.loc, "%s: entry %q: symlink to %q leads out of the context", cp.what, f.rel, target)
+		}
+		hdr.Typeflag, hdr.Linkname, hdr.Mode = tar.TypeSymlink, target, 0o777
+	case fi.IsDir():
+		hdr.Typeflag, hdr.Name = tar.TypeDir, f.dest+"/"
+	case fi.Mode().IsRegular():
+		hdr.Typeflag, hdr.Size = tar.TypeReg, fi.Size()
+	default:
+		return nil, lineError(cp.loc, "%s: entry %q: not a file, directory or symlink", cp.what, f.rel)
+	}
+	if cp.perm >= 0 && hdr.Typeflag != tar.TypeSymlink {
+		hdr.Mode = cp.perm
+	}
+	return hdr, nil
 }
 
 // contextErr says that an error of os.Root is a path leading out of the

@@ -124,52 +124,108 @@ func (im *Importer) Build(ctx context.Context, req BuildRequest, b Builders, pro
 	if progress == nil {
 		progress = func(apitypes.BuildProgress) {}
 	}
-	if len(req.Dockerfile) == 0 {
-		return nil, errdefs.Invalidf("dockerfile: required")
-	}
-	if len(req.Dockerfile) > MaxDockerfile {
-		return nil, errdefs.Invalidf("dockerfile: %d bytes, at most %d", len(req.Dockerfile), MaxDockerfile)
-	}
-	res, err := parser.Parse(bytes.NewReader(req.Dockerfile))
+	st, metaArgs, escape, err := parseDockerfile(req.Dockerfile)
 	if err != nil {
-		return nil, parseError(err)
+		return nil, err
+	}
+	run := &dockerfileRun{
+		im: im, req: req, b: b, progress: progress, lex: shell.NewLex(escape),
+		global: globalArgs(metaArgs, req.BuildArgs), usedArgs: map[string]bool{}, total: len(st.Commands) + 1,
+	}
+	s, err := run.from(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	for i, c := range st.Commands {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := run.step(ctx, s, i+2, c); err != nil {
+			return nil, err
+		}
+	}
+	if err := run.checkBuildArgs(s); err != nil {
+		return nil, err
+	}
+	out, err := im.installBuilt(ctx, s, req.Tag)
+	if err != nil {
+		return nil, fmt.Errorf("dockerfile: the resulting image: %w", err)
+	}
+	progress(apitypes.BuildProgress{Phase: "done", Step: run.total, Steps: run.total, Image: out.Name, Digest: out.OCI.ConfigDigest})
+	return out, nil
+}
+
+// parseDockerfile checks the Dockerfile's size and parses its one stage,
+// the ARGs before its FROM and the escape character its words use.
+func parseDockerfile(dockerfile []byte) (instructions.Stage, []instructions.ArgCommand, rune, error) {
+	var none instructions.Stage
+	if len(dockerfile) == 0 {
+		return none, nil, 0, errdefs.Invalidf("dockerfile: required")
+	}
+	if len(dockerfile) > MaxDockerfile {
+		return none, nil, 0, errdefs.Invalidf("dockerfile: %d bytes, at most %d", len(dockerfile), MaxDockerfile)
+	}
+	res, err := parser.Parse(bytes.NewReader(dockerfile))
+	if err != nil {
+		return none, nil, 0, parseError(err)
 	}
 	stages, metaArgs, err := instructions.Parse(res.AST, nil)
 	if err != nil {
-		return nil, parseError(err)
+		return none, nil, 0, parseError(err)
 	}
 	if len(stages) == 0 {
-		return nil, errdefs.Invalidf("dockerfile: no FROM")
+		return none, nil, 0, errdefs.Invalidf("dockerfile: no FROM")
 	}
 	if len(stages) > 1 {
-		return nil, lineError(stages[1].Location, "multi-stage builds are not supported (a second FROM)")
+		return none, nil, 0, lineError(stages[1].Location, "multi-stage builds are not supported (a second FROM)")
 	}
-	st := stages[0]
-	if len(st.Commands) > maxSteps {
-		return nil, errdefs.Invalidf("dockerfile: %d instructions, at most %d", len(st.Commands), maxSteps)
+	if len(stages[0].Commands) > maxSteps {
+		return none, nil, 0, errdefs.Invalidf("dockerfile: %d instructions, at most %d", len(stages[0].Commands), maxSteps)
 	}
-	lex := shell.NewLex(res.EscapeToken)
-	// Global ARGs (before FROM) are visible to FROM only.
+	return stages[0], metaArgs, res.EscapeToken, nil
+}
+
+// globalArgs are the values of the ARGs declared before FROM: visible to
+// FROM only (and to a stage's ARG of the same name without a value).
+func globalArgs(metaArgs []instructions.ArgCommand, buildArgs map[string]string) map[string]string {
 	global := map[string]string{}
 	for _, a := range metaArgs {
 		for _, kv := range a.Args {
-			if v, ok := req.BuildArgs[kv.Key]; ok {
+			if v, ok := buildArgs[kv.Key]; ok {
 				global[kv.Key] = v
 			} else if kv.Value != nil {
 				global[kv.Key] = *kv.Value
 			}
 		}
 	}
-	baseName, err := lex.ProcessWordWithMatches(st.BaseName, shell.EnvsFromSlice(envList(global)))
+	return global
+}
+
+// dockerfileRun is one Build in progress: what every step reads besides
+// the image made so far (buildState).
+type dockerfileRun struct {
+	im       *Importer
+	req      BuildRequest
+	b        Builders
+	progress func(apitypes.BuildProgress)
+	lex      *shell.Lex
+	global   map[string]string // ARGs before FROM
+	usedArgs map[string]bool   // build args a word expansion used
+	total    int               // steps, FROM included
+}
+
+// from resolves the stage's FROM (step 1) and starts the image from the
+// base's configuration.
+func (r *dockerfileRun) from(ctx context.Context, st instructions.Stage) (*buildState, error) {
+	baseName, err := r.lex.ProcessWordWithMatches(st.BaseName, shell.EnvsFromSlice(envList(r.global)))
 	if err != nil {
 		return nil, lineError(st.Location, "FROM: %v", err)
 	}
 	if st.Platform != "" && st.Platform != "linux/amd64" {
 		return nil, lineError(st.Location, "FROM --platform=%s: only linux/amd64 images run here", st.Platform)
 	}
-	total := len(st.Commands) + 1
-	progress(apitypes.BuildProgress{Phase: "step", Step: 1, Steps: total, Instruction: st.SourceCode})
-	base, err := b.Base(ctx, baseName.Result)
+	r.progress(apitypes.BuildProgress{Phase: "step", Step: 1, Steps: r.total, Instruction: st.SourceCode})
+	base, err := r.b.Base(ctx, baseName.Result)
 	if err != nil {
 		return nil, fmt.Errorf("dockerfile: line %d: FROM %s: %w", lineOf(st.Location), baseName.Result, err)
 	}
@@ -183,127 +239,153 @@ func (im *Importer) Build(ctx context.Context, req BuildRequest, b Builders, pro
 		// A language image runs as its sandbox user.
 		s.cfg.User = base.User.Name
 	}
-	usedArgs := map[string]bool{}
-	for i, c := range st.Commands {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		step := i + 2
-		loc := c.Location()
-		// Word expansion uses the ARGs and ENVs so far, as Docker does.
-		env := s.expandEnv()
-		if ex, ok := c.(instructions.SupportsSingleWordExpansion); ok {
-			if err := ex.Expand(func(w string) (string, error) {
-				r, err := lex.ProcessWordWithMatches(w, shell.EnvsFromSlice(env))
-				for m := range r.Matched {
-					usedArgs[m] = true
-				}
-				return r.Result, err
-			}); err != nil {
-				return nil, lineError(loc, "%s: %v", strings.ToUpper(c.Name()), err)
+	return s, nil
+}
+
+// step runs instruction c, number step of the build: its words expanded,
+// then either a change of the configuration or a layer (RUN, COPY, ADD).
+func (r *dockerfileRun) step(ctx context.Context, s *buildState, step int, c instructions.Command) error {
+	loc := c.Location()
+	// Word expansion uses the ARGs and ENVs so far, as Docker does.
+	env := s.expandEnv()
+	if ex, ok := c.(instructions.SupportsSingleWordExpansion); ok {
+		if err := ex.Expand(func(w string) (string, error) {
+			res, err := r.lex.ProcessWordWithMatches(w, shell.EnvsFromSlice(env))
+			for m := range res.Matched {
+				r.usedArgs[m] = true
 			}
-		}
-		ev := apitypes.BuildProgress{Phase: "step", Step: step, Steps: total, Instruction: instructionText(c)}
-		switch c := c.(type) {
-		case *instructions.EnvCommand:
-			for _, kv := range c.Env {
-				s.cfg.Env = setEnv(s.cfg.Env, kv.Key, kv.Value)
-				s.envSet[kv.Key] = true
-			}
-		case *instructions.ArgCommand:
-			for _, kv := range c.Args {
-				v, given := req.BuildArgs[kv.Key]
-				if !given && kv.Value != nil {
-					v, given = *kv.Value, true
-				}
-				if !given {
-					if gv, ok := global[kv.Key]; ok {
-						v = gv
-					}
-				}
-				s.args[kv.Key] = v
-			}
-		case *instructions.WorkdirCommand:
-			p := c.Path
-			if !path.IsAbs(p) {
-				p = path.Join("/", s.cfg.WorkingDir, p)
-			}
-			s.cfg.WorkingDir = path.Clean(p)
-		case *instructions.UserCommand:
-			s.cfg.User = c.User
-		case *instructions.LabelCommand:
-			if s.cfg.Labels == nil {
-				s.cfg.Labels = map[string]string{}
-			}
-			for _, kv := range c.Labels {
-				s.cfg.Labels[kv.Key] = kv.Value
-			}
-		case *instructions.EntrypointCommand:
-			s.cfg.Entrypoint = s.cmdLine(c.ShellDependantCmdLine)
-			// As Docker does: a new ENTRYPOINT drops the base's CMD.
-			s.cfg.Cmd = nil
-		case *instructions.CmdCommand:
-			s.cfg.Cmd = s.cmdLine(c.ShellDependantCmdLine)
-		case *instructions.ExposeCommand:
-			if s.cfg.ExposedPorts == nil {
-				s.cfg.ExposedPorts = map[string]struct{}{}
-			}
-			for _, p := range c.Ports {
-				if !strings.Contains(p, "/") {
-					p += "/tcp"
-				}
-				s.cfg.ExposedPorts[p] = struct{}{}
-			}
-		case *instructions.ShellCommand:
-			s.shell = c.Shell
-			s.cfg.Shell = c.Shell
-		case *instructions.MaintainerCommand:
-		case *instructions.RunCommand:
-			if err := im.stepRun(ctx, req, b, s, c, &ev, usedArgs, progress); err != nil {
-				return nil, err
-			}
-		case *instructions.CopyCommand:
-			if c.From != "" {
-				return nil, lineError(loc, "COPY --from: multi-stage builds are not supported")
-			}
-			if err := im.stepCopy(req, s, loc, "COPY", c.SourcesAndDest, c.Chown, c.Chmod, c.ExcludePatterns, c.Parents, &ev); err != nil {
-				return nil, err
-			}
-		case *instructions.AddCommand:
-			for _, src := range c.SourcePaths {
-				if isURL(src) {
-					return nil, lineError(loc, "ADD %s: URLs are refused: the build fetches nothing outside its RUN steps' network policy (RUN curl under --network allowlist instead)", src)
-				}
-				if isArchiveName(src) {
-					return nil, lineError(loc, "ADD %s: archives are not unpacked by builds here (COPY it and RUN tar)", src)
-				}
-			}
-			if c.Checksum != "" || c.KeepGitDir != nil || c.Unpack != nil {
-				return nil, lineError(loc, "ADD: --checksum, --keep-git-dir and --unpack are not supported")
-			}
-			if err := im.stepCopy(req, s, loc, "ADD", c.SourcesAndDest, c.Chown, c.Chmod, c.ExcludePatterns, false, &ev); err != nil {
-				return nil, err
-			}
-		default:
-			return nil, lineError(loc, "%s is refused: %s", strings.ToUpper(c.Name()), refusedWhy(c.Name()))
-		}
-		if ev.Phase == "step" {
-			progress(ev)
+			return res.Result, err
+		}); err != nil {
+			return lineError(loc, "%s: %v", strings.ToUpper(c.Name()), err)
 		}
 	}
-	for k := range req.BuildArgs {
-		if _, declared := s.args[k]; !declared && !usedArgs[k] {
-			if _, g := global[k]; !g {
-				return nil, errdefs.Invalidf("build_args: %q is not an ARG of the Dockerfile", k)
+	ev := apitypes.BuildProgress{Phase: "step", Step: step, Steps: r.total, Instruction: instructionText(c)}
+	if !r.configure(s, c) {
+		if err := r.layerStep(ctx, s, c, &ev); err != nil {
+			return err
+		}
+	}
+	if ev.Phase == "step" {
+		r.progress(ev)
+	}
+	return nil
+}
+
+// configure applies an instruction that changes only the image's
+// configuration (or nothing: MAINTAINER); false for any other.
+func (r *dockerfileRun) configure(s *buildState, c instructions.Command) bool {
+	switch c := c.(type) {
+	case *instructions.EnvCommand:
+		for _, kv := range c.Env {
+			s.cfg.Env = setEnv(s.cfg.Env, kv.Key, kv.Value)
+			s.envSet[kv.Key] = true
+		}
+	case *instructions.ArgCommand:
+		r.declareArgs(s, c)
+	case *instructions.WorkdirCommand:
+		p := c.Path
+		if !path.IsAbs(p) {
+			p = path.Join("/", s.cfg.WorkingDir, p)
+		}
+		s.cfg.WorkingDir = path.Clean(p)
+	case *instructions.UserCommand:
+		s.cfg.User = c.User
+	case *instructions.LabelCommand:
+		if s.cfg.Labels == nil {
+			s.cfg.Labels = map[string]string{}
+		}
+		for _, kv := range c.Labels {
+			s.cfg.Labels[kv.Key] = kv.Value
+		}
+	case *instructions.EntrypointCommand:
+		s.cfg.Entrypoint = s.cmdLine(c.ShellDependantCmdLine)
+		// As Docker does: a new ENTRYPOINT drops the base's CMD.
+		s.cfg.Cmd = nil
+	case *instructions.CmdCommand:
+		s.cfg.Cmd = s.cmdLine(c.ShellDependantCmdLine)
+	case *instructions.ExposeCommand:
+		expose(s, c.Ports)
+	case *instructions.ShellCommand:
+		s.shell = c.Shell
+		s.cfg.Shell = c.Shell
+	case *instructions.MaintainerCommand:
+	default:
+		return false
+	}
+	return true
+}
+
+// declareArgs gives the stage's ARGs their values: a build arg, else the
+// ARG's default, else the global ARG of the same name.
+func (r *dockerfileRun) declareArgs(s *buildState, c *instructions.ArgCommand) {
+	for _, kv := range c.Args {
+		v, given := r.req.BuildArgs[kv.Key]
+		if !given && kv.Value != nil {
+			v, given = *kv.Value, true
+		}
+		if !given {
+			if gv, ok := r.global[kv.Key]; ok {
+				v = gv
+			}
+		}
+		s.args[kv.Key] = v
+	}
+}
+
+// expose adds ports (tcp when no protocol is named) to the image's
+// exposed ports.
+func expose(s *buildState, ports []string) {
+	if s.cfg.ExposedPorts == nil {
+		s.cfg.ExposedPorts = map[string]struct{}{}
+	}
+	for _, p := range ports {
+		if !strings.Contains(p, "/") {
+			p += "/tcp"
+		}
+		s.cfg.ExposedPorts[p] = struct{}{}
+	}
+}
+
+// layerStep runs an instruction that makes a layer (RUN, COPY, ADD) and
+// refuses every other.
+func (r *dockerfileRun) layerStep(ctx context.Context, s *buildState, c instructions.Command, ev *apitypes.BuildProgress) error {
+	loc := c.Location()
+	switch c := c.(type) {
+	case *instructions.RunCommand:
+		return r.im.stepRun(ctx, r.req, r.b, s, c, ev, r.usedArgs, r.progress)
+	case *instructions.CopyCommand:
+		if c.From != "" {
+			return lineError(loc, "COPY --from: multi-stage builds are not supported")
+		}
+		return r.im.stepCopy(r.req, s, loc, "COPY", c.SourcesAndDest, c.Chown, c.Chmod, c.ExcludePatterns, c.Parents, ev)
+	case *instructions.AddCommand:
+		for _, src := range c.SourcePaths {
+			if isURL(src) {
+				return lineError(loc, "ADD %s: URLs are refused: the build fetches nothing outside its RUN steps' network policy (RUN curl under --network allowlist instead)", src)
+			}
+			if isArchiveName(src) {
+				return lineError(loc, "ADD %s: archives are not unpacked by builds here (COPY it and RUN tar)", src)
+			}
+		}
+		if c.Checksum != "" || c.KeepGitDir != nil || c.Unpack != nil {
+			return lineError(loc, "ADD: --checksum, --keep-git-dir and --unpack are not supported")
+		}
+		return r.im.stepCopy(r.req, s, loc, "ADD", c.SourcesAndDest, c.Chown, c.Chmod, c.ExcludePatterns, false, ev)
+	default:
+		return lineError(loc, "%s is refused: %s", strings.ToUpper(c.Name()), refusedWhy(c.Name()))
+	}
+}
+
+// checkBuildArgs refuses a build arg that no ARG declares and no word used.
+func (r *dockerfileRun) checkBuildArgs(s *buildState) error {
+	for k := range r.req.BuildArgs {
+		if _, declared := s.args[k]; !declared && !r.usedArgs[k] {
+			if _, g := r.global[k]; !g {
+				return errdefs.Invalidf("build_args: %q is not an ARG of the Dockerfile", k)
 			}
 		}
 	}
-	out, err := im.installBuilt(ctx, s, req.Tag)
-	if err != nil {
-		return nil, fmt.Errorf("dockerfile: the resulting image: %w", err)
-	}
-	progress(apitypes.BuildProgress{Phase: "done", Step: total, Steps: total, Image: out.Name, Digest: out.OCI.ConfigDigest})
-	return out, nil
+	return nil
 }
 
 // instructionText is the instruction as written (after expansion).

@@ -152,42 +152,88 @@ func (im *Importer) install(ctx context.Context, img v1.Image, src source, refs 
 	if progress == nil {
 		progress = func(apitypes.ImageProgress) {}
 	}
-	mf, err := img.Manifest()
+	cfg, configHex, err := im.readConfig(img, src)
 	if err != nil {
-		return nil, im.sourceError("manifest", err)
-	}
-	if mf.Config.Size > im.o.MaxManifest {
-		return nil, errdefs.LimitExceededf("image: config %s: %d bytes, over images.max_manifest_size (%d)", mf.Config.Digest, mf.Config.Size, im.o.MaxManifest)
-	}
-	raw, err := img.RawConfigFile()
-	if err != nil {
-		return nil, im.sourceError("config", err)
-	}
-	if int64(len(raw)) > im.o.MaxManifest {
-		return nil, errdefs.LimitExceededf("image: config: %d bytes, over images.max_manifest_size (%d)", len(raw), im.o.MaxManifest)
-	}
-	sum := sha256.Sum256(raw)
-	configHex := hex.EncodeToString(sum[:])
-	if src == fromCompressed && mf.Config.Digest.Hex != configHex {
-		return nil, errdefs.Invalidf("image: config: digest mismatch: manifest names sha256:%s, content is sha256:%s", mf.Config.Digest.Hex, configHex)
-	}
-	var cfg v1.ConfigFile
-	if err := json.Unmarshal(raw, &cfg); err != nil {
-		return nil, errdefs.Invalidf("image: config: malformed: %v", err)
-	}
-	if cfg.OS != "" && cfg.OS != "linux" || cfg.Architecture != "" && cfg.Architecture != "amd64" {
-		return nil, errdefs.Invalidf("image: config: platform %s/%s: only linux/amd64 images run here", cfg.OS, cfg.Architecture)
+		return nil, err
 	}
 	layers, err := img.Layers()
 	if err != nil {
 		return nil, im.sourceError("layers", err)
 	}
-	diffIDs := cfg.RootFS.DiffIDs
-	if len(layers) != len(diffIDs) {
-		return nil, errdefs.Invalidf("image: manifest has %d layers, config rootfs.diff_ids %d", len(layers), len(diffIDs))
+	info, err := ociInfo(cfg, configHex, len(layers), refs, manifestDigest)
+	if err != nil {
+		return nil, err
 	}
-	if len(layers) > maxLayers {
-		return nil, errdefs.LimitExceededf("image: %d layers, at most %d", len(layers), maxLayers)
+	rec := &image.Image{
+		Name: NamePrefix + configHex[:12], Digest: configHex, Env: envMap(cfg.Config.Env), OCI: info,
+	}
+	progress(apitypes.ImageProgress{Phase: "resolved", Image: rec.Name, Digest: info.ConfigDigest, Layers: len(layers)})
+	run := &installRun{im: im, src: src, rec: rec, cfg: cfg, layers: layers, progress: progress}
+	defer run.removePartials()
+	out, err := im.o.Store.InstallTree(ctx, rec, func(rootfs string) error { return run.fill(ctx, rootfs) })
+	if err != nil {
+		return nil, err
+	}
+	// The tree is complete: the layers it was made of join the layer
+	// store under their diff ids.
+	for i, p := range run.partials {
+		if err := os.Rename(p.tmp, filepath.Join(im.layers, p.diffID)); err != nil {
+			return nil, fmt.Errorf("store layer: %w", err)
+		}
+		run.partials[i].tmp = ""
+	}
+	for _, r := range refs {
+		if err := im.setRef(r, out.Name); err != nil {
+			return nil, err
+		}
+	}
+	progress(apitypes.ImageProgress{Phase: "done", Image: out.Name, Digest: info.ConfigDigest, Layers: len(layers), Bytes: out.SizeBytes})
+	return out, nil
+}
+
+// readConfig reads img's config within images.max_manifest_size, checks
+// it against the manifest's digest (a compressed source's) and its
+// platform, and returns it with its hex sha256.
+func (im *Importer) readConfig(img v1.Image, src source) (*v1.ConfigFile, string, error) {
+	mf, err := img.Manifest()
+	if err != nil {
+		return nil, "", im.sourceError("manifest", err)
+	}
+	if mf.Config.Size > im.o.MaxManifest {
+		return nil, "", errdefs.LimitExceededf("image: config %s: %d bytes, over images.max_manifest_size (%d)", mf.Config.Digest, mf.Config.Size, im.o.MaxManifest)
+	}
+	raw, err := img.RawConfigFile()
+	if err != nil {
+		return nil, "", im.sourceError("config", err)
+	}
+	if int64(len(raw)) > im.o.MaxManifest {
+		return nil, "", errdefs.LimitExceededf("image: config: %d bytes, over images.max_manifest_size (%d)", len(raw), im.o.MaxManifest)
+	}
+	sum := sha256.Sum256(raw)
+	configHex := hex.EncodeToString(sum[:])
+	if src == fromCompressed && mf.Config.Digest.Hex != configHex {
+		return nil, "", errdefs.Invalidf("image: config: digest mismatch: manifest names sha256:%s, content is sha256:%s", mf.Config.Digest.Hex, configHex)
+	}
+	var cfg v1.ConfigFile
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return nil, "", errdefs.Invalidf("image: config: malformed: %v", err)
+	}
+	if cfg.OS != "" && cfg.OS != "linux" || cfg.Architecture != "" && cfg.Architecture != "amd64" {
+		return nil, "", errdefs.Invalidf("image: config: platform %s/%s: only linux/amd64 images run here", cfg.OS, cfg.Architecture)
+	}
+	return &cfg, configHex, nil
+}
+
+// ociInfo is what the store keeps of an image's config, after checking
+// that its diff ids are as many as the manifest's layers (nlayers, at most
+// maxLayers) and sha256 digests.
+func ociInfo(cfg *v1.ConfigFile, configHex string, nlayers int, refs []string, manifestDigest string) (*image.OCIInfo, error) {
+	diffIDs := cfg.RootFS.DiffIDs
+	if nlayers != len(diffIDs) {
+		return nil, errdefs.Invalidf("image: manifest has %d layers, config rootfs.diff_ids %d", nlayers, len(diffIDs))
+	}
+	if nlayers > maxLayers {
+		return nil, errdefs.LimitExceededf("image: %d layers, at most %d", nlayers, maxLayers)
 	}
 	info := &image.OCIInfo{
 		References: refs, ManifestDigest: manifestDigest, ConfigDigest: "sha256:" + configHex,
@@ -200,80 +246,75 @@ func (im *Importer) install(ctx context.Context, img v1.Image, src source, refs 
 		}
 		info.Layers = append(info.Layers, d.String())
 	}
-	rec := &image.Image{
-		Name: NamePrefix + configHex[:12], Digest: configHex, Env: envMap(cfg.Config.Env), OCI: info,
-	}
-	progress(apitypes.ImageProgress{Phase: "resolved", Image: rec.Name, Digest: info.ConfigDigest, Layers: len(layers)})
-	var partials []partialLayer
-	defer func() {
-		for _, p := range partials {
-			if p.tmp != "" {
-				os.Remove(p.tmp)
-			}
+	return info, nil
+}
+
+// installRun is one install's tree being filled: the layers read from
+// their source (partials), removed unless install moved them into the
+// layer store.
+type installRun struct {
+	im       *Importer
+	src      source
+	rec      *image.Image
+	cfg      *v1.ConfigFile
+	layers   []v1.Layer
+	progress Progress
+	partials []partialLayer
+}
+
+func (run *installRun) removePartials() {
+	for _, p := range run.partials {
+		if p.tmp != "" {
+			os.Remove(p.tmp)
 		}
-	}()
-	fill := func(rootfs string) error {
-		root, err := os.OpenRoot(rootfs)
+	}
+}
+
+// fill unpacks the layers into rootfs (the store's new tree) and resolves
+// the image's user in it.
+func (run *installRun) fill(ctx context.Context, rootfs string) error {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	im, diffIDs, rec := run.im, run.cfg.RootFS.DiffIDs, run.rec
+	b := &budget{left: im.o.MaxSize, max: im.o.MaxSize}
+	var ahead []*prefetch
+	if run.src == fromCompressed {
+		var stop func()
+		ahead, stop = im.startPrefetch(ctx, run.layers, diffIDs)
+		defer stop()
+	}
+	for i, l := range run.layers {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		name := fmt.Sprintf("%d (%s)", i, diffIDs[i])
+		ev := apitypes.ImageProgress{Phase: "layer", Image: rec.Name, Layer: diffIDs[i].String(), Index: i, Layers: len(run.layers)}
+		var pf *prefetch
+		if ahead != nil {
+			pf = ahead[i]
+		}
+		partial, err := im.applyOne(ctx, root, l, run.src, diffIDs[i], name, b, &ev, pf)
+		if partial != "" {
+			run.partials = append(run.partials, partialLayer{tmp: partial, diffID: diffIDs[i].Hex})
+		}
 		if err != nil {
 			return err
 		}
-		defer root.Close()
-		b := &budget{left: im.o.MaxSize, max: im.o.MaxSize}
-		var ahead []*prefetch
-		if src == fromCompressed {
-			var stop func()
-			ahead, stop = im.startPrefetch(ctx, layers, diffIDs)
-			defer stop()
-		}
-		for i, l := range layers {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			name := fmt.Sprintf("%d (%s)", i, diffIDs[i])
-			ev := apitypes.ImageProgress{Phase: "layer", Image: rec.Name, Layer: diffIDs[i].String(), Index: i, Layers: len(layers)}
-			var pf *prefetch
-			if ahead != nil {
-				pf = ahead[i]
-			}
-			partial, err := im.applyOne(ctx, root, l, src, diffIDs[i], name, b, &ev, pf)
-			if partial != "" {
-				partials = append(partials, partialLayer{tmp: partial, diffID: diffIDs[i].Hex})
-			}
-			if err != nil {
-				return err
-			}
-			progress(ev)
-		}
-		if rec.User, err = resolveUser(root, cfg.Config.User, im.o.MaxID); err != nil {
-			return err
-		}
-		// As a container runtime would, from the image's account.
-		for k, v := range map[string]string{"HOME": rec.User.Home, "USER": rec.User.Name} {
-			if _, ok := rec.Env[k]; !ok && v != "" {
-				rec.Env[k] = v
-			}
-		}
-		return nil
+		run.progress(ev)
 	}
-	out, err := im.o.Store.InstallTree(ctx, rec, fill)
-	if err != nil {
-		return nil, err
+	if rec.User, err = resolveUser(root, run.cfg.Config.User, im.o.MaxID); err != nil {
+		return err
 	}
-	// The tree is complete: the layers it was made of join the layer
-	// store under their diff ids.
-	for i, p := range partials {
-		if err := os.Rename(p.tmp, filepath.Join(im.layers, p.diffID)); err != nil {
-			return nil, fmt.Errorf("store layer: %w", err)
-		}
-		partials[i].tmp = ""
-	}
-	for _, r := range refs {
-		if err := im.setRef(r, out.Name); err != nil {
-			return nil, err
+	// As a container runtime would, from the image's account.
+	for k, v := range map[string]string{"HOME": rec.User.Home, "USER": rec.User.Name} {
+		if _, ok := rec.Env[k]; !ok && v != "" {
+			rec.Env[k] = v
 		}
 	}
-	progress(apitypes.ImageProgress{Phase: "done", Image: out.Name, Digest: info.ConfigDigest, Layers: len(layers), Bytes: out.SizeBytes})
-	return out, nil
+	return nil
 }
 
 // partialLayer is a layer read from its source during an install, not
@@ -296,32 +337,9 @@ func (im *Importer) applyOne(ctx context.Context, root *os.Root, l v1.Layer, src
 		ev.Bytes = fi.Size()
 		return "", applyLayer(root, &countingReader{r: bufio.NewReaderSize(f, 1<<20), b: b}, name, b, im.o.MaxID)
 	}
-	var (
-		rc       io.ReadCloser
-		wantBlob v1.Hash
-	)
-	switch {
-	case src == fromUncompressed:
-		rc, err = l.Uncompressed()
-	case pf != nil:
-		select {
-		case <-pf.done:
-		case <-ctx.Done():
-			return "", ctx.Err()
-		}
-		if pf.err != nil {
-			return "", pf.err
-		}
-		if wantBlob, err = l.Digest(); err == nil {
-			rc, err = os.Open(pf.path)
-		}
-	default:
-		if wantBlob, err = l.Digest(); err == nil {
-			rc, err = l.Compressed()
-		}
-	}
+	rc, wantBlob, err := im.openLayer(ctx, l, src, pf, name)
 	if err != nil {
-		return "", im.sourceError("layer "+name, err)
+		return "", err
 	}
 	defer rc.Close()
 	blobHash := sha256.New()
@@ -338,43 +356,75 @@ func (im *Importer) applyOne(ctx context.Context, root *os.Root, l v1.Layer, src
 	}
 	partial = f.Name()
 	diffHash := sha256.New()
-	tee := io.TeeReader(data, io.MultiWriter(f, diffHash))
-	cr := &countingReader{r: tee, b: b}
-	applyErr := applyLayer(root, cr, name, b, im.o.MaxID)
-	if applyErr == nil {
-		// Whatever follows the tar's end still counts and is hashed.
-		if _, err := io.Copy(io.Discard, cr); err != nil {
-			if errors.Is(err, errBudget) {
-				applyErr = errdefs.LimitExceededf("image: layer %s: after the last entry: unpacked image exceeds images.max_size (%d bytes)", name, b.max)
-			} else {
-				applyErr = errdefs.Invalidf("image: layer %s: %v", name, err)
-			}
-		}
-	}
-	if applyErr == nil {
-		// Read the compressed blob to its end: its digest is only known
-		// then.
-		if _, err := io.Copy(io.Discard, blob); err != nil {
-			applyErr = im.sourceError("layer "+name, err)
-		}
-	}
+	cr := &countingReader{r: io.TeeReader(data, io.MultiWriter(f, diffHash)), b: b}
+	applyErr := im.applyToEnd(root, cr, blob, name, b)
 	if cerr := f.Close(); applyErr == nil && cerr != nil {
 		applyErr = cerr
+	}
+	if applyErr == nil && src == fromCompressed && wantBlob.Hex != hex.EncodeToString(blobHash.Sum(nil)) {
+		applyErr = errdefs.Invalidf("image: layer %s: digest mismatch: manifest names %s, blob is sha256:%s", name, wantBlob, hex.EncodeToString(blobHash.Sum(nil)))
+	}
+	if got := hex.EncodeToString(diffHash.Sum(nil)); applyErr == nil && got != diffID.Hex {
+		applyErr = errdefs.Invalidf("image: layer %s: diff id mismatch: config names %s, content is sha256:%s", name, diffID, got)
 	}
 	if applyErr != nil {
 		os.Remove(partial)
 		return "", applyErr
 	}
-	if src == fromCompressed && wantBlob.Hex != hex.EncodeToString(blobHash.Sum(nil)) {
-		os.Remove(partial)
-		return "", errdefs.Invalidf("image: layer %s: digest mismatch: manifest names %s, blob is sha256:%s", name, wantBlob, hex.EncodeToString(blobHash.Sum(nil)))
-	}
-	if got := hex.EncodeToString(diffHash.Sum(nil)); got != diffID.Hex {
-		os.Remove(partial)
-		return "", errdefs.Invalidf("image: layer %s: diff id mismatch: config names %s, content is sha256:%s", name, diffID, got)
-	}
 	ev.Bytes = cr.n
 	return partial, nil
+}
+
+// openLayer opens layer l's bytes as its source gives them: uncompressed
+// (a docker save archive), else its compressed blob, from the prefetch's
+// spool file once fetched when pf is not nil. wantBlob is the blob's
+// digest (compressed sources only). A failed prefetch's error and the
+// context's are returned as they are, the source's as a source error.
+func (im *Importer) openLayer(ctx context.Context, l v1.Layer, src source, pf *prefetch, name string) (rc io.ReadCloser, wantBlob v1.Hash, err error) {
+	switch {
+	case src == fromUncompressed:
+		rc, err = l.Uncompressed()
+	case pf != nil:
+		select {
+		case <-pf.done:
+		case <-ctx.Done():
+			return nil, wantBlob, ctx.Err()
+		}
+		if pf.err != nil {
+			return nil, wantBlob, pf.err
+		}
+		if wantBlob, err = l.Digest(); err == nil {
+			rc, err = os.Open(pf.path)
+		}
+	default:
+		if wantBlob, err = l.Digest(); err == nil {
+			rc, err = l.Compressed()
+		}
+	}
+	if err != nil {
+		return nil, wantBlob, im.sourceError("layer "+name, err)
+	}
+	return rc, wantBlob, nil
+}
+
+// applyToEnd unpacks the layer cr reads onto root, then reads both the
+// layer and its blob to their ends: whatever follows the tar's end still
+// counts against the budget and is hashed, and the blob's digest is only
+// known at its end.
+func (im *Importer) applyToEnd(root *os.Root, cr *countingReader, blob io.Reader, name string, b *budget) error {
+	if err := applyLayer(root, cr, name, b, im.o.MaxID); err != nil {
+		return err
+	}
+	if _, err := io.Copy(io.Discard, cr); err != nil {
+		if errors.Is(err, errBudget) {
+			return errdefs.LimitExceededf("image: layer %s: after the last entry: unpacked image exceeds images.max_size (%d bytes)", name, b.max)
+		}
+		return errdefs.Invalidf("image: layer %s: %v", name, err)
+	}
+	if _, err := io.Copy(io.Discard, blob); err != nil {
+		return im.sourceError("layer "+name, err)
+	}
+	return nil
 }
 
 // decompress detects the layer's compression by its magic number (a

@@ -257,26 +257,12 @@ func makeParents(root *os.Root, dir string) error {
 // applyEntry writes one entry. An existing entry at name is replaced,
 // except that a directory over a directory keeps the lower one's contents.
 func applyEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string) error {
-	mode := fs.FileMode(hdr.Mode) & fs.ModePerm
-	if hdr.Mode&0o4000 != 0 {
-		mode |= fs.ModeSetuid
-	}
-	if hdr.Mode&0o2000 != 0 {
-		mode |= fs.ModeSetgid
-	}
-	if hdr.Mode&0o1000 != 0 {
-		mode |= fs.ModeSticky
-	}
 	old, err := root.Lstat(name)
 	exists := err == nil
 	if exists && !(old.IsDir() && hdr.Typeflag == tar.TypeDir) {
 		if err := root.RemoveAll(name); err != nil {
 			return err
 		}
-	}
-	dir := path.Dir(name)
-	if dir == "." {
-		dir = ""
 	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
@@ -286,18 +272,14 @@ func applyEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string) err
 			}
 		}
 	case tar.TypeReg: // the reader reports the old TypeRegA as TypeReg
-		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(f, tr)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
+		if err := writeRegular(root, tr, name); err != nil {
 			return err
 		}
 	case tar.TypeSymlink:
+		dir := path.Dir(name)
+		if dir == "." {
+			dir = ""
+		}
 		if escapes(dir, hdr.Linkname) {
 			return errdefs.Invalidf("symlink to %q leads out of the image", hdr.Linkname)
 		}
@@ -306,25 +288,7 @@ func applyEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string) err
 		}
 		return root.Lchown(name, hdr.Uid, hdr.Gid)
 	case tar.TypeLink:
-		target, err := cleanName(hdr.Linkname)
-		if err != nil || target == "" {
-			return errdefs.Invalidf("hard link to %q leads out of the image", hdr.Linkname)
-		}
-		tdir, err := resolveDir(root, path.Dir(target))
-		if err != nil {
-			return errdefs.Invalidf("hard link to %q: %v", hdr.Linkname, err)
-		}
-		target = path.Join(tdir, path.Base(target))
-		fi, err := root.Lstat(target)
-		if err != nil {
-			return errdefs.Invalidf("hard link to %q: no such entry in the image", hdr.Linkname)
-		}
-		if !fi.Mode().IsRegular() {
-			// A hard link to a symlink would be followed by os.Root's
-			// Link on some paths; regular files are all images need.
-			return errdefs.Invalidf("hard link to %q: not a regular file", hdr.Linkname)
-		}
-		return root.Link(target, name)
+		return hardLink(root, hdr, name)
 	case tar.TypeChar, tar.TypeBlock:
 		return errdefs.Invalidf("device node (%d:%d): images may not carry devices; the runtime gives every sandbox its own /dev", hdr.Devmajor, hdr.Devminor)
 	case tar.TypeFifo:
@@ -333,6 +297,59 @@ func applyEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string) err
 		return nil
 	default:
 		return errdefs.Invalidf("tar entry type %q: not supported", hdr.Typeflag)
+	}
+	return setAttributes(root, hdr, name)
+}
+
+// writeRegular writes a new regular file (never through what was there)
+// with the entry's content.
+func writeRegular(root *os.Root, tr *tar.Reader, name string) error {
+	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, tr)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// hardLink makes name a hard link to a regular file already in the image.
+func hardLink(root *os.Root, hdr *tar.Header, name string) error {
+	target, err := cleanName(hdr.Linkname)
+	if err != nil || target == "" {
+		return errdefs.Invalidf("hard link to %q leads out of the image", hdr.Linkname)
+	}
+	tdir, err := resolveDir(root, path.Dir(target))
+	if err != nil {
+		return errdefs.Invalidf("hard link to %q: %v", hdr.Linkname, err)
+	}
+	target = path.Join(tdir, path.Base(target))
+	fi, err := root.Lstat(target)
+	if err != nil {
+		return errdefs.Invalidf("hard link to %q: no such entry in the image", hdr.Linkname)
+	}
+	if !fi.Mode().IsRegular() {
+		// A hard link to a symlink would be followed by os.Root's
+		// Link on some paths; regular files are all images need.
+		return errdefs.Invalidf("hard link to %q: not a regular file", hdr.Linkname)
+	}
+	return root.Link(target, name)
+}
+
+// setAttributes gives a directory or regular file the entry's owner, mode
+// (setuid, setgid and sticky bits included) and modification time.
+func setAttributes(root *os.Root, hdr *tar.Header, name string) error {
+	mode := fs.FileMode(hdr.Mode) & fs.ModePerm
+	if hdr.Mode&0o4000 != 0 {
+		mode |= fs.ModeSetuid
+	}
+	if hdr.Mode&0o2000 != 0 {
+		mode |= fs.ModeSetgid
+	}
+	if hdr.Mode&0o1000 != 0 {
+		mode |= fs.ModeSticky
 	}
 	if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
 		return err

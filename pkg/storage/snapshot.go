@@ -22,8 +22,13 @@ package storage
 //     device node is refused, except the 0:0 whiteout of the upper layer,
 //     which is turned into a removal (never created);
 //   - owners are kept only when they are root or the sandbox's user, anything
-//     else becomes the sandbox's user; setuid/setgid bits of files are
-//     dropped (the mounts are nosuid anyway);
+//     else becomes the sandbox's user; in /workspace and /tmp the user of the
+//     sandbox that took the snapshot (recorded on each section's own entry,
+//     userPAXKey) becomes the new sandbox's user, so that a root-mode
+//     sandbox's files (uid 0) are its fork's user's, not read-only to it; a
+//     section's own directory keeps the owner the new sandbox's layout gave
+//     it (/workspace its user's, /tmp root's); setuid/setgid bits of files
+//     are dropped (the mounts are nosuid anyway);
 //   - only user.* xattrs are restored, through the opened file's descriptor;
 //   - the bytes written are bounded by the sandbox's own file system (a full
 //     disk is ENOSPC) and by the caller's maxBytes.
@@ -41,6 +46,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -65,6 +71,10 @@ const SnapshotSuffix = ".tar.zst"
 const (
 	xattrPAXPrefix = "SCHILY.xattr."
 	opaqueXattr    = "trusted.overlay.opaque"
+	// userPAXKey, on a section's own directory entry, is the user (the
+	// sandbox's view of its uid) of the sandbox that took the snapshot.
+	// Without it (archives of earlier versions) nobody's files change hands.
+	userPAXKey = "SANDBOXD.user"
 )
 
 // ErrSnapshotTooLarge is returned by WriteSnapshot when the archive
@@ -98,8 +108,10 @@ type SnapshotFile struct {
 // restored) in full — without the cap, a sandbox's sparse terabyte would
 // keep it frozen for as long as it takes to compress.
 // The archive is not synced to disk: call Sync before recording it (a
-// caller that froze the sandbox for the copy thaws it first).
-func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent int64, ids IDRange) (_ *SnapshotFile, err error) {
+// caller that froze the sandbox for the copy thaws it first). user is the
+// sandbox's user (inside its namespace): recorded, so that a restore or fork
+// gives that user's files to its own user.
+func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent int64, ids IDRange, user int) (_ *SnapshotFile, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot dir: %w", err)
 	}
@@ -128,7 +140,7 @@ func WriteSnapshot(dir string, sections map[string]string, maxBytes, maxContent 
 		if !ok {
 			continue
 		}
-		if err := archiveDir(tw, sec, src, out, ids); err != nil {
+		if err := archiveDir(tw, sec, src, out, ids, user); err != nil {
 			_ = zw.Close()
 			if cw.over {
 				return nil, ErrSnapshotTooLarge
@@ -193,7 +205,7 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 
 // archiveDir adds src's tree below the name sec. It does not follow
 // symlinks; sockets are skipped (they mean nothing without their process).
-func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile, ids IDRange) error {
+func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile, ids IDRange, user int) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("snapshot %s: %w", sec, err)
@@ -246,6 +258,12 @@ func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile, ids IDRange)
 		} else if len(x) > 0 {
 			hdr.PAXRecords = x
 		}
+		if rel == "." {
+			if hdr.PAXRecords == nil {
+				hdr.PAXRecords = map[string]string{}
+			}
+			hdr.PAXRecords[userPAXKey] = strconv.Itoa(user)
+		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
@@ -253,21 +271,27 @@ func archiveDir(tw *tar.Writer, sec, src string, out *SnapshotFile, ids IDRange)
 		if hdr.Typeflag != tar.TypeReg {
 			return nil
 		}
-		if out.maxContent > 0 && out.ContentBytes+fi.Size() > out.maxContent {
-			return fmt.Errorf("%w: %s brings them past %d bytes", ErrSnapshotContentTooLarge, name, out.maxContent)
-		}
-		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
-		if err != nil {
-			return fmt.Errorf("snapshot %s: %w", name, err)
-		}
-		defer f.Close()
-		n, err := io.CopyN(tw, f, fi.Size())
-		out.ContentBytes += n
-		if err != nil {
-			return fmt.Errorf("snapshot %s: %w", name, err)
-		}
-		return nil
+		return out.copyContent(tw, p, name, fi.Size())
 	})
+}
+
+// copyContent writes regular file p's size bytes (never through a
+// symlink) after its header, within the files' cap.
+func (out *SnapshotFile) copyContent(tw *tar.Writer, p, name string, size int64) error {
+	if out.maxContent > 0 && out.ContentBytes+size > out.maxContent {
+		return fmt.Errorf("%w: %s brings them past %d bytes", ErrSnapshotContentTooLarge, name, out.maxContent)
+	}
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	defer f.Close()
+	n, err := io.CopyN(tw, f, size)
+	out.ContentBytes += n
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	return nil
 }
 
 // readXattrs returns p's user.* attributes, and the overlay's opaque marker
@@ -425,16 +449,20 @@ func ApplySnapshot(archive string, t ApplyTargets) error {
 		return fmt.Errorf("read snapshot: %w", err)
 	}
 	defer zr.Close()
-	roots := map[string]*os.Root{}
+	// The upper section's owners map by the general rule only: root's
+	// files there are the system's (a root-mode sandbox's apt-get), not its
+	// user's.
+	general := ownerMap{uid: t.UID, ids: t.IDs, from: -1}
+	a := &applier{
+		t: t, roots: map[string]*os.Root{}, files: map[string]bool{},
+		targets: map[string]string{SectionUpper: t.Rootfs, SectionWorkspace: t.Workspace, SectionTmp: t.Tmp},
+		owners:  map[string]ownerMap{SectionUpper: general, SectionWorkspace: general, SectionTmp: general},
+	}
 	defer func() {
-		for _, r := range roots {
+		for _, r := range a.roots {
 			r.Close()
 		}
 	}()
-	targets := map[string]string{SectionUpper: t.Rootfs, SectionWorkspace: t.Workspace, SectionTmp: t.Tmp}
-	var written int64
-	var dirTimes []dirTime
-	files := map[string]bool{} // regular files extracted so far: what a hard link may name
 	tr := tar.NewReader(zr)
 	for {
 		hdr, err := tr.Next()
@@ -444,52 +472,72 @@ func ApplySnapshot(archive string, t ApplyTargets) error {
 		if err != nil {
 			return fmt.Errorf("read snapshot: %w", err)
 		}
-		sec, rel, err := splitEntry(hdr.Name)
-		if err != nil {
+		if err := a.entry(hdr, tr); err != nil {
 			return err
-		}
-		dst := targets[sec]
-		if dst == "" {
-			continue
-		}
-		r := roots[sec]
-		if r == nil {
-			if sec != SectionUpper {
-				if err := ClearDir(dst); err != nil {
-					return fmt.Errorf("clear %s: %w", sec, err)
-				}
-			}
-			if r, err = os.OpenRoot(dst); err != nil {
-				return fmt.Errorf("restore %s: %w", sec, err)
-			}
-			roots[sec] = r
-		}
-		if sec == SectionUpper && UnderAny(rel, t.SkipRoot) {
-			continue
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			if t.MaxBytes > 0 && written+hdr.Size > t.MaxBytes {
-				return fmt.Errorf("snapshot: %s: content exceeds %d bytes", hdr.Name, t.MaxBytes)
-			}
-			written += hdr.Size
-		}
-		if hdr.Typeflag == tar.TypeLink && !files[hdr.Linkname] {
-			return fmt.Errorf("restore %s: hard link to %q, which is not an earlier file of the snapshot", hdr.Name, hdr.Linkname)
-		}
-		if err := applyEntry(r, sec, rel, hdr, tr, t.UID, t.IDs); err != nil {
-			return fmt.Errorf("restore %s: %w", hdr.Name, err)
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			files[sec+"/"+rel] = true
-		}
-		if hdr.Typeflag == tar.TypeDir {
-			dirTimes = append(dirTimes, dirTime{r, rel, hdr.ModTime})
 		}
 	}
 	// Directory mtimes last: creating their entries changed them.
-	for i := len(dirTimes) - 1; i >= 0; i-- {
-		d := dirTimes[i]
+	for i := len(a.dirTimes) - 1; i >= 0; i-- {
+		d := a.dirTimes[i]
 		_ = d.root.Chtimes(d.rel, d.mtime, d.mtime)
+	}
+	return nil
+}
+
+// applier is one ApplySnapshot: the sections' targets, opened as they
+// come, and what it has written so far.
+type applier struct {
+	t        ApplyTargets
+	targets  map[string]string   // section → its directory ("": not applied)
+	roots    map[string]*os.Root // the sections opened so far
+	owners   map[string]ownerMap
+	written  int64 // bytes of file content
+	dirTimes []dirTime
+	files    map[string]bool // regular files extracted so far: what a hard link may name
+}
+
+// entry applies one entry of the archive, with content read from tr.
+func (a *applier) entry(hdr *tar.Header, tr io.Reader) error {
+	sec, rel, err := splitEntry(hdr.Name)
+	if err != nil {
+		return err
+	}
+	dst := a.targets[sec]
+	if dst == "" {
+		return nil
+	}
+	r := a.roots[sec]
+	if r == nil {
+		if r, err = openSection(sec, dst); err != nil {
+			return err
+		}
+		a.roots[sec] = r
+	}
+	if sec == SectionUpper && UnderAny(rel, a.t.SkipRoot) {
+		return nil
+	}
+	if rel == "." && sec != SectionUpper {
+		if a.owners[sec], err = sectionOwners(hdr, a.t.UID, a.t.IDs); err != nil {
+			return err
+		}
+	}
+	if hdr.Typeflag == tar.TypeReg {
+		if a.t.MaxBytes > 0 && a.written+hdr.Size > a.t.MaxBytes {
+			return fmt.Errorf("snapshot: %s: content exceeds %d bytes", hdr.Name, a.t.MaxBytes)
+		}
+		a.written += hdr.Size
+	}
+	if hdr.Typeflag == tar.TypeLink && !a.files[hdr.Linkname] {
+		return fmt.Errorf("restore %s: hard link to %q, which is not an earlier file of the snapshot", hdr.Name, hdr.Linkname)
+	}
+	if err := applyEntry(r, sec, rel, hdr, tr, a.owners[sec]); err != nil {
+		return fmt.Errorf("restore %s: %w", hdr.Name, err)
+	}
+	if hdr.Typeflag == tar.TypeReg {
+		a.files[sec+"/"+rel] = true
+	}
+	if hdr.Typeflag == tar.TypeDir {
+		a.dirTimes = append(a.dirTimes, dirTime{r, rel, hdr.ModTime})
 	}
 	return nil
 }
@@ -528,20 +576,67 @@ func splitEntry(name string) (sec, rel string, err error) {
 	return sec, rel, nil
 }
 
+// openSection opens a section's target, emptied first unless it is the
+// root file system (the upper section is laid over it).
+func openSection(sec, dst string) (*os.Root, error) {
+	if sec != SectionUpper {
+		if err := ClearDir(dst); err != nil {
+			return nil, fmt.Errorf("clear %s: %w", sec, err)
+		}
+	}
+	r, err := os.OpenRoot(dst)
+	if err != nil {
+		return nil, fmt.Errorf("restore %s: %w", sec, err)
+	}
+	return r, nil
+}
+
+// ownerMap turns an archive's owners (the sandbox's view) into the host ids
+// a restored entry gets.
+type ownerMap struct {
+	uid int     // the new sandbox's user
+	ids IDRange // the new sandbox's user namespace
+	// from is the user of the sandbox that took the snapshot, whose files
+	// become uid's; -1: not recorded (nobody's files change hands).
+	from int
+}
+
+// host is the host id that archive owner id is restored as: root's and the
+// user's are kept, the snapshot's user's become the new user's, anything
+// else is the new user's.
+func (o ownerMap) host(id int) int {
+	if id == o.from || (id != 0 && id != o.uid) {
+		id = o.uid
+	}
+	return o.ids.host(id)
+}
+
+// sectionOwners reads the snapshot's user from a workspace or tmp
+// section's own entry. The value is sandbox-reachable only through the
+// daemon, but it is checked like everything else of an archive: it picks
+// only which owner becomes the new user (root's or the user's ids are the
+// only outcomes).
+func sectionOwners(hdr *tar.Header, uid int, ids IDRange) (ownerMap, error) {
+	o := ownerMap{uid: uid, ids: ids, from: -1}
+	v, ok := hdr.PAXRecords[userPAXKey]
+	if !ok {
+		return o, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > overflowID {
+		return o, fmt.Errorf("restore %s: %s %q is not a user id", hdr.Name, userPAXKey, v)
+	}
+	o.from = n
+	return o, nil
+}
+
 // applyEntry creates one entry inside r (see the security notes above).
-func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader, uid int, ids IDRange) error {
+func applyEntry(r *os.Root, sec, rel string, hdr *tar.Header, content io.Reader, owners ownerMap) error {
 	mode := fs.FileMode(hdr.Mode) & (fs.ModePerm)
 	if hdr.Mode&unix.S_ISVTX != 0 {
 		mode |= fs.ModeSticky
 	}
-	owner, group := hdr.Uid, hdr.Gid
-	if owner != 0 && owner != uid {
-		owner = uid
-	}
-	if group != 0 && group != uid {
-		group = uid
-	}
-	owner, group = ids.host(owner), ids.host(group)
+	owner, group := owners.host(hdr.Uid), owners.host(hdr.Gid)
 	replace := func() error { return replaceEntry(r, rel, hdr.Typeflag == tar.TypeDir) }
 	switch hdr.Typeflag {
 	case tar.TypeChar:
@@ -634,8 +729,13 @@ func applyDir(r *os.Root, sec, rel string, hdr *tar.Header, mode fs.FileMode, ow
 			return err
 		}
 	}
-	if err := r.Lchown(rel, owner, group); err != nil {
-		return err
+	// A section's own directory keeps the owner the sandbox's layout gave
+	// it: /workspace its user's, /tmp (and "/") root's, whoever owned the
+	// snapshot's.
+	if rel != "." {
+		if err := r.Lchown(rel, owner, group); err != nil {
+			return err
+		}
 	}
 	if err := r.Chmod(rel, mode); err != nil {
 		return err

@@ -73,7 +73,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 
 	snaps := filepath.Join(base, "snapshots")
 	secs := map[string]string{storage.SectionUpper: upper, storage.SectionWorkspace: ws, storage.SectionTmp: tmp}
-	sf, err := storage.WriteSnapshot(snaps, secs, 0, 0, storage.IDRange{})
+	sf, err := storage.WriteSnapshot(snaps, secs, 0, 0, storage.IDRange{}, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,11 +81,11 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatalf("snapshot file %+v", sf)
 	}
 	// Content-addressed: the same state gives the same archive.
-	again, err := storage.WriteSnapshot(snaps, secs, 0, 0, storage.IDRange{})
+	again, err := storage.WriteSnapshot(snaps, secs, 0, 0, storage.IDRange{}, 1000)
 	if err != nil || again.Digest != sf.Digest {
 		t.Fatalf("second snapshot %+v, %v; want digest %s", again, err, sf.Digest)
 	}
-	if _, err := storage.WriteSnapshot(snaps, secs, 64, 0, storage.IDRange{}); !errors.Is(err, storage.ErrSnapshotTooLarge) {
+	if _, err := storage.WriteSnapshot(snaps, secs, 64, 0, storage.IDRange{}, 1000); !errors.Is(err, storage.ErrSnapshotTooLarge) {
 		t.Fatalf("64-byte cap: %v, want ErrSnapshotTooLarge", err)
 	}
 	// A sparse file counts with its apparent size.
@@ -96,7 +96,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if err := os.Truncate(sparse, 1<<40); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := storage.WriteSnapshot(snaps, secs, 0, 1<<30, storage.IDRange{}); !errors.Is(err, storage.ErrSnapshotContentTooLarge) {
+	if _, err := storage.WriteSnapshot(snaps, secs, 0, 1<<30, storage.IDRange{}, 1000); !errors.Is(err, storage.ErrSnapshotContentTooLarge) {
 		t.Fatalf("sparse terabyte under a 1 GiB content cap: %v, want ErrSnapshotContentTooLarge", err)
 	}
 	if err := os.Remove(sparse); err != nil {
@@ -234,6 +234,14 @@ func TestApplySnapshotRefusesEscapes(t *testing.T) {
 			{Name: "workspace/w", Typeflag: tar.TypeChar},
 		},
 		"too-big": {{Name: "workspace/big", Typeflag: tar.TypeReg, Size: 4096}},
+		"user-not-a-number": {
+			{Name: "workspace/", Typeflag: tar.TypeDir, Mode: 0o755, PAXRecords: map[string]string{"SANDBOXD.user": "root"}},
+			{Name: "workspace/evil", Typeflag: tar.TypeReg, Size: 1},
+		},
+		"user-out-of-range": {
+			{Name: "workspace/", Typeflag: tar.TypeDir, Mode: 0o755, PAXRecords: map[string]string{"SANDBOXD.user": "4294967295"}},
+			{Name: "workspace/evil", Typeflag: tar.TypeReg, Size: 1},
+		},
 	}
 	for name, hdrs := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -255,7 +263,7 @@ func TestApplySnapshotRefusesEscapes(t *testing.T) {
 				t.Fatalf("wrote outside the target: %v", ents)
 			}
 			for _, p := range []string{filepath.Join(base, "evil"), "/evil", filepath.Join(ws, "sda"), filepath.Join(root, "dev/mem"),
-				filepath.Join(ws, "l"), filepath.Join(root, "etc/l")} {
+				filepath.Join(ws, "l"), filepath.Join(root, "etc/l"), filepath.Join(ws, "evil")} {
 				if _, err := os.Lstat(p); err == nil {
 					t.Fatalf("%s exists", p)
 				}
@@ -284,7 +292,7 @@ func TestSnapshotAcrossIDRanges(t *testing.T) {
 	if err := os.Chown(ws, src.Base+1000, src.Base+1000); err != nil {
 		t.Fatal(err)
 	}
-	sf, err := storage.WriteSnapshot(filepath.Join(base, "snapshots"), map[string]string{storage.SectionWorkspace: ws}, 0, 0, src)
+	sf, err := storage.WriteSnapshot(filepath.Join(base, "snapshots"), map[string]string{storage.SectionWorkspace: ws}, 0, 0, src, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,5 +314,82 @@ func TestSnapshotAcrossIDRanges(t *testing.T) {
 				t.Errorf("range %+v: %s owned by %d:%d, want %d", dst, name, st.Uid, st.Gid, want)
 			}
 		}
+	}
+}
+
+// TestSnapshotUserChangesHands: the files of the user of the sandbox that
+// took the snapshot become the restoring sandbox's user's in /workspace and
+// /tmp, also when that user was root (a root-mode sandbox forked to an
+// unprivileged one); root's files of the root file system stay root's; the
+// sections' own directories keep the target's owners.
+func TestSnapshotUserChangesHands(t *testing.T) {
+	testenv.RequireRoot(t)
+	base := t.TempDir()
+	src := storage.IDRange{Base: 0x70000000, Size: 65536}
+	ws, tmp, upper := filepath.Join(base, "ws"), filepath.Join(base, "tmp"), filepath.Join(base, "upper")
+	files := map[string]int{
+		filepath.Join(ws, "by-root.txt"): 0, filepath.Join(ws, "dir/nested.txt"): 0, filepath.Join(ws, "by-user.txt"): 1000,
+		filepath.Join(tmp, "by-root.txt"): 0, filepath.Join(upper, "etc/by-root.conf"): 0,
+	}
+	for p, owner := range files {
+		mustWrite(t, p, filepath.Base(p), 0o644)
+		if err := os.Chown(p, src.Base+owner, src.Base+owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{ws, filepath.Join(ws, "dir"), tmp, upper, filepath.Join(upper, "etc")} {
+		if err := os.Chown(d, src.Base, src.Base); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secs := map[string]string{storage.SectionUpper: upper, storage.SectionWorkspace: ws, storage.SectionTmp: tmp}
+	// A root-mode sandbox: its user is 0.
+	sf, err := storage.WriteSnapshot(filepath.Join(base, "snapshots"), secs, 0, 0, src, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := storage.IDRange{Base: 0x70010000, Size: 65536}
+	host := func(id int) uint32 { return uint32(dst.Base + id) }
+	for _, tc := range []struct {
+		name      string
+		uid       int
+		user      uint32 // what root's and the user's files of /workspace and /tmp become
+		wsOwner   uint32 // the target's /workspace, kept
+		tmpOwner  uint32 // the target's /tmp, kept
+		upperRoot uint32 // root's file of the root file system
+	}{
+		{"unprivileged fork", 1000, host(1000), host(1000), host(0), host(0)},
+		{"root-mode fork", 0, host(0), host(0), host(0), host(0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tb := filepath.Join(base, strconv.Itoa(tc.uid))
+			tws, ttmp, troot := filepath.Join(tb, "ws"), filepath.Join(tb, "tmp"), filepath.Join(tb, "root")
+			for d, owner := range map[string]uint32{tws: tc.wsOwner, ttmp: tc.tmpOwner, troot: host(0)} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chown(d, int(owner), int(owner)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := storage.ApplySnapshot(sf.Path, storage.ApplyTargets{Rootfs: troot, Workspace: tws, Tmp: ttmp, UID: tc.uid, IDs: dst}); err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]uint32{
+				tws: tc.wsOwner, ttmp: tc.tmpOwner,
+				filepath.Join(tws, "by-root.txt"): tc.user, filepath.Join(tws, "dir"): tc.user, filepath.Join(tws, "dir/nested.txt"): tc.user,
+				filepath.Join(tws, "by-user.txt"): host(tc.uid), filepath.Join(ttmp, "by-root.txt"): tc.user,
+				filepath.Join(troot, "etc/by-root.conf"): tc.upperRoot, filepath.Join(troot, "etc"): tc.upperRoot,
+			}
+			for p, w := range want {
+				var st unix.Stat_t
+				if err := unix.Lstat(p, &st); err != nil {
+					t.Fatal(err)
+				}
+				if st.Uid != w || st.Gid != w {
+					t.Errorf("%s owned by %d:%d, want %d", p, st.Uid, st.Gid, w)
+				}
+			}
+		})
 	}
 }

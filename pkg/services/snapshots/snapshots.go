@@ -187,7 +187,7 @@ func (s *Service) Snapshot(ctx context.Context, req apitypes.SnapshotRequest) (*
 		var err error
 		sf, err = storage.WriteSnapshot(s.snapshotsDir(), map[string]string{
 			storage.SectionUpper: d.Upper, storage.SectionWorkspace: d.Workspace, storage.SectionTmp: d.Tmp,
-		}, int64(s.cfg.MaxSize), info.Limits.DiskBytes, storage.IDRange{Base: d.IDBase, Size: d.IDSize})
+		}, int64(s.cfg.MaxSize), info.Limits.DiskBytes, storage.IDRange{Base: d.IDBase, Size: d.IDSize}, d.UID)
 		if err == nil {
 			crashpoint.Hit(CrashSnapshotFrozen)
 		}
