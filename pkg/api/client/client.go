@@ -45,6 +45,10 @@ type Options struct {
 	URL string
 	// Token is the bearer token for URL.
 	Token string
+	// Transport, if not nil, carries the requests to URL (the gateway's:
+	// pooled connections to its nodes and its own credentials on every
+	// request, pkg/gateway).
+	Transport http.RoundTripper
 }
 
 // Client talks to one daemon. It is safe for concurrent use.
@@ -66,7 +70,7 @@ func New(opt Options) (*Client, error) {
 			return nil, errdefs.Invalidf("url: want http://HOST:PORT or https://HOST:PORT, got %q", opt.URL)
 		}
 		u.Path = strings.TrimSuffix(u.Path, "/")
-		return &Client{base: u, http: &http.Client{}, token: opt.Token}, nil
+		return &Client{base: u, http: &http.Client{Transport: opt.Transport}, token: opt.Token}, nil
 	}
 	sock := opt.Socket
 	if sock == "" {
