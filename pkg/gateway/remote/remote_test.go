@@ -332,7 +332,10 @@ func TestNodeErrors(t *testing.T) {
 	for _, m := range []func() error{
 		func() error { _, err := e.ListVolumes(ctx); return err },
 		func() error { _, err := e.KeyUsage(ctx, ""); return err },
-		func() error { _, err := e.RunTask(ctx, apitypes.RunTaskRequest{SandboxID: id, Task: "test"}); return err },
+		func() error {
+			_, err := e.RunTask(ctx, apitypes.RunTaskRequest{SandboxID: id, Task: "test"})
+			return err
+		},
 	} {
 		if err := m(); errdefs.CodeOf(err) != errdefs.Unavailable || !strings.Contains(errdefs.MessageOf(err), "not served through the gateway") {
 			t.Errorf("a method the gateway does not serve: %v, want unavailable saying so", err)
