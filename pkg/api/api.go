@@ -128,6 +128,8 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	mux.HandleFunc("GET /v1/artifacts/{id}", s.downloadArtifact)
 	s.routePorts(mux)
 	s.routeSSH(mux)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/tasks", s.runTask)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/packages", s.packagesInstall)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/jobs", s.startJob)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs", s.listJobs)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/jobs/{job}", s.jobStatus)

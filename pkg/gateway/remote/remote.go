@@ -444,14 +444,14 @@ func (e *Engine) KillJob(ctx context.Context, req apitypes.JobKillRequest) (*api
 	})
 }
 
-// RunTask is not served: the nodes' REST API has no route for it.
+// RunTask asks the sandbox's node.
 func (e *Engine) RunTask(ctx context.Context, req apitypes.RunTaskRequest) (*apitypes.ExecResult, error) {
-	return nil, unavailable("run_task", "the nodes' REST API has no route for it yet; use exec_command with the task's command (languages_list shows it)")
+	return onSandbox(e, ctx, req.SandboxID, func(c *client.Client) (*apitypes.ExecResult, error) { return c.RunTask(ctx, req) })
 }
 
-// PackagesInstall is not served: the nodes' REST API has no route for it.
+// PackagesInstall asks the sandbox's node.
 func (e *Engine) PackagesInstall(ctx context.Context, req apitypes.PackagesInstallRequest) (*apitypes.ExecResult, error) {
-	return nil, unavailable("packages_install", "the nodes' REST API has no route for it yet; use exec_command with the package manager")
+	return onSandbox(e, ctx, req.SandboxID, func(c *client.Client) (*apitypes.ExecResult, error) { return c.PackagesInstall(ctx, req) })
 }
 
 // Files.

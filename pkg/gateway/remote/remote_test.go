@@ -139,6 +139,10 @@ func (n *node) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = enc.Encode(apitypes.ExecLine{Stream: "stdout", Data: "on " + n.name + "\n"})
 		_ = enc.Encode(apitypes.ExecLine{Stream: "stderr", Data: req.Command})
 		_ = enc.Encode(apitypes.ExecLine{Exit: apitypes.NewExecExit(&apitypes.ExecResult{ExitCode: 3})})
+	case r.Method == "POST" && (rest == "tasks" || rest == "packages"):
+		var req map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		writeJSON(w, 200, apitypes.ExecResult{ExitCode: 0, Stdout: fmt.Sprintf("%s %v %v on %s", rest, req["task"], req["packages"], n.name)})
 	case r.Method == "POST" && path == "/v1/run":
 		var req apitypes.RunCodeRequest
 		_ = json.NewDecoder(r.Body).Decode(&req)
@@ -333,7 +337,7 @@ func TestNodeErrors(t *testing.T) {
 		func() error { _, err := e.ListVolumes(ctx); return err },
 		func() error { _, err := e.KeyUsage(ctx, ""); return err },
 		func() error {
-			_, err := e.RunTask(ctx, apitypes.RunTaskRequest{SandboxID: id, Task: "test"})
+			_, err := e.BuildDockerfile(ctx, apitypes.DockerfileBuildRequest{}, strings.NewReader(""), nil)
 			return err
 		},
 	} {
@@ -400,6 +404,12 @@ func TestRunAndFiles(t *testing.T) {
 		t.Fatalf("run_code: %+v %v, streamed %q", res, err, out.String())
 	}
 	id := nodes[1].seed("alice", nil)
+	if r, err := e.RunTask(ctx, apitypes.RunTaskRequest{SandboxID: id, Task: "test"}); err != nil || r.Stdout != "tasks test <nil> on node-b" {
+		t.Errorf("run_task: %+v %v", r, err)
+	}
+	if r, err := e.PackagesInstall(ctx, apitypes.PackagesInstallRequest{SandboxID: id, Manager: "pip", Packages: []string{"six"}}); err != nil || r.Stdout != "packages <nil> [six] on node-b" {
+		t.Errorf("packages_install: %+v %v", r, err)
+	}
 	bin := []byte{0xff, 0x00, 'x'}
 	if _, err := e.WriteFile(ctx, apitypes.FileWriteRequest{SandboxID: id, Path: "/workspace/b", Content: "/wB4", Encoding: "base64", Mode: "0755"}); err != nil {
 		t.Fatal(err)
