@@ -711,7 +711,7 @@ func (e *Engine) AgentRun(ctx context.Context, req apitypes.AgentRunRequest, pro
 
 // KeyUsage is not served: a key's use is counted by each node.
 func (e *Engine) KeyUsage(ctx context.Context, id string) (*apitypes.KeyUsage, error) {
-	return nil, unavailable("key_usage", "each node counts a key's use of its own sandboxes, and the fleet-wide count is not wired yet; ask the nodes")
+	return nil, unavailable("quota_usage", "each node counts a key's use of its own sandboxes, and the fleet-wide count is not wired yet; ask the nodes")
 }
 
 // Languages and images: the nodes of a fleet share their configuration;
