@@ -190,6 +190,25 @@ func TestGatewayMCP(t *testing.T) {
 		t.Errorf("alice's sandbox_list: %v, want only %s", seen, alices)
 	}
 
+	// A stdio-only MCP client through `mcp-sandboxd stdio --url` (in the
+	// fabric namespace, as the client): the same gateway, the same key.
+	var rep struct {
+		Results []mcpResult `json:"results"`
+	}
+	f.gatewayMJS(map[string]any{"stdio": map[string]any{
+		"command": filepath.Join(testenv.BinDir(t), "mcp-sandboxd"),
+		"args":    []string{"stdio", "--url", f.gateways[1]},
+		"env":     map[string]string{"SANDBOXD_TOKEN": f.aliceKey, "PATH": "/usr/bin:/bin"},
+	}, "calls": []mcpCall{
+		{"exec_command", map[string]any{"sandbox_id": alices, "command": "echo over stdio"}},
+		{"exec_command", map[string]any{"sandbox_id": id, "command": "true"}},
+	}}, &rep)
+	if len(rep.Results) != 2 || rep.Results[0].IsError || rep.Results[0].Structured["stdout"] != "over stdio\n" {
+		t.Errorf("exec_command through mcp-sandboxd stdio --url: %+v", rep.Results)
+	} else if r := rep.Results[1]; !r.IsError || !strings.HasPrefix(r.Text, "not_found:") {
+		t.Errorf("alice's exec in the admin's sandbox over stdio: %v %q, want not_found", r.IsError, r.Text)
+	}
+
 	// The gateway's overhead on an MCP exec_command: through the
 	// gateway's /mcp and the node's own, alternately, in one run.
 	n := envInt("SANDBOXD_GATEWAY_MCP_BENCH", 40)

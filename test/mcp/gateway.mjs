@@ -8,19 +8,28 @@
 // spec: {"url", "token", "calls": [{"name", "args"}]} makes the calls in
 // order in one session; an argument whose value is "$sandbox" is the
 // sandbox_id the session's last sandbox_create answered. The report has
-// the tools listed and each call's {isError, text, structured}.
+// the tools listed and each call's {isError, text, structured}. With
+// "stdio": {command, args, env} instead of url, the session goes through
+// that command (mcp-sandboxd stdio --url GATEWAY).
 // spec: {"bench": {"a": {url, token}, "b": {url, token}, "sandbox_id", "n"}}
 // makes n exec_command calls on each of two sessions, alternately, and
 // reports each one's durations in milliseconds (a and b).
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
 const spec = JSON.parse(process.argv[2]);
 const errors = [];
 
-async function connect(url, token) {
+async function connect(url, token, stdio) {
   const client = new Client({ name: "mcp-sandboxd-gateway-blackbox", version: "1.0.0" });
   client.onerror = (e) => errors.push(String(e));
+  if (stdio) {
+    const t = new StdioClientTransport({ command: stdio.command, args: stdio.args, env: stdio.env, stderr: "pipe" });
+    await client.connect(t);
+    t.stderr?.on("data", (d) => process.stderr.write(d));
+    return client;
+  }
   const headers = token ? { Authorization: `Bearer ${token}` } : {};
   await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } }));
   return client;
@@ -29,7 +38,7 @@ async function connect(url, token) {
 const timeout = { timeout: 300_000 };
 
 async function calls() {
-  const client = await connect(spec.url, spec.token);
+  const client = await connect(spec.url, spec.token, spec.stdio);
   const report = { server: client.getServerVersion() };
   report.tools = (await client.listTools()).tools.map((t) => t.name).sort();
   report.results = [];
