@@ -22,11 +22,18 @@ import (
 type mcpCall struct {
 	Name string         `json:"name"`
 	Args map[string]any `json:"args"`
+	// Progress asks for progress notifications (exec output as it comes).
+	Progress bool `json:"progress,omitempty"`
 }
 
 // mcpResult is a call's answer as the TypeScript SDK saw it.
 type mcpResult struct {
-	Name       string         `json:"name"`
+	Name     string  `json:"name"`
+	MS       float64 `json:"ms"`
+	Progress []struct {
+		MS      float64 `json:"ms"`
+		Message string  `json:"message"`
+	} `json:"progress"`
 	Args       map[string]any `json:"args"`
 	IsError    bool           `json:"isError"`
 	Text       string         `json:"text"`
@@ -104,15 +111,16 @@ func TestGatewayMCP(t *testing.T) {
 	mcpURL := f.gateways[1] + "/mcp"
 	const content = "written through the gateway"
 	res := f.mcpSession(mcpURL, f.adminKey,
-		mcpCall{"sandbox_create", map[string]any{"language": "shell"}},
-		mcpCall{"exec_command", map[string]any{"sandbox_id": "$sandbox", "command": "echo via-gateway; echo oops >&2; exit 4"}},
-		mcpCall{"file_write", map[string]any{"sandbox_id": "$sandbox", "path": "/workspace/gw.txt", "content": content}},
-		mcpCall{"file_read", map[string]any{"sandbox_id": "$sandbox", "path": "/workspace/gw.txt"}},
-		mcpCall{"run_code", map[string]any{"sandbox_id": "$sandbox", "language": "shell", "code": "cat /workspace/gw.txt"}},
-		mcpCall{"run_code", map[string]any{"language": "shell", "code": "echo placed"}},
-		mcpCall{"exec_command", map[string]any{"sandbox_id": "$sandbox", "command": "true", "timeout_seconds": -1}},
-		mcpCall{"exec_command", map[string]any{"sandbox_id": "sb-ffffffff000000000000", "command": "true"}},
-		mcpCall{"sandbox_list", map[string]any{}},
+		mcpCall{Name: "sandbox_create", Args: map[string]any{"language": "shell"}},
+		mcpCall{Name: "exec_command", Args: map[string]any{"sandbox_id": "$sandbox", "command": "echo via-gateway; echo oops >&2; exit 4"}},
+		mcpCall{Name: "file_write", Args: map[string]any{"sandbox_id": "$sandbox", "path": "/workspace/gw.txt", "content": content}},
+		mcpCall{Name: "file_read", Args: map[string]any{"sandbox_id": "$sandbox", "path": "/workspace/gw.txt"}},
+		mcpCall{Name: "run_code", Args: map[string]any{"sandbox_id": "$sandbox", "language": "shell", "code": "cat /workspace/gw.txt"}},
+		mcpCall{Name: "run_code", Args: map[string]any{"language": "shell", "code": "echo placed"}},
+		mcpCall{Name: "exec_command", Args: map[string]any{"sandbox_id": "$sandbox", "command": "true", "timeout_seconds": -1}},
+		mcpCall{Name: "exec_command", Args: map[string]any{"sandbox_id": "sb-ffffffff000000000000", "command": "true"}},
+		mcpCall{Name: "sandbox_list", Args: map[string]any{}},
+		mcpCall{Name: "exec_command", Args: map[string]any{"sandbox_id": "$sandbox", "command": "echo first; sleep 2; echo second"}, Progress: true},
 	)
 	for i, r := range res[:6] {
 		if r.IsError {
@@ -157,6 +165,15 @@ func TestGatewayMCP(t *testing.T) {
 	if r := res[7]; !r.IsError || !strings.HasPrefix(r.Text, `not_found: sandbox_id: "sb-ffffffff000000000000" names no node of this fleet`) {
 		t.Errorf("a sandbox of no node: %v %q", r.IsError, r.Text)
 	}
+	// The node's exec stream reaches the MCP client as it runs: the first
+	// line as a progress notification long before the command ends.
+	if r := res[9]; r.IsError || r.Structured["stdout"] != "first\nsecond\n" || r.MS < 2000 {
+		t.Errorf("exec_command with progress: %v %q in %.0f ms", r.IsError, r.Text, r.MS)
+	} else if len(r.Progress) == 0 || !strings.Contains(r.Progress[0].Message, "first") || r.Progress[0].MS > r.MS-1000 {
+		t.Errorf("progress of a streamed exec through the gateway: %+v, call took %.0f ms; want \"first\" at least 1 s before the end", r.Progress, r.MS)
+	} else {
+		t.Logf("progress through the gateway: %q at %.0f ms of %.0f", r.Progress[0].Message, r.Progress[0].MS, r.MS)
+	}
 	listed := false
 	for _, sb := range res[8].Structured["sandboxes"].([]any) {
 		listed = listed || sb.(map[string]any)["sandbox_id"] == id
@@ -168,10 +185,10 @@ func TestGatewayMCP(t *testing.T) {
 	// Another tenant's key: the admin's sandbox does not exist for it,
 	// and what it creates is its own.
 	res = f.mcpSession(mcpURL, f.aliceKey,
-		mcpCall{"exec_command", map[string]any{"sandbox_id": id, "command": "true"}},
-		mcpCall{"file_read", map[string]any{"sandbox_id": id, "path": "/workspace/gw.txt"}},
-		mcpCall{"sandbox_create", map[string]any{"language": "shell"}},
-		mcpCall{"sandbox_list", map[string]any{}},
+		mcpCall{Name: "exec_command", Args: map[string]any{"sandbox_id": id, "command": "true"}},
+		mcpCall{Name: "file_read", Args: map[string]any{"sandbox_id": id, "path": "/workspace/gw.txt"}},
+		mcpCall{Name: "sandbox_create", Args: map[string]any{"language": "shell"}},
+		mcpCall{Name: "sandbox_list", Args: map[string]any{}},
 	)
 	for _, r := range res[:2] {
 		if !r.IsError || !strings.HasPrefix(r.Text, "not_found:") {
@@ -200,8 +217,8 @@ func TestGatewayMCP(t *testing.T) {
 		"args":    []string{"stdio", "--url", f.gateways[1]},
 		"env":     map[string]string{"SANDBOXD_TOKEN": f.aliceKey, "PATH": "/usr/bin:/bin"},
 	}, "calls": []mcpCall{
-		{"exec_command", map[string]any{"sandbox_id": alices, "command": "echo over stdio"}},
-		{"exec_command", map[string]any{"sandbox_id": id, "command": "true"}},
+		{Name: "exec_command", Args: map[string]any{"sandbox_id": alices, "command": "echo over stdio"}},
+		{Name: "exec_command", Args: map[string]any{"sandbox_id": id, "command": "true"}},
 	}}, &rep)
 	if len(rep.Results) != 2 || rep.Results[0].IsError || rep.Results[0].Structured["stdout"] != "over stdio\n" {
 		t.Errorf("exec_command through mcp-sandboxd stdio --url: %+v", rep.Results)
@@ -240,9 +257,9 @@ func TestGatewayMCP(t *testing.T) {
 	// keep working; and they come back with it.
 	f.nodes[owner].Crash()
 	res = f.mcpSession(mcpURL, f.adminKey,
-		mcpCall{"exec_command", map[string]any{"sandbox_id": id, "command": "true"}},
-		mcpCall{"sandbox_create", map[string]any{"language": "shell"}},
-		mcpCall{"exec_command", map[string]any{"sandbox_id": "$sandbox", "command": "echo alive"}},
+		mcpCall{Name: "exec_command", Args: map[string]any{"sandbox_id": id, "command": "true"}},
+		mcpCall{Name: "sandbox_create", Args: map[string]any{"language": "shell"}},
+		mcpCall{Name: "exec_command", Args: map[string]any{"sandbox_id": "$sandbox", "command": "echo alive"}},
 	)
 	if r := res[0]; !r.IsError || !strings.HasPrefix(r.Text, "unavailable:") || !strings.Contains(r.Text, id) || !strings.Contains(r.Text, f.names[owner]) {
 		t.Errorf("exec_command on the dead %s: %v %q, want unavailable naming %s and the node", f.names[owner], r.IsError, r.Text, id)
@@ -254,7 +271,7 @@ func TestGatewayMCP(t *testing.T) {
 	}
 	f.nodes[owner].Start()
 	res = f.mcpSession(mcpURL, f.adminKey,
-		mcpCall{"exec_command", map[string]any{"sandbox_id": id, "command": "cat /workspace/gw.txt"}},
+		mcpCall{Name: "exec_command", Args: map[string]any{"sandbox_id": id, "command": "cat /workspace/gw.txt"}},
 	)
 	if r := res[0]; r.IsError || r.Structured["stdout"] != content {
 		t.Errorf("exec_command after %s came back: %v %q", f.names[owner], r.IsError, r.Text)

@@ -7,8 +7,10 @@
 //
 // spec: {"url", "token", "calls": [{"name", "args"}]} makes the calls in
 // order in one session; an argument whose value is "$sandbox" is the
-// sandbox_id the session's last sandbox_create answered. The report has
-// the tools listed and each call's {isError, text, structured}. With
+// sandbox_id the session's last sandbox_create answered; a call with
+// "progress": true asks for progress notifications. The report has the
+// tools listed and each call's {ms, progress [{ms, message}], isError,
+// text, structured}. With
 // "stdio": {command, args, env} instead of url, the session goes through
 // that command (mcp-sandboxd stdio --url GATEWAY).
 // spec: {"bench": {"a": {url, token}, "b": {url, token}, "sandbox_id", "n"}}
@@ -45,9 +47,13 @@ async function calls() {
   let sandbox = "";
   for (const c of spec.calls) {
     const args = Object.fromEntries(Object.entries(c.args || {}).map(([k, v]) => [k, v === "$sandbox" ? sandbox : v]));
-    const res = await client.callTool({ name: c.name, arguments: args }, undefined, timeout);
+    const progress = [];
+    const t0 = performance.now();
+    const opts = c.progress ? { ...timeout, onprogress: (p) => progress.push({ ms: performance.now() - t0, message: p.message ?? "" }) } : timeout;
+    const res = await client.callTool({ name: c.name, arguments: args }, undefined, opts);
+    const ms = performance.now() - t0;
     if (c.name === "sandbox_create" && !res.isError) sandbox = res.structuredContent.sandbox_id;
-    report.results.push({ name: c.name, args, isError: !!res.isError, text: res.content?.[0]?.text ?? "", structured: res.structuredContent ?? null });
+    report.results.push({ name: c.name, args, ms, progress, isError: !!res.isError, text: res.content?.[0]?.text ?? "", structured: res.structuredContent ?? null });
   }
   await client.close();
   report.errors = errors;
