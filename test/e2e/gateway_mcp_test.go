@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
 
@@ -269,11 +272,46 @@ func TestGatewayMCP(t *testing.T) {
 	} else if f.nodeOf(res[1].Structured["sandbox_id"].(string)) == owner {
 		t.Errorf("a create went to the dead %s", f.names[owner])
 	}
-	f.nodes[owner].Start()
+	// It comes back with its SSH endpoint on (ssh.listen, in its own
+	// namespace: not reachable from the fabric but through the API).
+	d := f.nodes[owner]
+	d.Config.SSH.Listen = fmt.Sprintf("198.19.%d.2:2222", owner+1)
+	data, err := config.Marshal(d.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.CfgPath, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
 	res = f.mcpSession(mcpURL, f.adminKey,
 		mcpCall{Name: "exec_command", Args: map[string]any{"sandbox_id": id, "command": "cat /workspace/gw.txt"}},
 	)
 	if r := res[0]; r.IsError || r.Structured["stdout"] != content {
 		t.Errorf("exec_command after %s came back: %v %q", f.names[owner], r.IsError, r.Text)
+	}
+
+	// SSH through the gateway: sandboxctl mints a single-use token through
+	// it (routed to the sandbox's node) and runs OpenSSH whose
+	// ProxyCommand carries the connection over the gateway to that node's
+	// SSH endpoint (GET /v1/sandboxes/{id}/ssh/connect).
+	sshThrough := func(key string, command ...string) (string, string, error) {
+		argv := append([]string{"--net=/run/netns/" + f.fabricName, "--", filepath.Join(testenv.BinDir(t), "sandboxctl"),
+			"--url", f.gateways[1], "ssh", "--proxy", id, "--", "-o", "BatchMode=no", "-o", "ConnectTimeout=20"}, command...)
+		cmd := exec.Command("nsenter", argv...)
+		cmd.Env = append(os.Environ(), "SANDBOXD_TOKEN="+key, "HOME="+t.TempDir())
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		return stdout.String(), stderr.String(), err
+	}
+	if out, errOut, err := sshThrough(f.adminKey, "cat", "/workspace/gw.txt"); err != nil || out != content {
+		t.Errorf("ssh through the gateway: %v: stdout %q, stderr %s", err, out, errOut)
+		if l := d.Log(); len(l) > 6000 {
+			t.Logf("node log (end): %s", l[len(l)-6000:])
+		}
+	}
+	if out, errOut, err := sshThrough(f.aliceKey, "cat", "/workspace/gw.txt"); err == nil || out != "" || !strings.Contains(errOut, "not_found") {
+		t.Errorf("alice's ssh to the admin's sandbox through the gateway: %v: stdout %q, stderr %s; want refused, not_found", err, out, errOut)
 	}
 }
