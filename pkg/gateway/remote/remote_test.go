@@ -173,6 +173,13 @@ func (n *node) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-File-Truncated", "false")
 		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
 		_, _ = w.Write(b)
+	case r.Method == "GET" && strings.HasPrefix(path, "/v1/snapshots/"):
+		id := strings.TrimPrefix(path, "/v1/snapshots/")
+		if !n.snapshots[id] {
+			writeErr(w, 404, "not_found", fmt.Sprintf("snapshot_id: no snapshot %q", id))
+			return
+		}
+		writeJSON(w, 200, apitypes.Snapshot{ID: id})
 	case r.Method == "DELETE" && strings.HasPrefix(path, "/v1/snapshots/"):
 		id := strings.TrimPrefix(path, "/v1/snapshots/")
 		if !n.snapshots[id] {
@@ -477,5 +484,31 @@ func TestNodeWide(t *testing.T) {
 	}
 	if err := e.DeleteSnapshot(ctx, "snap-1"); errdefs.CodeOf(err) != errdefs.NotFound {
 		t.Errorf("delete of a snapshot no node has: %v, want not_found", err)
+	}
+}
+
+// A fork starts on the node that holds its snapshot, whatever placement
+// would have chosen; a snapshot no node holds is the nodes' not_found.
+func TestForkBesideItsSnapshot(t *testing.T) {
+	e, _, nodes := fleet(t)
+	ctx := asAlice()
+	nodes[1].mu.Lock()
+	nodes[1].snapshots["snap-b"] = true
+	nodes[1].mu.Unlock()
+	for range 3 {
+		sb, err := e.CreateSandbox(ctx, apitypes.CreateSandboxRequest{Language: "shell", FromSnapshot: "snap-b"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tag, _ := sandbox.IDNodeTag(sb.ID); tag != sandbox.NodeTag("node-b") {
+			t.Errorf("a fork of node-b's snapshot landed on tag %s", tag)
+		}
+	}
+	if len(nodes[0].callsTo("POST", "/v1/sandboxes")) != 0 {
+		t.Errorf("node-a was asked to create a fork of a snapshot it does not hold")
+	}
+	_, err := e.CreateSandbox(ctx, apitypes.CreateSandboxRequest{Language: "shell", FromSnapshot: "snap-none"})
+	if errdefs.CodeOf(err) != errdefs.NotFound || errdefs.MessageOf(err) != `snapshot_id: no snapshot "snap-none"` {
+		t.Errorf("a fork of a snapshot no node holds: %v, want the nodes' not_found", err)
 	}
 }
