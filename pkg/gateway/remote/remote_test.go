@@ -360,8 +360,20 @@ func TestNodeDown(t *testing.T) {
 	e, _, nodes := fleet(t)
 	ctx := asAlice()
 	onA, onB := nodes[0].seed("alice", nil), nodes[1].seed("alice", nil)
+	if l, err := e.ListSandboxes(ctx, ""); err != nil || len(l) != 2 {
+		t.Fatalf("list with both nodes up: %v %v", l, err)
+	}
 	nodes[1].srv.Close()
-	_, err := e.Exec(ctx, apitypes.ExecRequest{SandboxID: onB, Command: "true"}, nil)
+	l, err := e.ListSandboxes(ctx, "")
+	if err != nil || len(l) != 2 {
+		t.Fatalf("list with node-b gone: %v %v", l, err)
+	}
+	for _, sb := range l {
+		if want := map[string]apitypes.State{onA: "ready", onB: apitypes.StateUnavailable}[sb.ID]; sb.State != want {
+			t.Errorf("listed %s as %q with node-b gone, want %q", sb.ID, sb.State, want)
+		}
+	}
+	_, err = e.Exec(ctx, apitypes.ExecRequest{SandboxID: onB, Command: "true"}, nil)
 	if errdefs.CodeOf(err) != errdefs.Unavailable || !strings.Contains(errdefs.MessageOf(err), onB) || !strings.Contains(errdefs.MessageOf(err), "node-b") {
 		t.Errorf("exec on a gone node: %v, want unavailable naming %s and node-b", err, onB)
 	}
