@@ -17,7 +17,9 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/gateway"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/gateway/remote"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/kubediscovery"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/mcpserver"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
@@ -64,6 +66,11 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	h := gateway.New(gateway.Options{
 		Discovery: disc, Auth: keys, Secret: secret,
 		NodeTimeout: g.NodeTimeout.D(), ProbeInterval: g.ProbeInterval.D(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
+		// /mcp: the real MCP server over the nodes' REST API (tools,
+		// sessions and tasks live in this gateway; the work on the nodes).
+		MCP: func(gw *gateway.Gateway) http.Handler {
+			return mcpserver.NewHandler(remote.New(gw, cfg), mcpserver.Options{Log: log})
+		},
 	})
 	ln, err := net.Listen("tcp", g.Listen)
 	if err != nil {

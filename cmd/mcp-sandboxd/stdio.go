@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -19,7 +22,7 @@ import (
 )
 
 func stdioCmd() *cobra.Command {
-	var level string
+	var level, remote string
 	cmd := runtimeCmd(&cobra.Command{
 		Use:   "stdio",
 		Short: "Serve MCP over stdin/stdout for one client (through the running daemon, else in-process as root)",
@@ -32,8 +35,11 @@ daemon's /mcp endpoint: any number of clients, run by root or by members of
 server.socket_group (make install creates the group mcp-sandboxd). Without a
 daemon, root runs the engine in this process, holding the state directory's
 lock (one such client at a time); anyone else gets a JSON-RPC error on every
-request saying how to start the daemon. Logs go to stderr (warnings and
-errors unless --log-level says otherwise), never to stdout.`,
+request saying how to start the daemon. With --url the session is carried
+to that daemon's or gateway's /mcp over HTTP instead, with the bearer key in
+SANDBOXD_TOKEN (e.g. --url http://gateway:7080 for a fleet). Logs go to
+stderr (warnings and errors unless --log-level says otherwise), never to
+stdout.`,
 	}, func(ctx context.Context, cfg *config.Config, _ *slog.Logger) error {
 		// MCP clients show every stderr line as an error: stdio logs
 		// warnings and errors only, unless --log-level says otherwise.
@@ -42,9 +48,13 @@ errors unless --log-level says otherwise), never to stdout.`,
 			return &exitError{code: 2, err: fmt.Errorf("--log-level: %v", err)}
 		}
 		cfg.Log.Level = level
+		if remote != "" {
+			return bridgeRemote(ctx, remote, os.Getenv("SANDBOXD_TOKEN"), newLogger(cfg.Log, os.Stderr))
+		}
 		return serveStdio(ctx, cfg, newLogger(cfg.Log, os.Stderr))
 	})
 	cmd.Flags().StringVar(&level, "log-level", "warn", "log level on stderr: debug, info, warn, error")
+	cmd.Flags().StringVar(&remote, "url", "", "carry the session to the /mcp of this daemon or gateway (http://HOST:PORT), bearer key in SANDBOXD_TOKEN")
 	return cmd
 }
 
@@ -112,4 +122,33 @@ func serveStdio(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		defer srv.Close()
 	}
 	return mcpserver.ServeStdio(ctx, eng, mcpserver.Options{Log: log, Audit: eng.Audit()}, os.Stdin, os.Stdout)
+}
+
+// bridgeRemote carries the stdio session to base's /mcp (a daemon's TCP
+// listener or a gateway) with token as the bearer key.
+func bridgeRemote(ctx context.Context, base, token string, log *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.User != nil {
+		return &exitError{code: 2, err: fmt.Errorf("--url: want http://HOST:PORT or https://HOST:PORT, got %q", base)}
+	}
+	if token == "" {
+		return &exitError{code: 2, err: errors.New("--url: SANDBOXD_TOKEN must hold the bearer key")}
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/mcp"
+	rt := bearer{token: token, next: &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 16}}
+	return mcpserver.BridgeTo(ctx, u.String(), rt, os.Stdin, os.Stdout, log)
+}
+
+// bearer adds the key to every request of the bridge.
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -78,6 +79,7 @@ func sshCmd(g *globals) *cobra.Command {
 		root   bool
 		ttl    time.Duration
 		sshBin string
+		proxy  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "ssh ID [-- SSH_ARGS... [COMMAND...]]",
@@ -98,9 +100,11 @@ func sshCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			host, port, err := sshHost(tok.Listen, g.url)
-			if err != nil {
-				return err
+			host, port := knownHostsAlias, "22" // ProxyCommand ignores them
+			if !proxy {
+				if host, port, err = sshHost(tok.Listen, g.url); err != nil {
+					return err
+				}
 			}
 			dir, err := os.MkdirTemp("", "sandboxctl-ssh-")
 			if err != nil {
@@ -120,6 +124,13 @@ func sshCmd(g *globals) *cobra.Command {
 				"-o", "HostKeyAlias=" + knownHostsAlias, "-o", "StrictHostKeyChecking=yes",
 				"-o", "PreferredAuthentications=keyboard-interactive", "-o", "NumberOfPasswordPrompts=1",
 				"-o", "ForwardAgent=no", "-o", "ForwardX11=no"}
+			if proxy {
+				// Through the API to the sandbox's path: a gateway routes
+				// it to the node that minted the token.
+				// Without the askpass marks, which would make it the
+				// askpass helper, and without the login token.
+				argv = append(argv, "-o", "ProxyCommand=env -u "+askpassEnv+" -u "+tokenEnv+" "+shellQuote(self)+g.apiFlags()+" ssh-proxy --sandbox "+shellQuote(args[0]))
+			}
 			// OpenSSH reads options after the destination too, up to the
 			// first argument that is not one (the remote command).
 			argv = append(argv, host)
@@ -127,6 +138,10 @@ func sshCmd(g *globals) *cobra.Command {
 			sc := exec.CommandContext(cmd.Context(), sshBin, argv...)
 			sc.Stdin, sc.Stdout, sc.Stderr = os.Stdin, g.stdout, g.stderr
 			sc.Env = append(os.Environ(), askpassEnv+"=1", tokenEnv+"="+tok.Token, "SSH_ASKPASS="+self, "SSH_ASKPASS_REQUIRE=force")
+			if proxy && g.token != "" {
+				// The ProxyCommand's API key, never on its command line.
+				sc.Env = append(sc.Env, "SANDBOXD_TOKEN="+g.token)
+			}
 			err = sc.Run()
 			var ee *exec.ExitError
 			if errors.As(err, &ee) {
@@ -138,6 +153,7 @@ func sshCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&root, "root", false, "log in as root (uid 0; root-mode sandboxes only)")
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "how long the token stays valid if unused (default: the daemon's ssh.token_ttl)")
 	cmd.Flags().StringVar(&sshBin, "ssh", "ssh", "the ssh program to run")
+	cmd.Flags().BoolVar(&proxy, "proxy", false, "reach the SSH endpoint through the API (sandboxctl ssh-proxy), e.g. through a gateway")
 	return cmd
 }
 
@@ -328,19 +344,25 @@ func (g *globals) apiFlags() string {
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 func sshProxyCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var sandboxID string
+	cmd := &cobra.Command{
 		Use:   "ssh-proxy",
 		Short: "Relay stdin and stdout to the daemon's SSH endpoint through its API (ssh's ProxyCommand)",
 		Long: "ssh-proxy is what ssh-config --proxy puts in ProxyCommand: it carries one SSH connection\n" +
 			"over the daemon's API (the socket or --url, a WebSocket) to its SSH endpoint, for machines\n" +
-			"that reach the API but not ssh.listen. The login itself still needs a key or a token.",
+			"that reach the API but not ssh.listen. The login itself still needs a key or a token.\n" +
+			"With --sandbox it goes through that sandbox's path, which a gateway routes to its node.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			conn, err := c.DialSSH(cmd.Context())
+			dial := c.DialSSH
+			if sandboxID != "" {
+				dial = func(ctx context.Context) (net.Conn, error) { return c.DialSSHFor(ctx, sandboxID) }
+			}
+			conn, err := dial(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -357,4 +379,6 @@ func sshProxyCmd(g *globals) *cobra.Command {
 			return err
 		},
 	}
+	cmd.Flags().StringVar(&sandboxID, "sandbox", "", "the sandbox the connection logs in to: through its path (a gateway's route to its node)")
+	return cmd
 }

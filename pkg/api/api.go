@@ -171,6 +171,8 @@ func (s *server) routeSandboxes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/network", s.sandboxNetwork)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/network", s.sandboxNetwork)
 	mux.HandleFunc("GET /v1/artifacts/{id}", s.downloadArtifact)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/tasks", s.runTask)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/packages", s.packagesInstall)
 }
 
 // routeJobs registers a sandbox's background jobs.

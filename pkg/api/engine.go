@@ -56,6 +56,8 @@ type Engine interface {
 	JobStatus(ctx context.Context, req apitypes.JobStatusRequest) (*apitypes.JobStatus, error)
 	KillJob(ctx context.Context, req apitypes.JobKillRequest) (*apitypes.JobKillResult, error)
 	OpenTerminal(ctx context.Context, req apitypes.TerminalRequest) (*sandbox.Terminal, error)
+	RunTask(ctx context.Context, req apitypes.RunTaskRequest) (*apitypes.ExecResult, error)
+	PackagesInstall(ctx context.Context, req apitypes.PackagesInstallRequest) (*apitypes.ExecResult, error)
 
 	// Files.
 	WriteFileFrom(ctx context.Context, id, p, modeText string, appendTo bool, size int64, r io.Reader) (*apitypes.FileResult, error)

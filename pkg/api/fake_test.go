@@ -36,6 +36,8 @@ type fakeEngine struct {
 	jobReq   apitypes.JobStatusRequest
 	create   apitypes.CreateSandboxRequest
 	execReq  apitypes.ExecRequest
+	taskReq  apitypes.RunTaskRequest
+	pkgReq   apitypes.PackagesInstallRequest
 	output   [][2]string // what Exec writes through onOutput: stream, data
 	metrics  *prometheus.Registry
 	fileList *apitypes.FileList
@@ -178,6 +180,16 @@ func (f *fakeEngine) ImageList(context.Context) (*apitypes.ImageList, error) {
 	return ex[apitypes.ImageList](), f.err
 }
 
+func (f *fakeEngine) RunTask(_ context.Context, req apitypes.RunTaskRequest) (*apitypes.ExecResult, error) {
+	f.taskReq = req
+	return ex[apitypes.ExecResult](), f.err
+}
+
+func (f *fakeEngine) PackagesInstall(_ context.Context, req apitypes.PackagesInstallRequest) (*apitypes.ExecResult, error) {
+	f.pkgReq = req
+	return ex[apitypes.ExecResult](), f.err
+}
+
 func (f *fakeEngine) StartJob(_ context.Context, req apitypes.ExecRequest) (string, error) {
 	f.execReq = req
 	return "job-1", f.err
@@ -252,6 +264,8 @@ func TestFakeContract(t *testing.T) {
 		{"GET", "/v1/sandboxes/sb-1/jobs/j-1", "", reflect.TypeFor[apitypes.JobStatus]()},
 		{"DELETE", "/v1/sandboxes/sb-1/jobs/j-1", "", reflect.TypeFor[apitypes.JobKillResult]()},
 		{"POST", "/v1/sandboxes/sb-1/jobs", `{"command":"true"}`, reflect.TypeFor[apitypes.JobStarted]()},
+		{"POST", "/v1/sandboxes/sb-1/tasks", `{"task":"test"}`, reflect.TypeFor[apitypes.ExecResult]()},
+		{"POST", "/v1/sandboxes/sb-1/packages", `{"manager":"pip","packages":["six"]}`, reflect.TypeFor[apitypes.ExecResult]()},
 		{"GET", "/v1/sandboxes/sb-1/ports", "", reflect.TypeFor[apitypes.PortList]()},
 		{"GET", "/v1/ssh", "", reflect.TypeFor[apitypes.SSHEndpoint]()},
 		{"GET", "/v1/ssh/keys", "", reflect.TypeFor[apitypes.SSHKeyList]()},

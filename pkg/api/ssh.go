@@ -19,6 +19,10 @@ func (s *server) routeSSH(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE /v1/ssh/keys/{key}", s.removeSSHKey)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/ssh-token", s.sshToken)
 	mux.HandleFunc("GET /v1/ssh/connect", s.sshConnect)
+	// The same connection under a sandbox's path: a gateway routes it by
+	// the id to the node that holds the sandbox (whose SSH endpoint the
+	// login is for); the id decides nothing else.
+	mux.HandleFunc("GET /v1/sandboxes/{id}/ssh/connect", s.sshConnect)
 }
 
 // sshConnect carries one SSH connection over a WebSocket (binary

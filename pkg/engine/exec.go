@@ -3,13 +3,11 @@ package engine
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"io"
 	"path"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
@@ -445,20 +443,7 @@ func (e *Engine) ReadFile(ctx context.Context, req FileReadRequest) (*FileReadRe
 	if err != nil {
 		return nil, err
 	}
-	enc := req.Encoding
-	if enc == "" || enc == "utf8" {
-		enc = "utf-8"
-	}
-	res := &FileReadResult{Path: raw.Path, Size: raw.Size, Offset: req.Offset, Encoding: enc}
-	if enc == "utf-8" && utf8.Valid(raw.Data) {
-		res.Content = string(raw.Data)
-	} else {
-		res.Encoding, res.Content = "base64", base64.StdEncoding.EncodeToString(raw.Data)
-	}
-	if next := req.Offset + int64(len(raw.Data)); raw.Truncated || next < raw.Size {
-		res.Truncated, res.NextOffset = true, next
-	}
-	return res, nil
+	return apitypes.NewFileReadResult(req, raw.Path, raw.Size, raw.Truncated, raw.Data), nil
 }
 
 // ReadFileRaw reads (part of) a file in a sandbox as bytes (downloads).
@@ -469,10 +454,8 @@ func (e *Engine) ReadFileRaw(ctx context.Context, req FileReadRequest) (*agent.F
 	if err := e.checkSandboxPath(ctx, req.SandboxID, "path", req.Path); err != nil {
 		return nil, err
 	}
-	switch req.Encoding {
-	case "", "utf-8", "utf8", "base64":
-	default:
-		return nil, errdefs.Invalidf("encoding: must be utf-8 or base64, got %q", req.Encoding)
+	if err := apitypes.CheckReadEncoding(req.Encoding); err != nil {
+		return nil, err
 	}
 	max, err := readWindow(req.Offset, req.MaxBytes)
 	if err != nil {
@@ -536,21 +519,7 @@ func (e *Engine) DeleteFile(ctx context.Context, id, p string, recursive bool) (
 // decodeContent is a file write's content in its encoding (utf-8, the
 // default, or base64).
 func decodeContent(encoding, content string) ([]byte, error) {
-	switch encoding {
-	case "", "utf-8", "utf8":
-		if !utf8.ValidString(content) {
-			return nil, errdefs.Invalidf("content: not valid UTF-8 (use encoding base64)")
-		}
-		return []byte(content), nil
-	case "base64":
-		data, err := base64.StdEncoding.DecodeString(content)
-		if err != nil {
-			return nil, errdefs.Invalidf("content: invalid base64: %v", err)
-		}
-		return data, nil
-	default:
-		return nil, errdefs.Invalidf("encoding: must be utf-8 or base64, got %q", encoding)
-	}
+	return apitypes.DecodeFileContent(encoding, content)
 }
 
 // readWindow checks a file read's offset and size, and returns the size

@@ -21,7 +21,6 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
 
 // Options configure New.
@@ -49,6 +48,11 @@ type Options struct {
 	MaxBodyBytes int64
 	// Log; nil means slog.Default().
 	Log *slog.Logger
+	// MCP, if not nil, makes /mcp's handler over this gateway (the MCP
+	// server over pkg/gateway/remote's engine, built in cmd/mcp-sandboxd:
+	// it needs the gateway, hence a function); nil answers /mcp
+	// unavailable.
+	MCP func(*Gateway) http.Handler
 }
 
 // Gateway is the gateway's HTTP handler.
@@ -71,6 +75,8 @@ type Gateway struct {
 	view       []probed
 	viewAt     time.Time
 	refreshing bool // a background probe renews view
+
+	mcp http.Handler // Options.MCP's; nil: not served
 }
 
 // New returns the gateway over opt.Discovery's nodes.
@@ -116,6 +122,9 @@ func New(opt Options) *Gateway {
 			}
 			writeError(w, errdefs.Unavailablef("node %s does not answer: %v", t.node, err))
 		},
+	}
+	if opt.MCP != nil {
+		g.mcp = opt.MCP(g)
 	}
 	return g
 }
@@ -196,10 +205,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(path, "/v1/sandboxes/"):
 		id, _, _ := strings.Cut(strings.TrimPrefix(path, "/v1/sandboxes/"), "/")
 		g.route(w, r, p, id)
-	case path == "/mcp" || strings.HasPrefix(path, "/mcp/"):
+	case path == "/mcp":
 		// MCP tool calls carry sandbox ids in their arguments, and a
-		// session spans calls: not routable by path (docs/ARCHITECTURE.md).
-		writeError(w, errdefs.Unavailablef("%s: MCP is not served by the gateway yet; use a node's /mcp", path))
+		// session spans calls: not routable by path, served here over
+		// the nodes (fleet.go, docs/ARCHITECTURE.md).
+		g.serveMCP(w, r, p)
 	default:
 		g.any(w, r, p)
 	}
@@ -238,27 +248,12 @@ func (g *Gateway) forwardRetry(w http.ResponseWriter, r *http.Request, n Node, p
 
 // route forwards a request about sandbox id to the node its tag names.
 func (g *Gateway) route(w http.ResponseWriter, r *http.Request, p principal.Principal, id string) {
-	if err := sandbox.CheckID(id); err != nil {
+	n, err := g.NodeOf(r.Context(), id)
+	if err != nil {
 		writeError(w, err)
 		return
 	}
-	tag, ok := sandbox.IDNodeTag(id)
-	if !ok {
-		writeError(w, errdefs.NotFoundf("sandbox_id: %q names no node of this fleet", id))
-		return
-	}
-	nodes, err := g.opt.Discovery.Nodes(r.Context())
-	if err != nil {
-		writeError(w, errdefs.Unavailablef("node discovery: %v", err))
-		return
-	}
-	for _, n := range nodes {
-		if sandbox.NodeTag(n.Name) == tag {
-			g.forward(w, r, n, &p, "")
-			return
-		}
-	}
-	writeError(w, errdefs.NotFoundf("sandbox_id: %q names no node of this fleet", id))
+	g.forward(w, r, n, &p, "")
 }
 
 // any forwards a request that is about no sandbox (images, languages,

@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
@@ -197,67 +196,6 @@ func (g *Gateway) invalidate() {
 	g.viewMu.Lock()
 	g.view = nil
 	g.viewMu.Unlock()
-}
-
-// list merges every node's GET /v1/sandboxes; the sandboxes of a node that
-// does not answer are those this caller last saw there, as unavailable.
-func (g *Gateway) list(w http.ResponseWriter, r *http.Request, p principal.Principal) {
-	nodes, err := g.opt.Discovery.Nodes(r.Context())
-	if err != nil {
-		writeError(w, errdefs.Unavailablef("node discovery: %v", err))
-		return
-	}
-	view := p.Tenant
-	if p.Admin {
-		view = "\x00admin"
-	}
-	lists := make([]apitypes.SandboxList, len(nodes))
-	errs := make([]error, len(nodes))
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = g.call(r.Context(), n, http.MethodGet, "/v1/sandboxes?"+r.URL.RawQuery, nil, &p, &lists[i])
-		}()
-	}
-	wg.Wait()
-	out := apitypes.SandboxList{Sandboxes: []apitypes.Sandbox{}}
-	g.mu.Lock()
-	for i, n := range nodes {
-		if errs[i] != nil {
-			var c *errdefs.Error
-			if errors.As(errs[i], &c) {
-				// An answer that is an error of the request (a bad
-				// state filter) is the caller's, not the node's loss.
-				g.mu.Unlock()
-				writeError(w, errs[i])
-				return
-			}
-			g.log.Warn("node does not answer a list", "node", n.Name, "err", errs[i])
-			for _, sb := range g.seen[n.Name][view] {
-				sb.State = apitypes.StateUnavailable
-				out.Sandboxes = append(out.Sandboxes, sb)
-			}
-			continue
-		}
-		if g.seen[n.Name] == nil {
-			g.seen[n.Name] = map[string][]apitypes.Sandbox{}
-		}
-		var live []apitypes.Sandbox
-		for _, sb := range lists[i].Sandboxes {
-			if sb.State.Live() {
-				live = append(live, sb)
-			}
-		}
-		g.seen[n.Name][view] = live
-		out.Sandboxes = append(out.Sandboxes, lists[i].Sandboxes...)
-		out.Truncated = out.Truncated || lists[i].Truncated
-	}
-	g.mu.Unlock()
-	sort.SliceStable(out.Sandboxes, func(i, j int) bool { return out.Sandboxes[i].CreatedAt.Before(out.Sandboxes[j].CreatedAt) })
-	out.Total = len(out.Sandboxes)
-	writeJSON(w, http.StatusOK, out)
 }
 
 // listNodes is GET /v1/nodes: every node and its capacity.

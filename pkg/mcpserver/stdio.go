@@ -131,16 +131,20 @@ func (w slogWriter) Write(p []byte) (int, error) {
 // request. When in ends (or ctx is done) the session is deleted on the
 // server, so that it ends there too.
 func Bridge(ctx context.Context, dial func(ctx context.Context) (net.Conn, error), in io.Reader, out io.Writer, log *slog.Logger) error {
+	return BridgeTo(ctx, bridgeURL, &http.Transport{
+		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+		MaxIdleConnsPerHost: 16,
+	}, in, out, log)
+}
+
+// BridgeTo is Bridge to the MCP endpoint at url (a daemon's or a
+// gateway's /mcp over TCP) through rt, which adds the caller's
+// credentials.
+func BridgeTo(ctx context.Context, url string, rt http.RoundTripper, in io.Reader, out io.Writer, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	b := &bridge{
-		out: out, log: log,
-		client: &http.Client{Transport: &http.Transport{
-			DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
-			MaxIdleConnsPerHost: 16,
-		}},
-	}
+	b := &bridge{out: out, log: log, url: url, client: &http.Client{Transport: rt}}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var posts, listener sync.WaitGroup
@@ -203,6 +207,7 @@ loop:
 
 type bridge struct {
 	client *http.Client
+	url    string // the endpoint
 	log    *slog.Logger
 
 	outMu sync.Mutex
@@ -213,6 +218,8 @@ type bridge struct {
 	version   string
 }
 
+// bridgeURL is the endpoint on the daemon's unix socket (the host is
+// never resolved: every connection is dialled to the socket).
 const bridgeURL = "http://localhost/mcp"
 
 func isInitialize(msg json.RawMessage) bool {
@@ -301,7 +308,7 @@ func (b *bridge) post(ctx context.Context, msg json.RawMessage) {
 			b.write(e)
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, bridgeURL, bytes.NewReader(msg))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url, bytes.NewReader(msg))
 	if err != nil {
 		fail("%v", err)
 		return
@@ -396,7 +403,7 @@ func (b *bridge) relaySSE(r io.Reader, initialize bool) {
 // reopens it while the session lasts. Servers without one answer 405.
 func (b *bridge) listen(ctx context.Context) {
 	for ctx.Err() == nil {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, bridgeURL, nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.url, nil)
 		if err != nil {
 			return
 		}
@@ -437,7 +444,7 @@ func (b *bridge) deleteSession() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, bridgeURL, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, b.url, nil)
 	if err != nil {
 		return
 	}

@@ -48,6 +48,9 @@ var layer = map[string]int{
 	"pkg/e2b/envdpb/filesystem": 1, "pkg/e2b/envdpb/filesystem/filesystemconnect": 1,
 	// The fleet's gateway: a front end over remote node daemons.
 	"pkg/gateway": 6,
+	// The gateway's MCP engine: pkg/mcpserver's Engine over the nodes' REST
+	// API (pkg/api/client), placed and routed by pkg/gateway.
+	"pkg/gateway/remote": 6,
 
 	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7, "cmd/tsgen": 7,
 	// make image's builder (a command like the ones above).
@@ -80,6 +83,9 @@ var forbidden = map[string][]string{
 	"pkg/services/sshkeys": {"pkg/engine"},
 	// The gateway is stateless: it reaches sandboxes only through nodes.
 	"pkg/gateway": {"pkg/engine", "pkg/store", "pkg/runtime", "pkg/mcpserver", "pkg/e2b"},
+	// Nor does its MCP engine, which imports pkg/engine only for the types
+	// pkg/mcpserver's interface names.
+	"pkg/gateway/remote": {"pkg/store", "pkg/runtime", "pkg/api", "pkg/e2b", "pkg/sandbox/container", "pkg/services"},
 }
 
 func TestImportsPointDown(t *testing.T) {

@@ -45,6 +45,10 @@ type Options struct {
 	URL string
 	// Token is the bearer token for URL.
 	Token string
+	// Transport, if not nil, carries the requests to URL (the gateway's:
+	// pooled connections to its nodes and its own credentials on every
+	// request, pkg/gateway).
+	Transport http.RoundTripper
 }
 
 // Client talks to one daemon. It is safe for concurrent use.
@@ -66,7 +70,7 @@ func New(opt Options) (*Client, error) {
 			return nil, errdefs.Invalidf("url: want http://HOST:PORT or https://HOST:PORT, got %q", opt.URL)
 		}
 		u.Path = strings.TrimSuffix(u.Path, "/")
-		return &Client{base: u, http: &http.Client{}, token: opt.Token}, nil
+		return &Client{base: u, http: &http.Client{Transport: opt.Transport}, token: opt.Token}, nil
 	}
 	sock := opt.Socket
 	if sock == "" {
@@ -300,6 +304,13 @@ func (c *Client) Images(ctx context.Context) ([]Image, error) {
 	return l.Images, c.doJSON(ctx, http.MethodGet, "/v1/images", nil, nil, &l)
 }
 
+// ImageList lists the built images and the recipes not built yet
+// (GET /v1/images).
+func (c *Client) ImageList(ctx context.Context) (*apitypes.ImageList, error) {
+	var l apitypes.ImageList
+	return &l, c.doJSON(ctx, http.MethodGet, "/v1/images", nil, nil, &l)
+}
+
 // GC removes leftovers that belong to no live sandbox.
 func (c *Client) GC(ctx context.Context) (*GCReport, error) {
 	var r GCReport
@@ -352,14 +363,28 @@ func (c *Client) execAt(ctx context.Context, base string, req ExecRequest, onOut
 // directories. mode 0 keeps an existing file's mode (0644 for a new file);
 // appendTo appends instead of replacing.
 func (c *Client) WriteFile(ctx context.Context, id, path string, mode uint32, appendTo bool, size int64, r io.Reader) (*FileResult, error) {
+	return c.writeFileAt(ctx, sandboxPath(id, ""), path, modeText(mode), appendTo, size, r)
+}
+
+// WriteFileMode is WriteFile with the mode as octal text ("0755"; "" keeps
+// an existing file's), sent as it is for the daemon to parse and refuse.
+func (c *Client) WriteFileMode(ctx context.Context, id, path, mode string, appendTo bool, size int64, r io.Reader) (*FileResult, error) {
 	return c.writeFileAt(ctx, sandboxPath(id, ""), path, mode, appendTo, size, r)
 }
 
+// modeText is mode as the files route's octal text ("" for 0).
+func modeText(mode uint32) string {
+	if mode == 0 {
+		return ""
+	}
+	return "0" + strconv.FormatUint(uint64(mode), 8)
+}
+
 // writeFileAt uploads through PUT base/files (a sandbox's or a VM's).
-func (c *Client) writeFileAt(ctx context.Context, base, path string, mode uint32, appendTo bool, size int64, r io.Reader) (*FileResult, error) {
+func (c *Client) writeFileAt(ctx context.Context, base, path, mode string, appendTo bool, size int64, r io.Reader) (*FileResult, error) {
 	q := url.Values{"path": {path}}
-	if mode != 0 {
-		q.Set("mode", "0"+strconv.FormatUint(uint64(mode), 8))
+	if mode != "" {
+		q.Set("mode", mode)
 	}
 	if appendTo {
 		q.Set("append", "true")

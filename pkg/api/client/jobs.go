@@ -65,3 +65,17 @@ func (c *Client) KillJob(ctx context.Context, id, jobID, signal string) (*apityp
 	}
 	return &res, nil
 }
+
+// RunTask runs one of the sandbox's language's tasks (lint, build, test)
+// and waits for it (POST /v1/sandboxes/{id}/tasks).
+func (c *Client) RunTask(ctx context.Context, req apitypes.RunTaskRequest) (*ExecResult, error) {
+	var res ExecResult
+	return &res, c.doJSON(ctx, http.MethodPost, sandboxPath(req.SandboxID, "/tasks"), nil, req, &res)
+}
+
+// PackagesInstall installs packages with one of the sandbox's language's
+// managers and waits for it (POST /v1/sandboxes/{id}/packages).
+func (c *Client) PackagesInstall(ctx context.Context, req apitypes.PackagesInstallRequest) (*ExecResult, error) {
+	var res ExecResult
+	return &res, c.doJSON(ctx, http.MethodPost, sandboxPath(req.SandboxID, "/packages"), nil, req, &res)
+}

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -33,6 +34,29 @@ func (c *Client) RunCode(ctx context.Context, req RunCodeRequest) (*RunResult, e
 		return nil, err
 	}
 	return &res, nil
+}
+
+// RunCodeStream is RunCode whose onOutput sees the steps' output as it
+// arrives (POST /v1/run?stream=true); the result holds it either way.
+func (c *Client) RunCodeStream(ctx context.Context, req RunCodeRequest, onOutput OutputFunc) (*RunResult, error) {
+	if onOutput == nil {
+		return c.RunCode(ctx, req)
+	}
+	return postStream(ctx, c, "/v1/run", url.Values{"stream": {"true"}}, req, "run", func(line *ExecLine) (bool, *RunResult, error) {
+		switch {
+		case line.Error != nil:
+			return true, nil, line.Error.Err()
+		case line.Result != nil:
+			return true, line.Result, nil
+		case line.Stream != "":
+			data, err := decoded(line)
+			if err != nil {
+				return true, nil, fmt.Errorf("read run stream: %w", err)
+			}
+			onOutput(line.Stream, data)
+		}
+		return false, nil, nil
+	})
 }
 
 // Runs lists run records, newest first.

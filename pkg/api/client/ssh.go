@@ -49,7 +49,18 @@ func (c *Client) SSHToken(ctx context.Context, req apitypes.SSHTokenRequest) (*a
 // API (GET /v1/ssh/connect, a WebSocket), for sandboxctl ssh-proxy where
 // ssh.listen is not reachable. The caller speaks SSH over it.
 func (c *Client) DialSSH(ctx context.Context) (net.Conn, error) {
-	conn, err := c.dial(ctx, "/v1/ssh/connect", nil)
+	return c.dialSSH(ctx, "/v1/ssh/connect")
+}
+
+// DialSSHFor is DialSSH through sandbox id's path
+// (GET /v1/sandboxes/{id}/ssh/connect), which a gateway routes to the node
+// that holds the sandbox.
+func (c *Client) DialSSHFor(ctx context.Context, id string) (net.Conn, error) {
+	return c.dialSSH(ctx, sandboxPath(id, "/ssh/connect"))
+}
+
+func (c *Client) dialSSH(ctx context.Context, path string) (net.Conn, error) {
+	conn, err := c.dial(ctx, path, nil)
 	if err != nil {
 		return nil, err
 	}
