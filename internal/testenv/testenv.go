@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -88,7 +90,13 @@ func BinDir(t testing.TB) string {
 			binDir = d
 			return
 		}
-		if binDir, binErr = os.MkdirTemp("", "sbx-bin-"); binErr != nil {
+		// One directory per test process, named by its pid: a test binary
+		// cannot tell when the last test using it has ended, so the
+		// directories of processes that are gone are removed here instead
+		// (each holds about 150 MB of binaries).
+		removeDeadBinDirs()
+		binDir = filepath.Join(os.TempDir(), fmt.Sprintf("sbx-bin-%d", os.Getpid()))
+		if binErr = os.MkdirAll(binDir, 0o700); binErr != nil {
 			return
 		}
 		for _, b := range []struct{ name, cgo, tags string }{
@@ -111,6 +119,22 @@ func BinDir(t testing.TB) string {
 		t.Fatal(binErr)
 	}
 	return binDir
+}
+
+// removeDeadBinDirs removes the BinDir builds of test processes that
+// have ended (sbx-bin-PID with no process PID; other names, such as
+// those of older harnesses, are left alone).
+func removeDeadBinDirs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "sbx-bin-*"))
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "sbx-bin-"))
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			_ = os.RemoveAll(d)
+		}
+	}
 }
 
 // AgentPath returns the static sandbox-agent: $SANDBOXD_AGENT or the one in BinDir.
