@@ -449,6 +449,28 @@ rbac: {create: false}
 	if k := gcfg.Gateway.Kubernetes; k.Namespace != "sbx" || k.Service != "rel-mcp-sandboxd-node" || k.PortName != "http" || len(gcfg.Gateway.Nodes) != 0 {
 		t.Errorf("gateway discovery from the chart: %+v nodes %v", k, gcfg.Gateway.Nodes)
 	}
+	// The gateway's root is read-only: its SQLite state_db (the default)
+	// must sit on a writable volume of its pod, or the gateway exits at
+	// start (seen on a real cluster, make test-kubernetes).
+	gpod := r.get(t, "Deployment", "rel-mcp-sandboxd-gateway").(*appsv1.Deployment).Spec.Template.Spec
+	if !writableDir(gpod, path.Dir(gcfg.Gateway.StateDB)) {
+		t.Errorf("gateway.state_db %q: its directory is no writable volume of the gateway pod (mounts %+v)", gcfg.Gateway.StateDB, gpod.Containers[0].VolumeMounts)
+	}
+}
+
+// writableDir reports whether dir is an emptyDir mounted read-write into
+// the pod's first container.
+func writableDir(pod corev1.PodSpec, dir string) bool {
+	empty := map[string]bool{}
+	for _, v := range pod.Volumes {
+		empty[v.Name] = v.EmptyDir != nil
+	}
+	for _, m := range pod.Containers[0].VolumeMounts {
+		if m.MountPath == dir && !m.ReadOnly && m.SubPath == "" && empty[m.Name] {
+			return true
+		}
+	}
+	return false
 }
 
 // TestChartGatewayDisabled: a fleet without the gateway (clients reach
