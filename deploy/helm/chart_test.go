@@ -298,6 +298,13 @@ func TestChartDefaults(t *testing.T) {
 		t.Error("gateway may run as root")
 	}
 	checkVolumesDeclared(t, "gateway", gpod)
+	// The gateway answers every path but /healthz with 401 to a caller
+	// without a bearer key, which a kubelet probe is.
+	for what, p := range map[string]*corev1.Probe{"liveness": gc.LivenessProbe, "readiness": gc.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" {
+			t.Errorf("gateway %s probe %+v: want GET /healthz, the one path served without a key", what, p)
+		}
+	}
 	gsvc := r.get(t, "Service", "rel-mcp-sandboxd-gateway").(*corev1.Service)
 	if gsvc.Spec.Type != corev1.ServiceTypeClusterIP || !selects(gsvc.Spec.Selector, dep.Spec.Template.Labels) || selects(gsvc.Spec.Selector, nodeLabels) {
 		t.Errorf("gateway Service %+v selects the wrong pods", gsvc.Spec)
