@@ -90,7 +90,7 @@ diagnostics() {
 # cgroups and loop devices only where the cluster makes them, since other
 # tests on the machine make and remove their own meanwhile.
 hoststate() {
-	echo "## links"; ip -o link show | sed 's/^[0-9]*: //; s/ state .*//' | sort
+	echo "## links"; ip -o link show 2>/dev/null | sed 's/^[0-9]*: //; s/ state .*//' | sort
 	echo "## routes"; ip route show table all | sort
 	echo "## netns"; ip netns list | sort
 	echo "## nftables"; nft list ruleset 2>/dev/null || true
@@ -136,6 +136,11 @@ teardown() {
 inner() {
 	export KUBECONFIG=$W/kubeconfig PATH=$BIN:$PATH
 	mount --make-rshared /
+	# containerd's CNI puts each pod's network namespace in /run/netns: a
+	# tmpfs of this mount namespace, so that those files never appear in
+	# the host's /run/netns (a failed run left them there) and vanish
+	# with the namespace.
+	mount -t tmpfs -o mode=0755 sbx-k8s-netns /run/netns
 	ip link set lo up
 	# The node's address on a veth pair whose both ends are in here (this
 	# kernel has no dummy driver): a default route that leads nowhere.
@@ -213,6 +218,10 @@ inner() {
 	# removes it).
 	for h in /sys/fs/cgroup/*/; do mkdir -p "${h}sbx-k8s"; done
 	echo "nameserver 127.0.0.1" >"$W/resolv.conf"
+	# No eviction: the machine's disk is shared with other work, and a
+	# percentage of it free (1% of a big disk is gigabytes) evicted the
+	# node daemon in the middle of a run. Every signal is given, so that
+	# none takes its default.
 	cat >"$W/kubelet.yaml" <<-EOF
 		apiVersion: kubelet.config.k8s.io/v1beta1
 		kind: KubeletConfiguration
@@ -231,7 +240,7 @@ inner() {
 		failSwapOn: false
 		resolvConf: $W/resolv.conf
 		podLogsDir: $W/pod-logs
-		evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+		evictionHard: {memory.available: "1Mi", nodefs.available: "1Mi", imagefs.available: "1Mi", nodefs.inodesFree: "1", imagefs.inodesFree: "1"}
 		imageGCHighThresholdPercent: 100
 		imageGCLowThresholdPercent: 99
 		protectKernelDefaults: false
