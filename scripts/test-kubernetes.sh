@@ -428,6 +428,9 @@ rc=0
 # tears the cluster down and compares the host with what it was.
 finish() {
 	trap - EXIT INT TERM
+	if [[ -n ${watchdog_pid:-} ]]; then
+		kill "$watchdog_pid" 2>/dev/null || true
+	fi
 	if [[ ${KUBE_TEST_KEEP:-} == 1 ]]; then
 		log "cluster kept (KUBE_TEST_KEEP=1): $0 teardown removes it"
 		exit "$rc"
@@ -453,10 +456,21 @@ ip netns add "$NETNS"
 # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup
 # hierarchies the kubelet and containerd need. --propagation private cuts
 # every peer link with the host's mounts first; inner() then makes them
-# shared among the cluster's own. The whole of it is bounded.
-timeout --kill-after=30s "${KUBE_TEST_TIMEOUT:-15m}" \
-	nsenter --net="/run/netns/$NETNS" unshare --mount --propagation private -- "$0" inner || rc=$?
-if ((rc == 124 || rc == 137)); then
+# shared among the cluster's own. The whole of it is bounded by a
+# watchdog that, on expiry, dumps the diagnostics while the cluster is
+# still up and only then kills the inner part (finish tears down the rest).
+nsenter --net="/run/netns/$NETNS" unshare --mount --propagation private -- "$0" inner &
+inner_pid=$!
+(
+	trap 'kill "$sleep_pid" 2>/dev/null; exit 0' TERM
+	sleep "${KUBE_TEST_TIMEOUT:-15m}" &
+	sleep_pid=$!
+	wait "$sleep_pid"
 	log "FAIL: the cluster part did not end within ${KUBE_TEST_TIMEOUT:-15m}"
 	nsenter --net="/run/netns/$NETNS" "$0" diagnostics || true
-fi
+	kill -9 "$inner_pid" 2>/dev/null
+) &
+watchdog_pid=$!
+wait "$inner_pid" || rc=$?
+kill "$watchdog_pid" 2>/dev/null || true
+wait "$watchdog_pid" 2>/dev/null || true
