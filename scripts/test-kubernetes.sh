@@ -397,10 +397,11 @@ start=$SECONDS
 # anything else, so that this run starts from, and compares against, a
 # clean host.
 teardown 2>/dev/null
-if ! command -v containerd >/dev/null || [[ ! -x /usr/lib/cni/bridge ]]; then
+if ! command -v containerd >/dev/null || [[ ! -x /usr/lib/cni/bridge ]] || ! command -v iptables >/dev/null; then
 	# Debian's containerd 1.6 and CNI plugins (no service is started where
-	# systemd is not PID 1; this script starts its own containerd).
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends containerd containernetworking-plugins >/dev/null
+	# systemd is not PID 1; this script starts its own containerd), and
+	# iptables, which kube-proxy runs.
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends containerd containernetworking-plugins iptables >/dev/null
 fi
 BIN=$(KUBE_ASSETS_ALL=1 "$ROOT/scripts/kube-assets.sh" | tail -n1)
 export BIN
