@@ -425,12 +425,31 @@ log "assets ready after $((SECONDS - start))s"
 hoststate >"$W/host.before"
 for s in "${SYSCTLS[@]}"; do echo "$s=$(sysctl -n "$s")"; done >"$W/sysctls.saved"
 rc=0
+# watchdog bounds the cluster part by KUBE_TEST_TIMEOUT (seconds, or
+# minutes with an m; default 15m). It waits on a pipe that only this
+# script holds open: EOF, when the script ends or is killed (even with
+# SIGKILL), ends the watchdog, so that no stale one outlives its run. On
+# expiry it dumps the diagnostics while the cluster is still up, then
+# kills the cluster's processes (those in its network namespace, the
+# inner part among them); finish tears down the rest.
+watchdog() {
+	local t=${KUBE_TEST_TIMEOUT:-15m}
+	[[ $t == *m ]] && t=$((${t%m} * 60))
+	t=${t%s}
+	local got=0
+	read -r -t "$t" _ || got=$?
+	((got > 128)) || return 0 # EOF (or a line): the run is over
+	log "FAIL: the cluster part did not end within ${KUBE_TEST_TIMEOUT:-15m}"
+	touch "$W/timed-out"
+	nsenter --net="/run/netns/$NETNS" "$0" diagnostics || true
+	for p in $(ip netns pids "$NETNS" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+}
 # finish always runs (EXIT trap): a failure, a timeout or a signal still
 # tears the cluster down and compares the host with what it was.
 finish() {
 	trap - EXIT INT TERM
-	if [[ -n ${watchdog_pid:-} ]]; then
-		kill "$watchdog_pid" 2>/dev/null || true
+	if [[ -n ${watchdog_fd:-} ]]; then
+		exec {watchdog_fd}>&- # the watchdog reads EOF and ends
 	fi
 	if [[ ${KUBE_TEST_KEEP:-} == 1 ]]; then
 		log "cluster kept (KUBE_TEST_KEEP=1): $0 teardown removes it"
@@ -457,21 +476,10 @@ ip netns add "$NETNS"
 # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup
 # hierarchies the kubelet and containerd need. --propagation private cuts
 # every peer link with the host's mounts first; inner() then makes them
-# shared among the cluster's own. The whole of it is bounded by a
-# watchdog that, on expiry, dumps the diagnostics while the cluster is
-# still up and only then kills the inner part (finish tears down the rest).
-nsenter --net="/run/netns/$NETNS" unshare --mount --propagation private -- "$0" inner &
-inner_pid=$!
-(
-	trap 'kill "$sleep_pid" 2>/dev/null; exit 0' TERM
-	sleep "${KUBE_TEST_TIMEOUT:-15m}" &
-	sleep_pid=$!
-	wait "$sleep_pid"
-	log "FAIL: the cluster part did not end within ${KUBE_TEST_TIMEOUT:-15m}"
-	nsenter --net="/run/netns/$NETNS" "$0" diagnostics || true
-	kill -9 "$inner_pid" 2>/dev/null
-) &
-watchdog_pid=$!
-wait "$inner_pid" || rc=$?
-kill "$watchdog_pid" 2>/dev/null || true
-wait "$watchdog_pid" 2>/dev/null || true
+# shared among the cluster's own. The whole of it is bounded by the
+# watchdog below; the inner part does not hold the watchdog's pipe.
+exec {watchdog_fd}> >(watchdog)
+nsenter --net="/run/netns/$NETNS" unshare --mount --propagation private -- "$0" inner {watchdog_fd}>&- || rc=$?
+if [[ -f $W/timed-out ]]; then
+	rc=124
+fi
