@@ -289,6 +289,11 @@ inner() {
 	kubectl -n sandboxes rollout status deployment/sbx-mcp-sandboxd-gateway --timeout=180s >/dev/null ||
 		die "the gateway's replicas are not ready"
 	log "helm install: node daemon and $GATEWAYS gateway replicas ready"
+	# The node daemons' PodDisruptionBudget is one the disruption
+	# controller can compute over a DaemonSet (expected pods counted, an
+	# eviction allowed with minAvailable 0): a maxUnavailable never syncs.
+	wait_for "the node PodDisruptionBudget's status" 60 sh -c \
+		'test "$(kubectl -n sandboxes get pdb sbx-mcp-sandboxd-node -o jsonpath="{.status.expectedPods}/{.status.disruptionsAllowed}")" = 1/1'
 
 	# pkg/kubediscovery against this cluster's own EndpointSlice controller,
 	# as the gateway's ServiceAccount (test/kubernetes, tag kubernetes).
