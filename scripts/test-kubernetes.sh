@@ -115,11 +115,21 @@ teardown() {
 			find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -9 2>/dev/null || true
 		done
 	done
-	sleep 1 # the kernel empties a cgroup after its processes are reaped
-	for h in /sys/fs/cgroup/*/; do
-		for d in "$h"sbx-k8s "$h"sbx-k8s-sandboxes; do
-			[[ -d $d ]] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
+	# A cgroup can be removed once the kernel has reaped its killed
+	# processes: retried, for at most 10 s (the host check reports what
+	# is left after that).
+	local left
+	for ((i = 0; i < 20; i++)); do
+		left=0
+		for h in /sys/fs/cgroup/*/; do
+			for d in "$h"sbx-k8s "$h"sbx-k8s-sandboxes; do
+				if [[ -d $d ]]; then
+					find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || left=1
+				fi
+			done
 		done
+		((left)) || break
+		sleep 0.5
 	done
 	ip netns del "$NETNS" 2>/dev/null || true
 	# Loop devices the node daemon attached for disk-backed sandboxes.
