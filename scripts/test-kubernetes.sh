@@ -410,8 +410,10 @@ start=$SECONDS
 # What a crashed or killed earlier run left (its processes, cgroups,
 # network namespace, loop devices, changed sysctls): removed before
 # anything else, so that this run starts from, and compares against, a
-# clean host.
+# clean host. A failed run's logs and markers go too: they would be read
+# as this run's.
 teardown 2>/dev/null
+rm -rf "${W:?}/logs" "$W/timed-out" "$W/gateway-test.state" "$W/host.before" "$W/host.after"
 if ! command -v containerd >/dev/null || [[ ! -x /usr/lib/cni/bridge ]] || ! command -v iptables >/dev/null; then
 	# Debian's containerd 1.6 and CNI plugins (no service is started where
 	# systemd is not PID 1; this script starts its own containerd), and
