@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes binaries the tests need — kube-apiserver and etcd for
 # envtest (pkg/kubediscovery), and with KUBE_ASSETS_ALL=1 also kubectl, the
-# kubelet, the controller manager, the scheduler and helm for the single-node
-# cluster of `make test-kubernetes`, and kube-proxy for its Services — once, from the Go module proxy, into a
-# cache outside the repository that survives between runs on one machine.
+# kubelet, the controller manager, the scheduler, kube-proxy and helm for the
+# single-node cluster of `make test-kubernetes` — once, from the Go module
+# proxy, into a cache outside the repository that survives between runs on
+# one machine.
 #
 # Why build: envtest cannot download its binaries here (no network but the
 # package registries), and Debian ships neither a kube-apiserver nor helm.
@@ -11,8 +12,9 @@
 # Idempotent: a binary whose stamp names the same version is kept; the
 # script prints the directory (KUBEBUILDER_ASSETS) on its last line.
 # Measured on this project's 2-core machines: kube-apiserver and etcd cold
-# 2 min 52 s (idle); KUBE_ASSETS_ALL=1 adds about 6 minutes (under load);
-# warm: well under a second.
+# 2 min 52 s (idle), 6 min 7 s with an empty Go build cache under load 7;
+# KUBE_ASSETS_ALL=1 then adds 3 min 20 s (one go build, load 5-7; it was
+# about 6 minutes one binary at a time); warm: well under a second.
 #
 # Usage: scripts/kube-assets.sh            # kube-apiserver, etcd
 #        KUBE_ASSETS_ALL=1 scripts/kube-assets.sh
