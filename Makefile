@@ -43,10 +43,14 @@ image: build
 	$(GO) run ./deploy/image -bin bin -out $(IMAGE_OUT) -name '$(IMAGE_NAME)' -version '$(VERSION)' $(if $(filter 1,$(IMAGE_VM)),-vm)
 
 # A real single-node Kubernetes v1.34 cluster in namespaces of its own, the
-# chart installed, sandboxes run through the DaemonSet's node daemon and
-# adopted across its pod's replacement, then a teardown checked against the
-# host's state before (scripts/test-kubernetes.sh; root; not part of make
-# test, which must run first: it fills the shared image cache).
+# chart installed with two gateway replicas, a sandbox used through the
+# gateway's Service (create, streamed exec, files, terminal) and again after
+# the node daemon's pod was replaced and it adopted the sandbox, then a
+# teardown checked against the host's state before
+# (scripts/test-kubernetes.sh; root; not part of make test, which must run
+# first: it fills the shared image cache; CI runs both, .ci/run). Its
+# binaries are cached in /var/cache/sandboxd-test/kube: about 6 minutes
+# more than make test cold, about a minute warm (docs/kubernetes.md).
 test-kubernetes: build
 	scripts/test-kubernetes.sh
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # make test-kubernetes: a real single-node Kubernetes v1.34 cluster on this
-# machine, the chart installed on it, and sandboxes run through the node
-# daemon of its DaemonSet; then a teardown that leaves the host as it was.
-# Never part of `make test` (root, minutes, and it needs the image built).
+# machine, the chart installed on it with its gateway Deployment, and
+# sandboxes run through the gateway's Service on the DaemonSet's node
+# daemon, across that daemon's pod being replaced; then a teardown that
+# leaves the host as it was. Not part of `make test` (root, minutes, and it
+# needs the image built); CI runs it after make test (.ci/run).
 #
 # What it builds (issue 26 records why each piece is as it is):
 #   - the binaries of scripts/kube-assets.sh (KUBE_ASSETS_ALL=1), cached;
@@ -11,8 +13,9 @@
 #     on cgroupfs with failCgroupV1: false (hybrid host) and oomScoreAdj 0;
 #   - no registry: a pause image (test/kubernetes/pause) and ours
 #     (make image) imported with ctr;
-#   - certificates with openssl; kube-apiserver with
-#     --endpoint-reconciler-type=none.
+#   - certificates with openssl; kube-proxy (iptables mode, in the
+#     cluster's network namespace) for the Services' cluster addresses:
+#     the gateway's, and the API's that the gateway pods reach.
 #
 # Isolation: the whole cluster runs in a network namespace of its own
 # (addresses in 198.18.0.0/16 only: node 198.18.3.1, pods 198.18.0.0/24,
@@ -25,9 +28,15 @@
 # with what it was: links, routes, nftables and iptables, mounts, the
 # top-level cgroups, those sysctls.
 #
+# Robust by construction: every wait is bounded and dumps diagnostics
+# (kubectl describe, events, logs) on failure; the teardown runs from an
+# EXIT trap whatever happens; a crashed earlier run's leftovers are removed
+# before the host's state is recorded; the cluster part as a whole is
+# bounded by KUBE_TEST_TIMEOUT (default 15m).
+#
 # Usage: scripts/test-kubernetes.sh            (root; after make build)
 # KUBE_TEST_KEEP=1 leaves the cluster up for a look (teardown: rerun with
-# argument "teardown").
+# argument "teardown"). KUBE_TEST_GATEWAYS sets the gateway replicas (2).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,6 +48,7 @@ NODE_NAME=sbx-k8s-node
 KUBE_VERSION=${KUBE_VERSION:-v1.34.2}
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 IMAGE_TAG=k8s-test
+GATEWAYS=${KUBE_TEST_GATEWAYS:-2}
 SHARED_IMAGES=${SANDBOXD_TEST_IMAGES:-/var/tmp/mcp-sandboxd-test-images}
 # mmdebstrap's base of the image, kept between runs beside the binaries.
 IMAGE_CACHE=${KUBE_ASSETS_CACHE:-/var/cache/sandboxd-test/kube}/image-base
@@ -48,16 +58,31 @@ SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops 
 log() { printf '%s test-kubernetes: %s\n' "$(date -u +%T)" "$*" >&2; }
 die() {
 	log "FAIL: $*"
-	if [[ -n ${KUBECONFIG:-} && -f ${KUBECONFIG:-} ]]; then
-		# What a reader needs to see why, before teardown removes it.
-		{
-			kubectl get nodes,pods -A -o wide
-			kubectl -n sandboxes describe daemonset,pods
-			kubectl -n sandboxes logs -l app.kubernetes.io/component=node --all-containers --tail=60 --prefix
-		} >"$W/logs/diagnostics.txt" 2>&1 || true
-		tail -n 80 "$W/logs/diagnostics.txt" >&2
-	fi
+	diagnostics
 	exit 1
+}
+
+# diagnostics writes what a reader needs to see why, before teardown
+# removes it, to $W/logs/diagnostics.txt, and shows its end.
+diagnostics() {
+	[[ -n ${KUBECONFIG:-} && -f ${KUBECONFIG:-} ]] || return 0
+	{
+		echo "## nodes, pods, services, endpoints"
+		timeout 20 kubectl get nodes,pods,services,endpointslices -A -o wide
+		echo "## describe"
+		timeout 20 kubectl -n sandboxes describe daemonset,deployment,pods
+		echo "## events"
+		timeout 20 kubectl get events -A --sort-by=.lastTimestamp | tail -n 40
+		echo "## node daemon logs"
+		timeout 20 kubectl -n sandboxes logs -l app.kubernetes.io/component=node --all-containers --tail=60 --prefix
+		echo "## gateway logs"
+		timeout 20 kubectl -n sandboxes logs -l app.kubernetes.io/component=gateway --all-containers --tail=60 --prefix
+		for f in kubelet kube-proxy containerd; do
+			echo "## $f.log (errors, last 20)"
+			grep -E '^E|level=error' "$W/logs/$f.log" 2>/dev/null | tail -n 20
+		done
+	} >"$W/logs/diagnostics.txt" 2>&1 || true
+	tail -n 120 "$W/logs/diagnostics.txt" >&2
 }
 
 # hoststate prints what the cluster must leave as it found it. The root
@@ -65,7 +90,7 @@ die() {
 # cgroups and loop devices only where the cluster makes them, since other
 # tests on the machine make and remove their own meanwhile.
 hoststate() {
-	echo "## links"; ip -o link show | sed 's/^[0-9]*: //; s/ state .*//' | sort
+	echo "## links"; ip -o link show 2>/dev/null | sed 's/^[0-9]*: //; s/ state .*//' | sort
 	echo "## routes"; ip route show table all | sort
 	echo "## netns"; ip netns list | sort
 	echo "## nftables"; nft list ruleset 2>/dev/null || true
@@ -90,11 +115,21 @@ teardown() {
 			find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -9 2>/dev/null || true
 		done
 	done
-	sleep 1 # the kernel empties a cgroup after its processes are reaped
-	for h in /sys/fs/cgroup/*/; do
-		for d in "$h"sbx-k8s "$h"sbx-k8s-sandboxes; do
-			[[ -d $d ]] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
+	# A cgroup can be removed once the kernel has reaped its killed
+	# processes: retried, for at most 10 s (the host check reports what
+	# is left after that).
+	local left
+	for ((i = 0; i < 20; i++)); do
+		left=0
+		for h in /sys/fs/cgroup/*/; do
+			for d in "$h"sbx-k8s "$h"sbx-k8s-sandboxes; do
+				if [[ -d $d ]]; then
+					find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || left=1
+				fi
+			done
 		done
+		((left)) || break
+		sleep 0.5
 	done
 	ip netns del "$NETNS" 2>/dev/null || true
 	# Loop devices the node daemon attached for disk-backed sandboxes.
@@ -111,6 +146,11 @@ teardown() {
 inner() {
 	export KUBECONFIG=$W/kubeconfig PATH=$BIN:$PATH
 	mount --make-rshared /
+	# containerd's CNI puts each pod's network namespace in /run/netns: a
+	# tmpfs of this mount namespace, so that those files never appear in
+	# the host's /run/netns (a failed run left them there) and vanish
+	# with the namespace.
+	mount -t tmpfs -o mode=0755 sbx-k8s-netns /run/netns
 	ip link set lo up
 	# The node's address on a veth pair whose both ends are in here (this
 	# kernel has no dummy driver): a default route that leads nowhere.
@@ -139,7 +179,7 @@ inner() {
 		--kubelet-client-certificate="$W/pki/admin.crt" --kubelet-client-key="$W/pki/admin.key" \
 		--service-account-key-file="$W/pki/sa.pub" --service-account-signing-key-file="$W/pki/sa.key" \
 		--service-account-issuer=https://kubernetes.default.svc --service-cluster-ip-range=198.18.1.0/24 \
-		--authorization-mode=Node,RBAC --allow-privileged=true --endpoint-reconciler-type=none \
+		--authorization-mode=Node,RBAC --allow-privileged=true \
 		--kubelet-preferred-address-types=InternalIP \
 		>"$W/logs/kube-apiserver.log" 2>&1 &
 	wait_for "kube-apiserver" 120 kubectl get --raw /readyz
@@ -188,6 +228,10 @@ inner() {
 	# removes it).
 	for h in /sys/fs/cgroup/*/; do mkdir -p "${h}sbx-k8s"; done
 	echo "nameserver 127.0.0.1" >"$W/resolv.conf"
+	# No eviction: the machine's disk is shared with other work, and a
+	# percentage of it free (1% of a big disk is gigabytes) evicted the
+	# node daemon in the middle of a run. Every signal is given, so that
+	# none takes its default.
 	cat >"$W/kubelet.yaml" <<-EOF
 		apiVersion: kubelet.config.k8s.io/v1beta1
 		kind: KubeletConfiguration
@@ -206,7 +250,7 @@ inner() {
 		failSwapOn: false
 		resolvConf: $W/resolv.conf
 		podLogsDir: $W/pod-logs
-		evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+		evictionHard: {memory.available: "1Mi", nodefs.available: "1Mi", imagefs.available: "1Mi", nodefs.inodesFree: "1", imagefs.inodesFree: "1"}
 		imageGCHighThresholdPercent: 100
 		imageGCLowThresholdPercent: 99
 		protectKernelDefaults: false
@@ -215,17 +259,35 @@ inner() {
 		--hostname-override="$NODE_NAME" --node-ip="$NODE_IP" >"$W/logs/kubelet.log" 2>&1 &
 	wait_for "node $NODE_NAME" 120 kubectl get node "$NODE_NAME"
 	kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=120s >/dev/null || die "node not ready (logs in $W/logs)"
+	# kube-proxy gives Services their cluster addresses in this namespace's
+	# own iptables: the gateway's Service, which the checks go through, and
+	# the API's (198.18.1.1), which the gateway pods' discovery uses. It
+	# leaves the conntrack sysctls alone (maxPerCore 0, timeouts 0): some
+	# are not per-namespace.
+	cat >"$W/kube-proxy.yaml" <<-EOF
+		apiVersion: kubeproxy.config.k8s.io/v1alpha1
+		kind: KubeProxyConfiguration
+		clientConnection: {kubeconfig: $KUBECONFIG}
+		hostnameOverride: $NODE_NAME
+		mode: iptables
+		clusterCIDR: 198.18.0.0/24
+		healthzBindAddress: 127.0.0.1:10256
+		metricsBindAddress: 127.0.0.1:10249
+		oomScoreAdj: 0
+		conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+	EOF
+	"$BIN/kube-proxy" --config="$W/kube-proxy.yaml" >"$W/logs/kube-proxy.log" 2>&1 &
+	wait_for "kube-proxy" 60 curl -sf -m 2 http://127.0.0.1:10256/healthz
 	log "cluster up"
 
-	# The chart, with no gateway replica (its command is another change's)
-	# but its ServiceAccount and Role, which the discovery check uses:
-	# state and cgroups of the node daemon where teardown finds them, the
+	# The chart with its gateway Deployment ($GATEWAYS replicas): state
+	# and cgroups of the node daemon where teardown finds them, the
 	# language images from the shared test cache (no mirror is reachable
 	# from this network namespace).
 	mkdir -p "$W/node-state/images"
 	mount --bind "$SHARED_IMAGES" "$W/node-state/images"
 	helm install sbx "$ROOT/deploy/helm/mcp-sandboxd" --namespace sandboxes --create-namespace \
-		--set image.tag="$IMAGE_TAG" --set gateway.replicas=0 \
+		--set image.tag="$IMAGE_TAG" --set gateway.replicas="$GATEWAYS" \
 		--set node.stateDir="$W/node-state" --set node.runDir="$R/node-run" \
 		--set-json 'node.config={"sandbox":{"cgroup_parent":"/sbx-k8s-sandboxes","max_sandboxes":4},"network":{"subnet":"198.18.2.0/24"}}' \
 		--wait --timeout 5m || die "helm install --wait"
@@ -234,44 +296,67 @@ inner() {
 	wait_for "a node daemon pod" 120 sh -c 'test -n "$(kubectl -n sandboxes get pods -l app.kubernetes.io/component=node -o name)"'
 	kubectl -n sandboxes wait --for=condition=Ready pod -l app.kubernetes.io/component=node --timeout=300s >/dev/null ||
 		die "the node daemon's pod is not ready"
-	log "helm install: node daemon ready"
+	kubectl -n sandboxes rollout status deployment/sbx-mcp-sandboxd-gateway --timeout=180s >/dev/null ||
+		die "the gateway's replicas are not ready"
+	log "helm install: node daemon and $GATEWAYS gateway replicas ready"
+	# The node daemons' PodDisruptionBudget is one the disruption
+	# controller can compute over a DaemonSet (expected pods counted, an
+	# eviction allowed with minAvailable 0): a maxUnavailable never syncs.
+	wait_for "the node PodDisruptionBudget's status" 60 sh -c \
+		'test "$(kubectl -n sandboxes get pdb sbx-mcp-sandboxd-node -o jsonpath="{.status.expectedPods}/{.status.disruptionsAllowed}")" = 1/1'
 
 	# pkg/kubediscovery against this cluster's own EndpointSlice controller,
 	# as the gateway's ServiceAccount (test/kubernetes, tag kubernetes).
 	KUBE_TEST_SERVER=https://$NODE_IP:6443 KUBE_TEST_CA=$W/pki/ca.crt \
 		KUBE_TEST_TOKEN=$(kubectl -n sandboxes create token sbx-mcp-sandboxd-gateway) \
 		KUBE_TEST_NODE=$NODE_NAME KUBE_TEST_NODE_URL=http://$NODE_IP:7070 \
-		"$W/kubernetes.test" -test.v -test.run TestDiscoveryInCluster >"$W/logs/discovery.log" 2>&1 ||
+		"$W/kubernetes.test" -test.v -test.timeout 3m -test.run '^TestDiscoveryInCluster$' >"$W/logs/discovery.log" 2>&1 ||
 		{ cat "$W/logs/discovery.log" >&2; die "discovery in the cluster"; }
 	log "discovery in the cluster: $(grep -c ': ready\|: drained\|: undrained' "$W/logs/discovery.log") states seen as the gateway's ServiceAccount"
 
-	TOKEN=$(kubectl -n sandboxes get secret sbx-mcp-sandboxd-admin -o jsonpath='{.data.token}' | base64 -d)
-	export SANDBOXD_TOKEN=$TOKEN
-	URL=http://$NODE_IP:7070
-	ctl() { "$ROOT/bin/sandboxctl" --url "$URL" "$@"; }
-	id=$(ctl create --lang shell) || die "create through the node daemon"
-	out=$(ctl exec "$id" -- sh -c 'echo hello from $(hostname)') || die "exec through the node daemon"
-	[[ $out == "hello from"* ]] || die "exec said: $out"
-	log "exec through the node daemon: $out"
+	# Everything from here goes through the gateway Service's cluster
+	# address, which kube-proxy spreads over the replicas.
+	ADMIN_TOKEN=$(kubectl -n sandboxes get secret sbx-mcp-sandboxd-admin -o jsonpath='{.data.token}' | base64 -d)
+	GATEWAY_URL=http://$(kubectl -n sandboxes get service sbx-mcp-sandboxd-gateway -o jsonpath='{.spec.clusterIP}'):80
+	export ADMIN_TOKEN GATEWAY_URL
+	# Ready replicas answer once discovery has listed the node daemon.
+	wait_for "the node daemon through the gateway" 60 curl -sf -m 5 "$GATEWAY_URL/v1/nodes" -H "Authorization: Bearer $ADMIN_TOKEN"
+	gwtest TestGatewayServes
+	log "through the gateway $GATEWAY_URL: create, streamed exec, files, terminal, list"
+
+	# Clients through the gateway (issue 26): further steps go here, each
+	# against $GATEWAY_URL with $ADMIN_TOKEN, e.g. MCP run_code with the
+	# official SDK, node test/mcp/client.mjs scenario '{"type":"http",
+	# "url":"'$GATEWAY_URL'/mcp","token":"'$ADMIN_TOKEN'"}', and the E2B
+	# SDK's create and commands.run, E2B_API_URL=$GATEWAY_URL node
+	# test/e2b/client.mjs main; a check of their report as in test/mcp and
+	# test/e2b.
 
 	# The node daemon's pod is deleted: the DaemonSet starts another, which
-	# adopts the sandbox; it keeps its files and works.
-	ctl exec "$id" -- sh -c 'echo kept > /tmp/mark' || die "write mark"
+	# adopts the sandbox; through the gateway it keeps its files and works.
 	old=$(kubectl -n sandboxes get pods -l app.kubernetes.io/component=node -o jsonpath='{.items[0].metadata.name}')
-	kubectl -n sandboxes delete pod "$old" --wait=true >/dev/null
+	kubectl -n sandboxes delete pod "$old" --wait=true --timeout=120s >/dev/null || die "kubectl delete pod $old"
 	kubectl -n sandboxes rollout status daemonset/sbx-mcp-sandboxd-node --timeout=180s >/dev/null || die "no new node daemon"
 	kubectl -n sandboxes wait --for=condition=Ready pod -l app.kubernetes.io/component=node --timeout=180s >/dev/null ||
 		die "the new node daemon's pod is not ready"
 	new=$(kubectl -n sandboxes get pods -l app.kubernetes.io/component=node -o jsonpath='{.items[*].metadata.name}')
 	[[ -n $new && $new != "$old" && $new != *" "* ]] || die "node daemon pods after the delete: '$new' (was $old)"
-	wait_for "the new node daemon" 120 curl -sf "$URL/readyz" -H "Authorization: Bearer $TOKEN" -o /dev/null
-	out=$(ctl exec "$id" -- cat /tmp/mark) || die "exec after the node daemon's pod was replaced"
-	[[ $out == kept ]] || die "the sandbox lost its files across the pod's replacement: $out"
-	log "sandbox adopted by the new pod $new (was $old): $out"
+	gwtest TestGatewayAfterAdoption
+	log "sandbox adopted by the new pod $new (was $old): exec, file and terminal through the gateway, then terminated"
 
-	ctl rm -f "$id" >/dev/null || die "terminate"
 	helm uninstall sbx --namespace sandboxes --wait --timeout 2m >/dev/null || die "helm uninstall"
+	# The node daemon's pod is gone only once its processes are.
+	wait_for "the pods' end" 120 sh -c 'test -z "$(kubectl -n sandboxes get pods -o name)"'
 	log "helm uninstall done"
+}
+
+# gwtest NAME: one phase of test/kubernetes's checks through the gateway.
+gwtest() {
+	KUBE_TEST_GATEWAY_URL=$GATEWAY_URL KUBE_TEST_ADMIN_TOKEN=$ADMIN_TOKEN KUBE_TEST_NODE=$NODE_NAME \
+		KUBE_TEST_STATE=$W/gateway-test.state \
+		"$W/kubernetes.test" -test.v -test.timeout 4m -test.run "^$1\$" >"$W/logs/$1.log" 2>&1 ||
+		{ cat "$W/logs/$1.log" >&2; die "$1"; }
+	grep -E '^\s+gateway_test.go' "$W/logs/$1.log" >&2 || true
 }
 
 pki() {
@@ -311,14 +396,29 @@ teardown)
 	teardown
 	exit
 	;;
+diagnostics)
+	# From outside, when the inner part did not dump them itself (it was
+	# timed out or killed): in the cluster's network namespace.
+	export KUBECONFIG=$W/kubeconfig PATH=$BIN:$PATH
+	diagnostics
+	exit
+	;;
 esac
 
 [[ $(id -u) == 0 ]] || die "needs root"
 start=$SECONDS
-if ! command -v containerd >/dev/null || [[ ! -x /usr/lib/cni/bridge ]]; then
+# What a crashed or killed earlier run left (its processes, cgroups,
+# network namespace, loop devices, changed sysctls): removed before
+# anything else, so that this run starts from, and compares against, a
+# clean host. A failed run's logs and markers go too: they would be read
+# as this run's.
+teardown 2>/dev/null
+rm -rf "${W:?}/logs" "$W/timed-out" "$W/gateway-test.state" "$W/host.before" "$W/host.after"
+if ! command -v containerd >/dev/null || [[ ! -x /usr/lib/cni/bridge ]] || ! command -v iptables >/dev/null; then
 	# Debian's containerd 1.6 and CNI plugins (no service is started where
-	# systemd is not PID 1; this script starts its own containerd).
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends containerd containernetworking-plugins >/dev/null
+	# systemd is not PID 1; this script starts its own containerd), and
+	# iptables, which kube-proxy runs.
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends containerd containernetworking-plugins iptables >/dev/null
 fi
 BIN=$(KUBE_ASSETS_ALL=1 "$ROOT/scripts/kube-assets.sh" | tail -n1)
 export BIN
@@ -326,38 +426,77 @@ export BIN
 [[ -d $SHARED_IMAGES ]] || die "no shared image cache $SHARED_IMAGES (make test builds it)"
 mkdir -p "$W"
 IMAGE=$W/mcp-sandboxd-image.tar
-(cd "$ROOT" && go run ./deploy/image -bin bin -out "$IMAGE" -name "mcp-sandboxd:$IMAGE_TAG" -cache "$IMAGE_CACHE" >&2)
+# The image, the pause image and the test binary: independent, built side
+# by side (the image is mostly I/O, the two builds mostly CPU).
+(cd "$ROOT" && go run ./deploy/image -bin bin -out "$IMAGE" -name "mcp-sandboxd:$IMAGE_TAG" -cache "$IMAGE_CACHE" >&2) &
+image_pid=$!
+(cd "$ROOT" && go test -c -tags kubernetes -o "$W/kubernetes.test" ./test/kubernetes) &
+test_pid=$!
 CGO_ENABLED=0 go build -C "$ROOT" -o "$W/pause" ./test/kubernetes/pause
-(cd "$ROOT" && go test -c -tags kubernetes -o "$W/kubernetes.test" ./test/kubernetes)
 (cd "$ROOT" && go run ./deploy/image -pause "$W/pause" -out "$W/pause.tar" -name "$PAUSE_IMAGE")
+wait "$image_pid" || die "the daemon's image (deploy/image)"
+wait "$test_pid" || die "go test -c ./test/kubernetes"
 export IMAGE
 log "assets ready after $((SECONDS - start))s"
 
-teardown 2>/dev/null # what an interrupted earlier run left
 hoststate >"$W/host.before"
 for s in "${SYSCTLS[@]}"; do echo "$s=$(sysctl -n "$s")"; done >"$W/sysctls.saved"
-ip netns add "$NETNS"
 rc=0
+# watchdog bounds the cluster part by KUBE_TEST_TIMEOUT (seconds, or
+# minutes with an m; default 15m). It waits on a pipe that only this
+# script holds open: EOF, when the script ends or is killed (even with
+# SIGKILL), ends the watchdog, so that no stale one outlives its run. On
+# expiry it dumps the diagnostics while the cluster is still up, then
+# kills the cluster's processes (those in its network namespace, the
+# inner part among them); finish tears down the rest.
+watchdog() {
+	local t=${KUBE_TEST_TIMEOUT:-15m}
+	[[ $t == *m ]] && t=$((${t%m} * 60))
+	t=${t%s}
+	local got=0
+	read -r -t "$t" _ || got=$?
+	((got > 128)) || return 0 # EOF (or a line): the run is over
+	log "FAIL: the cluster part did not end within ${KUBE_TEST_TIMEOUT:-15m}"
+	touch "$W/timed-out"
+	nsenter --net="/run/netns/$NETNS" "$0" diagnostics || true
+	for p in $(ip netns pids "$NETNS" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+}
+# finish always runs (EXIT trap): a failure, a timeout or a signal still
+# tears the cluster down and compares the host with what it was.
+finish() {
+	trap - EXIT INT TERM
+	if [[ -n ${watchdog_fd:-} ]]; then
+		exec {watchdog_fd}>&- # the watchdog reads EOF and ends
+	fi
+	if [[ ${KUBE_TEST_KEEP:-} == 1 ]]; then
+		log "cluster kept (KUBE_TEST_KEEP=1): $0 teardown removes it"
+		exit "$rc"
+	fi
+	teardown
+	hoststate >"$W/host.after"
+	if ! diff -u "$W/host.before" "$W/host.after" >&2; then
+		log "FAIL: the host is not as it was (above)"
+		rc=1
+	fi
+	rm -f "$W/sysctls.saved"
+	if ((rc == 0)); then
+		rm -rf "$W"
+	else
+		log "logs kept in $W/logs"
+	fi
+	log "done in $((SECONDS - start))s, rc=$rc"
+	exit "$rc"
+}
+trap finish EXIT
+trap 'rc=130; exit 130' INT TERM
+ip netns add "$NETNS"
 # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup
 # hierarchies the kubelet and containerd need. --propagation private cuts
 # every peer link with the host's mounts first; inner() then makes them
-# shared among the cluster's own.
-nsenter --net="/run/netns/$NETNS" unshare --mount --propagation private -- "$0" inner || rc=$?
-if [[ ${KUBE_TEST_KEEP:-} == 1 ]]; then
-	log "cluster kept (KUBE_TEST_KEEP=1): $0 teardown removes it"
-	exit $rc
+# shared among the cluster's own. The whole of it is bounded by the
+# watchdog below; the inner part does not hold the watchdog's pipe.
+exec {watchdog_fd}> >(watchdog)
+nsenter --net="/run/netns/$NETNS" unshare --mount --propagation private -- "$0" inner {watchdog_fd}>&- || rc=$?
+if [[ -f $W/timed-out ]]; then
+	rc=124
 fi
-teardown
-hoststate >"$W/host.after"
-if ! diff -u "$W/host.before" "$W/host.after" >&2; then
-	log "FAIL: the host is not as it was (above)"
-	rc=1
-fi
-rm -f "$W/sysctls.saved"
-if ((rc == 0)); then
-	rm -rf "$W"
-else
-	log "logs kept in $W/logs"
-fi
-log "done in $((SECONDS - start))s, rc=$rc"
-exit $rc

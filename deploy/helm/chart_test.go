@@ -273,8 +273,11 @@ func TestChartDefaults(t *testing.T) {
 	}
 
 	pdb := r.get(t, "PodDisruptionBudget", "rel-mcp-sandboxd-node").(*policyv1.PodDisruptionBudget)
-	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 || !selects(pdb.Spec.Selector.MatchLabels, nodeLabels) {
-		t.Errorf("node PDB %+v: want maxUnavailable 1 over the daemon pods", pdb.Spec)
+	// An integer minAvailable: the one budget Kubernetes computes over a
+	// DaemonSet's pods (make test-kubernetes checks its status syncs).
+	if pdb.Spec.MaxUnavailable != nil || pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.Type != intstr.Int ||
+		pdb.Spec.MinAvailable.IntValue() != 0 || !selects(pdb.Spec.Selector.MatchLabels, nodeLabels) {
+		t.Errorf("node PDB %+v: want an integer minAvailable 0 and no maxUnavailable, over the daemon pods", pdb.Spec)
 	}
 
 	dep := r.get(t, "Deployment", "rel-mcp-sandboxd-gateway").(*appsv1.Deployment)
@@ -298,6 +301,13 @@ func TestChartDefaults(t *testing.T) {
 		t.Error("gateway may run as root")
 	}
 	checkVolumesDeclared(t, "gateway", gpod)
+	// The gateway answers every path but /healthz with 401 to a caller
+	// without a bearer key, which a kubelet probe is.
+	for what, p := range map[string]*corev1.Probe{"liveness": gc.LivenessProbe, "readiness": gc.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" {
+			t.Errorf("gateway %s probe %+v: want GET /healthz, the one path served without a key", what, p)
+		}
+	}
 	gsvc := r.get(t, "Service", "rel-mcp-sandboxd-gateway").(*corev1.Service)
 	if gsvc.Spec.Type != corev1.ServiceTypeClusterIP || !selects(gsvc.Spec.Selector, dep.Spec.Template.Labels) || selects(gsvc.Spec.Selector, nodeLabels) {
 		t.Errorf("gateway Service %+v selects the wrong pods", gsvc.Spec)
@@ -353,7 +363,7 @@ node:
   stateDir: /data/sandboxd
   runDir: /run/sbx
   updateStrategy: {type: OnDelete}
-  maxUnavailable: 2
+  minAvailable: 2
   sysctls: {user.max_user_namespaces: "28633", net.ipv4.ip_forward: "1"}
   config:
     sandbox: {max_sandboxes: 10, memory: 1G}
@@ -407,8 +417,8 @@ rbac: {create: false}
 		t.Errorf("placement values lost: %v %v %v", pod.NodeSelector, pod.Tolerations, ds.Spec.Template.Annotations)
 	}
 	pdb := r.get(t, "PodDisruptionBudget", "rel-mcp-sandboxd-node").(*policyv1.PodDisruptionBudget)
-	if pdb.Spec.MaxUnavailable.IntValue() != 2 {
-		t.Errorf("node PDB maxUnavailable %v", pdb.Spec.MaxUnavailable)
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.Type != intstr.Int || pdb.Spec.MinAvailable.IntValue() != 2 || pdb.Spec.MaxUnavailable != nil {
+		t.Errorf("node PDB minAvailable %v maxUnavailable %v: want the integer 2 alone", pdb.Spec.MinAvailable, pdb.Spec.MaxUnavailable)
 	}
 	gsvc := r.get(t, "Service", "rel-mcp-sandboxd-gateway").(*corev1.Service)
 	if gsvc.Spec.Type != corev1.ServiceTypeNodePort || gsvc.Spec.Ports[0].Port != 443 || gsvc.Spec.Ports[0].NodePort != 30443 {
@@ -449,6 +459,28 @@ rbac: {create: false}
 	if k := gcfg.Gateway.Kubernetes; k.Namespace != "sbx" || k.Service != "rel-mcp-sandboxd-node" || k.PortName != "http" || len(gcfg.Gateway.Nodes) != 0 {
 		t.Errorf("gateway discovery from the chart: %+v nodes %v", k, gcfg.Gateway.Nodes)
 	}
+	// The gateway's root is read-only: its SQLite state_db (the default)
+	// must sit on a writable volume of its pod, or the gateway exits at
+	// start (seen on a real cluster, make test-kubernetes).
+	gpod := r.get(t, "Deployment", "rel-mcp-sandboxd-gateway").(*appsv1.Deployment).Spec.Template.Spec
+	if !writableDir(gpod, path.Dir(gcfg.Gateway.StateDB)) {
+		t.Errorf("gateway.state_db %q: its directory is no writable volume of the gateway pod (mounts %+v)", gcfg.Gateway.StateDB, gpod.Containers[0].VolumeMounts)
+	}
+}
+
+// writableDir reports whether dir is an emptyDir mounted read-write into
+// the pod's first container.
+func writableDir(pod corev1.PodSpec, dir string) bool {
+	empty := map[string]bool{}
+	for _, v := range pod.Volumes {
+		empty[v.Name] = v.EmptyDir != nil
+	}
+	for _, m := range pod.Containers[0].VolumeMounts {
+		if m.MountPath == dir && !m.ReadOnly && m.SubPath == "" && empty[m.Name] {
+			return true
+		}
+	}
+	return false
 }
 
 // TestChartGatewayDisabled: a fleet without the gateway (clients reach
@@ -482,6 +514,10 @@ func TestChartSchemaRefuses(t *testing.T) {
 		{"node: {runDir: '/run/a b'}", "runDir"},
 		{"node: {updateStrategy: {type: Recreate}}", "type"},
 		{"node: {updateStrategy: {type: RollingUpdate, maxUnavailable: 0}}", "maxUnavailable"},
+		// A DaemonSet's budget: maxUnavailable and percentages never sync.
+		{"node: {maxUnavailable: 1}", "maxUnavailable"},
+		{"node: {minAvailable: 50%}", "minAvailable"},
+		{"node: {minAvailable: -1}", "minAvailable"},
 		{"node: {unknownKey: 1}", "unknownKey"},
 		{"node: {config: {sandboxes: {memory: 1G}}}", "sandboxes"},
 		{`node: {sysctls: {"kernel.x": "1; rm -rf /"}}`, "kernel.x"},

@@ -1,0 +1,235 @@
+//go:build kubernetes
+
+package kubernetes
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+)
+
+// The checks through the gateway's Service, in two phases that
+// scripts/test-kubernetes.sh runs around `kubectl delete pod` of the node
+// daemon: TestGatewayServes creates a sandbox and uses it, and leaves its
+// id and a file's content in KUBE_TEST_STATE; TestGatewayAfterAdoption,
+// once the DaemonSet's new pod is up, finds the same sandbox through the
+// gateway and uses it again. Every call goes to the gateway Service's
+// cluster address (kube-proxy spreads them over the gateway replicas),
+// never to the node daemon.
+//
+// MCP run_code and the E2B SDK through the gateway are further steps of
+// the script between the two phases (see its "clients through the gateway"
+// section), with test/mcp/client.mjs and test/e2b/client.mjs.
+
+// gatewayEnv reads what the script passes.
+type gatewayEnv struct {
+	url, token, node, state string
+}
+
+func readGatewayEnv(t *testing.T) gatewayEnv {
+	t.Helper()
+	e := gatewayEnv{os.Getenv("KUBE_TEST_GATEWAY_URL"), os.Getenv("KUBE_TEST_ADMIN_TOKEN"), os.Getenv("KUBE_TEST_NODE"), os.Getenv("KUBE_TEST_STATE")}
+	if e.url == "" || e.token == "" || e.node == "" || e.state == "" {
+		t.Fatal("run by scripts/test-kubernetes.sh: KUBE_TEST_GATEWAY_URL, _ADMIN_TOKEN, _NODE, _STATE unset")
+	}
+	return e
+}
+
+func (e gatewayEnv) client(t *testing.T) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Options{URL: e.url, Token: e.token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestGatewayServes(t *testing.T) {
+	e := readGatewayEnv(t)
+	c := e.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// The gateway found the DaemonSet's daemon through the Kubernetes API
+	// (its ServiceAccount, the chart's Role) and reached it.
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		t.Fatalf("GET /v1/nodes through the gateway: %v", err)
+	}
+	if len(nodes.Nodes) != 1 || nodes.Nodes[0].Name != e.node || !nodes.Nodes[0].Reachable {
+		t.Fatalf("gateway's nodes %+v: want %s alone, reachable", nodes.Nodes, e.node)
+	}
+
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Language: "shell"})
+	if err != nil {
+		t.Fatalf("create through the gateway: %v", err)
+	}
+	id := sb.ID
+	if tag, ok := sandbox.IDNodeTag(id); !ok || tag != sandbox.NodeTag(e.node) {
+		t.Fatalf("sandbox id %s: node tag %q (ok %v), want node %s's %q", id, tag, ok, e.node, sandbox.NodeTag(e.node))
+	}
+
+	// A REST exec whose output streams: the first line reaches us while
+	// the command still sleeps, well before its exit line.
+	start := time.Now()
+	var firstAt time.Duration
+	res, err := c.Exec(ctx, id, client.ExecRequest{Command: "echo one; sleep 2; echo two >&2; echo three"}, func(stream string, data []byte) {
+		if firstAt == 0 && stream == "stdout" && bytes.Contains(data, []byte("one")) {
+			firstAt = time.Since(start)
+		}
+	})
+	if err != nil {
+		t.Fatalf("exec through the gateway: %v", err)
+	}
+	total := time.Since(start)
+	if res.ExitCode != 0 || res.Stdout != "one\nthree\n" || res.Stderr != "two\n" {
+		t.Fatalf("exec through the gateway: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if firstAt == 0 || total-firstAt < time.Second {
+		t.Fatalf("exec output not streamed through the gateway: first line after %v, end after %v", firstAt, total)
+	}
+	t.Logf("exec streamed: first line after %v, end after %v", firstAt.Round(time.Millisecond), total.Round(time.Millisecond))
+
+	// Files: upload, list, read back.
+	mark := randomHex(t)
+	if _, err := c.WriteFile(ctx, id, "/workspace/k8s.txt", 0, false, int64(len(mark)), strings.NewReader(mark)); err != nil {
+		t.Fatalf("write a file through the gateway: %v", err)
+	}
+	entries, err := c.ListFiles(ctx, id, "/workspace", false)
+	if err != nil {
+		t.Fatalf("list files through the gateway: %v", err)
+	}
+	found := false
+	for _, f := range entries {
+		found = found || path.Base(f.Path) == "k8s.txt" && f.Size == int64(len(mark))
+	}
+	if !found {
+		t.Fatalf("files of /workspace through the gateway: %+v, no k8s.txt of %d bytes", entries, len(mark))
+	}
+	if got := readFile(ctx, t, c, id, "/workspace/k8s.txt"); got != mark {
+		t.Fatalf("read back through the gateway: %q, wrote %q", got, mark)
+	}
+
+	terminal(ctx, t, c, id)
+
+	list, err := c.ListSandboxes(ctx, "")
+	if err != nil {
+		t.Fatalf("list through the gateway: %v", err)
+	}
+	listed := false
+	for _, s := range list {
+		listed = listed || s.ID == id
+	}
+	if !listed {
+		t.Fatalf("gateway's list %+v lacks %s", list, id)
+	}
+	if err := os.WriteFile(e.state, []byte(id+" "+mark), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGatewayAfterAdoption(t *testing.T) {
+	e := readGatewayEnv(t)
+	c := e.client(t)
+	b, err := os.ReadFile(e.state)
+	if err != nil {
+		t.Fatalf("TestGatewayServes's state: %v", err)
+	}
+	id, mark, _ := strings.Cut(string(b), " ")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// The gateways learn of the new pod from its EndpointSlice: until then
+	// they answer unavailable, which is the contract for a restarting node
+	// (never not_found). Bounded.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		d, err := c.GetSandbox(ctx, id)
+		if err == nil && (d.State == apitypes.StateReady || d.State == apitypes.StateRunning) {
+			break
+		}
+		if err != nil && !errdefs.Is(err, errdefs.Unavailable) {
+			t.Fatalf("sandbox %s through the gateway after the node daemon's pod was replaced: %v (want live, or unavailable for a while)", id, err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s through the gateway: not live 90s after the new pod was ready: %+v, %v", id, d, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	res, err := c.Exec(ctx, id, client.ExecRequest{Command: "cat /workspace/k8s.txt"}, nil)
+	if err != nil || res.ExitCode != 0 || res.Stdout != mark {
+		t.Fatalf("exec in the adopted sandbox through the gateway: %+v, %v; want %q", res, err, mark)
+	}
+	if got := readFile(ctx, t, c, id, "/workspace/k8s.txt"); got != mark {
+		t.Fatalf("file of the adopted sandbox through the gateway: %q, want %q", got, mark)
+	}
+	terminal(ctx, t, c, id)
+
+	if _, err := c.TerminateSandbox(ctx, id); err != nil {
+		t.Fatalf("terminate through the gateway: %v", err)
+	}
+	d, err := c.GetSandbox(ctx, id)
+	if err != nil || d.State != apitypes.StateTerminated {
+		t.Fatalf("after terminate through the gateway: %+v, %v", d, err)
+	}
+}
+
+// terminal runs a shell on a pseudo-terminal over the WebSocket that the
+// gateway upgrades and relays: a typed command's output comes back and
+// the shell's own exit code ends it.
+func terminal(ctx context.Context, t *testing.T, c *client.Client, id string) {
+	t.Helper()
+	tctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	term, err := c.OpenTerminal(tctx, id, client.TerminalRequest{Argv: []string{"/bin/sh"}, Rows: 24, Cols: 80})
+	if err != nil {
+		t.Fatalf("terminal through the gateway: %v", err)
+	}
+	defer term.Close()
+	if _, err := term.Write([]byte("echo term-$((6*7)); exit 3\n")); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	for b := range term.Output() {
+		out.Write(b)
+	}
+	res, err := term.Wait()
+	if err != nil {
+		t.Fatalf("terminal through the gateway: %v (output %q)", err, out.String())
+	}
+	// "term-42" appears only in the output, not in the echoed input line.
+	if res.ExitCode != 3 || !strings.Contains(out.String(), "term-42") {
+		t.Fatalf("terminal through the gateway: exit %d, output %q; want 3 and term-42", res.ExitCode, out.String())
+	}
+}
+
+func readFile(ctx context.Context, t *testing.T, c *client.Client, id, file string) string {
+	t.Helper()
+	var buf bytes.Buffer
+	if _, err := c.ReadFile(ctx, id, file, 0, 0, &buf); err != nil {
+		t.Fatalf("read %s through the gateway: %v", file, err)
+	}
+	return buf.String()
+}
+
+func randomHex(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(errors.Join(errors.New("random mark"), err))
+	}
+	return hex.EncodeToString(b)
+}
