@@ -307,13 +307,14 @@ func (s *srv) withExtTasks(next http.Handler) http.Handler {
 			return
 		}
 		body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody+1))
-		_ = r.Body.Close()
 		if err != nil || len(body) > maxRequestBody {
-			// Let mcp-go answer as it answers an unreadable body.
-			r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), errReader{err}))
+			// Not ours to route: mcp-go reads the whole body as it would
+			// have (and answers a read error as it answers one).
+			r.Body = readCloser{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
 			next.ServeHTTP(w, r)
 			return
 		}
+		_ = r.Body.Close()
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		var m rpcMessage
 		if json.Unmarshal(body, &m) != nil || len(m.ID) == 0 || string(m.ID) == "null" {
@@ -356,13 +357,10 @@ func (s *srv) withExtTasks(next http.Handler) http.Handler {
 	})
 }
 
-type errReader struct{ err error }
-
-func (e errReader) Read([]byte) (int, error) {
-	if e.err == nil {
-		return 0, io.ErrUnexpectedEOF
-	}
-	return 0, e.err
+// readCloser is a body put back together: what was read, then the rest.
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // serveExtTaskMethod answers tasks/get, tasks/update and tasks/cancel.
