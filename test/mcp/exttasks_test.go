@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 )
 
 type rpcOutcome struct {
@@ -64,6 +66,12 @@ type extTasksReport struct {
 		Get    rpcOutcome `json:"get"`
 		Cancel rpcOutcome `json:"cancel"`
 		After  string     `json:"after"`
+		Own    struct {
+			Kind   string `json:"kind"`
+			Status string `json:"status"`
+			Stdout string `json:"stdout"`
+		} `json:"own"`
+		TheirsHere rpcOutcome `json:"theirs_here"`
 	} `json:"foreign"`
 	Invalid map[string]rpcOutcome `json:"invalid"`
 	Plain   struct {
@@ -89,7 +97,8 @@ type extTasksReport struct {
 // the field; a request that does not declare the extension gets -32021;
 // and the same client calling without the extension gets today's result.
 func TestExtTasks(t *testing.T) {
-	d := newDaemon(t)
+	auditDir := filepath.Join(t.TempDir(), "audit")
+	d := newDaemon(t, func(c *config.Config) { c.Audit.Enabled, c.Audit.Dir = true, auditDir })
 	extTasksNode(t)
 	var foreign struct {
 		Secret string `json:"secret"`
@@ -113,6 +122,13 @@ func TestExtTasks(t *testing.T) {
 	}
 	if ids := d.LiveIDs(); len(ids) != 0 {
 		t.Errorf("sandboxes left: %v", ids)
+	}
+	// A task's work runs as the key that asked for it: the other key's
+	// run_code is in the audit log under its name and tenant.
+	if !slices.ContainsFunc(auditRecords(t, auditDir), func(rec audit.Record) bool {
+		return rec.Action == "mcp:run_code" && rec.KeyName == "ext-tasks-other" && rec.Tenant == "ext-tasks-other" && !rec.Admin && rec.Outcome == audit.Success
+	}) {
+		t.Error("no audit record of the other key's run_code task under its own key")
 	}
 }
 
@@ -156,6 +172,12 @@ func checkExtTasks(t *testing.T, transport string, r *extTasksReport) {
 			if o.Code != -32602 || o.Data.Error.Code != "not_found" || !strings.Contains(o.Message, "taskId") || o.Result != nil {
 				t.Errorf("another key's %s: %+v, want -32602 not_found naming taskId", name, o)
 			}
+		}
+		if f.Own.Kind != "task" || f.Own.Status != "completed" || f.Own.Stdout != "other key\n" {
+			t.Errorf("the other key's own task: %+v", f.Own)
+		}
+		if o := f.TheirsHere; o.Code != -32602 || o.Data.Error.Code != "not_found" || o.Result != nil {
+			t.Errorf("the other key's task seen from the first: %+v, want not found", o)
 		}
 		if f.After != "working" {
 			t.Errorf("after another key's tasks/cancel the task is %q, want working", f.After)

@@ -145,6 +145,18 @@ async function main() {
       get: errorOf(await other.rawDispatch({ method: "tasks/get", params: framed(other.version, { taskId: long.handle.taskId }) })),
       cancel: errorOf(await other.rawDispatch({ method: "tasks/cancel", params: framed(other.version, { taskId: long.handle.taskId }) })),
     };
+    // Its own task runs as that key (the test reads the audit log), and
+    // this key sees nothing of it either.
+    const otherSession = createTaskSessionFromClient(other.client, {
+      endpointId: `mcp-sandboxd-${spec.type}-other`,
+      rawDispatch: other.rawDispatch,
+      v2RequestFraming: { protocolVersion: other.version, clientInfo, clientCapabilities: {} },
+    });
+    const theirs = await otherSession.callTool("run_code", { language: "python", code: "print('other key')" });
+    const theirOutcome = (await theirs.settle()).outcome;
+    report.foreign.own = { kind: theirs.kind, status: theirOutcome.status, stdout: theirOutcome.result?.structuredContent?.stdout };
+    report.foreign.theirs_here = errorOf(await rawDispatch({ method: "tasks/get", params: framed(version, { taskId: theirs.handle.taskId }) }));
+    await otherSession.close();
     await other.client.close();
     report.foreign.after = (await ctl.snapshot()).status;
   }
