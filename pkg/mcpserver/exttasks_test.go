@@ -285,3 +285,50 @@ func TestExtTasksRefused(t *testing.T) {
 		t.Errorf("undeclared tasks/get: %d %+v", code, e)
 	}
 }
+
+// TestExtTaskAnswerParsing: a task's captured answer is found in a JSON
+// body and in an SSE stream after heartbeats and notifications, and only
+// when it answers the task's request id.
+func TestExtTaskAnswerParsing(t *testing.T) {
+	sse := ": still working\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n" +
+		"event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"content\":[]}}\n\n"
+	for _, tc := range []struct {
+		body   string
+		id     string
+		found  bool
+		result string
+	}{
+		{`{"jsonrpc":"2.0","id":"a","result":{"isError":true}}`, `"a"`, true, `{"isError":true}`},
+		{`{"jsonrpc":"2.0","id":"a","error":{"code":-32603,"message":"x"}}`, `"a"`, true, ``},
+		{`{"jsonrpc":"2.0","id":"b","result":{}}`, `"a"`, false, ``},
+		{sse, `7`, true, `{"content":[]}`},
+		{sse, `8`, false, ``},
+		{": still working\n\n", `7`, false, ``},
+		{``, `7`, false, ``},
+	} {
+		resp, ok := lastResponse([]byte(tc.body), json.RawMessage(tc.id))
+		if ok != tc.found || string(resp.Result) != tc.result {
+			t.Errorf("lastResponse(%q, %s) = %s %v, want %s %v", tc.body, tc.id, resp.Result, ok, tc.result, tc.found)
+		}
+	}
+}
+
+// TestBridgeNamesTasks: the stdio bridge's Mcp-Name for the extension's
+// methods is the task id; for the others mcp-go's.
+func TestBridgeNamesTasks(t *testing.T) {
+	for _, tc := range []struct {
+		method, params, want string
+		ok                   bool
+	}{
+		{"tasks/get", `{"taskId":"task-1"}`, "task-1", true},
+		{"tasks/cancel", `{"taskId":"task-2"}`, "task-2", true},
+		{"tasks/update", `{"taskId":"task-3","inputResponses":{}}`, "task-3", true},
+		{"tasks/get", `{"taskId":42}`, "", false},
+		{"tools/call", `{"name":"run_code"}`, "run_code", true},
+		{"tools/list", `{}`, "", false},
+	} {
+		if got, ok := headerName(tc.method, json.RawMessage(tc.params)); got != tc.want || ok != tc.ok {
+			t.Errorf("headerName(%s, %s) = %q %v, want %q %v", tc.method, tc.params, got, ok, tc.want, tc.ok)
+		}
+	}
+}
