@@ -328,6 +328,13 @@ func (s *srv) withExtTasks(next http.Handler) http.Handler {
 			return
 		}
 		declared, modern := declaresExtTasks(m.Params)
+		if declared && !modern {
+			// Per-request capabilities are of revision 2026-07-28, and so
+			// is the extension: an earlier revision's request that
+			// declares it anyway is served as before (the server decides,
+			// and 2025-11-25 tasks are mcp-go's).
+			declared = false
+		}
 		if m.Method == string(mcp.MethodToolsCall) {
 			var p struct {
 				Name      string          `json:"name"`

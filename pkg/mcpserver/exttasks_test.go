@@ -332,3 +332,20 @@ func TestBridgeNamesTasks(t *testing.T) {
 		}
 	}
 }
+
+// TestExtTasksLegacySession: the extension is of revision 2026-07-28. A
+// client on an initialized 2025 session is not offered it, and a call that
+// declares it in _meta anyway gets the plain result.
+func TestExtTasksLegacySession(t *testing.T) {
+	c := newClient(t, newFake(), Options{})
+	res, err := c.Initialize(context.Background(), mcp.InitializeRequest{Params: mcp.InitializeParams{
+		ProtocolVersion: mcp.LATEST_LEGACY_PROTOCOL_VERSION, ClientInfo: mcp.Implementation{Name: "t", Version: "0"}}})
+	if err != nil || res.Capabilities.Extensions[extTasksID] != nil || res.Capabilities.Tasks == nil {
+		t.Fatalf("initialize: %+v %v, want 2025-11-25 tasks and not the extension", res, err)
+	}
+	meta := &mcp.Meta{AdditionalFields: map[string]any{metaClientCapabilities: map[string]any{"extensions": map[string]any{extTasksID: map[string]any{}}}}}
+	out := c.call("run_code", map[string]any{"language": "python", "code": "print(6*7)"}, meta)
+	if out.IsError || out.StructuredContent == nil || out.Meta != nil && out.Meta.AdditionalFields["taskId"] != nil {
+		t.Errorf("a 2025 call declaring the extension: %+v, want the plain result", out)
+	}
+}

@@ -78,17 +78,12 @@ func TestStdioEveryRevision(t *testing.T) {
 				if res["protocolVersion"] != v {
 					t.Fatalf("initialize %s agreed %v", v, res["protocolVersion"])
 				}
-				// Capabilities say what the server offers, nothing more: the
-				// 2026-07-28 tasks extension is declared in every revision,
-				// since a request of any revision may declare it in _meta
-				// (exttasks.go serves it there too).
+				// Capabilities say what the server offers, nothing more.
 				caps, _ := res["capabilities"].(map[string]any)
 				tasks, _ := caps["tasks"].(map[string]any)
-				ext, _ := caps["extensions"].(map[string]any)
-				if len(caps) != 4 || caps["tools"] == nil || caps["resources"] == nil ||
-					!strings.Contains(fmt.Sprint(tasks["requests"]), "tools:map[call:map[]]") || tasks["cancel"] == nil ||
-					len(ext) != 1 || fmt.Sprint(ext[extTasksID]) != "map[]" {
-					t.Errorf("capabilities %v, want tools, resources, tasks (tools/call, cancel) and extensions {%s: {}}", caps, extTasksID)
+				if len(caps) != 3 || caps["tools"] == nil || caps["resources"] == nil ||
+					!strings.Contains(fmt.Sprint(tasks["requests"]), "tools:map[call:map[]]") || tasks["cancel"] == nil {
+					t.Errorf("capabilities %v, want tools, resources and tasks (tools/call, cancel)", caps)
 				}
 				c.send(map[string]any{"jsonrpc": "2.0", "method": "notifications/initialized"})
 			}

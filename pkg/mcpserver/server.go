@@ -143,6 +143,15 @@ func newSrv(e Engine, opt Options) *srv {
 		extTasks: newExtTaskStore(opt.TaskTTL, opt.MaxTasksPerKey)}
 	hooks := &server.Hooks{}
 	hooks.AddBeforeCallTool(boundTaskTTL)
+	// The tasks extension is of revision 2026-07-28 (exttasks.go serves
+	// only requests of it); mcp-go would declare it in every revision's
+	// initialize too, so it is taken out there.
+	hooks.AddAfterInitialize(func(_ context.Context, _ any, _ *mcp.InitializeRequest, res *mcp.InitializeResult) {
+		delete(res.Capabilities.Extensions, extTasksID)
+		if len(res.Capabilities.Extensions) == 0 {
+			res.Capabilities.Extensions = nil
+		}
+	})
 	hooks.AddOnUnregisterSession(func(ctx context.Context, sess server.ClientSession) {
 		s.sessionEnded(ctx, sess.SessionID())
 	})
@@ -155,7 +164,8 @@ func newSrv(e Engine, opt Options) *srv {
 		server.WithTaskCapabilities(true, true, true),
 		server.WithTaskHooks(s.taskHooks()),
 		// The 2026-07-28 tasks extension, served beside mcp-go by the
-		// HTTP middleware NewHandler puts in front of it (exttasks.go).
+		// HTTP middleware NewHandler puts in front of it (exttasks.go);
+		// declared in server/discover (2026-07-28) only.
 		server.WithExtensions(map[string]any{extTasksID: map[string]any{}}),
 		server.WithRecovery(),
 		server.WithInstructions(instructions),
