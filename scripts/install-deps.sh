@@ -83,6 +83,14 @@ if [[ ! -e test/mcp/node_modules/@modelcontextprotocol/sdk/package.json || test/
 	(cd test/mcp && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
+# The official TypeScript SDK v2 and its tasks extension package for the
+# 2026-07-28 tasks extension's test (test/mcp/exttasks_test.go; pinned by
+# test/mcp/exttasks/package-lock.json): a real requester of that wire, which
+# the SDK 1.x in test/mcp does not speak.
+if [[ ! -e test/mcp/exttasks/node_modules/@modelcontextprotocol/ext-tasks/package.json || test/mcp/exttasks/package-lock.json -nt test/mcp/exttasks/node_modules/.package-lock.json ]]; then
+	(cd test/mcp/exttasks && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 # The official E2B SDK for the E2B-compatible API's black-box tests (pinned by
 # test/e2b/package-lock.json).
 if [[ ! -e test/e2b/node_modules/e2b/package.json || test/e2b/package-lock.json -nt test/e2b/node_modules/.package-lock.json ]]; then

@@ -63,6 +63,13 @@ type Options struct {
 	// Audit, if not nil, records calls of tools that change anything
 	// (audit.go).
 	Audit *audit.Log
+	// TaskTTL is how long a task of the 2026-07-28 tasks extension and its
+	// result are kept (exttasks.go); its work is stopped then too. 0 means
+	// one hour.
+	TaskTTL time.Duration
+	// MaxTasksPerKey bounds the extension's tasks one API key holds; 0
+	// means 64.
+	MaxTasksPerKey int
 	// ApprovalTimeout bounds the wait for a client's answer to a network
 	// approval (elicit.go); 0 means two minutes.
 	ApprovalTimeout time.Duration
@@ -102,7 +109,7 @@ How to start:
 3. For several steps on the same files call sandbox_create {language}, then file_write / exec_command / run_code {sandbox_id} / run_task / packages_install against the returned sandbox_id, and sandbox_terminate when done (idle sandboxes are reclaimed after a while).
 4. Before a risky change in a sandbox, sandbox_snapshot {sandbox_id} saves its files; sandbox_restore {sandbox_id, snapshot_id} rolls them back, sandbox_create {from_snapshot} starts a copy to try something else.
 
-Long work: exec_command with background: true returns a job_id at once; poll job_status with the returned next offsets until state is "finished". Clients that support MCP tasks may call run_code, exec_command, run_task, packages_install, autofix, agent_run, image_build, image_build_dockerfile, sandbox_create and vm_test as tasks (tasks/get, tasks/result, tasks/cancel). Long outputs in results are cut in the middle with a marker saying where the rest is.
+Long work: exec_command with background: true returns a job_id at once; poll job_status with the returned next offsets until state is "finished". Clients that support MCP tasks may call run_code, exec_command, run_task, packages_install, autofix, agent_run, image_build, image_build_dockerfile, image_pull, sandbox_create and vm_test as tasks (tasks/get, tasks/result, tasks/cancel; clients declaring the 2026-07-28 extension io.modelcontextprotocol/tasks get them as tasks at once: tasks/get, tasks/cancel). Long outputs in results are cut in the middle with a marker saying where the rest is.
 Errors come back as isError results with {"error": {"code", "message"}}; codes: invalid_argument (fix the input), not_found, conflict (e.g. the sandbox is terminated: create a new one), limit_exceeded, unavailable, internal.`
 
 // srv is the state the tool handlers share.
@@ -117,6 +124,9 @@ type srv struct {
 	outputs map[string]reflect.Type
 	// tasks are the running tasks' detached contexts (tasks.go).
 	tasks *taskRuns
+	// extTasks are the tasks of the 2026-07-28 tasks extension
+	// (exttasks.go).
+	extTasks *extTaskStore
 	// approvals are the hosts asked about through elicitation (elicit.go).
 	approvals approvals
 }
@@ -129,9 +139,19 @@ func NewServer(e Engine, opt Options) *server.MCPServer {
 func newSrv(e Engine, opt Options) *srv {
 	cfg := e.Config()
 	opt = opt.withDefaults(cfg)
-	s := &srv{e: e, cfg: cfg, opt: opt, log: opt.Log, outputs: map[string]reflect.Type{}, tasks: newTaskRuns()}
+	s := &srv{e: e, cfg: cfg, opt: opt, log: opt.Log, outputs: map[string]reflect.Type{}, tasks: newTaskRuns(),
+		extTasks: newExtTaskStore(opt.TaskTTL, opt.MaxTasksPerKey)}
 	hooks := &server.Hooks{}
 	hooks.AddBeforeCallTool(boundTaskTTL)
+	// The tasks extension is of revision 2026-07-28 (exttasks.go serves
+	// only requests of it); mcp-go would declare it in every revision's
+	// initialize too, so it is taken out there.
+	hooks.AddAfterInitialize(func(_ context.Context, _ any, _ *mcp.InitializeRequest, res *mcp.InitializeResult) {
+		delete(res.Capabilities.Extensions, extTasksID)
+		if len(res.Capabilities.Extensions) == 0 {
+			res.Capabilities.Extensions = nil
+		}
+	})
 	hooks.AddOnUnregisterSession(func(ctx context.Context, sess server.ClientSession) {
 		s.sessionEnded(ctx, sess.SessionID())
 	})
@@ -143,6 +163,10 @@ func newSrv(e Engine, opt Options) *srv {
 		server.WithToolCapabilities(false),
 		server.WithTaskCapabilities(true, true, true),
 		server.WithTaskHooks(s.taskHooks()),
+		// The 2026-07-28 tasks extension, served beside mcp-go by the
+		// HTTP middleware NewHandler puts in front of it (exttasks.go);
+		// declared in server/discover (2026-07-28) only.
+		server.WithExtensions(map[string]any{extTasksID: map[string]any{}}),
 		server.WithRecovery(),
 		server.WithInstructions(instructions),
 		server.WithHooks(hooks),
@@ -222,7 +246,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 		server.WithSessionIdleTTL(sessionIdleTTL),
 		server.WithSessionIdManager(sessions),
 	)
-	return flushable(refuseUnknownSessions(sessions, withRequestStreams(withTaskSlots(h))))
+	return flushable(refuseUnknownSessions(sessions, s.withExtTasks(withRequestStreams(withTaskSlots(h)))))
 }
 
 // flushable restores http.Flusher on response writers that middleware

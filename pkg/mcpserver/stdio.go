@@ -284,11 +284,29 @@ func (b *bridge) headers(h http.Header, msg json.RawMessage) {
 		return
 	}
 	h.Set(mcp.HeaderMethod, m.Method)
-	if name, ok := mcp.ExtractHeaderName(mcp.MCPMethod(m.Method), m.Params); ok {
+	if name, ok := headerName(m.Method, m.Params); ok {
 		if enc, ok := mcp.EncodeHeaderValue(name); ok {
 			h.Set(mcp.HeaderName, enc)
 		}
 	}
+}
+
+// headerName is the Mcp-Name of a request: mcp-go's for tools/call,
+// resources/read and prompts/get, and params.taskId for the tasks
+// extension's tasks/get, tasks/update and tasks/cancel (which the
+// extension requires for routing; mcp-go v1.2.1 does not know them).
+func headerName(method string, params json.RawMessage) (string, bool) {
+	switch method {
+	case "tasks/get", "tasks/update", "tasks/cancel":
+		var p struct {
+			TaskID string `json:"taskId"`
+		}
+		if json.Unmarshal(params, &p) == nil && p.TaskID != "" {
+			return p.TaskID, true
+		}
+		return "", false
+	}
+	return mcp.ExtractHeaderName(mcp.MCPMethod(method), params)
 }
 
 // post sends one message and relays the answer.

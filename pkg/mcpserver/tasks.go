@@ -33,7 +33,7 @@ import (
 // taskTools are the tools that may run as tasks: the long ones.
 var taskTools = map[string]bool{
 	"run_code": true, "exec_command": true, "run_task": true, "packages_install": true,
-	"autofix": true, "agent_run": true, "image_build": true, "image_build_dockerfile": true, "sandbox_create": true, "vm_test": true,
+	"autofix": true, "agent_run": true, "image_build": true, "image_build_dockerfile": true, "image_pull": true, "sandbox_create": true, "vm_test": true,
 }
 
 const (
