@@ -25,18 +25,8 @@ func (s *Store) ReserveUsage(ctx context.Context, keyID string, add apitypes.Key
 		return errdefs.Invalidf("usage: a reservation adds, got %+v", add)
 	}
 	var ok bool
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO key_usage (key_id) VALUES ($1) ON CONFLICT DO NOTHING`, keyID); err != nil {
-			return err
-		}
-		tag, err := tx.Exec(ctx, `UPDATE key_usage SET sandboxes = sandboxes + $2, memory_mb = memory_mb + $3, cpus = cpus + $4, disk_mb = disk_mb + $5
-			WHERE key_id = $1
-			AND ($6 = 0 OR sandboxes + $2 <= $6)
-			AND ($7 = 0 OR memory_mb + $3 <= $7)
-			AND ($8 = 0 OR cpus + $4 <= $8 + 1e-9)
-			AND ($9 = 0 OR disk_mb + $5 <= $9)`,
-			keyID, add.Sandboxes, add.MemoryMB, add.CPUs, add.DiskMB, q.Sandboxes, q.MemoryMB, q.CPUs, q.DiskMB)
-		ok = err == nil && tag.RowsAffected() == 1
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
+		ok, err = reserveTx(ctx, tx, keyID, add, q)
 		return err
 	})
 	if err != nil {
@@ -45,6 +35,28 @@ func (s *Store) ReserveUsage(ctx context.Context, keyID string, add apitypes.Key
 	if ok {
 		return nil
 	}
+	return s.refusal(ctx, keyID, add, q)
+}
+
+// reserveTx is ReserveUsage's conditional UPDATE in tx; ok is false when
+// the quota refuses.
+func reserveTx(ctx context.Context, tx pgx.Tx, keyID string, add apitypes.KeyUse, q apitypes.Quota) (bool, error) {
+	if _, err := tx.Exec(ctx, `INSERT INTO key_usage (key_id) VALUES ($1) ON CONFLICT DO NOTHING`, keyID); err != nil {
+		return false, err
+	}
+	tag, err := tx.Exec(ctx, `UPDATE key_usage SET sandboxes = sandboxes + $2, memory_mb = memory_mb + $3, cpus = cpus + $4, disk_mb = disk_mb + $5
+		WHERE key_id = $1
+		AND ($6 = 0 OR sandboxes + $2 <= $6)
+		AND ($7 = 0 OR memory_mb + $3 <= $7)
+		AND ($8 = 0 OR cpus + $4 <= $8 + 1e-9)
+		AND ($9 = 0 OR disk_mb + $5 <= $9)`,
+		keyID, add.Sandboxes, add.MemoryMB, add.CPUs, add.DiskMB, q.Sandboxes, q.MemoryMB, q.CPUs, q.DiskMB)
+	return err == nil && tag.RowsAffected() == 1, err
+}
+
+// refusal is the limit_exceeded error of a reservation the quota refused,
+// naming the quota at fault.
+func (s *Store) refusal(ctx context.Context, keyID string, add apitypes.KeyUse, q apitypes.Quota) error {
 	use, err := s.Usage(ctx, keyID)
 	if err != nil {
 		return err
