@@ -382,6 +382,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		defer eh.Close()
 		listeners = append(listeners, listener{el, eh, "e2b"})
 	}
+	// A gateway reaches these listeners on the node's host (GET /v1/node).
+	eng.SetListenerPorts(tcpPort(el), tcpPort(pl))
 
 	var servers []*http.Server
 	errc := make(chan error, len(listeners)+1)
@@ -459,4 +461,15 @@ func watchdog(ctx context.Context, eng *engine.Engine, every time.Duration, log 
 			log.Warn("sd_notify WATCHDOG", "err", err)
 		}
 	}
+}
+
+// tcpPort is l's TCP port, 0 for none.
+func tcpPort(l net.Listener) int {
+	if l == nil {
+		return 0
+	}
+	if a, ok := l.Addr().(*net.TCPAddr); ok {
+		return a.Port
+	}
+	return 0
 }

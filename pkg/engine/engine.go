@@ -57,6 +57,8 @@ import (
 type Engine struct {
 	cfg       *config.Config
 	draining  atomic.Bool // node.go: no creates while set
+	// e2bPort and previewPort are the listeners' ports NodeStatus reports.
+	e2bPort, previewPort atomic.Int64
 	log       *slog.Logger
 	store     *store.Store
 	fleet     *pgstore.Store // the keys' store with store.postgres_url; nil on one machine
