@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/gateway"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/kubediscovery"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store/pgstore"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
 
@@ -51,20 +52,37 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	if err != nil {
 		return fmt.Errorf("gateway.auth_token_file: %w", err)
 	}
-	st, err := store.Open(ctx, g.StateDB)
-	if err != nil {
-		return fmt.Errorf("gateway.state_db: %w", err)
+	// The fleet's PostgreSQL (store.postgres_url) holds the keys, the
+	// fleet-wide quota counts and the audit rows every gateway shares;
+	// without it, a SQLite file holds the keys and there are neither.
+	var keyStore tenants.KeyStore
+	var fleet gateway.FleetStore
+	if url := cfg.Store.PostgresURL; url != "" {
+		pg, err := pgstore.Open(ctx, url)
+		if err != nil {
+			return fmt.Errorf("store.postgres_url: %w", err)
+		}
+		defer pg.Close()
+		keyStore, fleet = pg, pg
+	} else {
+		st, err := store.Open(ctx, g.StateDB)
+		if err != nil {
+			return fmt.Errorf("gateway.state_db: %w", err)
+		}
+		defer st.Close()
+		keyStore = st
 	}
-	defer st.Close()
-	keys, err := tenants.New(ctx, tenants.Options{Store: st, AdminToken: token, Log: log})
+	keys, err := tenants.New(ctx, tenants.Options{Store: keyStore, AdminToken: token, Log: log})
 	if err != nil {
 		return err
 	}
 	defer keys.Close()
 	h := gateway.New(gateway.Options{
-		Discovery: disc, Auth: keys, Secret: secret,
-		NodeTimeout: g.NodeTimeout.D(), ProbeInterval: g.ProbeInterval.D(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
+		Discovery: disc, Auth: keys, Keys: keys, Fleet: fleet, Secret: secret,
+		NodeTimeout: g.NodeTimeout.D(), ProbeInterval: g.ProbeInterval.D(), ReconcileInterval: g.ReconcileInterval.D(),
+		MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
 	})
+	go h.Reconcile(ctx)
 	ln, err := net.Listen("tcp", g.Listen)
 	if err != nil {
 		return fmt.Errorf("gateway.listen: %w", err)

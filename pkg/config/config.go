@@ -109,6 +109,19 @@ type Gateway struct {
 	// before asking them again (each gateway counts its own placements
 	// in between); a drain through another gateway is seen within it.
 	ProbeInterval Duration `yaml:"probe_interval"`
+	// ReconcileInterval is how often a gateway with store.postgres_url
+	// releases the fleet-quota reservations of sandboxes that ended on
+	// their nodes (expired, terminated elsewhere); 0: 10s.
+	ReconcileInterval Duration `yaml:"reconcile_interval"`
+	// E2BListen, when set, serves the E2B API (control plane and envd) on
+	// this address, routed to the nodes' e2b listeners; E2BDomain is its
+	// host-name routing domain ({port}-{id}.{domain}), as e2b.domain.
+	E2BListen string `yaml:"e2b_listen"`
+	E2BDomain string `yaml:"e2b_domain"`
+	// PreviewListen, when set, serves preview URLs ({id}-{port} host
+	// names, as server.preview_listen) routed to the nodes' preview
+	// listeners.
+	PreviewListen string `yaml:"preview_listen"`
 }
 
 // GatewayKubernetes is gateway.kubernetes: where the node daemons'
@@ -589,7 +602,7 @@ func Default() *Config {
 		Gateway: Gateway{
 			Listen: "127.0.0.1:7080", SecretFile: "/etc/mcp-sandboxd/gateway-secret",
 			AuthTokenFile: "/etc/mcp-sandboxd/gateway-token", StateDB: "/var/lib/mcp-sandboxd/gateway.db",
-			NodeTimeout: Duration(2 * time.Second), ProbeInterval: Duration(250 * time.Millisecond),
+			NodeTimeout: Duration(2 * time.Second), ProbeInterval: Duration(250 * time.Millisecond), ReconcileInterval: Duration(10 * time.Second),
 		},
 		Log: Log{
 			Level:  "info",

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
@@ -47,6 +48,15 @@ type Options struct {
 	// MaxBodyBytes caps a create's body, which the gateway reads to place
 	// it (default api.DefaultMaxBodyBytes).
 	MaxBodyBytes int64
+	// Fleet, set when the tenants store is the fleet's PostgreSQL, counts
+	// every create against its key's fleet quota and holds the gateway's
+	// audit records (fleet.go); nil: neither.
+	Fleet FleetStore
+	// Keys finds a key's quota (the tenants service behind Auth).
+	Keys KeyLookup
+	// ReconcileInterval is how often Reconcile releases the reservations
+	// of sandboxes that ended on their nodes (default 10s).
+	ReconcileInterval time.Duration
 	// Log; nil means slog.Default().
 	Log *slog.Logger
 }
@@ -57,6 +67,8 @@ type Gateway struct {
 	log    *slog.Logger
 	proxy  *httputil.ReverseProxy
 	client *http.Client
+	// handler is serve behind the audit log's recording (when Fleet).
+	handler http.Handler
 
 	// seen is, per node and per caller's view (tenant, or admin), the
 	// live sandboxes the last successful list there showed: what a list
@@ -84,6 +96,9 @@ func New(opt Options) *Gateway {
 	if opt.MaxBodyBytes <= 0 {
 		opt.MaxBodyBytes = api.DefaultMaxBodyBytes
 	}
+	if opt.ReconcileInterval <= 0 {
+		opt.ReconcileInterval = 10 * time.Second
+	}
 	if opt.Log == nil {
 		opt.Log = slog.Default()
 	}
@@ -93,6 +108,10 @@ func New(opt Options) *Gateway {
 		opt.Transport = &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 128, IdleConnTimeout: 90 * time.Second}
 	}
 	g := &Gateway{opt: opt, log: opt.Log, client: &http.Client{Transport: opt.Transport}, seen: map[string]map[string][]apitypes.Sandbox{}}
+	g.handler = http.HandlerFunc(g.serve)
+	if opt.Fleet != nil {
+		g.handler = audit.Middleware(fleetAudit{opt.Fleet}, "gateway", g.classify, g.handler)
+	}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite:   g.rewrite,
 		Transport: opt.Transport,
@@ -105,6 +124,12 @@ func New(opt Options) *Gateway {
 				// Nothing is written to the caller yet: place again.
 				res.Body.Close()
 				return errNodeRefused
+			}
+			if t.rsv != nil && t.bind && (res.StatusCode == http.StatusCreated || res.StatusCode == http.StatusOK) {
+				return g.bindCreated(res, t.rsv, t.node)
+			}
+			if t.releaseID != "" && res.StatusCode == http.StatusOK {
+				g.released(t.releaseID)
 			}
 			return nil
 		},
@@ -130,6 +155,13 @@ type target struct {
 	// retry, set on a create, places it again when the node does not
 	// answer or answers unavailable (a drain this gateway had not seen).
 	retry func(w http.ResponseWriter)
+	// rsv is a create's fleet reservation, bound to the sandbox the
+	// node's answer names when bind is set (a sandbox create, not a run).
+	rsv  *reservation
+	bind bool
+	// releaseID is a sandbox whose terminate this is: released from the
+	// fleet's count when the node answers 200.
+	releaseID string
 }
 
 // errNodeRefused is a node's 503 to a create: placed again.
@@ -163,8 +195,12 @@ func (g *Gateway) authorize(h http.Header, p *principal.Principal) {
 	}
 }
 
-// ServeHTTP authenticates the caller and places, routes or merges.
-func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP authenticates the caller and places, routes or merges; with
+// a fleet store, what changes anything is recorded in the fleet's audit
+// rows before its answer.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.handler.ServeHTTP(w, r) }
+
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/healthz" {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		return
@@ -175,8 +211,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	audit.CallFrom(r.Context()).SetPrincipal(p)
+	audit.CallFrom(r.Context()).SetOrigin(principal.Origin{FrontEnd: "gateway", Source: r.RemoteAddr})
 	path := r.URL.Path
 	switch {
+	case path == "/v1/audit/verify" && r.Method == http.MethodGet:
+		if g.admin(w, p) {
+			g.auditVerify(w, r)
+		}
 	case path == "/metrics" && r.Method == http.MethodGet:
 		if g.admin(w, p) {
 			g.metrics(w, r)
@@ -227,12 +269,19 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n Node, p *pri
 }
 
 func (g *Gateway) forwardRetry(w http.ResponseWriter, r *http.Request, n Node, p *principal.Principal, path string, retry func(http.ResponseWriter)) {
+	g.forwardTarget(w, r, n, target{path: path, p: p, retry: retry})
+}
+
+// forwardTarget proxies r to node n as t says (its node and url are
+// filled in here).
+func (g *Gateway) forwardTarget(w http.ResponseWriter, r *http.Request, n Node, t target) {
 	u, err := url.Parse(n.URL)
 	if err != nil {
 		writeError(w, errdefs.Wrap(errdefs.Internal, err, "node %s: url %q", n.Name, n.URL))
 		return
 	}
-	ctx := context.WithValue(r.Context(), targetKey{}, target{node: n.Name, url: u, path: path, p: p, retry: retry})
+	t.node, t.url = n.Name, u
+	ctx := context.WithValue(r.Context(), targetKey{}, t)
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -254,7 +303,11 @@ func (g *Gateway) route(w http.ResponseWriter, r *http.Request, p principal.Prin
 	}
 	for _, n := range nodes {
 		if sandbox.NodeTag(n.Name) == tag {
-			g.forward(w, r, n, &p, "")
+			t := target{p: &p}
+			if r.Method == http.MethodDelete && r.URL.Path == "/v1/sandboxes/"+id {
+				t.releaseID = id
+			}
+			g.forwardTarget(w, r, n, t)
 			return
 		}
 	}

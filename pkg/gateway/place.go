@@ -28,6 +28,7 @@ type placeHints struct {
 	Language string   `json:"language"`
 	MemoryMB *int64   `json:"memory_mb"`
 	CPUs     *float64 `json:"cpus"`
+	DiskMB   *int64   `json:"disk_mb"`
 }
 
 // fits says whether node st takes a create of h, and whether it holds
@@ -105,13 +106,21 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request, p principal.Pri
 	}
 	var h placeHints
 	_ = json.Unmarshal(body, &h) // the node refuses a malformed body, naming the field
-	g.createOn(w, r, p, body, h, map[string]bool{}, start)
+	// Counted against the key's fleet quota before it is placed; a run's
+	// sandbox ends with the run, so its reservation is released then.
+	rsv, err := g.reserve(r.Context(), p, h)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer g.settle(rsv)
+	g.createOn(w, r, p, body, h, map[string]bool{}, start, rsv)
 }
 
 // createOn places a create on a node not in tried and forwards it; a node
 // that refuses it (unavailable: draining, or gone) is tried no more, and
 // the last candidate's answer is the caller's.
-func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.Principal, body []byte, h placeHints, tried map[string]bool, start time.Time) {
+func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.Principal, body []byte, h placeHints, tried map[string]bool, start time.Time, rsv *reservation) {
 	n, more, err := g.placeCounted(r.Context(), h, tried)
 	// What the gateway spent before the node saw the create (reading the
 	// body, placing), for operators and the overhead benchmark; the
@@ -127,12 +136,12 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.P
 		retry = func(w http.ResponseWriter) {
 			g.log.Info("node refused a create; placing it again", "node", n.Name)
 			g.invalidate()
-			g.createOn(w, r, p, body, h, tried, start)
+			g.createOn(w, r, p, body, h, tried, start, rsv)
 		}
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
-	g.forwardRetry(w, r, n, &p, "", retry)
+	g.forwardTarget(w, r, n, target{p: &p, retry: retry, rsv: rsv, bind: r.URL.Path == "/v1/sandboxes"})
 }
 
 // placeCounted places on the capacity view among the nodes not in
