@@ -83,22 +83,46 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
 	})
 	go h.Reconcile(ctx)
-	ln, err := net.Listen("tcp", g.Listen)
-	if err != nil {
-		return fmt.Errorf("gateway.listen: %w", err)
+	// The REST listener, and the E2B and preview listeners when set.
+	type listener struct {
+		key, addr string
+		h         http.Handler
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	log.Info("gateway listening", "addr", ln.Addr().String(), "static_nodes", len(g.Nodes), "kubernetes_service", g.Kubernetes.Service)
+	ls := []listener{{"gateway.listen", g.Listen, h}}
+	if g.E2BListen != "" {
+		ls = append(ls, listener{"gateway.e2b_listen", g.E2BListen, h.E2B(g.E2BDomain)})
+	}
+	if g.PreviewListen != "" {
+		ls = append(ls, listener{"gateway.preview_listen", g.PreviewListen, h.Preview()})
+	}
+	var srvs []*http.Server
+	done := make(chan error, len(ls))
+	for _, l := range ls {
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			for _, s := range srvs {
+				s.Close()
+			}
+			return fmt.Errorf("%s: %w", l.key, err)
+		}
+		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 30 * time.Second}
+		srvs = append(srvs, srv)
+		go func() { done <- srv.Serve(ln) }()
+		log.Info("gateway listening", "listener", l.key, "addr", ln.Addr().String(), "static_nodes", len(g.Nodes), "kubernetes_service", g.Kubernetes.Service)
+	}
+	var serveErr error
 	select {
-	case err := <-done:
-		return err
+	case serveErr = <-done:
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return srv.Shutdown(sctx)
+	for _, s := range srvs {
+		if err := s.Shutdown(sctx); err != nil && serveErr == nil {
+			serveErr = err
+		}
+	}
+	return serveErr
 }
 
 // gatewayDiscovery is where the gateway finds its nodes: the Kubernetes

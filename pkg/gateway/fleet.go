@@ -116,10 +116,17 @@ func (g *Gateway) bindCreated(res *http.Response, rsv *reservation, node string)
 	}
 	res.Body = io.NopCloser(bytes.NewReader(body))
 	var sb struct {
-		ID string `json:"id"`
+		ID        string `json:"id"`
+		SandboxID string `json:"sandboxID"` // an E2B create's answer
 	}
-	if json.Unmarshal(body, &sb) != nil || sb.ID == "" {
+	if json.Unmarshal(body, &sb) != nil {
 		return nil // not a sandbox: the reservation is released
+	}
+	if id, ok := fromE2B(sb.SandboxID); ok && sb.ID == "" {
+		sb.ID = id
+	}
+	if sb.ID == "" {
+		return nil
 	}
 	audit.CallFrom(res.Request.Context()).SetTarget(sb.ID)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -12,6 +12,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -128,7 +129,7 @@ func New(opt Options) *Gateway {
 			if t.rsv != nil && t.bind && (res.StatusCode == http.StatusCreated || res.StatusCode == http.StatusOK) {
 				return g.bindCreated(res, t.rsv, t.node)
 			}
-			if t.releaseID != "" && res.StatusCode == http.StatusOK {
+			if t.releaseID != "" && res.StatusCode >= 200 && res.StatusCode < 300 {
 				g.released(t.releaseID)
 			}
 			return nil
@@ -160,9 +161,24 @@ type target struct {
 	rsv  *reservation
 	bind bool
 	// releaseID is a sandbox whose terminate this is: released from the
-	// fleet's count when the node answers 200.
+	// fleet's count when the node answers 2xx.
 	releaseID string
+	// mode says whose credentials go to the node (modeAPI: the
+	// gateway's, with the caller's principal).
+	mode forwardMode
+	// e2bID and port are the sandbox and port of an envd request.
+	e2bID string
+	port  int
 }
+
+// forwardMode is how a forwarded request is authorized at the node.
+type forwardMode int
+
+const (
+	modeAPI     forwardMode = iota // REST and the E2B control plane: the gateway's secret and the caller's principal
+	modeEnvd                       // E2B data plane: the caller's sandbox token, routed by E2b-Sandbox-* headers
+	modePreview                    // preview URLs: the exposure's own token, routed by host name
+)
 
 // errNodeRefused is a node's 503 to a create: placed again.
 var errNodeRefused = errors.New("node refused the create")
@@ -180,7 +196,23 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	}
 	pr.Out.Host = t.url.Host
 	pr.SetXForwarded()
-	g.authorize(pr.Out.Header, t.p)
+	switch t.mode {
+	case modeEnvd:
+		// The caller's own credentials are the sandbox's (its access
+		// token, its envd user), checked by the node; nothing of the
+		// gateway's, and nothing a caller forged in its name, goes along.
+		pr.Out.Header.Del(api.GatewaySecretHeader)
+		pr.Out.Header.Del(api.GatewayPrincipalHeader)
+		pr.Out.Header.Set("E2b-Sandbox-Id", t.e2bID)
+		pr.Out.Header.Set("E2b-Sandbox-Port", strconv.Itoa(t.port))
+	case modePreview:
+		pr.Out.Header.Del(api.GatewaySecretHeader)
+		pr.Out.Header.Del(api.GatewayPrincipalHeader)
+		pr.Out.Host = pr.In.Host // the node routes previews by host name
+	default:
+		pr.Out.Header.Del("X-Api-Key")
+		g.authorize(pr.Out.Header, t.p)
+	}
 }
 
 // authorize replaces whatever credentials h holds by the gateway's.

@@ -29,6 +29,8 @@ type placeHints struct {
 	MemoryMB *int64   `json:"memory_mb"`
 	CPUs     *float64 `json:"cpus"`
 	DiskMB   *int64   `json:"disk_mb"`
+	// e2b: an E2B create, for a node that serves the E2B API.
+	e2b bool
 }
 
 // fits says whether node st takes a create of h, and whether it holds
@@ -47,7 +49,7 @@ func fits(pr probed, h placeHints) (ok, hasImage bool) {
 	if h.CPUs != nil && st.CPUs > 0 && st.CPUsCommitted+*h.CPUs > st.CPUs*float64(cpuOvercommit) {
 		return false, false
 	}
-	if h.Backend == "vm" && !st.VM {
+	if h.Backend == "vm" && !st.VM || h.e2b && st.E2BPort == 0 {
 		return false, false
 	}
 	img := h.Image
@@ -141,7 +143,13 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.P
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
-	g.forwardTarget(w, r, n, target{p: &p, retry: retry, rsv: rsv, bind: r.URL.Path == "/v1/sandboxes"})
+	t := target{p: &p, retry: retry, rsv: rsv, bind: r.URL.Path == "/v1/sandboxes"}
+	if h.e2b {
+		t.bind = true
+		g.forwardE2B(w, r, n, t)
+		return
+	}
+	g.forwardTarget(w, r, n, t)
 }
 
 // placeCounted places on the capacity view among the nodes not in
