@@ -39,6 +39,7 @@ type FleetStore interface {
 	Now(ctx context.Context) (time.Time, error)
 	ReconcileNode(ctx context.Context, node string, since time.Time, live []string) (int, error)
 	ReleaseStale(ctx context.Context, age time.Duration) (int, error)
+	ReleaseNode(ctx context.Context, node string) (int, error)
 	AppendAudit(ctx context.Context, rec audit.Record) (audit.Record, error)
 	VerifyAudit(ctx context.Context) (*apitypes.AuditReport, error)
 }
@@ -208,6 +209,36 @@ func (g *Gateway) ReconcileOnce(ctx context.Context) {
 	}
 }
 
+// releaseNode is DELETE /v1/nodes/{name}/quota-counts (admin): the
+// operator's release of the fleet quota counts of a node gone for good
+// with its sandboxes. A node that still answers is refused: its sandboxes
+// live, and reconciliation keeps its counts right.
+func (g *Gateway) releaseNode(w http.ResponseWriter, r *http.Request, name string) {
+	if g.opt.Fleet == nil {
+		writeError(w, errdefs.Unavailablef("quota counts: this gateway has no fleet database (store.postgres_url)"))
+		return
+	}
+	if name == "" || len(name) > 63 || strings.ContainsAny(name, "/ ") {
+		writeError(w, errdefs.Invalidf("node: %q is not a node name", name))
+		return
+	}
+	if nodes, err := g.opt.Discovery.Nodes(r.Context()); err == nil {
+		for _, n := range nodes {
+			var st apitypes.NodeStatus
+			if n.Name == name && g.call(r.Context(), n, http.MethodGet, "/v1/node", nil, nil, &st) == nil {
+				writeError(w, errdefs.Conflictf("node: %s answers; its sandboxes are live and reconciled, not released", name))
+				return
+			}
+		}
+	}
+	k, err := g.opt.Fleet.ReleaseNode(r.Context(), name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"node": name, "released": k})
+}
+
 // fleetAudit appends the gateway's records to the fleet's audit rows.
 type fleetAudit struct{ s FleetStore }
 
@@ -234,8 +265,9 @@ func (g *Gateway) classify(r *http.Request) audit.Classification {
 		if rest != "" {
 			k.Action += "/" + rest
 		}
-	case strings.HasPrefix(path, "/v1/nodes/") && strings.HasSuffix(path, "/drain"):
-		k.Target, k.Action = strings.TrimSuffix(strings.TrimPrefix(path, "/v1/nodes/"), "/drain"), r.Method+" /v1/nodes/{name}/drain"
+	case strings.HasPrefix(path, "/v1/nodes/"):
+		name, rest, _ := strings.Cut(strings.TrimPrefix(path, "/v1/nodes/"), "/")
+		k.Target, k.Action = name, r.Method+" /v1/nodes/{name}/"+rest
 	case strings.HasPrefix(path, "/v1/keys/"):
 		k.Target = strings.TrimPrefix(path, "/v1/keys/")
 	}

@@ -259,6 +259,10 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 		if g.admin(w, p) {
 			g.listNodes(w, r)
 		}
+	case strings.HasPrefix(path, "/v1/nodes/") && strings.HasSuffix(path, "/quota-counts") && r.Method == http.MethodDelete:
+		if g.admin(w, p) {
+			g.releaseNode(w, r, strings.TrimSuffix(strings.TrimPrefix(path, "/v1/nodes/"), "/quota-counts"))
+		}
 	case strings.HasPrefix(path, "/v1/nodes/") && strings.HasSuffix(path, "/drain") && r.Method == http.MethodPut:
 		if g.admin(w, p) {
 			g.drain(w, r, strings.TrimSuffix(strings.TrimPrefix(path, "/v1/nodes/"), "/drain"))
