@@ -117,7 +117,7 @@ func (g *Gateway) bindCreated(res *http.Response, rsv *reservation, node string)
 	}
 	res.Body = io.NopCloser(bytes.NewReader(body))
 	var sb struct {
-		ID        string `json:"id"`
+		ID        string `json:"sandbox_id"`
 		SandboxID string `json:"sandboxID"` // an E2B create's answer
 	}
 	if json.Unmarshal(body, &sb) != nil {
