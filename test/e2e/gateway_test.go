@@ -1127,7 +1127,10 @@ func (f *fleet) checkAudit() {
 	seen := map[string]int{}
 	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
 		var r struct {
-			Action, Target, FrontEnd, KeyName, Outcome string
+			Action   string `json:"action"`
+			Target   string `json:"target"`
+			FrontEnd string `json:"front_end"`
+			KeyName  string `json:"key_name"`
 		}
 		if err := json.Unmarshal([]byte(line), &r); err != nil {
 			t.Fatalf("audit row %q: %v", line, err)
