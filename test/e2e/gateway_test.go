@@ -55,7 +55,7 @@ type fleet struct {
 	// quotaKey (id quotaKeyID) is a user key of tenant q with a fleet
 	// quota of fleetQuota live sandboxes.
 	quotaKey, quotaKeyID string
-	client         *http.Client
+	client               *http.Client
 	// pg is the fleet's database (the gateways' tenants store), opened by
 	// the test to read the quota counts and the audit rows.
 	pg    *pgstore.Store
