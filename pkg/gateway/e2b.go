@@ -232,11 +232,13 @@ func (g *Gateway) forwardE2B(w http.ResponseWriter, r *http.Request, n Node, t t
 		err = errdefs.Unavailablef("node %s serves no E2B API (e2b.listen)", n.Name)
 	}
 	if err != nil {
+		g.settle(t.rsv)
 		e2bError(w, err)
 		return
 	}
 	base, err := listenerURL(n, port)
 	if err != nil {
+		g.settle(t.rsv)
 		e2bError(w, err)
 		return
 	}

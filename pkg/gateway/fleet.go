@@ -40,6 +40,7 @@ type FleetStore interface {
 	ReconcileNode(ctx context.Context, node string, since time.Time, live []string) (int, error)
 	ReleaseStale(ctx context.Context, age time.Duration) (int, error)
 	ReleaseNode(ctx context.Context, node string) (int, error)
+	UseLogin(ctx context.Context, nonce string, expires time.Time) (bool, error)
 	AppendAudit(ctx context.Context, rec audit.Record) (audit.Record, error)
 	VerifyAudit(ctx context.Context) (*apitypes.AuditReport, error)
 }
@@ -59,6 +60,7 @@ const staleReservation = 15 * time.Minute
 type reservation struct {
 	id    string
 	bound bool
+	done  bool // released
 }
 
 // reserve reserves one sandbox of the create's limits (the node's default
@@ -95,9 +97,10 @@ func (g *Gateway) reserve(ctx context.Context, p principal.Principal, h placeHin
 // settle releases a reservation its create did not bind (the create
 // failed, or was a run whose sandbox ended with it).
 func (g *Gateway) settle(res *reservation) {
-	if res == nil || res.bound {
+	if res == nil || res.bound || res.done {
 		return
 	}
+	res.done = true
 	// Not the request's context: the caller may have gone, the release
 	// must not.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -273,7 +276,12 @@ func (g *Gateway) classify(r *http.Request) audit.Classification {
 	}
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
-		k.Changes = strings.HasSuffix(path, "/terminal") && strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+		// A terminal is a shell in the sandbox; a login opens a session.
+		k.Changes = strings.HasSuffix(path, "/terminal") && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") ||
+			path == "/login" && r.URL.Query().Get("token") != ""
+		if path == "/login" {
+			k.Action = r.Method + " /login" // never the token
+		}
 	default:
 		k.Changes = true
 	}

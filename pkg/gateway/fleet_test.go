@@ -28,8 +28,7 @@ type memFleet struct {
 	seq     int
 	rows    map[string]*memRow // by reservation
 	records []audit.Record
-	quota   int
-	failAt  string // ReserveSandbox fails for this key
+	used    map[string]bool // login nonces
 }
 
 type memRow struct {
@@ -131,6 +130,17 @@ func (m *memFleet) ReleaseNode(_ context.Context, node string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+func (m *memFleet) UseLogin(_ context.Context, n string, _ time.Time) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.used == nil {
+		m.used = map[string]bool{}
+	}
+	first := !m.used[n]
+	m.used[n] = true
+	return first, nil
 }
 
 func (m *memFleet) AppendAudit(_ context.Context, rec audit.Record) (audit.Record, error) {

@@ -71,6 +71,10 @@ type Gateway struct {
 	// handler is serve behind the audit log's recording (when Fleet).
 	handler http.Handler
 
+	// logins are the web editor login tokens redeemed here, when there
+	// is no fleet database (ui.go).
+	logins usedLogins
+
 	// seen is, per node and per caller's view (tenant, or admin), the
 	// live sandboxes the last successful list there showed: what a list
 	// reports as unavailable while that node does not answer. It is a
@@ -126,8 +130,14 @@ func New(opt Options) *Gateway {
 				res.Body.Close()
 				return errNodeRefused
 			}
-			if t.rsv != nil && t.bind && (res.StatusCode == http.StatusCreated || res.StatusCode == http.StatusOK) {
+			ok := res.StatusCode == http.StatusCreated || res.StatusCode == http.StatusOK
+			if t.rsv != nil && t.bind && ok {
 				return g.bindCreated(res, t.rsv, t.node)
+			}
+			if t.rsv != nil && !ok {
+				// Released before the caller reads the refusal: a retry
+				// must find the count as it was.
+				g.settle(t.rsv)
 			}
 			if t.releaseID != "" && res.StatusCode >= 200 && res.StatusCode < 300 {
 				g.released(t.releaseID)
@@ -140,6 +150,7 @@ func New(opt Options) *Gateway {
 				t.retry(w)
 				return
 			}
+			g.settle(t.rsv)
 			writeError(w, errdefs.Unavailablef("node %s does not answer: %v", t.node, err))
 		},
 	}
@@ -237,16 +248,51 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		return
 	}
+	if r.URL.Path == "/login" {
+		g.login(w, r)
+		return
+	}
+	path := r.URL.Path
 	p, err := g.authenticate(r)
+	var sess uiClaims
+	browser := false
+	if err != nil && r.Header.Get("Authorization") == "" {
+		// No bearer key: a web editor session (ui.go), checked as on a
+		// node before anything is served.
+		if sess, browser = g.session(r); browser {
+			p, err = sess.P, api.BrowserChecks(r, sess.CSRF)
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+		}
+	}
 	if err != nil {
+		if !isAPIPath(path) && errdefs.Is(err, errdefs.Unauthenticated) {
+			api.LoginPage(w, http.StatusUnauthorized, "")
+			return
+		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-sandboxd"`)
 		writeError(w, err)
 		return
 	}
+	fe := "gateway"
+	if browser {
+		fe = "web"
+	}
 	audit.CallFrom(r.Context()).SetPrincipal(p)
-	audit.CallFrom(r.Context()).SetOrigin(principal.Origin{FrontEnd: "gateway", Source: r.RemoteAddr})
-	path := r.URL.Path
+	audit.CallFrom(r.Context()).SetOrigin(principal.Origin{FrontEnd: fe, Source: r.RemoteAddr})
 	switch {
+	case path == "/v1/ui/login-tokens" && r.Method == http.MethodPost:
+		g.mintLogin(w, r, p, browser)
+	case path == "/v1/ui/session" && r.Method == http.MethodGet:
+		g.uiSession(w, sess, browser)
+	case path == "/v1/ui/logout" && r.Method == http.MethodPost:
+		g.logout(w, r)
+	case (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isAPIPath(path):
+		// The web editor's page and assets, served here: its API calls
+		// come back to this gateway.
+		api.ServeWebUI(w, r)
 	case path == "/v1/audit/verify" && r.Method == http.MethodGet:
 		if g.admin(w, p) {
 			g.auditVerify(w, r)

@@ -129,6 +129,7 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.P
 	// node's own headers are added to it.
 	w.Header().Set("Server-Timing", fmt.Sprintf("gateway-place;dur=%.3f", float64(time.Since(start).Microseconds())/1000))
 	if err != nil {
+		g.settle(rsv)
 		writeError(w, err)
 		return
 	}

@@ -607,6 +607,7 @@ func TestGatewayFleet(t *testing.T) {
 	f.checkFleetQuota()
 	f.checkE2B()
 	f.checkPreview()
+	f.checkWebEditor()
 
 	// Overhead: the same exec directly on a node and through a gateway,
 	// interleaved so that both see the same load.
@@ -1144,5 +1145,94 @@ func (f *fleet) checkAudit() {
 		if seen[want] == 0 {
 			t.Errorf("the fleet's audit rows hold no %q record", want)
 		}
+	}
+}
+
+// checkWebEditor: the web editor through the gateways. A login URL minted
+// on one gateway is redeemed on the other, once across both; the session
+// cookie works on either (the page, its session, creates and execs on the
+// nodes as the key's tenant); a state change without the CSRF token, a
+// tampered cookie and a reused token are refused.
+func (f *fleet) checkWebEditor() {
+	t := f.t
+	g1, g2 := f.gateways[0], f.gateways[1]
+	noRedirect := &http.Client{Transport: f.client.Transport, Timeout: 30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	send := func(method, u, cookie, csrf, body string) (int, string, *http.Response) {
+		t.Helper()
+		req, _ := http.NewRequest(method, u, strings.NewReader(body))
+		if cookie != "" {
+			req.Header.Set("Cookie", "sandboxd_session="+cookie)
+		}
+		if csrf != "" {
+			req.Header.Set("X-CSRF-Token", csrf)
+		}
+		res, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b), res
+	}
+	code, b := f.do(g1, f.aliceKey, http.MethodPost, "/v1/ui/login-tokens", "")
+	var login struct {
+		URL   string `json:"url"`
+		Token string `json:"token"`
+	}
+	if err := json.Unmarshal(b, &login); code != http.StatusCreated || err != nil || !strings.HasPrefix(login.URL, g1+"/login?token=") {
+		t.Fatalf("mint a login through the gateway: %d %v %s", code, err, b)
+	}
+	if code, body, _ := send("GET", g1+"/", "", "", ""); code != http.StatusUnauthorized || !strings.Contains(body, "<form") {
+		t.Errorf("the editor without a session: %d, want the login page", code)
+	}
+	code, _, res := send("GET", g2+"/login?token="+url.QueryEscape(login.Token), "", "", "")
+	var cookie string
+	for _, c := range res.Cookies() {
+		if c.Name == "sandboxd_session" {
+			cookie = c.Value
+		}
+	}
+	if code != http.StatusSeeOther || cookie == "" {
+		t.Fatalf("redeem the login on the other gateway: %d, cookie %q", code, cookie)
+	}
+	if code, _, _ := send("GET", g1+"/login?token="+url.QueryEscape(login.Token), "", "", ""); code != http.StatusUnauthorized {
+		t.Errorf("a login token redeemed twice (across gateways): %d, want 401", code)
+	}
+	code, page, res := send("GET", g1+"/", cookie, "", "")
+	if code != http.StatusOK || !strings.Contains(page, "<script") || !strings.Contains(res.Header.Get("Content-Security-Policy"), "default-src 'self'") {
+		t.Errorf("the editor's page through the gateway: %d %.200s", code, page)
+	}
+	code, body, _ := send("GET", g2+"/v1/ui/session", cookie, "", "")
+	var sess struct {
+		CSRF string `json:"csrf_token"`
+	}
+	if err := json.Unmarshal([]byte(body), &sess); code != http.StatusOK || err != nil || sess.CSRF == "" {
+		t.Fatalf("GET /v1/ui/session: %d %v %s", code, err, body)
+	}
+	if code, body, _ := send("POST", g1+"/v1/sandboxes", cookie, "", `{"language":"shell"}`); code != http.StatusForbidden || !strings.Contains(body, "X-CSRF-Token") {
+		t.Errorf("a create from the editor without the CSRF token: %d %s, want 403", code, body)
+	}
+	tampered := cookie[:len(cookie)-2] + "AA"
+	if tampered == cookie {
+		tampered = cookie[:len(cookie)-2] + "BB"
+	}
+	if code, _, _ := send("GET", g1+"/v1/sandboxes", tampered, "", ""); code != http.StatusUnauthorized {
+		t.Errorf("a tampered session cookie: %d, want 401", code)
+	}
+	code, body, _ = send("POST", g1+"/v1/sandboxes", cookie, sess.CSRF, `{"language":"shell"}`)
+	var sb apitypes.Sandbox
+	if err := json.Unmarshal([]byte(body), &sb); (code != http.StatusCreated && code != http.StatusOK) || err != nil || sb.Tenant != "alice" {
+		t.Fatalf("a create from the editor: %d %v %s", code, err, body)
+	}
+	ex, _ := json.Marshal(apitypes.ExecRequest{Command: "echo from-the-editor"})
+	if code, body, _ := send("POST", g2+"/v1/sandboxes/"+sb.ID+"/exec", cookie, sess.CSRF, string(ex)); code != http.StatusOK || !strings.Contains(body, "from-the-editor") {
+		t.Errorf("an exec from the editor through the other gateway: %d %s", code, body)
+	}
+	if code, _, _ := send("DELETE", g1+"/v1/sandboxes/"+sb.ID, cookie, sess.CSRF, ""); code != http.StatusOK {
+		t.Errorf("a terminate from the editor: %d", code)
+	}
+	if code, _, _ := send("POST", g1+"/v1/ui/login-tokens", cookie, sess.CSRF, ""); code != http.StatusForbidden {
+		t.Errorf("a browser session minting a login: %d, want 403", code)
 	}
 }

@@ -164,3 +164,27 @@ func (s *Store) Reservations(ctx context.Context, keyID string) (int, error) {
 	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM fleet_sandboxes WHERE key_id = $1`, keyID).Scan(&n)
 	return n, err
 }
+
+// UseLogin records that the gateway web editor login token of nonce,
+// valid until expires, is being redeemed: ok is false when any gateway
+// redeemed it before (a login token is single-use). Nonces of expired
+// tokens are deleted on the way: a token past its expiry is refused by its
+// signature's time anyway.
+func (s *Store) UseLogin(ctx context.Context, nonce string, expires time.Time) (bool, error) {
+	if nonce == "" || len(nonce) > 128 {
+		return false, errdefs.Invalidf("nonce: empty or longer than 128 characters")
+	}
+	var ok bool
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `DELETE FROM ui_logins WHERE expires_at < now()`); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO ui_logins (nonce, expires_at) VALUES ($1, $2) ON CONFLICT DO NOTHING`, nonce, expires)
+		ok = err == nil && tag.RowsAffected() == 1
+		return err
+	})
+	if err != nil {
+		return false, errdefs.Wrap(errdefs.Internal, err, "redeem a login token")
+	}
+	return ok, nil
+}

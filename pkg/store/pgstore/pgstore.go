@@ -97,6 +97,12 @@ CREATE TABLE fleet_sandboxes (
 	bound_at timestamptz
 );
 CREATE INDEX fleet_sandboxes_node ON fleet_sandboxes (node, bound_at);
+-- The nonces of the gateways' web editor login tokens that were redeemed
+-- (fleet.go, UseLogin): a token is single-use across every gateway.
+CREATE TABLE ui_logins (
+	nonce text PRIMARY KEY,
+	expires_at timestamptz NOT NULL
+);
 `,
 }
 

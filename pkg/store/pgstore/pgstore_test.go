@@ -466,4 +466,15 @@ func TestFleetReservations(t *testing.T) {
 		t.Fatalf("release node-9: %d, %v", n, err)
 	}
 	usage(0)
+	// A web editor login token is redeemed once across gateways.
+	exp := time.Now().Add(time.Minute)
+	if ok, err := a.UseLogin(ctx, "nonce-1", exp); err != nil || !ok {
+		t.Fatalf("first redemption: %v %v", ok, err)
+	}
+	if ok, err := b.UseLogin(ctx, "nonce-1", exp); err != nil || ok {
+		t.Fatalf("second redemption through the other gateway: %v %v", ok, err)
+	}
+	if _, err := a.UseLogin(ctx, "", exp); errdefs.CodeOf(err) != errdefs.InvalidArgument {
+		t.Fatalf("an empty nonce: %v", err)
+	}
 }
