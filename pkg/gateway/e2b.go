@@ -98,7 +98,8 @@ func classifyE2B(r *http.Request, domain string) audit.Classification {
 	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
 	for i, p := range parts {
 		if p == "sandboxes" && i+1 < len(parts) {
-			k.Target = parts[i+1]
+			k.Target, parts[i+1] = parts[i+1], "{id}"
+			k.Action = r.Method + " /" + strings.Join(parts, "/")
 		}
 	}
 	k.Changes = r.Method != http.MethodGet && r.Method != http.MethodHead && r.URL.Path != "/health"

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
@@ -170,6 +171,8 @@ func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
 	}
 	c, ok := g.verify("login", tok)
 	if ok {
+		// The audit record of the login names the key it acts as.
+		audit.CallFrom(r.Context()).SetPrincipal(c.P)
 		exp := time.Unix(c.Expires, 0)
 		if g.opt.Fleet != nil {
 			used, err := g.opt.Fleet.UseLogin(r.Context(), c.Nonce, exp)
