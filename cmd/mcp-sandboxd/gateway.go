@@ -78,7 +78,7 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	}
 	defer keys.Close()
 	h := gateway.New(gateway.Options{
-		Discovery: disc, Auth: keys, Keys: keys, Fleet: fleet, Secret: secret,
+		Discovery: disc, Auth: keys, Keys: keys, KeyAdmin: keys, Fleet: fleet, Secret: secret,
 		NodeTimeout: g.NodeTimeout.D(), ProbeInterval: g.ProbeInterval.D(), ReconcileInterval: g.ReconcileInterval.D(),
 		MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
 	})

@@ -41,6 +41,7 @@ type FleetStore interface {
 	ReleaseStale(ctx context.Context, age time.Duration) (int, error)
 	ReleaseNode(ctx context.Context, node string) (int, error)
 	UseLogin(ctx context.Context, nonce string, expires time.Time) (bool, error)
+	Usage(ctx context.Context, keyID string) (apitypes.KeyUse, error)
 	AppendAudit(ctx context.Context, rec audit.Record) (audit.Record, error)
 	VerifyAudit(ctx context.Context) (*apitypes.AuditReport, error)
 }

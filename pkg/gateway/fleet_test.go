@@ -143,6 +143,10 @@ func (m *memFleet) UseLogin(_ context.Context, n string, _ time.Time) (bool, err
 	return first, nil
 }
 
+func (m *memFleet) Usage(_ context.Context, key string) (apitypes.KeyUse, error) {
+	return apitypes.KeyUse{Sandboxes: m.count(key)}, nil
+}
+
 func (m *memFleet) AppendAudit(_ context.Context, rec audit.Record) (audit.Record, error) {
 	m.mu.Lock()
 	m.records = append(m.records, rec)

@@ -55,6 +55,9 @@ type Options struct {
 	Fleet FleetStore
 	// Keys finds a key's quota (the tenants service behind Auth).
 	Keys KeyLookup
+	// KeyAdmin, when set, answers /v1/keys from the gateways' tenants
+	// store (keys.go); nil: a node answers them.
+	KeyAdmin KeyAdmin
 	// ReconcileInterval is how often Reconcile releases the reservations
 	// of sandboxes that ended on their nodes (default 10s).
 	ReconcileInterval time.Duration
@@ -289,6 +292,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 		g.uiSession(w, sess, browser)
 	case path == "/v1/ui/logout" && r.Method == http.MethodPost:
 		g.logout(w, r)
+	case g.keys(w, r, p):
 	case (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isAPIPath(path):
 		// The web editor's page and assets, served here: its API calls
 		// come back to this gateway.

@@ -218,7 +218,7 @@ func newFleet(t *testing.T) *fleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(keys.Close)
-	h := gateway.New(gateway.Options{Discovery: static, Auth: keys, Keys: keys, Fleet: st, Secret: strings.TrimSpace(string(secret)),
+	h := gateway.New(gateway.Options{Discovery: static, Auth: keys, Keys: keys, KeyAdmin: keys, Fleet: st, Secret: strings.TrimSpace(string(secret)),
 		Transport: tr, NodeTimeout: 2 * time.Second, Log: testenv.Logger(t)})
 	f.gw1 = h
 	serve := func(handler http.Handler) string {
@@ -604,6 +604,7 @@ func TestGatewayFleet(t *testing.T) {
 		}
 	}
 
+	f.checkFleetKeys()
 	f.checkFleetQuota()
 	f.checkE2B()
 	f.checkPreview()
@@ -900,6 +901,14 @@ func (f *fleet) checkFleetQuota() {
 	}
 	if n, rows := usage(); n != fleetQuota || rows != fleetQuota {
 		t.Errorf("fleet count %d (%d rows) with %d live, want %d", n, rows, len(admitted), fleetQuota)
+	}
+	// The key's usage through either gateway is the fleet's.
+	for _, g := range f.gateways {
+		code, b := f.do(g, f.quotaKey, http.MethodGet, "/v1/keys/self/usage", "")
+		var u apitypes.KeyUsage
+		if err := json.Unmarshal(b, &u); code != http.StatusOK || err != nil || u.Use.Sandboxes != fleetQuota || u.Quota.Sandboxes != fleetQuota {
+			t.Errorf("keys usage through %s: %d %v %s", g, code, err, b)
+		}
 	}
 	for i, id := range admitted[:2] {
 		if code, b := f.do(f.gateways[i%2], f.quotaKey, http.MethodDelete, "/v1/sandboxes/"+id, ""); code != http.StatusOK {
@@ -1235,5 +1244,48 @@ func (f *fleet) checkWebEditor() {
 	}
 	if code, _, _ := send("POST", g1+"/v1/ui/login-tokens", cookie, sess.CSRF, ""); code != http.StatusForbidden {
 		t.Errorf("a browser session minting a login: %d, want 403", code)
+	}
+}
+
+// checkFleetKeys: keys managed through one gateway are the fleet's: made
+// on one, it authenticates on the other; revoked on that one, it stops on
+// the first; a user key may not manage keys.
+func (f *fleet) checkFleetKeys() {
+	t := f.t
+	g1, g2 := f.gateways[0], f.gateways[1]
+	code, b := f.do(g2, f.adminKey, http.MethodPost, "/v1/keys", `{"name":"bob","tenant":"bob"}`)
+	var bob apitypes.KeySecret
+	if err := json.Unmarshal(b, &bob); code != http.StatusCreated || err != nil || bob.Secret == "" {
+		t.Fatalf("create a key through the gateway: %d %v %s", code, err, b)
+	}
+	if code, b := f.do(g2, f.adminKey, http.MethodPost, "/v1/keys", `{"name":"bob","bogus":1}`); code != http.StatusBadRequest {
+		t.Errorf("a key create with an unknown field: %d %s, want 400", code, b)
+	}
+	if code, _ := f.do(g1, f.aliceKey, http.MethodGet, "/v1/keys", ""); code != http.StatusForbidden {
+		t.Errorf("a user's key list: %d, want 403", code)
+	}
+	// The other gateway learns of it by NOTIFY: within a bounded wait.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, _ := f.do(g1, bob.Secret, http.MethodGet, "/v1/sandboxes", "")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bob's key on the other gateway: %d after 10s", code)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, b := f.do(g1, f.adminKey, http.MethodPost, "/v1/keys/"+bob.ID+"/revoke", ""); code != http.StatusOK {
+		t.Fatalf("revoke bob through the other gateway: %d %s", code, b)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		code, _ := f.do(g2, bob.Secret, http.MethodGet, "/v1/sandboxes", "")
+		if code == http.StatusUnauthorized {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bob's revoked key on the first gateway: %d after 10s", code)
+		}
 	}
 }
