@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -141,7 +142,7 @@ func (g *Gateway) serveE2B(w http.ResponseWriter, r *http.Request, domain string
 	rest, v2 := strings.CutPrefix(path, "/v2")
 	switch {
 	case r.Method == http.MethodPost && rest == "/sandboxes":
-		g.e2bCreate(w, r, p)
+		g.e2bCreate(w, r, p, domain)
 	case r.Method == http.MethodGet && path == "/sandboxes":
 		g.e2bList(w, r, p, false)
 	case r.Method == http.MethodGet && path == "/v2/sandboxes":
@@ -157,7 +158,7 @@ func (g *Gateway) serveE2B(w http.ResponseWriter, r *http.Request, domain string
 			e2bError(w, err)
 			return
 		}
-		t := target{p: &p}
+		t := target{p: &p, e2bDomain: &domain}
 		if r.Method == http.MethodDelete && sub == "" && !v2 {
 			t.releaseID = id
 		}
@@ -226,7 +227,36 @@ func (g *Gateway) nodePorts(ctx context.Context, n Node) (e2b, preview int, err 
 	return st.E2BPort, st.PreviewPort, nil
 }
 
-// forwardE2B proxies a control-plane request to node n's E2B listener.
+// rewriteDomain sets the "domain" of a JSON object answer to domain (null
+// when empty); other answers pass unchanged.
+func rewriteDomain(res *http.Response, domain string) error {
+	if !strings.HasPrefix(res.Header.Get("Content-Type"), "application/json") {
+		return nil
+	}
+	body, err := io.ReadAll(io.LimitReader(res.Body, 4<<20))
+	res.Body.Close()
+	if err != nil {
+		return err
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(body, &obj) == nil {
+		if _, ok := obj["domain"]; ok {
+			obj["domain"] = json.RawMessage("null")
+			if domain != "" {
+				obj["domain"], _ = json.Marshal(domain)
+			}
+			if b, err := json.Marshal(obj); err == nil {
+				body = append(b, '\n')
+			}
+		}
+	}
+	res.Body = io.NopCloser(bytes.NewReader(body))
+	res.ContentLength = int64(len(body))
+	res.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	return nil
+}
+
+// forwardE2B proxies a request to node n's E2B listener.
 func (g *Gateway) forwardE2B(w http.ResponseWriter, r *http.Request, n Node, t target) {
 	port, _, err := g.nodePorts(r.Context(), n)
 	if err == nil && port == 0 {
@@ -267,13 +297,13 @@ func (g *Gateway) envd(w http.ResponseWriter, r *http.Request, e2bID string, por
 
 // e2bCreate places an E2B create on a node that serves the E2B API,
 // counted against the key's fleet quota like a REST create.
-func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p principal.Principal) {
+func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p principal.Principal, domain string) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
 	if err != nil {
 		e2bError(w, errdefs.LimitExceededf("body: %v", err))
 		return
 	}
-	h := placeHints{e2b: true}
+	h := placeHints{e2b: true, e2bDomain: &domain}
 	rsv, err := g.reserve(r.Context(), p, h)
 	if err != nil {
 		e2bError(w, err)

@@ -258,7 +258,7 @@ func (n *fleetNode) serveE2B(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodPost && r.URL.Path == "/sandboxes":
 		id := n.newID()
 		n.live[id] = true
-		writeJSON(w, http.StatusCreated, map[string]string{"sandboxID": "sb" + strings.TrimPrefix(id, "sb-")})
+		writeJSON(w, http.StatusCreated, map[string]string{"sandboxID": "sb" + strings.TrimPrefix(id, "sb-"), "domain": n.name + ".internal"})
 	case r.Method == http.MethodGet && r.URL.Path == "/v2/sandboxes":
 		var l []map[string]string
 		for id := range n.live {
@@ -424,9 +424,10 @@ func TestE2BAndPreviewRouting(t *testing.T) {
 		res, body := do("POST", "/sandboxes", map[string]string{"X-API-Key": "user-key"})
 		var sb struct {
 			SandboxID string `json:"sandboxID"`
+			Domain    string `json:"domain"`
 		}
-		if res.StatusCode != http.StatusCreated || json.Unmarshal([]byte(body), &sb) != nil {
-			t.Fatalf("E2B create: %d %s", res.StatusCode, body)
+		if res.StatusCode != http.StatusCreated || json.Unmarshal([]byte(body), &sb) != nil || sb.Domain != "e2b.test" {
+			t.Fatalf("E2B create: %d %s (want the gateway's domain)", res.StatusCode, body)
 		}
 		e2bIDs = append(e2bIDs, sb.SandboxID)
 	}

@@ -134,6 +134,13 @@ func New(opt Options) *Gateway {
 				return errNodeRefused
 			}
 			ok := res.StatusCode == http.StatusCreated || res.StatusCode == http.StatusOK
+			if t.e2bDomain != nil && ok {
+				// The E2B SDKs build envd's host name from the answer's
+				// domain: the gateway's, not the node's.
+				if err := rewriteDomain(res, *t.e2bDomain); err != nil {
+					return err
+				}
+			}
 			if t.rsv != nil && t.bind && ok {
 				return g.bindCreated(res, t.rsv, t.node)
 			}
@@ -183,6 +190,9 @@ type target struct {
 	// e2bID and port are the sandbox and port of an envd request.
 	e2bID string
 	port  int
+	// e2bDomain, set on E2B control-plane calls, replaces the domain of
+	// the node's answer (empty: null).
+	e2bDomain *string
 }
 
 // forwardMode is how a forwarded request is authorized at the node.

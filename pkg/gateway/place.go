@@ -29,8 +29,10 @@ type placeHints struct {
 	MemoryMB *int64   `json:"memory_mb"`
 	CPUs     *float64 `json:"cpus"`
 	DiskMB   *int64   `json:"disk_mb"`
-	// e2b: an E2B create, for a node that serves the E2B API.
-	e2b bool
+	// e2b: an E2B create, for a node that serves the E2B API, whose
+	// answer names e2bDomain.
+	e2b       bool
+	e2bDomain *string
 }
 
 // fits says whether node st takes a create of h, and whether it holds
@@ -146,7 +148,7 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.P
 	r.ContentLength = int64(len(body))
 	t := target{p: &p, retry: retry, rsv: rsv, bind: r.URL.Path == "/v1/sandboxes"}
 	if h.e2b {
-		t.bind = true
+		t.bind, t.e2bDomain = true, h.e2bDomain
 		g.forwardE2B(w, r, n, t)
 		return
 	}
