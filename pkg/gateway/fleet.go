@@ -273,7 +273,11 @@ func (g *Gateway) classify(r *http.Request) audit.Classification {
 		name, rest, _ := strings.Cut(strings.TrimPrefix(path, "/v1/nodes/"), "/")
 		k.Target, k.Action = name, r.Method+" /v1/nodes/{name}/"+rest
 	case strings.HasPrefix(path, "/v1/keys/"):
-		k.Target = strings.TrimPrefix(path, "/v1/keys/")
+		id, rest, _ := strings.Cut(strings.TrimPrefix(path, "/v1/keys/"), "/")
+		k.Target, k.Action = id, r.Method+" /v1/keys/{id}"
+		if rest != "" {
+			k.Action += "/" + rest
+		}
 	}
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:

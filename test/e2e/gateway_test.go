@@ -1151,7 +1151,7 @@ func (f *fleet) checkAudit() {
 	}
 	t.Logf("fleet audit: %d records; by action %v", rep.Records, seen)
 	for _, want := range []string{"POST /v1/sandboxes", "DELETE /v1/sandboxes/{id}", "PUT /v1/nodes/{name}/drain", "authenticate",
-		"POST /v2/sandboxes", "DELETE /sandboxes/{id}", "GET /login"} {
+		"POST /v2/sandboxes", "DELETE /sandboxes/{id}", "GET /login", "POST /v1/keys", "POST /v1/keys/{id}/revoke"} {
 		if seen[want] == 0 {
 			t.Errorf("the fleet's audit rows hold no %q record", want)
 		}
