@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/gateway"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/kubediscovery"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/preview"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store/pgstore"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
@@ -104,6 +106,9 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 				s.Close()
 			}
 			return fmt.Errorf("%s: %w", l.key, err)
+		}
+		if l.key == "gateway.preview_listen" {
+			h.SetPreviewURL(cmp.Or(g.PreviewURL, preview.BaseURL(ln.Addr())))
 		}
 		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 30 * time.Second}
 		srvs = append(srvs, srv)

@@ -122,6 +122,10 @@ type Gateway struct {
 	// names, as server.preview_listen) routed to the nodes' preview
 	// listeners.
 	PreviewListen string `yaml:"preview_listen"`
+	// PreviewURL is the address callers reach preview_listen at (a load
+	// balancer's, https://preview.example.com); exposures made through the
+	// gateway name it. Empty: the listener's own address.
+	PreviewURL string `yaml:"preview_url"`
 }
 
 // GatewayKubernetes is gateway.kubernetes: where the node daemons'

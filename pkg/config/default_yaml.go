@@ -510,6 +510,10 @@ gateway:
   # Serve preview URLs here (host:port), routed to the nodes' preview
   # listeners. Empty: none.
   preview_listen: ""
+  # The address callers reach preview_listen at (http:// or https://, e.g.
+  # a load balancer's); exposures made through the gateway name it.
+  # Empty: the listener's own address.
+  preview_url: ""
 
 log:
   # Least severe level logged: debug, info, warn or error.

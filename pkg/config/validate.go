@@ -217,6 +217,11 @@ func (g *Gateway) validate(p *problems) {
 	if g.PreviewListen != "" {
 		p.hostPort("gateway.preview_listen", g.PreviewListen)
 	}
+	if g.PreviewURL != "" {
+		if u, err := url.Parse(g.PreviewURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			p.add("gateway.preview_url", "", "want an http:// or https:// URL with a host and no query, got %q", g.PreviewURL)
+		}
+	}
 	if d := g.E2BDomain; d != "" && (strings.ContainsAny(d, "/ :@") || strings.HasPrefix(d, ".") || strings.HasSuffix(d, ".")) {
 		p.add("gateway.e2b_domain", "", "must be a DNS name like sandboxes.example.com, got %q", d)
 	}

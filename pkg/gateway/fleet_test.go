@@ -235,6 +235,15 @@ func (n *fleetNode) serveREST(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/v1/sandboxes/"):
 		delete(n.live, strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"))
 		writeJSON(w, http.StatusOK, apitypes.Sandbox{})
+	case strings.HasSuffix(r.URL.Path, "/ports"):
+		id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"), "/ports")
+		x := apitypes.PortExposure{SandboxID: id, Port: 8000, Token: "tok", BaseURL: n.prev.URL + "/preview/" + id + "/8000/",
+			URL: n.prev.URL + "/preview/" + id + "/8000/?sandboxd_preview_token=tok", HostURL: "http://p8000-" + id + ".localhost:7071/?sandboxd_preview_token=tok"}
+		if r.Method == http.MethodGet {
+			writeJSON(w, http.StatusOK, apitypes.PortList{Ports: []apitypes.PortExposure{x}})
+		} else {
+			writeJSON(w, http.StatusCreated, x)
+		}
 	default:
 		writeJSON(w, http.StatusOK, map[string]string{"node": n.name})
 	}
@@ -527,6 +536,55 @@ func TestE2BAndPreviewRouting(t *testing.T) {
 		res.Body.Close()
 		if res.StatusCode != http.StatusNotFound {
 			t.Errorf("preview %s: %d, want 404", bad, res.StatusCode)
+		}
+	}
+}
+
+// TestExposureURLs: exposures answered through a gateway name its preview
+// listener (path and token kept; the host-name form only on a loopback
+// base, with its port), in an expose's answer and in a list; without a
+// preview URL they pass unchanged.
+func TestExposureURLs(t *testing.T) {
+	a := newFleetNode(t, "node-a")
+	g := New(Options{Discovery: Static{{Name: "node-a", URL: a.rest.URL}}, Auth: keyAuth{}, Secret: "the-gateway-secret"})
+	gs := httptest.NewServer(g)
+	defer gs.Close()
+	id := "sb-" + sandbox.NodeTag("node-a") + "00000000000a"
+	get := func(method string) []apitypes.PortExposure {
+		req, _ := http.NewRequest(method, gs.URL+"/v1/sandboxes/"+id+"/ports", strings.NewReader(`{"port":8000}`))
+		req.Header.Set("Authorization", "Bearer user-key")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		if method == http.MethodGet {
+			var l apitypes.PortList
+			if err := json.Unmarshal(b, &l); err != nil {
+				t.Fatalf("%s: %v %s", method, err, b)
+			}
+			return l.Ports
+		}
+		var x apitypes.PortExposure
+		if err := json.Unmarshal(b, &x); err != nil {
+			t.Fatalf("%s: %v %s", method, err, b)
+		}
+		return []apitypes.PortExposure{x}
+	}
+	if x := get(http.MethodPost)[0]; !strings.HasPrefix(x.BaseURL, a.prev.URL) {
+		t.Errorf("without a preview URL: %+v, want the node's", x)
+	}
+	for _, tc := range []struct{ base, host string }{
+		{"https://preview.example.com", ""},
+		{"http://127.0.0.1:7082", "http://p8000-" + id + ".localhost:7082/?sandboxd_preview_token=tok"},
+	} {
+		g.SetPreviewURL(tc.base + "/")
+		for _, method := range []string{http.MethodPost, http.MethodGet} {
+			x := get(method)[0]
+			if x.BaseURL != tc.base+"/preview/"+id+"/8000/" || x.URL != x.BaseURL+"?sandboxd_preview_token=tok" || x.HostURL != tc.host || x.Token != "tok" || x.Port != 8000 {
+				t.Errorf("%s through a gateway at %s: %+v", method, tc.base, x)
+			}
 		}
 	}
 }

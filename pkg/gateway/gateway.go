@@ -78,6 +78,11 @@ type Gateway struct {
 	// is no fleet database (ui.go).
 	logins usedLogins
 
+	// previewURL is this gateway's preview listener as callers reach it
+	// (preview.go, SetPreviewURL).
+	previewMu  sync.Mutex
+	previewURL string
+
 	// seen is, per node and per caller's view (tenant, or admin), the
 	// live sandboxes the last successful list there showed: what a list
 	// reports as unavailable while that node does not answer. It is a
@@ -141,6 +146,11 @@ func New(opt Options) *Gateway {
 					return err
 				}
 			}
+			if t.exposures && ok {
+				if err := rewriteExposures(res, g.previewBase()); err != nil {
+					return err
+				}
+			}
 			if t.rsv != nil && t.bind && ok {
 				return g.bindCreated(res, t.rsv, t.node)
 			}
@@ -193,6 +203,8 @@ type target struct {
 	// e2bDomain, set on E2B control-plane calls, replaces the domain of
 	// the node's answer (empty: null).
 	e2bDomain *string
+	// exposures: the answer's preview URLs are pointed at this gateway.
+	exposures bool
 }
 
 // forwardMode is how a forwarded request is authorized at the node.
@@ -399,7 +411,7 @@ func (g *Gateway) route(w http.ResponseWriter, r *http.Request, p principal.Prin
 	}
 	for _, n := range nodes {
 		if sandbox.NodeTag(n.Name) == tag {
-			t := target{p: &p}
+			t := target{p: &p, exposures: isExposureRoute(r.URL.Path)}
 			if r.Method == http.MethodDelete && r.URL.Path == "/v1/sandboxes/"+id {
 				t.releaseID = id
 			}

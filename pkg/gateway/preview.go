@@ -1,8 +1,13 @@
 package gateway
 
 import (
+	"bytes"
+	"encoding/json"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -60,4 +65,89 @@ func previewID(r *http.Request) string {
 		return id
 	}
 	return ""
+}
+
+// SetPreviewURL is the address callers reach this gateway's preview
+// listener at (gateway.preview_listen): exposures answered through the
+// gateway name it instead of the node's listener, which callers of a
+// fleet may not reach. Empty: the node's URLs pass unchanged.
+func (g *Gateway) SetPreviewURL(base string) {
+	g.previewMu.Lock()
+	g.previewURL = strings.TrimSuffix(base, "/")
+	g.previewMu.Unlock()
+}
+
+func (g *Gateway) previewBase() string {
+	g.previewMu.Lock()
+	defer g.previewMu.Unlock()
+	return g.previewURL
+}
+
+// isExposureRoute says whether path answers exposures (expose, list).
+func isExposureRoute(path string) bool {
+	rest, ok := strings.CutPrefix(path, "/v1/sandboxes/")
+	_, sub, _ := strings.Cut(rest, "/")
+	return ok && sub == "ports"
+}
+
+// rewriteExposures points the exposures of a node's answer (an exposure,
+// or {ports: [...]}) at the gateway's preview listener base: scheme and
+// host replaced, path and token kept. The host-name form (host_url) is
+// kept only when base is on the loopback, with base's port.
+func rewriteExposures(res *http.Response, base string) error {
+	bu, err := url.Parse(base)
+	if err != nil || base == "" || !strings.HasPrefix(res.Header.Get("Content-Type"), "application/json") {
+		return nil
+	}
+	body, err := io.ReadAll(io.LimitReader(res.Body, 4<<20))
+	res.Body.Close()
+	if err != nil {
+		return err
+	}
+	one := func(m map[string]json.RawMessage) {
+		for _, k := range []string{"url", "base_url", "host_url"} {
+			var s string
+			if json.Unmarshal(m[k], &s) != nil || s == "" {
+				continue
+			}
+			u, err := url.Parse(s)
+			if err != nil {
+				continue
+			}
+			if k == "host_url" {
+				host, _, _ := net.SplitHostPort(u.Host)
+				ip := net.ParseIP(bu.Hostname())
+				if ip == nil || !ip.IsLoopback() {
+					delete(m, k)
+					continue
+				}
+				u.Host = net.JoinHostPort(host, bu.Port())
+			} else {
+				u.Scheme, u.Host = bu.Scheme, bu.Host
+				u.Path = strings.TrimSuffix(bu.Path, "/") + u.Path
+			}
+			m[k], _ = json.Marshal(u.String())
+		}
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(body, &obj) == nil {
+		if raw, ok := obj["ports"]; ok {
+			var list []map[string]json.RawMessage
+			if json.Unmarshal(raw, &list) == nil {
+				for _, m := range list {
+					one(m)
+				}
+				obj["ports"], _ = json.Marshal(list)
+			}
+		} else {
+			one(obj)
+		}
+		if b, err := json.Marshal(obj); err == nil {
+			body = append(b, '\n')
+		}
+	}
+	res.Body = io.NopCloser(bytes.NewReader(body))
+	res.ContentLength = int64(len(body))
+	res.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	return nil
 }

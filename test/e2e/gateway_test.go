@@ -235,6 +235,7 @@ func newFleet(t *testing.T) *fleet {
 	f.gateways = append(f.gateways, serve(h))
 	f.e2bs = append(f.e2bs, serve(h.E2B("")))
 	f.previews = append(f.previews, serve(h.Preview()))
+	h.SetPreviewURL(f.previews[0])
 
 	// Gateway 2: the real `mcp-sandboxd gateway`, in the fabric namespace
 	// (a fixed port is safe there), over the same store.
@@ -1070,19 +1071,10 @@ func (f *fleet) checkPreview() {
 	if code, b := f.do(f.gateways[0], f.aliceKey, http.MethodPost, "/v1/sandboxes/"+sb.ID+"/jobs", string(body)); code != http.StatusAccepted {
 		t.Fatalf("start a server in %s: %d %s", sb.ID, code, b)
 	}
-	code, b = f.do(f.gateways[1], f.aliceKey, http.MethodPost, "/v1/sandboxes/"+sb.ID+"/ports", `{"port":8000}`)
-	var x apitypes.PortExposure
-	if err := json.Unmarshal(b, &x); (code != http.StatusOK && code != http.StatusCreated) || err != nil || x.Token == "" {
-		t.Fatalf("expose port 8000 of %s: %d %v %s", sb.ID, code, err, b)
-	}
-	u, err := url.Parse(x.BaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	get := func(base, token string) (int, string) {
-		req, _ := http.NewRequest(http.MethodGet, base+u.Path, nil)
+	get := func(u, token string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, u, nil)
 		if token != "" {
-			req.Header.Set(x.TokenHeader, token)
+			req.Header.Set(apitypes.PreviewTokenHeader, token)
 		}
 		res, err := f.client.Do(req)
 		if err != nil {
@@ -1092,15 +1084,25 @@ func (f *fleet) checkPreview() {
 		b, _ := io.ReadAll(res.Body)
 		return res.StatusCode, string(b)
 	}
-	for _, p := range f.previews {
-		if code, body := get(p, ""); code != http.StatusUnauthorized {
+	// Exposed through each gateway, the exposure names that gateway's
+	// preview listener: the URL the API answers is the one that works.
+	for i, p := range f.previews {
+		code, b = f.do(f.gateways[i], f.aliceKey, http.MethodPost, "/v1/sandboxes/"+sb.ID+"/ports", `{"port":8000}`)
+		var x apitypes.PortExposure
+		if err := json.Unmarshal(b, &x); (code != http.StatusOK && code != http.StatusCreated) || err != nil || x.Token == "" {
+			t.Fatalf("expose port 8000 of %s: %d %v %s", sb.ID, code, err, b)
+		}
+		if want := p + "/preview/" + sb.ID + "/8000/"; x.BaseURL != want || !strings.HasPrefix(x.URL, want+"?") {
+			t.Errorf("the exposure through gateway %d names %q and %q, want %q", i, x.BaseURL, x.URL, want)
+		}
+		if code, body := get(x.BaseURL, ""); code != http.StatusUnauthorized {
 			t.Errorf("a preview through %s without its token: %d %s", p, code, body)
 		}
 		// The server may take a moment to listen.
 		var code int
 		var page string
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			if code, page = get(p, x.Token); code == http.StatusOK || time.Now().After(deadline) {
+			if code, page = get(x.BaseURL, x.Token); code == http.StatusOK || time.Now().After(deadline) {
 				break
 			}
 		}
