@@ -444,7 +444,12 @@ func median(d []time.Duration) time.Duration {
 // several clients spread evenly; every later call (exec, its stream, files,
 // a terminal) reaches the node that holds the sandbox; a killed node's
 // sandboxes are unavailable, not lost, and come back with it; a drained
-// node gets no creates; the gateway adds at most 2 ms to an exec.
+// node gets no creates, and stays drained through its daemon's restart;
+// the gateway adds at most 2 ms to an exec and a create. Over the fleet's
+// PostgreSQL: keys managed through either gateway, a fleet quota two
+// gateways never exceed together, released on terminate and on expiry,
+// and one audit chain the verifier accepts. The E2B SDK, previews and the
+// web editor work through the gateways.
 func TestGatewayFleet(t *testing.T) {
 	f := newFleet(t)
 	g1, g2 := f.gateways[0], f.gateways[1]
