@@ -478,3 +478,30 @@ func TestFleetReservations(t *testing.T) {
 		t.Fatalf("an empty nonce: %v", err)
 	}
 }
+
+// BenchmarkFleetSandbox is a gateway's accounting of one sandbox: reserve
+// before placement, bind to the node's answer, release on terminate.
+func BenchmarkFleetSandbox(b *testing.B) {
+	ctx := context.Background()
+	s, err := Open(ctx, testenv.Postgres(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	one, q := apitypes.KeyUse{Sandboxes: 1, MemoryMB: 256}, apitypes.Quota{Sandboxes: 10}
+	i := 0
+	for b.Loop() {
+		i++
+		id := fmt.Sprintf("sb-bench-%d", i)
+		r, err := s.ReserveSandbox(ctx, "key-bench", one, q)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.BindSandbox(ctx, r, id, "node-1"); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.ReleaseSandbox(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
