@@ -686,7 +686,26 @@ func TestGatewayFleet(t *testing.T) {
 			t.Fatalf("list through %s: %d live sandboxes, want %d", g, live, n)
 		}
 	}
+	// The fleet's count of the admin key's sandboxes survives node-2's
+	// crash: a node that does not answer is not reconciled (its
+	// sandboxes outlive its daemon), and after its restart it holds them.
+	adminCount := func() int {
+		t.Helper()
+		u, err := f.pg.Usage(context.Background(), "key-token-file")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Sandboxes
+	}
+	counted := adminCount()
+	if counted < n {
+		t.Errorf("the admin key's fleet count %d with %d of its sandboxes live", counted, n)
+	}
 	f.nodes[1].Crash()
+	f.gw1.ReconcileOnce(context.Background())
+	if c := adminCount(); c != counted {
+		t.Errorf("the admin key's fleet count with node-2 down: %d, want %d (not released)", c, counted)
+	}
 	for gi, g := range f.gateways {
 		got := f.list(g)
 		for _, id := range ids {
@@ -722,6 +741,11 @@ func TestGatewayFleet(t *testing.T) {
 		t.Errorf("a create went to the dead node-2")
 	}
 	f.nodes[1].Start()
+	f.gw1.ReconcileOnce(context.Background())
+	// extra was counted since; nothing of node-2's was released.
+	if c := adminCount(); c != counted+1 {
+		t.Errorf("the admin key's fleet count after node-2's restart: %d, want %d", c, counted+1)
+	}
 	got := f.list(g2)
 	for _, id := range ids {
 		if !got[id].Live() {
