@@ -332,6 +332,14 @@ func TestFleetAccounting(t *testing.T) {
 	if n := fleet.count("key-u"); n != 2 {
 		t.Fatalf("counted %d, want 2", n)
 	}
+	// A run in an existing sandbox goes to its node, counted as nothing
+	// new (the quota is full); one in a sandbox of no node is not_found.
+	if code, body := do("POST", "/v1/run", `{"language":"shell","code":"true","sandbox_id":"`+ids[0]+`"}`); code != http.StatusOK || !strings.Contains(body, "node-a") {
+		t.Errorf("a run in %s: %d %s, want node-a's answer", ids[0], code, body)
+	}
+	if code, _ := do("POST", "/v1/run", `{"language":"shell","code":"true","sandbox_id":"sb-ffffffff000000000001"}`); code != http.StatusNotFound {
+		t.Errorf("a run in a sandbox of no node: %d, want 404", code)
+	}
 	for _, r := range fleet.rows {
 		if r.add.MemoryMB != 256 || r.add.CPUs != 1 || r.node != "node-a" || r.sandbox == "" {
 			t.Errorf("a reservation %+v: want the node's defaults (256 MiB, 1 CPU), bound to node-a", r)

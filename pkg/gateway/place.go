@@ -29,6 +29,9 @@ type placeHints struct {
 	MemoryMB *int64   `json:"memory_mb"`
 	CPUs     *float64 `json:"cpus"`
 	DiskMB   *int64   `json:"disk_mb"`
+	// SandboxID, on a run (/v1/run, /v1/agent/run), names the live
+	// sandbox to run in: routed to its node, not placed.
+	SandboxID string `json:"sandbox_id"`
 	// e2b: an E2B create, for a node that serves the E2B API, whose
 	// answer names e2bDomain.
 	e2b       bool
@@ -110,6 +113,19 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request, p principal.Pri
 	}
 	var h placeHints
 	_ = json.Unmarshal(body, &h) // the node refuses a malformed body, naming the field
+	if h.SandboxID != "" && r.URL.Path != "/v1/sandboxes" {
+		// A run in a sandbox that exists: where it lives, nothing new
+		// to place or count.
+		n, err := g.nodeOf(r.Context(), h.SandboxID)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		g.forward(w, r, n, &p, "")
+		return
+	}
 	// Counted against the key's fleet quota before it is placed; a run's
 	// sandbox ends with the run, so its reservation is released then.
 	rsv, err := g.reserve(r.Context(), p, h)
