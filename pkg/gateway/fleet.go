@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -136,7 +137,12 @@ func (g *Gateway) bindCreated(res *http.Response, rsv *reservation, node string)
 	audit.CallFrom(res.Request.Context()).SetTarget(sb.ID)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := g.opt.Fleet.BindSandbox(ctx, rsv.id, sb.ID, node); err != nil {
+	start := time.Now()
+	err = g.opt.Fleet.BindSandbox(ctx, rsv.id, sb.ID, node)
+	// What the gateway adds after the node answered, beside
+	// gateway-place (before it saw the create).
+	res.Header.Add("Server-Timing", fmt.Sprintf("gateway-bind;dur=%.3f", float64(time.Since(start).Microseconds())/1000))
+	if err != nil {
 		// The node made the sandbox: answer it. A sandbox already bound
 		// (a retried create with its request_id) is counted by its first
 		// reservation, and this one is released.

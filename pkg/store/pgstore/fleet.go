@@ -14,8 +14,8 @@ import (
 
 // The fleet's quota accounting, per sandbox (table fleet_sandboxes). A
 // gateway reserves before it places a create (ReserveSandbox: the
-// conditional UPDATE of ReserveUsage and the sandbox's row, in one
-// transaction), binds the row to the sandbox's id and node once the node
+// conditional upsert of ReserveUsage and the sandbox's row, in one
+// statement), binds the row to the sandbox's id and node once the node
 // answered (BindSandbox), and releases it when the create failed. A
 // sandbox ends on its node — terminated through any gateway or directly,
 // expired, or garbage-collected — so a gateway that sees it end releases
@@ -43,19 +43,15 @@ func (s *Store) ReserveSandbox(ctx context.Context, keyID string, add apitypes.K
 	b := make([]byte, 12)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
 	res := "rsv-" + hex.EncodeToString(b)
-	var ok bool
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
-		if ok, err = reserveTx(ctx, tx, keyID, add, q); err != nil || !ok {
-			return err
-		}
-		_, err = tx.Exec(ctx, `INSERT INTO fleet_sandboxes (reservation, key_id, sandboxes, memory_mb, cpus, disk_mb) VALUES ($1, $2, $3, $4, $5, $6)`,
-			res, keyID, add.Sandboxes, add.MemoryMB, add.CPUs, add.DiskMB)
-		return err
-	})
+	// One statement, one round trip: the reservation is on a create's
+	// path before placement, where the gateway may add at most 2 ms.
+	tag, err := s.pool.Exec(ctx, `WITH r AS (`+reserveSQL+`)
+		INSERT INTO fleet_sandboxes (reservation, key_id, sandboxes, memory_mb, cpus, disk_mb) SELECT $10::text, key_id, $2::bigint, $3::bigint, $4::float8, $5::bigint FROM r`,
+		keyID, add.Sandboxes, add.MemoryMB, add.CPUs, add.DiskMB, q.Sandboxes, q.MemoryMB, q.CPUs, q.DiskMB, res)
 	if err != nil {
 		return "", errdefs.Wrap(errdefs.Internal, err, "reserve a sandbox of key %s", keyID)
 	}
-	if !ok {
+	if tag.RowsAffected() != 1 {
 		return "", s.refusal(ctx, keyID, add, q)
 	}
 	return res, nil
