@@ -43,7 +43,15 @@ func listenE2B(cfg *config.Config, eng *engine.Engine, log *slog.Logger) (net.Li
 	if tc != nil {
 		l = tls.NewListener(l, tc)
 	}
-	srv := e2b.New(e2b.FromEngine(eng), e2b.Options{Auth: eng.Tenants(), Domain: c.Domain, Log: log.With("api", "e2b")})
+	var gwSecret string
+	if cfg.Node.GatewaySecretFile != "" {
+		// A gateway forwards E2B control-plane calls here too.
+		if gwSecret, err = readSecret(cfg.Node.GatewaySecretFile, "node.gateway_secret_file"); err != nil {
+			l.Close()
+			return nil, nil, nil, err
+		}
+	}
+	srv := e2b.New(e2b.FromEngine(eng), e2b.Options{Auth: eng.Tenants(), Domain: c.Domain, GatewaySecret: gwSecret, Log: log.With("api", "e2b")})
 	return l, &e2bHandler{srv, telemetry.HTTP("e2b", srv.TraceRoute, eng.Audit().HTTP("e2b", srv.AuditClassify, srv))}, keys, nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,7 +21,9 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/gateway/remote"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/kubediscovery"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/mcpserver"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/preview"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store/pgstore"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
 
@@ -53,41 +56,85 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	if err != nil {
 		return fmt.Errorf("gateway.auth_token_file: %w", err)
 	}
-	st, err := store.Open(ctx, g.StateDB)
-	if err != nil {
-		return fmt.Errorf("gateway.state_db: %w", err)
+	// The fleet's PostgreSQL (store.postgres_url) holds the keys, the
+	// fleet-wide quota counts and the audit rows every gateway shares;
+	// without it, a SQLite file holds the keys and there are neither.
+	var keyStore tenants.KeyStore
+	var fleet gateway.FleetStore
+	if url := cfg.Store.PostgresURL; url != "" {
+		pg, err := pgstore.Open(ctx, url)
+		if err != nil {
+			return fmt.Errorf("store.postgres_url: %w", err)
+		}
+		defer pg.Close()
+		keyStore, fleet = pg, pg
+	} else {
+		st, err := store.Open(ctx, g.StateDB)
+		if err != nil {
+			return fmt.Errorf("gateway.state_db: %w", err)
+		}
+		defer st.Close()
+		keyStore = st
 	}
-	defer st.Close()
-	keys, err := tenants.New(ctx, tenants.Options{Store: st, AdminToken: token, Log: log})
+	keys, err := tenants.New(ctx, tenants.Options{Store: keyStore, AdminToken: token, Log: log})
 	if err != nil {
 		return err
 	}
 	defer keys.Close()
 	h := gateway.New(gateway.Options{
-		Discovery: disc, Auth: keys, Secret: secret,
-		NodeTimeout: g.NodeTimeout.D(), ProbeInterval: g.ProbeInterval.D(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
+		Discovery: disc, Auth: keys, Keys: keys, KeyAdmin: keys, Fleet: fleet, Secret: secret,
+		NodeTimeout: g.NodeTimeout.D(), ProbeInterval: g.ProbeInterval.D(), ReconcileInterval: g.ReconcileInterval.D(),
+		MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Log: log,
 		// /mcp: the real MCP server over the nodes' REST API (tools,
 		// sessions and tasks live in this gateway; the work on the nodes).
 		MCP: func(gw *gateway.Gateway) http.Handler {
 			return mcpserver.NewHandler(remote.New(gw, cfg), mcpserver.Options{Log: log})
 		},
 	})
-	ln, err := net.Listen("tcp", g.Listen)
-	if err != nil {
-		return fmt.Errorf("gateway.listen: %w", err)
+	go h.Reconcile(ctx)
+	// The REST listener, and the E2B and preview listeners when set.
+	type listener struct {
+		key, addr string
+		h         http.Handler
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	log.Info("gateway listening", "addr", ln.Addr().String(), "static_nodes", len(g.Nodes), "kubernetes_service", g.Kubernetes.Service)
+	ls := []listener{{"gateway.listen", g.Listen, h}}
+	if g.E2BListen != "" {
+		ls = append(ls, listener{"gateway.e2b_listen", g.E2BListen, h.E2B(g.E2BDomain)})
+	}
+	if g.PreviewListen != "" {
+		ls = append(ls, listener{"gateway.preview_listen", g.PreviewListen, h.Preview()})
+	}
+	var srvs []*http.Server
+	done := make(chan error, len(ls))
+	for _, l := range ls {
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			for _, s := range srvs {
+				s.Close()
+			}
+			return fmt.Errorf("%s: %w", l.key, err)
+		}
+		if l.key == "gateway.preview_listen" {
+			h.SetPreviewURL(cmp.Or(g.PreviewURL, preview.BaseURL(ln.Addr())))
+		}
+		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 30 * time.Second}
+		srvs = append(srvs, srv)
+		go func() { done <- srv.Serve(ln) }()
+		log.Info("gateway listening", "listener", l.key, "addr", ln.Addr().String(), "static_nodes", len(g.Nodes), "kubernetes_service", g.Kubernetes.Service)
+	}
+	var serveErr error
 	select {
-	case err := <-done:
-		return err
+	case serveErr = <-done:
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return srv.Shutdown(sctx)
+	for _, s := range srvs {
+		if err := s.Shutdown(sctx); err != nil && serveErr == nil {
+			serveErr = err
+		}
+	}
+	return serveErr
 }
 
 // gatewayDiscovery is where the gateway finds its nodes: the Kubernetes

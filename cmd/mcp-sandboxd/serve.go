@@ -421,6 +421,8 @@ func (s *listenerSet) open(cfg *config.Config, eng *engine.Engine, log *slog.Log
 		s.closers = append(s.closers, func() { eh.Close() })
 		s.ls = append(s.ls, listener{el, eh, "e2b"})
 	}
+	// A gateway reaches these listeners on the node's host (GET /v1/node).
+	eng.SetListenerPorts(tcpPort(el), tcpPort(pl))
 	return nil
 }
 
@@ -502,4 +504,15 @@ func watchdog(ctx context.Context, eng *engine.Engine, every time.Duration, log 
 			log.Warn("sd_notify WATCHDOG", "err", err)
 		}
 	}
+}
+
+// tcpPort is l's TCP port, 0 for none.
+func tcpPort(l net.Listener) int {
+	if l == nil {
+		return 0
+	}
+	if a, ok := l.Addr().(*net.TCPAddr); ok {
+		return a.Port
+	}
+	return 0
 }

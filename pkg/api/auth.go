@@ -366,7 +366,13 @@ var crossOrigin = http.NewCrossOriginProtection()
 
 // browserChecks are the CSRF and cross-origin defences of cookie-authenticated
 // requests (see the top of this file).
-func browserChecks(r *http.Request, sess uiSession) error {
+func browserChecks(r *http.Request, sess uiSession) error { return BrowserChecks(r, sess.csrf) }
+
+// BrowserChecks are the defences of a cookie-authenticated request whose
+// session's CSRF token is csrf (the gateway's sessions too): a WebSocket
+// from the page's own origin only, no cross-origin state change, and the
+// CSRF header on every request that is not GET, HEAD or OPTIONS.
+func BrowserChecks(r *http.Request, csrf string) error {
 	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		origin := r.Header.Get("Origin")
 		u, err := url.Parse(origin)
@@ -381,7 +387,7 @@ func browserChecks(r *http.Request, sess uiSession) error {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return nil
 	}
-	if got := r.Header.Get(CSRFHeader); subtle.ConstantTimeCompare([]byte(got), []byte(sess.csrf)) != 1 {
+	if got := r.Header.Get(CSRFHeader); csrf == "" || subtle.ConstantTimeCompare([]byte(got), []byte(csrf)) != 1 {
 		return errdefs.PermissionDeniedf("missing or invalid %s header (get it from GET /v1/ui/session)", CSRFHeader)
 	}
 	return nil

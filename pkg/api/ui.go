@@ -36,7 +36,12 @@ func securityHeaders(h http.Header, csp string) {
 }
 
 // ui serves the bundle: / is index.html, the rest its assets.
-func (s *server) ui(w http.ResponseWriter, r *http.Request) {
+func (s *server) ui(w http.ResponseWriter, r *http.Request) { ServeWebUI(w, r) }
+
+// ServeWebUI serves the web editor's bundle (pkg/webui) with its security
+// headers: / is index.html, the rest its assets. The gateway serves the
+// same page (pkg/gateway/ui.go).
+func ServeWebUI(w http.ResponseWriter, r *http.Request) {
 	securityHeaders(w.Header(), uiCSP)
 	if !webui.Built() {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -95,7 +100,11 @@ main{max-width:32em} code{background:#333;padding:1px 4px} input{width:22em;padd
 
 // loginPage answers with the login page: the only page an unauthenticated
 // browser gets.
-func (s *server) loginPage(w http.ResponseWriter, status int, msg string) {
+func (s *server) loginPage(w http.ResponseWriter, status int, msg string) { LoginPage(w, status, msg) }
+
+// LoginPage answers with the web editor's login page and msg (the
+// gateway's too).
+func LoginPage(w http.ResponseWriter, status int, msg string) {
 	securityHeaders(w.Header(), loginCSP)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")

@@ -395,6 +395,15 @@ type NodeStatus struct {
 	Images []string `json:"images"`
 	// VM says whether the node offers backend vm.
 	VM bool `json:"vm"`
+	// Defaults are the limits a create that names none gets here
+	// (sandbox.memory, cpus, disk): what a gateway counts against a
+	// key's fleet quota for it.
+	Defaults Limits `json:"defaults"`
+	// E2BPort and PreviewPort are the ports of this node's E2B listener
+	// (e2b.listen) and preview listener (server.preview_listen), 0 when
+	// off: a gateway reaches them on the node's host.
+	E2BPort     int `json:"e2b_port,omitempty"`
+	PreviewPort int `json:"preview_port,omitempty"`
 }
 
 // NodeDrainRequest is the body of PUT /v1/node/drain.

@@ -86,6 +86,18 @@ func (l *Log) HTTP(frontEnd string, classify Classifier, next http.Handler) http
 	if l == nil {
 		return next
 	}
+	return Middleware(l, frontEnd, classify, next)
+}
+
+// Appender stores a record durably before it returns: a *Log (files), or
+// the fleet's audit rows (pkg/store/pgstore through a gateway).
+type Appender interface {
+	Append(rec Record) error
+}
+
+// Middleware is HTTP over any Appender: the gateway's front ends record
+// into the fleet's rows what a daemon's record into its files.
+func Middleware(l Appender, frontEnd string, classify Classifier, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := &Call{}
 		aw := &writer{ResponseWriter: w, l: l, r: r, c: c, frontEnd: frontEnd, classify: classify}
@@ -97,7 +109,7 @@ func (l *Log) HTTP(frontEnd string, classify Classifier, next http.Handler) http
 // writer records the call on the answer's first status.
 type writer struct {
 	http.ResponseWriter
-	l        *Log
+	l        Appender
 	r        *http.Request
 	c        *Call
 	frontEnd string

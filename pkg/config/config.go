@@ -109,6 +109,23 @@ type Gateway struct {
 	// before asking them again (each gateway counts its own placements
 	// in between); a drain through another gateway is seen within it.
 	ProbeInterval Duration `yaml:"probe_interval"`
+	// ReconcileInterval is how often a gateway with store.postgres_url
+	// releases the fleet-quota reservations of sandboxes that ended on
+	// their nodes (expired, terminated elsewhere); 0: 10s.
+	ReconcileInterval Duration `yaml:"reconcile_interval"`
+	// E2BListen, when set, serves the E2B API (control plane and envd) on
+	// this address, routed to the nodes' e2b listeners; E2BDomain is its
+	// host-name routing domain ({port}-{id}.{domain}), as e2b.domain.
+	E2BListen string `yaml:"e2b_listen"`
+	E2BDomain string `yaml:"e2b_domain"`
+	// PreviewListen, when set, serves preview URLs ({id}-{port} host
+	// names, as server.preview_listen) routed to the nodes' preview
+	// listeners.
+	PreviewListen string `yaml:"preview_listen"`
+	// PreviewURL is the address callers reach preview_listen at (a load
+	// balancer's, https://preview.example.com); exposures made through the
+	// gateway name it. Empty: the listener's own address.
+	PreviewURL string `yaml:"preview_url"`
 }
 
 // GatewayKubernetes is gateway.kubernetes: where the node daemons'
@@ -527,7 +544,7 @@ func Default() *Config {
 		Gateway: Gateway{
 			Listen: "127.0.0.1:7080", SecretFile: "/etc/mcp-sandboxd/gateway-secret",
 			AuthTokenFile: "/etc/mcp-sandboxd/gateway-token", StateDB: "/var/lib/mcp-sandboxd/gateway.db",
-			NodeTimeout: Duration(2 * time.Second), ProbeInterval: Duration(250 * time.Millisecond),
+			NodeTimeout: Duration(2 * time.Second), ProbeInterval: Duration(250 * time.Millisecond), ReconcileInterval: Duration(10 * time.Second),
 		},
 		Log: Log{
 			Level:  "info",

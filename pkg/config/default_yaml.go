@@ -503,6 +503,21 @@ gateway:
   # the background (duration); each gateway counts its own placements in
   # between.
   probe_interval: 250ms
+  # With store.postgres_url: how often the gateway releases the fleet
+  # quota counts of sandboxes that ended on their nodes (duration).
+  reconcile_interval: 10s
+  # Serve the E2B API here (host:port), routed to the nodes' e2b
+  # listeners. Empty: no E2B through this gateway.
+  e2b_listen: ""
+  # Host-name routing domain of the E2B data plane ({port}-{id}.{domain}).
+  e2b_domain: ""
+  # Serve preview URLs here (host:port), routed to the nodes' preview
+  # listeners. Empty: none.
+  preview_listen: ""
+  # The address callers reach preview_listen at (http:// or https://, e.g.
+  # a load balancer's); exposures made through the gateway name it.
+  # Empty: the listener's own address.
+  preview_url: ""
 
 log:
   # Least severe level logged: debug, info, warn or error.

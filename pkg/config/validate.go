@@ -208,6 +208,23 @@ func (g *Gateway) validate(p *problems) {
 	if g.ProbeInterval <= 0 {
 		p.add("gateway.probe_interval", "", "must be more than 0, got %s", g.ProbeInterval)
 	}
+	if g.ReconcileInterval <= 0 {
+		p.add("gateway.reconcile_interval", "", "must be more than 0, got %s", g.ReconcileInterval)
+	}
+	if g.E2BListen != "" {
+		p.hostPort("gateway.e2b_listen", g.E2BListen)
+	}
+	if g.PreviewListen != "" {
+		p.hostPort("gateway.preview_listen", g.PreviewListen)
+	}
+	if g.PreviewURL != "" {
+		if u, err := url.Parse(g.PreviewURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			p.add("gateway.preview_url", "", "want an http:// or https:// URL with a host and no query, got %q", g.PreviewURL)
+		}
+	}
+	if d := g.E2BDomain; d != "" && (strings.ContainsAny(d, "/ :@") || strings.HasPrefix(d, ".") || strings.HasSuffix(d, ".")) {
+		p.add("gateway.e2b_domain", "", "must be a DNS name like sandboxes.example.com, got %q", d)
+	}
 }
 
 func (e *E2B) validate(p *problems) {

@@ -50,6 +50,18 @@ func (s *Server) controlPlane() http.Handler {
 			health(w, r)
 			return
 		}
+		if p, ok, err := s.gatewayPrincipal(r); ok || err != nil {
+			if err != nil {
+				writeErr(w, err)
+				return
+			}
+			audit.CallFrom(r.Context()).SetPrincipal(p)
+			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+			ctx := principal.WithOrigin(principal.With(r.Context(), p), principal.Origin{FrontEnd: "gateway", Source: r.RemoteAddr})
+			telemetry.SetCaller(ctx, p)
+			mux.ServeHTTP(w, r.WithContext(ctx))
+			return
+		}
 		key := r.Header.Get("X-Api-Key")
 		if key == "" {
 			writeError(w, http.StatusUnauthorized, "missing X-API-Key header")

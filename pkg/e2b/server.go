@@ -53,7 +53,11 @@ type Options struct {
 	// Domain is the host-name routing domain ({port}-{id}.{domain}),
 	// returned to clients as the sandboxes' domain; empty: none.
 	Domain string
-	Log    *slog.Logger
+	// GatewaySecret (node.gateway_secret_file), when set, lets a gateway
+	// forward control-plane calls with the principal it authenticated
+	// (gateway.go).
+	GatewaySecret string
+	Log           *slog.Logger
 }
 
 // Server is the E2B front end: one http.Handler for control plane, data

@@ -63,6 +63,9 @@ func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Engine, e
 	}
 	e := &Engine{cfg: cfg, log: log, seccomp: seccomp.Check(), started: time.Now()}
 	e.metrics = newMetrics(e)
+	// A drain outlives the daemon (node.go): a node restarted during
+	// maintenance does not take creates before the operator ends it.
+	e.draining.Store(readDrain(cfg.Paths.StateDir))
 	if err := e.openStores(ctx); err != nil {
 		return nil, err
 	}

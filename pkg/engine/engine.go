@@ -88,6 +88,10 @@ type Engine struct {
 	sshState                           // SSH identities and host key (ssh.go, pkg/services/sshkeys)
 	volumes         *volumes.Service   // named volumes (pkg/services/volumes)
 	volumeDisks     *storage.Store     // image files of named volumes
+
+	// e2bPort and previewPort are the listeners' ports NodeStatus
+	// reports (node.go).
+	e2bPort, previewPort atomic.Int64
 }
 
 // unbuilt names the configuration sections whose subsystems this build does

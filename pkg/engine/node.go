@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"os"
+	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"strings"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 )
 
@@ -23,6 +25,8 @@ func (e *Engine) NodeStatus(ctx context.Context) (*apitypes.NodeStatus, error) {
 		Name: e.cfg.Node.Name, Draining: e.draining.Load(),
 		MaxSandboxes: e.cfg.Sandbox.MaxSandboxes, MemoryBytes: memTotal(), CPUs: float64(goruntime.NumCPU()),
 		VM: e.vm.backend != nil, Images: []string{},
+		Defaults: apitypes.Limits{MemoryBytes: int64(e.cfg.Sandbox.Memory), CPUs: e.cfg.Sandbox.CPUs, DiskBytes: int64(e.cfg.Sandbox.Disk)},
+		E2BPort:  int(e.e2bPort.Load()), PreviewPort: int(e.previewPort.Load()),
 	}
 	// From memory, not the store: gateways ask often, and the live
 	// sandboxes (warm ones and those still starting included) are all in
@@ -45,13 +49,67 @@ func (e *Engine) NodeStatus(ctx context.Context) (*apitypes.NodeStatus, error) {
 }
 
 // SetDraining starts or ends a drain: while draining the node refuses
-// creates, and gateways place none here. The flag lives in memory: a
-// restarted daemon takes creates again (a drain ahead of maintenance is
-// repeated after it, by the operator or the orchestrator).
+// creates, and gateways place none here. The flag persists in the state
+// directory (drainFile) before the answer: a drain ahead of maintenance
+// holds through the daemon's restarts until it is ended.
 func (e *Engine) SetDraining(ctx context.Context, draining bool) (*apitypes.NodeStatus, error) {
+	if err := writeDrain(e.cfg.Paths.StateDir, draining); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "draining: persist the flag")
+	}
 	e.draining.Store(draining)
 	e.log.Info("node drain", "draining", draining)
 	return e.NodeStatus(ctx)
+}
+
+// SetListenerPorts tells NodeStatus the ports of the E2B and preview
+// listeners (0: off), which the daemon opens after the engine.
+func (e *Engine) SetListenerPorts(e2b, preview int) {
+	e.e2bPort.Store(int64(e2b))
+	e.previewPort.Store(int64(preview))
+}
+
+// drainFile, in paths.state_dir, holds the drain flag: present means
+// draining. A file rather than a row: it is one bit, read once at start.
+const drainFile = "node-draining"
+
+// writeDrain persists the flag: the file is created (and synced with its
+// directory) or removed.
+func writeDrain(dir string, draining bool) error {
+	path := filepath.Join(dir, drainFile)
+	if !draining {
+		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+	} else {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
+			return err
+		}
+		if _, err := f.WriteString("draining\n"); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// readDrain is the persisted flag (false when the state directory holds
+// none).
+func readDrain(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, drainFile))
+	return err == nil
 }
 
 // memTotal is the machine's memory (MemTotal of /proc/meminfo), 0 if

@@ -12,12 +12,14 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
@@ -46,6 +48,18 @@ type Options struct {
 	// MaxBodyBytes caps a create's body, which the gateway reads to place
 	// it (default api.DefaultMaxBodyBytes).
 	MaxBodyBytes int64
+	// Fleet, set when the tenants store is the fleet's PostgreSQL, counts
+	// every create against its key's fleet quota and holds the gateway's
+	// audit records (fleet.go); nil: neither.
+	Fleet FleetStore
+	// Keys finds a key's quota (the tenants service behind Auth).
+	Keys KeyLookup
+	// KeyAdmin, when set, answers /v1/keys from the gateways' tenants
+	// store (keys.go); nil: a node answers them.
+	KeyAdmin KeyAdmin
+	// ReconcileInterval is how often Reconcile releases the reservations
+	// of sandboxes that ended on their nodes (default 10s).
+	ReconcileInterval time.Duration
 	// Log; nil means slog.Default().
 	Log *slog.Logger
 	// MCP, if not nil, makes /mcp's handler over this gateway (the MCP
@@ -61,6 +75,17 @@ type Gateway struct {
 	log    *slog.Logger
 	proxy  *httputil.ReverseProxy
 	client *http.Client
+	// handler is serve behind the audit log's recording (when Fleet).
+	handler http.Handler
+
+	// logins are the web editor login tokens redeemed here, when there
+	// is no fleet database (ui.go).
+	logins usedLogins
+
+	// previewURL is this gateway's preview listener as callers reach it
+	// (preview.go, SetPreviewURL).
+	previewMu  sync.Mutex
+	previewURL string
 
 	// seen is, per node and per caller's view (tenant, or admin), the
 	// live sandboxes the last successful list there showed: what a list
@@ -90,6 +115,9 @@ func New(opt Options) *Gateway {
 	if opt.MaxBodyBytes <= 0 {
 		opt.MaxBodyBytes = api.DefaultMaxBodyBytes
 	}
+	if opt.ReconcileInterval <= 0 {
+		opt.ReconcileInterval = 10 * time.Second
+	}
 	if opt.Log == nil {
 		opt.Log = slog.Default()
 	}
@@ -99,6 +127,10 @@ func New(opt Options) *Gateway {
 		opt.Transport = &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 128, IdleConnTimeout: 90 * time.Second}
 	}
 	g := &Gateway{opt: opt, log: opt.Log, client: &http.Client{Transport: opt.Transport}, seen: map[string]map[string][]apitypes.Sandbox{}}
+	g.handler = http.HandlerFunc(g.serve)
+	if opt.Fleet != nil {
+		g.handler = audit.Middleware(fleetAudit{opt.Fleet}, "gateway", g.classify, g.handler)
+	}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite:   g.rewrite,
 		Transport: opt.Transport,
@@ -112,6 +144,30 @@ func New(opt Options) *Gateway {
 				res.Body.Close()
 				return errNodeRefused
 			}
+			ok := res.StatusCode == http.StatusCreated || res.StatusCode == http.StatusOK
+			if t.e2bDomain != nil && ok {
+				// The E2B SDKs build envd's host name from the answer's
+				// domain: the gateway's, not the node's.
+				if err := rewriteDomain(res, *t.e2bDomain); err != nil {
+					return err
+				}
+			}
+			if t.exposures && ok {
+				if err := rewriteExposures(res, g.previewBase()); err != nil {
+					return err
+				}
+			}
+			if t.rsv != nil && t.bind && ok {
+				return g.bindCreated(res, t.rsv, t.node)
+			}
+			if t.rsv != nil && !ok {
+				// Released before the caller reads the refusal: a retry
+				// must find the count as it was.
+				g.settle(t.rsv)
+			}
+			if t.releaseID != "" && res.StatusCode >= 200 && res.StatusCode < 300 {
+				g.released(t.releaseID)
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -120,6 +176,7 @@ func New(opt Options) *Gateway {
 				t.retry(w)
 				return
 			}
+			g.settle(t.rsv)
 			writeError(w, errdefs.Unavailablef("node %s does not answer: %v", t.node, err))
 		},
 	}
@@ -139,7 +196,34 @@ type target struct {
 	// retry, set on a create, places it again when the node does not
 	// answer or answers unavailable (a drain this gateway had not seen).
 	retry func(w http.ResponseWriter)
+	// rsv is a create's fleet reservation, bound to the sandbox the
+	// node's answer names when bind is set (a sandbox create, not a run).
+	rsv  *reservation
+	bind bool
+	// releaseID is a sandbox whose terminate this is: released from the
+	// fleet's count when the node answers 2xx.
+	releaseID string
+	// mode says whose credentials go to the node (modeAPI: the
+	// gateway's, with the caller's principal).
+	mode forwardMode
+	// e2bID and port are the sandbox and port of an envd request.
+	e2bID string
+	port  int
+	// e2bDomain, set on E2B control-plane calls, replaces the domain of
+	// the node's answer (empty: null).
+	e2bDomain *string
+	// exposures: the answer's preview URLs are pointed at this gateway.
+	exposures bool
 }
+
+// forwardMode is how a forwarded request is authorized at the node.
+type forwardMode int
+
+const (
+	modeAPI     forwardMode = iota // REST and the E2B control plane: the gateway's secret and the caller's principal
+	modeEnvd                       // E2B data plane: the caller's sandbox token, routed by E2b-Sandbox-* headers
+	modePreview                    // preview URLs: the exposure's own token, routed by host name
+)
 
 // errNodeRefused is a node's 503 to a create: placed again.
 var errNodeRefused = errors.New("node refused the create")
@@ -157,7 +241,23 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	}
 	pr.Out.Host = t.url.Host
 	pr.SetXForwarded()
-	g.authorize(pr.Out.Header, t.p)
+	switch t.mode {
+	case modeEnvd:
+		// The caller's own credentials are the sandbox's (its access
+		// token, its envd user), checked by the node; nothing of the
+		// gateway's, and nothing a caller forged in its name, goes along.
+		pr.Out.Header.Del(api.GatewaySecretHeader)
+		pr.Out.Header.Del(api.GatewayPrincipalHeader)
+		pr.Out.Header.Set("E2b-Sandbox-Id", t.e2bID)
+		pr.Out.Header.Set("E2b-Sandbox-Port", strconv.Itoa(t.port))
+	case modePreview:
+		pr.Out.Header.Del(api.GatewaySecretHeader)
+		pr.Out.Header.Del(api.GatewayPrincipalHeader)
+		pr.Out.Host = pr.In.Host // the node routes previews by host name
+	default:
+		pr.Out.Header.Del("X-Api-Key")
+		g.authorize(pr.Out.Header, t.p)
+	}
 }
 
 // authorize replaces whatever credentials h holds by the gateway's.
@@ -172,20 +272,66 @@ func (g *Gateway) authorize(h http.Header, p *principal.Principal) {
 	}
 }
 
-// ServeHTTP authenticates the caller and places, routes or merges.
-func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP authenticates the caller and places, routes or merges; with
+// a fleet store, what changes anything is recorded in the fleet's audit
+// rows before its answer.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.handler.ServeHTTP(w, r) }
+
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/healthz" {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		return
 	}
+	if r.URL.Path == "/login" {
+		g.login(w, r)
+		return
+	}
+	path := r.URL.Path
 	p, err := g.authenticate(r)
+	var sess uiClaims
+	browser := false
+	if err != nil && r.Header.Get("Authorization") == "" {
+		// No bearer key: a web editor session (ui.go), checked as on a
+		// node before anything is served.
+		if sess, browser = g.session(r); browser {
+			p, err = sess.P, api.BrowserChecks(r, sess.CSRF)
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+		}
+	}
 	if err != nil {
+		if !isAPIPath(path) && errdefs.Is(err, errdefs.Unauthenticated) {
+			api.LoginPage(w, http.StatusUnauthorized, "")
+			return
+		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-sandboxd"`)
 		writeError(w, err)
 		return
 	}
-	path := r.URL.Path
+	fe := "gateway"
+	if browser {
+		fe = "web"
+	}
+	audit.CallFrom(r.Context()).SetPrincipal(p)
+	audit.CallFrom(r.Context()).SetOrigin(principal.Origin{FrontEnd: fe, Source: r.RemoteAddr})
 	switch {
+	case path == "/v1/ui/login-tokens" && r.Method == http.MethodPost:
+		g.mintLogin(w, r, p, browser)
+	case path == "/v1/ui/session" && r.Method == http.MethodGet:
+		g.uiSession(w, sess, browser)
+	case path == "/v1/ui/logout" && r.Method == http.MethodPost:
+		g.logout(w, r)
+	case g.keys(w, r, p):
+	case (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isAPIPath(path):
+		// The web editor's page and assets, served here: its API calls
+		// come back to this gateway.
+		api.ServeWebUI(w, r)
+	case path == "/v1/audit/verify" && r.Method == http.MethodGet:
+		if g.admin(w, p) {
+			g.auditVerify(w, r)
+		}
 	case path == "/metrics" && r.Method == http.MethodGet:
 		if g.admin(w, p) {
 			g.metrics(w, r)
@@ -193,6 +339,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case path == "/v1/nodes" && r.Method == http.MethodGet:
 		if g.admin(w, p) {
 			g.listNodes(w, r)
+		}
+	case strings.HasPrefix(path, "/v1/nodes/") && strings.HasSuffix(path, "/quota-counts") && r.Method == http.MethodDelete:
+		if g.admin(w, p) {
+			g.releaseNode(w, r, strings.TrimSuffix(strings.TrimPrefix(path, "/v1/nodes/"), "/quota-counts"))
 		}
 	case strings.HasPrefix(path, "/v1/nodes/") && strings.HasSuffix(path, "/drain") && r.Method == http.MethodPut:
 		if g.admin(w, p) {
@@ -237,12 +387,19 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n Node, p *pri
 }
 
 func (g *Gateway) forwardRetry(w http.ResponseWriter, r *http.Request, n Node, p *principal.Principal, path string, retry func(http.ResponseWriter)) {
+	g.forwardTarget(w, r, n, target{path: path, p: p, retry: retry})
+}
+
+// forwardTarget proxies r to node n as t says (its node and url are
+// filled in here).
+func (g *Gateway) forwardTarget(w http.ResponseWriter, r *http.Request, n Node, t target) {
 	u, err := url.Parse(n.URL)
 	if err != nil {
 		writeError(w, errdefs.Wrap(errdefs.Internal, err, "node %s: url %q", n.Name, n.URL))
 		return
 	}
-	ctx := context.WithValue(r.Context(), targetKey{}, target{node: n.Name, url: u, path: path, p: p, retry: retry})
+	t.node, t.url = n.Name, u
+	ctx := context.WithValue(r.Context(), targetKey{}, t)
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -253,7 +410,11 @@ func (g *Gateway) route(w http.ResponseWriter, r *http.Request, p principal.Prin
 		writeError(w, err)
 		return
 	}
-	g.forward(w, r, n, &p, "")
+	t := target{p: &p, exposures: isExposureRoute(r.URL.Path)}
+	if r.Method == http.MethodDelete && r.URL.Path == "/v1/sandboxes/"+id {
+		t.releaseID = id
+	}
+	g.forwardTarget(w, r, n, t)
 }
 
 // any forwards a request that is about no sandbox (images, languages,

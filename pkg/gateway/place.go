@@ -27,6 +27,14 @@ type placeHints struct {
 	Language string   `json:"language"`
 	MemoryMB *int64   `json:"memory_mb"`
 	CPUs     *float64 `json:"cpus"`
+	DiskMB   *int64   `json:"disk_mb"`
+	// SandboxID, on a run (/v1/run, /v1/agent/run), names the live
+	// sandbox to run in: routed to its node, not placed.
+	SandboxID string `json:"sandbox_id"`
+	// e2b: an E2B create, for a node that serves the E2B API, whose
+	// answer names e2bDomain.
+	e2b       bool
+	e2bDomain *string
 }
 
 // fits says whether node st takes a create of h, and whether it holds
@@ -45,7 +53,7 @@ func fits(pr probed, h placeHints) (ok, hasImage bool) {
 	if h.CPUs != nil && st.CPUs > 0 && st.CPUsCommitted+*h.CPUs > st.CPUs*float64(cpuOvercommit) {
 		return false, false
 	}
-	if h.Backend == "vm" && !st.VM {
+	if h.Backend == "vm" && !st.VM || h.e2b && st.E2BPort == 0 {
 		return false, false
 	}
 	img := h.Image
@@ -104,19 +112,41 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request, p principal.Pri
 	}
 	var h placeHints
 	_ = json.Unmarshal(body, &h) // the node refuses a malformed body, naming the field
-	g.createOn(w, r, p, body, h, map[string]bool{}, start)
+	if h.SandboxID != "" && r.URL.Path != "/v1/sandboxes" {
+		// A run in a sandbox that exists: where it lives, nothing new
+		// to place or count.
+		n, err := g.NodeOf(r.Context(), h.SandboxID)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		g.forward(w, r, n, &p, "")
+		return
+	}
+	// Counted against the key's fleet quota before it is placed; a run's
+	// sandbox ends with the run, so its reservation is released then.
+	rsv, err := g.reserve(r.Context(), p, h)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer g.settle(rsv)
+	g.createOn(w, r, p, body, h, map[string]bool{}, start, rsv)
 }
 
 // createOn places a create on a node not in tried and forwards it; a node
 // that refuses it (unavailable: draining, or gone) is tried no more, and
 // the last candidate's answer is the caller's.
-func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.Principal, body []byte, h placeHints, tried map[string]bool, start time.Time) {
+func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.Principal, body []byte, h placeHints, tried map[string]bool, start time.Time, rsv *reservation) {
 	n, more, err := g.placeCounted(r.Context(), h, tried)
 	// What the gateway spent before the node saw the create (reading the
 	// body, placing), for operators and the overhead benchmark; the
 	// node's own headers are added to it.
 	w.Header().Set("Server-Timing", fmt.Sprintf("gateway-place;dur=%.3f", float64(time.Since(start).Microseconds())/1000))
 	if err != nil {
+		g.settle(rsv)
 		writeError(w, err)
 		return
 	}
@@ -126,12 +156,18 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, p principal.P
 		retry = func(w http.ResponseWriter) {
 			g.log.Info("node refused a create; placing it again", "node", n.Name)
 			g.invalidate()
-			g.createOn(w, r, p, body, h, tried, start)
+			g.createOn(w, r, p, body, h, tried, start, rsv)
 		}
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
-	g.forwardRetry(w, r, n, &p, "", retry)
+	t := target{p: &p, retry: retry, rsv: rsv, bind: r.URL.Path == "/v1/sandboxes"}
+	if h.e2b {
+		t.bind, t.e2bDomain = true, h.e2bDomain
+		g.forwardE2B(w, r, n, t)
+		return
+	}
+	g.forwardTarget(w, r, n, t)
 }
 
 // placeCounted places on the capacity view among the nodes not in

@@ -12,6 +12,9 @@
 //   bench N - Sandbox.create() + commands.run('node -v'), N times
 //   restart-before - start a background command that reads stdin and
 //             prints a line a second; report the sandbox id and pid
+//   gateway - through mcp-sandboxd gateway: create, commands.run (a
+//             streamed one too), files, list, kill; the Go test checks
+//             which node holds the sandbox
 //   restart-after ID:PID - after the daemon restarted: list, connect to
 //             that pid, send it input, and wait for its end
 import http from 'node:http'
@@ -306,8 +309,30 @@ async function bench(n) {
   }
 }
 
+// gateway is the flow a program runs against a fleet's gateway, whose
+// E2B listener places the sandbox on a node and routes envd to it.
+async function gateway() {
+  const sbx = await Sandbox.create('base', { metadata: { suite: 'gateway' } })
+  report.sandboxId = sbx.sandboxId
+  const r = await sbx.commands.run('echo hello-$((6*7)); echo oops >&2')
+  report.run = { stdout: r.stdout, stderr: r.stderr, exitCode: r.exitCode }
+  // A server stream through the gateway: each line arrives while the
+  // command still runs, not all at its end.
+  const seen = []
+  await sbx.commands.run('for i in 1 2 3; do echo line-$i; sleep 0.4; done', { onStdout: (d) => seen.push(performance.now()) })
+  report.streamed = seen.length
+  report.streamSpreadMs = seen.length > 1 ? seen[seen.length - 1] - seen[0] : 0
+  await sbx.files.write('/home/user/gw.txt', 'through the gateway')
+  report.readText = await sbx.files.read('/home/user/gw.txt')
+  const listed = await Sandbox.list().nextItems()
+  report.listed = listed.map((s) => s.sandboxId).includes(sbx.sandboxId)
+  report.killed = await sbx.kill()
+  report.runningAfterKill = await sbx.isRunning()
+}
+
 try {
   if (mode === 'main') await main()
+  else if (mode === 'gateway') await gateway()
   else if (mode === 'errors') await errors()
   else if (mode === 'timeout') await timeout()
   else if (mode === 'tls') await tls()

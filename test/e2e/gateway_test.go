@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,7 +32,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/gateway"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/store/pgstore"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/tenants"
 )
 
@@ -47,9 +48,20 @@ type fleet struct {
 	nodes      []*testenv.Daemon
 	names      []string
 	gateways   []string // base URLs, in the fabric namespace
-	adminKey   string
-	aliceKey   string // a user key of tenant alice, in the gateways' store
-	client     *http.Client
+	// e2bs and previews are the gateways' E2B and preview listeners.
+	e2bs, previews []string
+	adminKey       string
+	aliceKey       string // a user key of tenant alice, in the gateways' store
+	// quotaKey (id quotaKeyID) is a user key of tenant q with a fleet
+	// quota of fleetQuota live sandboxes.
+	quotaKey, quotaKeyID string
+	client               *http.Client
+	// pg is the fleet's database (the gateways' tenants store), opened by
+	// the test to read the quota counts and the audit rows.
+	pg    *pgstore.Store
+	pgURL string
+	// gw1 is the in-process gateway (its reconciliation is run by hand).
+	gw1 *gateway.Gateway
 }
 
 // ipRun runs ip(8) on one of the test's namespaces (-n) and fails the test
@@ -127,17 +139,32 @@ func newFleet(t *testing.T) *fleet {
 		ipRun(t, "-n", nsName, "addr", "add", fmt.Sprintf("198.19.%d.2/24", i), "dev", "eth0")
 		ipRun(t, "-n", nsName, "link", "set", "eth0", "up")
 
-		d := testenv.NewDaemon(t)
+		// base: the E2B SDK's template, and python3 for a preview server.
+		d := testenv.NewDaemon(t, "base")
 		// A fixed port is safe: the address is the node's own namespace's.
 		addr := fmt.Sprintf("198.19.%d.2:7070", i)
 		d.Config.Server.HTTPAddr, d.HTTPAddr = addr, addr
 		d.Config.Node.Name = name
-		// As many as a test daemon's user namespace block allows (64):
-		// room for 150 creates over three nodes and the later ones.
-		if c := d.Config.Sandbox.UsernsPool.Count; c > 0 {
-			d.Config.Sandbox.MaxSandboxes = int(c)
+		// Two of the test user namespace blocks (128 ranges) for each
+		// node: room for 200 creates over three nodes and the later ones.
+		// Neighbouring blocks may belong to another test daemon; sharing
+		// host ids with it only merges per-uid kernel counts, which this
+		// test does not read.
+		if u := &d.Config.Sandbox.UsernsPool; u.Count > 0 {
+			block := (u.Base - config.Default().Sandbox.UsernsPool.Base) / (u.Count * u.Size)
+			u.Base -= (block % 2) * u.Count * u.Size
+			u.Count *= 2
+			d.Config.Sandbox.MaxSandboxes = int(u.Count)
 		}
 		d.Config.Node.GatewaySecretFile = secretFile
+		// The E2B and preview listeners on the node's address, which the
+		// gateways reach (GET /v1/node names their ports).
+		e2bKeys := filepath.Join(dir, fmt.Sprintf("e2b-keys-%d", i))
+		if err := os.WriteFile(e2bKeys, []byte("e2b_"+testenv.RandHex(20)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		d.Config.E2B = config.E2B{Listen: fmt.Sprintf("198.19.%d.2:49999", i), APIKeyFile: e2bKeys}
+		d.Config.Server.PreviewListen = fmt.Sprintf("198.19.%d.2:7071", i)
 		data, err := config.Marshal(d.Config)
 		if err != nil {
 			t.Fatal(err)
@@ -152,15 +179,16 @@ func newFleet(t *testing.T) *fleet {
 		static = append(static, config.GatewayNode{Name: name, URL: "http://" + addr})
 	}
 
-	// The gateways' shared tenants store (SQLite here; the fleet's
-	// PostgreSQL with the pgx driver), with a user key made before the
-	// gateways load it.
-	dbPath := filepath.Join(dir, "gateway.db")
-	st, err := store.Open(context.Background(), dbPath)
+	// The gateways' shared tenants store: the fleet's PostgreSQL, which
+	// also counts the fleet quotas and holds the gateways' audit rows,
+	// with a user key made before the gateways load it.
+	f.pgURL = testenv.Postgres(t)
+	st, err := pgstore.Open(context.Background(), f.pgURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.Close() })
+	t.Cleanup(st.Close)
+	f.pg = st
 	f.adminKey = testenv.RandHex(24)
 	tokenFile := filepath.Join(dir, "gateway-token")
 	if err := os.WriteFile(tokenFile, []byte(f.adminKey+"\n"), 0o600); err != nil {
@@ -171,11 +199,16 @@ func newFleet(t *testing.T) *fleet {
 		t.Fatal(err)
 	}
 	alice, err := boot.Create(context.Background(), apitypes.KeyCreateRequest{Name: "alice"})
-	boot.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.aliceKey = alice.Secret
+	qk, err := boot.Create(context.Background(), apitypes.KeyCreateRequest{Name: "quota-q", Tenant: "q", Quota: apitypes.Quota{Sandboxes: fleetQuota}})
+	boot.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.quotaKey, f.quotaKeyID = qk.Secret, qk.ID
 
 	// Gateway 1 in this process.
 	tr := &http.Transport{DialContext: dialIn(f.fabric), MaxIdleConnsPerHost: 128}
@@ -185,23 +218,32 @@ func newFleet(t *testing.T) *fleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(keys.Close)
-	h := gateway.New(gateway.Options{Discovery: static, Auth: keys, Secret: strings.TrimSpace(string(secret)),
+	h := gateway.New(gateway.Options{Discovery: static, Auth: keys, Keys: keys, KeyAdmin: keys, Fleet: st, Secret: strings.TrimSpace(string(secret)),
 		Transport: tr, NodeTimeout: 2 * time.Second, Log: testenv.Logger(t)})
-	var ln net.Listener
-	testenv.InNamespace(t, f.fabric, func() { ln, err = net.Listen("tcp4", "127.0.0.1:0") })
-	if err != nil {
-		t.Fatal(err)
+	f.gw1 = h
+	serve := func(handler http.Handler) string {
+		var ln net.Listener
+		testenv.InNamespace(t, f.fabric, func() { ln, err = net.Listen("tcp4", "127.0.0.1:0") })
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: handler}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+		return "http://" + ln.Addr().String()
 	}
-	srv := &http.Server{Handler: h}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	f.gateways = append(f.gateways, "http://"+ln.Addr().String())
+	f.gateways = append(f.gateways, serve(h))
+	f.e2bs = append(f.e2bs, serve(h.E2B("")))
+	f.previews = append(f.previews, serve(h.Preview()))
+	h.SetPreviewURL(f.previews[0])
 
 	// Gateway 2: the real `mcp-sandboxd gateway`, in the fabric namespace
 	// (a fixed port is safe there), over the same store.
 	cfg := config.Default()
 	cfg.Gateway = config.Gateway{Listen: "127.0.0.1:7080", Nodes: static, SecretFile: secretFile, AuthTokenFile: tokenFile,
-		StateDB: dbPath, NodeTimeout: config.Duration(2 * time.Second), ProbeInterval: config.Duration(250 * time.Millisecond)}
+		StateDB: filepath.Join(dir, "unused-gateway.db"), NodeTimeout: config.Duration(2 * time.Second), ProbeInterval: config.Duration(250 * time.Millisecond),
+		ReconcileInterval: config.Duration(500 * time.Millisecond), E2BListen: "127.0.0.1:7081", PreviewListen: "127.0.0.1:7082"}
+	cfg.Store.PostgresURL = f.pgURL
 	cfg.Log.Level = "debug"
 	data, err := config.Marshal(cfg)
 	if err != nil {
@@ -241,6 +283,8 @@ func newFleet(t *testing.T) *fleet {
 		}
 	})
 	f.gateways = append(f.gateways, "http://127.0.0.1:7080")
+	f.e2bs = append(f.e2bs, "http://127.0.0.1:7081")
+	f.previews = append(f.previews, "http://127.0.0.1:7082")
 	ctr := &http.Transport{DialContext: dialIn(f.fabric), MaxIdleConnsPerHost: 64}
 	t.Cleanup(ctr.CloseIdleConnections)
 	f.client = &http.Client{Transport: ctr, Timeout: 60 * time.Second}
@@ -307,14 +351,19 @@ func (f *fleet) createTimed(base, key string) (string, time.Duration, error) {
 	if err := json.Unmarshal(b, &sb); err != nil || sb.ID == "" {
 		return "", 0, fmt.Errorf("create: %v %s", err, b)
 	}
+	// The gateway's own time: before the node saw the create (placing,
+	// the fleet quota reservation) and after it answered (binding the
+	// reservation to the sandbox).
 	var place time.Duration
 	for _, v := range res.Header.Values("Server-Timing") {
-		if ms, ok := strings.CutPrefix(v, "gateway-place;dur="); ok {
-			x, err := strconv.ParseFloat(ms, 64)
-			if err != nil {
-				return "", 0, fmt.Errorf("Server-Timing %q: %v", v, err)
+		for _, part := range []string{"gateway-place;dur=", "gateway-bind;dur="} {
+			if ms, ok := strings.CutPrefix(v, part); ok {
+				x, err := strconv.ParseFloat(ms, 64)
+				if err != nil {
+					return "", 0, fmt.Errorf("Server-Timing %q: %v", v, err)
+				}
+				place += time.Duration(x * float64(time.Millisecond))
 			}
-			place = time.Duration(x * float64(time.Millisecond))
 		}
 	}
 	return sb.ID, place, nil
@@ -400,7 +449,12 @@ func median(d []time.Duration) time.Duration {
 // several clients spread evenly; every later call (exec, its stream, files,
 // a terminal) reaches the node that holds the sandbox; a killed node's
 // sandboxes are unavailable, not lost, and come back with it; a drained
-// node gets no creates; the gateway adds at most 2 ms to an exec.
+// node gets no creates, and stays drained through its daemon's restart;
+// the gateway adds at most 2 ms to an exec and a create. Over the fleet's
+// PostgreSQL: keys managed through either gateway, a fleet quota two
+// gateways never exceed together, released on terminate and on expiry,
+// and one audit chain the verifier accepts. The E2B SDK, previews and the
+// web editor work through the gateways.
 func TestGatewayFleet(t *testing.T) {
 	f := newFleet(t)
 	g1, g2 := f.gateways[0], f.gateways[1]
@@ -431,7 +485,7 @@ func TestGatewayFleet(t *testing.T) {
 	}
 
 	// Creates from 8 clients through both gateways.
-	n := envInt("SANDBOXD_GATEWAY_CREATES", 150)
+	n := envInt("SANDBOXD_GATEWAY_CREATES", 200)
 	var (
 		mu   sync.Mutex
 		ids  []string
@@ -561,6 +615,12 @@ func TestGatewayFleet(t *testing.T) {
 		}
 	}
 
+	f.checkFleetKeys()
+	f.checkFleetQuota()
+	f.checkE2B()
+	f.checkPreview()
+	f.checkWebEditor()
+
 	// Overhead: the same exec directly on a node and through a gateway,
 	// interleaved so that both see the same load.
 	id0 := first[f.names[0]]
@@ -607,7 +667,7 @@ func TestGatewayFleet(t *testing.T) {
 	// as what it reports spending before the node sees the create
 	// (reading the body, placing) plus the hop the exec overhead measures.
 	createOver := median(cPlace) + max(execOver, 0)
-	t.Logf("create median: direct %v, through a gateway %v (difference %v, mostly the creates' own spread); the gateway's placement %v (median) + the hop: overhead %v",
+	t.Logf("create median: direct %v, through a gateway %v (difference %v, mostly the creates' own spread); the gateway's own time (placement, quota reservation, bind) %v (median) + the hop: overhead %v",
 		median(cNode), median(cGW), median(cGW)-median(cNode), median(cPlace), createOver)
 	if execOver > 2*time.Millisecond {
 		t.Errorf("the gateway adds %v to an exec, want at most 2ms", execOver)
@@ -631,7 +691,26 @@ func TestGatewayFleet(t *testing.T) {
 			t.Fatalf("list through %s: %d live sandboxes, want %d", g, live, n)
 		}
 	}
+	// The fleet's count of the admin key's sandboxes survives node-2's
+	// crash: a node that does not answer is not reconciled (its
+	// sandboxes outlive its daemon), and after its restart it holds them.
+	adminCount := func() int {
+		t.Helper()
+		u, err := f.pg.Usage(context.Background(), "key-token-file")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Sandboxes
+	}
+	counted := adminCount()
+	if counted < n {
+		t.Errorf("the admin key's fleet count %d with %d of its sandboxes live", counted, n)
+	}
 	f.nodes[1].Crash()
+	f.gw1.ReconcileOnce(context.Background())
+	if c := adminCount(); c != counted {
+		t.Errorf("the admin key's fleet count with node-2 down: %d, want %d (not released)", c, counted)
+	}
 	for gi, g := range f.gateways {
 		got := f.list(g)
 		for _, id := range ids {
@@ -667,6 +746,11 @@ func TestGatewayFleet(t *testing.T) {
 		t.Errorf("a create went to the dead node-2")
 	}
 	f.nodes[1].Start()
+	f.gw1.ReconcileOnce(context.Background())
+	// extra was counted since; nothing of node-2's was released.
+	if c := adminCount(); c != counted+1 {
+		t.Errorf("the admin key's fleet count after node-2's restart: %d, want %d", c, counted+1)
+	}
 	got := f.list(g2)
 	for _, id := range ids {
 		if !got[id].Live() {
@@ -716,9 +800,34 @@ func TestGatewayFleet(t *testing.T) {
 	if _, err := f.create("http://"+f.nodes[2].HTTPAddr, f.nodes[2].Token()); err == nil || !strings.Contains(err.Error(), "503") {
 		t.Errorf("a create straight to the draining node: %v, want 503", err)
 	}
+	// The drain outlives node-3's daemon: restarted, it still refuses
+	// creates and the gateways still place none there.
+	f.nodes[2].Crash()
+	f.nodes[2].Start()
+	code, b = f.do(g2, f.adminKey, http.MethodGet, "/v1/nodes", "")
+	if err := json.Unmarshal(b, &nl); code != http.StatusOK || err != nil {
+		t.Fatalf("GET /v1/nodes after node-3's restart: %d %v %s", code, err, b)
+	}
+	for _, ni := range nl.Nodes {
+		if ni.Name == "node-3" && (!ni.Reachable || !ni.Status.Draining) {
+			t.Errorf("node-3 after its restart: reachable %v, status %+v; want still draining", ni.Reachable, ni.Status)
+		}
+	}
+	if _, err := f.create("http://"+f.nodes[2].HTTPAddr, f.nodes[2].Token()); err == nil || !strings.Contains(err.Error(), "503") {
+		t.Errorf("a create straight to the restarted draining node: %v, want 503", err)
+	}
 	if code, b := f.do(g1, f.adminKey, http.MethodPut, "/v1/nodes/node-3/drain", `{"draining":false}`); code != http.StatusOK {
 		t.Errorf("undrain node-3: %d %s", code, b)
 	}
+	f.nodes[2].Crash()
+	f.nodes[2].Start()
+	if id, err := f.create("http://"+f.nodes[2].HTTPAddr, f.nodes[2].Token()); err != nil {
+		t.Errorf("a create on node-3, undrained and restarted: %v", err)
+	} else {
+		drained = append(drained, id)
+	}
+
+	f.checkAudit()
 	sort.Strings(drained)
 	t.Logf("while node-3 drained: %v", drained)
 }
@@ -768,5 +877,451 @@ func (f *fleet) terminal(base, id string) {
 			f.t.Fatalf("terminal of %s: %v (%q)", id, err, seen)
 		}
 		seen += string(b)
+	}
+}
+
+// fleetQuota is the quota of the fleet test's quota-q key.
+const fleetQuota = 6
+
+// checkFleetQuota: 16 clients, 8 on each gateway, create at once against
+// a fleet quota of fleetQuota live sandboxes and exactly that many are
+// admitted; the fleet's count follows terminates through either gateway
+// at once, and a sandbox that ends on its node (its TTL) is released by
+// the gateways' reconciliation.
+func (f *fleet) checkFleetQuota() {
+	t := f.t
+	ctx := context.Background()
+	usage := func() (int, int) {
+		t.Helper()
+		u, err := f.pg.Usage(ctx, f.quotaKeyID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := f.pg.Reservations(ctx, f.quotaKeyID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Sandboxes, rows
+	}
+	var (
+		mu       sync.Mutex
+		admitted []string
+		refused  int
+		wg       sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for c := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			id, err := f.create(f.gateways[c%2], f.quotaKey)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				admitted = append(admitted, id)
+			case strings.Contains(err.Error(), "429") && strings.Contains(err.Error(), "quota sandboxes"):
+				refused++
+			default:
+				t.Errorf("a create against the quota: %v", err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	t.Logf("fleet quota %d: %d admitted, %d refused of 16 creates through two gateways", fleetQuota, len(admitted), refused)
+	if len(admitted) != fleetQuota || refused != 16-fleetQuota {
+		t.Fatalf("fleet quota %d: %d admitted, %d refused, want %d and %d", fleetQuota, len(admitted), refused, fleetQuota, 16-fleetQuota)
+	}
+	if n, rows := usage(); n != fleetQuota || rows != fleetQuota {
+		t.Errorf("fleet count %d (%d rows) with %d live, want %d", n, rows, len(admitted), fleetQuota)
+	}
+	// The key's usage through either gateway is the fleet's.
+	for _, g := range f.gateways {
+		code, b := f.do(g, f.quotaKey, http.MethodGet, "/v1/keys/self/usage", "")
+		var u apitypes.KeyUsage
+		if err := json.Unmarshal(b, &u); code != http.StatusOK || err != nil || u.Use.Sandboxes != fleetQuota || u.Quota.Sandboxes != fleetQuota {
+			t.Errorf("keys usage through %s: %d %v %s", g, code, err, b)
+		}
+	}
+	for i, id := range admitted[:2] {
+		if code, b := f.do(f.gateways[i%2], f.quotaKey, http.MethodDelete, "/v1/sandboxes/"+id, ""); code != http.StatusOK {
+			t.Fatalf("terminate %s: %d %s", id, code, b)
+		}
+	}
+	if n, rows := usage(); n != fleetQuota-2 || rows != fleetQuota-2 {
+		t.Errorf("fleet count after two terminates: %d (%d rows), want %d", n, rows, fleetQuota-2)
+	}
+	// A sandbox whose TTL ends it on its node: no gateway sees the end.
+	req, _ := http.NewRequest(http.MethodPost, f.gateways[0]+"/v1/sandboxes", strings.NewReader(`{"language":"shell","ttl_seconds":2}`))
+	req.Header.Set("Authorization", "Bearer "+f.quotaKey)
+	res, err := f.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusCreated && res.StatusCode != http.StatusOK {
+		t.Fatalf("create with a TTL: %d", res.StatusCode)
+	}
+	if n, _ := usage(); n != fleetQuota-1 {
+		t.Errorf("fleet count with the TTL sandbox: %d, want %d", n, fleetQuota-1)
+	}
+	// Gateway 2 (the real one) reconciles every 500 ms; gateway 1 is
+	// asked here too: two reconciliations release the sandbox once.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		f.gw1.ReconcileOnce(ctx)
+		n, rows := usage()
+		if n == fleetQuota-2 && rows == n {
+			break
+		}
+		if n < fleetQuota-2 || time.Now().After(deadline) {
+			t.Fatalf("fleet count after the TTL sandbox ended: %d (%d rows), want %d", n, rows, fleetQuota-2)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, id := range admitted[2:] {
+		if code, b := f.do(f.gateways[1], f.quotaKey, http.MethodDelete, "/v1/sandboxes/"+id, ""); code != http.StatusOK {
+			t.Errorf("terminate %s: %d %s", id, code, b)
+		}
+	}
+	if n, rows := usage(); n != 0 || rows != 0 {
+		t.Errorf("fleet count after every terminate: %d (%d rows), want 0", n, rows)
+	}
+}
+
+// checkE2B runs the official E2B SDK against a gateway's E2B listener
+// (in the fabric namespace): create, commands (one streamed), files,
+// list, kill; the sandbox is on a node, reached through the gateway.
+func (f *fleet) checkE2B() {
+	t := f.t
+	dir := filepath.Join(testenv.RepoRoot, "test", "e2b")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); err != nil {
+		t.Fatal("the e2b SDK is not installed: run `npm ci` in test/e2b (scripts/install-deps.sh does)")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node is not installed (scripts/install-deps.sh installs it)")
+	}
+	// Unauthenticated control-plane calls stop at the gateway.
+	for _, key := range []string{"", "e2b_0000000000000000000000000000000000000000"} {
+		req, _ := http.NewRequest(http.MethodGet, f.e2bs[0]+"/v2/sandboxes", nil)
+		if key != "" {
+			req.Header.Set("X-API-Key", key)
+		}
+		res, err := f.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusUnauthorized {
+			t.Errorf("E2B list through the gateway with key %q: %d, want 401", key, res.StatusCode)
+		}
+	}
+	// A node's E2B listener refuses a principal named without the
+	// gateway secret.
+	fr, _ := http.NewRequest(http.MethodGet, "http://198.19.1.2:49999/v2/sandboxes", nil)
+	fr.Header.Set("X-Sandboxd-Principal", `{"tenant":"admin","admin":true}`)
+	if res, err := f.client.Do(fr); err != nil {
+		t.Fatal(err)
+	} else if res.Body.Close(); res.StatusCode != http.StatusUnauthorized {
+		t.Errorf("a forged principal straight to a node's E2B listener: %d, want 401", res.StatusCode)
+	}
+	// envd of a sandbox of no node: E2B's "not running" answer.
+	req, _ := http.NewRequest(http.MethodGet, f.e2bs[0]+"/health", nil)
+	req.Header.Set("E2b-Sandbox-Id", "sbffffffff000000000000")
+	if res, err := f.client.Do(req); err != nil {
+		t.Fatal(err)
+	} else if res.Body.Close(); res.StatusCode != http.StatusBadGateway {
+		t.Errorf("envd of a sandbox of no node: %d, want 502", res.StatusCode)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "nsenter", "--net=/run/netns/"+f.fabricName, node, "client.mjs", "gateway")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "E2B_API_KEY="+f.aliceKey, "E2B_API_URL="+f.e2bs[1], "E2B_SANDBOX_URL="+f.e2bs[1], "E2B_DOMAIN=e2b.test")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("node client.mjs gateway: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	var rep struct {
+		Fatal     string `json:"fatal"`
+		SandboxID string `json:"sandboxId"`
+		Run       struct {
+			Stdout, Stderr string
+			ExitCode       int
+		} `json:"run"`
+		Streamed         int     `json:"streamed"`
+		StreamSpreadMs   float64 `json:"streamSpreadMs"`
+		ReadText         string  `json:"readText"`
+		Listed           bool    `json:"listed"`
+		Killed           bool    `json:"killed"`
+		RunningAfterKill bool    `json:"runningAfterKill"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Fatal != "" {
+		t.Fatalf("E2B SDK through the gateway: %v %s\nstderr: %s", err, rep.Fatal, stderr.String())
+	}
+	t.Logf("E2B SDK through the gateway: %s", stdout.String())
+	id := "sb-" + strings.TrimPrefix(rep.SandboxID, "sb")
+	tag, _ := sandbox.IDNodeTag(id)
+	onNode := ""
+	for _, name := range f.names {
+		if sandbox.NodeTag(name) == tag {
+			onNode = name
+		}
+	}
+	if onNode == "" {
+		t.Errorf("the E2B sandbox %s carries no node's tag", rep.SandboxID)
+	}
+	if rep.Run.Stdout != "hello-42\n" || rep.Run.Stderr != "oops\n" || rep.Run.ExitCode != 0 {
+		t.Errorf("commands.run through the gateway: %+v", rep.Run)
+	}
+	// Three lines 0.4 s apart: streamed as they came, not at the end.
+	if rep.Streamed < 3 || rep.StreamSpreadMs < 500 {
+		t.Errorf("a streamed command through the gateway: %d chunks over %.0f ms, want 3 over about 800", rep.Streamed, rep.StreamSpreadMs)
+	}
+	if rep.ReadText != "through the gateway" || !rep.Listed || !rep.Killed || rep.RunningAfterKill {
+		t.Errorf("E2B files, list and kill through the gateway: %+v", rep)
+	}
+	if _, ok := f.onNode()[id]; ok {
+		t.Errorf("the E2B sandbox %s on %s outlived its kill", id, onNode)
+	}
+}
+
+// checkPreview exposes a port of a sandbox through a gateway and fetches
+// it through the gateway's preview listener, with and without the token.
+func (f *fleet) checkPreview() {
+	t := f.t
+	code, b := f.do(f.gateways[0], f.aliceKey, http.MethodPost, "/v1/sandboxes", `{"image":"base"}`)
+	var sb apitypes.Sandbox
+	if err := json.Unmarshal(b, &sb); (code != http.StatusCreated && code != http.StatusOK) || err != nil {
+		t.Fatalf("create a base sandbox: %d %v %s", code, err, b)
+	}
+	defer f.do(f.gateways[1], f.aliceKey, http.MethodDelete, "/v1/sandboxes/"+sb.ID, "")
+	body, _ := json.Marshal(apitypes.ExecRequest{Command: "cd /tmp && echo preview-of-" + sb.ID + " > index.html && exec python3 -m http.server 8000 --bind 127.0.0.1"})
+	if code, b := f.do(f.gateways[0], f.aliceKey, http.MethodPost, "/v1/sandboxes/"+sb.ID+"/jobs", string(body)); code != http.StatusAccepted {
+		t.Fatalf("start a server in %s: %d %s", sb.ID, code, b)
+	}
+	get := func(u, token string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, u, nil)
+		if token != "" {
+			req.Header.Set(apitypes.PreviewTokenHeader, token)
+		}
+		res, err := f.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	// Exposed through each gateway, the exposure names that gateway's
+	// preview listener: the URL the API answers is the one that works.
+	for i, p := range f.previews {
+		code, b = f.do(f.gateways[i], f.aliceKey, http.MethodPost, "/v1/sandboxes/"+sb.ID+"/ports", `{"port":8000}`)
+		var x apitypes.PortExposure
+		if err := json.Unmarshal(b, &x); (code != http.StatusOK && code != http.StatusCreated) || err != nil || x.Token == "" {
+			t.Fatalf("expose port 8000 of %s: %d %v %s", sb.ID, code, err, b)
+		}
+		if want := p + "/preview/" + sb.ID + "/8000/"; x.BaseURL != want || !strings.HasPrefix(x.URL, want+"?") {
+			t.Errorf("the exposure through gateway %d names %q and %q, want %q", i, x.BaseURL, x.URL, want)
+		}
+		if code, body := get(x.BaseURL, ""); code != http.StatusUnauthorized {
+			t.Errorf("a preview through %s without its token: %d %s", p, code, body)
+		}
+		// The server may take a moment to listen.
+		var code int
+		var page string
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if code, page = get(x.BaseURL, x.Token); code == http.StatusOK || time.Now().After(deadline) {
+				break
+			}
+		}
+		if code != http.StatusOK || page != "preview-of-"+sb.ID+"\n" {
+			t.Errorf("the preview of %s through %s: %d %q", sb.ID, p, code, page)
+		}
+	}
+}
+
+// checkAudit: the gateways' records are in the fleet's audit rows, one
+// chain the verifier accepts (through the gateway, as sandboxctl asks):
+// creates, terminates, the drain and an authentication failure.
+func (f *fleet) checkAudit() {
+	t := f.t
+	ctl := exec.Command("nsenter", "--net=/run/netns/"+f.fabricName, filepath.Join(testenv.BinDir(t), "sandboxctl"), "--url", f.gateways[1], "--json", "audit", "verify")
+	ctl.Env = append(os.Environ(), "SANDBOXD_TOKEN="+f.adminKey)
+	out, err := ctl.CombinedOutput()
+	var rep apitypes.AuditReport
+	if err != nil || json.Unmarshal(out, &rep) != nil || !rep.OK || rep.Records == 0 {
+		t.Fatalf("sandboxctl audit verify through the gateway: %v: %s", err, out)
+	}
+	if code, _ := f.do(f.gateways[0], f.aliceKey, http.MethodGet, "/v1/audit/verify", ""); code != http.StatusForbidden {
+		t.Errorf("a user's audit verify: %d, want 403", code)
+	}
+	dir := t.TempDir()
+	path, err := f.pg.ExportAudit(context.Background(), dir)
+	if err != nil || path == "" {
+		t.Fatalf("export the fleet's audit rows: %q %v", path, err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var r struct {
+			Action   string `json:"action"`
+			Target   string `json:"target"`
+			FrontEnd string `json:"front_end"`
+			KeyName  string `json:"key_name"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("audit row %q: %v", line, err)
+		}
+		if r.Action == "authenticate" || r.KeyName != "" {
+			seen[r.Action]++
+		}
+	}
+	t.Logf("fleet audit: %d records; by action %v", rep.Records, seen)
+	for _, want := range []string{"POST /v1/sandboxes", "DELETE /v1/sandboxes/{id}", "PUT /v1/nodes/{name}/drain", "authenticate",
+		"POST /v2/sandboxes", "DELETE /sandboxes/{id}", "GET /login", "POST /v1/keys", "POST /v1/keys/{id}/revoke"} {
+		if seen[want] == 0 {
+			t.Errorf("the fleet's audit rows hold no %q record", want)
+		}
+	}
+}
+
+// checkWebEditor: the web editor through the gateways. A login URL minted
+// on one gateway is redeemed on the other, once across both; the session
+// cookie works on either (the page, its session, creates and execs on the
+// nodes as the key's tenant); a state change without the CSRF token, a
+// tampered cookie and a reused token are refused.
+func (f *fleet) checkWebEditor() {
+	t := f.t
+	g1, g2 := f.gateways[0], f.gateways[1]
+	noRedirect := &http.Client{Transport: f.client.Transport, Timeout: 30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	send := func(method, u, cookie, csrf, body string) (int, string, *http.Response) {
+		t.Helper()
+		req, _ := http.NewRequest(method, u, strings.NewReader(body))
+		if cookie != "" {
+			req.Header.Set("Cookie", "sandboxd_session="+cookie)
+		}
+		if csrf != "" {
+			req.Header.Set("X-CSRF-Token", csrf)
+		}
+		res, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b), res
+	}
+	code, b := f.do(g1, f.aliceKey, http.MethodPost, "/v1/ui/login-tokens", "")
+	var login struct {
+		URL   string `json:"url"`
+		Token string `json:"token"`
+	}
+	if err := json.Unmarshal(b, &login); code != http.StatusCreated || err != nil || !strings.HasPrefix(login.URL, g1+"/login?token=") {
+		t.Fatalf("mint a login through the gateway: %d %v %s", code, err, b)
+	}
+	if code, body, _ := send("GET", g1+"/", "", "", ""); code != http.StatusUnauthorized || !strings.Contains(body, "<form") {
+		t.Errorf("the editor without a session: %d, want the login page", code)
+	}
+	code, _, res := send("GET", g2+"/login?token="+url.QueryEscape(login.Token), "", "", "")
+	var cookie string
+	for _, c := range res.Cookies() {
+		if c.Name == "sandboxd_session" {
+			cookie = c.Value
+		}
+	}
+	if code != http.StatusSeeOther || cookie == "" {
+		t.Fatalf("redeem the login on the other gateway: %d, cookie %q", code, cookie)
+	}
+	if code, _, _ := send("GET", g1+"/login?token="+url.QueryEscape(login.Token), "", "", ""); code != http.StatusUnauthorized {
+		t.Errorf("a login token redeemed twice (across gateways): %d, want 401", code)
+	}
+	code, page, res := send("GET", g1+"/", cookie, "", "")
+	if code != http.StatusOK || !strings.Contains(page, "<script") || !strings.Contains(res.Header.Get("Content-Security-Policy"), "default-src 'self'") {
+		t.Errorf("the editor's page through the gateway: %d %.200s", code, page)
+	}
+	code, body, _ := send("GET", g2+"/v1/ui/session", cookie, "", "")
+	var sess struct {
+		CSRF string `json:"csrf_token"`
+	}
+	if err := json.Unmarshal([]byte(body), &sess); code != http.StatusOK || err != nil || sess.CSRF == "" {
+		t.Fatalf("GET /v1/ui/session: %d %v %s", code, err, body)
+	}
+	if code, body, _ := send("POST", g1+"/v1/sandboxes", cookie, "", `{"language":"shell"}`); code != http.StatusForbidden || !strings.Contains(body, "X-CSRF-Token") {
+		t.Errorf("a create from the editor without the CSRF token: %d %s, want 403", code, body)
+	}
+	tampered := cookie[:len(cookie)-2] + "AA"
+	if tampered == cookie {
+		tampered = cookie[:len(cookie)-2] + "BB"
+	}
+	if code, _, _ := send("GET", g1+"/v1/sandboxes", tampered, "", ""); code != http.StatusUnauthorized {
+		t.Errorf("a tampered session cookie: %d, want 401", code)
+	}
+	code, body, _ = send("POST", g1+"/v1/sandboxes", cookie, sess.CSRF, `{"language":"shell"}`)
+	var sb apitypes.Sandbox
+	if err := json.Unmarshal([]byte(body), &sb); (code != http.StatusCreated && code != http.StatusOK) || err != nil || sb.Tenant != "alice" {
+		t.Fatalf("a create from the editor: %d %v %s", code, err, body)
+	}
+	ex, _ := json.Marshal(apitypes.ExecRequest{Command: "echo from-the-editor"})
+	if code, body, _ := send("POST", g2+"/v1/sandboxes/"+sb.ID+"/exec", cookie, sess.CSRF, string(ex)); code != http.StatusOK || !strings.Contains(body, "from-the-editor") {
+		t.Errorf("an exec from the editor through the other gateway: %d %s", code, body)
+	}
+	if code, _, _ := send("DELETE", g1+"/v1/sandboxes/"+sb.ID, cookie, sess.CSRF, ""); code != http.StatusOK {
+		t.Errorf("a terminate from the editor: %d", code)
+	}
+	if code, _, _ := send("POST", g1+"/v1/ui/login-tokens", cookie, sess.CSRF, ""); code != http.StatusForbidden {
+		t.Errorf("a browser session minting a login: %d, want 403", code)
+	}
+}
+
+// checkFleetKeys: keys managed through one gateway are the fleet's: made
+// on one, it authenticates on the other; revoked on that one, it stops on
+// the first; a user key may not manage keys.
+func (f *fleet) checkFleetKeys() {
+	t := f.t
+	g1, g2 := f.gateways[0], f.gateways[1]
+	code, b := f.do(g2, f.adminKey, http.MethodPost, "/v1/keys", `{"name":"bob","tenant":"bob"}`)
+	var bob apitypes.KeySecret
+	if err := json.Unmarshal(b, &bob); code != http.StatusCreated || err != nil || bob.Secret == "" {
+		t.Fatalf("create a key through the gateway: %d %v %s", code, err, b)
+	}
+	if code, b := f.do(g2, f.adminKey, http.MethodPost, "/v1/keys", `{"name":"bob","bogus":1}`); code != http.StatusBadRequest {
+		t.Errorf("a key create with an unknown field: %d %s, want 400", code, b)
+	}
+	if code, _ := f.do(g1, f.aliceKey, http.MethodGet, "/v1/keys", ""); code != http.StatusForbidden {
+		t.Errorf("a user's key list: %d, want 403", code)
+	}
+	// The other gateway learns of it by NOTIFY: within a bounded wait.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, _ := f.do(g1, bob.Secret, http.MethodGet, "/v1/sandboxes", "")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bob's key on the other gateway: %d after 10s", code)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, b := f.do(g1, f.adminKey, http.MethodPost, "/v1/keys/"+bob.ID+"/revoke", ""); code != http.StatusOK {
+		t.Fatalf("revoke bob through the other gateway: %d %s", code, b)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		code, _ := f.do(g2, bob.Secret, http.MethodGet, "/v1/sandboxes", "")
+		if code == http.StatusUnauthorized {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bob's revoked key on the first gateway: %d after 10s", code)
+		}
 	}
 }

@@ -129,6 +129,14 @@ func placed[T any](e *Engine, ctx context.Context, hints any, what string, fn fu
 	if err != nil {
 		return zero, errdefs.Wrap(errdefs.Internal, err, "%s: encode", what)
 	}
+	// Counted against the caller's fleet quota before it is placed, as
+	// the REST create is; a sandbox made is bound, anything else (a
+	// failure, a run whose sandbox ended with it) released.
+	adm, err := e.g.Admit(ctx, body)
+	if err != nil {
+		return zero, err
+	}
+	defer adm.Release()
 	tried := map[string]bool{}
 	for {
 		n, more, err := e.g.Place(ctx, body, tried)
@@ -142,6 +150,9 @@ func placed[T any](e *Engine, ctx context.Context, hints any, what string, fn fu
 		}
 		v, err := fn(c)
 		if err == nil {
+			if sb, ok := any(v).(*apitypes.Sandbox); ok && sb != nil {
+				adm.Bind(sb.ID, n.Name)
+			}
 			return v, nil
 		}
 		// Only a refusal that did nothing is placed again: a dial that
@@ -352,7 +363,11 @@ func (e *Engine) GetSandbox(ctx context.Context, id string) (*apitypes.SandboxDe
 
 // TerminateSandbox asks the sandbox's node.
 func (e *Engine) TerminateSandbox(ctx context.Context, id string) (*apitypes.Sandbox, error) {
-	return onSandbox(e, ctx, id, func(c *client.Client) (*apitypes.Sandbox, error) { return c.TerminateSandbox(ctx, id) })
+	sb, err := onSandbox(e, ctx, id, func(c *client.Client) (*apitypes.Sandbox, error) { return c.TerminateSandbox(ctx, id) })
+	if err == nil {
+		e.g.Released(id) // its fleet quota count, as a REST terminate's
+	}
+	return sb, err
 }
 
 // TerminateLabeled terminates, on every node and as the gateway, the live

@@ -182,7 +182,16 @@ func (s *Service) Expose(ctx context.Context, req apitypes.ExposePortRequest) (*
 			return nil, errdefs.Wrap(errdefs.Internal, err, "preview token")
 		}
 		p, _ := principal.From(ctx)
-		x = exposure{token: hex.EncodeToString(b[:]), created: time.Now().UTC(), keyID: p.KeyID}
+		keyID := p.KeyID
+		if principal.OriginFrom(ctx).FrontEnd == "gateway" && s.keyValid != nil && !s.keyValid(keyID) {
+			// A fleet key a gateway authenticated, which this node does
+			// not hold (its keys live in the fleet's store): tied to it,
+			// the exposure would read as revoked at once. It is tied to
+			// no key, as the unix socket's are; its token still gates it
+			// and unexpose or terminate ends it.
+			keyID = ""
+		}
+		x = exposure{token: hex.EncodeToString(b[:]), created: time.Now().UTC(), keyID: keyID}
 		if s.m == nil {
 			s.m = map[portKey]exposure{}
 		}

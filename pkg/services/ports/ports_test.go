@@ -221,3 +221,44 @@ func TestExposureTiedToKey(t *testing.T) {
 		t.Fatalf("stored %+v: want one exposure, the admin's", rows)
 	}
 }
+
+// TestExposureByGatewayKey: an exposure made through a gateway with a
+// fleet key this node does not hold is tied to no key (tied, it would
+// read as revoked at once); a gateway-forwarded key the node does hold
+// stays tied to it; a direct caller's unknown key is never untied.
+func TestExposureByGatewayKey(t *testing.T) {
+	s, _, st := newService(t)
+	s.SetPreviewURL("http://127.0.0.1:7000")
+	held := map[string]bool{"key-local": true, "": true} // "" as tenants.Valid: the socket's
+	s.SetKeyCheck(func(id string) bool { return held[id] })
+	viaGateway := func(keyID string) context.Context {
+		ctx := principal.With(context.Background(), principal.Principal{KeyID: keyID, KeyName: "k", Tenant: "t"})
+		return principal.WithOrigin(ctx, principal.Origin{FrontEnd: "gateway", Source: "198.19.1.1:5000"})
+	}
+	x, err := s.Expose(viaGateway("key-fleet"), apitypes.ExposePortRequest{SandboxID: "sb1", Port: 8080})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Authorize("sb1", 8080, x.Token); err != nil {
+		t.Fatalf("an exposure made through a gateway with a fleet key: %v", err)
+	}
+	if _, err := s.Expose(viaGateway("key-local"), apitypes.ExposePortRequest{SandboxID: "sb1", Port: 8081}); err != nil {
+		t.Fatal(err)
+	}
+	direct := principal.WithOrigin(principal.With(context.Background(), principal.Principal{KeyID: "key-gone", Tenant: "t"}), principal.Origin{FrontEnd: "rest"})
+	z, err := s.Expose(direct, apitypes.ExposePortRequest{SandboxID: "sb1", Port: 8082})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Authorize("sb1", 8082, z.Token); errdefs.CodeOf(err) != errdefs.Unauthenticated {
+		t.Errorf("a direct caller's unknown key's exposure: %v, want unauthenticated", err)
+	}
+	rows, _ := st.ListPortExposures(context.Background())
+	keys := map[int]string{}
+	for _, r := range rows {
+		keys[r.Port] = r.KeyID
+	}
+	if keys[8080] != "" || keys[8081] != "key-local" || keys[8082] != "key-gone" {
+		t.Errorf("stored keys by port: %v", keys)
+	}
+}

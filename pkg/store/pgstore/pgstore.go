@@ -76,6 +76,34 @@ CREATE TABLE audit_head (
 );
 INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, repeat('0', 64));
 `,
+	2: `
+-- One row per sandbox a gateway admitted against a key's fleet quota
+-- (usage.go): key_usage is the sum of a key's rows, kept in the same
+-- transactions, so that a release is idempotent (whoever deletes the row
+-- takes its share off) and any gateway can release what another reserved.
+-- sandbox_id and node are set once the node created it (bound_at, the
+-- database's clock); a reservation never bound is a create that did not
+-- finish.
+CREATE TABLE fleet_sandboxes (
+	reservation text PRIMARY KEY,
+	key_id text NOT NULL,
+	sandboxes bigint NOT NULL,
+	memory_mb bigint NOT NULL,
+	cpus double precision NOT NULL,
+	disk_mb bigint NOT NULL,
+	reserved_at timestamptz NOT NULL DEFAULT now(),
+	sandbox_id text UNIQUE,
+	node text,
+	bound_at timestamptz
+);
+CREATE INDEX fleet_sandboxes_node ON fleet_sandboxes (node, bound_at);
+-- The nonces of the gateways' web editor login tokens that were redeemed
+-- (fleet.go, UseLogin): a token is single-use across every gateway.
+CREATE TABLE ui_logins (
+	nonce text PRIMARY KEY,
+	expires_at timestamptz NOT NULL
+);
+`,
 }
 
 // Store is a connection pool to the fleet's database.

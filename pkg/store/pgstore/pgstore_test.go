@@ -345,3 +345,163 @@ func BenchmarkAppendAudit(b *testing.B) {
 		}
 	}
 }
+
+// TestFleetReservations: per-sandbox reservations from two gateways keep
+// key_usage equal to the key's rows; a release is idempotent whichever
+// gateway makes it; reconciliation releases only what a node's list no
+// longer holds and was bound before the list; unbound reservations go
+// stale; a refused reservation leaves no row.
+func TestFleetReservations(t *testing.T) {
+	ctx := context.Background()
+	url := testenv.Postgres(t)
+	a, b := open(t, url), open(t, url)
+	q := apitypes.Quota{Sandboxes: 3}
+	one := apitypes.KeyUse{Sandboxes: 1, MemoryMB: 256, CPUs: 0.5}
+	usage := func(want int) {
+		t.Helper()
+		use, err := a.Usage(ctx, "key-f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := b.Reservations(ctx, "key-f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int(use.Sandboxes) != want || rows != want || use.MemoryMB != int64(want)*256 {
+			t.Fatalf("usage %+v with %d rows, want %d sandboxes", use, rows, want)
+		}
+	}
+	r1, err := a.ReserveSandbox(ctx, "key-f", one, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := b.ReserveSandbox(ctx, "key-f", one, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3, err := a.ReserveSandbox(ctx, "key-f", one, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ReserveSandbox(ctx, "key-f", one, q); errdefs.CodeOf(err) != errdefs.LimitExceeded || !strings.Contains(errdefs.MessageOf(err), "quota sandboxes") {
+		t.Fatalf("a fourth reservation against 3: %v", err)
+	}
+	usage(3)
+	if _, err := a.ReserveSandbox(ctx, "key-f", apitypes.KeyUse{Sandboxes: 2}, q); errdefs.CodeOf(err) != errdefs.InvalidArgument {
+		t.Fatalf("a reservation of two sandboxes: %v", err)
+	}
+	// A failed create's reservation, released twice (two gateways).
+	if err := a.ReleaseReservation(ctx, r3); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ReleaseReservation(ctx, r3); err != nil {
+		t.Fatal(err)
+	}
+	usage(2)
+	if err := b.BindSandbox(ctx, r3, "sb-x", "node-1"); errdefs.CodeOf(err) != errdefs.NotFound {
+		t.Fatalf("bind of a released reservation: %v", err)
+	}
+	before, err := a.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.BindSandbox(ctx, r1, "sb-1", "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.BindSandbox(ctx, r2, "sb-2", "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	// A list asked for before the binds holds neither: nothing released.
+	if n, err := a.ReconcileNode(ctx, "node-1", before, nil); err != nil || n != 0 {
+		t.Fatalf("reconcile with an older list: %d, %v", n, err)
+	}
+	after, _ := b.Now(ctx)
+	// Another node's list never releases node-1's.
+	if n, err := a.ReconcileNode(ctx, "node-2", after, nil); err != nil || n != 0 {
+		t.Fatalf("reconcile of node-2: %d, %v", n, err)
+	}
+	// sb-1 ended on node-1 (expired): both gateways reconcile at once.
+	var wg sync.WaitGroup
+	var released atomic.Int32
+	for _, g := range []*Store{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := g.ReconcileNode(ctx, "node-1", after, []string{"sb-2"})
+			if err != nil {
+				t.Error(err)
+			}
+			released.Add(int32(n))
+		}()
+	}
+	wg.Wait()
+	if released.Load() != 1 {
+		t.Fatalf("two reconciliations released %d, want 1 in all", released.Load())
+	}
+	usage(1)
+	// sb-2 terminated through a gateway: released, again harmlessly.
+	for _, g := range []*Store{a, b} {
+		if err := g.ReleaseSandbox(ctx, "sb-2"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	usage(0)
+	// A reservation whose gateway died before binding goes stale.
+	if _, err := a.ReserveSandbox(ctx, "key-f", one, q); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.ReleaseStale(ctx, time.Hour); err != nil || n != 0 {
+		t.Fatalf("release of reservations older than an hour: %d, %v", n, err)
+	}
+	if n, err := b.ReleaseStale(ctx, 0); err != nil || n != 1 {
+		t.Fatalf("release of stale reservations: %d, %v", n, err)
+	}
+	usage(0)
+	// A node gone for good: the operator releases its sandboxes.
+	r, _ := a.ReserveSandbox(ctx, "key-f", one, q)
+	if err := a.BindSandbox(ctx, r, "sb-9", "node-9"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.ReleaseNode(ctx, "node-9"); err != nil || n != 1 {
+		t.Fatalf("release node-9: %d, %v", n, err)
+	}
+	usage(0)
+	// A web editor login token is redeemed once across gateways.
+	exp := time.Now().Add(time.Minute)
+	if ok, err := a.UseLogin(ctx, "nonce-1", exp); err != nil || !ok {
+		t.Fatalf("first redemption: %v %v", ok, err)
+	}
+	if ok, err := b.UseLogin(ctx, "nonce-1", exp); err != nil || ok {
+		t.Fatalf("second redemption through the other gateway: %v %v", ok, err)
+	}
+	if _, err := a.UseLogin(ctx, "", exp); errdefs.CodeOf(err) != errdefs.InvalidArgument {
+		t.Fatalf("an empty nonce: %v", err)
+	}
+}
+
+// BenchmarkFleetSandbox is a gateway's accounting of one sandbox: reserve
+// before placement, bind to the node's answer, release on terminate.
+func BenchmarkFleetSandbox(b *testing.B) {
+	ctx := context.Background()
+	s, err := Open(ctx, testenv.Postgres(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	one, q := apitypes.KeyUse{Sandboxes: 1, MemoryMB: 256}, apitypes.Quota{Sandboxes: 10}
+	i := 0
+	for b.Loop() {
+		i++
+		id := fmt.Sprintf("sb-bench-%d", i)
+		r, err := s.ReserveSandbox(ctx, "key-bench", one, q)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.BindSandbox(ctx, r, id, "node-1"); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.ReleaseSandbox(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -12,11 +12,11 @@ import (
 
 // ReserveUsage adds add to key keyID's fleet-wide usage if the result
 // stays within q (a zero limit is no limit), or refuses with
-// `limit_exceeded` naming the quota. It is one conditional UPDATE: the row
-// lock it takes makes concurrent reservations from any number of gateways
-// queue, and each re-checks the condition against the row as the one
-// before it left it (READ COMMITTED re-evaluates the WHERE of an updated
-// row), so that together they never exceed q.
+// `limit_exceeded` naming the quota. It is one conditional upsert
+// (reserveSQL): the row lock it takes makes concurrent reservations from
+// any number of gateways queue, and each re-checks the condition against
+// the row as the one before it left it, so that together they never
+// exceed q.
 func (s *Store) ReserveUsage(ctx context.Context, keyID string, add apitypes.KeyUse, q apitypes.Quota) error {
 	if keyID == "" {
 		return errdefs.Invalidf("key_id: empty")
@@ -24,27 +24,40 @@ func (s *Store) ReserveUsage(ctx context.Context, keyID string, add apitypes.Key
 	if add.Sandboxes < 0 || add.MemoryMB < 0 || add.CPUs < 0 || add.DiskMB < 0 {
 		return errdefs.Invalidf("usage: a reservation adds, got %+v", add)
 	}
-	var ok bool
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO key_usage (key_id) VALUES ($1) ON CONFLICT DO NOTHING`, keyID); err != nil {
-			return err
-		}
-		tag, err := tx.Exec(ctx, `UPDATE key_usage SET sandboxes = sandboxes + $2, memory_mb = memory_mb + $3, cpus = cpus + $4, disk_mb = disk_mb + $5
-			WHERE key_id = $1
-			AND ($6 = 0 OR sandboxes + $2 <= $6)
-			AND ($7 = 0 OR memory_mb + $3 <= $7)
-			AND ($8 = 0 OR cpus + $4 <= $8 + 1e-9)
-			AND ($9 = 0 OR disk_mb + $5 <= $9)`,
-			keyID, add.Sandboxes, add.MemoryMB, add.CPUs, add.DiskMB, q.Sandboxes, q.MemoryMB, q.CPUs, q.DiskMB)
-		ok = err == nil && tag.RowsAffected() == 1
-		return err
-	})
+	tag, err := s.pool.Exec(ctx, reserveSQL, keyID, add.Sandboxes, add.MemoryMB, add.CPUs, add.DiskMB, q.Sandboxes, q.MemoryMB, q.CPUs, q.DiskMB)
 	if err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "reserve usage of key %s", keyID)
 	}
-	if ok {
+	if tag.RowsAffected() == 1 {
 		return nil
 	}
+	return s.refusal(ctx, keyID, add, q)
+}
+
+// reserveSQL adds $2..$5 to key $1's usage if the sums stay within the
+// quota $6..$9 (0: no limit), in one statement (one round trip, its own
+// transaction): an upsert whose update is conditional. A key's first
+// reservation inserts its row if the addition alone fits; later ones
+// conflict on it, and ON CONFLICT DO UPDATE locks the row and evaluates
+// the condition on its newest version, so concurrent reservations from
+// every gateway queue on the row and never exceed the quota together.
+// It returns the key's id when it reserved, no row when the quota
+// refused.
+const reserveSQL = `INSERT INTO key_usage AS u (key_id, sandboxes, memory_mb, cpus, disk_mb)
+	SELECT $1::text, $2::bigint, $3::bigint, $4::float8, $5::bigint
+	WHERE ($6::bigint = 0 OR $2::bigint <= $6::bigint) AND ($7::bigint = 0 OR $3::bigint <= $7::bigint)
+	AND ($8::float8 = 0 OR $4::float8 <= $8::float8 + 1e-9) AND ($9::bigint = 0 OR $5::bigint <= $9::bigint)
+	ON CONFLICT (key_id) DO UPDATE SET sandboxes = u.sandboxes + EXCLUDED.sandboxes, memory_mb = u.memory_mb + EXCLUDED.memory_mb,
+		cpus = u.cpus + EXCLUDED.cpus, disk_mb = u.disk_mb + EXCLUDED.disk_mb
+	WHERE ($6::bigint = 0 OR u.sandboxes + EXCLUDED.sandboxes <= $6::bigint)
+	AND ($7::bigint = 0 OR u.memory_mb + EXCLUDED.memory_mb <= $7::bigint)
+	AND ($8::float8 = 0 OR u.cpus + EXCLUDED.cpus <= $8::float8 + 1e-9)
+	AND ($9::bigint = 0 OR u.disk_mb + EXCLUDED.disk_mb <= $9::bigint)
+	RETURNING u.key_id`
+
+// refusal is the limit_exceeded error of a reservation the quota refused,
+// naming the quota at fault.
+func (s *Store) refusal(ctx context.Context, keyID string, add apitypes.KeyUse, q apitypes.Quota) error {
 	use, err := s.Usage(ctx, keyID)
 	if err != nil {
 		return err
