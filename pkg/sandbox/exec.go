@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	rtrace "runtime/trace"
+
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -135,14 +137,25 @@ func MergeEnv(layers ...map[string]string) []string {
 // Exec runs a command in sandbox id and waits for it. onOutput, if not nil,
 // sees the output as it comes.
 func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput OutputFunc) (*ExecResult, error) {
+	// Each step is an execution-tracer region, as on the create path
+	// (docs/ARCHITECTURE.md "Where an exec's time goes").
+	defer rtrace.StartRegion(ctx, "sandbox.exec").End()
+	reg := rtrace.StartRegion(ctx, "exec.lookup")
 	sb, caps, err := m.lookupFor(ctx, id, CapExec)
+	reg.End()
 	if err != nil {
 		return nil, err
 	}
-	if err := m.beginCommand(ctx, sb); err != nil {
+	reg = rtrace.StartRegion(ctx, "exec.running-transition")
+	err = m.beginCommand(ctx, sb)
+	reg.End()
+	if err != nil {
 		return nil, err
 	}
-	defer m.endCommand(sb)
+	defer func() {
+		defer rtrace.StartRegion(ctx, "exec.ready-transition").End()
+		m.endCommand(sb)
+	}()
 	if !caps.Agent {
 		return m.guestExec(ctx, sb, spec, onOutput)
 	}
@@ -150,7 +163,9 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	start := time.Now()
 	// Held: every byte must reach the attach below, however fast the
 	// command writes before it comes.
+	reg = rtrace.StartRegion(ctx, "exec.agent-start")
 	jobID, err := m.startCommand(ctx, sb, spec, nil, true, false)
+	reg.End()
 	if err != nil {
 		return nil, err
 	}
@@ -160,6 +175,7 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 		limit = m.opt.OutputLimit
 	}
 	stdout, stderr := newCapBuffer(limit), newCapBuffer(limit)
+	reg = rtrace.StartRegion(ctx, "exec.agent-attach")
 	exit, err := sb.agent.Attach(ctx, jobID, 0, 0, func(c agent.Chunk) error {
 		switch c.Stream {
 		case "stdout":
@@ -175,6 +191,7 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 		m.publishOutput(sb, jobID, c)
 		return nil
 	})
+	reg.End()
 	res := &ExecResult{
 		JobID: jobID, Stdout: stdout.String(), Stderr: stderr.String(),
 		StdoutTruncated: stdout.Truncated(), StderrTruncated: stderr.Truncated(),
@@ -199,9 +216,11 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	res.Usage = jobUsage(exit)
 	res.BlockedSyscalls = blockedSyscalls(sb, jobID)
 	// The outcome is delivered; neither the agent nor we need keep it.
+	reg = rtrace.StartRegion(ctx, "exec.agent-forget")
 	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = sb.agent.Forget(fctx, jobID)
 	cancel()
+	reg.End()
 	sb.mu.Lock()
 	delete(sb.jobs, jobID)
 	sb.mu.Unlock()
