@@ -161,22 +161,23 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	}
 
 	start := time.Now()
-	// Held: every byte must reach the attach below, however fast the
-	// command writes before it comes.
-	reg = rtrace.StartRegion(ctx, "exec.agent-start")
-	jobID, err := m.startCommand(ctx, sb, spec, nil, true, false)
-	reg.End()
-	if err != nil {
-		return nil, err
-	}
-	oomBefore := sb.jobMeta(jobID).oomBefore
 	limit := spec.MaxResultBytes
 	if limit <= 0 || (m.opt.OutputLimit > 0 && limit > m.opt.OutputLimit) {
 		limit = m.opt.OutputLimit
 	}
 	stdout, stderr := newCapBuffer(limit), newCapBuffer(limit)
-	reg = rtrace.StartRegion(ctx, "exec.agent-attach")
-	exit, err := sb.agent.Attach(ctx, jobID, 0, 0, func(c agent.Chunk) error {
+	oomBefore, _ := sb.oomKills()
+	// One connection to the agent: the start, the output and exit as an
+	// attach from offset 0 gets them, and the agent's forgetting of the
+	// delivered job (agent.Client.Run). Held output: an agent that does
+	// not follow on that connection keeps every byte for the attach that
+	// Run then makes.
+	reg = rtrace.StartRegion(ctx, "exec.agent-run")
+	jobID := ""
+	exit, err := sb.agent.Run(ctx, m.execRequest(sb, spec, nil, true, false), func(id string) {
+		jobID = id
+		sb.addJob(id, oomBefore)
+	}, func(c agent.Chunk) error {
 		switch c.Stream {
 		case "stdout":
 			stdout.Write(c.Data)
@@ -192,6 +193,9 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 		return nil
 	})
 	reg.End()
+	if jobID == "" {
+		return nil, m.agentError(sb, err, "start command")
+	}
 	res := &ExecResult{
 		JobID: jobID, Stdout: stdout.String(), Stderr: stderr.String(),
 		StdoutTruncated: stdout.Truncated(), StderrTruncated: stderr.Truncated(),
@@ -215,12 +219,7 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	res.Termination = m.termination(sb, exit, oomBefore)
 	res.Usage = jobUsage(exit)
 	res.BlockedSyscalls = blockedSyscalls(sb, jobID)
-	// The outcome is delivered; neither the agent nor we need keep it.
-	reg = rtrace.StartRegion(ctx, "exec.agent-forget")
-	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = sb.agent.Forget(fctx, jobID)
-	cancel()
-	reg.End()
+	// The outcome is delivered, and the agent forgot the job (Run).
 	sb.mu.Lock()
 	delete(sb.jobs, jobID)
 	sb.mu.Unlock()
