@@ -1198,6 +1198,15 @@ func TestRunOneConnection(t *testing.T) {
 			t.Errorf("run of a missing command: %v (started %v), want invalid_argument and no job", err, called)
 		}
 	})
+
+	// Only a start follows a job: follow on any other request is refused,
+	// naming the field.
+	for _, op := range []string{agent.OpPing, agent.OpAttach, agent.OpJobs, agent.OpForget} {
+		f := rawRequest(t, a.socket, agent.Request{V: agent.ProtocolVersion, Op: op, JobID: "j-0123456789abcdef", Follow: true})
+		if f.Type != agent.FrameError || f.Error.Code != errdefs.InvalidArgument || !strings.Contains(f.Error.Message, "follow") {
+			t.Errorf("%s with follow: %+v, want invalid_argument naming follow", op, f)
+		}
+	}
 }
 
 // TestRunClientGoneKeepsJob: a client that goes away before the exit is

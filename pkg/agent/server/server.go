@@ -203,6 +203,9 @@ func (s *Server) dispatch(req *agent.Request, c net.Conn, r *bufio.Reader, rp *r
 	if req.Len > 0 && req.Op != agent.OpStart && req.Op != agent.OpWriteFile {
 		return agent.Errorf(errdefs.InvalidArgument, "%s takes no payload", req.Op)
 	}
+	if req.Follow && req.Op != agent.OpStart {
+		return agent.Errorf(errdefs.InvalidArgument, "follow: only a start follows its job, not %s", req.Op)
+	}
 	switch req.Op {
 	case agent.OpPing:
 		total, running := s.jobs.counts()
