@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -1119,5 +1120,121 @@ func TestHoldOutputUntilAttach(t *testing.T) {
 		if complete != hold {
 			t.Errorf("hold %v: attach after 300 ms got %d bytes starting %q (exit %+v)", hold, got.Len(), got.String()[:min(10, got.Len())], exit)
 		}
+	}
+}
+
+// countingClient is a client of a's socket that counts its connections.
+func countingClient(a *testAgent, dials *atomic.Int32) *agent.Client {
+	dial := agent.UnixDialer(a.socket)
+	return agent.NewClient(func(ctx context.Context) (net.Conn, error) {
+		dials.Add(1)
+		return dial(ctx)
+	})
+}
+
+// TestRunOneConnection: Client.Run starts a command, streams its output
+// and exit on the start's own connection, and the agent forgets the job
+// once the exit is delivered.
+func TestRunOneConnection(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		name                string
+		req                 agent.ExecRequest
+		stdout, stderr      string
+		stdoutLen, exitCode int
+	}{
+		{name: "streams and exit code", req: sh("printf out; printf err >&2; exit 3"), stdout: "out", stderr: "err", exitCode: 3},
+		{name: "stdin payload", req: agent.ExecRequest{Argv: []string{"cat"}, Stdin: []byte("hello")}, stdout: "hello"},
+		// More than one output frame (agent.MaxChunkBytes), offsets contiguous.
+		{name: "long output", req: sh("head -c 600000 /dev/zero"), stdoutLen: 600000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var dials atomic.Int32
+			c := countingClient(a, &dials)
+			var o output
+			add := o.add(t, [2]int64{})
+			id, chunksBeforeStart := "", 0
+			exit, err := c.Run(ctx, tc.req, func(jobID string) {
+				if id != "" {
+					t.Errorf("onStarted called twice (%s, %s)", id, jobID)
+				}
+				id = jobID
+			}, func(ch agent.Chunk) error {
+				if id == "" {
+					chunksBeforeStart++
+				}
+				return add(ch)
+			})
+			if err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			if err := agent.ValidateJobID(id); err != nil || chunksBeforeStart != 0 {
+				t.Errorf("job id %q (%v), %d chunks before it", id, err, chunksBeforeStart)
+			}
+			if exit.Cause != agent.CauseExited || exit.ExitCode != tc.exitCode {
+				t.Errorf("exit %+v, want exited %d", exit, tc.exitCode)
+			}
+			if tc.stdoutLen > 0 {
+				if o.stdout.Len() != tc.stdoutLen || exit.StdoutBytes != int64(tc.stdoutLen) {
+					t.Errorf("stdout %d bytes (exit says %d), want %d", o.stdout.Len(), exit.StdoutBytes, tc.stdoutLen)
+				}
+			} else if o.stdout.String() != tc.stdout || o.stderr.String() != tc.stderr {
+				t.Errorf("stdout %q stderr %q, want %q %q", o.stdout.String(), o.stderr.String(), tc.stdout, tc.stderr)
+			}
+			if n := dials.Load(); n != 1 {
+				t.Errorf("%d connections, want 1", n)
+			}
+			if _, err := a.Read(ctx, id, 0, 0, 0); agent.ErrorCode(err) != errdefs.NotFound {
+				t.Errorf("read of a delivered job: %v, want not_found (forgotten)", err)
+			}
+		})
+	}
+
+	t.Run("start error", func(t *testing.T) {
+		called := false
+		_, err := a.Run(ctx, agent.ExecRequest{Argv: []string{"/nonexistent/cmd"}}, func(string) { called = true }, func(agent.Chunk) error { return nil })
+		if agent.ErrorCode(err) != errdefs.InvalidArgument || called {
+			t.Errorf("run of a missing command: %v (started %v), want invalid_argument and no job", err, called)
+		}
+	})
+
+	// Only a start follows a job: follow on any other request is refused,
+	// naming the field.
+	for _, op := range []string{agent.OpPing, agent.OpAttach, agent.OpJobs, agent.OpForget} {
+		f := rawRequest(t, a.socket, agent.Request{V: agent.ProtocolVersion, Op: op, JobID: "j-0123456789abcdef", Follow: true})
+		if f.Type != agent.FrameError || f.Error.Code != errdefs.InvalidArgument || !strings.Contains(f.Error.Message, "follow") {
+			t.Errorf("%s with follow: %+v, want invalid_argument naming follow", op, f)
+		}
+	}
+}
+
+// TestRunClientGoneKeepsJob: a client that goes away before the exit is
+// sent leaves the job in the agent, to be attached to later, as after an
+// attach that went away.
+func TestRunClientGoneKeepsJob(t *testing.T) {
+	a := startAgent(t)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	id := ""
+	// The command waits for a file the test writes after the client has
+	// gone, so it cannot end before.
+	gate := filepath.Join(a.root, "gate")
+	_, err := a.Run(ctx, sh("while [ ! -e "+gate+" ]; do sleep 0.01; done; echo done"), func(jobID string) {
+		id = jobID
+		cancel()
+	}, func(agent.Chunk) error { return nil })
+	if err == nil || id == "" {
+		t.Fatalf("run cancelled after the start: %v (job %q), want an error and a job", err, id)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var o output
+	exit, err := a.Attach(testCtx(t), id, 0, 0, o.add(t, [2]int64{}))
+	if err != nil {
+		t.Fatalf("attach after the client went: %v", err)
+	}
+	if exit.ExitCode != 0 || o.stdout.String() != "done\n" {
+		t.Errorf("exit %+v stdout %q, want 0 and the whole output", exit, o.stdout.String())
 	}
 }

@@ -283,6 +283,70 @@ func (c *Client) Attach(ctx context.Context, jobID string, stdoutOff, stderrOff 
 		return nil, err
 	}
 	defer cn.close()
+	return cn.follow(stdoutOff, stderrOff, onChunk)
+}
+
+// Run starts a command as Start does and follows it on the same
+// connection as Attach from offset 0 does: onStarted gets the job's id as
+// soon as the agent has started it, onChunk its output, and the result is
+// its exit status. The agent forgets the job once it has sent that, as
+// Forget would, before Run returns. One connection instead of three: each is a connect, an
+// accept and a wake-up of both processes. An error before onStarted ran
+// means no job was started; after, the job may still be running.
+//
+// An agent that predates Request.Follow answers the start alone and closes
+// the connection; Run then attaches and forgets on connections of their
+// own, as a daemon did before.
+func (c *Client) Run(ctx context.Context, req ExecRequest, onStarted func(jobID string), onChunk func(Chunk) error) (*ExitStatus, error) {
+	if len(req.Argv) == 0 {
+		return nil, Errorf(errdefs.InvalidArgument, "empty argv")
+	}
+	if len(req.Stdin) > MaxStdinBytes {
+		return nil, Errorf(errdefs.LimitExceeded, "stdin of %d bytes exceeds %d", len(req.Stdin), MaxStdinBytes)
+	}
+	cn, err := c.do(ctx, &Request{Op: OpStart, Exec: &req, Len: int64(len(req.Stdin)), Follow: true}, byteReader(req.Stdin))
+	if err != nil {
+		return nil, err
+	}
+	f, err := cn.expect(FrameResult, 0)
+	if err == nil {
+		if verr := ValidateJobID(f.JobID); verr != nil {
+			err = fmt.Errorf("%w: %v", ErrProtocol, verr)
+			cn.err = err
+		}
+	}
+	if err != nil {
+		cn.close()
+		return nil, err
+	}
+	onStarted(f.JobID)
+	if _, err := cn.r.Peek(1); errors.Is(err, io.EOF) {
+		// An agent without Follow: closed cleanly after the result.
+		cn.close()
+		exit, err := c.Attach(ctx, f.JobID, 0, 0, onChunk)
+		if err != nil {
+			return nil, err
+		}
+		// As a daemon forgot a delivered job: briefly, even if the caller
+		// has just gone.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		_ = c.Forget(fctx, f.JobID)
+		cancel()
+		return exit, nil
+	}
+	defer cn.close()
+	exit, err := cn.follow(0, 0, onChunk)
+	if err == nil {
+		// The agent forgets the job, then closes: once Run returns, the
+		// job is gone from its table, as after a Forget.
+		_, _ = cn.r.ReadByte()
+	}
+	return exit, err
+}
+
+// follow reads an attach's output frames from the given offsets, handing
+// each chunk to onChunk, until the exit frame.
+func (cn *conn) follow(stdoutOff, stderrOff int64, onChunk func(Chunk) error) (*ExitStatus, error) {
 	next := map[string]int64{StreamStdout: stdoutOff, StreamStderr: stderrOff}
 	for {
 		f, err := cn.frame(MaxChunkBytes)

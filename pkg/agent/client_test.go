@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -234,3 +236,72 @@ func TestReadLineBound(t *testing.T) {
 }
 
 func bufioReaderString(s string) *bufio.Reader { return bufio.NewReaderSize(strings.NewReader(s), 16) }
+
+// TestRunOlderAgent: an agent that predates Request.Follow answers a
+// start with its result and closes; Client.Run then attaches and forgets
+// on connections of their own and returns the same outcome.
+func TestRunOlderAgent(t *testing.T) {
+	const jobID = "j-0123456789abcdef"
+	var mu sync.Mutex
+	var got []agent.Request
+	sock := filepath.Join(t.TempDir(), "old.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				line, err := bufio.NewReader(c).ReadString('\n')
+				if err != nil {
+					return
+				}
+				var req agent.Request
+				if err := json.Unmarshal([]byte(line), &req); err != nil {
+					return
+				}
+				mu.Lock()
+				got = append(got, req)
+				mu.Unlock()
+				switch req.Op { // what an agent without Follow answers
+				case agent.OpStart:
+					fmt.Fprintf(c, `{"v":1,"type":"result","job_id":%q}`+"\n", jobID)
+				case agent.OpAttach:
+					fmt.Fprint(c, `{"v":1,"type":"output","stream":"stdout","offset":0,"len":2}`+"\nhi")
+					fmt.Fprint(c, `{"v":1,"type":"exit","exit":{"cause":"exited","exit_code":4,"stdout_bytes":2}}`+"\n")
+				case agent.OpForget:
+					fmt.Fprint(c, `{"v":1,"type":"result"}`+"\n")
+				}
+			}()
+		}
+	}()
+	c := agent.NewClient(agent.UnixDialer(sock))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	started, out := "", ""
+	exit, err := c.Run(ctx, agent.ExecRequest{Argv: []string{"true"}, HoldOutput: true}, func(id string) { started = id }, func(ch agent.Chunk) error {
+		out += string(ch.Data)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if started != jobID || out != "hi" || exit.ExitCode != 4 {
+		t.Errorf("started %q, output %q, exit %+v; want %s, hi, 4", started, out, exit, jobID)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var ops []string
+	for _, r := range got {
+		ops = append(ops, r.Op)
+	}
+	if fmt.Sprint(ops) != "[start attach forget]" || !got[0].Follow || got[1].JobID != jobID || got[2].JobID != jobID {
+		t.Errorf("requests %+v, want start (follow), attach and forget of %s", got, jobID)
+	}
+}

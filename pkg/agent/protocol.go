@@ -150,6 +150,15 @@ type Request struct {
 	Write     *WriteFileRequest `json:"write,omitempty"`
 	// Port is the TCP port of an OpConnect request.
 	Port int `json:"port,omitempty"`
+	// Follow (OpStart only) keeps the connection after the result frame:
+	// the agent streams the job's output and exit on it as an OpAttach
+	// from offset 0 would, then forgets the job (OpForget) once the exit
+	// frame is sent, or keeps it for a later attach if the client went
+	// away first. A whole exec on one connection instead of three. An
+	// agent that predates it ignores the field and closes after the
+	// result; the client then attaches and forgets on connections of
+	// their own (Client.Run).
+	Follow bool `json:"follow,omitempty"`
 }
 
 // Frame is one header line of a response (agent to client) or of the input

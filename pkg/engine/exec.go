@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"path"
+	rtrace "runtime/trace"
 	"strconv"
 	"strings"
 	"time"
@@ -25,8 +26,11 @@ const maxStdin = apitypes.MaxStdin
 // Exec runs a command in a sandbox and waits for it. onOutput, if not nil,
 // receives output as it arrives.
 func (e *Engine) Exec(ctx context.Context, req ExecRequest, onOutput sandbox.OutputFunc) (*sandbox.ExecResult, error) {
+	defer rtrace.StartRegion(ctx, "engine.exec").End()
 	ctx, span := telemetry.StartOp(ctx, "sandbox.exec", telemetry.Sandbox(req.SandboxID))
+	reg := rtrace.StartRegion(ctx, "exec.spec")
 	spec, err := e.execSpecFor(ctx, req)
+	reg.End()
 	if err != nil {
 		return nil, telemetry.End(span, err)
 	}

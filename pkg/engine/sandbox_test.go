@@ -202,6 +202,10 @@ func TestIsolation(t *testing.T) {
 	}{
 		{"uid", "id -u", "1000"},
 		{"gid", "id -g", "1000"},
+		// Real, effective, saved and file-system ids alike, and no
+		// supplementary group but its own: the job-exec helper switches
+		// them on the thread that execs (pkg/agent/server/jobexec.go).
+		{"credentials", "grep -E '^(Uid|Gid|Groups):' /proc/self/status | tr -s '\\t' ' ' | tr '\\n' ' '", "Uid: 1000 1000 1000 1000 Gid: 1000 1000 1000 1000 Groups: 1000"},
 		// A command has no capability in any set, not even in its bounding
 		// set (the job-exec helper drops it: pkg/agent/server/jobexec.go).
 		{"no capabilities", "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status | tr -s '\\t' ' ' | tr '\\n' ' '", "CapInh: 0000000000000000 CapPrm: 0000000000000000 CapEff: 0000000000000000 CapBnd: 0000000000000000 CapAmb: 0000000000000000"},

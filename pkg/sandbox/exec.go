@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	rtrace "runtime/trace"
+
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -135,32 +137,47 @@ func MergeEnv(layers ...map[string]string) []string {
 // Exec runs a command in sandbox id and waits for it. onOutput, if not nil,
 // sees the output as it comes.
 func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput OutputFunc) (*ExecResult, error) {
+	// Each step is an execution-tracer region, as on the create path
+	// (docs/ARCHITECTURE.md "Where an exec's time goes").
+	defer rtrace.StartRegion(ctx, "sandbox.exec").End()
+	reg := rtrace.StartRegion(ctx, "exec.lookup")
 	sb, caps, err := m.lookupFor(ctx, id, CapExec)
+	reg.End()
 	if err != nil {
 		return nil, err
 	}
-	if err := m.beginCommand(ctx, sb); err != nil {
+	reg = rtrace.StartRegion(ctx, "exec.running-transition")
+	err = m.beginCommand(ctx, sb)
+	reg.End()
+	if err != nil {
 		return nil, err
 	}
-	defer m.endCommand(sb)
+	defer func() {
+		defer rtrace.StartRegion(ctx, "exec.ready-transition").End()
+		m.endCommand(sb)
+	}()
 	if !caps.Agent {
 		return m.guestExec(ctx, sb, spec, onOutput)
 	}
 
 	start := time.Now()
-	// Held: every byte must reach the attach below, however fast the
-	// command writes before it comes.
-	jobID, err := m.startCommand(ctx, sb, spec, nil, true, false)
-	if err != nil {
-		return nil, err
-	}
-	oomBefore := sb.jobMeta(jobID).oomBefore
 	limit := spec.MaxResultBytes
 	if limit <= 0 || (m.opt.OutputLimit > 0 && limit > m.opt.OutputLimit) {
 		limit = m.opt.OutputLimit
 	}
 	stdout, stderr := newCapBuffer(limit), newCapBuffer(limit)
-	exit, err := sb.agent.Attach(ctx, jobID, 0, 0, func(c agent.Chunk) error {
+	oomBefore, _ := sb.oomKills()
+	// One connection to the agent: the start, the output and exit as an
+	// attach from offset 0 gets them, and the agent's forgetting of the
+	// delivered job (agent.Client.Run). Held output: an agent that does
+	// not follow on that connection keeps every byte for the attach that
+	// Run then makes.
+	reg = rtrace.StartRegion(ctx, "exec.agent-run")
+	jobID := ""
+	exit, err := sb.agent.Run(ctx, m.execRequest(sb, spec, nil, true, false), func(id string) {
+		jobID = id
+		sb.addJob(id, oomBefore)
+	}, func(c agent.Chunk) error {
 		switch c.Stream {
 		case "stdout":
 			stdout.Write(c.Data)
@@ -175,6 +192,10 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 		m.publishOutput(sb, jobID, c)
 		return nil
 	})
+	reg.End()
+	if jobID == "" {
+		return nil, m.agentError(sb, err, "start command")
+	}
 	res := &ExecResult{
 		JobID: jobID, Stdout: stdout.String(), Stderr: stderr.String(),
 		StdoutTruncated: stdout.Truncated(), StderrTruncated: stderr.Truncated(),
@@ -198,10 +219,7 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	res.Termination = m.termination(sb, exit, oomBefore)
 	res.Usage = jobUsage(exit)
 	res.BlockedSyscalls = blockedSyscalls(sb, jobID)
-	// The outcome is delivered; neither the agent nor we need keep it.
-	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = sb.agent.Forget(fctx, jobID)
-	cancel()
+	// The outcome is delivered, and the agent forgot the job (Run).
 	sb.mu.Lock()
 	delete(sb.jobs, jobID)
 	sb.mu.Unlock()

@@ -23,6 +23,16 @@ type jobMeta struct {
 // session writes to and closes.
 func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, tty *agent.TTYSize, hold, openStdin bool) (string, error) {
 	oomBefore, _ := sb.oomKills()
+	jobID, err := sb.agent.Start(ctx, m.execRequest(sb, spec, tty, hold, openStdin))
+	if err != nil {
+		return "", m.agentError(sb, err, "start command")
+	}
+	sb.addJob(jobID, oomBefore)
+	return jobID, nil
+}
+
+// execRequest is the agent's request for spec.
+func (m *Manager) execRequest(sb *Sandbox, spec ExecSpec, tty *agent.TTYSize, hold, openStdin bool) agent.ExecRequest {
 	cwd := spec.Cwd
 	if cwd == "" {
 		cwd = sb.spec.WorkDir
@@ -31,22 +41,22 @@ func (m *Manager) startCommand(ctx context.Context, sb *Sandbox, spec ExecSpec, 
 		cwd = "/workspace"
 	}
 	gid := spec.UID
-	req := agent.ExecRequest{
+	return agent.ExecRequest{
 		Argv: spec.Argv, Env: sb.env(spec.Env), Cwd: cwd, Stdin: spec.Stdin,
 		TimeoutMS: spec.Timeout.Milliseconds(), OutputLimit: m.opt.OutputLimit, UID: spec.UID, GID: gid, TTY: tty,
 		HoldOutput: hold, OpenStdin: openStdin && tty == nil,
 	}
-	jobID, err := sb.agent.Start(ctx, req)
-	if err != nil {
-		return "", m.agentError(sb, err, "start command")
-	}
+}
+
+// addJob records a job the daemon started, with the sandbox's OOM kill
+// count before it.
+func (sb *Sandbox) addJob(jobID string, oomBefore uint64) {
 	sb.mu.Lock()
 	if sb.jobs == nil {
 		sb.jobs = map[string]jobMeta{}
 	}
 	sb.jobs[jobID] = jobMeta{oomBefore: oomBefore}
 	sb.mu.Unlock()
-	return jobID, nil
 }
 
 func (sb *Sandbox) jobMeta(jobID string) jobMeta {

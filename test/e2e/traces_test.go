@@ -218,7 +218,8 @@ func TestTraces(t *testing.T) {
 	if step.Attrs["sandboxd.exit_code"] != "0" || step.Attrs["sandboxd.step"] != "run" {
 		t.Fatalf("run step attributes %v", step.Attrs)
 	}
-	// The agent's exec: a start and an attach, under the step.
+	// The agent's exec: one start that follows the command to its exit on
+	// its own connection (agent.Client.Run), under the step.
 	var ops []string
 	for _, s := range tr.Children(step.SpanID) {
 		if s.Kind != "Client" || !strings.HasPrefix(s.Name, "agent ") {
@@ -227,8 +228,8 @@ func TestTraces(t *testing.T) {
 		ops = append(ops, s.Attrs["sandboxd.agent.op"])
 	}
 	slices.Sort(ops)
-	if !slices.Contains(ops, "start") || !slices.Contains(ops, "attach") {
-		t.Fatalf("agent calls under the run step: %v, want start and attach:\n%s", ops, tree)
+	if fmt.Sprint(ops) != "[start]" {
+		t.Fatalf("agent calls under the run step: %v, want one start (no attach, no forget):\n%s", ops, tree)
 	}
 	// Every span of the trace descends from the caller's span.
 	for _, s := range tr.Spans {
@@ -260,8 +261,8 @@ func TestTraces(t *testing.T) {
 	if ex.Attrs["sandboxd.sandbox_id"] != id || ex.Attrs["sandboxd.exit_code"] != "0" {
 		t.Fatalf("exec span attributes %v", ex.Attrs)
 	}
-	if n := len(tr.Children(ex.SpanID)); n < 2 {
-		t.Fatalf("%d agent calls under the exec:\n%s", n, tr.Tree())
+	if kids := tr.Children(ex.SpanID); len(kids) != 1 || kids[0].Kind != "Client" || kids[0].Attrs["sandboxd.agent.op"] != "start" {
+		t.Fatalf("agent calls under the exec: %+v, want one start:\n%s", kids, tr.Tree())
 	}
 	nr := one(tr, "GET (unmatched)")
 	if nr.Attrs["http.response.status_code"] != "404" || strings.Contains(fmt.Sprint(nr.Attrs), "no-such-route") {

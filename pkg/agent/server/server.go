@@ -203,6 +203,9 @@ func (s *Server) dispatch(req *agent.Request, c net.Conn, r *bufio.Reader, rp *r
 	if req.Len > 0 && req.Op != agent.OpStart && req.Op != agent.OpWriteFile {
 		return agent.Errorf(errdefs.InvalidArgument, "%s takes no payload", req.Op)
 	}
+	if req.Follow && req.Op != agent.OpStart {
+		return agent.Errorf(errdefs.InvalidArgument, "follow: only a start follows its job, not %s", req.Op)
+	}
 	switch req.Op {
 	case agent.OpPing:
 		total, running := s.jobs.counts()
@@ -211,7 +214,7 @@ func (s *Server) dispatch(req *agent.Request, c net.Conn, r *bufio.Reader, rp *r
 			UptimeMS: time.Since(s.started).Milliseconds(), Jobs: total, Running: running,
 		}})
 	case agent.OpStart:
-		return s.start(req, r, rp)
+		return s.start(req, c, r, rp)
 	case agent.OpAttach, agent.OpInteractive:
 		j, err := s.jobs.get(req.JobID)
 		if err != nil {
@@ -264,7 +267,7 @@ func (s *Server) dispatch(req *agent.Request, c net.Conn, r *bufio.Reader, rp *r
 	return agent.Errorf(errdefs.InvalidArgument, "unknown op %q", req.Op)
 }
 
-func (s *Server) start(req *agent.Request, r *bufio.Reader, rp *reply) error {
+func (s *Server) start(req *agent.Request, c net.Conn, r *bufio.Reader, rp *reply) error {
 	if req.Exec == nil {
 		return agent.Errorf(errdefs.InvalidArgument, "start without exec")
 	}
@@ -279,7 +282,20 @@ func (s *Server) start(req *agent.Request, r *bufio.Reader, rp *reply) error {
 	if err != nil {
 		return err
 	}
-	return rp.send(&agent.Frame{Type: agent.FrameResult, JobID: j.id})
+	if err := rp.send(&agent.Frame{Type: agent.FrameResult, JobID: j.id}); err != nil || !req.Follow {
+		return err
+	}
+	// Follow: the rest of an attach from offset 0, then the forget the
+	// client would send next — unless it went away before the exit was
+	// sent: then the job stays for a later attach.
+	_ = c.SetReadDeadline(time.Time{}) // the stream lasts as long as the job
+	delivered, err := s.follow(j, [2]int64{}, r, rp)
+	if delivered {
+		if ferr := s.jobs.forget(j.id); ferr != nil {
+			s.log.Debug("followed job not forgotten", "job", j.id, "err", ferr)
+		}
+	}
+	return err
 }
 
 func (s *Server) read(j *job, req *agent.Request, rp *reply) error {
@@ -305,20 +321,28 @@ func (s *Server) read(j *job, req *agent.Request, rp *reply) error {
 	return rp.send(&agent.Frame{Type: agent.FrameResult, Read: rr}, out, errb)
 }
 
-// attach streams output until the job ends. The client sends nothing
-// after its request, so anything read (normally EOF) means it has gone.
+// attach streams output until the job ends.
 func (s *Server) attach(j *job, req *agent.Request, r *bufio.Reader, rp *reply) error {
+	_, err := s.follow(j, [2]int64{req.StdoutOffset, req.StderrOffset}, r, rp)
+	return err
+}
+
+// follow streams output from offs until the job ends, and says whether
+// its exit frame was sent. The client sends nothing after its request, so
+// anything read (normally EOF) means it has gone.
+func (s *Server) follow(j *job, offs [2]int64, r *bufio.Reader, rp *reply) (bool, error) {
 	gone := make(chan struct{})
 	go func() {
 		_, _ = r.ReadByte()
 		close(gone)
 	}()
-	return s.stream(j, [2]int64{req.StdoutOffset, req.StderrOffset}, gone, rp)
+	return s.stream(j, offs, gone, rp)
 }
 
 // stream sends a job's output from offs as it arrives, then its exit
-// status. It returns early, without error, when gone is closed.
-func (s *Server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) error {
+// status, and says whether that was sent. It returns early, without error,
+// when gone is closed.
+func (s *Server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) (bool, error) {
 	j.mu.Lock()
 	f := j.follow(offs)
 	j.releaseHeld() // the attach it stood in for has come
@@ -343,7 +367,7 @@ func (s *Server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) 
 				continue
 			}
 			if err := rp.send(&agent.Frame{Type: agent.FrameOutput, Stream: streamNames[i], Offset: offs[i]}, data); err != nil {
-				return fmt.Errorf("%w: send output: %w", errAbort, err)
+				return false, fmt.Errorf("%w: send output: %w", errAbort, err)
 			}
 			offs[i] += int64(len(data))
 			sent = true
@@ -357,12 +381,13 @@ func (s *Server) stream(j *job, offs [2]int64, gone <-chan struct{}, rp *reply) 
 		// The exit status is set only after all output was collected, so
 		// nothing can follow it.
 		if exit != nil {
-			return rp.send(&agent.Frame{Type: agent.FrameExit, Exit: exit})
+			err := rp.send(&agent.Frame{Type: agent.FrameExit, Exit: exit})
+			return err == nil, err
 		}
 		select {
 		case <-changed:
 		case <-gone:
-			return nil
+			return false, nil
 		}
 	}
 }
@@ -387,7 +412,8 @@ func (s *Server) interactive(j *job, offs [2]int64, r *bufio.Reader, rp *reply) 
 			s.log.Warn("interactive input ended", "job", j.id, "err", err)
 		}
 	}()
-	return s.stream(j, offs, gone, rp)
+	_, err := s.stream(j, offs, gone, rp)
+	return err
 }
 
 // input applies the client's frames until EOF or a protocol error; it never

@@ -208,6 +208,7 @@ var errSpareGone = fmt.Errorf("spare job helper gone")
 // runSpare is the spare's side (see MaybeJobExec): enter the cgroups, say
 // so, wait for the command, become it.
 func runSpare(procs string) {
+	lockMainThread()
 	ctl := 3
 	unix.CloseOnExec(ctl)
 	fail := func(errno syscall.Errno, format string, a ...any) {
