@@ -56,31 +56,11 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	if err != nil {
 		return fmt.Errorf("gateway.auth_token_file: %w", err)
 	}
-	// The fleet's PostgreSQL (store.postgres_url) holds the keys, the
-	// fleet-wide quota counts and the audit rows every gateway shares;
-	// without it, a SQLite file holds the keys and there are neither.
-	var keyStore tenants.KeyStore
-	var fleet gateway.FleetStore
-	if url := cfg.Store.PostgresURL; url != "" {
-		pg, err := pgstore.Open(ctx, url)
-		if err != nil {
-			return fmt.Errorf("store.postgres_url: %w", err)
-		}
-		defer pg.Close()
-		keyStore, fleet = pg, pg
-	} else {
-		st, err := store.Open(ctx, g.StateDB)
-		if err != nil {
-			return fmt.Errorf("gateway.state_db: %w", err)
-		}
-		defer st.Close()
-		keyStore = st
-	}
-	keys, err := tenants.New(ctx, tenants.Options{Store: keyStore, AdminToken: token, Log: log})
+	keys, fleet, closeStore, err := gatewayTenants(ctx, cfg, token, log)
 	if err != nil {
 		return err
 	}
-	defer keys.Close()
+	defer closeStore()
 	h := gateway.New(gateway.Options{
 		Discovery: disc, Auth: keys, Keys: keys, KeyAdmin: keys, Fleet: fleet, Secret: secret,
 		NodeTimeout: g.NodeTimeout.D(), ProbeInterval: g.ProbeInterval.D(), ReconcileInterval: g.ReconcileInterval.D(),
@@ -92,7 +72,13 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		},
 	})
 	go h.Reconcile(ctx)
-	// The REST listener, and the E2B and preview listeners when set.
+	return serveGateway(ctx, g, h, log)
+}
+
+// serveGateway serves the REST listener, and the E2B and preview
+// listeners when set, until ctx ends or one of them fails; then it
+// drains the requests in flight (10 s at most).
+func serveGateway(ctx context.Context, g config.Gateway, h *gateway.Gateway, log *slog.Logger) error {
 	type listener struct {
 		key, addr string
 		h         http.Handler
@@ -135,6 +121,37 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		}
 	}
 	return serveErr
+}
+
+// gatewayTenants opens the keys the gateways share. The fleet's
+// PostgreSQL (store.postgres_url) holds the keys, the fleet-wide quota
+// counts and the audit rows every gateway shares; without it, a SQLite
+// file (gateway.state_db) holds the keys and there are neither (fleet
+// nil). closeStore closes what was opened.
+func gatewayTenants(ctx context.Context, cfg *config.Config, token string, log *slog.Logger) (keys *tenants.Service, fleet gateway.FleetStore, closeStore func(), err error) {
+	var keyStore tenants.KeyStore
+	closeStore = func() {}
+	if url := cfg.Store.PostgresURL; url != "" {
+		pg, err := pgstore.Open(ctx, url)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("store.postgres_url: %w", err)
+		}
+		keyStore, fleet, closeStore = pg, pg, pg.Close
+	} else {
+		st, err := store.Open(ctx, cfg.Gateway.StateDB)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("gateway.state_db: %w", err)
+		}
+		keyStore, closeStore = st, func() { st.Close() }
+	}
+	keys, err = tenants.New(ctx, tenants.Options{Store: keyStore, AdminToken: token, Log: log})
+	if err != nil {
+		closeStore()
+		return nil, nil, nil, err
+	}
+	inner := closeStore
+	closeStore = func() { keys.Close(); inner() }
+	return keys, fleet, closeStore, nil
 }
 
 // gatewayDiscovery is where the gateway finds its nodes: the Kubernetes

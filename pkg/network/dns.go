@@ -155,18 +155,7 @@ func (f *dnsForwarder) serve(w dns.ResponseWriter, req *dns.Msg) {
 	resp.Answer = dropAAAA(resp.Answer)
 	resp.Extra = dropAAAA(resp.Extra)
 	if r.mode == ModeAllowlist {
-		addrs := map[netip.Addr]time.Duration{}
-		for _, rr := range resp.Answer {
-			if a, ok := rr.(*dns.A); ok {
-				ip, ok := netip.AddrFromSlice(a.A.To4())
-				if !ok {
-					continue
-				}
-				ttl := time.Duration(a.Hdr.Ttl) * time.Second
-				addrs[ip] = max(addrs[ip], ttl)
-			}
-		}
-		if err := f.policy.allowResolved(key, addrs); err != nil {
+		if err := f.policy.allowResolved(key, answerAddrs(resp)); err != nil {
 			f.log.Error("DNS forwarder: cannot admit resolved addresses", "name", q.Name, "err", err)
 			reply(dns.RcodeServerFailure)
 			return
@@ -183,6 +172,23 @@ func (f *dnsForwarder) serve(w dns.ResponseWriter, req *dns.Msg) {
 		resp.Truncate(size)
 	}
 	_ = w.WriteMsg(resp)
+}
+
+// answerAddrs are the IPv4 addresses of resp's answer, each with the
+// longest TTL it was given: what an allowlist sandbox may then reach.
+func answerAddrs(resp *dns.Msg) map[netip.Addr]time.Duration {
+	addrs := map[netip.Addr]time.Duration{}
+	for _, rr := range resp.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			ip, ok := netip.AddrFromSlice(a.A.To4())
+			if !ok {
+				continue
+			}
+			ttl := time.Duration(a.Hdr.Ttl) * time.Second
+			addrs[ip] = max(addrs[ip], ttl)
+		}
+	}
+	return addrs
 }
 
 func dropAAAA(rrs []dns.RR) []dns.RR {

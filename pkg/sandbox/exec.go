@@ -159,7 +159,15 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	if !caps.Agent {
 		return m.guestExec(ctx, sb, spec, onOutput)
 	}
+	return m.agentExec(ctx, sb, spec, onOutput)
+}
 
+// agentExec runs spec through sb's agent on one connection: the start,
+// the output and exit as an attach from offset 0 gets them, and the
+// agent's forgetting of the delivered job (agent.Client.Run). Held
+// output: an agent that does not follow on that connection keeps every
+// byte for the attach that Run then makes.
+func (m *Manager) agentExec(ctx context.Context, sb *Sandbox, spec ExecSpec, onOutput OutputFunc) (*ExecResult, error) {
 	start := time.Now()
 	limit := spec.MaxResultBytes
 	if limit <= 0 || (m.opt.OutputLimit > 0 && limit > m.opt.OutputLimit) {
@@ -167,12 +175,7 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	}
 	stdout, stderr := newCapBuffer(limit), newCapBuffer(limit)
 	oomBefore, _ := sb.oomKills()
-	// One connection to the agent: the start, the output and exit as an
-	// attach from offset 0 gets them, and the agent's forgetting of the
-	// delivered job (agent.Client.Run). Held output: an agent that does
-	// not follow on that connection keeps every byte for the attach that
-	// Run then makes.
-	reg = rtrace.StartRegion(ctx, "exec.agent-run")
+	reg := rtrace.StartRegion(ctx, "exec.agent-run")
 	jobID := ""
 	exit, err := sb.agent.Run(ctx, m.execRequest(sb, spec, nil, true, false), func(id string) {
 		jobID = id
@@ -196,6 +199,12 @@ func (m *Manager) Exec(ctx context.Context, id string, spec ExecSpec, onOutput O
 	if jobID == "" {
 		return nil, m.agentError(sb, err, "start command")
 	}
+	return m.execResult(ctx, sb, jobID, exit, err, stdout, stderr, oomBefore, start)
+}
+
+// execResult is the result of job jobID, which ended with exit (or the
+// agent's err while it was followed), its output in stdout and stderr.
+func (m *Manager) execResult(ctx context.Context, sb *Sandbox, jobID string, exit *agent.ExitStatus, err error, stdout, stderr *capBuffer, oomBefore uint64, start time.Time) (*ExecResult, error) {
 	res := &ExecResult{
 		JobID: jobID, Stdout: stdout.String(), Stderr: stderr.String(),
 		StdoutTruncated: stdout.Truncated(), StderrTruncated: stderr.Truncated(),
