@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -35,6 +36,7 @@ func TestTraceSpans(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
 		return res.StatusCode
 	}
@@ -47,6 +49,11 @@ func TestTraceSpans(t *testing.T) {
 	if st := do("GET", "/v1/secret-path-xyz/sb-1", ""); st != http.StatusNotFound {
 		t.Fatalf("unknown route: %d", st)
 	}
+	// A handler's span ends when its ServeHTTP returns, which may be just
+	// after the client has read the answer: Close waits for every request
+	// in flight, so that no span ends after the provider's Shutdown
+	// (which would drop it).
+	hs.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := p.Shutdown(ctx); err != nil {
