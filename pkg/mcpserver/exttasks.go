@@ -306,10 +306,21 @@ func (s *srv) withExtTasks(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody+1))
-		if err != nil || len(body) > maxRequestBody {
+		body, err := readBody(io.LimitReader(r.Body, maxRequestBody+1))
+		if err != nil {
+			// A body that could not be read (one over
+			// server.max_request_bytes, cut by the handler's cap): mcp-go
+			// answers the read error as it answers one, without reading a
+			// second copy of what was read here (a daemon under a stream of
+			// such requests holds one cap's worth each, not two).
+			body = nil
+			r.Body = readCloser{errReader{err}, r.Body}
+			next.ServeHTTP(w, r)
+			return
+		}
+		if len(body) > maxRequestBody {
 			// Not ours to route: mcp-go reads the whole body as it would
-			// have (and answers a read error as it answers one).
+			// have.
 			r.Body = readCloser{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
 			next.ServeHTTP(w, r)
 			return
@@ -369,6 +380,36 @@ type readCloser struct {
 	io.Reader
 	io.Closer
 }
+
+// readBody reads r to its end in chunks joined only once it is all in:
+// a body cut by the handler's cap (an error) leaves one copy of what was
+// read as garbage, not the up to twice as much of io.ReadAll's doubling.
+func readBody(r io.Reader) ([]byte, error) {
+	const chunk = 64 << 10
+	var chunks [][]byte
+	for {
+		b := make([]byte, chunk)
+		n, err := io.ReadFull(r, b)
+		if n > 0 {
+			chunks = append(chunks, b[:n])
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if len(chunks) == 1 {
+		return chunks[0], nil
+	}
+	return bytes.Join(chunks, nil), nil
+}
+
+// errReader answers every Read with err: a body whose reading failed.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // serveExtTaskMethod answers tasks/get, tasks/update and tasks/cancel.
 func (s *srv) serveExtTaskMethod(w http.ResponseWriter, r *http.Request, m *rpcMessage, modern bool) {
