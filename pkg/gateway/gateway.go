@@ -350,6 +350,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	case strings.HasPrefix(path, "/v1/artifacts/") && (r.Method == http.MethodGet || r.Method == http.MethodHead):
 		g.artifact(w, r, p, strings.TrimPrefix(path, "/v1/artifacts/"))
+	case isUntagged(r):
+		probe, _ := untaggedRoute(r.Method, path)
+		g.untagged(w, r, p, probe)
 	case path == "/v1/ssh/keys" || strings.HasPrefix(path, "/v1/ssh/keys/"):
 		g.sshKeys(w, r, p, strings.TrimPrefix(strings.TrimPrefix(path, "/v1/ssh/keys"), "/"))
 	case r.Method == http.MethodPost && (path == "/v1/sandboxes" || path == "/v1/run" || path == "/v1/agent/run"):

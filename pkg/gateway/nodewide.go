@@ -17,8 +17,8 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
 
-// What a node keeps whose id names no node: artifacts and snapshots
-// (found by asking every node), and SSH keys (written to every node, since
+// What a node keeps whose id names no node: artifacts, snapshots, runs
+// and autofix loops (found by asking every node), and SSH keys (written to every node, since
 // the login they authorize lands on the node of whichever sandbox it is
 // for). Artifact ids are not tagged with their node as sandbox ids are:
 // an artifact outlives its sandbox, ids already handed out carry no tag,
@@ -105,7 +105,10 @@ func (g *Gateway) artifact(w http.ResponseWriter, r *http.Request, p principal.P
 		writeError(w, errdefs.Invalidf("artifact_id: malformed %q", id))
 		return
 	}
-	n, err := g.holder(r.Context(), "artifact_id "+id, func(n Node) error { return g.head(r.Context(), n, "/v1/artifacts/"+url.PathEscape(id), &p, id) })
+	n, err := g.holder(r.Context(), "artifact_id "+id, func(n Node) error { return g.head(r.Context(), n, "/v1/artifacts/"+url.PathEscape(id), &p) })
+	if errdefs.Is(err, errdefs.NotFound) {
+		err = errdefs.NotFoundf("artifact_id: no artifact %q", id)
+	}
 	if err != nil {
 		writeError(w, err)
 		return
@@ -113,10 +116,47 @@ func (g *Gateway) artifact(w http.ResponseWriter, r *http.Request, p principal.P
 	g.forward(w, r, n, &p, "")
 }
 
+// untaggedRoute is, for a REST request about a snapshot, a run or an
+// autofix loop (ids without a node tag), the path that says whether a
+// node holds it; ok false for any other request.
+func untaggedRoute(method, path string) (probe string, ok bool) {
+	for _, prefix := range []string{"/v1/snapshots/", "/v1/runs/", "/v1/autofix/"} {
+		rest, found := strings.CutPrefix(path, prefix)
+		if !found || rest == "" {
+			continue
+		}
+		id, sub, _ := strings.Cut(rest, "/")
+		read := method == http.MethodGet || method == http.MethodHead
+		switch {
+		case prefix == "/v1/snapshots/" && sub == "" && (read || method == http.MethodDelete),
+			prefix == "/v1/runs/" && sub == "" && read && id != "export",
+			prefix == "/v1/autofix/" && (sub == "" && read || sub == "submit" && method == http.MethodPost):
+			return prefix + url.PathEscape(id), true
+		}
+	}
+	return "", false
+}
+
+// untagged forwards a request about an id without a node tag (a
+// snapshot, run or autofix loop: untaggedRoute) to the node that holds
+// it, found by a HEAD of probe on every node as the caller. None holds
+// it: one node that answers answers it (its own not_found, word for word).
+func (g *Gateway) untagged(w http.ResponseWriter, r *http.Request, p principal.Principal, probe string) {
+	n, err := g.holder(r.Context(), r.URL.Path, func(n Node) error { return g.head(r.Context(), n, probe, &p) })
+	switch {
+	case errdefs.Is(err, errdefs.NotFound):
+		g.any(w, r, p)
+	case err != nil:
+		writeError(w, err)
+	default:
+		g.forward(w, r, n, &p, "")
+	}
+}
+
 // head asks node n whether path exists for p: nil for 2xx, not_found for
 // 404 (a HEAD answer has no body to name the code), the node's silence
 // otherwise.
-func (g *Gateway) head(ctx context.Context, n Node, path string, p *principal.Principal, id string) error {
+func (g *Gateway) head(ctx context.Context, n Node, path string, p *principal.Principal) error {
 	ctx, cancel := context.WithTimeout(ctx, g.opt.NodeTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodHead, strings.TrimSuffix(n.URL, "/")+path, nil)
@@ -134,9 +174,9 @@ func (g *Gateway) head(ctx context.Context, n Node, path string, p *principal.Pr
 	case res.StatusCode >= 200 && res.StatusCode < 300:
 		return nil
 	case res.StatusCode == http.StatusNotFound:
-		return errdefs.NotFoundf("artifact_id: no artifact %q", id)
+		return errdefs.NotFoundf("%s: not on node %s", path, n.Name)
 	case res.StatusCode >= 400 && res.StatusCode < 500:
-		return errdefs.New(errdefs.Internal, "artifact %s: node %s answers %s", id, n.Name, res.Status)
+		return errdefs.New(errdefs.Internal, "HEAD %s: node %s answers %s", path, n.Name, res.Status)
 	}
 	return fmt.Errorf("HEAD %s: %s", path, res.Status)
 }
@@ -311,4 +351,11 @@ func (g *Gateway) broadcastWrite(ctx context.Context, what string, allowNotFound
 	}
 	return nil, errdefs.Wrap(errdefs.CodeOf(first), first, "%s: done on node %s, not on node %s: %s",
 		what, strings.Join(done, ", "), strings.Join(failed, ", "), errdefs.MessageOf(first))
+}
+
+// isUntagged says whether r is about an id without a node tag
+// (untaggedRoute).
+func isUntagged(r *http.Request) bool {
+	_, ok := untaggedRoute(r.Method, r.URL.Path)
+	return ok
 }

@@ -439,3 +439,41 @@ func TestSSHKeysOnEveryNode(t *testing.T) {
 		t.Errorf("list with node-b gone: %d %s, want node-a's keys", code, body)
 	}
 }
+
+// A snapshot's REST routes through a gateway reach the node that holds it
+// (its id carries no node tag); one no node holds is a node's own
+// not_found, word for word.
+func TestSnapshotRoutesFindTheirNode(t *testing.T) {
+	_, g, nodes := fleet(t)
+	gs := httptest.NewServer(g)
+	t.Cleanup(gs.Close)
+	nodes[1].mu.Lock()
+	nodes[1].snapshots["snap-b"] = true
+	nodes[1].mu.Unlock()
+	for range 4 {
+		code, body := gwDo(t, gs, "GET", "/v1/snapshots/snap-b", "")
+		if code != 200 || !strings.Contains(body, `"snap-b"`) {
+			t.Errorf("GET of node-b's snapshot through the gateway: %d %s", code, body)
+		}
+	}
+	if c := nodes[0].callsTo("GET", "/v1/snapshots/snap-b"); len(c) != 0 {
+		t.Errorf("node-a was asked for node-b's snapshot %d times", len(c))
+	}
+	if c := nodes[1].callsTo("GET", "/v1/snapshots/snap-b"); len(c) != 4 || c[0].p == nil || *c[0].p != alice {
+		t.Errorf("node-b answered its snapshot %d times as %+v, want 4 as alice", len(c), c)
+	}
+	code, body := gwDo(t, gs, "DELETE", "/v1/snapshots/snap-b", "")
+	if code != 204 {
+		t.Errorf("DELETE of node-b's snapshot through the gateway: %d %s", code, body)
+	}
+	nodes[1].mu.Lock()
+	left := nodes[1].snapshots["snap-b"]
+	nodes[1].mu.Unlock()
+	if left {
+		t.Errorf("node-b still holds snap-b after its delete through the gateway")
+	}
+	code, body = gwDo(t, gs, "GET", "/v1/snapshots/snap-b", "")
+	if code != 404 || !strings.Contains(body, `snapshot_id: no snapshot \"snap-b\"`) {
+		t.Errorf("GET of a deleted snapshot: %d %s, want the node's not_found", code, body)
+	}
+}

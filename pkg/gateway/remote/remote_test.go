@@ -175,7 +175,7 @@ func (n *node) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-File-Truncated", "false")
 		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
 		_, _ = w.Write(b)
-	case r.Method == "GET" && strings.HasPrefix(path, "/v1/snapshots/"):
+	case (r.Method == "GET" || r.Method == "HEAD") && strings.HasPrefix(path, "/v1/snapshots/"):
 		id := strings.TrimPrefix(path, "/v1/snapshots/")
 		if !n.snapshots[id] {
 			writeErr(w, 404, "not_found", fmt.Sprintf("snapshot_id: no snapshot %q", id))
