@@ -348,6 +348,13 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 		if g.admin(w, p) {
 			g.drain(w, r, strings.TrimSuffix(strings.TrimPrefix(path, "/v1/nodes/"), "/drain"))
 		}
+	case strings.HasPrefix(path, "/v1/artifacts/") && (r.Method == http.MethodGet || r.Method == http.MethodHead):
+		g.artifact(w, r, p, strings.TrimPrefix(path, "/v1/artifacts/"))
+	case isUntagged(r):
+		probe, _ := untaggedRoute(r.Method, path)
+		g.untagged(w, r, p, probe)
+	case path == "/v1/ssh/keys" || strings.HasPrefix(path, "/v1/ssh/keys/"):
+		g.sshKeys(w, r, p, strings.TrimPrefix(strings.TrimPrefix(path, "/v1/ssh/keys"), "/"))
 	case r.Method == http.MethodPost && (path == "/v1/sandboxes" || path == "/v1/run" || path == "/v1/agent/run"):
 		g.create(w, r, p)
 	case r.Method == http.MethodGet && path == "/v1/sandboxes":
@@ -474,7 +481,7 @@ func (g *Gateway) probe(ctx context.Context) []probed {
 }
 
 // call is the gateway's own request to node n, as p (nil: the gateway,
-// admin), decoding a 200 answer into out.
+// admin), decoding a 2xx answer into out (nil: the answer is dropped).
 func (g *Gateway) call(ctx context.Context, n Node, method, path string, body []byte, p *principal.Principal, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, g.opt.NodeTimeout)
 	defer cancel()
@@ -492,7 +499,7 @@ func (g *Gateway) call(ctx context.Context, n Node, method, path string, body []
 	if err != nil {
 		return err
 	}
-	if res.StatusCode != http.StatusOK {
+	if res.StatusCode < 200 || res.StatusCode > 299 {
 		var e apitypes.ErrorResponse
 		_ = json.Unmarshal(data, &e)
 		if res.StatusCode >= 400 && res.StatusCode < 500 && errdefs.Known(errdefs.Code(e.Error.Code)) {
@@ -501,6 +508,9 @@ func (g *Gateway) call(ctx context.Context, n Node, method, path string, body []
 			return errdefs.New(errdefs.Code(e.Error.Code), "%s", e.Error.Message)
 		}
 		return fmt.Errorf("%s %s: %s %s", method, path, res.Status, e.Error.Message)
+	}
+	if out == nil || res.StatusCode == http.StatusNoContent {
+		return nil
 	}
 	return json.Unmarshal(data, out)
 }

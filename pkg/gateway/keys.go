@@ -82,31 +82,46 @@ func (g *Gateway) keys(w http.ResponseWriter, r *http.Request, p principal.Princ
 	return true
 }
 
-// keyUsage is GET /v1/keys/{id}/usage: an admin any key's, a user its
-// own ("self"); the use counted across the fleet.
+// keyUsage is GET /v1/keys/{id}/usage: KeyUsage of the caller.
 func (g *Gateway) keyUsage(w http.ResponseWriter, r *http.Request, p principal.Principal, id string) {
-	if id == "self" {
+	u, err := g.KeyUsage(r.Context(), p, id)
+	reply(w, http.StatusOK, u, err)
+}
+
+// KeyUsage is key id's quota and its use counted across the fleet, as p
+// may see it: an admin any key's, a user its own ("self" or "": p's). It
+// answers GET /v1/keys/{id}/usage and the MCP quota_usage tool alike.
+func (g *Gateway) KeyUsage(ctx context.Context, p principal.Principal, id string) (*apitypes.KeyUsage, error) {
+	if id == "self" || id == "" {
 		id = p.KeyID
 	}
+	var keys KeyLookup = g.opt.Keys
+	if g.opt.KeyAdmin != nil {
+		keys = g.opt.KeyAdmin
+	}
+	if keys == nil {
+		return nil, errdefs.Unavailablef("key_id: this gateway has no keys store")
+	}
+	if id == "" {
+		// The gateway's own secret, or an admin without a key record.
+		return nil, errdefs.Invalidf("key_id: required (the caller has no key of its own)")
+	}
 	if !p.Admin && id != p.KeyID {
-		writeError(w, errdefs.NotFoundf("key_id: no key %q (or it is revoked)", id))
-		return
+		return nil, errdefs.NotFoundf("key_id: no key %q (or it is revoked)", id)
 	}
-	k, ok := g.opt.KeyAdmin.Key(id)
+	k, ok := keys.Key(id)
 	if !ok {
-		writeError(w, errdefs.NotFoundf("key_id: no key %q (or it is revoked)", id))
-		return
+		return nil, errdefs.NotFoundf("key_id: no key %q (or it is revoked)", id)
 	}
-	u := apitypes.KeyUsage{KeyID: k.ID, Name: k.Name, Tenant: k.Tenant, Quota: k.Quota}
+	u := &apitypes.KeyUsage{KeyID: k.ID, Name: k.Name, Tenant: k.Tenant, Quota: k.Quota}
 	if g.opt.Fleet != nil {
-		use, err := g.opt.Fleet.Usage(r.Context(), id)
+		use, err := g.opt.Fleet.Usage(ctx, id)
 		if err != nil {
-			writeError(w, err)
-			return
+			return nil, err
 		}
 		u.Use = use
 	}
-	writeJSON(w, http.StatusOK, u)
+	return u, nil
 }
 
 // reply answers v with status, or err.

@@ -31,6 +31,9 @@ type placeHints struct {
 	// SandboxID, on a run (/v1/run, /v1/agent/run), names the live
 	// sandbox to run in: routed to its node, not placed.
 	SandboxID string `json:"sandbox_id"`
+	// FromSnapshot, on a sandbox create, names the snapshot it starts
+	// from: created on the node that holds it, not placed.
+	FromSnapshot string `json:"from_snapshot"`
 	// e2b: an E2B create, for a node that serves the E2B API, whose
 	// answer names e2bDomain.
 	e2b       bool
@@ -125,6 +128,10 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request, p principal.Pri
 		g.forward(w, r, n, &p, "")
 		return
 	}
+	if h.FromSnapshot != "" && r.URL.Path == "/v1/sandboxes" {
+		g.createFromSnapshot(w, r, p, body, h)
+		return
+	}
 	// Counted against the key's fleet quota before it is placed; a run's
 	// sandbox ends with the run, so its reservation is released then.
 	rsv, err := g.reserve(r.Context(), p, h)
@@ -134,6 +141,26 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request, p principal.Pri
 	}
 	defer g.settle(rsv)
 	g.createOn(w, r, p, body, h, map[string]bool{}, start, rsv)
+}
+
+// createFromSnapshot creates a sandbox from a snapshot on the node that
+// holds the snapshot, counted against the key's fleet quota as a placed
+// create is (reserved once the snapshot is found, bound to the sandbox).
+func (g *Gateway) createFromSnapshot(w http.ResponseWriter, r *http.Request, p principal.Principal, body []byte, h placeHints) {
+	n, err := g.SnapshotNode(r.Context(), &p, h.FromSnapshot)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	rsv, err := g.reserve(r.Context(), p, h)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer g.settle(rsv)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	g.forwardTarget(w, r, n, target{p: &p, rsv: rsv, bind: true})
 }
 
 // createOn places a create on a node not in tried and forwards it; a node

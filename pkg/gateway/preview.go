@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 )
@@ -91,9 +92,7 @@ func isExposureRoute(path string) bool {
 }
 
 // rewriteExposures points the exposures of a node's answer (an exposure,
-// or {ports: [...]}) at the gateway's preview listener base: scheme and
-// host replaced, path and token kept. The host-name form (host_url) is
-// kept only when base is on the loopback, with base's port.
+// or {ports: [...]}) at the gateway's preview listener base (pointAt).
 func rewriteExposures(res *http.Response, base string) error {
 	bu, err := url.Parse(base)
 	if err != nil || base == "" || !strings.HasPrefix(res.Header.Get("Content-Type"), "application/json") {
@@ -104,43 +103,18 @@ func rewriteExposures(res *http.Response, base string) error {
 	if err != nil {
 		return err
 	}
-	one := func(m map[string]json.RawMessage) {
-		for _, k := range []string{"url", "base_url", "host_url"} {
-			var s string
-			if json.Unmarshal(m[k], &s) != nil || s == "" {
-				continue
-			}
-			u, err := url.Parse(s)
-			if err != nil {
-				continue
-			}
-			if k == "host_url" {
-				host, _, _ := net.SplitHostPort(u.Host)
-				ip := net.ParseIP(bu.Hostname())
-				if ip == nil || !ip.IsLoopback() {
-					delete(m, k)
-					continue
-				}
-				u.Host = net.JoinHostPort(host, bu.Port())
-			} else {
-				u.Scheme, u.Host = bu.Scheme, bu.Host
-				u.Path = strings.TrimSuffix(bu.Path, "/") + u.Path
-			}
-			m[k], _ = json.Marshal(u.String())
-		}
-	}
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(body, &obj) == nil {
 		if raw, ok := obj["ports"]; ok {
 			var list []map[string]json.RawMessage
 			if json.Unmarshal(raw, &list) == nil {
 				for _, m := range list {
-					one(m)
+					pointAt(m, bu)
 				}
 				obj["ports"], _ = json.Marshal(list)
 			}
 		} else {
-			one(obj)
+			pointAt(obj, bu)
 		}
 		if b, err := json.Marshal(obj); err == nil {
 			body = append(b, '\n')
@@ -150,4 +124,64 @@ func rewriteExposures(res *http.Response, base string) error {
 	res.ContentLength = int64(len(body))
 	res.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	return nil
+}
+
+// PointExposure points an exposure a node answered (the MCP engine's
+// sandbox_expose_port) at this gateway's preview listener, as the REST
+// answer is: the same rewrite (pointAt), not a copy. Without a preview
+// URL it is left as the node made it.
+func (g *Gateway) PointExposure(pe *apitypes.PortExposure) error {
+	base := g.previewBase()
+	bu, err := url.Parse(base)
+	if err != nil || base == "" || pe == nil {
+		return nil
+	}
+	b, err := json.Marshal(pe)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "exposure: encode")
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "exposure: decode")
+	}
+	pointAt(m, bu)
+	if b, err = json.Marshal(m); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "exposure: encode")
+	}
+	out := apitypes.PortExposure{}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "exposure: decode")
+	}
+	*pe = out
+	return nil
+}
+
+// pointAt points one exposure's URLs (url, base_url, host_url of its JSON
+// form m) at the preview listener base bu: scheme and host replaced, path
+// and token kept. The host-name form (host_url) is kept only when bu is on
+// the loopback, with bu's port.
+func pointAt(m map[string]json.RawMessage, bu *url.URL) {
+	for _, k := range []string{"url", "base_url", "host_url"} {
+		var s string
+		if json.Unmarshal(m[k], &s) != nil || s == "" {
+			continue
+		}
+		u, err := url.Parse(s)
+		if err != nil {
+			continue
+		}
+		if k == "host_url" {
+			host, _, _ := net.SplitHostPort(u.Host)
+			ip := net.ParseIP(bu.Hostname())
+			if ip == nil || !ip.IsLoopback() {
+				delete(m, k)
+				continue
+			}
+			u.Host = net.JoinHostPort(host, bu.Port())
+		} else {
+			u.Scheme, u.Host = bu.Scheme, bu.Host
+			u.Path = strings.TrimSuffix(bu.Path, "/") + u.Path
+		}
+		m[k], _ = json.Marshal(u.String())
+	}
 }

@@ -192,6 +192,7 @@ func TestGatewayMCP(t *testing.T) {
 		mcpCall{Name: "file_read", Args: map[string]any{"sandbox_id": id, "path": "/workspace/gw.txt"}},
 		mcpCall{Name: "sandbox_create", Args: map[string]any{"language": "shell"}},
 		mcpCall{Name: "sandbox_list", Args: map[string]any{}},
+		mcpCall{Name: "quota_usage", Args: map[string]any{}},
 	)
 	for _, r := range res[:2] {
 		if !r.IsError || !strings.HasPrefix(r.Text, "not_found:") {
@@ -208,6 +209,35 @@ func TestGatewayMCP(t *testing.T) {
 	}
 	if !slices.Equal(seen, []string{alices}) {
 		t.Errorf("alice's sandbox_list: %v, want only %s", seen, alices)
+	}
+	// quota_usage is the fleet's count of alice's key (the gateways'
+	// PostgreSQL), as GET /v1/keys/self/usage on the gateway answers.
+	if r := res[4]; r.IsError {
+		t.Errorf("alice's quota_usage through the gateway: %s", r.Text)
+	} else if use, _ := r.Structured["use"].(map[string]any); use["sandboxes"] != float64(1) || r.Structured["tenant"] != "alice" {
+		t.Errorf("alice's quota_usage through the gateway: %v, want her 1 sandbox", r.Structured)
+	}
+	code, b = f.do(f.gateways[0], f.aliceKey, http.MethodGet, "/v1/keys/self/usage", "")
+	var restUse apitypes.KeyUsage
+	if err := json.Unmarshal(b, &restUse); code != http.StatusOK || err != nil || restUse.Use.Sandboxes != 1 {
+		t.Errorf("alice's usage over REST through the other gateway: %d %s, want 1 sandbox", code, b)
+	}
+
+	// An artifact exported on the sandbox's node is downloaded through
+	// either gateway from that node, whichever node is asked first.
+	code, b = f.do(f.gateways[0], f.adminKey, http.MethodPost, "/v1/sandboxes/"+id+"/export?path=/workspace", "")
+	var art apitypes.Artifact
+	if err := json.Unmarshal(b, &art); code != http.StatusCreated || err != nil || art.ID == "" {
+		t.Fatalf("export through the gateway: %d %s", code, b)
+	}
+	for i := range 6 {
+		code, b := f.do(f.gateways[i%2], f.adminKey, http.MethodGet, art.DownloadPath, "")
+		if code != http.StatusOK || int64(len(b)) != art.Size || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("download %d of %s through gateway %d: %d, %d bytes, want the %d-byte tar.gz", i, art.ID, i%2+1, code, len(b), art.Size)
+		}
+	}
+	if code, b := f.do(f.gateways[1], f.aliceKey, http.MethodGet, art.DownloadPath, ""); code != http.StatusNotFound {
+		t.Errorf("alice downloading the admin's artifact through the gateway: %d %s, want 404", code, b)
 	}
 
 	// A stdio-only MCP client through `mcp-sandboxd stdio --url` (in the
@@ -313,5 +343,83 @@ func TestGatewayMCP(t *testing.T) {
 	}
 	if out, errOut, err := sshThrough(f.aliceKey, "cat", "/workspace/gw.txt"); err == nil || out != "" || !strings.Contains(errOut, "not_found") {
 		t.Errorf("alice's ssh to the admin's sandbox through the gateway: %v: stdout %q, stderr %s; want refused, not_found", err, out, errOut)
+	}
+
+	// A key registered through a gateway (sandboxctl ssh-keys add) is on
+	// every node, so an OpenSSH login with it reaches a sandbox of any
+	// node through the gateway; removed through the gateway, it is gone
+	// from every node and logs in no more.
+	dir := t.TempDir()
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gw-key", "-f", filepath.Join(dir, "id")).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v %s", err, out)
+	}
+	ctl := func(args ...string) (string, error) {
+		argv := append([]string{"--net=/run/netns/" + f.fabricName, "--", filepath.Join(testenv.BinDir(t), "sandboxctl"), "--url", f.gateways[0]}, args...)
+		cmd := exec.Command("nsenter", argv...)
+		cmd.Env = append(os.Environ(), "SANDBOXD_TOKEN="+f.adminKey)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := ctl("ssh-keys", "add", filepath.Join(dir, "id.pub"))
+	fields := strings.Fields(out)
+	if err != nil || len(fields) < 3 || !strings.HasPrefix(fields[1], "SHA256:") {
+		t.Fatalf("sandboxctl --url GATEWAY ssh-keys add: %v %s", err, out)
+	}
+	keyID, fp := fields[0], fields[1]
+	onNodes := func() []int {
+		var n []int
+		for i, d := range f.nodes {
+			code, b := f.do("http://"+d.HTTPAddr, d.Token(), http.MethodGet, "/v1/ssh/keys", "")
+			var l apitypes.SSHKeyList
+			if code != http.StatusOK || json.Unmarshal(b, &l) != nil {
+				t.Fatalf("%s's ssh keys: %d %s", f.names[i], code, b)
+			}
+			for _, k := range l.Keys {
+				if k.Fingerprint == fp {
+					n = append(n, i)
+				}
+			}
+		}
+		return n
+	}
+	if got := onNodes(); len(got) != len(f.nodes) {
+		t.Errorf("the key added through the gateway is on nodes %v, want all %d", got, len(f.nodes))
+	}
+	if out, err := ctl("ssh-keys", "list"); err != nil || strings.Count(out, fp) != 1 {
+		t.Errorf("sandboxctl --url GATEWAY ssh-keys list: %v %s, want %s once", err, out, fp)
+	}
+	// The host key checked strictly: the sandbox's node's, as it says.
+	code, b = f.do(direct, f.nodes[owner].Token(), http.MethodGet, "/v1/ssh", "")
+	var ep apitypes.SSHEndpoint
+	if code != http.StatusOK || json.Unmarshal(b, &ep) != nil || ep.HostKey == "" {
+		t.Fatalf("%s's ssh endpoint: %d %s", f.names[owner], code, b)
+	}
+	kh := filepath.Join(dir, "known_hosts")
+	if err := os.WriteFile(kh, []byte("mcp-sandboxd "+ep.HostKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keyLogin := func() (string, string, error) {
+		cmd := exec.Command("nsenter", "--net=/run/netns/"+f.fabricName, "--", "ssh",
+			"-i", filepath.Join(dir, "id"), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "PreferredAuthentications=publickey",
+			"-o", "UserKnownHostsFile="+kh, "-o", "GlobalKnownHostsFile=/dev/null", "-o", "HostKeyAlias=mcp-sandboxd", "-o", "StrictHostKeyChecking=yes",
+			"-o", "ConnectTimeout=20", "-o", "ProxyCommand="+filepath.Join(testenv.BinDir(t), "sandboxctl")+" --url "+f.gateways[1]+" ssh-proxy --sandbox "+id,
+			"-l", id, "mcp-sandboxd", "cat", "/workspace/gw.txt")
+		cmd.Env = append(os.Environ(), "SANDBOXD_TOKEN="+f.adminKey, "HOME="+dir)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		return stdout.String(), stderr.String(), err
+	}
+	if out, errOut, err := keyLogin(); err != nil || out != content {
+		t.Errorf("OpenSSH login with the key added through the gateway: %v: stdout %q, stderr %s", err, out, errOut)
+	}
+	if out, err := ctl("ssh-keys", "rm", keyID); err != nil {
+		t.Errorf("sandboxctl --url GATEWAY ssh-keys rm %s: %v %s", keyID, err, out)
+	}
+	if got := onNodes(); len(got) != 0 {
+		t.Errorf("the key removed through the gateway is still on nodes %v", got)
+	}
+	if out, errOut, err := keyLogin(); err == nil || out != "" || !strings.Contains(errOut, "Permission denied") {
+		t.Errorf("OpenSSH login with the removed key: %v: stdout %q, stderr %s; want refused", err, out, errOut)
 	}
 }

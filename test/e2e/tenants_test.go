@@ -360,6 +360,14 @@ func TestTenants(t *testing.T) {
 			t.Errorf("%s downloads alice's archive: %d, %d bytes (want gzip)", who, st, len(b))
 		}
 	}
+	// HEAD (how a gateway finds the node that holds an archive): the
+	// owner's 200 without a body, another tenant's 404.
+	if st, b := alice.do("HEAD", "/v1/artifacts/"+art.ID, nil); st != http.StatusOK || len(b) != 0 {
+		t.Errorf("alice's HEAD of her archive: %d, %d bytes, want 200 and no body", st, len(b))
+	}
+	if st, _ := bob.do("HEAD", "/v1/artifacts/"+art.ID, nil); st != http.StatusNotFound {
+		t.Errorf("bob's HEAD of alice's archive: %d, want 404", st)
+	}
 	// Alice's preview exposure answers her token (502: nothing listens on
 	// the port, so the request passed authorization and was relayed).
 	st, b = alice.do("POST", "/v1/sandboxes/"+a+"/ports", map[string]any{"port": 8080})

@@ -13,8 +13,8 @@
 // Node-wide things are decided per method (docs/SPEC.md "Through a
 // gateway"): template writes and image builds go to every node; their lists
 // and reads, runs, snapshots and autofix loops are merged or looked up
-// across nodes; named volumes, key usage and Dockerfile builds answer
-// unavailable, saying why.
+// across nodes; key usage is the fleet's count (gateway.KeyUsage); named
+// volumes and Dockerfile builds answer unavailable, saying why.
 package remote
 
 import (
@@ -327,13 +327,36 @@ func (e *Engine) CreateSandboxProgress(ctx context.Context, req apitypes.CreateS
 		return c.CreateSandboxProgress(ctx, req, progress)
 	}
 	if req.FromSnapshot != "" {
-		// A snapshot is a node's disk: the fork starts beside it.
-		return found(e, ctx, "from_snapshot "+req.FromSnapshot, func(c *client.Client) (*apitypes.Sandbox, error) {
-			if _, err := c.GetSnapshot(ctx, req.FromSnapshot); err != nil {
-				return nil, err
-			}
-			return create(c)
-		})
+		// A snapshot is a node's disk: the fork starts beside it, found
+		// as the REST create finds it (gateway.SnapshotNode), and counted
+		// against the caller's fleet quota as a placed create is.
+		var p *principal.Principal
+		if pr, ok := principal.From(ctx); ok {
+			p = &pr
+		}
+		n, err := e.g.SnapshotNode(ctx, p, req.FromSnapshot)
+		if err != nil {
+			return nil, err
+		}
+		body, err := json.Marshal(req)
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "sandbox_create: encode")
+		}
+		adm, err := e.g.Admit(ctx, body)
+		if err != nil {
+			return nil, err
+		}
+		defer adm.Release()
+		c, err := e.client(n)
+		if err != nil {
+			return nil, err
+		}
+		sb, err := create(c)
+		if err != nil {
+			return nil, nodeErr(n, "sandbox_create", err)
+		}
+		adm.Bind(sb.ID, n.Name)
+		return sb, nil
 	}
 	return placed(e, ctx, req, "sandbox_create", create)
 }
@@ -432,11 +455,19 @@ func (e *Engine) WatchNetwork(ctx context.Context, id string, w engine.NetworkWa
 	return nil, unavailable("network approvals during a call", "the DNS forwarder that would hold the lookup is on sandbox "+id+"'s node")
 }
 
-// ExposePort asks the sandbox's node.
+// ExposePort asks the sandbox's node; the URLs name the gateway's preview
+// listener, as the REST answer's do (gateway.PointExposure).
 func (e *Engine) ExposePort(ctx context.Context, req apitypes.ExposePortRequest) (*apitypes.PortExposure, error) {
-	return onSandbox(e, ctx, req.SandboxID, func(c *client.Client) (*apitypes.PortExposure, error) {
+	pe, err := onSandbox(e, ctx, req.SandboxID, func(c *client.Client) (*apitypes.PortExposure, error) {
 		return c.ExposePort(ctx, req.SandboxID, req.Port)
 	})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.g.PointExposure(pe); err != nil {
+		return nil, err
+	}
+	return pe, nil
 }
 
 // Commands and jobs.
@@ -733,9 +764,15 @@ func (e *Engine) AgentRun(ctx context.Context, req apitypes.AgentRunRequest, pro
 	return placed(e, ctx, req, "agent_run", run)
 }
 
-// KeyUsage is not served: a key's use is counted by each node.
+// KeyUsage is the key's quota and its use counted across the fleet, from
+// the gateways' keys store and fleet database (gateway.KeyUsage, as GET
+// /v1/keys/{id}/usage on the gateway answers).
 func (e *Engine) KeyUsage(ctx context.Context, id string) (*apitypes.KeyUsage, error) {
-	return nil, unavailable("quota_usage", "each node counts a key's use of its own sandboxes, and the fleet-wide count is not wired yet; ask the nodes")
+	p, ok := principal.From(ctx)
+	if !ok {
+		return nil, errdefs.New(errdefs.Internal, "quota_usage: the call names no caller")
+	}
+	return e.g.KeyUsage(ctx, p, id)
 }
 
 // Languages and images: the nodes of a fleet share their configuration;

@@ -38,6 +38,8 @@ type node struct {
 	files     map[string][]byte
 	snapshots map[string]bool
 	templates map[string]bool
+	artifacts map[string]string // artifact id: its tenant
+	sshKeys   []apitypes.SSHKey
 	calls     []call
 }
 
@@ -173,7 +175,7 @@ func (n *node) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-File-Truncated", "false")
 		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
 		_, _ = w.Write(b)
-	case r.Method == "GET" && strings.HasPrefix(path, "/v1/snapshots/"):
+	case (r.Method == "GET" || r.Method == "HEAD") && strings.HasPrefix(path, "/v1/snapshots/"):
 		id := strings.TrimPrefix(path, "/v1/snapshots/")
 		if !n.snapshots[id] {
 			writeErr(w, 404, "not_found", fmt.Sprintf("snapshot_id: no snapshot %q", id))
@@ -198,7 +200,9 @@ func (n *node) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		n.templates[req.Name] = true
 		writeJSON(w, 201, apitypes.Template{TemplateCreateRequest: req})
 	default:
-		writeErr(w, 404, "not_found", "no such endpoint: "+r.Method+" "+path)
+		if !n.serveMore(w, r, sbID, rest, tenant) {
+			writeErr(w, 404, "not_found", "no such endpoint: "+r.Method+" "+path)
+		}
 	}
 }
 
@@ -342,7 +346,6 @@ func TestNodeErrors(t *testing.T) {
 	}
 	for _, m := range []func() error{
 		func() error { _, err := e.ListVolumes(ctx); return err },
-		func() error { _, err := e.KeyUsage(ctx, ""); return err },
 		func() error {
 			_, err := e.BuildDockerfile(ctx, apitypes.DockerfileBuildRequest{}, strings.NewReader(""), nil)
 			return err
