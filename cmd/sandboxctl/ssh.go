@@ -119,18 +119,7 @@ func sshCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			argv := []string{"-p", port, "-l", tok.User,
-				"-o", "UserKnownHostsFile=" + kh, "-o", "GlobalKnownHostsFile=/dev/null",
-				"-o", "HostKeyAlias=" + knownHostsAlias, "-o", "StrictHostKeyChecking=yes",
-				"-o", "PreferredAuthentications=keyboard-interactive", "-o", "NumberOfPasswordPrompts=1",
-				"-o", "ForwardAgent=no", "-o", "ForwardX11=no"}
-			if proxy {
-				// Through the API to the sandbox's path: a gateway routes
-				// it to the node that minted the token.
-				// Without the askpass marks, which would make it the
-				// askpass helper, and without the login token.
-				argv = append(argv, "-o", "ProxyCommand=env -u "+askpassEnv+" -u "+tokenEnv+" "+shellQuote(self)+g.apiFlags()+" ssh-proxy --sandbox "+shellQuote(args[0]))
-			}
+			argv := sshArgs(g, self, tok.User, port, kh, proxy, args[0])
 			// OpenSSH reads options after the destination too, up to the
 			// first argument that is not one (the remote command).
 			argv = append(argv, host)
@@ -155,6 +144,26 @@ func sshCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&sshBin, "ssh", "ssh", "the ssh program to run")
 	cmd.Flags().BoolVar(&proxy, "proxy", false, "reach the SSH endpoint through the API (sandboxctl ssh-proxy), e.g. through a gateway")
 	return cmd
+}
+
+// sshArgs are ssh's options for a token login as user: the endpoint's
+// host key only (from the temporary known_hosts kh), keyboard-interactive
+// with the token, no forwarding of the agent or X11; with proxy, the
+// connection goes through the API (sandboxctl ssh-proxy) to sandbox id.
+func sshArgs(g *globals, self, user, port, kh string, proxy bool, id string) []string {
+	argv := []string{"-p", port, "-l", user,
+		"-o", "UserKnownHostsFile=" + kh, "-o", "GlobalKnownHostsFile=/dev/null",
+		"-o", "HostKeyAlias=" + knownHostsAlias, "-o", "StrictHostKeyChecking=yes",
+		"-o", "PreferredAuthentications=keyboard-interactive", "-o", "NumberOfPasswordPrompts=1",
+		"-o", "ForwardAgent=no", "-o", "ForwardX11=no"}
+	if proxy {
+		// Through the API to the sandbox's path: a gateway routes
+		// it to the node that minted the token.
+		// Without the askpass marks, which would make it the
+		// askpass helper, and without the login token.
+		argv = append(argv, "-o", "ProxyCommand=env -u "+askpassEnv+" -u "+tokenEnv+" "+shellQuote(self)+g.apiFlags()+" ssh-proxy --sandbox "+shellQuote(id))
+	}
+	return argv
 }
 
 func sshKeysCmd(g *globals) *cobra.Command {

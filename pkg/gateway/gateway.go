@@ -286,29 +286,35 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 		g.login(w, r)
 		return
 	}
-	path := r.URL.Path
+	p, sess, browser, ok := g.caller(w, r)
+	if !ok {
+		return
+	}
+	g.dispatch(w, r, p, sess, browser)
+}
+
+// caller authenticates r: a bearer key of the fleet's tenants, or else a
+// web editor session (ui.go), checked as on a node before anything is
+// served. Not ok: the refusal has been answered.
+func (g *Gateway) caller(w http.ResponseWriter, r *http.Request) (p principal.Principal, sess uiClaims, browser, ok bool) {
 	p, err := g.authenticate(r)
-	var sess uiClaims
-	browser := false
 	if err != nil && r.Header.Get("Authorization") == "" {
-		// No bearer key: a web editor session (ui.go), checked as on a
-		// node before anything is served.
 		if sess, browser = g.session(r); browser {
 			p, err = sess.P, api.BrowserChecks(r, sess.CSRF)
 			if err != nil {
 				writeError(w, err)
-				return
+				return p, sess, browser, false
 			}
 		}
 	}
 	if err != nil {
-		if !isAPIPath(path) && errdefs.Is(err, errdefs.Unauthenticated) {
+		if !isAPIPath(r.URL.Path) && errdefs.Is(err, errdefs.Unauthenticated) {
 			api.LoginPage(w, http.StatusUnauthorized, "")
-			return
+			return p, sess, browser, false
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-sandboxd"`)
 		writeError(w, err)
-		return
+		return p, sess, browser, false
 	}
 	fe := "gateway"
 	if browser {
@@ -316,6 +322,13 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	audit.CallFrom(r.Context()).SetPrincipal(p)
 	audit.CallFrom(r.Context()).SetOrigin(principal.Origin{FrontEnd: fe, Source: r.RemoteAddr})
+	return p, sess, browser, true
+}
+
+// dispatch serves an authenticated request of p: the gateway's own
+// routes, placement, routing by sandbox id, merged lists, /mcp.
+func (g *Gateway) dispatch(w http.ResponseWriter, r *http.Request, p principal.Principal, sess uiClaims, browser bool) {
+	path := r.URL.Path
 	switch {
 	case path == "/v1/ui/login-tokens" && r.Method == http.MethodPost:
 		g.mintLogin(w, r, p, browser)
