@@ -321,7 +321,9 @@ func sshConfigCmd(g *globals) *cobra.Command {
 			for _, id := range ids {
 				fmt.Fprintf(g.stdout, "Host %s\n", id)
 				if proxy {
-					fmt.Fprintf(g.stdout, "  ProxyCommand %s%s ssh-proxy\n", self, g.apiFlags())
+					// --sandbox: through a gateway, the connection is routed
+					// to the node that holds the sandbox.
+					fmt.Fprintf(g.stdout, "  ProxyCommand %s%s ssh-proxy --sandbox %s\n", self, g.apiFlags(), id)
 				} else {
 					fmt.Fprintf(g.stdout, "  HostName %s\n  Port %s\n", host, port)
 				}

@@ -662,7 +662,7 @@ func TestSSH(t *testing.T) {
 		// What ssh-config --proxy writes: ssh reaches the endpoint
 		// through sandboxctl ssh-proxy and the daemon's API socket.
 		conf := e.d.MustCtl("ssh-config", "--proxy", "--known-hosts", filepath.Join(e.dir, "known_hosts"), "--identity", e.key, id)
-		if !strings.Contains(conf, "ProxyCommand "+filepath.Join(e.d.Bin, "sandboxctl")+" --socket") || strings.Contains(conf, "HostName") {
+		if !strings.Contains(conf, "ProxyCommand "+filepath.Join(e.d.Bin, "sandboxctl")+" --socket") || !strings.Contains(conf, " ssh-proxy --sandbox "+id+"\n") || strings.Contains(conf, "HostName") {
 			t.Fatalf("ssh-config --proxy:\n%s", conf)
 		}
 		pcfg := filepath.Join(e.dir, "proxy_config")
