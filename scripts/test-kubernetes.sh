@@ -286,8 +286,12 @@ inner() {
 	# from this network namespace).
 	mkdir -p "$W/node-state/images"
 	mount --bind "$SHARED_IMAGES" "$W/node-state/images"
+	# The admin key in the E2B SDKs' form (e2b_ and hex, which they
+	# insist on), so that the one key drives REST, MCP and the E2B SDK
+	# through the gateway (whose replicas share no tenants store here).
 	helm install sbx "$ROOT/deploy/helm/mcp-sandboxd" --namespace sandboxes --create-namespace \
 		--set image.tag="$IMAGE_TAG" --set gateway.replicas="$GATEWAYS" \
+		--set adminKey.value="e2b_$(openssl rand -hex 24)" --set gateway.e2b.enabled=true \
 		--set node.stateDir="$W/node-state" --set node.runDir="$R/node-run" \
 		--set-json 'node.config={"sandbox":{"cgroup_parent":"/sbx-k8s-sandboxes","max_sandboxes":4},"network":{"subnet":"198.18.2.0/24"}}' \
 		--wait --timeout 5m || die "helm install --wait"
@@ -317,20 +321,28 @@ inner() {
 	# Everything from here goes through the gateway Service's cluster
 	# address, which kube-proxy spreads over the replicas.
 	ADMIN_TOKEN=$(kubectl -n sandboxes get secret sbx-mcp-sandboxd-admin -o jsonpath='{.data.token}' | base64 -d)
-	GATEWAY_URL=http://$(kubectl -n sandboxes get service sbx-mcp-sandboxd-gateway -o jsonpath='{.spec.clusterIP}'):80
-	export ADMIN_TOKEN GATEWAY_URL
+	gwip=$(kubectl -n sandboxes get service sbx-mcp-sandboxd-gateway -o jsonpath='{.spec.clusterIP}')
+	GATEWAY_URL=http://$gwip:80
+	E2B_URL=http://$gwip:$(kubectl -n sandboxes get service sbx-mcp-sandboxd-gateway -o jsonpath='{.spec.ports[?(@.name=="e2b")].port}')
+	export ADMIN_TOKEN GATEWAY_URL E2B_URL
+	[[ $(kubectl -n sandboxes get service sbx-mcp-sandboxd-gateway -o jsonpath='{.spec.sessionAffinity}') == ClientIP ]] ||
+		die "the gateway Service has no ClientIP session affinity (MCP sessions live in one replica)"
 	# Ready replicas answer once discovery has listed the node daemon.
 	wait_for "the node daemon through the gateway" 60 curl -sf -m 5 "$GATEWAY_URL/v1/nodes" -H "Authorization: Bearer $ADMIN_TOKEN"
 	gwtest TestGatewayServes
 	log "through the gateway $GATEWAY_URL: create, streamed exec, files, terminal, list"
 
-	# Clients through the gateway (issue 26): further steps go here, each
-	# against $GATEWAY_URL with $ADMIN_TOKEN, e.g. MCP run_code with the
-	# official SDK, node test/mcp/client.mjs scenario '{"type":"http",
-	# "url":"'$GATEWAY_URL'/mcp","token":"'$ADMIN_TOKEN'"}', and the E2B
-	# SDK's create and commands.run, E2B_API_URL=$GATEWAY_URL node
-	# test/e2b/client.mjs main; a check of their report as in test/mcp and
-	# test/e2b.
+	# Clients through the gateway (issue 26), each a phase of
+	# test/kubernetes against $GATEWAY_URL / $E2B_URL with $ADMIN_TOKEN
+	# that runs an official SDK from test/mcp or test/e2b (their
+	# node_modules, installed by scripts/install-deps.sh; nothing is
+	# installed here) and checks its report: MCP run_code of Python over
+	# Streamable HTTP, and the E2B SDK's create, commands.run and files.
+	# Another client: a Test function there and a gwtest line here.
+	gwtest TestGatewayMCP
+	log "MCP through the gateway: $(grep -o 'sandbox_create [0-9]* ms, run_code [0-9]* ms' "$W/logs/TestGatewayMCP.log")"
+	gwtest TestGatewayE2B
+	log "E2B SDK through the gateway $E2B_URL: create, commands.run (streamed), files, list, kill"
 
 	# The node daemon's pod is deleted: the DaemonSet starts another, which
 	# adopts the sandbox; through the gateway it keeps its files and works.
@@ -353,7 +365,8 @@ inner() {
 # gwtest NAME: one phase of test/kubernetes's checks through the gateway.
 gwtest() {
 	KUBE_TEST_GATEWAY_URL=$GATEWAY_URL KUBE_TEST_ADMIN_TOKEN=$ADMIN_TOKEN KUBE_TEST_NODE=$NODE_NAME \
-		KUBE_TEST_STATE=$W/gateway-test.state \
+		KUBE_TEST_STATE=$W/gateway-test.state KUBE_TEST_E2B_URL=$E2B_URL \
+		KUBE_TEST_NODE_URL=http://$NODE_IP:7070 KUBE_TEST_REPO=$ROOT \
 		"$W/kubernetes.test" -test.v -test.timeout 4m -test.run "^$1\$" >"$W/logs/$1.log" 2>&1 ||
 		{ cat "$W/logs/$1.log" >&2; die "$1"; }
 	grep -E '^\s+gateway_test.go' "$W/logs/$1.log" >&2 || true
@@ -424,6 +437,9 @@ BIN=$(KUBE_ASSETS_ALL=1 "$ROOT/scripts/kube-assets.sh" | tail -n1)
 export BIN
 [[ -x $ROOT/bin/mcp-sandboxd ]] || die "run make build first"
 [[ -d $SHARED_IMAGES ]] || die "no shared image cache $SHARED_IMAGES (make test builds it)"
+for sdk in test/mcp/node_modules/@modelcontextprotocol/sdk test/e2b/node_modules/e2b; do
+	[[ -d $ROOT/$sdk ]] || die "no $sdk: run scripts/install-deps.sh"
+done
 mkdir -p "$W"
 IMAGE=$W/mcp-sandboxd-image.tar
 # The image, the pause image and the test binary: independent, built side

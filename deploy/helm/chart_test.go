@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/e2b"
 )
 
 // The Kubernetes release the chart is tested against (make test-kubernetes
@@ -531,6 +532,21 @@ func TestChartSchemaRefuses(t *testing.T) {
 		{"image: {pullPolicy: Sometimes}", "pullPolicy"},
 		{"image: {tag: 'a b'}", "tag"},
 		{"rbac: {create: yes please}", "create"},
+		{"node: {e2bPort: 70000}", "e2bPort"},
+		{"gateway: {service: {type: ClusterIP, port: 80, sessionAffinity: Sticky}}", "sessionAffinity"},
+		{"gateway: {e2b: {enabled: true, port: 0}}", "port"},
+		{"gateway: {e2b: {enabled: 'true', port: 8081}}", "enabled"},
+		{"gateway: {e2b: {enabled: true, port: 8081, domain: 'sbx.example.com/x'}}", "domain"},
+		{"gateway: {e2b: {enabled: true, port: 8081, domain: localhost}}", "domain"},
+		{"gateway: {e2b: {enabled: true, port: 8081, listen: ':1'}}", "listen"},
+		{"gateway: {preview: {enabled: true, port: 8082, url: 'javascript:alert(1)'}}", "url"},
+		{"gateway: {preview: {enabled: true, port: 8082, url: 'https://a b'}}", "url"},
+		// The store's URL may carry a password: a Secret only.
+		{"gateway: {config: {store: {postgres_url: 'postgres://u:pw@db/x'}}}", "config"},
+		{"node: {config: {store: {postgres_url: 'postgres://u:pw@db/x'}}}", "store"},
+		{"store: {postgres_url: 'postgres://u:pw@db/x'}", "postgres_url"},
+		{"store: {postgresUrlSecret: {name: 'Bad Name', key: url}}", "name"},
+		{"store: {postgresUrlSecret: {name: db, key: '../x'}}", "key"},
 	} {
 		_, err := render(t, tc.values)
 		if err == nil {
@@ -541,6 +557,127 @@ func TestChartSchemaRefuses(t *testing.T) {
 			t.Errorf("%s: error does not name %q as a schema error: %v", tc.values, tc.field, err)
 		}
 	}
+}
+
+// TestChartFleetSettings: the gateway's E2B and preview listeners (and
+// the nodes' E2B listener they route to), the PostgreSQL URL from a Secret
+// only, and the gateway Service's client affinity (MCP sessions live in one
+// replica).
+func TestChartFleetSettings(t *testing.T) {
+	def := mustRender(t, "")
+	dsvc := def.get(t, "Service", "rel-mcp-sandboxd-gateway").(*corev1.Service)
+	if dsvc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP || len(dsvc.Spec.Ports) != 1 {
+		t.Errorf("default gateway Service: affinity %q ports %+v, want ClientIP and http alone", dsvc.Spec.SessionAffinity, dsvc.Spec.Ports)
+	}
+	if cfg := nodeConfig(t, def); cfg.E2B.Listen != "" {
+		t.Errorf("node e2b.listen %q by default, want off", cfg.E2B.Listen)
+	}
+	for _, o := range []runtime.Object{def.get(t, "DaemonSet", "rel-mcp-sandboxd-node"), def.get(t, "Deployment", "rel-mcp-sandboxd-gateway")} {
+		if e := envOf(o, "SANDBOXD_STORE_POSTGRES_URL"); e != nil {
+			t.Errorf("%T sets the store URL without store.postgresUrlSecret: %+v", o, e)
+		}
+	}
+
+	r := mustRender(t, `
+node: {e2bPort: 7300}
+gateway:
+  service: {type: ClusterIP, port: 80, sessionAffinity: None}
+  e2b: {enabled: true, port: 9081, domain: sbx.example.com}
+  preview: {enabled: true, port: 9082, url: "https://preview.example.com"}
+store: {postgresUrlSecret: {name: fleet-db, key: dsn}}
+`)
+	gsvc := r.get(t, "Service", "rel-mcp-sandboxd-gateway").(*corev1.Service)
+	ports := map[string]int32{}
+	for _, p := range gsvc.Spec.Ports {
+		ports[p.Name] = p.Port
+		if p.TargetPort.StrVal != p.Name {
+			t.Errorf("gateway Service port %s targets %v, want the pod's port of that name", p.Name, p.TargetPort)
+		}
+	}
+	if gsvc.Spec.SessionAffinity != corev1.ServiceAffinityNone || ports["e2b"] != 9081 || ports["preview"] != 9082 || ports["http"] != 80 {
+		t.Errorf("gateway Service affinity %q ports %v", gsvc.Spec.SessionAffinity, ports)
+	}
+	gdep := r.get(t, "Deployment", "rel-mcp-sandboxd-gateway").(*appsv1.Deployment)
+	cports := map[string]int32{}
+	for _, p := range gdep.Spec.Template.Spec.Containers[0].Ports {
+		cports[p.Name] = p.ContainerPort
+	}
+	if cports["e2b"] != 9081 || cports["preview"] != 9082 {
+		t.Errorf("gateway container ports %v", cports)
+	}
+
+	// The gateway's file, through the daemon's own parser.
+	gw := r.get(t, "ConfigMap", "rel-mcp-sandboxd").(*corev1.ConfigMap).Data["gateway.yaml"]
+	f := t.TempDir() + "/gateway.yaml"
+	if err := os.WriteFile(f, []byte(gw), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gcfg, err := config.Load(f, config.WithLookupEnv(func(string) (string, bool) { return "", false }))
+	if err != nil {
+		t.Fatalf("mcp-sandboxd gateway refuses the chart's gateway.yaml: %v\n%s", err, gw)
+	}
+	if g := gcfg.Gateway; g.E2BListen != ":9081" || g.E2BDomain != "sbx.example.com" || g.PreviewListen != ":9082" || g.PreviewURL != "https://preview.example.com" {
+		t.Errorf("gateway listeners from the chart: e2b %q %q preview %q %q", g.E2BListen, g.E2BDomain, g.PreviewListen, g.PreviewURL)
+	}
+
+	// Each node serves E2B on its own address, with a key file the
+	// daemon accepts, from the admin Secret.
+	cfg := nodeConfig(t, r)
+	if cfg.E2B.Listen != "192.0.2.7:7300" || cfg.E2B.APIKeyFile != "/etc/mcp-sandboxd/admin/e2b-keys" {
+		t.Errorf("node e2b %+v, want the pod's address, port 7300 and the Secret's key file", cfg.E2B)
+	}
+	ds := r.get(t, "DaemonSet", "rel-mcp-sandboxd-node").(*appsv1.DaemonSet)
+	items := map[string]bool{}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Name == "admin" && v.Secret != nil {
+			for _, it := range v.Secret.Items {
+				items[it.Key] = it.Path == it.Key
+			}
+		}
+	}
+	if !items["e2b-keys"] {
+		t.Errorf("the node pod does not mount the admin Secret's e2b-keys: %v", items)
+	}
+	keys := string(r.get(t, "Secret", "rel-mcp-sandboxd-admin").(*corev1.Secret).Data["e2b-keys"])
+	kf := t.TempDir() + "/e2b-keys"
+	if err := os.WriteFile(kf, []byte(keys), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e2b.ReadKeys(kf); err != nil || len(got) != 1 {
+		t.Errorf("the Secret's e2b-keys %q: %v %v, want one key the daemon reads", keys, got, err)
+	}
+
+	// The store's URL: from the Secret into both, never in the ConfigMap.
+	for _, o := range []runtime.Object{ds, gdep} {
+		e := envOf(o, "SANDBOXD_STORE_POSTGRES_URL")
+		if e == nil || e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
+			e.ValueFrom.SecretKeyRef.Name != "fleet-db" || e.ValueFrom.SecretKeyRef.Key != "dsn" {
+			t.Errorf("%T: SANDBOXD_STORE_POSTGRES_URL %+v, want secretKeyRef fleet-db/dsn", o, e)
+		}
+	}
+	for k, v := range r.get(t, "ConfigMap", "rel-mcp-sandboxd").(*corev1.ConfigMap).Data {
+		if strings.Contains(v, "postgres") {
+			t.Errorf("ConfigMap %s names the store:\n%s", k, v)
+		}
+	}
+}
+
+// envOf is the first container's variable name of a DaemonSet or
+// Deployment, nil when unset.
+func envOf(o runtime.Object, name string) *corev1.EnvVar {
+	var pod corev1.PodSpec
+	switch v := o.(type) {
+	case *appsv1.DaemonSet:
+		pod = v.Spec.Template.Spec
+	case *appsv1.Deployment:
+		pod = v.Spec.Template.Spec
+	}
+	for i, e := range pod.Containers[0].Env {
+		if e.Name == name {
+			return &pod.Containers[0].Env[i]
+		}
+	}
+	return nil
 }
 
 // TestChartAdminKeyGiven: a given token lands in the Secret unchanged.

@@ -7,9 +7,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,9 +33,9 @@ import (
 // cluster address (kube-proxy spreads them over the gateway replicas),
 // never to the node daemon.
 //
-// MCP run_code and the E2B SDK through the gateway are further steps of
-// the script between the two phases (see its "clients through the gateway"
-// section), with test/mcp/client.mjs and test/e2b/client.mjs.
+// Between the two phases, TestGatewayMCP and TestGatewayE2B drive the
+// official MCP and E2B SDKs (test/mcp/gateway.mjs, test/e2b/client.mjs)
+// through the same Service.
 
 // gatewayEnv reads what the script passes.
 type gatewayEnv struct {
@@ -232,4 +236,172 @@ func randomHex(t *testing.T) string {
 		t.Fatal(errors.Join(errors.New("random mark"), err))
 	}
 	return hex.EncodeToString(b)
+}
+
+// clientsEnv is what the clients' phases need besides gatewayEnv: the
+// gateway Service's E2B address, the node daemon's own address (to ask the
+// node itself what it holds) and the repository, whose test/mcp and
+// test/e2b hold the official SDKs (installed by scripts/install-deps.sh).
+type clientsEnv struct {
+	gatewayEnv
+	e2bURL, nodeURL, repo string
+}
+
+func readClientsEnv(t *testing.T) clientsEnv {
+	t.Helper()
+	e := clientsEnv{readGatewayEnv(t), os.Getenv("KUBE_TEST_E2B_URL"), os.Getenv("KUBE_TEST_NODE_URL"), os.Getenv("KUBE_TEST_REPO")}
+	if e.e2bURL == "" || e.nodeURL == "" || e.repo == "" {
+		t.Fatal("run by scripts/test-kubernetes.sh: KUBE_TEST_E2B_URL, _NODE_URL, _REPO unset")
+	}
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Fatal("node is not installed (scripts/install-deps.sh installs it)")
+	}
+	return e
+}
+
+// onNode checks that sandbox id carries the DaemonSet's node's tag and
+// that the node daemon itself (not a gateway) lists it live.
+func (e clientsEnv) onNode(ctx context.Context, t *testing.T, id string) {
+	t.Helper()
+	if tag, ok := sandbox.IDNodeTag(id); !ok || tag != sandbox.NodeTag(e.node) {
+		t.Fatalf("sandbox id %s: node tag %q (ok %v), want node %s's %q", id, tag, ok, e.node, sandbox.NodeTag(e.node))
+	}
+	nc, err := client.New(client.Options{URL: e.nodeURL, Token: e.token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	list, err := nc.ListSandboxes(ctx, "")
+	if err != nil {
+		t.Fatalf("the node daemon's own list: %v", err)
+	}
+	for _, s := range list {
+		if s.ID == id {
+			if s.State != apitypes.StateReady && s.State != apitypes.StateRunning {
+				t.Fatalf("the node daemon lists %s as %s, want it live", id, s.State)
+			}
+			return
+		}
+	}
+	t.Fatalf("the node daemon at %s does not list %s", e.nodeURL, id)
+}
+
+// runNode runs `node script args...` in dir (an SDK's directory) and
+// decodes its one JSON report into v; a "fatal" in it fails the test.
+func runNode(ctx context.Context, t *testing.T, dir string, env []string, v any, args ...string) string {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatalf("%s has no node_modules: run scripts/install-deps.sh", dir)
+	}
+	cmd := exec.CommandContext(ctx, "node", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var fatal struct {
+		Fatal  string   `json:"fatal"`
+		Errors []string `json:"errors"`
+	}
+	_ = json.Unmarshal(stdout.Bytes(), &fatal)
+	if err != nil || fatal.Fatal != "" || len(fatal.Errors) > 0 {
+		t.Fatalf("node %s: %v\n%s %v\nstdout: %.2000s\nstderr: %.2000s", args[0], err, fatal.Fatal, fatal.Errors, stdout.String(), stderr.String())
+	}
+	if err := json.Unmarshal(stdout.Bytes(), v); err != nil {
+		t.Fatalf("node %s: report %.2000q: %v", args[0], stdout.String(), err)
+	}
+	return stdout.String()
+}
+
+// TestGatewayMCP: the official MCP TypeScript SDK over Streamable HTTP with
+// the bearer key, at the gateway Service's /mcp: a Python sandbox created
+// and run_code of Python in it, served by the DaemonSet's node daemon.
+// Session affinity (the chart's ClientIP) keeps the session's requests on
+// the replica that holds it, whichever kube-proxy picked first.
+func TestGatewayMCP(t *testing.T) {
+	e := readClientsEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	spec, _ := json.Marshal(map[string]any{"url": e.url + "/mcp", "token": e.token, "calls": []map[string]any{
+		{"name": "sandbox_create", "args": map[string]any{"language": "python"}},
+		{"name": "run_code", "args": map[string]any{"sandbox_id": "$sandbox", "language": "python",
+			"code": "import sys\nprint(sum(range(10)), sys.version_info[0])\nprint('warn', file=sys.stderr)\n"}},
+	}})
+	var rep struct {
+		Tools   []string `json:"tools"`
+		Results []struct {
+			Name       string         `json:"name"`
+			MS         float64        `json:"ms"`
+			IsError    bool           `json:"isError"`
+			Text       string         `json:"text"`
+			Structured map[string]any `json:"structured"`
+		} `json:"results"`
+	}
+	runNode(ctx, t, filepath.Join(e.repo, "test", "mcp"), nil, &rep, "gateway.mjs", string(spec))
+	if !slices.Contains(rep.Tools, "run_code") || !slices.Contains(rep.Tools, "sandbox_create") {
+		t.Fatalf("tools through the gateway: %v", rep.Tools)
+	}
+	if len(rep.Results) != 2 || rep.Results[0].IsError || rep.Results[1].IsError {
+		t.Fatalf("MCP calls through the gateway: %+v", rep.Results)
+	}
+	id, _ := rep.Results[0].Structured["sandbox_id"].(string)
+	run := rep.Results[1].Structured
+	if run["success"] != true || run["stdout"] != "45 3\n" || run["stderr"] != "warn\n" || run["sandbox_id"] != id {
+		t.Fatalf("run_code of Python through the gateway: %v (sandbox %s)", run, id)
+	}
+	e.onNode(ctx, t, id)
+	t.Logf("MCP through the gateway: sandbox_create %.0f ms, run_code %.0f ms, on %s", rep.Results[0].MS, rep.Results[1].MS, e.node)
+	if _, err := e.client(t).TerminateSandbox(ctx, id); err != nil {
+		t.Fatalf("terminate %s through the gateway: %v", id, err)
+	}
+}
+
+// TestGatewayE2B: the official E2B SDK against the gateway Service's E2B
+// port (control plane and envd, header routing): Sandbox.create,
+// commands.run (streamed), a file written and read, list and kill; the
+// sandbox lives on the DaemonSet's node daemon while it runs.
+func TestGatewayE2B(t *testing.T) {
+	e := readClientsEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	// client.mjs's "gateway" flow (test/e2e runs the same against a
+	// fleet): it kills its sandbox at the end, so the node is asked for
+	// that sandbox's record afterwards — it holds it, terminated.
+	env := []string{"E2B_API_KEY=" + e.token, "E2B_API_URL=" + e.e2bURL, "E2B_SANDBOX_URL=" + e.e2bURL, "E2B_DOMAIN=e2b.test"}
+	var rep struct {
+		SandboxID string `json:"sandboxId"`
+		Run       struct {
+			Stdout, Stderr string
+			ExitCode       int
+		} `json:"run"`
+		Streamed         int     `json:"streamed"`
+		StreamSpreadMs   float64 `json:"streamSpreadMs"`
+		ReadText         string  `json:"readText"`
+		Listed           bool    `json:"listed"`
+		Killed           bool    `json:"killed"`
+		RunningAfterKill bool    `json:"runningAfterKill"`
+	}
+	out := runNode(ctx, t, filepath.Join(e.repo, "test", "e2b"), env, &rep, "client.mjs", "gateway")
+	t.Logf("E2B SDK through the gateway: %s", out)
+	id := "sb-" + strings.TrimPrefix(rep.SandboxID, "sb")
+	if tag, ok := sandbox.IDNodeTag(id); !ok || tag != sandbox.NodeTag(e.node) {
+		t.Errorf("E2B sandbox %s: node tag %q (ok %v), want node %s's", rep.SandboxID, tag, ok, e.node)
+	}
+	if rep.Run.Stdout != "hello-42\n" || rep.Run.Stderr != "oops\n" || rep.Run.ExitCode != 0 {
+		t.Errorf("commands.run through the gateway: %+v", rep.Run)
+	}
+	if rep.Streamed < 3 || rep.StreamSpreadMs < 500 {
+		t.Errorf("a streamed command through the gateway: %d chunks over %.0f ms, want 3 over about 800", rep.Streamed, rep.StreamSpreadMs)
+	}
+	if rep.ReadText != "through the gateway" || !rep.Listed || !rep.Killed || rep.RunningAfterKill {
+		t.Errorf("E2B files, list and kill through the gateway: %+v", rep)
+	}
+	nc, err := client.New(client.Options{URL: e.nodeURL, Token: e.token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if d, err := nc.GetSandbox(ctx, id); err != nil || d.State != apitypes.StateTerminated {
+		t.Errorf("the node daemon's own record of the E2B sandbox %s: %+v, %v; want it there, terminated by the kill", id, d, err)
+	}
 }

@@ -40,3 +40,18 @@ app.kubernetes.io/component: gateway
 {{- define "sandboxd.nodeService" -}}
 {{ include "sandboxd.fullname" . }}-node
 {{- end -}}
+
+
+{{/* SANDBOXD_STORE_POSTGRES_URL from store.postgresUrlSecret: the URL may
+     carry a password, so it never goes through the ConfigMap. */}}
+{{- define "sandboxd.postgresEnv" -}}
+{{- with .Values.store.postgresUrlSecret }}
+{{- if .name }}
+- name: SANDBOXD_STORE_POSTGRES_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name }}
+      key: {{ .key }}
+{{- end }}
+{{- end }}
+{{- end -}}
