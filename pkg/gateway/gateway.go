@@ -337,6 +337,7 @@ func (g *Gateway) dispatch(w http.ResponseWriter, r *http.Request, p principal.P
 	case path == "/v1/ui/logout" && r.Method == http.MethodPost:
 		g.logout(w, r)
 	case g.keys(w, r, p):
+	case g.mergedList(w, r, p):
 	case (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isAPIPath(path):
 		// The web editor's page and assets, served here: its API calls
 		// come back to this gateway.

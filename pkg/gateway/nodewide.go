@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -358,4 +359,84 @@ func (g *Gateway) broadcastWrite(ctx context.Context, what string, allowNotFound
 func isUntagged(r *http.Request) bool {
 	_, ok := untaggedRoute(r.Method, r.URL.Path)
 	return ok
+}
+
+// mergedList answers GET /v1/runs and GET /v1/snapshots (the ids they
+// list carry no node tag) from every node, as the caller, newest first,
+// as the MCP engine's run_list and snapshot_list merge them; snapshots
+// of one sandbox come from its node. ok false: not such a request.
+func (g *Gateway) mergedList(w http.ResponseWriter, r *http.Request, p principal.Principal) (ok bool) {
+	if r.Method != http.MethodGet || (r.URL.Path != "/v1/runs" && r.URL.Path != "/v1/snapshots") {
+		return false
+	}
+	if id := r.URL.Query().Get("sandbox_id"); id != "" && r.URL.Path == "/v1/snapshots" {
+		g.route(w, r, p, id)
+		return true
+	}
+	nodes, err := g.opt.Discovery.Nodes(r.Context())
+	if err != nil {
+		writeError(w, errdefs.Unavailablef("node discovery: %v", err))
+		return true
+	}
+	type answer struct {
+		runs apitypes.RunList
+		snap struct {
+			Snapshots []apitypes.Snapshot `json:"snapshots"`
+		}
+		err error
+	}
+	path := r.URL.Path
+	if r.URL.RawQuery != "" {
+		path += "?" + r.URL.RawQuery
+	}
+	answers := make([]answer, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var out any = &answers[i].runs
+			if r.URL.Path == "/v1/snapshots" {
+				out = &answers[i].snap
+			}
+			answers[i].err = g.call(r.Context(), n, http.MethodGet, path, nil, &p, out)
+		}()
+	}
+	wg.Wait()
+	runs := apitypes.RunList{Runs: []apitypes.RunMetadata{}}
+	snaps := []apitypes.Snapshot{}
+	longest := 0
+	for _, a := range answers {
+		var e *errdefs.Error
+		if errors.As(a.err, &e) {
+			// The request's fault in a node's own words (a bad filter):
+			// every node would say the same.
+			writeError(w, a.err)
+			return true
+		}
+		if a.err != nil {
+			continue // a node that does not answer: its records are not listed
+		}
+		runs.Runs = append(runs.Runs, a.runs.Runs...)
+		runs.Truncated = runs.Truncated || a.runs.Truncated
+		longest = max(longest, len(a.runs.Runs))
+		snaps = append(snaps, a.snap.Snapshots...)
+	}
+	if r.URL.Path == "/v1/snapshots" {
+		sort.SliceStable(snaps, func(i, j int) bool { return snaps[i].CreatedAt.After(snaps[j].CreatedAt) })
+		writeJSON(w, http.StatusOK, map[string]any{"snapshots": snaps})
+		return true
+	}
+	sort.SliceStable(runs.Runs, func(i, j int) bool { return runs.Runs[i].StartTime.After(runs.Runs[j].StartTime) })
+	// The page a node would give: the limit asked for, else the longest
+	// single node's page (each node applied its default).
+	limit := longest
+	if l, err := strconv.Atoi(r.URL.Query().Get("limit")); err == nil && l > 0 {
+		limit = l
+	}
+	if len(runs.Runs) > limit {
+		runs.Runs, runs.Truncated = runs.Runs[:limit], true
+	}
+	writeJSON(w, http.StatusOK, runs)
+	return true
 }
