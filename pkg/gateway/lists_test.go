@@ -108,4 +108,3 @@ func TestMergedLists(t *testing.T) {
 		t.Errorf("snapshots of a node-b sandbox reached a %d and b %d times, want b once", len(*seenA)-nA, len(*seenB)-nB)
 	}
 }
-
