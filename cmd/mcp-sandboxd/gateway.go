@@ -130,7 +130,6 @@ func serveGateway(ctx context.Context, g config.Gateway, h *gateway.Gateway, log
 // nil). closeStore closes what was opened.
 func gatewayTenants(ctx context.Context, cfg *config.Config, token string, log *slog.Logger) (keys *tenants.Service, fleet gateway.FleetStore, closeStore func(), err error) {
 	var keyStore tenants.KeyStore
-	closeStore = func() {}
 	if url := cfg.Store.PostgresURL; url != "" {
 		pg, err := pgstore.Open(ctx, url)
 		if err != nil {
