@@ -22,32 +22,42 @@ func (m *Manager) pause(ctx context.Context, id, reason string) (*Info, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := m.pauseSandbox(ctx, sb, reason); err != nil {
+		return nil, err
+	}
+	// Described once sb.mu is released: Get takes the manager's lock,
+	// which is taken before a sandbox's (the reaper), never after.
+	return m.Get(ctx, id)
+}
+
+// pauseSandbox freezes sb under its lock (nothing to do when paused).
+func (m *Manager) pauseSandbox(ctx context.Context, sb *Sandbox, reason string) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.state == StatePaused && !sb.terminating {
-		return m.Get(ctx, id)
+		return nil
 	}
 	if sb.terminating || !(sb.state == StateReady || sb.state == StateRunning) {
-		return nil, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
+		return errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.stateNameLocked())
 	}
 	if sb.busy != "" {
-		return nil, errdefs.Conflictf("sandbox %s is busy with a %s", sb.ID, sb.busy)
+		return errdefs.Conflictf("sandbox %s is busy with a %s", sb.ID, sb.busy)
 	}
 	p, err := sb.pauserLocked()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := p.Pause(ctx); err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "pause sandbox %s", sb.ID)
+		return errdefs.Wrap(errdefs.Internal, err, "pause sandbox %s", sb.ID)
 	}
 	if err := m.transitionLocked(ctx, sb, StatePaused, reason); err != nil {
 		// Not recorded as paused: do not leave it frozen.
 		if rerr := p.Resume(context.WithoutCancel(ctx)); rerr != nil {
 			m.log.Error("thaw sandbox after a failed pause", "sandbox", sb.ID, "err", rerr)
 		}
-		return nil, err
+		return err
 	}
-	return m.Get(ctx, id)
+	return nil
 }
 
 // Resume thaws a paused sandbox: back to running if commands were in
@@ -58,26 +68,38 @@ func (m *Manager) Resume(ctx context.Context, id string) (*Info, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := m.resumeSandbox(ctx, sb); err != nil {
+		return nil, err
+	}
+	// Described once sb.mu is released (see pause): holding it here
+	// deadlocked against the reaper, which holds the manager's lock and
+	// waits for sb's (seen on cgroup v2 in TestCgroupLimitFiles).
+	return m.Get(ctx, id)
+}
+
+// resumeSandbox thaws sb under its lock (nothing to do when it is ready
+// or running).
+func (m *Manager) resumeSandbox(ctx context.Context, sb *Sandbox) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.terminating {
-		return nil, errdefs.Conflictf("sandbox %s is terminating", sb.ID)
+		return errdefs.Conflictf("sandbox %s is terminating", sb.ID)
 	}
 	if sb.busy != "" {
-		return nil, errdefs.Conflictf("sandbox %s is busy with a %s", sb.ID, sb.busy)
+		return errdefs.Conflictf("sandbox %s is busy with a %s", sb.ID, sb.busy)
 	}
 	if sb.state != StatePaused {
 		if sb.state == StateReady || sb.state == StateRunning {
-			return m.Get(ctx, id)
+			return nil
 		}
-		return nil, errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.state)
+		return errdefs.Conflictf("sandbox %s is %s", sb.ID, sb.state)
 	}
 	p, err := sb.pauserLocked()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := p.Resume(ctx); err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "resume sandbox %s", sb.ID)
+		return errdefs.Wrap(errdefs.Internal, err, "resume sandbox %s", sb.ID)
 	}
 	to := StateReady
 	if sb.running > 0 {
@@ -85,12 +107,9 @@ func (m *Manager) Resume(ctx context.Context, id string) (*Info, error) {
 	}
 	now := m.opt.Now()
 	sb.lastActive = now
-	if err := m.transitionLocked(ctx, sb, to, "resumed by request", func(r *store.SandboxRecord) {
+	return m.transitionLocked(ctx, sb, to, "resumed by request", func(r *store.SandboxRecord) {
 		r.LastActiveAt = now.UTC()
-	}); err != nil {
-		return nil, err
-	}
-	return m.Get(ctx, id)
+	})
 }
 
 // pauserLocked is sb's handle as a Pauser clients may use (CapPause).
