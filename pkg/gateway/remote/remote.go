@@ -172,6 +172,22 @@ type nodeResult[T any] struct {
 	err  error
 }
 
+// concatAnswers joins the lists every node answered; a node that does not
+// answer is left out, and a node's refusal of the request is the answer.
+func concatAnswers[T any](res []nodeResult[[]T]) ([]T, error) {
+	out := []T{}
+	for _, r := range res {
+		if r.err != nil {
+			if answered(r.err) {
+				return nil, r.err
+			}
+			continue
+		}
+		out = append(out, r.v...)
+	}
+	return out, nil
+}
+
 // everyNode calls fn on every node in parallel, in discovery's order.
 func everyNode[T any](e *Engine, ctx context.Context, fn func(c *client.Client) (T, error)) ([]nodeResult[T], error) {
 	nodes, err := e.g.Nodes(ctx)
@@ -658,15 +674,9 @@ func (e *Engine) ListSnapshots(ctx context.Context, sandboxID string) ([]apitype
 	if err != nil {
 		return nil, err
 	}
-	out := []apitypes.Snapshot{}
-	for _, r := range res {
-		if r.err != nil {
-			if answered(r.err) {
-				return nil, r.err
-			}
-			continue
-		}
-		out = append(out, r.v...)
+	out, err := concatAnswers(res)
+	if err != nil {
+		return nil, err
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
 	return out, nil
@@ -700,15 +710,9 @@ func (e *Engine) ListRuns(ctx context.Context, f apitypes.RunFilter) ([]apitypes
 	if err != nil {
 		return nil, err
 	}
-	out := []apitypes.RunMetadata{}
-	for _, r := range res {
-		if r.err != nil {
-			if answered(r.err) {
-				return nil, r.err
-			}
-			continue
-		}
-		out = append(out, r.v...)
+	out, err := concatAnswers(res)
+	if err != nil {
+		return nil, err
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].StartTime.After(out[j].StartTime) })
 	if f.Limit > 0 && len(out) > f.Limit {
