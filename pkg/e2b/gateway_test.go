@@ -3,6 +3,8 @@ package e2b
 import (
 	"net/http/httptest"
 	"testing"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
 
 // TestGatewayPrincipal: a control-plane call a gateway forwards names its
@@ -18,23 +20,23 @@ func TestGatewayPrincipal(t *testing.T) {
 	alice := `{"key_id":"key-a","key_name":"alice","tenant":"alice"}`
 
 	if st, m, _ := call(t, ts, "POST", "/sandboxes", `{"templateID":"base"}`, map[string]string{
-		"X-API-Key": "", gatewaySecretHeader: "gw-secret-0123456789", gatewayPrincipalHeader: alice}); st != 201 || m["sandboxID"] == nil {
+		"X-API-Key": "", principal.GatewaySecretHeader: "gw-secret-0123456789", principal.GatewayPrincipalHeader: alice}); st != 201 || m["sandboxID"] == nil {
 		t.Fatalf("a create forwarded by a gateway: %d %v", st, m)
 	}
 	for name, hdr := range map[string]map[string]string{
-		"no secret":    {gatewayPrincipalHeader: alice},
-		"wrong secret": {gatewaySecretHeader: "gw-secret-guessed-000", gatewayPrincipalHeader: alice},
+		"no secret":    {principal.GatewayPrincipalHeader: alice},
+		"wrong secret": {principal.GatewaySecretHeader: "gw-secret-guessed-000", principal.GatewayPrincipalHeader: alice},
 	} {
 		if st, m, _ := call(t, ts, "GET", "/v2/sandboxes", "", hdr); st != 401 || m["code"] != float64(401) {
 			t.Errorf("%s (with a valid API key too): %d %v, want 401", name, st, m)
 		}
 	}
-	if st, _, _ := call(t, ts, "GET", "/v2/sandboxes", "", map[string]string{gatewaySecretHeader: "gw-secret-0123456789", gatewayPrincipalHeader: `{"tenant":`}); st != 400 {
+	if st, _, _ := call(t, ts, "GET", "/v2/sandboxes", "", map[string]string{principal.GatewaySecretHeader: "gw-secret-0123456789", principal.GatewayPrincipalHeader: `{"tenant":`}); st != 400 {
 		t.Errorf("a malformed principal: %d, want 400", st)
 	}
 	// A node without node.gateway_secret_file trusts no gateway.
 	_, plain := newServer(t)
-	if st, _, _ := call(t, plain, "GET", "/v2/sandboxes", "", map[string]string{gatewaySecretHeader: "", gatewayPrincipalHeader: alice}); st != 401 {
+	if st, _, _ := call(t, plain, "GET", "/v2/sandboxes", "", map[string]string{principal.GatewaySecretHeader: "", principal.GatewayPrincipalHeader: alice}); st != 401 {
 		t.Errorf("a principal on a node that trusts no gateway: %d, want 401", st)
 	}
 }
