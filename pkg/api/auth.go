@@ -400,27 +400,37 @@ func quoteOrEmpty(s string) string {
 	return "\"" + s + "\""
 }
 
-// login redeems a one-time token: GET /login?token= (the URL `sandboxctl ui`
-// prints) or POST /login with a form field token. Success sets the session
-// cookie and redirects to the editor, dropping the token from the address
-// bar; anything else shows the login page (HEAD never consumes a token).
-func (s *server) login(w http.ResponseWriter, r *http.Request) {
-	var tok string
+// LoginToken reads a login request's one-time token: GET /login?token=,
+// or POST /login with a form field token, refused from other sites (login
+// CSRF); HEAD has none and never consumes one. Not ok: the refusal has
+// been answered. The daemon and a gateway both redeem logins this way.
+func LoginToken(w http.ResponseWriter, r *http.Request) (tok string, ok bool) {
 	switch r.Method {
 	case http.MethodGet:
 		tok = r.URL.Query().Get("token")
 	case http.MethodHead:
 	case http.MethodPost:
-		// A form post is state-changing: refuse it from other sites (login CSRF).
 		if err := crossOrigin.Check(r); err != nil {
-			s.loginPage(w, http.StatusForbidden, "Cross-site login refused.")
-			return
+			LoginPage(w, http.StatusForbidden, "Cross-site login refused.")
+			return "", false
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, 4096)
 		tok = r.PostFormValue("token")
 	default:
 		w.Header().Set("Allow", "GET, HEAD, POST")
 		writeJSON(w, http.StatusMethodNotAllowed, errorResponse{Error: errorBodyOf(errdefs.Invalidf("method: want GET or POST"))})
+		return "", false
+	}
+	return tok, true
+}
+
+// login redeems a one-time token: GET /login?token= (the URL `sandboxctl ui`
+// prints) or POST /login with a form field token. Success sets the session
+// cookie and redirects to the editor, dropping the token from the address
+// bar; anything else shows the login page (HEAD never consumes a token).
+func (s *server) login(w http.ResponseWriter, r *http.Request) {
+	tok, ok := LoginToken(w, r)
+	if !ok {
 		return
 	}
 	if tok == "" {

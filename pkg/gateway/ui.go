@@ -142,27 +142,11 @@ func (g *Gateway) mintLogin(w http.ResponseWriter, r *http.Request, p principal.
 	writeJSON(w, http.StatusCreated, api.LoginURL{URL: scheme + "://" + r.Host + "/login?token=" + url.QueryEscape(tok), Token: tok, ExpiresAt: exp.UTC()})
 }
 
-// crossOrigin refuses cross-site login form posts (login CSRF).
-var crossOrigin = http.NewCrossOriginProtection()
-
 // login redeems a login token (GET /login?token= or a form post): a
 // session cookie and a redirect to the editor.
 func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
-	var tok string
-	switch r.Method {
-	case http.MethodGet:
-		tok = r.URL.Query().Get("token")
-	case http.MethodHead:
-	case http.MethodPost:
-		if err := crossOrigin.Check(r); err != nil {
-			api.LoginPage(w, http.StatusForbidden, "Cross-site login refused.")
-			return
-		}
-		r.Body = http.MaxBytesReader(w, r.Body, 8192)
-		tok = r.PostFormValue("token")
-	default:
-		w.Header().Set("Allow", "GET, HEAD, POST")
-		writeError(w, errdefs.Invalidf("method: want GET or POST"))
+	tok, ok := api.LoginToken(w, r)
+	if !ok {
 		return
 	}
 	if tok == "" {
