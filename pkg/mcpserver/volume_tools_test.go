@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -15,8 +16,24 @@ import (
 // the sandbox, and the listings show what exists.
 func TestVolumeAndTemplateTools(t *testing.T) {
 	testenv.RequireRoot(t)
-	c := newClient(t, newEngine(t), Options{})
+	e := newEngine(t)
+	c := newClient(t, e, Options{})
 	v := ok[apitypes.Volume](c, "volume_create", map[string]any{"name": "notes", "size_mb": 32})
+	// A failure part-way leaves the volume behind the engine's own cleanup,
+	// which terminates sandboxes but keeps volumes (they outlive sandboxes by
+	// design); this cleanup runs first (LIFO), so the volume is free to go.
+	t.Cleanup(func() {
+		ctx := context.Background()
+		list, err := e.ListSandboxes(ctx, "")
+		if err != nil {
+			t.Error(err)
+		}
+		for _, sb := range list {
+			_, _ = e.TerminateSandbox(ctx, sb.ID)
+		}
+		_ = e.DeleteTemplate(ctx, "marker")
+		_ = e.DeleteVolume(ctx, "notes")
+	})
 	if v.Name != "notes" || v.SizeBytes != 32<<20 {
 		t.Fatalf("volume_create: %+v", v)
 	}
