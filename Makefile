@@ -33,6 +33,9 @@ build: deps web
 	CGO_ENABLED=1 $(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o bin/mcp-sandboxd ./cmd/mcp-sandboxd
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/sandboxctl ./cmd/sandboxctl
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/sandbox-agent ./cmd/sandbox-agent
+	# Every container's `runc init` (pkg/runtime/initexec.go): cgo for nsenter,
+	# seccomp for the filter it installs; found beside the agent.
+	CGO_ENABLED=1 $(GO) build -tags $(TAGS) -trimpath -ldflags '-s -w' -o bin/sandbox-init ./cmd/sandbox-init
 
 # The OCI image of the daemon (deploy/image, no Docker): a Debian base of the
 # host's suite made by mmdebstrap (cached in bin/.image-cache) and bin/'s
@@ -153,6 +156,7 @@ install: build
 	install -D -m 0755 bin/mcp-sandboxd $(DESTDIR)$(PREFIX)/bin/mcp-sandboxd
 	install -D -m 0755 bin/sandboxctl $(DESTDIR)$(PREFIX)/bin/sandboxctl
 	install -D -m 0755 bin/sandbox-agent $(DESTDIR)/usr/libexec/mcp-sandboxd/sandbox-agent
+	install -D -m 0755 bin/sandbox-init $(DESTDIR)/usr/libexec/mcp-sandboxd/sandbox-init
 	install -d $(DESTDIR)/usr/share/mcp-sandboxd/rootfs $(DESTDIR)/usr/share/mcp-sandboxd/seccomp-profiles
 	cp -r rootfs/. $(DESTDIR)/usr/share/mcp-sandboxd/rootfs/
 	install -m 0644 seccomp-profiles/*.json $(DESTDIR)/usr/share/mcp-sandboxd/seccomp-profiles/

@@ -5,9 +5,9 @@
 // archive that `ctr import` (containerd) loads under its name.
 //
 // What the image carries, and why (docs/kubernetes.md):
-//   - mcp-sandboxd, sandboxctl, sandbox-agent from bin/ (the daemon is built
-//     with cgo against the host's glibc and libseccomp: the base is the
-//     host's Debian suite, so both match);
+//   - mcp-sandboxd, sandboxctl, sandbox-agent, sandbox-init from bin/ (the
+//     daemon and sandbox-init are built with cgo against the host's glibc
+//     and libseccomp: the base is the host's Debian suite, so both match);
 //   - the tools the daemon runs itself: mmdebstrap (language images),
 //     e2fsprogs (mkfs.ext4 for disk-backed sandboxes), ca-certificates;
 //     with -vm also qemu-system-x86 and swtpm (the vm backend). No runc:
@@ -56,7 +56,7 @@ var vmPackages = []string{"qemu-system-x86", "qemu-utils", "swtpm"}
 
 func main() {
 	var o options
-	flag.StringVar(&o.bin, "bin", "bin", "directory of mcp-sandboxd, sandboxctl and sandbox-agent")
+	flag.StringVar(&o.bin, "bin", "bin", "directory of mcp-sandboxd, sandboxctl, sandbox-agent and sandbox-init")
 	flag.StringVar(&o.tree, "tree", ".", "the source tree (rootfs/, seccomp-profiles/, config/)")
 	flag.StringVar(&o.out, "out", "bin/mcp-sandboxd-image.tar", "the OCI archive to write")
 	flag.StringVar(&o.name, "name", "mcp-sandboxd:dev", "image name and tag (what the chart's image.repository:tag names)")
@@ -196,6 +196,8 @@ func appFiles(o options) ([]appFile, error) {
 		{filepath.Join(o.bin, "mcp-sandboxd"), "/usr/bin/mcp-sandboxd", 0o755},
 		{filepath.Join(o.bin, "sandboxctl"), "/usr/bin/sandboxctl", 0o755},
 		{filepath.Join(o.bin, "sandbox-agent"), "/usr/libexec/mcp-sandboxd/sandbox-agent", 0o755},
+		// Every container's `runc init`, found beside the agent.
+		{filepath.Join(o.bin, "sandbox-init"), "/usr/libexec/mcp-sandboxd/sandbox-init", 0o755},
 		{filepath.Join(o.tree, "config", "mcp-sandboxd.yaml"), "/etc/mcp-sandboxd/mcp-sandboxd.yaml", 0o644},
 	}
 	for _, tree := range []struct{ src, dst string }{

@@ -51,7 +51,7 @@ func TestImageArchive(t *testing.T) {
 	if err := os.Mkdir(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range []string{"mcp-sandboxd", "sandboxctl", "sandbox-agent"} {
+	for _, b := range []string{"mcp-sandboxd", "sandboxctl", "sandbox-agent", "sandbox-init"} {
 		if err := os.WriteFile(filepath.Join(bin, b), []byte("#!/bin/true "+b), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -118,6 +118,7 @@ func TestImageArchive(t *testing.T) {
 	}
 	for path, mode := range map[string]int64{
 		"/usr/bin/mcp-sandboxd": 0o755, "/usr/bin/sandboxctl": 0o755, "/usr/libexec/mcp-sandboxd/sandbox-agent": 0o755,
+		"/usr/libexec/mcp-sandboxd/sandbox-init":  0o755,
 		"/etc/mcp-sandboxd/mcp-sandboxd.yaml":                   0o644,
 		"/usr/share/mcp-sandboxd/seccomp-profiles/default.json": 0o644,
 		"/usr/share/mcp-sandboxd/rootfs/python.yaml":            0o644,

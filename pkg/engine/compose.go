@@ -192,6 +192,13 @@ func (e *Engine) newContainerBackend() (sandbox.Backend, error) {
 	if e.runtime, err = runtime.New(filepath.Join(cfg.Paths.RunDir, "runtime"), log); err != nil {
 		return nil, err
 	}
+	// sandbox-init, installed beside the agent, is every container's
+	// `runc init` (pkg/runtime/initexec.go); without it the daemon itself
+	// is, about 16 ms slower per start.
+	initBin := filepath.Join(filepath.Dir(cfg.Paths.AgentPath), runtime.InitBinaryName)
+	if err := e.runtime.UseInitBinary(initBin); err != nil {
+		log.Warn("sandbox-init unavailable, containers start with the daemon as their init", "err", err)
+	}
 	// Every profile is resolved for each mode's capability set (see
 	// runtime.AgentCapabilities).
 	prof, err := e.loadSeccomp(runtime.AgentCapabilities)

@@ -195,6 +195,9 @@ func (e *Engine) Close() error {
 		e.snapshots.Stop()
 	}
 	e.sandboxes.Close()
+	if e.runtime != nil {
+		e.runtime.Close() // after the manager: no start is under way
+	}
 	e.detachVMs()
 	if e.net != nil {
 		e.net.Close() // the network stays; a restarted daemon adopts it

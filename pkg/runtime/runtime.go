@@ -32,6 +32,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	goruntime "runtime"
 	rtrace "runtime/trace"
 	"sync"
@@ -244,6 +245,41 @@ type Runtime struct {
 	mu        sync.Mutex
 	instances map[string]*Instance
 	rules     ruleLists
+	// initExe is the sealed memfd copy of sandbox-init that each
+	// container's `runc init` hands over to (initexec.go); nil until
+	// UseInitBinary, and then inits run as the daemon itself.
+	initExe *os.File
+}
+
+// UseInitBinary makes containers started from now on run sandbox-init (at
+// path) as their `runc init` instead of the daemon itself: it copies the
+// binary into a sealed memfd once, which every start passes to its child
+// (initexec.go). On error the runtime goes on with the daemon's own init.
+func (r *Runtime) UseInitBinary(path string) error {
+	f, err := sealInitBinary(path, r.Root)
+	if err != nil {
+		return fmt.Errorf("seal %s: %w", path, err)
+	}
+	r.mu.Lock()
+	old := r.initExe
+	r.initExe = f
+	r.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	return nil
+}
+
+// Close releases the sealed sandbox-init copy. Containers already started
+// are not affected; Start must not be called afterwards.
+func (r *Runtime) Close() {
+	r.mu.Lock()
+	f := r.initExe
+	r.initExe = nil
+	r.mu.Unlock()
+	if f != nil {
+		f.Close()
+	}
 }
 
 // New returns a Runtime whose libcontainer state lives in root.
@@ -483,6 +519,13 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 		}
 	}()
 	proc := initProcess(s, spec, logf)
+	r.mu.Lock()
+	if r.initExe != nil {
+		// Last, after the agent's descriptors: the child's constructor
+		// takes it out again before anything counts on the numbers.
+		proc.ExtraFiles = append(slices.Clip(proc.ExtraFiles), r.initExe)
+	}
+	r.mu.Unlock()
 	reg = rtrace.StartRegion(context.Background(), "runtime.run")
 	err = ct.Run(proc)
 	reg.End()

@@ -72,6 +72,8 @@ func TestSandboxCoreOnCgroupV2(t *testing.T) {
 			"-o", filepath.Join(stage, pkg+".test"), "./pkg/"+pkg)
 	}
 	run(t, "", nil, "cp", testenv.AgentPath(t), filepath.Join(stage, "sandbox-agent"))
+	// The containers' `runc init`, found beside the agent.
+	run(t, "", nil, "cp", filepath.Join(filepath.Dir(testenv.AgentPath(t)), "sandbox-init"), filepath.Join(stage, "sandbox-init"))
 	run(t, "", nil, "cp", filepath.Join(testenv.RepoRoot, "test/cgroupv2/guest-run.sh"), filepath.Join(stage, "run.sh"))
 	imgDir := filepath.Dir(shell.Rootfs)
 	if err := exec.Command("cp", "-al", imgDir, filepath.Join(stage, "images")).Run(); err != nil {

@@ -1,0 +1,134 @@
+package runtime
+
+// The hand-over of `runc init` from the daemon to sandbox-init.
+//
+// libcontainer starts every container's init by executing a sealed clone of
+// /proc/self/exe — the daemon, 143 MB with client-go, prometheus and mcp-go's
+// JSON schema compiler — with the argument "init". nsenter's C constructor
+// (nsexec) sets up the namespaces before the Go runtime starts; then the Go
+// runtime and every package initialiser of the daemon run (about 16 ms on an
+// idle host, several times that on a busy one), all of it only to reach
+// libcontainer.Init. sandbox-init is that Init alone (about 1 ms of Go
+// start-up).
+//
+// How the child finds it: InitExec (below) makes a sealed memfd copy of
+// sandbox-init once, when the runtime is set up, and Start appends it to the
+// init process's ExtraFiles, after the agent's own descriptors and before
+// libcontainer's _LIBCONTAINER_* descriptors. sandboxd_initexec, a C
+// constructor that runs before nsexec (constructors with a priority run
+// before those without), looks in a `runc init` child for a descriptor below
+// _LIBCONTAINER_INITPIPE that is a memfd with exactly the name and the seals
+// InitExec gave it, replaces it with /dev/null (so the descriptor numbers the
+// agent and runc init count on stay as they were, and the memfd reaches
+// neither), and execveat(2)s the memfd with the same argv and environment.
+// The pid, the descriptors and the environment are unchanged by an exec, so
+// libcontainer, which holds the child's pid and the other ends of its pipes,
+// sees no difference; nsexec then runs in sandbox-init.
+//
+// Security boundary (docs/security.md, "runc init"): the binary a container's
+// init runs is the sealed memfd (F_SEAL_SEAL|SHRINK|GROW|WRITE: nobody, root
+// of the host included, can write it through /proc/<pid>/exe or its
+// descriptor), never sandbox-init's file on disk, for the same reason that
+// libcontainer clones its own binary (CVE-2019-5736). The descriptor is
+// found by name and seals, not by position alone, and anything else falls
+// back to the daemon's own init (the way it ran before).
+
+/*
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+
+// Must match initMemfdName and exeseal's "runc_cloned:" prefix.
+#define SANDBOXD_INIT_LINK "/memfd:runc_cloned:sandbox-init (deleted)"
+#define SANDBOXD_INIT_SEALS (F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE)
+
+extern char **environ;
+
+// Priority 200 runs before nsenter's constructor, which has none.
+__attribute__((constructor(200))) static void sandboxd_initexec(int argc, char **argv) {
+	if (argc < 2 || argv == NULL || strcmp(argv[1], "init") != 0)
+		return;
+	const char *pipe = getenv("_LIBCONTAINER_INITPIPE");
+	if (pipe == NULL || *pipe == '\0')
+		return;
+	int limit = atoi(pipe);
+	// libcontainer's descriptors follow the ExtraFiles: the memfd is below.
+	for (int fd = 3; fd < limit; fd++) {
+		char path[64], link[128];
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		ssize_t n = readlink(path, link, sizeof(link) - 1);
+		if (n < 0)
+			continue;
+		link[n] = '\0';
+		if (strcmp(link, SANDBOXD_INIT_LINK) != 0)
+			continue;
+		int seals = fcntl(fd, F_GET_SEALS);
+		if (seals < 0 || (seals & SANDBOXD_INIT_SEALS) != SANDBOXD_INIT_SEALS)
+			return;
+		// Keep the memfd only on a close-on-exec duplicate, and give its
+		// slot to /dev/null: runc init leaves descriptors below
+		// 3+len(ExtraFiles) open for the agent.
+		int exe = fcntl(fd, F_DUPFD_CLOEXEC, limit);
+		if (exe < 0)
+			return;
+		int null = open("/dev/null", O_RDONLY);
+		if (null < 0 || dup2(null, fd) < 0) {
+			close(exe);
+			return;
+		}
+		if (null != fd)
+			close(null);
+		syscall(SYS_execveat, exe, "", argv, environ, AT_EMPTY_PATH);
+		// The exec failed: this process goes on as the daemon's own init,
+		// as it did before sandbox-init existed.
+		close(exe);
+		return;
+	}
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/opencontainers/runc/libcontainer/exeseal"
+)
+
+// initMemfdName is the memfd's name (exeseal prefixes "runc_cloned:"); the
+// constructor above recognises the descriptor by it.
+const initMemfdName = "sandbox-init"
+
+// InitBinaryName is the file name of sandbox-init, installed beside the agent.
+const InitBinaryName = "sandbox-init"
+
+// sealInitBinary copies the sandbox-init binary at path into a sealed memfd.
+// tmpDir is exeseal's fallback when memfds are unavailable, in which case the
+// copy is not a memfd and is refused: the constructor would not recognise it.
+func sealInitBinary(path, tmpDir string) (*os.File, error) {
+	src, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	st, err := src.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	f, err := exeseal.CloneBinary(src, st.Size(), initMemfdName, tmpDir)
+	if err != nil {
+		return nil, err
+	}
+	if !exeseal.IsCloned(f) {
+		f.Close()
+		return nil, fmt.Errorf("sealed copy of %s is not a sealed memfd", path)
+	}
+	return f, nil
+}
