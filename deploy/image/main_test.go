@@ -118,7 +118,7 @@ func TestImageArchive(t *testing.T) {
 	}
 	for path, mode := range map[string]int64{
 		"/usr/bin/mcp-sandboxd": 0o755, "/usr/bin/sandboxctl": 0o755, "/usr/libexec/mcp-sandboxd/sandbox-agent": 0o755,
-		"/usr/libexec/mcp-sandboxd/sandbox-init":  0o755,
+		"/usr/libexec/mcp-sandboxd/sandbox-init":                0o755,
 		"/etc/mcp-sandboxd/mcp-sandboxd.yaml":                   0o644,
 		"/usr/share/mcp-sandboxd/seccomp-profiles/default.json": 0o644,
 		"/usr/share/mcp-sandboxd/rootfs/python.yaml":            0o644,

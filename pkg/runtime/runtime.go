@@ -32,9 +32,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	goruntime "runtime"
 	rtrace "runtime/trace"
+	"slices"
 	"sync"
 	"time"
 
