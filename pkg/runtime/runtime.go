@@ -483,18 +483,9 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 	if len(s.InitArgs) == 0 {
 		return nil, errors.New("runtime: empty init argv")
 	}
-	spec := BuildSpec(s)
-	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
-		CgroupName:   s.ID,
-		Spec:         spec,
-		NoNewKeyring: true, // keyctl is denied anyway; do not leak the session keyring
-	})
+	spec, cfg, err := r.containerConfig(s)
 	if err != nil {
-		return nil, fmt.Errorf("build container config: %w", err)
-	}
-	cfg.Labels = append(cfg.Labels, "owner=mcp-sandboxd")
-	if cfg.Seccomp != nil {
-		cfg.Seccomp.Syscalls = r.rules.intern(cfg.Seccomp.Syscalls)
+		return nil, err
 	}
 
 	logf, err := os.OpenFile(s.InitLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND|unix.O_CLOEXEC, 0o640)
@@ -519,13 +510,7 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 		}
 	}()
 	proc := initProcess(s, spec, logf)
-	r.mu.Lock()
-	if r.initExe != nil {
-		// Last, after the agent's descriptors: the child's constructor
-		// takes it out again before anything counts on the numbers.
-		proc.ExtraFiles = append(slices.Clip(proc.ExtraFiles), r.initExe)
-	}
-	r.mu.Unlock()
+	r.withInitExe(proc)
 	reg = rtrace.StartRegion(context.Background(), "runtime.run")
 	err = ct.Run(proc)
 	reg.End()
@@ -546,6 +531,36 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 	r.instances[s.ID] = inst
 	r.mu.Unlock()
 	return inst, nil
+}
+
+// containerConfig is the libcontainer configuration of s, and its spec.
+func (r *Runtime) containerConfig(s *Spec) (*specs.Spec, *configs.Config, error) {
+	spec := BuildSpec(s)
+	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
+		CgroupName:   s.ID,
+		Spec:         spec,
+		NoNewKeyring: true, // keyctl is denied anyway; do not leak the session keyring
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("build container config: %w", err)
+	}
+	cfg.Labels = append(cfg.Labels, "owner=mcp-sandboxd")
+	if cfg.Seccomp != nil {
+		cfg.Seccomp.Syscalls = r.rules.intern(cfg.Seccomp.Syscalls)
+	}
+	return spec, cfg, nil
+}
+
+// withInitExe passes the sealed sandbox-init to proc's `runc init`, if the
+// runtime has one (initexec.go).
+func (r *Runtime) withInitExe(proc *libcontainer.Process) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.initExe != nil {
+		// Last, after the agent's descriptors: the child's constructor
+		// takes it out again before anything counts on the numbers.
+		proc.ExtraFiles = append(slices.Clip(proc.ExtraFiles), r.initExe)
+	}
 }
 
 // initProcess is the sandbox's init, our agent, as libcontainer runs it:
