@@ -123,3 +123,45 @@ func TestCreateIdempotentOnRequestID(t *testing.T) {
 		t.Errorf("reserved label: %v", err)
 	}
 }
+
+// TestCompatSyscallsKilled: the profiles allow the native syscall ABI only.
+// A 64-bit program that makes a 32-bit (int 0x80, compat) syscall is killed
+// by SIGSYS instead of having it run or refused with an errno; the same
+// program's native syscall runs (the control that the program executes at
+// all). Filtering one ABI instead of three also compiles the filter in
+// about a fifth of the time in every sandbox's runc init (docs/security.md).
+func TestCompatSyscallsKilled(t *testing.T) {
+	requireRoot(t)
+	env := newRunEngine(t, []string{"python"})
+	ctx := context.Background()
+	// Two minimal static x86-64 ELFs: "mov eax,1; mov ebx,42; int 0x80"
+	// (i386 exit(42)) falling through to "mov eax,60; mov edi,7; syscall"
+	// (exit(7)) if the compat call were refused with an errno; and the
+	// native exit(7) alone.
+	script := `import os, struct, subprocess
+def elf(code):
+    base, eh, ph = 0x400000, 64, 56
+    n = eh + ph + len(code)
+    hdr = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8) + struct.pack("<HHIQQQIHHHHHH", 2, 0x3e, 1, base + eh + ph, eh, 0, 0, eh, ph, 1, 0, 0, 0)
+    return hdr + struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, n, n, 0x1000) + code
+native = bytes([0xb8, 60, 0, 0, 0, 0xbf, 7, 0, 0, 0, 0x0f, 0x05])
+compat = bytes([0xb8, 1, 0, 0, 0, 0xbb, 42, 0, 0, 0, 0xcd, 0x80]) + native
+for name, code in (("native", native), ("compat", compat)):
+    path = "/workspace/" + name
+    with open(path, "wb") as f:
+        f.write(elf(code))
+    os.chmod(path, 0o755)
+    print(name, subprocess.run([path]).returncode)
+`
+	info, err := env.CreateSandbox(ctx, CreateSandboxRequest{Language: "python"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := env.Exec(ctx, ExecRequest{SandboxID: info.ID, Argv: []string{"python3", "-c", script}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.TrimSpace(res.Stdout), "native 7\ncompat -31"; got != want {
+		t.Errorf("exit statuses %q (stderr %q), want %q: the compat syscall must be killed by SIGSYS", got, res.Stderr, want)
+	}
+}
