@@ -53,6 +53,8 @@ var layer = map[string]int{
 	"pkg/gateway/remote": 6,
 
 	"cmd/mcp-sandboxd": 7, "cmd/sandboxctl": 7, "cmd/sandbox-agent": 7, "cmd/tsgen": 7,
+	// Every container's `runc init` (pkg/runtime/initexec.go): libcontainer only.
+	"cmd/sandbox-init": 7,
 	// make image's builder (a command like the ones above).
 	"deploy/image": 7,
 
@@ -67,15 +69,17 @@ var layer = map[string]int{
 // engine and their own helpers. The agent's server side runs inside the
 // sandbox and must not pull in the daemon.
 var forbidden = map[string][]string{
-	"pkg/mcpserver":      {"pkg/api", "pkg/e2b", "pkg/sshd"},
-	"pkg/api":            {"pkg/mcpserver", "pkg/e2b", "pkg/sshd"},
-	"pkg/e2b":            {"pkg/api", "pkg/mcpserver", "pkg/preview", "pkg/sshd"},
-	"pkg/sshd":           {"pkg/api", "pkg/mcpserver", "pkg/preview", "pkg/e2b"},
-	"pkg/api/client":     {"pkg/engine", "pkg/sandbox", "pkg/agent", "pkg/runtime", "pkg/store"},
-	"pkg/sandbox":        {"pkg/sandbox/container", "pkg/runtime", "pkg/sandbox/qemu", "pkg/vm"},
-	"pkg/agent/server":   {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config"},
-	"cmd/sandbox-agent":  {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config", "pkg/vm"},
-	"cmd/sandboxctl":     {"pkg/engine", "pkg/sandbox", "pkg/runtime", "pkg/store"},
+	"pkg/mcpserver":     {"pkg/api", "pkg/e2b", "pkg/sshd"},
+	"pkg/api":           {"pkg/mcpserver", "pkg/e2b", "pkg/sshd"},
+	"pkg/e2b":           {"pkg/api", "pkg/mcpserver", "pkg/preview", "pkg/sshd"},
+	"pkg/sshd":          {"pkg/api", "pkg/mcpserver", "pkg/preview", "pkg/e2b"},
+	"pkg/api/client":    {"pkg/engine", "pkg/sandbox", "pkg/agent", "pkg/runtime", "pkg/store"},
+	"pkg/sandbox":       {"pkg/sandbox/container", "pkg/runtime", "pkg/sandbox/qemu", "pkg/vm"},
+	"pkg/agent/server":  {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config"},
+	"cmd/sandbox-agent": {"pkg/sandbox", "pkg/engine", "pkg/store", "pkg/runtime", "pkg/config", "pkg/vm"},
+	"cmd/sandboxctl":    {"pkg/engine", "pkg/sandbox", "pkg/runtime", "pkg/store"},
+	// The point of sandbox-init is to start without the daemon's packages.
+	"cmd/sandbox-init":   {"pkg/runtime", "pkg/engine", "pkg/sandbox", "pkg/config", "pkg/store", "pkg/seccomp"},
 	"pkg/services/ports": {"pkg/engine"}, "pkg/services/snapshots": {"pkg/engine"}, "pkg/services/volumes": {"pkg/engine"},
 	"pkg/services/images": {"pkg/engine"}, "pkg/services/agents": {"pkg/engine"},
 	"pkg/services/pipeline": {"pkg/engine"}, "pkg/services/fixloop": {"pkg/engine"},
