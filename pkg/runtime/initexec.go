@@ -11,16 +11,17 @@ package runtime
 // libcontainer.Init. sandbox-init is that Init alone (about 1 ms of Go
 // start-up).
 //
-// How the child finds it: InitExec (below) makes a sealed memfd copy of
+// How the child finds it: UseInitBinary (runtime.go) makes a sealed memfd copy of
 // sandbox-init once, when the runtime is set up, and Start appends it to the
 // init process's ExtraFiles, after the agent's own descriptors and before
 // libcontainer's _LIBCONTAINER_* descriptors. sandboxd_initexec, a C
 // constructor that runs before nsexec (constructors with a priority run
 // before those without), looks in a `runc init` child for a descriptor below
 // _LIBCONTAINER_INITPIPE that is a memfd with exactly the name and the seals
-// InitExec gave it, replaces it with /dev/null (so the descriptor numbers the
-// agent and runc init count on stay as they were, and the memfd reaches
-// neither), and execveat(2)s the memfd with the same argv and environment.
+// UseInitBinary gave it, marks it close-on-exec (so that the memfd reaches
+// neither sandbox-init nor the agent: its slot is a hole from then on, and
+// the other descriptor numbers stay as they were), and execveat(2)s it with
+// the same argv and environment.
 // The pid, the descriptors and the environment are unchanged by an exec, so
 // libcontainer, which holds the child's pid and the other ends of its pipes,
 // sees no difference; nsexec then runs in sandbox-init.
@@ -69,23 +70,17 @@ __attribute__((constructor(200))) static void sandboxd_initexec(int argc, char *
 		int seals = fcntl(fd, F_GET_SEALS);
 		if (seals < 0 || (seals & SANDBOXD_INIT_SEALS) != SANDBOXD_INIT_SEALS)
 			return;
-		// Keep the memfd only on a close-on-exec duplicate, and give its
-		// slot to /dev/null: runc init leaves descriptors below
-		// 3+len(ExtraFiles) open for the agent.
-		int exe = fcntl(fd, F_DUPFD_CLOEXEC, limit);
-		if (exe < 0)
+		// Close-on-exec: the exec below (or, if it fails, the daemon's
+		// own init's exec of the agent) closes it, so that neither
+		// sandbox-init nor the agent and its jobs hold it. runc init
+		// leaves descriptors below 3+len(ExtraFiles) as they are; this
+		// one is then a hole, which nothing fills but close-on-exec
+		// descriptors (Go opens every file close-on-exec).
+		if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
 			return;
-		int null = open("/dev/null", O_RDONLY);
-		if (null < 0 || dup2(null, fd) < 0) {
-			close(exe);
-			return;
-		}
-		if (null != fd)
-			close(null);
-		syscall(SYS_execveat, exe, "", argv, environ, AT_EMPTY_PATH);
+		syscall(SYS_execveat, fd, "", argv, environ, AT_EMPTY_PATH);
 		// The exec failed: this process goes on as the daemon's own init,
 		// as it did before sandbox-init existed.
-		close(exe);
 		return;
 	}
 }
