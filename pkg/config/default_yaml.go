@@ -82,7 +82,7 @@ paths:
   # Docker-format seccomp profiles (NAME.json).
   seccomp_dir: /usr/share/mcp-sandboxd/seccomp-profiles
   # The static sandbox-agent binary, mounted read-only as PID 1 of every
-  # sandbox.
+  # sandbox. sandbox-init, every container's runc init, is found beside it.
   agent_path: /usr/libexec/mcp-sandboxd/sandbox-agent
   # Built language images (content-addressed, read-only). Empty means
   # state_dir/images; point several state dirs at one store to share images.
