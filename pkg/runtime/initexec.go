@@ -33,59 +33,8 @@ package runtime
 // libcontainer clones its own binary (CVE-2019-5736). The descriptor is
 // found by name and seals, not by position alone, and anything else falls
 // back to the daemon's own init (the way it ran before).
-
-/*
-#define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-#include <sys/syscall.h>
-
-// Must match initMemfdName and exeseal's "runc_cloned:" prefix.
-#define SANDBOXD_INIT_LINK "/memfd:runc_cloned:sandbox-init (deleted)"
-#define SANDBOXD_INIT_SEALS (F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE)
-
-extern char **environ;
-
-// Priority 200 runs before nsenter's constructor, which has none.
-__attribute__((constructor(200))) static void sandboxd_initexec(int argc, char **argv) {
-	if (argc < 2 || argv == NULL || strcmp(argv[1], "init") != 0)
-		return;
-	const char *pipe = getenv("_LIBCONTAINER_INITPIPE");
-	if (pipe == NULL || *pipe == '\0')
-		return;
-	int limit = atoi(pipe);
-	// libcontainer's descriptors follow the ExtraFiles: the memfd is below.
-	for (int fd = 3; fd < limit; fd++) {
-		char path[64], link[128];
-		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-		ssize_t n = readlink(path, link, sizeof(link) - 1);
-		if (n < 0)
-			continue;
-		link[n] = '\0';
-		if (strcmp(link, SANDBOXD_INIT_LINK) != 0)
-			continue;
-		int seals = fcntl(fd, F_GET_SEALS);
-		if (seals < 0 || (seals & SANDBOXD_INIT_SEALS) != SANDBOXD_INIT_SEALS)
-			return;
-		// Close-on-exec: the exec below (or, if it fails, the daemon's
-		// own init's exec of the agent) closes it, so that neither
-		// sandbox-init nor the agent and its jobs hold it. runc init
-		// leaves descriptors below 3+len(ExtraFiles) as they are; this
-		// one is then a hole, which nothing fills but close-on-exec
-		// descriptors (Go opens every file close-on-exec).
-		if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
-			return;
-		syscall(SYS_execveat, fd, "", argv, environ, AT_EMPTY_PATH);
-		// The exec failed: this process goes on as the daemon's own init,
-		// as it did before sandbox-init existed.
-		return;
-	}
-}
-*/
-import "C"
+//
+// The constructor itself is in initexec_cgo.go.
 
 import (
 	"fmt"
@@ -95,7 +44,7 @@ import (
 )
 
 // initMemfdName is the memfd's name (exeseal prefixes "runc_cloned:"); the
-// constructor above recognises the descriptor by it.
+// constructor (initexec_cgo.go) recognises the descriptor by it.
 const initMemfdName = "sandbox-init"
 
 // InitBinaryName is the file name of sandbox-init, installed beside the agent.
