@@ -36,16 +36,17 @@ __attribute__((constructor(200))) static void sandboxd_initexec(int argc, char *
 		link[n] = '\0';
 		if (strcmp(link, SANDBOXD_INIT_LINK) != 0)
 			continue;
+		// Close-on-exec first, whatever follows: the exec below (or, if
+		// this process goes on as the daemon's own init, its exec of the
+		// agent) closes it, so that neither sandbox-init nor the agent
+		// and its jobs hold it. runc init leaves descriptors below
+		// 3+len(ExtraFiles) as they are; this one is then a hole, which
+		// nothing fills but close-on-exec descriptors (Go opens every
+		// file close-on-exec).
+		if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
+			return;
 		int seals = fcntl(fd, F_GET_SEALS);
 		if (seals < 0 || (seals & SANDBOXD_INIT_SEALS) != SANDBOXD_INIT_SEALS)
-			return;
-		// Close-on-exec: the exec below (or, if it fails, the daemon's
-		// own init's exec of the agent) closes it, so that neither
-		// sandbox-init nor the agent and its jobs hold it. runc init
-		// leaves descriptors below 3+len(ExtraFiles) as they are; this
-		// one is then a hole, which nothing fills but close-on-exec
-		// descriptors (Go opens every file close-on-exec).
-		if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
 			return;
 		syscall(SYS_execveat, fd, "", argv, environ, AT_EMPTY_PATH);
 		// The exec failed: this process goes on as the daemon's own init,

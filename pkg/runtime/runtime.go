@@ -558,7 +558,8 @@ func (r *Runtime) withInitExe(proc *libcontainer.Process) {
 	defer r.mu.Unlock()
 	if r.initExe != nil {
 		// Last, after the agent's descriptors: the child's constructor
-		// takes it out again before anything counts on the numbers.
+		// makes it close-on-exec before it executes it, so that it
+		// reaches neither sandbox-init nor the agent.
 		proc.ExtraFiles = append(slices.Clip(proc.ExtraFiles), r.initExe)
 	}
 }
