@@ -8,7 +8,8 @@
 // any point leaves a ledger that names everything that may exist (and
 // possibly one thing that does not yet). Releasing walks an owner's entries
 // in reverse acquisition order and calls the releaser registered for each
-// kind; an entry is deleted once its release succeeded, and releasers treat
+// kind; the entries whose release succeeded are deleted together after the
+// walk (never before their resource is gone), and releasers treat
 // "already gone" as success. Terminate, start-up reconciliation and garbage
 // collection all release through Release: there is one cleanup routine.
 package ledger
@@ -147,7 +148,8 @@ type Released struct {
 // Release releases owner's recorded resources, newest first, and then the
 // extra ones (found on the host by a scan, not recorded), each at most once.
 // Every release is attempted even when an earlier one failed; a failed entry
-// stays in the ledger for the next attempt (gc). The returned error joins
+// stays in the ledger for the next attempt (gc). The released entries are
+// struck in one transaction after the walk. The returned error joins
 // the failures.
 func (l *Ledger) Release(ctx context.Context, owner string, extra ...Resource) ([]Released, error) {
 	ents, err := l.db.LedgerEntries(ctx, owner)
@@ -168,6 +170,15 @@ func (l *Ledger) Release(ctx context.Context, owner string, extra ...Resource) (
 		}
 		return rel(ctx, r)
 	}
+	// The rows of the released resources are struck together once every
+	// release was attempted: one commit instead of one per resource. A row
+	// still goes only after its resource is gone; a crash before the commit
+	// leaves rows of resources already released, which the next release
+	// finds gone (success) and strikes.
+	var (
+		done []int64 // seqs of released entries
+		at   []int   // their index in out
+	)
 	for i := len(ents) - 1; i >= 0; i-- {
 		e := ents[i]
 		r := Resource{Kind: e.Kind, Key: e.Key, Data: e.Data}
@@ -175,16 +186,25 @@ func (l *Ledger) Release(ctx context.Context, owner string, extra ...Resource) (
 		reg := rtrace.StartRegion(ctx, "release."+r.Kind)
 		err := release(r)
 		reg.End()
-		if err == nil {
-			reg = rtrace.StartRegion(ctx, "ledger.delete")
-			err = l.db.DeleteLedgerEntry(ctx, e.Seq)
-			reg.End()
-		}
 		if err != nil {
 			err = fmt.Errorf("release %s of %s: %w", r, owner, err)
 			errs = append(errs, err)
+		} else {
+			done, at = append(done, e.Seq), append(at, len(out))
 		}
 		out = append(out, Released{Resource: r, Err: err})
+	}
+	if len(done) > 0 {
+		reg := rtrace.StartRegion(ctx, "ledger.delete")
+		err := l.db.DeleteLedgerEntries(ctx, done...)
+		reg.End()
+		if err != nil {
+			// Released but still recorded: the next release finds them gone.
+			errs = append(errs, fmt.Errorf("strike released resources of %s: %w", owner, err))
+			for _, i := range at {
+				out[i].Err = err
+			}
+		}
 	}
 	for _, r := range extra {
 		if seen[[2]string{r.Kind, r.Key}] {

@@ -84,3 +84,79 @@ func TestClaim(t *testing.T) {
 		t.Errorf("Claimed: vol-a %v, sb-1 %v, vo %v", l.Claimed("vol-a"), l.Claimed("sb-1"), l.Claimed("vo"))
 	}
 }
+
+// TestReleaseStrikesRowsAfterTheirResources: every row is still in the
+// ledger while its resource is being released (a crash there leaves it
+// recorded), all are struck together afterwards, and a failed strike is
+// reported against each released resource while the rows stay for the
+// next release.
+func TestReleaseStrikesRowsAfterTheirResources(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "state.db")
+	db, err := store.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(db)
+	var (
+		seen     [][]string
+		closeNow bool
+	)
+	l.Register("r", func(ctx context.Context, r Resource) error {
+		res, err := l.Resources(ctx, "sb-1")
+		if err != nil {
+			return err
+		}
+		var keys []string
+		for _, x := range res {
+			keys = append(keys, x.Key)
+		}
+		seen = append(seen, keys)
+		if closeNow && r.Key == "a" {
+			db.Close() // the strike after the walk fails
+		}
+		return nil
+	})
+	for _, k := range []string{"a", "b", "c"} {
+		if err := l.For("sb-1").Record(ctx, Resource{Kind: "r", Key: k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.Release(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	all := []string{"a", "b", "c"}
+	if len(seen) != 3 || !slices.Equal(seen[0], all) || !slices.Equal(seen[1], all) || !slices.Equal(seen[2], all) {
+		t.Fatalf("rows seen by each release: %v, want every row still recorded while any resource is released", seen)
+	}
+	if left, _ := l.Resources(ctx, "sb-1"); len(left) != 0 {
+		t.Fatalf("rows left after release: %+v", left)
+	}
+
+	for _, k := range all {
+		if err := l.For("sb-1").Record(ctx, Resource{Kind: "r", Key: k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closeNow = true
+	out, err := l.Release(ctx, "sb-1")
+	if err == nil {
+		t.Fatal("Release with a failed strike returned no error")
+	}
+	if len(out) != 3 {
+		t.Fatalf("Release = %+v, want 3 results", out)
+	}
+	for _, r := range out {
+		if r.Err == nil {
+			t.Errorf("%s: no error, though its row could not be struck", r.Resource)
+		}
+	}
+	db2, err := store.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db2.Close()
+	if left, _ := New(db2).Resources(ctx, "sb-1"); len(left) != 3 {
+		t.Fatalf("rows after a failed strike: %+v, want all three for the next release", left)
+	}
+}
