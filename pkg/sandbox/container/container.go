@@ -311,8 +311,9 @@ func (b *Backend) startIdentity(ctx context.Context, id string, rec ledger.Recor
 	if err := os.Chown(si.agentDir, si.host(0), si.host(0)); err != nil {
 		return nil, fmt.Errorf("create agent dir: %w", err)
 	}
-	// The namespace is pinned in dir (released with it), where the
-	// runtime joins it; the layers idmap the image with it.
+	// The namespace is pinned in dir (released with it) until the sandbox
+	// runs (unpinUserns), where the runtime joins it; the layers idmap the
+	// image with it.
 	reg := rtrace.StartRegion(ctx, "container.userns")
 	ns, err := userns.NamespaceFD(*si.idmap)
 	reg.End()
@@ -582,10 +583,30 @@ func (b *Backend) startContainer(ctx context.Context, req sandbox.StartRequest, 
 		return nil, err
 	}
 	started = true
+	unpinUserns(si.usernsPath, b.log)
 	crashpoint.Hit(CrashAfterContainer)
 	h := b.handle(req.ID, inst, spec.UID)
 	h.monitor = sc.monitor
 	return h, nil
+}
+
+// unpinUserns takes the user namespace's pin away once the sandbox runs:
+// its processes hold the namespace from then on, and nothing joins it by
+// path again (the runtime did, at the start; execs join PID 1's). Every
+// mount on the host is copied into each new container's mount namespace,
+// which runc init then walks (making it a slave, finding its root's
+// parent in the mount table), and each costs every reader of the mount
+// table; one mount fewer per live sandbox is a third of the sandboxes'
+// mounts. Best effort: a pin left here goes with the sandbox's dir.
+func unpinUserns(path string, log *slog.Logger) {
+	if path == "" {
+		return
+	}
+	if err := unix.Unmount(path, unix.UMOUNT_NOFOLLOW); err != nil {
+		log.Warn("unpin user namespace", "path", path, "err", err)
+		return
+	}
+	_ = os.Remove(path)
 }
 
 // mountVolumes makes the binds of the sandbox's named volumes. Without a
