@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
@@ -158,5 +159,73 @@ func TestReleaseStrikesRowsAfterTheirResources(t *testing.T) {
 	defer db2.Close()
 	if left, _ := New(db2).Resources(ctx, "sb-1"); len(left) != 3 {
 		t.Fatalf("rows after a failed strike: %+v, want all three for the next release", left)
+	}
+}
+
+// TestStagedRelease: a staged releaser's finishing part runs while the
+// walk goes on to older resources, the release waits for it, and its row
+// goes only when it succeeded.
+func TestStagedRelease(t *testing.T) {
+	ctx := context.Background()
+	db, err := store.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	l := New(db)
+	var (
+		mu        sync.Mutex
+		order     []string
+		errFinish = errors.New("cgroup busy")
+		release   = make(chan struct{}) // lets the finishing part end
+	)
+	note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
+	l.RegisterStaged("container", func(_ context.Context, r Resource) (func() error, error) {
+		note("kill " + r.Key)
+		return func() error {
+			<-release // held until the walk reached the older resource
+			note("destroy " + r.Key)
+			if r.Key == "bad" {
+				return errFinish
+			}
+			return nil
+		}, nil
+	})
+	l.Register("mount", func(_ context.Context, r Resource) error {
+		note("unmount " + r.Key)
+		close(release) // the walk got here while destroy was still waiting
+		return nil
+	})
+	rec := l.For("sb-1")
+	for _, r := range []Resource{{Kind: "mount", Key: "/m"}, {Kind: "container", Key: "good"}} {
+		if err := rec.Record(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := l.Release(ctx, "sb-1")
+	if err != nil || len(out) != 2 {
+		t.Fatalf("Release = %+v, %v", out, err)
+	}
+	if want := []string{"kill good", "unmount /m", "destroy good"}; !slices.Equal(order, want) {
+		t.Fatalf("order %v, want %v (the finishing part overlapping the walk, waited for)", order, want)
+	}
+	if left, _ := l.Resources(ctx, "sb-1"); len(left) != 0 {
+		t.Fatalf("rows left: %+v", left)
+	}
+
+	// A failing finishing part: its row stays, the error names it.
+	order, release = nil, make(chan struct{})
+	for _, r := range []Resource{{Kind: "mount", Key: "/m"}, {Kind: "container", Key: "bad"}} {
+		if err := rec.Record(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err = l.Release(ctx, "sb-1")
+	if !errors.Is(err, errFinish) || len(out) != 2 || !errors.Is(out[0].Err, errFinish) || out[1].Err != nil {
+		t.Fatalf("Release = %+v, %v; want the container's finishing error on its result only", out, err)
+	}
+	left, _ := l.Resources(ctx, "sb-1")
+	if len(left) != 1 || left[0].Key != "bad" {
+		t.Fatalf("rows left: %+v, want the container's only", left)
 	}
 }
