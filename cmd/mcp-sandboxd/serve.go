@@ -314,6 +314,10 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err := ls.open(cfg, eng, log); err != nil {
 		return err
 	}
+	// Start-up touched much of the binary once; keep resident only what
+	// serving touches again (textpages.go). Before serving: a client that
+	// sees the daemon answer sees it trimmed.
+	unmapBinaryHugePages(log)
 	servers, errc := ls.serve(log)
 
 	// Only now can clients connect: tell systemd (Type=notify).

@@ -213,6 +213,10 @@ func ReleaseDir(dir string) error {
 	if err != nil {
 		return fmt.Errorf("release layers: %w", err)
 	}
+	// The walk first; the mount table only when the walk cannot settle it.
+	if err := releaseMounted(dir); err == nil {
+		return nil
+	}
 	if err := unmountAll(dir); err != nil {
 		return fmt.Errorf("release layers: %w", err)
 	}

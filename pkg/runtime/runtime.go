@@ -731,6 +731,34 @@ func (r *Runtime) Instance(id string) (*Instance, bool) {
 // Destroy kills the sandbox's every process and removes its cgroups and
 // libcontainer state. It is idempotent: a sandbox without state is gone already.
 func (r *Runtime) Destroy(id string) error {
+	ct, err := r.kill(id)
+	if err != nil || ct == nil {
+		return err
+	}
+	reg := rtrace.StartRegion(context.Background(), "runtime.destroy")
+	err = ct.Destroy()
+	reg.End()
+	if err != nil {
+		return fmt.Errorf("destroy container %s: %w", id, err)
+	}
+	r.mu.Lock()
+	delete(r.instances, id)
+	r.mu.Unlock()
+	return nil
+}
+
+// Kill kills the sandbox's every process and waits until they are gone,
+// leaving its cgroups and state for Destroy: what must be over before the
+// sandbox's file systems can be unmounted, while its cgroups can go at the
+// same time as they are. A sandbox without state is gone already.
+func (r *Runtime) Kill(id string) error {
+	_, err := r.kill(id)
+	return err
+}
+
+// kill is Kill, returning the container for Destroy (nil when there was
+// no state to load: nothing left to destroy).
+func (r *Runtime) kill(id string) (*libcontainer.Container, error) {
 	r.mu.Lock()
 	inst := r.instances[id]
 	r.mu.Unlock()
@@ -743,33 +771,30 @@ func (r *Runtime) Destroy(id string) error {
 		if errors.Is(err, libcontainer.ErrNotExist) {
 			// A start that died before state.json was written leaves only the
 			// directory behind (runc delete does the same).
-			return os.RemoveAll(filepath.Join(r.Root, id))
+			return nil, os.RemoveAll(filepath.Join(r.Root, id))
 		}
 		if err != nil {
-			return fmt.Errorf("load container %s: %w", id, err)
+			return nil, fmt.Errorf("load container %s: %w", id, err)
 		}
 	}
 	// A frozen task (cgroup v1 freezer) does not die of SIGKILL until it is
 	// thawed, and libcontainer refuses to destroy a paused container.
 	if st, err := ct.Status(); err == nil && st == libcontainer.Paused {
 		if err := ct.Resume(); err != nil {
-			return fmt.Errorf("thaw sandbox %s before killing it: %w", id, err)
+			return nil, fmt.Errorf("thaw sandbox %s before killing it: %w", id, err)
 		}
 	}
 	// With a private PID namespace, killing init makes the kernel kill the rest.
+	reg := rtrace.StartRegion(context.Background(), "runtime.kill")
 	if err := ct.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
 		r.log.Debug("kill sandbox init", "sandbox", id, "err", err)
 	}
-	if !waitStopped(ct, inst, 10*time.Second) {
-		return fmt.Errorf("sandbox %s: init still running 10s after SIGKILL", id)
+	stopped := waitStopped(ct, inst, 10*time.Second)
+	reg.End()
+	if !stopped {
+		return nil, fmt.Errorf("sandbox %s: init still running 10s after SIGKILL", id)
 	}
-	if err := ct.Destroy(); err != nil {
-		return fmt.Errorf("destroy container %s: %w", id, err)
-	}
-	r.mu.Lock()
-	delete(r.instances, id)
-	r.mu.Unlock()
-	return nil
+	return ct, nil
 }
 
 func waitStopped(ct *libcontainer.Container, inst *Instance, d time.Duration) bool {

@@ -196,6 +196,8 @@ type Manager struct {
 	poolSizes map[string]int
 	closed    chan struct{} // closed by Close
 	closeOnce sync.Once
+
+	trim memTrim // returns ended sandboxes' memory after a burst
 }
 
 // Sandbox is one live sandbox.
@@ -294,6 +296,7 @@ func (m *Manager) Close() {
 	// after this is found by the next daemon's reconciliation, not
 	// recorded through a store this one is closing.
 	m.closeOnce.Do(func() { close(m.closed) })
+	m.trim.stop()
 	if m.stopReaper != nil {
 		m.stopReaper()
 		<-m.reaperDone
@@ -627,8 +630,12 @@ func (m *Manager) lookup(ctx context.Context, id string) (*Sandbox, error) {
 
 func (m *Manager) forget(id string) {
 	m.mu.Lock()
+	_, was := m.sandboxes[id]
 	delete(m.sandboxes, id)
 	m.mu.Unlock()
+	if was {
+		m.trim.end()
+	}
 }
 
 // Get describes sandbox id, live or not.
