@@ -32,7 +32,7 @@ build: deps web
 	@mkdir -p bin
 	CGO_ENABLED=1 $(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o bin/mcp-sandboxd ./cmd/mcp-sandboxd
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/sandboxctl ./cmd/sandboxctl
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/sandbox-agent ./cmd/sandbox-agent
+	CGO_ENABLED=1 $(GO) build -trimpath -tags netgo,osusergo -ldflags '-s -w $(LDFLAGS)' -o bin/sandbox-agent ./cmd/sandbox-agent
 
 # The OCI image of the daemon (deploy/image, no Docker): a Debian base of the
 # host's suite made by mmdebstrap (cached in bin/.image-cache) and bin/'s
