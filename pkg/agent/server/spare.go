@@ -182,6 +182,15 @@ func (t *jobTable) startSpare() (*spare, error) {
 		_ = s.cg.remove()
 		return nil, fmt.Errorf("socketpair: %w", err)
 	}
+	// The agent's end is served by Go's poller: waiting for the spare's
+	// "ready" and for its status then holds no OS thread of the agent
+	// (each thread it ever made stays, idle, as memory of the sandbox).
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		_ = s.cg.remove()
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
 	s.ctl = os.NewFile(uintptr(fds[0]), "spare")
 	child := fds[1]
 	null, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
