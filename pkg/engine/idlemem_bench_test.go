@@ -130,5 +130,15 @@ func dumpMemory(b *testing.B, dir string, procs []int) {
 				b.Fatal(err)
 			}
 		}
+		// Where each thread waits: the kernel's stack of every task.
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stack", pid))
+		var all []byte
+		for _, t := range tasks {
+			data, _ := os.ReadFile(t)
+			all = append(append(all, t+"\n"...), data...)
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%d.threads", pid)), all, 0o644); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
