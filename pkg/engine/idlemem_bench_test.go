@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 )
 
 // BenchmarkIdleMemory holds SANDBOXD_BENCH_N (default 20) idle shell
@@ -33,7 +34,7 @@ func BenchmarkIdleMemory(b *testing.B) {
 		}
 		n = v
 	}
-	env := newTestEngine(b)
+	env := newTestEngine(b, func(c *config.Config) { c.Sandbox.MaxSandboxes = max(c.Sandbox.MaxSandboxes, n) })
 	ctx := context.Background()
 	ids := make([]string, 0, n)
 	for range n {
