@@ -50,16 +50,21 @@ func main() {
 	}
 }
 
+// maxProcs caps the agent's Ps. Each P brings OS threads (their kernel and
+// signal stacks) and caches that stay for good in every sandbox's memory,
+// so a large host's CPU count is not the agent's to use; but one P is not
+// enough: a P held through a spare's vfork or a blocking file system call
+// stalls the requests waiting behind it (measured on a 2-CPU host: one P
+// saved 0.2 MiB per idle sandbox and made create and exec about 15%
+// slower, docs/ARCHITECTURE.md).
+const maxProcs = 2
+
 // trimRuntime sizes the Go runtime for an agent, which sits idle in every
 // sandbox and whose memory each sandbox is charged (docs/ARCHITECTURE.md,
 // "Where an idle sandbox's memory goes").
 func trimRuntime() {
-	if os.Getenv("GOMAXPROCS") == "" {
-		// One P: the agent's work is a few system calls per request, and
-		// each P brings OS threads (their kernel and signal stacks) and
-		// caches that stay for good: 0.2 MiB per sandbox on a 2-CPU host,
-		// more on larger ones.
-		runtime.GOMAXPROCS(1)
+	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) > maxProcs {
+		runtime.GOMAXPROCS(maxProcs)
 	}
 	// Nothing reads the agent's heap profile; sampling would fill the
 	// profiler's 1.4 MiB bucket table a page at a time.
