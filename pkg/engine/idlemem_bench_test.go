@@ -44,6 +44,26 @@ func BenchmarkIdleMemory(b *testing.B) {
 		}
 		ids = append(ids, info.ID)
 	}
+	// SANDBOXD_BENCH_EXECS commands per sandbox first (each writing ~100 KiB
+	// of output): an idle sandbox that has been used, whose agent's heap
+	// has grown towards its collector's goal.
+	if s := os.Getenv("SANDBOXD_BENCH_EXECS"); s != "" {
+		k, err := strconv.Atoi(s)
+		if err != nil || k < 0 {
+			b.Fatalf("SANDBOXD_BENCH_EXECS=%q: want a number of commands", s)
+		}
+		for _, id := range ids {
+			for range k {
+				res, err := env.Exec(ctx, ExecRequest{SandboxID: id, Argv: []string{"seq", "1", "20000"}}, nil)
+				if err != nil || res.ExitCode != 0 {
+					b.Fatalf("exec seq: %v %+v", err, res)
+				}
+			}
+		}
+		// Idle means idle for a while: past the agent's trim after its
+		// last request (pkg/agent/server idleTrimDelay, 1 s).
+		time.Sleep(2 * time.Second)
+	}
 	// Idle: every agent has answered and prepared what it prepares ahead
 	// (its spare job helper) once the task count stops changing.
 	parent := env.cfg.Sandbox.CgroupParent
