@@ -233,8 +233,11 @@ static void spare(char **argv) {
 	// Descriptors first: received ones are ours to place even if the
 	// message is bad. They are above 3 (0–2 are /dev/null, 3 the control
 	// socket), so the dups cannot clobber one another.
+	if ((msg.msg_flags & MSG_TRUNC) != 0) {
+		fail(EINVAL, "command message: longer than %d bytes", SPEC_MAX);
+	}
 	struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-	if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || c == NULL || c->cmsg_level != SOL_SOCKET ||
+	if ((msg.msg_flags & MSG_CTRUNC) != 0 || c == NULL || c->cmsg_level != SOL_SOCKET ||
 	    c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(3 * sizeof(int)) || CMSG_NXTHDR(&msg, c) != NULL) {
 		fail(EINVAL, "command descriptors: want 3 in one message");
 	}

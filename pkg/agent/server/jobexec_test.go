@@ -331,6 +331,7 @@ func TestJobExecSpareRefusesBadMessages(t *testing.T) {
 		{"envc past the message", z("1000|1000|0|0|/|/bin/true|1|true|3|A=b|"), 3, "command message: bad environment"},
 		{"bytes after the environment", append(append([]byte(nil), good...), "extra"...), 3, "command message: 5 bytes after the environment"},
 		{"unterminated last string", good[:len(good)-1], 3, "command message: bad environment"},
+		{"longer than the helper reads", append(append([]byte(nil), good...), make([]byte, spareMaxSpec)...), 3, fmt.Sprintf("command message: longer than %d bytes", spareMaxSpec)},
 		{"two descriptors", good, 2, "command descriptors: want 3 in one message"},
 		{"no descriptors", good, 0, "command descriptors: want 3 in one message"},
 	} {
