@@ -32,7 +32,7 @@ build: deps web
 	@mkdir -p bin
 	CGO_ENABLED=1 $(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o bin/mcp-sandboxd ./cmd/mcp-sandboxd
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/sandboxctl ./cmd/sandboxctl
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/sandbox-agent ./cmd/sandbox-agent
+	CGO_ENABLED=1 $(GO) build -trimpath -tags netgo,osusergo -ldflags '-s -w $(LDFLAGS)' -o bin/sandbox-agent ./cmd/sandbox-agent
 	# Every container's `runc init` (pkg/runtime/initexec.go): cgo for nsenter,
 	# seccomp for the filter it installs; found beside the agent.
 	CGO_ENABLED=1 $(GO) build -tags $(TAGS) -trimpath -ldflags '-s -w' -o bin/sandbox-init ./cmd/sandbox-init

@@ -16,7 +16,7 @@ work=$(mktemp -d /tmp/bench-compare.XXXXXX)
 trap 'git -C "$top" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 build() { # tree out
-	(cd "$1" && CGO_ENABLED=0 go build -trimpath -o "$2/sandbox-agent" ./cmd/sandbox-agent &&
+	(cd "$1" && CGO_ENABLED=1 go build -trimpath -tags netgo,osusergo -o "$2/sandbox-agent" ./cmd/sandbox-agent &&
 		# sandbox-init (beside the agent) where the revision has it
 		{ [ ! -d cmd/sandbox-init ] || CGO_ENABLED=1 go build -tags seccomp -trimpath -o "$2/sandbox-init" ./cmd/sandbox-init; } &&
 		CGO_ENABLED=1 go test -c -tags seccomp -o "$2/engine.test" ./pkg/engine/)

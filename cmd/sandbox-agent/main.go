@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -34,6 +35,7 @@ func main() {
 		os.Exit(sudoMain(os.Args[1:])) // the sudo channel's client (sudo.go)
 	}
 	server.MaybeJobExec(os.Args) // a job's start (pkg/agent/server/jobexec.go); returns otherwise
+	trimRuntime()
 	if len(os.Args) == 2 && os.Args[1] == "version" {
 		fmt.Println("sandbox-agent", version.Version)
 		return
@@ -46,6 +48,27 @@ func main() {
 		log.Error("sandbox-agent failed", "err", err)
 		os.Exit(1)
 	}
+}
+
+// maxProcs caps the agent's Ps. Each P brings OS threads (their kernel and
+// signal stacks) and caches that stay for good in every sandbox's memory,
+// so a large host's CPU count is not the agent's to use; but one P is not
+// enough: a P held through a spare's vfork or a blocking file system call
+// stalls the requests waiting behind it (measured on a 2-CPU host: one P
+// saved 0.2 MiB per idle sandbox and made create and exec about 15%
+// slower, docs/ARCHITECTURE.md).
+const maxProcs = 2
+
+// trimRuntime sizes the Go runtime for an agent, which sits idle in every
+// sandbox and whose memory each sandbox is charged (docs/ARCHITECTURE.md,
+// "Where an idle sandbox's memory goes").
+func trimRuntime() {
+	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) > maxProcs {
+		runtime.GOMAXPROCS(maxProcs)
+	}
+	// Nothing reads the agent's heap profile; sampling would fill the
+	// profiler's 1.4 MiB bucket table a page at a time.
+	runtime.MemProfileRate = 0
 }
 
 type options struct {

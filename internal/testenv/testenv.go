@@ -100,7 +100,7 @@ func BinDir(t testing.TB) string {
 			return
 		}
 		for _, b := range []struct{ name, cgo, tags string }{
-			{"mcp-sandboxd", "1", "seccomp"}, {"sandboxctl", "0", ""}, {"sandbox-agent", "0", ""},
+			{"mcp-sandboxd", "1", "seccomp"}, {"sandboxctl", "0", ""}, {"sandbox-agent", "1", "netgo,osusergo"},
 			{"sandbox-init", "1", "seccomp"}, // found beside the agent (pkg/runtime/initexec.go)
 		} {
 			args := []string{"build", "-o", filepath.Join(binDir, b.name)}

@@ -39,8 +39,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	agentBin = filepath.Join(dir, "sandbox-agent")
-	build := exec.Command("go", "build", "-o", agentBin, "github.com/sandboxrunner/mcp-sandboxd/cmd/sandbox-agent")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	// cgo for the job-exec helper (pkg/agent/server/jobexec_cgo.go), which
+	// links the agent statically.
+	build := exec.Command("go", "build", "-tags", "netgo,osusergo", "-o", agentBin, "github.com/sandboxrunner/mcp-sandboxd/cmd/sandbox-agent")
+	build.Env = append(os.Environ(), "CGO_ENABLED=1")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build sandbox-agent:", err)

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -21,39 +20,74 @@ import (
 // exec of `true` would cost. The spare pays that between commands; the
 // command's start is a message, setsid'd already, dup2, setuid and exec.
 //
-// Security boundary: the spare is the agent binary running only our code,
-// as root with the agent's capabilities, until it drops to the command's
-// credentials exactly as the helper of a direct start does (jobexec.go).
+// Security boundary: the spare is the agent binary running only our code
+// (the C helper, jobexec.c: no Go runtime starts in it), as root with the
+// agent's capabilities, until it drops to the command's credentials exactly
+// as the helper of a direct start does.
 // It reads its command only from its end of a socketpair the agent made;
 // nothing in the sandbox can reach that socket (it is no path and no
 // inherited descriptor of any command: both ends are close-on-exec).
 //
-// One spare exists at a time per agent; it costs one process (a few MiB of
-// the sandbox's memory and a handful of its pids, charged like any job's)
-// while idle. Commands whose request is too large for one message, and
+// One spare exists at a time per agent; it costs one process and one pid
+// of the sandbox's while idle (about 0.1 MiB charged to the sandbox, where
+// a Go spare cost 0.85: docs/ARCHITECTURE.md). Commands whose request is too large for one message, and
 // commands started while the spare is being prepared, take the direct path.
 
 // SpareArg is the first argument that makes the agent binary wait as a
 // spare job-exec helper.
 const SpareArg = "__job-spare"
 
-// spareMaxSpec bounds the command message; larger ones start directly.
-const spareMaxSpec = 64 << 10
+// spareMaxSpec bounds the command message and spareMaxStrings its argv
+// and its environment (SPEC_MAX and SPEC_MAX_STRINGS in jobexec.c); larger
+// ones start directly.
+const (
+	spareMaxSpec    = 64 << 10
+	spareMaxStrings = 8192
+)
 
 // spareReady is the spare's one message once it sits in its cgroups.
 const spareReady = "ready"
 
 // spareSpec is the command a spare becomes.
 type spareSpec struct {
-	Path string   `json:"path"`
-	Argv []string `json:"argv"`
-	Env  []string `json:"env"`
-	Dir  string   `json:"dir"`
-	UID  int      `json:"uid"`
-	GID  int      `json:"gid"`
+	Path string
+	Argv []string
+	Env  []string
+	Dir  string
+	UID  int
+	GID  int
 	// KeepCaps keeps the bounding set (jobCreds.keepCaps).
-	KeepCaps bool `json:"keep_caps,omitempty"`
-	TTY      bool `json:"tty"` // descriptor 0 is a terminal to make the controlling one
+	KeepCaps bool
+	TTY      bool // descriptor 0 is a terminal to make the controlling one
+}
+
+// encode is the spare's command message, NUL-separated strings the C
+// helper (jobexec.c) splits without a parser of its own:
+//
+//	uid gid keep(0|1) tty(0|1) dir path argc argv... envc env...
+//
+// The strings were checked for NULs (prepare); the helper refuses a
+// message that does not split exactly so, or whose Dir is not absolute.
+func (s *spareSpec) encode() []byte {
+	b01 := func(v bool) string {
+		if v {
+			return "1"
+		}
+		return "0"
+	}
+	fields := []string{strconv.Itoa(s.UID), strconv.Itoa(s.GID), b01(s.KeepCaps), b01(s.TTY), s.Dir, s.Path, strconv.Itoa(len(s.Argv))}
+	fields = append(fields, s.Argv...)
+	fields = append(fields, strconv.Itoa(len(s.Env)))
+	fields = append(fields, s.Env...)
+	n := 0
+	for _, f := range fields {
+		n += len(f) + 1
+	}
+	out := make([]byte, 0, n)
+	for _, f := range fields {
+		out = append(append(out, f...), 0)
+	}
+	return out
 }
 
 // spare is the agent's side of one spare helper.
@@ -148,6 +182,15 @@ func (t *jobTable) startSpare() (*spare, error) {
 		_ = s.cg.remove()
 		return nil, fmt.Errorf("socketpair: %w", err)
 	}
+	// The agent's end is served by Go's poller: waiting for the spare's
+	// "ready" and for its status then holds no OS thread of the agent
+	// (each thread it ever made stays, idle, as memory of the sandbox).
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		_ = s.cg.remove()
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
 	s.ctl = os.NewFile(uintptr(fds[0]), "spare")
 	child := fds[1]
 	null, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
@@ -159,7 +202,6 @@ func (t *jobTable) startSpare() (*spare, error) {
 	}
 	attr := &syscall.ProcAttr{
 		Dir:   "/",
-		Env:   []string{"GOMAXPROCS=1"},
 		Files: []uintptr{uintptr(null), uintptr(null), uintptr(null), uintptr(child)},
 		// Its own session from the start: the command leads it.
 		Sys: &syscall.SysProcAttr{Setsid: true},
@@ -204,68 +246,3 @@ func (t *jobTable) startOnSpare(s *spare, spec []byte, fds [3]int, onExit exitFu
 
 // errSpareGone says the spare was not used: start the command directly.
 var errSpareGone = fmt.Errorf("spare job helper gone")
-
-// runSpare is the spare's side (see MaybeJobExec): enter the cgroups, say
-// so, wait for the command, become it.
-func runSpare(procs string) {
-	lockMainThread()
-	ctl := 3
-	unix.CloseOnExec(ctl)
-	fail := func(errno syscall.Errno, format string, a ...any) {
-		_, _ = unix.Write(ctl, []byte(strconv.Itoa(int(errno))+" "+fmt.Sprintf(format, a...)))
-		os.Exit(127)
-	}
-	if procs != "" {
-		for _, f := range strings.Split(procs, ",") {
-			if err := os.WriteFile(f, []byte("0"), 0); err != nil {
-				fail(errnoOf(err), "enter job cgroup: %v", err)
-			}
-		}
-	}
-	if _, err := unix.Write(ctl, []byte(spareReady)); err != nil {
-		os.Exit(127)
-	}
-	buf := make([]byte, spareMaxSpec)
-	oob := make([]byte, unix.CmsgSpace(3*4))
-	var n, oobn int
-	var err error
-	for {
-		n, oobn, _, _, err = unix.Recvmsg(ctl, buf, oob, 0)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil || n == 0 {
-		os.Exit(0) // the agent let it go
-	}
-	var spec spareSpec
-	if err := json.Unmarshal(buf[:n], &spec); err != nil {
-		fail(syscall.EINVAL, "command message: %v", err)
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		fail(syscall.EINVAL, "command descriptors: %v", err)
-	}
-	got, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(got) != 3 {
-		fail(syscall.EINVAL, "command descriptors: %d, %v", len(got), err)
-	}
-	// The received descriptors are above 3 (0–2 are /dev/null), so the
-	// dups cannot clobber one another.
-	for i, fd := range got {
-		if err := unix.Dup3(fd, i, 0); err != nil {
-			fail(errnoOf(err), "dup: %v", err)
-		}
-	}
-	for _, fd := range got {
-		if fd > 2 {
-			unix.Close(fd)
-		}
-	}
-	if spec.TTY {
-		if err := unix.IoctlSetInt(0, unix.TIOCSCTTY, 0); err != nil {
-			fail(errnoOf(err), "controlling terminal: %v", err)
-		}
-	}
-	becomeAndExec(jobCreds{uid: spec.UID, gid: spec.GID, keepCaps: spec.KeepCaps}, spec.Dir, spec.Path, spec.Argv, spec.Env, fail)
-}

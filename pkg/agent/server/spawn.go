@@ -1,7 +1,6 @@
 package server
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -191,8 +190,8 @@ func (t *jobTable) startOnSpareIfReady(j *job, argv0 string, argv, env []string,
 		return 0, errSpareGone
 	}
 	c := t.jobCreds(cred)
-	spec, err := json.Marshal(spareSpec{Path: argv0, Argv: argv, Env: env, Dir: cwd, UID: c.uid, GID: c.gid, KeepCaps: c.keepCaps, TTY: j.tty})
-	if err != nil || len(spec) > spareMaxSpec {
+	spec := (&spareSpec{Path: argv0, Argv: argv, Env: env, Dir: cwd, UID: c.uid, GID: c.gid, KeepCaps: c.keepCaps, TTY: j.tty}).encode()
+	if len(spec) > spareMaxSpec || len(argv) > spareMaxStrings || len(env) > spareMaxStrings {
 		t.prepareSpare()
 		return 0, errSpareGone
 	}
@@ -201,7 +200,7 @@ func (t *jobTable) startOnSpareIfReady(j *job, argv0 string, argv, env []string,
 		return 0, errSpareGone
 	}
 	j.id, j.cg, j.pid = s.id, s.cg, s.pid
-	err = t.startOnSpare(s, spec, fds.child, onExit)
+	err := t.startOnSpare(s, spec, fds.child, onExit)
 	if errors.Is(err, errSpareGone) {
 		// Its exit (or kill) removes the cgroup; the direct path makes its own.
 		j.id, j.cg, j.pid = newJobID(), nil, 0
