@@ -214,6 +214,9 @@ type Sandbox struct {
 	agent       *agent.Client
 	jobs        map[string]jobMeta
 	pooled      bool // a warm sandbox no request has claimed yet
+	// fromPool: a request claimed this sandbox from the warm pool; its
+	// end pokes the pool (see claim).
+	fromPool atomic.Bool
 	// busy is busySnapshot or busyRestore while Frozen or Replace run
 	// (snapshot.go); empty otherwise.
 	busy string
@@ -627,8 +630,12 @@ func (m *Manager) lookup(ctx context.Context, id string) (*Sandbox, error) {
 
 func (m *Manager) forget(id string) {
 	m.mu.Lock()
+	sb := m.sandboxes[id]
 	delete(m.sandboxes, id)
 	m.mu.Unlock()
+	if sb != nil && sb.fromPool.Load() {
+		m.pokePool() // its slot is free: refill now (see claim)
+	}
 }
 
 // Get describes sandbox id, live or not.

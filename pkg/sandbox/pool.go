@@ -24,6 +24,12 @@ const PoolLabel = "sandboxd.pool"
 // (an image not built yet, say) before it tries that image again.
 const poolRetry = 30 * time.Second
 
+// poolRefillDelay is how long after a claim the pool starts its refill at
+// the latest: long enough for a short request on the claimed sandbox to
+// answer first, short enough that a burst of claims finds the pool full
+// again soon after.
+const poolRefillDelay = 250 * time.Millisecond
+
 // TemplatePoolKey is the warm pool key of template name's sandboxes.
 func TemplatePoolKey(name string) string { return "template:" + name }
 
@@ -133,7 +139,14 @@ func (m *Manager) claim(ctx context.Context, spec Spec) (*Info, error) {
 	if sb == nil {
 		return nil, nil
 	}
-	m.pokePool()
+	// The refill is a whole create (tens of ms of CPU on a 2-core host):
+	// started now, it would compete with the very request that claimed
+	// the sandbox — run_code's exec, measured in BenchmarkRunCodePythonWarmPool.
+	// It starts when the claimed sandbox ends (forget: run_code's
+	// ephemeral sandbox, terminated after the run answered) or after
+	// poolRefillDelay, whichever comes first.
+	sb.fromPool.Store(true)
+	time.AfterFunc(poolRefillDelay, m.pokePool)
 
 	now := m.opt.Now().UTC()
 	sb.mu.Lock()
