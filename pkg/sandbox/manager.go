@@ -184,6 +184,10 @@ type Manager struct {
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox // live sandboxes (creating, ready, running)
 	creating  int                 // reservations against MaxSandboxes
+	// forgotten is closed (and replaced) whenever a sandbox leaves
+	// sandboxes: a create at max_sandboxes waits on it for the ones
+	// being terminated (see admitLocked).
+	forgotten chan struct{}
 
 	events bus
 
@@ -194,6 +198,9 @@ type Manager struct {
 	// poolSizes are warm pool sizes set at run time (SetPool: templates),
 	// beside Options.Pool; guarded by mu.
 	poolSizes map[string]int
+	// refillHold: a pool key's refill waits until then (a claim's
+	// request is running; see claim); guarded by mu.
+	refillHold map[string]time.Time
 	closed    chan struct{} // closed by Close
 	closeOnce sync.Once
 }
@@ -359,7 +366,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 	}
 
 	m.mu.Lock()
-	if m.opt.MaxSandboxes > 0 && len(m.sandboxes)+m.creating >= m.opt.MaxSandboxes {
+	if !m.admitLocked(ctx) {
 		m.mu.Unlock()
 		return nil, errdefs.LimitExceededf("max_sandboxes (%d) live sandboxes already exist", m.opt.MaxSandboxes)
 	}
@@ -632,10 +639,71 @@ func (m *Manager) forget(id string) {
 	m.mu.Lock()
 	sb := m.sandboxes[id]
 	delete(m.sandboxes, id)
+	if m.forgotten != nil {
+		close(m.forgotten)
+		m.forgotten = nil
+	}
 	m.mu.Unlock()
 	if sb != nil && sb.fromPool.Load() {
-		m.pokePool() // its slot is free: refill now (see claim)
+		// Its slot is free and its request answered: refill now (see claim).
+		m.mu.Lock()
+		delete(m.refillHold, poolKey(sb.spec))
+		m.mu.Unlock()
+		m.pokePool()
 	}
+}
+
+// terminatingWait bounds how long a create at max_sandboxes waits for the
+// sandboxes being terminated to go.
+const terminatingWait = 10 * time.Second
+
+// admitLocked reports whether one more sandbox fits under max_sandboxes.
+// Sandboxes being terminated still count until they are gone; a create
+// that only they keep out waits for them (up to terminatingWait), since
+// their callers have their answer already — run_code terminates its
+// ephemeral sandbox after answering — and a client's next create must not
+// be refused for a sandbox it has seen end. m.mu is held, and released
+// while waiting.
+func (m *Manager) admitLocked(ctx context.Context) bool {
+	if m.opt.MaxSandboxes <= 0 {
+		return true
+	}
+	var deadline <-chan time.Time
+	for len(m.sandboxes)+m.creating >= m.opt.MaxSandboxes {
+		ending := 0
+		for _, sb := range m.sandboxes {
+			sb.mu.Lock()
+			if sb.terminating {
+				ending++
+			}
+			sb.mu.Unlock()
+		}
+		if len(m.sandboxes)+m.creating-ending >= m.opt.MaxSandboxes {
+			return false
+		}
+		if deadline == nil {
+			t := time.NewTimer(terminatingWait)
+			defer t.Stop()
+			deadline = t.C
+		}
+		if m.forgotten == nil {
+			m.forgotten = make(chan struct{})
+		}
+		gone := m.forgotten
+		m.mu.Unlock()
+		var ok bool
+		select {
+		case <-gone:
+			ok = true
+		case <-ctx.Done():
+		case <-deadline:
+		}
+		m.mu.Lock()
+		if !ok {
+			return len(m.sandboxes)+m.creating < m.opt.MaxSandboxes
+		}
+	}
+	return true
 }
 
 // Get describes sandbox id, live or not.

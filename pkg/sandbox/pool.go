@@ -144,8 +144,15 @@ func (m *Manager) claim(ctx context.Context, spec Spec) (*Info, error) {
 	// the sandbox — run_code's exec, measured in BenchmarkRunCodePythonWarmPool.
 	// It starts when the claimed sandbox ends (forget: run_code's
 	// ephemeral sandbox, terminated after the run answered) or after
-	// poolRefillDelay, whichever comes first.
+	// poolRefillDelay, whichever comes first; until then fillPool's ticks
+	// pass this pool by (held).
 	sb.fromPool.Store(true)
+	m.mu.Lock()
+	if m.refillHold == nil {
+		m.refillHold = map[string]time.Time{}
+	}
+	m.refillHold[poolKey(spec)] = time.Now().Add(poolRefillDelay)
+	m.mu.Unlock()
 	time.AfterFunc(poolRefillDelay, m.pokePool)
 
 	now := m.opt.Now().UTC()
@@ -189,7 +196,7 @@ func (m *Manager) fillPool(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if time.Since(failedAt[img]) < poolRetry || m.warm(img) >= want {
+			if time.Since(failedAt[img]) < poolRetry || m.held(img) || m.warm(img) >= want {
 				continue
 			}
 			if err := m.startWarm(ctx, img); err != nil {
@@ -206,6 +213,13 @@ func (m *Manager) fillPool(ctx context.Context) {
 		case <-m.poolPoke:
 		}
 	}
+}
+
+// held reports whether key's refill waits for a claimer (see claim).
+func (m *Manager) held(key string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return time.Now().Before(m.refillHold[key])
 }
 
 // warm counts the unclaimed warm sandboxes of img.
