@@ -827,6 +827,7 @@ func (m *Manager) terminate(ctx context.Context, id, reason string, recordFirst 
 	reg := rtrace.StartRegion(ctx, "sandbox.terminated-transition")
 	err := m.transition(context.WithoutCancel(ctx), sb, StateTerminated, reason)
 	reg.End()
+	TerminateRecorded(ctx)
 	if err != nil {
 		if recordFirst {
 			sb.mu.Lock()
@@ -840,6 +841,26 @@ func (m *Manager) terminate(ctx context.Context, id, reason string, recordFirst 
 		m.forget(id)
 	}
 	return m.Get(ctx, id)
+}
+
+type recordedKey struct{}
+
+// OnTerminateRecorded returns ctx for a Terminate that calls f once the
+// terminated state is written (or failed to be), before the release: a
+// caller that lets the release finish in the background (run_code's
+// ephemeral sandbox) waits for this much, so that nobody lists the
+// sandbox live after it has answered.
+func OnTerminateRecorded(ctx context.Context, f func()) context.Context {
+	return context.WithValue(ctx, recordedKey{}, f)
+}
+
+// TerminateRecorded calls ctx's OnTerminateRecorded function, if any: a
+// terminate has written the terminated state (or failed to). Terminate
+// calls it; so do stand-ins for the manager in tests.
+func TerminateRecorded(ctx context.Context) {
+	if f, _ := ctx.Value(recordedKey{}).(func()); f != nil {
+		f()
+	}
 }
 
 func (m *Manager) waitGone(ctx context.Context, id string) (*Info, error) {

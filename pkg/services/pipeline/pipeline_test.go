@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,6 +41,8 @@ type fakeSandboxes struct {
 	// if not nil, may refuse a CreateSandbox.
 	onTerminate func(id string)
 	onCreate    func() error
+	// recorded is the last sandbox whose terminate wrote its record.
+	recorded atomic.Value
 }
 
 func (f *fakeSandboxes) Get(_ context.Context, id string) (*sandbox.Info, error) {
@@ -119,7 +122,10 @@ func (f *fakeSandboxes) CreateRunVM(ctx context.Context, language string, req ap
 	return f.CreateSandbox(ctx, req)
 }
 
-func (f *fakeSandboxes) TerminateSandbox(_ context.Context, id string) (*sandbox.Info, error) {
+func (f *fakeSandboxes) TerminateSandbox(ctx context.Context, id string) (*sandbox.Info, error) {
+	// As the manager does: the record first, then the release.
+	f.recorded.Store(id)
+	sandbox.TerminateRecorded(ctx)
 	if f.onTerminate != nil {
 		f.onTerminate(id)
 	}
@@ -237,6 +243,10 @@ func TestRunCodeReleasesAfterAnswer(t *testing.T) {
 	res, err := s.RunCode(ctx, apitypes.RunCodeRequest{Language: "python", Code: "print(1)\n"}, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The terminated state is written before the answer.
+	if got, _ := f.recorded.Load().(string); got != res.SandboxID {
+		t.Fatalf("answered before the terminate of %s was recorded (recorded: %q)", res.SandboxID, got)
 	}
 	var id string
 	select {

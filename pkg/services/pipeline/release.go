@@ -2,16 +2,20 @@ package pipeline
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
 
-// An ephemeral run's sandbox is terminated after the run has answered, not
+// An ephemeral run's sandbox is released after the run has answered, not
 // before: nothing of the answer depends on it (the record is written
 // first), and a terminate costs a container's teardown (6 ms quiet, more
 // when the warm pool refills alongside) that the caller would otherwise
-// wait for on every run_code. Crash safety is unchanged: the sandbox
+// wait for on every run_code. Only the terminated state is written before
+// the answer (sandbox.OnTerminateRecorded), so that the sandbox is never
+// listed live after it. Crash safety is unchanged: the sandbox
 // carries RunLabel in the state database, so a daemon that dies before the
 // terminate ends it on its next start (EndInterrupted). Until the
 // terminate is done the sandbox still counts against max_sandboxes and
@@ -35,14 +39,25 @@ func (r *CodeRun) FinishAndRelease(ctx context.Context, res *RunResult, runErr e
 	r.ephemeral = true
 	s := r.s
 	s.startRelease()
+	recorded, ended := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	go func() {
 		defer s.endRelease()
+		defer close(ended)
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
+		tctx = sandbox.OnTerminateRecorded(tctx, func() { once.Do(func() { close(recorded) }) })
 		if _, err := s.life.TerminateSandbox(tctx, sb.ID); err != nil {
 			s.log.Error("terminate ephemeral sandbox", "sandbox", sb.ID, "run", r.Record.ID, "err", err)
 		}
 	}()
+	// The terminated state is written before the answer (one write to the
+	// state database): a caller listing sandboxes after run_code answered
+	// never sees its sandbox live. The release is what goes on after.
+	select {
+	case <-recorded:
+	case <-ended:
+	}
 	return err
 }
 
