@@ -201,8 +201,8 @@ type Manager struct {
 	// refillHold: a pool key's refill waits until then (a claim's
 	// request is running; see claim); guarded by mu.
 	refillHold map[string]time.Time
-	closed    chan struct{} // closed by Close
-	closeOnce sync.Once
+	closed     chan struct{} // closed by Close
+	closeOnce  sync.Once
 }
 
 // Sandbox is one live sandbox.
