@@ -5,7 +5,7 @@
 # the machine's load falls on both alike. Prints the median of each metric's
 # per-round medians and the ratio working tree / base.
 #
-#   [ROUNDS=3 BENCHTIME=20x BENCH=regexp PKGS="./pkg/engine/ ./test/mcp/"] scripts/bench-compare.sh [BASE_REV]   (default: HEAD~1)
+#   [ROUNDS=3 BENCHTIME=20x BENCH=regexp PKGS="./pkg/engine/ ./test/mcp/" BENCH_LOCK=/tmp/x.lock] scripts/bench-compare.sh [BASE_REV]   (default: HEAD~1)
 #
 # PKGS are the packages whose benchmarks run (default: the engine's); each
 # runs BENCH. Packages other than pkg/engine start real daemons (test/e2e's
@@ -18,6 +18,9 @@ rounds=${ROUNDS:-3}
 benchtime=${BENCHTIME:-20x}
 bench=${BENCH:-.} # a -test.bench pattern: e.g. the benchmarks both revisions have
 pkgs=${PKGS:-./pkg/engine/}
+# BENCH_LOCK: a lock file (flock) each round's runs hold, not the builds, so
+# that benchmarks never overlap other integration tests on a shared host.
+lock=${BENCH_LOCK:-}
 top=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/bench-compare.XXXXXX)
 trap 'git -C "$top" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
@@ -49,7 +52,8 @@ mkdir -p "$work/bin-base" "$work/bin-head"
 build "$work/base" "$work/bin-base"
 build "$top" "$work/bin-head"
 
-for ((r = 1; r <= rounds; r++)); do
+round() { # r
+	local side p
 	for side in base head; do
 		for p in $pkgs; do
 			# A test binary runs in its package's directory, as go test runs it.
@@ -58,6 +62,13 @@ for ((r = 1; r <= rounds; r++)); do
 				| awk -v side="$side" '/^Benchmark/ { for (i = 3; i < NF; i += 2) print side, $1, $(i+1), $i }' >>"$work/results"
 		done
 	done
+}
+for ((r = 1; r <= rounds; r++)); do
+	if [[ -n $lock ]]; then
+		(flock 9 && round "$r") 9>"$lock"
+	else
+		round "$r"
+	fi
 done
 
 awk '
