@@ -2,7 +2,7 @@
 # Compares the engine's lifecycle and run_code benchmarks of a base revision
 # with the working tree, in one run: both test binaries are built first, then
 # run alternately (ROUNDS rounds each, BENCHTIME iterations a round), so that
-# the machine's load falls on both alike. Prints the median of each metric's
+# the machine's load falls on both alike (in alternating order). Prints the median of each metric's
 # per-round medians and the ratio working tree / base.
 #
 #   [ROUNDS=3 BENCHTIME=20x BENCH=regexp PKGS="./pkg/engine/ ./test/mcp/" BENCH_LOCK=/tmp/x.lock] scripts/bench-compare.sh [BASE_REV]   (default: HEAD~1)
@@ -53,8 +53,11 @@ build "$work/base" "$work/bin-base"
 build "$top" "$work/bin-head"
 
 round() { # r
-	local side p
-	for side in base head; do
+	local side p order="base head"
+	# Odd rounds run base first, even rounds head first: whatever one run
+	# leaves to the next (a daemon's teardown, cold caches) falls on both.
+	((${1} % 2 == 0)) && order="head base"
+	for side in $order; do
 		for p in $pkgs; do
 			# A test binary runs in its package's directory, as go test runs it.
 			(cd "$top/$p" && SANDBOXD_AGENT="$work/bin-$side/sandbox-agent" SANDBOXD_BIN_DIR="$work/bin-$side" \
