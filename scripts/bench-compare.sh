@@ -92,5 +92,7 @@ END {
 		printf "%-44s %-20s %10.2f %10.2f %8s\n", p[1], p[2], b, h, (b > 0 ? sprintf("%.3f", h / b) : "-")
 	}
 }' "$work/results" | sort >"$work/table"
+# RESULTS=file keeps every round's figures ("side benchmark metric value").
+[[ -n ${RESULTS:-} ]] && cp "$work/results" "$RESULTS"
 printf "%-44s %-20s %10s %10s %8s\n" benchmark metric base head head/base
 cat "$work/table"
