@@ -15,9 +15,12 @@ import (
 // when the warm pool refills alongside) that the caller would otherwise
 // wait for on every run_code. Only the terminated state is written before
 // the answer (sandbox.OnTerminateRecorded), so that the sandbox is never
-// listed live after it. Crash safety is unchanged: the sandbox
-// carries RunLabel in the state database, so a daemon that dies before the
-// terminate ends it on its next start (EndInterrupted). Until the
+// listed live after it. Crash safety is unchanged: a daemon that dies
+// before that write leaves a live sandbox carrying RunLabel, which its next
+// start terminates (EndInterrupted); one that dies after it leaves a
+// terminated record with ledger entries, which reconcile releases as for
+// any terminate. The record's durationMs no longer includes the
+// terminate. Until the
 // terminate is done the sandbox still counts against max_sandboxes and
 // its tenant's quota; a run refused for either waits for the releases in
 // flight and tries once more (createEphemeral), so that a caller's
