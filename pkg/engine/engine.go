@@ -194,6 +194,14 @@ func (e *Engine) Close() error {
 	if e.snapshots != nil { // nil when Start was not reached
 		e.snapshots.Stop()
 	}
+	if e.pipeline != nil {
+		// Ephemeral run sandboxes still being terminated after their run
+		// answered: let them go rather than leave them to the next
+		// daemon's EndInterrupted.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		e.pipeline.WaitReleases(ctx)
+		cancel()
+	}
 	e.sandboxes.Close()
 	if e.runtime != nil {
 		e.runtime.Close() // after the manager: no start is under way

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
@@ -28,6 +29,20 @@ var (
 type testEnv struct {
 	*Engine
 	cfg *config.Config
+}
+
+// liveIDs lists the live sandboxes once the ephemeral runs that answered
+// have released theirs (run_code terminates its sandbox after answering:
+// pipeline.FinishAndRelease).
+func (e *testEnv) liveIDs(t testing.TB) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e.pipeline.WaitReleases(ctx)
+	if ctx.Err() != nil {
+		t.Fatal("ephemeral runs' sandboxes still being released after a minute")
+	}
+	return e.sandboxes.IDs()
 }
 
 func newTestEngine(t testing.TB, tweak ...func(*config.Config)) *testEnv {

@@ -247,7 +247,7 @@ func TestRunCodeLanguages(t *testing.T) {
 					t.Fatalf("two files: %s", describe(res))
 				}
 			})
-			if ids := env.sandboxes.IDs(); len(ids) != 0 {
+			if ids := env.liveIDs(t); len(ids) != 0 {
 				t.Fatalf("ephemeral runs left sandboxes behind: %v", ids)
 			}
 		})
@@ -396,7 +396,7 @@ func TestRunCodeBadInput(t *testing.T) {
 			t.Errorf("%s: err = %v (%s), want %s naming %s", tt.name, err, errdefs.CodeOf(err), tt.code, tt.field)
 		}
 	}
-	if ids := env.sandboxes.IDs(); len(ids) != 0 {
+	if ids := env.liveIDs(t); len(ids) != 0 {
 		t.Fatalf("bad input left sandboxes: %v", ids)
 	}
 	if list, _ := env.ListRuns(ctx, RunFilter{}); len(list) != 0 {
@@ -448,7 +448,7 @@ func TestRunCodeDependencies(t *testing.T) {
 				t.Errorf("%s took %s to fail", lang, d)
 			}
 		}
-		if ids := env.sandboxes.IDs(); len(ids) != 0 {
+		if ids := env.liveIDs(t); len(ids) != 0 {
 			t.Fatalf("left sandboxes: %v", ids)
 		}
 	})

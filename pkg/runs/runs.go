@@ -80,7 +80,21 @@ type Store struct {
 	opt Options
 
 	pruneMu sync.Mutex
+	// pruned is what the last full Prune left, kept up to date by Finish
+	// (guarded by pruneMu), so that a Finish scans every row only when
+	// retention has something to do (see prune).
+	pruned struct {
+		valid  bool
+		at     time.Time // of the scan
+		total  int64
+		oldest time.Time // zero: no records
+	}
 }
+
+// pruneRescan bounds how long Finish trusts its running totals without a
+// full scan: rows it does not see (another daemon's, over a shared
+// database) are counted at least this often.
+const pruneRescan = time.Minute
 
 // Open opens (creating if needed) the records directory dir.
 func Open(dir string, db *store.Store, opt Options) (*Store, error) {
@@ -291,10 +305,42 @@ func (s *Store) Finish(ctx context.Context, r *Record, m *Metadata) error {
 	if err := s.db.PutRun(ctx, rec); err != nil {
 		return err
 	}
-	if _, err := s.Prune(ctx); err != nil {
+	if err := s.prune(ctx, size, m.StartTime); err != nil {
 		return err
 	}
 	return closeErr
+}
+
+// prune applies retention after a record of size bytes started at started
+// was indexed. Scanning every record's size (RunSizes) on every run would
+// make each run's cost grow with the number of records kept; the totals of
+// the last scan plus what was added since say whether retention has
+// anything to delete, and only then, or pruneRescan after the last scan,
+// Prune scans. The totals may overcount (a record finished twice, one
+// deleted elsewhere), never undercount what this daemon added, so
+// retention is never later than a scan per Finish would have been.
+func (s *Store) prune(ctx context.Context, size int64, started time.Time) error {
+	if s.opt.MaxAge <= 0 && s.opt.MaxTotalSize <= 0 {
+		return nil
+	}
+	now := s.opt.Now()
+	s.pruneMu.Lock()
+	p := &s.pruned
+	if p.valid && now.Sub(p.at) < pruneRescan && !now.Before(p.at) {
+		p.total += size
+		if p.oldest.IsZero() || started.Before(p.oldest) {
+			p.oldest = started
+		}
+		old := s.opt.MaxAge > 0 && p.oldest.Before(now.Add(-s.opt.MaxAge))
+		big := s.opt.MaxTotalSize > 0 && p.total > s.opt.MaxTotalSize
+		if !old && !big {
+			s.pruneMu.Unlock()
+			return nil
+		}
+	}
+	s.pruneMu.Unlock()
+	_, err := s.Prune(ctx)
+	return err
 }
 
 // Run is a stored run: its metadata and (the start of) its logs.
@@ -388,13 +434,16 @@ func (s *Store) Prune(ctx context.Context) (int, error) {
 	for _, r := range sizes {
 		total += r.SizeBytes
 	}
-	cutoff := s.opt.Now().Add(-s.opt.MaxAge)
+	now := s.opt.Now()
+	cutoff := now.Add(-s.opt.MaxAge)
 	n := 0
 	var errs []error
+	var oldest time.Time
 	for _, r := range sizes { // oldest first
 		old := s.opt.MaxAge > 0 && r.StartedAt.Before(cutoff)
 		big := s.opt.MaxTotalSize > 0 && total > s.opt.MaxTotalSize
 		if !old && !big {
+			oldest = r.StartedAt
 			break
 		}
 		if err := s.remove(ctx, r.ID); err != nil {
@@ -404,6 +453,9 @@ func (s *Store) Prune(ctx context.Context) (int, error) {
 		total -= r.SizeBytes
 		n++
 	}
+	// A record that could not be removed is still counted: the next
+	// Finish scans again.
+	s.pruned.valid, s.pruned.at, s.pruned.total, s.pruned.oldest = len(errs) == 0, now, total, oldest
 	return n, errors.Join(errs...)
 }
 

@@ -113,6 +113,66 @@ func TestPrune(t *testing.T) {
 	}
 }
 
+// Finish scans every record's size only when retention has something to do
+// by its running totals, or pruneRescan after the last scan: a record it
+// did not index itself (another daemon's, over a shared database) waits
+// for that rescan, and is pruned then.
+func TestPruneScansWhenNeeded(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	clock := now
+	s, db := openTest(t, Options{MaxAge: time.Hour, MaxTotalSize: 1 << 20, Now: func() time.Time { return clock }})
+	mk := func() string {
+		r, err := s.Create()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Finish(ctx, r, &Metadata{Language: "go", StartTime: clock, EndTime: clock}); err != nil {
+			t.Fatal(err)
+		}
+		return r.ID
+	}
+	indexed := func(id string) bool { _, err := s.Get(ctx, id, 0); return err == nil }
+	first := mk() // the first Finish scans
+	// Another daemon's record, two hours old, indexed behind this one's back.
+	foreign, err := s.Create()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.PutRun(ctx, &store.RunRecord{ID: foreign.ID, Kind: "run", Language: "go", StartedAt: now.Add(-2 * time.Hour),
+		EndedAt: now.Add(-2 * time.Hour), Metadata: []byte(`{"runId":"` + foreign.ID + `"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	clock = now.Add(pruneRescan / 2)
+	second := mk()
+	if !indexed(foreign.ID) {
+		t.Fatal("a Finish within pruneRescan of the last scan scanned again: the foreign record is gone")
+	}
+	clock = now.Add(pruneRescan + time.Second)
+	third := mk()
+	if indexed(foreign.ID) {
+		t.Fatal("the foreign record, older than max_age, survived the rescan after pruneRescan")
+	}
+	for _, id := range []string{first, second, third} {
+		if !indexed(id) {
+			t.Errorf("record %s, within retention, was pruned", id)
+		}
+	}
+	// A record of this daemon's that crosses max_total_size is pruned at once.
+	clock = clock.Add(time.Second)
+	big, err := s.Create()
+	if err != nil {
+		t.Fatal(err)
+	}
+	big.Stdout.Write([]byte(strings.Repeat("x", 1<<20)))
+	if err := s.Finish(ctx, big, &Metadata{Language: "go", StartTime: clock, EndTime: clock}); err != nil {
+		t.Fatal(err)
+	}
+	if indexed(first) {
+		t.Error("crossing max_total_size did not prune the oldest record at once")
+	}
+}
+
 // Reopen continues a record: its logs are appended to under the same cap.
 func TestReopen(t *testing.T) {
 	rs, _ := openTest(t, Options{LogCap: 10})

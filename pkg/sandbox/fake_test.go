@@ -35,6 +35,8 @@ type fakeBackend struct {
 	handles  map[string]*fakeHandle
 	started  []string
 	released []string
+	// releaseGate, if not nil, holds every release until it is closed.
+	releaseGate chan struct{}
 }
 
 func (b *fakeBackend) Name() string                       { return "fake" }
@@ -60,6 +62,12 @@ func (b *fakeBackend) Scan(context.Context) (map[string][]ledger.Resource, error
 
 // release is the releaser of fakeKind: the fake machine stops.
 func (b *fakeBackend) release(_ context.Context, r ledger.Resource) error {
+	b.mu.Lock()
+	gate := b.releaseGate
+	b.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if h := b.handles[r.Key]; h != nil {
@@ -388,4 +396,101 @@ func TestFakeBackendPool(t *testing.T) {
 		got, err := m.Get(ctx, info.ID)
 		return err == nil && got.State == sandbox.StateTerminated && strings.Contains(got.Reason, "idle for")
 	})
+}
+
+// TestFakeBackendPoolRefillAfterClaimer: a claim holds its pool's refill
+// (which would compete for the CPUs with the claimer's request) for
+// PoolRefillDelay even though the pool's loop ticks every 10 ms here; the
+// claimed sandbox's end lifts the hold at once.
+func TestFakeBackendPoolRefillAfterClaimer(t *testing.T) {
+	m, b := newFakeManager(t, sandbox.Capabilities{GuestAgent: true}, func(o *sandbox.Options) {
+		o.Pool = map[string]int{"fake-disk": 1}
+		o.PoolSpec = func(string) (sandbox.Spec, error) { return fakeSpec(), nil }
+	})
+	ctx := context.Background()
+	starts := func() int { b.mu.Lock(); defer b.mu.Unlock(); return len(b.started) }
+	waitFor(t, "a warm sandbox", func() bool { return len(warmSandboxes(t, m)) == 1 })
+
+	claimedAt := time.Now()
+	info, err := m.Create(ctx, fakeSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Labels[sandbox.PoolLabel] != "" || starts() != 1 {
+		t.Fatalf("create did not claim the warm sandbox: %+v, %d starts", info, starts())
+	}
+	// Several of the loop's ticks pass; the refill waits.
+	for time.Since(claimedAt) < sandbox.PoolRefillDelay/2 {
+		n := starts()
+		if time.Since(claimedAt) >= sandbox.PoolRefillDelay {
+			break // this goroutine was held up: the hold may be over
+		}
+		if n != 1 {
+			t.Fatalf("the pool refilled %v after a claim, within its hold of %v", time.Since(claimedAt), sandbox.PoolRefillDelay)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The claimed sandbox ends: the refill starts now, not at the hold's end.
+	if _, err := m.Terminate(ctx, info.ID, "done"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the refill", func() bool { return len(warmSandboxes(t, m)) == 1 && starts() == 2 })
+
+	// Without a terminate, the hold ends by itself.
+	again, err := m.Create(ctx, fakeSpec())
+	if err != nil || again.Labels[sandbox.PoolLabel] != "" || starts() != 2 {
+		t.Fatalf("second claim: %+v %v (%d starts)", again, err, starts())
+	}
+	waitFor(t, "the refill after the hold", func() bool { return len(warmSandboxes(t, m)) == 1 && starts() == 3 })
+}
+
+// TestFakeBackendMaxSandboxesWaitsForTerminating: at max_sandboxes, a
+// create that only a sandbox being terminated keeps out waits for it to go
+// and succeeds; one kept out by a live sandbox is refused at once, naming
+// max_sandboxes.
+func TestFakeBackendMaxSandboxesWaitsForTerminating(t *testing.T) {
+	m, b := newFakeManager(t, sandbox.Capabilities{GuestAgent: true}, func(o *sandbox.Options) { o.MaxSandboxes = 1 })
+	ctx := context.Background()
+	first, err := m.Create(ctx, fakeSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := m.Create(ctx, fakeSpec()); errdefs.CodeOf(err) != errdefs.LimitExceeded || !strings.Contains(err.Error(), "max_sandboxes") {
+		t.Fatalf("create beside a live sandbox at max_sandboxes 1: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the refusal took %v: it waited though nothing was ending", d)
+	}
+
+	gate := make(chan struct{})
+	b.mu.Lock()
+	b.releaseGate = gate
+	b.mu.Unlock()
+	terminated := make(chan error, 1)
+	go func() { _, err := m.Terminate(ctx, first.ID, "done"); terminated <- err }()
+	// The record says terminated before the release, which the gate holds.
+	waitFor(t, "the first sandbox to be terminating", func() bool {
+		got, err := m.Get(ctx, first.ID)
+		return err == nil && got.State == sandbox.StateTerminated
+	})
+	created := make(chan error, 1)
+	go func() { _, err := m.Create(ctx, fakeSpec()); created <- err }()
+	select {
+	case err := <-created:
+		t.Fatalf("create returned (%v) while the sandbox it must wait for was still being released", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(gate)
+	if err := <-terminated; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-created:
+		if err != nil {
+			t.Fatalf("create after the terminating sandbox went: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("create still waiting after the terminating sandbox went")
+	}
 }

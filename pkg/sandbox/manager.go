@@ -184,6 +184,10 @@ type Manager struct {
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox // live sandboxes (creating, ready, running)
 	creating  int                 // reservations against MaxSandboxes
+	// forgotten is closed (and replaced) whenever a sandbox leaves
+	// sandboxes: a create at max_sandboxes waits on it for the ones
+	// being terminated (see admitLocked).
+	forgotten chan struct{}
 
 	events bus
 
@@ -194,8 +198,11 @@ type Manager struct {
 	// poolSizes are warm pool sizes set at run time (SetPool: templates),
 	// beside Options.Pool; guarded by mu.
 	poolSizes map[string]int
-	closed    chan struct{} // closed by Close
-	closeOnce sync.Once
+	// refillHold: a pool key's refill waits until then (a claim's
+	// request is running; see claim); guarded by mu.
+	refillHold map[string]time.Time
+	closed     chan struct{} // closed by Close
+	closeOnce  sync.Once
 
 	trim memTrim // returns ended sandboxes' memory after a burst
 }
@@ -216,6 +223,9 @@ type Sandbox struct {
 	agent       *agent.Client
 	jobs        map[string]jobMeta
 	pooled      bool // a warm sandbox no request has claimed yet
+	// fromPool: a request claimed this sandbox from the warm pool; its
+	// end pokes the pool (see claim).
+	fromPool atomic.Bool
 	// busy is busySnapshot or busyRestore while Frozen or Replace run
 	// (snapshot.go); empty otherwise.
 	busy string
@@ -359,7 +369,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 	}
 
 	m.mu.Lock()
-	if m.opt.MaxSandboxes > 0 && len(m.sandboxes)+m.creating >= m.opt.MaxSandboxes {
+	if !m.admitLocked(ctx) {
 		m.mu.Unlock()
 		return nil, errdefs.LimitExceededf("max_sandboxes (%d) live sandboxes already exist", m.opt.MaxSandboxes)
 	}
@@ -630,12 +640,76 @@ func (m *Manager) lookup(ctx context.Context, id string) (*Sandbox, error) {
 
 func (m *Manager) forget(id string) {
 	m.mu.Lock()
-	_, was := m.sandboxes[id]
+	sb, was := m.sandboxes[id]
 	delete(m.sandboxes, id)
+	if m.forgotten != nil {
+		close(m.forgotten)
+		m.forgotten = nil
+	}
 	m.mu.Unlock()
 	if was {
 		m.trim.end()
 	}
+	if sb != nil && sb.fromPool.Load() {
+		// Its slot is free and its request answered: refill now (see claim).
+		m.mu.Lock()
+		delete(m.refillHold, poolKey(sb.spec))
+		m.mu.Unlock()
+		m.pokePool()
+	}
+}
+
+// terminatingWait bounds how long a create at max_sandboxes waits for the
+// sandboxes being terminated to go.
+const terminatingWait = 10 * time.Second
+
+// admitLocked reports whether one more sandbox fits under max_sandboxes.
+// Sandboxes being terminated still count until they are gone; a create
+// that only they keep out waits for them (up to terminatingWait), since
+// their callers have their answer already — run_code terminates its
+// ephemeral sandbox after answering — and a client's next create must not
+// be refused for a sandbox it has seen end. m.mu is held, and released
+// while waiting.
+func (m *Manager) admitLocked(ctx context.Context) bool {
+	if m.opt.MaxSandboxes <= 0 {
+		return true
+	}
+	var deadline <-chan time.Time
+	for len(m.sandboxes)+m.creating >= m.opt.MaxSandboxes {
+		ending := 0
+		for _, sb := range m.sandboxes {
+			sb.mu.Lock()
+			if sb.terminating {
+				ending++
+			}
+			sb.mu.Unlock()
+		}
+		if len(m.sandboxes)+m.creating-ending >= m.opt.MaxSandboxes {
+			return false
+		}
+		if deadline == nil {
+			t := time.NewTimer(terminatingWait)
+			defer t.Stop()
+			deadline = t.C
+		}
+		if m.forgotten == nil {
+			m.forgotten = make(chan struct{})
+		}
+		gone := m.forgotten
+		m.mu.Unlock()
+		var ok bool
+		select {
+		case <-gone:
+			ok = true
+		case <-ctx.Done():
+		case <-deadline:
+		}
+		m.mu.Lock()
+		if !ok {
+			return len(m.sandboxes)+m.creating < m.opt.MaxSandboxes
+		}
+	}
+	return true
 }
 
 // Get describes sandbox id, live or not.
@@ -759,6 +833,7 @@ func (m *Manager) terminate(ctx context.Context, id, reason string, recordFirst 
 	reg := rtrace.StartRegion(ctx, "sandbox.terminated-transition")
 	err := m.transition(context.WithoutCancel(ctx), sb, StateTerminated, reason)
 	reg.End()
+	TerminateRecorded(ctx)
 	if err != nil {
 		if recordFirst {
 			sb.mu.Lock()
@@ -772,6 +847,26 @@ func (m *Manager) terminate(ctx context.Context, id, reason string, recordFirst 
 		m.forget(id)
 	}
 	return m.Get(ctx, id)
+}
+
+type recordedKey struct{}
+
+// OnTerminateRecorded returns ctx for a Terminate that calls f once the
+// terminated state is written (or failed to be), before the release: a
+// caller that lets the release finish in the background (run_code's
+// ephemeral sandbox) waits for this much, so that nobody lists the
+// sandbox live after it has answered.
+func OnTerminateRecorded(ctx context.Context, f func()) context.Context {
+	return context.WithValue(ctx, recordedKey{}, f)
+}
+
+// TerminateRecorded calls ctx's OnTerminateRecorded function, if any: a
+// terminate has written the terminated state (or failed to). Terminate
+// calls it; so do stand-ins for the manager in tests.
+func TerminateRecorded(ctx context.Context) {
+	if f, _ := ctx.Value(recordedKey{}).(func()); f != nil {
+		f()
+	}
 }
 
 func (m *Manager) waitGone(ctx context.Context, id string) (*Info, error) {

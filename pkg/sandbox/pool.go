@@ -24,6 +24,12 @@ const PoolLabel = "sandboxd.pool"
 // (an image not built yet, say) before it tries that image again.
 const poolRetry = 30 * time.Second
 
+// poolRefillDelay is how long after a claim the pool starts its refill at
+// the latest: long enough for a short request on the claimed sandbox to
+// answer first, short enough that a burst of claims finds the pool full
+// again soon after.
+const poolRefillDelay = 250 * time.Millisecond
+
 // TemplatePoolKey is the warm pool key of template name's sandboxes.
 func TemplatePoolKey(name string) string { return "template:" + name }
 
@@ -133,7 +139,21 @@ func (m *Manager) claim(ctx context.Context, spec Spec) (*Info, error) {
 	if sb == nil {
 		return nil, nil
 	}
-	m.pokePool()
+	// The refill is a whole create (tens of ms of CPU on a 2-core host):
+	// started now, it would compete with the very request that claimed
+	// the sandbox — run_code's exec, measured in BenchmarkRunCodePythonWarmPool.
+	// It starts when the claimed sandbox ends (forget: run_code's
+	// ephemeral sandbox, terminated after the run answered) or after
+	// poolRefillDelay, whichever comes first; until then fillPool's ticks
+	// pass this pool by (held).
+	sb.fromPool.Store(true)
+	m.mu.Lock()
+	if m.refillHold == nil {
+		m.refillHold = map[string]time.Time{}
+	}
+	m.refillHold[poolKey(spec)] = time.Now().Add(poolRefillDelay)
+	m.mu.Unlock()
+	time.AfterFunc(poolRefillDelay, m.pokePool)
 
 	now := m.opt.Now().UTC()
 	sb.mu.Lock()
@@ -176,7 +196,7 @@ func (m *Manager) fillPool(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if time.Since(failedAt[img]) < poolRetry || m.warm(img) >= want {
+			if time.Since(failedAt[img]) < poolRetry || m.held(img) || m.warm(img) >= want {
 				continue
 			}
 			if err := m.startWarm(ctx, img); err != nil {
@@ -193,6 +213,13 @@ func (m *Manager) fillPool(ctx context.Context) {
 		case <-m.poolPoke:
 		}
 	}
+}
+
+// held reports whether key's refill waits for a claimer (see claim).
+func (m *Manager) held(key string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return time.Now().Before(m.refillHold[key])
 }
 
 // warm counts the unclaimed warm sandboxes of img.

@@ -410,6 +410,17 @@ func TestProgressBeforeResult(t *testing.T) {
 func BenchmarkRunCode(b *testing.B) {
 	b.Run("mcp_http", func(b *testing.B) {
 		d := testenv.NewDaemon(b, "python")
+		// At the engine side's level: testenv's daemons log at debug, a
+		// line per request and per sandbox step that the engine side (an
+		// info logger) does not write.
+		d.Config.Log.Level = "info"
+		data, err := config.Marshal(d.Config)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(d.CfgPath, data, 0o600); err != nil {
+			b.Fatal(err)
+		}
 		d.Start()
 		var viaMCP struct {
 			MS     []float64 `json:"ms"`

@@ -132,11 +132,14 @@ func (s *Service) startRun(ctx context.Context, spec RunSpec) (*CodeRun, error) 
 			labels[k] = v
 		}
 		req.Labels = labels
-		if spec.Backend == BackendVM {
-			r.Sandbox, err = s.life.CreateRunVM(ctx, h.Name, req)
-		} else {
-			r.Sandbox, err = s.life.CreateSandbox(ctx, req)
-		}
+		err = s.createEphemeral(ctx, func() (err error) {
+			if spec.Backend == BackendVM {
+				r.Sandbox, err = s.life.CreateRunVM(ctx, h.Name, req)
+			} else {
+				r.Sandbox, err = s.life.CreateSandbox(ctx, req)
+			}
+			return err
+		})
 		if err != nil {
 			_ = r.Finish(context.WithoutCancel(ctx), nil, err)
 			return nil, err

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,6 +37,12 @@ type fakeSandboxes struct {
 	exec       func(spec sandbox.ExecSpec) *sandbox.ExecResult
 	counted    []string // Metrics.Run calls: language/outcome
 	execsSeen  int      // Metrics.Exec calls
+	// onTerminate, if not nil, runs first in TerminateSandbox; onCreate,
+	// if not nil, may refuse a CreateSandbox.
+	onTerminate func(id string)
+	onCreate    func() error
+	// recorded is the last sandbox whose terminate wrote its record.
+	recorded atomic.Value
 }
 
 func (f *fakeSandboxes) Get(_ context.Context, id string) (*sandbox.Info, error) {
@@ -99,6 +106,11 @@ func (f *fakeSandboxes) DeleteFile(_ context.Context, _ string, path string, _ b
 }
 
 func (f *fakeSandboxes) CreateSandbox(_ context.Context, req apitypes.CreateSandboxRequest) (*sandbox.Info, error) {
+	if f.onCreate != nil {
+		if err := f.onCreate(); err != nil {
+			return nil, err
+		}
+	}
 	f.created = append(f.created, req)
 	id := "sb-new" + string(rune('0'+len(f.created)))
 	f.boxes[id] = &sandbox.Info{ID: id, Image: req.Language, Language: req.Language, State: sandbox.StateReady, Network: req.Network}
@@ -110,7 +122,13 @@ func (f *fakeSandboxes) CreateRunVM(ctx context.Context, language string, req ap
 	return f.CreateSandbox(ctx, req)
 }
 
-func (f *fakeSandboxes) TerminateSandbox(_ context.Context, id string) (*sandbox.Info, error) {
+func (f *fakeSandboxes) TerminateSandbox(ctx context.Context, id string) (*sandbox.Info, error) {
+	// As the manager does: the record first, then the release.
+	f.recorded.Store(id)
+	sandbox.TerminateRecorded(ctx)
+	if f.onTerminate != nil {
+		f.onTerminate(id)
+	}
 	f.terminated = append(f.terminated, id)
 	return f.boxes[id], nil
 }
@@ -180,6 +198,8 @@ func TestRunCodeEphemeral(t *testing.T) {
 	if len(f.created) != 1 || f.created[0].Language != "python" || f.created[0].Labels["sandboxd.run"] != res.RunID || f.created[0].Network != "none" {
 		t.Fatalf("created %+v (run %s)", f.created, res.RunID)
 	}
+	// The sandbox is terminated after the answer (TestRunCodeReleasesAfterAnswer).
+	s.WaitReleases(ctx)
 	if !slices.Equal(f.terminated, []string{res.SandboxID}) {
 		t.Fatalf("terminated %v, want the run's sandbox %s", f.terminated, res.SandboxID)
 	}
@@ -206,6 +226,97 @@ func TestRunCodeEphemeral(t *testing.T) {
 	list, err := s.ListRuns(ctx, apitypes.RunFilter{Language: "python"})
 	if err != nil || len(list) != 1 || list[0].RunID != res.RunID {
 		t.Fatalf("list %+v, %v", list, err)
+	}
+}
+
+// An ephemeral run answers before its sandbox is terminated: the answer and
+// the run record are complete while the terminate is still in flight, and
+// WaitReleases returns once it is done.
+func TestRunCodeReleasesAfterAnswer(t *testing.T) {
+	s, f := newPipeline(t)
+	ctx := context.Background()
+	entered, gate := make(chan string, 1), make(chan struct{})
+	f.onTerminate = func(id string) {
+		entered <- id
+		<-gate
+	}
+	res, err := s.RunCode(ctx, apitypes.RunCodeRequest{Language: "python", Code: "print(1)\n"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The terminated state is written before the answer.
+	if got, _ := f.recorded.Load().(string); got != res.SandboxID {
+		t.Fatalf("answered before the terminate of %s was recorded (recorded: %q)", res.SandboxID, got)
+	}
+	var id string
+	select {
+	case id = <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run's sandbox was never terminated")
+	}
+	if id != res.SandboxID {
+		t.Fatalf("terminated %s, want the run's sandbox %s", id, res.SandboxID)
+	}
+	// The terminate is held: the record is already there.
+	run, err := s.GetRun(ctx, res.RunID, 0)
+	if err != nil || !run.Metadata.Success || !run.Metadata.Ephemeral || run.Metadata.SandboxID != res.SandboxID {
+		t.Fatalf("record while the terminate runs: %+v, %v", run, err)
+	}
+	waited := make(chan bool)
+	go func() { waited <- s.WaitReleases(ctx) }()
+	select {
+	case <-waited:
+		t.Fatal("WaitReleases returned while a terminate was still in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(gate)
+	if !<-waited {
+		t.Fatal("WaitReleases saw no release in flight")
+	}
+	if !slices.Equal(f.terminated, []string{res.SandboxID}) {
+		t.Fatalf("terminated %v", f.terminated)
+	}
+	if s.WaitReleases(ctx) {
+		t.Fatal("a release still in flight after WaitReleases")
+	}
+}
+
+// A run refused for max_sandboxes or a quota while an earlier run's sandbox
+// is still being released waits for that release and tries once more; with
+// nothing in flight the refusal stands.
+func TestRunCodeWaitsForReleasesAtLimit(t *testing.T) {
+	s, f := newPipeline(t)
+	ctx := context.Background()
+	gate := make(chan struct{})
+	f.onTerminate = func(string) { <-gate }
+	first, err := s.RunCode(ctx, apitypes.RunCodeRequest{Language: "python", Code: "print(1)\n"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first run's sandbox still counts until its terminate is done.
+	refusals := 0
+	f.onCreate = func() error {
+		if len(f.terminated) > 0 {
+			return nil
+		}
+		refusals++
+		if refusals == 1 {
+			close(gate) // the release finishes while the second run waits
+		}
+		return errdefs.LimitExceededf("max_sandboxes (1) live sandboxes already exist")
+	}
+	second, err := s.RunCode(ctx, apitypes.RunCodeRequest{Language: "python", Code: "print(2)\n"}, nil)
+	if err != nil {
+		t.Fatalf("second run: %v (refused %d times)", err, refusals)
+	}
+	if refusals != 1 || second.SandboxID == first.SandboxID || len(f.created) != 2 {
+		t.Fatalf("refusals %d, sandboxes %s then %s, created %d", refusals, first.SandboxID, second.SandboxID, len(f.created))
+	}
+	s.WaitReleases(ctx)
+	// Nothing in flight: a refusal is the answer.
+	f.onCreate = func() error { return errdefs.LimitExceededf("max_sandboxes (1) live sandboxes already exist") }
+	if _, err := s.RunCode(ctx, apitypes.RunCodeRequest{Language: "python", Code: "print(3)\n"}, nil); errdefs.CodeOf(err) != errdefs.LimitExceeded {
+		t.Fatalf("third run: %v, want limit_exceeded", err)
 	}
 }
 
@@ -249,6 +360,7 @@ func TestRunCodeOfflineInstall(t *testing.T) {
 	if errdefs.CodeOf(err) != errdefs.Unavailable || !strings.Contains(err.Error(), "pip") || !strings.Contains(err.Error(), "no network") {
 		t.Fatalf("err = %v, want unavailable naming pip and the missing network", err)
 	}
+	s.WaitReleases(context.Background())
 	if len(f.execs) != 1 || len(f.terminated) != 1 || !slices.Equal(f.counted, []string{"python/error"}) {
 		t.Fatalf("execs %v, terminated %v, counted %v", f.execs, f.terminated, f.counted)
 	}

@@ -118,6 +118,14 @@ type Service struct {
 	runsOnce sync.Once
 	runs     *runs.Store
 	runsErr  error
+
+	// releases are the ephemeral sandboxes being terminated after their
+	// run answered (CodeRun.FinishAndRelease); releasesIdle is closed
+	// whenever there are none.
+	releasesMu   sync.Mutex
+	releases     int
+	released     uint64 // releases ended, ever
+	releasesIdle chan struct{}
 }
 
 // New returns the pipeline; Open opens its records store.
@@ -241,7 +249,7 @@ func (s *Service) RunCode(ctx context.Context, req RunCodeRequest, onOutput sand
 	}
 	res, runErr := run.Run(ctx, Attempt{Files: files, Main: main, Args: req.Args, Stdin: stdin, Env: req.Env,
 		Install: req.Install == nil || *req.Install, MaxOutputBytes: req.MaxOutputBytes, OnOutput: onOutput})
-	if err := run.Finish(context.WithoutCancel(ctx), res, runErr); err != nil && runErr == nil {
+	if err := run.FinishAndRelease(context.WithoutCancel(ctx), res, runErr); err != nil && runErr == nil {
 		s.log.Error("write run record", "run", run.Record.ID, "err", err)
 	}
 	if runErr != nil {
