@@ -18,23 +18,7 @@ import (
 // virtio-serial or vsock stream. Here every request travels over an
 // in-memory net.Pipe, which has neither a file descriptor nor socket options.
 func TestServeOverAnyConn(t *testing.T) {
-	root := t.TempDir()
-	private := filepath.Join(root, ".private")
-	if err := os.Mkdir(private, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := New(slog.New(slog.NewTextHandler(io.Discard, nil)), Options{
-		Root: root, PrivateDir: private, UID: os.Getuid(), GID: os.Getgid(), RetainBytes: 4096, MaxFinished: 4,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
-		client, server := net.Pipe()
-		go srv.ServeConn(server)
-		return client, nil
-	})
+	_, c := newPipeServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	info, err := c.Ping(ctx)
@@ -58,4 +42,29 @@ func TestServeOverAnyConn(t *testing.T) {
 	if _, err := c.ReadFile(ctx, "/.private/x", 0, 10); agent.ErrorCode(err) == "" {
 		t.Fatalf("file operation in the private dir: %v, want a refusal", err)
 	}
+}
+
+// newPipeServer is a server on a temporary root whose client reaches it
+// over in-memory net.Pipe connections (no descriptor, no socket options);
+// the server is closed when the test ends.
+func newPipeServer(t *testing.T) (*Server, *agent.Client) {
+	t.Helper()
+	root := t.TempDir()
+	private := filepath.Join(root, ".private")
+	if err := os.Mkdir(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(slog.New(slog.NewTextHandler(io.Discard, nil)), Options{
+		Root: root, PrivateDir: private, UID: os.Getuid(), GID: os.Getgid(), RetainBytes: 4096, MaxFinished: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
+		client, server := net.Pipe()
+		go srv.ServeConn(server)
+		return client, nil
+	})
+	return srv, c
 }

@@ -3,11 +3,6 @@ package server
 import (
 	"bytes"
 	"context"
-	"io"
-	"log/slog"
-	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -19,23 +14,7 @@ import (
 // make it collect, writing and reading back a 2 MiB file does, about
 // idleTrimDelay after the last request.
 func TestIdleTrimAfterLargeRequestsOnly(t *testing.T) {
-	root := t.TempDir()
-	private := filepath.Join(root, ".private")
-	if err := os.Mkdir(private, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := New(slog.New(slog.NewTextHandler(io.Discard, nil)), Options{
-		Root: root, PrivateDir: private, UID: os.Getuid(), GID: os.Getgid(), RetainBytes: 4096, MaxFinished: 4,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
-		client, server := net.Pipe()
-		go srv.ServeConn(server)
-		return client, nil
-	})
+	srv, c := newPipeServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
