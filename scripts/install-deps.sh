@@ -6,6 +6,8 @@ set -euo pipefail
 
 # Debian packages, each for a reason:
 #   libseccomp-dev pkg-config  cgo build of libcontainer's seccomp support (-tags seccomp)
+#   libc6-dev                  glibc's libc.a: the agent is linked statically with cgo (its C
+#                              job-exec helper, pkg/agent/server/jobexec.c); gcc only recommends it
 #   mmdebstrap                 builds the language root filesystems from Debian packages
 #   runc                       baseline for the lifecycle benchmark (never used by the daemon)
 #   iproute2 tmux              integration tests: network namespaces, a real terminal for PTY tests
@@ -35,7 +37,7 @@ set -euo pipefail
 #                              and service are never used
 # (The Linux guest's kernel, qemu-guest-agent and busybox come from Debian packages
 # installed into the guest image by rootfs/vm/vm-linux.yaml, not on the host.)
-packages=(libseccomp-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd chromium
+packages=(libseccomp-dev libc6-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd chromium
 	qemu-system-x86 qemu-utils ovmf swtpm e2fsprogs git apt-utils gnupg
 	grub-efi-amd64-bin grub-common mtools dosfstools fdisk openssh-client rsync postgresql)
 # The MCP black-box tests drive the server with the official TypeScript SDK,
