@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -37,8 +38,11 @@ func TestDaemonBinaryPagesTrimmed(t *testing.T) {
 	defer f.Close()
 	var (
 		ours     bool // the current mapping is of the daemon's binary
+		code     bool // ... and executable (its text: never written, always trimmed)
 		mappings int
 		pmd      int64
+		advised  int // code mappings marked MADV_NOHUGEPAGE ("nh" in VmFlags)
+		codeMaps int
 	)
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -46,10 +50,20 @@ func TestDaemonBinaryPagesTrimmed(t *testing.T) {
 		if len(fl) >= 5 && strings.Contains(fl[0], "-") && !strings.HasSuffix(fl[0], ":") {
 			ino, _ := strconv.ParseUint(fl[4], 10, 64)
 			ours = ino == exe.Ino && fl[1][1] != 'w'
+			code = ours && fl[1][2] == 'x'
 			if ours {
 				mappings++
 			}
+			if code {
+				codeMaps++
+			}
 			continue
+		}
+		// Whatever the page cache holds (a freshly copied binary is not in
+		// large folios, so FilePmdMapped alone can be 0 without the trim),
+		// the advice itself shows on the code's mappings.
+		if code && len(fl) >= 1 && fl[0] == "VmFlags:" && slices.Contains(fl[1:], "nh") {
+			advised++
 		}
 		if ours && len(fl) == 3 && fl[0] == "FilePmdMapped:" {
 			kb, err := strconv.ParseInt(fl[1], 10, 64)
@@ -64,6 +78,9 @@ func TestDaemonBinaryPagesTrimmed(t *testing.T) {
 	}
 	if mappings == 0 {
 		t.Fatalf("no read-only mapping of the daemon's binary (inode %d) in its smaps", exe.Ino)
+	}
+	if codeMaps == 0 || advised != codeMaps {
+		t.Errorf("%d of the %d executable mappings of the daemon's binary are marked no-huge-page (MADV_NOHUGEPAGE)", advised, codeMaps)
 	}
 	if pmd != 0 {
 		t.Errorf("the daemon maps %d KiB of its binary in 2 MiB pieces after start", pmd)
