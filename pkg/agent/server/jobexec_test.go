@@ -109,17 +109,22 @@ func readAllBounded(f *os.File) (string, error) {
 // became: its credentials, capability sets, OOM score, cgroups and cwd.
 var statusProbe = []string{"sh", "-c", `grep -E '^(Uid|Gid|Groups|Cap[A-Za-z]+|NoNewPrivs):' /proc/self/status; echo "oom: $(cat /proc/self/oom_score_adj)"; echo "cwd: $(pwd)"; echo "env: $HELPER_TEST"; cat /proc/self/cgroup`}
 
-// checkDropped asserts a job's process lost every privilege.
-func checkDropped(t *testing.T, out string, dir string) {
+// checkDropped asserts that the helper ran its job (status, exit 0) as a
+// process that lost every privilege, in directory dir, with environment
+// env (HELPER_TEST) and in cgroup cg.
+func checkDropped(t *testing.T, r helperRun, dir, env, cg string) {
 	t.Helper()
+	if r.status != nil || r.exit != 0 {
+		t.Fatalf("status %v, exit %d:\n%s", r.status, r.exit, r.out)
+	}
 	for _, want := range []string{
 		"Uid:\t1000\t1000\t1000\t1000", "Gid:\t1000\t1000\t1000\t1000", "Groups:\t1000 ",
 		"CapInh:\t0000000000000000", "CapPrm:\t0000000000000000", "CapEff:\t0000000000000000",
 		"CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000",
-		"oom: 500", "cwd: " + dir,
+		"oom: 500", "cwd: " + dir, "env: " + env, "::" + cg,
 	} {
-		if !strings.Contains(out, want+"\n") {
-			t.Errorf("the job's process lacks %q:\n%s", want, out)
+		if !strings.Contains(r.out, want+"\n") {
+			t.Errorf("the job's process lacks %q:\n%s", want, r.out)
 		}
 	}
 }
@@ -158,16 +163,7 @@ func TestJobExecHelperDirectDropsEverything(t *testing.T) {
 	testenv.RequireRoot(t)
 	procs, cg := testCgroup(t)
 	r := runDirect(t, jobCreds{uid: 1000, gid: 1000}, "/", []string{procs}, "/bin/sh", statusProbe...)
-	if r.status != nil || r.exit != 0 {
-		t.Fatalf("status %v, exit %d:\n%s", r.status, r.exit, r.out)
-	}
-	checkDropped(t, r.out, "/")
-	if !strings.Contains(r.out, "env: direct\n") {
-		t.Errorf("the command did not get the helper's environment:\n%s", r.out)
-	}
-	if !strings.Contains(r.out, "::"+cg+"\n") {
-		t.Errorf("the command is not in the job cgroup %s:\n%s", cg, r.out)
-	}
+	checkDropped(t, r, "/", "direct", cg)
 }
 
 func TestJobExecHelperKeepsCapabilitiesOnlyWhenAsked(t *testing.T) {
@@ -297,16 +293,7 @@ func TestJobExecSpareDropsEverything(t *testing.T) {
 	procs, cg := testCgroup(t)
 	spec := &spareSpec{Path: "/bin/sh", Argv: statusProbe, Env: []string{"HELPER_TEST=spare"}, Dir: "/tmp", UID: 1000, GID: 1000}
 	r := runSpareHelper(t, procs, spec.encode(), 3)
-	if r.status != nil || r.exit != 0 {
-		t.Fatalf("status %v, exit %d:\n%s", r.status, r.exit, r.out)
-	}
-	checkDropped(t, r.out, "/tmp")
-	if !strings.Contains(r.out, "env: spare\n") {
-		t.Errorf("the command did not get the message's environment:\n%s", r.out)
-	}
-	if !strings.Contains(r.out, "::"+cg+"\n") {
-		t.Errorf("the command is not in the job cgroup %s:\n%s", cg, r.out)
-	}
+	checkDropped(t, r, "/tmp", "spare", cg)
 }
 
 func TestJobExecSpareRefusesBadMessages(t *testing.T) {
