@@ -91,6 +91,14 @@ func (m *Manager) endCommand(sb *Sandbox) {
 	sb.running--
 	now := m.opt.Now()
 	sb.lastActive = now
+	select {
+	case <-m.closed:
+		// A daemon shutting down loses its job watchers' connections while
+		// the jobs run on: the next daemon's reconciliation finds them, and
+		// "ready" recorded now would be wrong (and the store is closing).
+		return
+	default:
+	}
 	if sb.running == 0 && sb.state == StateRunning && !sb.terminating {
 		if err := m.transitionLocked(ctx, sb, StateReady, "commands finished", func(r *store.SandboxRecord) {
 			r.LastActiveAt = now.UTC()

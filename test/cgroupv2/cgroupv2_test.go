@@ -51,6 +51,15 @@ const unifiedOnly = "systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all"
 func TestSandboxCoreOnCgroupV2(t *testing.T) {
 	testenv.RequireRoot(t)
 	start := time.Now()
+	// The guest's failed tests, each with its own output, logged last (the
+	// first cleanup registered runs last): CI shows the tail of a failed
+	// run, and the whole guest output is far longer than that tail.
+	var guestFailures string
+	t.Cleanup(func() {
+		if guestFailures != "" {
+			t.Logf("the guest's failed tests:\n%s", guestFailures)
+		}
+	})
 	guest := vmenv.Guest(t)
 	shell := testenv.EnsureImages(t, "shell")["shell"]
 
@@ -126,8 +135,9 @@ func TestSandboxCoreOnCgroupV2(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start guest: %v", err)
 	}
+	var guestOutput string
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() && guestOutput == "" { // the console repeats the guest output
 			t.Logf("guest console (tail):\n%s", v.Console(8000))
 		}
 		if err := v.Destroy(context.Background()); err != nil {
@@ -181,8 +191,10 @@ func TestSandboxCoreOnCgroupV2(t *testing.T) {
 		t.Fatalf("run the tests in the guest: %v", err)
 	}
 	out := string(res.Stdout) + string(res.Stderr)
+	guestOutput = out
 	t.Logf("guest output (%.0fs):\n%s", time.Since(t0).Seconds(), out)
 	if res.ExitCode != 0 || res.Signaled || !strings.Contains(out, "== guest tests passed") {
+		guestFailures = failedTestOutput(out)
 		t.Fatalf("the sandbox core's tests failed on cgroup v2 (exit %d, signal %d)", res.ExitCode, res.Signal)
 	}
 	// Every selected test ran and passed (a pattern that matched nothing
@@ -209,6 +221,30 @@ func TestSandboxCoreOnCgroupV2(t *testing.T) {
 	t.Logf("make test-cgroupv2: %.0fs in total", time.Since(start).Seconds())
 }
 
+// failedTestOutput returns, for each top-level test that failed in a go
+// test -v output, the lines from its "=== RUN" to its "--- FAIL" (the
+// whole tail when a test did not end: a panic or a timeout).
+func failedTestOutput(out string) string {
+	var b strings.Builder
+	lines := strings.Split(out, "\n")
+	begin := -1
+	for i, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "=== RUN   ") && !strings.Contains(l, "/"):
+			begin = i
+		case strings.HasPrefix(l, "--- FAIL: ") && begin >= 0:
+			b.WriteString(strings.Join(lines[begin:i+1], "\n") + "\n")
+			begin = -1
+		case strings.HasPrefix(l, "--- PASS: "):
+			begin = -1
+		}
+	}
+	if begin >= 0 { // a test that never ended
+		b.WriteString(strings.Join(lines[begin:], "\n"))
+	}
+	return b.String()
+}
+
 // run runs a command and fails t with its output if it fails.
 func run(t *testing.T, dir string, env []string, name string, args ...string) {
 	t.Helper()
@@ -232,4 +268,12 @@ func duBytes(t *testing.T, dir string) int64 {
 		t.Fatalf("du %s: %q", dir, out)
 	}
 	return n
+}
+
+func TestFailedTestOutput(t *testing.T) {
+	out := "=== RUN   TestA\n--- PASS: TestA (0.1s)\n=== RUN   TestB\n=== RUN   TestB/x\n    b_test.go:9: boom\n    --- FAIL: TestB/x (0.0s)\n--- FAIL: TestB (0.2s)\n=== RUN   TestC\npanic: oops\n"
+	want := "=== RUN   TestB\n=== RUN   TestB/x\n    b_test.go:9: boom\n    --- FAIL: TestB/x (0.0s)\n--- FAIL: TestB (0.2s)\n=== RUN   TestC\npanic: oops\n"
+	if got := failedTestOutput(out); got != want {
+		t.Errorf("failedTestOutput = %q, want %q", got, want)
+	}
 }
