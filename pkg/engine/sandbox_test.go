@@ -356,17 +356,24 @@ func TestDiskLimitENOSPC(t *testing.T) {
 
 // agentProcs lists the host pids in cgroup p but the agent's spare job
 // helper (pkg/agent/server/spare.go), which waits there for the next
-// command.
+// command. The next spare is started as a command takes the last one: until
+// it has exec'd its __job-spare form (a while on a slow TCG guest) it looks
+// like a second agent, so agentProcs waits up to 5 s for the agent to be
+// alone and returns what it saw last.
 func agentProcs(p string) ([]int, error) {
-	all, err := cgroups.Procs(p)
-	var out []int
-	for _, pid := range all {
-		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if !strings.Contains(string(cmd), "\x00__job-spare\x00") {
-			out = append(out, pid)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		all, err := cgroups.Procs(p)
+		var out []int
+		for _, pid := range all {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if !strings.Contains(string(cmd), "\x00__job-spare\x00") {
+				out = append(out, pid)
+			}
+		}
+		if err != nil || len(out) <= 1 || time.Now().After(deadline) {
+			return out, err
 		}
 	}
-	return out, err
 }
 
 func TestTimeoutKillsProcessGroup(t *testing.T) {
