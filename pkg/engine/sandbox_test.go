@@ -339,7 +339,13 @@ func TestForkBombHeldByPidsLimit(t *testing.T) {
 func TestDiskLimitENOSPC(t *testing.T) {
 	env := newTestEngine(t)
 	info := env.create(t, CreateSandboxRequest{DiskMB: ptr[int64](32)})
-	res := env.sh(t, info.ID, "head -c 64M /dev/zero > /workspace/big; echo rc=$?; ls -s --block-size=1M /workspace/big")
+	// A disk of its own (not the pool's geometry), mounted without
+	// barriers like a pooled one (storage.MountScratch).
+	res := env.sh(t, info.ID, "grep ' /workspace ' /proc/self/mountinfo")
+	if !strings.Contains(res.Stdout, " ext4 ") || !strings.Contains(res.Stdout, "nobarrier") {
+		t.Errorf("/workspace's mount: %q %q, want ext4 with nobarrier", res.Stdout, res.Stderr)
+	}
+	res = env.sh(t, info.ID, "head -c 64M /dev/zero > /workspace/big; echo rc=$?; ls -s --block-size=1M /workspace/big")
 	if !strings.Contains(res.Stderr, "No space left on device") || !strings.Contains(res.Stdout, "rc=1") {
 		t.Fatalf("writing past the disk limit: stdout %q stderr %q", res.Stdout, res.Stderr)
 	}

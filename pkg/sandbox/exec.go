@@ -16,7 +16,6 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
 // Termination causes (docs/SPEC.md "Termination causes").
@@ -67,7 +66,7 @@ func (m *Manager) beginCommand(ctx context.Context, sb *Sandbox) error {
 		return errdefs.Conflictf("sandbox %s is being restored from a snapshot", sb.ID)
 	}
 	if sb.running == 0 {
-		if err := m.transitionLocked(ctx, sb, StateRunning, "command started"); err != nil {
+		if err := m.commandTransitionLocked(ctx, sb, StateRunning, "command started", time.Time{}); err != nil {
 			return err
 		}
 	}
@@ -100,9 +99,7 @@ func (m *Manager) endCommand(sb *Sandbox) {
 	default:
 	}
 	if sb.running == 0 && sb.state == StateRunning && !sb.terminating {
-		if err := m.transitionLocked(ctx, sb, StateReady, "commands finished", func(r *store.SandboxRecord) {
-			r.LastActiveAt = now.UTC()
-		}); err != nil {
+		if err := m.commandTransitionLocked(ctx, sb, StateReady, "commands finished", now.UTC()); err != nil {
 			m.log.Error("sandbox back to ready", "sandbox", sb.ID, "err", err)
 		}
 	}

@@ -570,6 +570,27 @@ func (m *Manager) transitionLocked(ctx context.Context, sb *Sandbox, to State, r
 			f(r)
 		}
 	})
+	return m.transitioned(sb, from, to, reason, err)
+}
+
+// commandTransitionLocked is transitionLocked for a command's start and
+// end (ready <-> running), which change nothing but the state and, when
+// lastActive is not zero, the last activity: the store's one-statement
+// TransitionActive, with the same checks, event and order.
+func (m *Manager) commandTransitionLocked(ctx context.Context, sb *Sandbox, to State, reason string, lastActive time.Time) error {
+	from := sb.state
+	if !CanTransition(from, to) {
+		err := &ErrIllegalTransition{From: from, To: to}
+		m.log.Error("refused sandbox transition", "sandbox", sb.ID, "from", from, "to", to, "reason", reason)
+		return errdefs.Wrap(errdefs.Internal, err, "sandbox %s cannot go from %s to %s", sb.ID, from, to)
+	}
+	err := m.opt.Store.TransitionActive(ctx, sb.ID, string(from), string(to), reason, lastActive)
+	return m.transitioned(sb, from, to, reason, err)
+}
+
+// transitioned finishes a transition the store has persisted (err nil):
+// the sandbox's state in memory, the event bus, OnTransition.
+func (m *Manager) transitioned(sb *Sandbox, from, to State, reason string, err error) error {
 	if err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "persist sandbox %s transition %s -> %s", sb.ID, from, to)
 	}

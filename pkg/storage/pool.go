@@ -188,7 +188,7 @@ func (p *Pool) make() (d readyDisk, err error) {
 	if err := os.Mkdir(d.mount, 0o700); err != nil {
 		return d, fmt.Errorf("storage: %w", err)
 	}
-	return d, MountDisk(dev, d.mount)
+	return d, MountScratch(dev, d.mount)
 }
 
 func (p *Pool) release(d readyDisk) {

@@ -574,9 +574,33 @@ func LoopDevices() (map[string]string, error) {
 // system read-only instead of panicking the host.
 const ext4Options = "noinit_itable,errors=remount-ro"
 
-// MountDisk mounts the ext4 on dev at target (a directory).
+// scratchOptions are ext4Options for a file system whose content ends with
+// its sandbox: nobarrier, so that neither the file system nor its overlay
+// asks the loop device to flush, which the loop device turns into an fsync
+// of the image file on the host's disk. A terminate paid that flush twice,
+// in the overlay's unmount (overlayfs syncs its upper file system) and in
+// the disk's own (1.7 and 1.1 ms of a 5.2 ms terminate; a probe: 2.1 and
+// 2.7 ms with barriers, 0.4 and 0.7 without), and a sandbox's fsync paid
+// it too. Nothing is lost that was kept: the image is deleted at
+// terminate, and a host crash, the only thing a flush guards against,
+// ends the sandbox anyway (the reason it has no journal, formatImage).
+// Volumes outlive sandboxes and keep their barriers (MountDisk).
+const scratchOptions = ext4Options + ",nobarrier"
+
+// MountDisk mounts the ext4 on dev at target (a directory), durable: a
+// flush inside reaches the host's disk (volumes).
 func MountDisk(dev, target string) error {
-	if err := unix.Mount(dev, target, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, ext4Options); err != nil {
+	return mountExt4(dev, target, ext4Options)
+}
+
+// MountScratch mounts a sandbox's own ext4 on dev at target: as MountDisk,
+// without flushes (scratchOptions says why).
+func MountScratch(dev, target string) error {
+	return mountExt4(dev, target, scratchOptions)
+}
+
+func mountExt4(dev, target, opts string) error {
+	if err := unix.Mount(dev, target, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, opts); err != nil {
 		return fmt.Errorf("storage: mount %s on %s: %w", dev, target, err)
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -196,6 +197,73 @@ func TestAutoclear(t *testing.T) {
 	waitDetached(t, img)
 }
 
+// superOptions are the file system options the kernel shows for the
+// mount at target.
+func superOptions(t *testing.T, target string) []string {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 1 {
+		t.Fatalf("%d mounts at %s, want 1", len(ms), target)
+	}
+	return strings.Split(ms[0].VFSOptions, ",")
+}
+
+// TestScratchWithoutBarriers: a sandbox's disk (MountScratch) is mounted
+// nobarrier, so its unmount and its overlay's do not flush the image file
+// to the host's disk; a volume's (MountDisk) keeps its barriers. Both keep
+// the options every disk has.
+func TestScratchWithoutBarriers(t *testing.T) {
+	testenv.RequireRoot(t)
+	s := newStore(t)
+	_, durable := mountDisk(t, s, "vol-durable", 32<<20, storage.MinInodes)
+	img := s.ImagePath("sb-scratch")
+	target := filepath.Join(t.TempDir(), "disk")
+	if err := os.Mkdir(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateImage(context.Background(), img, 32<<20, storage.MinInodes); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = unix.Unmount(target, 0)
+		if err := storage.Detach(img); err != nil {
+			t.Error(err)
+		}
+		if err := storage.RemoveImage(img); err != nil {
+			t.Error(err)
+		}
+	})
+	dev, f, err := storage.Attach(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = storage.MountScratch(dev, target)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		target string
+		want   bool
+	}{{target, true}, {durable, false}} {
+		o := superOptions(t, c.target)
+		if got := slices.Contains(o, "nobarrier"); got != c.want {
+			t.Errorf("%s: options %v, nobarrier %v, want %v", c.target, o, got, c.want)
+		}
+		if !slices.Contains(o, "errors=remount-ro") {
+			t.Errorf("%s: options %v, want errors=remount-ro", c.target, o)
+		}
+	}
+	// A flush inside still succeeds (it goes no further than the image
+	// file's page cache).
+	if n, err := fill(filepath.Join(target, "f"), 1<<20); err != nil || n != 1<<20 {
+		t.Fatalf("write and fsync 1 MiB on the scratch disk: %d, %v", n, err)
+	}
+}
+
 // TestDetach clears a device that is attached but not mounted, as the
 // ledger's loop releaser does, and returns once the kernel has freed it.
 func TestDetach(t *testing.T) {
@@ -352,6 +420,10 @@ func TestPool(t *testing.T) {
 	}
 	if err := os.WriteFile(filepath.Join(target, "f"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	// A pooled disk is a sandbox's: mounted without barriers.
+	if o := superOptions(t, target); !slices.Contains(o, "nobarrier") {
+		t.Errorf("taken disk mounted with %v, want nobarrier", o)
 	}
 	if m, _ := mountinfo.Mounted(from); m {
 		t.Errorf("pool mount %s still there", from)

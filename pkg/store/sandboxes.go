@@ -191,6 +191,64 @@ func (s *Store) Transition(ctx context.Context, id, from, to, reason string, mut
 	return nil
 }
 
+// TransitionActive is Transition for the state changes of a command's
+// start and end (ready <-> running), which change no column but the state,
+// UpdatedAt and, when lastActive is not zero, LastActiveAt: one UPDATE
+// that is itself the compare-and-set and the event row, in one
+// transaction like Transition's, by statements prepared once. Transition
+// reads and rewrites the whole row (the spec's JSON included) and compiles
+// its statements on every call. An end state (terminated, failed) is
+// refused: it stamps TerminatedAt and its reason, which only Transition
+// writes.
+func (s *Store) TransitionActive(ctx context.Context, id, from, to, reason string, lastActive time.Time) error {
+	if to == "" || isEndState(to) {
+		return fmt.Errorf("store: transition sandbox %s: %q is not a state TransitionActive sets", id, to)
+	}
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		now := time.Now().UTC()
+		res, err := tx.StmtContext(ctx, s.setState).ExecContext(ctx, to, nanos(now), nanos(lastActive), id, from)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			// No row in state from: say which state it is in, or that
+			// there is none.
+			var actual string
+			err := tx.QueryRowContext(ctx, "SELECT state FROM sandboxes WHERE id = ?", id).Scan(&actual)
+			if errors.Is(err, sql.ErrNoRows) {
+				return ErrNotFound
+			}
+			if err != nil {
+				return err
+			}
+			return &StateMismatchError{ID: id, Expected: from, Actual: actual}
+		}
+		_, err = tx.StmtContext(ctx, s.addEvent).ExecContext(ctx, id, nanos(now), from, to, reason)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("store: transition sandbox %s %s -> %s: %w", id, from, to, err)
+	}
+	return nil
+}
+
+// prepare compiles the writer's prepared statements (Store.setState,
+// Store.addEvent).
+func (s *Store) prepare(ctx context.Context) (err error) {
+	// A zero lastActive (nanos 0) keeps the column.
+	if s.setState, err = s.w.PrepareContext(ctx, `UPDATE sandboxes SET state = ?1, updated_at = ?2,
+		last_active_at = CASE WHEN ?3 = 0 THEN last_active_at ELSE ?3 END WHERE id = ?4 AND state = ?5`); err != nil {
+		return fmt.Errorf("prepare: %w", err)
+	}
+	if s.addEvent, err = s.w.PrepareContext(ctx, insertEventSQL); err != nil {
+		s.setState.Close()
+		return fmt.Errorf("prepare: %w", err)
+	}
+	return nil
+}
+
 // UpdateSandbox applies mutate to sandbox id and saves the result with a new
 // UpdatedAt, in one transaction. It is for fields other than the state (init
 // pid, last activity); mutate must not change ID or State, which only
@@ -315,9 +373,10 @@ func updateSandbox(ctx context.Context, tx *sql.Tx, r *SandboxRecord) error {
 	return err
 }
 
+const insertEventSQL = "INSERT INTO sandbox_events (sandbox_id, at, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)"
+
 func insertEvent(ctx context.Context, tx *sql.Tx, id string, at time.Time, from, to, reason string) error {
-	_, err := tx.ExecContext(ctx, "INSERT INTO sandbox_events (sandbox_id, at, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)",
-		id, nanos(at), from, to, reason)
+	_, err := tx.ExecContext(ctx, insertEventSQL, id, nanos(at), from, to, reason)
 	return err
 }
 

@@ -67,6 +67,11 @@ const (
 type Store struct {
 	w *sql.DB // the one writer connection; see the package documentation
 	r *sql.DB // read-only connections
+
+	// Statements of the hottest writes (a command's running and ready
+	// transitions, TransitionActive), prepared once on the writer: SQLite
+	// compiles a statement in about as long as it runs one.
+	setState, addEvent *sql.Stmt
 }
 
 // Open opens the database at path, creating it and its directory if needed,
@@ -122,6 +127,11 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("store: migrate %s: %w", abs, err)
 	}
 
+	if err := s.prepare(ctx); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	}
+
 	r, err := sql.Open("sqlite", dsn(abs, url.Values{
 		"_query_only":   {"1"},
 		"_busy_timeout": {fmt.Sprint(busyTimeoutMS)},
@@ -173,7 +183,7 @@ func (s *Store) CheckWritable(ctx context.Context) error {
 
 // Close closes the database. Queries in flight fail.
 func (s *Store) Close() error {
-	return errors.Join(s.r.Close(), s.w.Close())
+	return errors.Join(s.r.Close(), s.setState.Close(), s.addEvent.Close(), s.w.Close())
 }
 
 // write runs fn in a write transaction and commits it if fn succeeds.

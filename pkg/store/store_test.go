@@ -614,3 +614,115 @@ func TestCheckWritableFailsOnFullDisk(t *testing.T) {
 		t.Errorf("after freeing space: %v", err)
 	}
 }
+
+// TestTransitionActive: a command's transitions change the state, UpdatedAt
+// and (when given) LastActiveAt, nothing else, each with its event; the
+// compare-and-set and the errors are Transition's; end states are refused.
+func TestTransitionActive(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	insert(t, s, "sb-1", "creating")
+	if err := s.Transition(ctx, "sb-1", "creating", "ready", "agent ready", func(r *SandboxRecord) {
+		r.InitPID, r.InitStartTime = 99, 12345
+		r.LastActiveAt = time.Unix(100, 0).UTC()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := s.GetSandbox(ctx, "sb-1")
+
+	if err := s.TransitionActive(ctx, "sb-1", "ready", "running", "command started", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.GetSandbox(ctx, "sb-1")
+	if got.State != "running" || !got.UpdatedAt.After(before.UpdatedAt) || !got.LastActiveAt.Equal(before.LastActiveAt) {
+		t.Errorf("after ready -> running: %+v (before %+v)", got, before)
+	}
+	unchanged := func(got *SandboxRecord) {
+		t.Helper()
+		if got.InitPID != 99 || got.InitStartTime != 12345 || string(got.Spec) != string(before.Spec) ||
+			got.Language != before.Language || !got.CreatedAt.Equal(before.CreatedAt) || got.TerminatedAt != nil {
+			t.Errorf("columns changed: %+v, before %+v", got, before)
+		}
+	}
+	unchanged(got)
+
+	active := time.Unix(200, 5).UTC()
+	if err := s.TransitionActive(ctx, "sb-1", "running", "ready", "commands finished", active); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = s.GetSandbox(ctx, "sb-1")
+	if got.State != "ready" || !got.LastActiveAt.Equal(active) {
+		t.Errorf("after running -> ready: %+v, want last active %v", got, active)
+	}
+	unchanged(got)
+
+	err := s.TransitionActive(ctx, "sb-1", "running", "ready", "", time.Time{})
+	var mismatch *StateMismatchError
+	if !errors.Is(err, ErrStateMismatch) || !errors.As(err, &mismatch) || mismatch.Actual != "ready" || mismatch.Expected != "running" {
+		t.Errorf("TransitionActive from the wrong state = %v, want a StateMismatchError naming ready", err)
+	}
+	if err := s.TransitionActive(ctx, "sb-none", "ready", "running", "", time.Time{}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("TransitionActive of no sandbox = %v, want ErrNotFound", err)
+	}
+	for _, to := range []string{"terminated", "failed", ""} {
+		if err := s.TransitionActive(ctx, "sb-1", "ready", to, "", time.Time{}); err == nil {
+			t.Errorf("TransitionActive to %q accepted", to)
+		}
+	}
+	if got, _ := s.GetSandbox(ctx, "sb-1"); got.State != "ready" {
+		t.Errorf("refused transitions changed the state to %s", got.State)
+	}
+
+	events, err := s.Events(ctx, "sb-1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var steps [][3]string
+	for _, e := range events {
+		if e.At.IsZero() {
+			t.Errorf("event without time: %+v", e)
+		}
+		steps = append(steps, [3]string{e.From, e.To, e.Reason})
+	}
+	want := [][3]string{{"", "creating", "created"}, {"creating", "ready", "agent ready"},
+		{"ready", "running", "command started"}, {"running", "ready", "commands finished"}}
+	if !reflect.DeepEqual(steps, want) {
+		t.Errorf("events = %v, want %v", steps, want)
+	}
+}
+
+// BenchmarkCommandTransitions: a command's two transitions (ready ->
+// running -> ready) through Transition and through TransitionActive.
+func BenchmarkCommandTransitions(b *testing.B) {
+	dir := b.TempDir()
+	s, err := Open(context.Background(), filepath.Join(dir, "state.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	spec := json.RawMessage(`{"language":"shell","image":"shell","limits":{"memory_bytes":536870912,"cpus":1,"pids":256,"disk_bytes":1073741824},"env":{"A":"1"},"labels":{"x":"y"},"network":"none"}`)
+	if err := s.InsertSandbox(ctx, &SandboxRecord{ID: "sb-1", State: "ready", Language: "shell", Image: "shell", Spec: spec}); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("Transition", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if err := s.Transition(ctx, "sb-1", "ready", "running", "command started", nil); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Transition(ctx, "sb-1", "running", "ready", "commands finished", func(r *SandboxRecord) { r.LastActiveAt = time.Now() }); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("TransitionActive", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if err := s.TransitionActive(ctx, "sb-1", "ready", "running", "command started", time.Time{}); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.TransitionActive(ctx, "sb-1", "running", "ready", "commands finished", time.Now()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -775,7 +775,7 @@ func (b *Backend) mountDisk(ctx context.Context, id, disk string, spec sandbox.S
 	if err := os.Mkdir(disk, 0o700); err != nil {
 		return fmt.Errorf("create disk dir: %w", err)
 	}
-	return storage.MountDisk(dev, disk)
+	return storage.MountScratch(dev, disk)
 }
 
 func (b *Backend) handle(id string, inst *runtime.Instance, uid int) *handle {
