@@ -46,6 +46,8 @@ import (
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/fdwatch"
 )
 
 // init keeps the main goroutine on the main thread for the life of the
@@ -305,7 +307,42 @@ type Instance struct {
 	process *libcontainer.Process // nil when adopted after a daemon restart
 	done    chan struct{}
 	exitMu  sync.Mutex
-	exit    string // how init ended, once done is closed
+	exit    string   // how init ended, once done is closed
+	onExit  []func() // run once done is closed (OnExit)
+	exited  bool     // done is closed: OnExit runs its function at once
+}
+
+// OnExit runs f once the sandbox's init has exited, after Done is closed,
+// in a goroutine of its own; at once (in a new goroutine) if it has exited
+// already. It lets the owner of a sandbox react to its init's death
+// without a goroutine of its own parked on Done for the sandbox's whole
+// life.
+func (i *Instance) OnExit(f func()) {
+	i.exitMu.Lock()
+	if !i.exited {
+		i.onExit = append(i.onExit, f)
+		i.exitMu.Unlock()
+		return
+	}
+	i.exitMu.Unlock()
+	go f()
+}
+
+// finish records how init ended, closes done and runs the OnExit
+// functions (in the calling goroutine, which the exit started).
+func (i *Instance) finish(exit string) {
+	i.exitMu.Lock()
+	if exit != "" {
+		i.exit = exit
+	}
+	i.exited = true
+	fs := i.onExit
+	i.onExit = nil
+	close(i.done)
+	i.exitMu.Unlock()
+	for _, f := range fs {
+		f()
+	}
 }
 
 // Done is closed when the sandbox's init process has exited.
@@ -526,7 +563,7 @@ func (r *Runtime) Start(s *Spec) (_ *Instance, retErr error) {
 		ID: s.ID, Pid: st.InitProcessPid, StartTime: st.InitProcessStartTime, Cgroups: st.CgroupPaths,
 		ct: ct, process: proc, done: make(chan struct{}),
 	}
-	go inst.awaitExit()
+	inst.awaitExit()
 	r.mu.Lock()
 	r.instances[s.ID] = inst
 	r.mu.Unlock()
@@ -598,27 +635,45 @@ func initProcess(s *Spec, spec *specs.Spec, logf *os.File) *libcontainer.Process
 	return proc
 }
 
-// awaitExit records init's exit and closes done.
+// awaitExit arranges for init's exit to be recorded and done closed.
+// Init's exit is awaited through a pidfd in the shared watcher
+// (pkg/fdwatch), and
+// only then reaped: a goroutine blocked in wait(2) would hold an OS thread
+// for each live sandbox, and one parked on the pidfd its stack. Init is
+// our child and unreaped until Wait, so its pid cannot be recycled
+// meanwhile.
 func (i *Instance) awaitExit() {
-	// Init's exit is awaited through a pidfd in Go's poller, and only
-	// then reaped: a goroutine blocked in wait(2) would hold an OS thread
-	// for each live sandbox. Init is our child and unreaped until Wait, so
-	// its pid cannot be recycled meanwhile.
-	pidfd, pidfdErr := unix.PidfdOpen(i.Pid, unix.PIDFD_NONBLOCK)
-	if pidfdErr == nil {
-		waitExited(pidfd)
+	pidfd, err := unix.PidfdOpen(i.Pid, unix.PIDFD_NONBLOCK)
+	if err == nil {
+		exited := func(int) bool {
+			go i.reap()
+			return true
+		}
+		if w := fdwatch.Shared(); w != nil && w.Add(pidfd, exited) == nil {
+			return
+		}
 	}
+	go func() {
+		if err == nil {
+			waitExited(pidfd)
+		}
+		i.reap()
+	}()
+}
+
+// reap collects init once it has exited (or blocks until it does) and
+// finishes the instance.
+func (i *Instance) reap() {
 	// We are init's parent (libcontainer uses CLONE_PARENT), so we must reap it.
 	ps, err := i.process.Wait()
-	i.exitMu.Lock()
+	var exit string
 	switch {
 	case ps != nil:
-		i.exit = ps.String()
+		exit = ps.String()
 	case err != nil:
-		i.exit = err.Error()
+		exit = err.Error()
 	}
-	i.exitMu.Unlock()
-	close(i.done)
+	i.finish(exit)
 }
 
 // Adopt re-attaches to a sandbox started by an earlier daemon process. It
@@ -640,20 +695,26 @@ func (r *Runtime) Adopt(id string) (*Instance, error) {
 	r.mu.Unlock()
 	status, err := ct.Status()
 	if err != nil || status == libcontainer.Stopped {
-		close(inst.done)
+		inst.finish("")
 		return inst, ErrNotRunning
 	}
 	// Not our child any more: watch init through a pidfd. Load has already
 	// checked init's start time, so the pid is not a recycled one.
 	pidfd, err := unix.PidfdOpen(inst.Pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
-		close(inst.done)
+		inst.finish("")
 		return inst, ErrNotRunning
 	}
-	go func() {
-		waitExited(pidfd)
-		close(inst.done)
-	}()
+	exited := func(int) bool {
+		go inst.finish("")
+		return true
+	}
+	if w := fdwatch.Shared(); w == nil || w.Add(pidfd, exited) != nil {
+		go func() {
+			waitExited(pidfd)
+			inst.finish("")
+		}()
+	}
 	return inst, nil
 }
 
