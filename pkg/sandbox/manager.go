@@ -425,6 +425,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 		return nil, err
 	}
 	m.watchInit(sb)
+	m.trim.note()
 	return m.Get(ctx, sb.ID)
 }
 
@@ -665,7 +666,7 @@ func (m *Manager) forget(id string) {
 	}
 	m.mu.Unlock()
 	if was {
-		m.trim.end()
+		m.trim.note()
 	}
 	if sb != nil && sb.fromPool.Load() {
 		// Its slot is free and its request answered: refill now (see claim).
