@@ -213,6 +213,8 @@ func BenchmarkDensity(b *testing.B) {
 	b.ReportMetric(float64(threads), "daemon-threads")
 	per := func(k string) float64 { return (goLive[k] - goStart[k]) / float64(n) }
 	b.ReportMetric(float64(anonLive-anonStart)/float64(n), "anon-KiB/sandbox")
+	b.ReportMetric(float64(anonStart)/1024, "anon-start-MiB")
+	b.ReportMetric(goStart["go_memstats_heap_inuse_bytes"]/(1<<20), "heap-inuse-start-MiB")
 	b.ReportMetric(per("go_goroutines"), "goroutines/sandbox")
 	b.ReportMetric(per("go_memstats_stack_inuse_bytes")/1024, "stack-KiB/sandbox")
 	b.ReportMetric(per("go_memstats_heap_alloc_bytes")/1024, "heap-alloc-KiB/sandbox")
