@@ -690,6 +690,15 @@ func (i *Instance) awaitExit() {
 // finishes the instance. We are init's parent (libcontainer uses
 // CLONE_PARENT), so we must reap it.
 func (i *Instance) reap() {
+	// Wait for the exit without reaping (WNOWAIT) and without reapMu:
+	// when no pidfd could be had, this is where the wait blocks, and kill
+	// must still be able to signal init meanwhile.
+	var si unix.Siginfo
+	for {
+		if err := unix.Waitid(unix.P_PID, i.Pid, &si, unix.WEXITED|unix.WNOWAIT, nil); !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
 	var ws unix.WaitStatus
 	i.reapMu.Lock()
 	var err error
