@@ -3,6 +3,7 @@ package fdwatch
 import (
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,5 +146,61 @@ func TestShared(t *testing.T) {
 	a, b := Shared(), Shared()
 	if a == nil || a != b {
 		t.Fatalf("Shared() = %p, %p: want one watcher", a, b)
+	}
+}
+
+// A descriptor that stays readable (a ready that never consumes what it
+// is given, as a sandbox refusing syscalls as fast as they are answered)
+// does not keep the watcher from another descriptor.
+func TestBusyDescriptorDoesNotStarveOthers(t *testing.T) {
+	w, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipe := func() (r int, wr *os.File) {
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+			t.Fatal(err)
+		}
+		return p[0], os.NewFile(uintptr(p[1]), "pipe-w")
+	}
+	busyR, busyW := pipe()
+	defer busyW.Close()
+	if _, err := busyW.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	var busyCalls atomic.Int64
+	stop := make(chan struct{})
+	if err := w.Add(busyR, func(int) bool {
+		busyCalls.Add(1)
+		select {
+		case <-stop:
+			return true
+		default:
+			return false // never reads: stays readable
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer close(stop)
+	for deadline := time.Now().Add(5 * time.Second); busyCalls.Load() < 100; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the busy descriptor was served %d times in 5 s", busyCalls.Load())
+		}
+		time.Sleep(time.Millisecond) // a sampling interval, not synchronisation
+	}
+	otherR, otherW := pipe()
+	defer otherW.Close()
+	served := make(chan struct{})
+	if err := w.Add(otherR, func(int) bool { close(served); return true }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := otherW.Write([]byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-served:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("another descriptor was not served within 5 s while a busy one was (%d calls)", busyCalls.Load())
 	}
 }

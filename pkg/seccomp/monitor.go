@@ -96,13 +96,15 @@ func (m *Monitor) serve() {
 	m.serveAlone(fd)
 }
 
-// ready answers every pending notification of fd; it reports true (fd is
-// done with) once every process of the sandbox is gone. It never blocks:
-// NOTIF_RECV blocks whatever the descriptor's flags, so it is called only
-// when poll(2) says a notification is pending.
+// ready answers the pending notifications of fd, at most readyBatch of
+// them; it reports true (fd is done with) once every process of the
+// sandbox is gone. It never blocks: NOTIF_RECV blocks whatever the
+// descriptor's flags, so it is called only when poll(2) says a
+// notification is pending (the kernel's count of them then lets it
+// return at once, ENOENT if the caller died meanwhile).
 func (m *Monitor) ready(fd int) (done bool) {
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	for {
+	for range readyBatch {
 		fds[0].Revents = 0
 		if _, err := unix.Poll(fds, 0); err != nil {
 			if errors.Is(err, unix.EINTR) {
@@ -121,7 +123,15 @@ func (m *Monitor) ready(fd int) (done bool) {
 			return false
 		}
 	}
+	// More are pending: a sandbox whose processes refuse syscalls as fast
+	// as they are answered must not keep the shared watcher from the
+	// other sandboxes' descriptors. The descriptor stays ready and is
+	// served again in the watcher's next round.
+	return false
 }
+
+// readyBatch bounds the notifications one ready call answers.
+const readyBatch = 32
 
 // serveAlone serves fd from this goroutine, in Go's poller, where the
 // shared watcher cannot take it.
@@ -144,8 +154,18 @@ func (m *Monitor) serveAlone(fd int) {
 	// notification before the goroutine waits again.
 	finished := false
 	_ = rc.Read(func(fd uintptr) bool {
-		finished = m.ready(int(fd))
-		return finished
+		// Edge-triggered: answer until none is pending, batch after batch.
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for !finished {
+			if finished = m.ready(int(fd)); finished {
+				break
+			}
+			fds[0].Revents = 0
+			if n, err := unix.Poll(fds, 0); err == nil && n == 0 {
+				return false
+			}
+		}
+		return true
 	})
 	if !finished {
 		close(m.done)
