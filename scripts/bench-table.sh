@@ -72,5 +72,7 @@ END {
 	row(sprintf("cgroup memory of the sandboxes, per idle sandbox, %d live (MiB)", g("Density sandboxes")), g("Density cgroup-MiB/sandbox"), "", "", "(floor of the above)")
 	row(sprintf("daemon RSS with %d live (MiB)", g("Density sandboxes")), g("Density rss-live-MiB"), g("Density rss-start-MiB"), "at start", sprintf("≤ %.0f (64 + 32 KiB each)", 64 + g("Density sandboxes") / 32))
 	row("daemon RSS per live sandbox (KiB)", g("Density rss-KiB/sandbox"), "", "", "≤ 32")
+	row("  of it anonymous (KiB; heap in use, stacks)", g("Density anon-KiB/sandbox"), "", "", "(heap " g("Density heap-inuse-KiB/sandbox") ", stacks " g("Density stack-KiB/sandbox") ")")
+	row("  daemon goroutines per live sandbox", g("Density goroutines/sandbox"), "", "", "—")
 	row("daemon RSS after all ended (MiB)", g("Density rss-end-MiB"), g("Density rss-start-MiB"), "at start", "near its start")
 }' "$out/bench-metrics.txt" | tee "$out/bench-table.md"

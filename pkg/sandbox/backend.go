@@ -92,6 +92,17 @@ type Handle interface {
 	OOMKills() (uint64, error)
 }
 
+// ExitNotifier is a Handle that calls back when its main process exits,
+// so that the Manager needs no goroutine of its own parked on Done for
+// each live sandbox (the container backend: its inits' exits are watched
+// by one goroutine for all; docs/ARCHITECTURE.md, "Where an idle
+// sandbox's memory goes"). Handles without it are watched through Done.
+type ExitNotifier interface {
+	// OnExit runs f, in a goroutine of its own, once Done is closed (at
+	// once if it is).
+	OnExit(f func())
+}
+
 // Agentless is a Handle whose sandbox runs no sandbox agent: a VM booting
 // an administrator's disk (Windows, a Linux disk of one's own), whose guest
 // runs only the QEMU guest agent. The Manager then waits for WaitReady

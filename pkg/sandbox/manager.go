@@ -424,7 +424,8 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 		}
 		return nil, err
 	}
-	go m.watchInit(sb)
+	m.watchInit(sb)
+	m.trim.note()
 	return m.Get(ctx, sb.ID)
 }
 
@@ -611,10 +612,27 @@ func (m *Manager) watchInit(sb *Sandbox) {
 	if h == nil {
 		return
 	}
+	if en, ok := h.(ExitNotifier); ok {
+		en.OnExit(func() { m.initExited(sb, h) })
+		return
+	}
+	go func() {
+		select {
+		case <-h.Done():
+		case <-m.closed:
+			return
+		}
+		m.initExited(sb, h)
+	}()
+}
+
+// initExited ends sb, whose init (h's main process) has exited, unless it
+// is being terminated already or the manager is closing.
+func (m *Manager) initExited(sb *Sandbox, h Handle) {
 	select {
-	case <-h.Done():
 	case <-m.closed:
 		return
+	default:
 	}
 	sb.mu.Lock()
 	terminating := sb.terminating
@@ -669,7 +687,7 @@ func (m *Manager) forget(id string) {
 	}
 	m.mu.Unlock()
 	if was {
-		m.trim.end()
+		m.trim.note()
 	}
 	if sb != nil && sb.fromPool.Load() {
 		// Its slot is free and its request answered: refill now (see claim).

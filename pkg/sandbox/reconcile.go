@@ -111,7 +111,7 @@ func (m *Manager) reconcileOne(ctx context.Context, rec *store.SandboxRecord, re
 	m.sandboxes[sb.ID] = sb
 	m.mu.Unlock()
 	running := m.reattachJobs(ctx, sb, jobs, rep)
-	go m.watchInit(sb)
+	m.watchInit(sb)
 	rep.Adopted = append(rep.Adopted, sb.ID)
 	m.log.Info("reconcile: adopted sandbox", "sandbox", sb.ID, "state", sb.state, "running_commands", running)
 }
@@ -200,7 +200,7 @@ func (m *Manager) adoptAgentless(ctx context.Context, sb *Sandbox, al Agentless,
 			reportError(rep, "%s: %v", sb.ID, err)
 		}
 	}
-	go m.watchInit(sb)
+	m.watchInit(sb)
 	rep.Adopted = append(rep.Adopted, sb.ID)
 	m.log.Info("reconcile: adopted sandbox without an agent", "sandbox", sb.ID, "state", sb.state)
 }

@@ -14,6 +14,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	libseccomp "github.com/seccomp/libseccomp-golang"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/fdwatch"
 )
 
 // MonitorSupported reports whether this build can receive notifications.
@@ -65,27 +67,78 @@ func (m *Monitor) Take(key string) map[string]uint64 {
 }
 
 func (m *Monitor) serve() {
-	defer close(m.done)
 	c, err := m.ln.AcceptUnix()
 	m.ln.Close() // libcontainer connects once
 	if err != nil {
 		if !errors.Is(err, net.ErrClosed) {
 			m.log.Warn("seccomp listener", "err", err)
 		}
+		close(m.done)
 		return
 	}
 	fd, err := receiveFD(c)
 	c.Close()
 	if err != nil {
 		m.log.Warn("seccomp listener: no notification descriptor", "err", err)
+		close(m.done)
 		return
 	}
-	// The descriptor waits in Go's poller (epoll), not in a blocking
-	// poll(2): a goroutine blocked in a system call holds an OS thread,
-	// and every live sandbox has a monitor — one idle thread per sandbox
-	// in the daemon (its stack and the runtime's per-thread state).
+	// From here on the descriptor is served by the process's one watcher
+	// of descriptors (pkg/fdwatch), and this goroutine, which lived only
+	// through the sandbox's start, ends: a goroutine per live sandbox
+	// parked on the descriptor cost its stack and its g in the daemon. A
+	// goroutine blocked in poll(2) would even hold an OS thread.
+	if w := fdwatch.Shared(); w != nil {
+		if err := w.Add(fd, m.ready); err == nil {
+			return
+		}
+	}
+	m.serveAlone(fd)
+}
+
+// ready answers the pending notifications of fd, at most readyBatch of
+// them; it reports true (fd is done with) once every process of the
+// sandbox is gone. It never blocks: NOTIF_RECV blocks whatever the
+// descriptor's flags, so it is called only when poll(2) says a
+// notification is pending (the kernel's count of them then lets it
+// return at once, ENOENT if the caller died meanwhile).
+func (m *Monitor) ready(fd int) (done bool) {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for range readyBatch {
+		fds[0].Revents = 0
+		if _, err := unix.Poll(fds, 0); err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			close(m.done)
+			return true
+		}
+		switch {
+		case fds[0].Revents&unix.POLLIN != 0:
+			m.answer(fd)
+		case fds[0].Revents != 0:
+			close(m.done) // POLLHUP: every process of the sandbox is gone
+			return true
+		default:
+			return false
+		}
+	}
+	// More are pending: a sandbox whose processes refuse syscalls as fast
+	// as they are answered must not keep the shared watcher from the
+	// other sandboxes' descriptors. The descriptor stays ready and is
+	// served again in the watcher's next round.
+	return false
+}
+
+// readyBatch bounds the notifications one ready call answers.
+const readyBatch = 32
+
+// serveAlone serves fd from this goroutine, in Go's poller, where the
+// shared watcher cannot take it.
+func (m *Monitor) serveAlone(fd int) {
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
+		close(m.done)
 		m.log.Warn("seccomp listener", "err", err)
 		return
 	}
@@ -93,35 +146,30 @@ func (m *Monitor) serve() {
 	defer f.Close()
 	rc, err := f.SyscallConn()
 	if err != nil {
+		close(m.done)
 		m.log.Warn("seccomp listener", "err", err)
 		return
 	}
-	// The callback runs once at first and again each time the poller says
-	// the descriptor is ready; it returns true only when the sandbox is
-	// gone. The poller is edge-triggered: answer every pending
-	// notification before waiting again. NOTIF_RECV blocks whatever the
-	// descriptor's flags, so it is called only when poll(2) says one is
-	// pending.
+	// The poller is edge-triggered: ready answers every pending
+	// notification before the goroutine waits again.
+	finished := false
 	_ = rc.Read(func(fd uintptr) bool {
+		// Edge-triggered: answer until none is pending, batch after batch.
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			fds[0].Revents = 0
-			if _, err := unix.Poll(fds, 0); err != nil {
-				if errors.Is(err, unix.EINTR) {
-					continue
-				}
-				return true
+		for !finished {
+			if finished = m.ready(int(fd)); finished {
+				break
 			}
-			switch {
-			case fds[0].Revents&unix.POLLIN != 0:
-				m.answer(int(fd))
-			case fds[0].Revents != 0:
-				return true // POLLHUP: every process of the sandbox is gone
-			default:
+			fds[0].Revents = 0
+			if n, err := unix.Poll(fds, 0); err == nil && n == 0 {
 				return false
 			}
 		}
+		return true
 	})
+	if !finished {
+		close(m.done)
+	}
 }
 
 // answer receives one notification, counts it and refuses the syscall.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -130,6 +131,8 @@ func BenchmarkDensity(b *testing.B) {
 		b.Fatal(err)
 	}
 	rssStart := readKiB(b, fmt.Sprintf("/proc/%d/status", d.PID()), "VmRSS:")
+	anonStart := readKiB(b, fmt.Sprintf("/proc/%d/smaps_rollup", d.PID()), "Anonymous:")
+	goStart := goMetrics(b, d)
 	memBefore := readKiB(b, "/proc/meminfo", "MemAvailable:")
 
 	ids := make([]string, n)
@@ -176,6 +179,12 @@ func BenchmarkDensity(b *testing.B) {
 	memLive := readKiB(b, "/proc/meminfo", "MemAvailable:")
 	rssLive := readKiB(b, fmt.Sprintf("/proc/%d/status", d.PID()), "VmRSS:")
 	threads := readKiB(b, fmt.Sprintf("/proc/%d/status", d.PID()), "Threads:")
+	// Where the RSS per sandbox goes: anonymous memory (heap, stacks)
+	// against the binary's pages, and of the Go runtime's share the
+	// goroutines, their stacks and the live heap (after a collection the
+	// daemon's own metrics do not force: heap_alloc counts garbage too).
+	anonLive := readKiB(b, fmt.Sprintf("/proc/%d/smaps_rollup", d.PID()), "Anonymous:")
+	goLive := goMetrics(b, d)
 	// What the sandboxes' own cgroups are charged (their processes, page
 	// cache and kernel memory of their tasks): a floor of the host memory
 	// they cost that other tenants of the machine do not disturb, unlike
@@ -202,7 +211,51 @@ func BenchmarkDensity(b *testing.B) {
 	b.ReportMetric(float64(rssLive-rssStart)/float64(n), "rss-KiB/sandbox")
 	b.ReportMetric(float64(rssEnd)/1024, "rss-end-MiB")
 	b.ReportMetric(float64(threads), "daemon-threads")
+	per := func(k string) float64 { return (goLive[k] - goStart[k]) / float64(n) }
+	b.ReportMetric(float64(anonLive-anonStart)/float64(n), "anon-KiB/sandbox")
+	b.ReportMetric(float64(anonStart)/1024, "anon-start-MiB")
+	b.ReportMetric(goStart["go_memstats_heap_inuse_bytes"]/(1<<20), "heap-inuse-start-MiB")
+	b.ReportMetric(per("go_goroutines"), "goroutines/sandbox")
+	b.ReportMetric(per("go_memstats_stack_inuse_bytes")/1024, "stack-KiB/sandbox")
+	b.ReportMetric(per("go_memstats_heap_alloc_bytes")/1024, "heap-alloc-KiB/sandbox")
+	b.ReportMetric(per("go_memstats_heap_inuse_bytes")/1024, "heap-inuse-KiB/sandbox")
 	b.ReportMetric(0, "ns/op") // the figures above are the result
+}
+
+// goMetrics reads the daemon's Go runtime gauges from its /metrics.
+func goMetrics(b *testing.B, d *testenv.Daemon) map[string]float64 {
+	req, err := http.NewRequest(http.MethodGet, "http://"+d.HTTPAddr+"/metrics", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+d.Token())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b.Fatalf("GET /metrics: %s", resp.Status)
+	}
+	want := []string{"go_goroutines", "go_memstats_stack_inuse_bytes", "go_memstats_heap_alloc_bytes", "go_memstats_heap_inuse_bytes"}
+	got := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 && slices.Contains(want, f[0]) {
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				b.Fatalf("/metrics: %s: %v", sc.Text(), err)
+			}
+			got[f[0]] = v
+		}
+	}
+	for _, k := range want {
+		if _, ok := got[k]; !ok {
+			b.Fatalf("/metrics has no %s", k)
+		}
+	}
+	return got
 }
 
 // waitSettled waits (bounded) until the daemon's CPU time stops growing

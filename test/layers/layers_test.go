@@ -20,6 +20,9 @@ var layer = map[string]int{
 
 	"pkg/apitypes": 1, "pkg/audit": 1, "pkg/config": 1, "pkg/store": 1, "pkg/userns": 1, "pkg/cgroups": 1, "pkg/seccomp": 1, "pkg/storage": 1,
 	"internal/crashpoint": 1, "pkg/lifetime": 1, "internal/tsgen": 1,
+	// One goroutine waiting for many descriptors (inits' pidfds, seccomp
+	// notifications), for pkg/runtime and pkg/seccomp.
+	"pkg/fdwatch": 1,
 	// OpenTelemetry traces (over pkg/errdefs and pkg/principal), used from the agent client up.
 	"pkg/telemetry": 1,
 

@@ -912,7 +912,10 @@ func (h *handle) Capabilities() sandbox.Capabilities { return capabilities }
 
 func (h *handle) Done() <-chan struct{}   { return h.inst.Done() }
 func (h *handle) ExitDescription() string { return h.inst.ExitDescription() }
-func (h *handle) CgroupPath() string      { return h.cgroup }
+
+// OnExit implements sandbox.ExitNotifier (runtime.Instance.OnExit).
+func (h *handle) OnExit(f func())    { h.inst.OnExit(f) }
+func (h *handle) CgroupPath() string { return h.cgroup }
 func (h *handle) OOMKills() (uint64, error) {
 	return cgroups.OOMKills(h.cgroup)
 }
