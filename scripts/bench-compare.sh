@@ -31,7 +31,10 @@ testbin() { # package → the name of its test binary
 	echo "${p//\//_}.test"
 }
 build() { # tree out
-	(cd "$1" && CGO_ENABLED=1 go build -trimpath -tags netgo,osusergo -o "$2/sandbox-agent" ./cmd/sandbox-agent &&
+	# The agent as that side's Makefile builds it (AGENT_GOEXPERIMENT).
+	local agentexp
+	agentexp=$(sed -n 's/^AGENT_GOEXPERIMENT *:*= *//p' "$1/Makefile")
+	(cd "$1" && CGO_ENABLED=1 GOEXPERIMENT=$agentexp go build -trimpath -tags netgo,osusergo -o "$2/sandbox-agent" ./cmd/sandbox-agent &&
 		# sandbox-init (beside the agent) where the revision has it
 		{ [ ! -d cmd/sandbox-init ] || CGO_ENABLED=1 go build -tags seccomp -trimpath -o "$2/sandbox-init" ./cmd/sandbox-init; }) || return
 	local p

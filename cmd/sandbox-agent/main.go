@@ -18,10 +18,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -134,8 +132,12 @@ func run(log *slog.Logger, args []string) error {
 
 	// The handler stays installed until the process exits: a second
 	// SIGTERM during shutdown must not kill the agent with status 143.
+	// Not os/signal's: it holds two threads in every sandbox for good
+	// (pkg/agent/server/signals.go).
 	term := make(chan os.Signal, 1)
-	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT)
+	if err := server.NotifyTermination(term); err != nil {
+		return err
+	}
 
 	ln, err := listen(o)
 	if err != nil {

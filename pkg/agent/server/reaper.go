@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"os/signal"
 	"sync"
 	"syscall"
 
@@ -29,10 +28,12 @@ type reaper struct {
 // exitFunc receives a reaped child's wait status and resource usage.
 type exitFunc func(unix.WaitStatus, *unix.Rusage)
 
-func newReaper(log *slog.Logger) *reaper {
+func newReaper(log *slog.Logger) (*reaper, error) {
 	r := &reaper{log: log, sigc: make(chan os.Signal, 1), owner: map[int]exitFunc{}}
-	signal.Notify(r.sigc, syscall.SIGCHLD)
-	return r
+	if err := notifySignals(r.sigc, syscall.SIGCHLD); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // spawn runs start, which forks a child and returns its pid, and registers
@@ -52,7 +53,7 @@ func (r *reaper) spawn(start func() (int, error), onExit exitFunc) (int, error) 
 // run reaps on every SIGCHLD until ctx is done. Signals coalesce, so each
 // wake-up drains every exited child.
 func (r *reaper) run(ctx context.Context) {
-	defer signal.Stop(r.sigc)
+	defer stopSignals(r.sigc)
 	r.sweep()
 	for {
 		select {

@@ -121,7 +121,10 @@ func New(log *slog.Logger, o Options) (*Server, error) {
 	case o.MaxFinished < 1:
 		return nil, errors.New("max finished jobs must be at least 1")
 	}
-	r := newReaper(log)
+	r, err := newReaper(log)
+	if err != nil {
+		return nil, err
+	}
 	files, err := newFileService(o.Root, o.PrivateDir, o.UID, o.GID)
 	if err != nil {
 		return nil, err

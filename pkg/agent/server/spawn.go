@@ -142,11 +142,13 @@ func (t *jobTable) run(j *job, req *agent.ExecRequest, pid int, stdin []byte) {
 		j.held = j.follow([2]int64{0, 0})
 		j.unheld = make(chan struct{})
 		j.awaited.Store(true)
-		time.AfterFunc(agent.HoldGrace, func() {
+		j.mu.Lock() // the timer's function takes it too
+		j.holdTimer = time.AfterFunc(agent.HoldGrace, func() {
 			j.mu.Lock()
 			j.releaseHeld()
 			j.mu.Unlock()
 		})
+		j.mu.Unlock()
 	}
 	// Added before the readers start: the job cannot finish before that.
 	t.add(j)

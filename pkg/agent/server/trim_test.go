@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"runtime"
 	"testing"
 	"time"
 
@@ -43,5 +44,49 @@ func TestIdleTrimAfterLargeRequestsOnly(t *testing.T) {
 	}
 	if waited := time.Since(armed); waited < idleTrimDelay/2 {
 		t.Errorf("trimmed %s after the last request, want about %s", waited, idleTrimDelay)
+	}
+}
+
+// A job the daemon ran with HoldOutput and then forgot is garbage at once:
+// the hold's HoldGrace timer, stopped when the attach comes, must not keep
+// the job and its output reachable for 30 s — the idle trim would return
+// nothing of it, and an idle sandbox would keep every recent command's
+// output in its heap (3.1 MiB after 20 commands of 100 KiB each).
+func TestForgottenHeldJobIsCollected(t *testing.T) {
+	srv, c := newPipeServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	collected := make(chan struct{})
+	var out int
+	exit, err := c.Run(ctx, agent.ExecRequest{Argv: []string{"/bin/sh", "-c", "seq 1 3000"}, HoldOutput: true},
+		func(id string) {
+			j, err := srv.jobs.get(id)
+			if err != nil {
+				t.Errorf("started job %s: %v", id, err)
+				return
+			}
+			runtime.AddCleanup(j, func(ch chan struct{}) { close(ch) }, collected)
+		},
+		func(ch agent.Chunk) error { out += len(ch.Data); return nil })
+	if err != nil || exit.ExitCode != 0 || out != 13893 {
+		t.Fatalf("run: %v %+v, %d bytes of output", err, exit, out)
+	}
+	if n, _ := srv.jobs.counts(); n != 0 {
+		t.Fatalf("%d jobs kept after a followed run", n)
+	}
+	// Well within HoldGrace: only a collection that finds the job
+	// unreachable runs its cleanup.
+	deadline := time.Now().Add(agent.HoldGrace / 3)
+	for {
+		runtime.GC()
+		select {
+		case <-collected:
+			return
+		case <-time.After(50 * time.Millisecond): // the cleanup runs on its own goroutine
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a forgotten held job is still reachable %s after its run", agent.HoldGrace/3)
+		}
 	}
 }
