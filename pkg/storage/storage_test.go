@@ -45,9 +45,17 @@ func attached(t *testing.T, image string) bool {
 	return false
 }
 
-// mountDisk makes, attaches and mounts a disk image of size and inodes, and
-// cleans up after the test the way the container backend's releasers do.
+// mountDisk makes, attaches and mounts a disk image of size and inodes as a
+// volume is (storage.MountDisk), and cleans up after the test the way the
+// container backend's releasers do.
 func mountDisk(t *testing.T, s *storage.Store, name string, size, inodes int64) (img, target string) {
+	t.Helper()
+	return mountImage(t, s, name, size, inodes, storage.MountDisk)
+}
+
+// mountImage is mountDisk with the mount function given (storage.MountDisk
+// or storage.MountScratch).
+func mountImage(t *testing.T, s *storage.Store, name string, size, inodes int64, mount func(dev, target string) error) (img, target string) {
 	t.Helper()
 	img = s.ImagePath(name)
 	target = filepath.Join(t.TempDir(), "disk")
@@ -71,7 +79,7 @@ func mountDisk(t *testing.T, s *storage.Store, name string, size, inodes int64) 
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := storage.MountDisk(dev, target); err != nil {
+	if err := mount(dev, target); err != nil {
 		t.Fatal(err)
 	}
 	return img, target
@@ -219,32 +227,7 @@ func TestScratchWithoutBarriers(t *testing.T) {
 	testenv.RequireRoot(t)
 	s := newStore(t)
 	_, durable := mountDisk(t, s, "vol-durable", 32<<20, storage.MinInodes)
-	img := s.ImagePath("sb-scratch")
-	target := filepath.Join(t.TempDir(), "disk")
-	if err := os.Mkdir(target, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.CreateImage(context.Background(), img, 32<<20, storage.MinInodes); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = unix.Unmount(target, 0)
-		if err := storage.Detach(img); err != nil {
-			t.Error(err)
-		}
-		if err := storage.RemoveImage(img); err != nil {
-			t.Error(err)
-		}
-	})
-	dev, f, err := storage.Attach(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = storage.MountScratch(dev, target)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, target := mountImage(t, s, "sb-scratch", 32<<20, storage.MinInodes, storage.MountScratch)
 	for _, c := range []struct {
 		target string
 		want   bool
