@@ -91,6 +91,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.Uint64Var(&o.nofile, "nofile", 0, "lower RLIMIT_NOFILE to this (0: keep) and RLIMIT_CORE to 0 at start, for runtimes that cannot set them (a user namespace owned by another uid)")
 	fs.BoolVar(&o.RootMode, "root-mode", false, "a root-mode sandbox (its own user namespace): commands asked to run as uid 0 keep root's capabilities even when --uid is not 0")
 	fs.StringVar(&o.Cgroups, "cgroups", "", "where the sandbox's delegated cgroups are mounted; every job then gets its own cgroup")
+	fs.Int64Var(&o.JobsPids, "jobs-pids", 0, "with --cgroups: the most tasks the jobs may have together, below the sandbox's pids limit by the agent's reserve (0: no limit of their own)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -99,6 +100,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	case !filepath.IsAbs(o.socket):
 		return nil, fmt.Errorf("--socket %q is not absolute", o.socket)
+	case o.JobsPids < 0:
+		return nil, fmt.Errorf("--jobs-pids %d: want 0 or more", o.JobsPids)
 	case o.listenFD != 0 && o.listenFD < 3:
 		return nil, fmt.Errorf("--listen-fd %d: want an inherited descriptor, 3 or above", o.listenFD)
 	}

@@ -102,3 +102,17 @@ func dupFD(t *testing.T, f *os.File) int {
 	}
 	return fd
 }
+
+// TestJobsPidsFlag: --jobs-pids is a count of tasks, 0 for none of the
+// jobs' own; a negative one is refused with a message naming the flag.
+func TestJobsPidsFlag(t *testing.T) {
+	for _, v := range []string{"-1", "x"} {
+		if _, err := parseFlags([]string{"--jobs-pids", v}); err == nil || !strings.Contains(err.Error(), "jobs-pids") {
+			t.Errorf("--jobs-pids %s: err %v, want one naming --jobs-pids", v, err)
+		}
+	}
+	o, err := parseFlags([]string{"--jobs-pids", "48"})
+	if err != nil || o.JobsPids != 48 {
+		t.Fatalf("--jobs-pids 48: %+v, %v", o, err)
+	}
+}

@@ -33,6 +33,15 @@ import (
 // frames of another version.
 const ProtocolVersion = 1
 
+// PidsReserve is how many tasks a sandbox's cgroup allows beyond its
+// commands' pids limit, for the agent's own threads and the helpers it
+// forks: the commands share a cgroup limited to theirs (the agent's
+// --jobs-pids), so a fork bomb cannot leave the agent unable to start a
+// thread, which kills a Go program. Idle, the agent has 6 threads; each
+// helper it forks (jobexec.c, before Go's runtime) is one task until it
+// joins its job's cgroup.
+const PidsReserve = 32
+
 // Bounds of the protocol. Both sides enforce them.
 const (
 	// MaxLineBytes bounds one JSON header line, including argv and env of an

@@ -429,18 +429,24 @@ func IOControllerAvailable() bool {
 // DelegatedDirs lists, by name, the host directories of cgroup p that a
 // sandbox's agent gets to create per-job cgroups in: "unified" (the v2
 // hierarchy, or hybrid's unified tree), or on a legacy host without one
-// the v1 "cpuacct" and "freezer" hierarchies. On a unified host the one
-// entry is "" (the cgroup itself). The v1 memory hierarchy is never
-// delegated: why is in pkg/agent/server's jobCgroups.
+// the v1 "cpuacct" and "freezer" hierarchies; and on either v1 host the
+// "pids" hierarchy, for the cgroup that limits the jobs' tasks together.
+// On a unified host the one entry is "" (the cgroup itself). The v1
+// memory hierarchy is never delegated: why is in pkg/agent/server's
+// jobCgroups.
 func DelegatedDirs(p string) map[string]string {
 	switch HostMode() {
 	case ModeUnified:
 		return map[string]string{"": filepath.Join(Root, p)}
 	case ModeHybrid:
-		return map[string]string{"unified": filepath.Join(Root, "unified", p)}
+		out := map[string]string{"unified": filepath.Join(Root, "unified", p)}
+		if _, err := os.Stat(filepath.Join(Root, "pids")); err == nil {
+			out["pids"] = filepath.Join(Root, "pids", p)
+		}
+		return out
 	case ModeLegacy:
 		out := map[string]string{}
-		for _, c := range []string{"cpuacct", "freezer"} {
+		for _, c := range []string{"cpuacct", "freezer", "pids"} {
 			if _, err := os.Stat(filepath.Join(Root, c)); err == nil {
 				out[c] = filepath.Join(Root, c, p)
 			}

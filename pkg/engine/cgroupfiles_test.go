@@ -66,7 +66,10 @@ func TestCgroupLimitFiles(t *testing.T) {
 		want := map[string]string{
 			"memory.max": "100663296", // 96 MiB
 			"cpu.max":    "50000 100000",
-			"pids.max":   "48",
+			// The commands' 48 and the agent's reserve (agent.PidsReserve);
+			// jobs/, the cgroup all the jobs share, has the commands' 48.
+			"pids.max":      "80",
+			"jobs/pids.max": "48",
 			// memory+swap = memory (pkg/runtime): no swap at all.
 			"memory.swap.max": "0",
 		}
@@ -83,7 +86,8 @@ func TestCgroupLimitFiles(t *testing.T) {
 			{"memory", "memory.limit_in_bytes", "100663296"},
 			{"cpu", "cpu.cfs_quota_us", "50000"},
 			{"cpu", "cpu.cfs_period_us", "100000"},
-			{"pids", "pids.max", "48"},
+			{"pids", "pids.max", "80"},
+			{"pids", "jobs/pids.max", "48"},
 		} {
 			if got := read(c.hierarchy, c.file); got != c.want {
 				t.Errorf("%s/%s = %q, want %q", c.hierarchy, c.file, got, c.want)
@@ -92,7 +96,8 @@ func TestCgroupLimitFiles(t *testing.T) {
 	}
 
 	// A job runs in its own child cgroup (the agent's per-job cgroups);
-	// inside the sandbox's cgroup namespace it is /j-<id>.
+	// inside the sandbox's cgroup namespace it is /j-<id>, or on v2, where
+	// it is a child of the cgroup all jobs share, /jobs/j-<id>.
 	res := env.sh(t, info.ID, "cat /proc/self/cgroup")
 	t.Logf("/proc/self/cgroup of a job:\n%s", res.Stdout)
 	lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
@@ -101,6 +106,9 @@ func TestCgroupLimitFiles(t *testing.T) {
 	// cpuacct's.
 	jobLine := regexp.MustCompile(`^0::/j-[0-9a-f]+$`)
 	prefix := "0::"
+	if mode == cgroups.ModeUnified {
+		jobLine = regexp.MustCompile(`^0::/jobs/j-[0-9a-f]+$`)
+	}
 	if mode == cgroups.ModeLegacy {
 		jobLine = regexp.MustCompile(`^[0-9]+:freezer:/j-[0-9a-f]+$`)
 		prefix = ""
@@ -114,14 +122,20 @@ func TestCgroupLimitFiles(t *testing.T) {
 	if !jobLine.MatchString(jobCgroup) {
 		t.Errorf("job's cgroup line = %q, want %s", jobCgroup, jobLine)
 	}
+	if mode != cgroups.ModeUnified && !regexp.MustCompile(`(?m)^[0-9]+:pids:/jobs$`).MatchString(res.Stdout) {
+		t.Errorf("a job's v1 pids cgroup is not /jobs: %q", res.Stdout)
+	}
 	if mode == cgroups.ModeUnified {
 		if len(lines) != 1 {
 			t.Errorf("/proc/self/cgroup on a unified host has %d lines: %q", len(lines), res.Stdout)
 		}
 		// The agent moved itself into a leaf so that the memory
 		// controller could be enabled for the jobs' cgroups.
-		if got := read("", "cgroup.subtree_control"); !slices.Contains(strings.Fields(got), "memory") {
-			t.Errorf("sandbox cgroup.subtree_control = %q, want memory enabled for the jobs", got)
+		if got := strings.Fields(read("", "cgroup.subtree_control")); !slices.Contains(got, "memory") || !slices.Contains(got, "pids") {
+			t.Errorf("sandbox cgroup.subtree_control = %q, want memory and pids enabled for the jobs", got)
+		}
+		if got := read("", "jobs/cgroup.subtree_control"); got != "memory" {
+			t.Errorf("jobs/cgroup.subtree_control = %q, want memory enabled for each job", got)
 		}
 		// The agent alone, once the next spare job helper, started as the
 		// job was, has moved on to its own cgroup: it is forked into the

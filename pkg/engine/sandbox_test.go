@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
@@ -233,7 +234,10 @@ func TestIsolation(t *testing.T) {
 		{"unshare -U denied", "unshare -U true 2>/dev/null; echo $?", "1"},
 		// keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING): seccomp refuses it.
 		{"keyctl denied", `perl -e '$r = syscall(250, 0, -3, 0); print $r < 0 ? "denied:" . ($!+0) : "allowed"'`, "denied:1"},
-		{"cgroup namespace", "cat /proc/self/cgroup | grep -v ':/$' | grep -v ':/j-[0-9a-f]*$' | wc -l", "0"},
+		// Every hierarchy at the namespace's root but the job's own
+		// cgroups (/j-<id>, on v2 /jobs/j-<id>) and the v1 pids cgroup
+		// all jobs share (/jobs).
+		{"cgroup namespace", "cat /proc/self/cgroup | grep -Ev ':/$|:/(jobs/)?j-[0-9a-f]+$|:pids:/jobs$' | wc -l", "0"},
 		{"agent socket unreachable", "ls /.sandboxd/run 2>&1 | grep -c 'Permission denied'", "1"},
 		{"loopback only", "ls /sys/class/net | tr '\\n' ' '", "lo"},
 		{"host processes invisible", fmt.Sprintf("test -e /proc/%d && echo visible || echo hidden", os.Getpid()), "hidden"},
@@ -297,16 +301,46 @@ func TestMemoryBombOOM(t *testing.T) {
 	}
 }
 
+// jobsPids reads the pids.current of the cgroup that every job of sandbox
+// info shares, whose pids.max is the sandbox's pids limit (the agent's
+// threads count against agent.PidsReserve above it; pkg/agent/server's
+// jobsCgroup).
+func jobsPids(t *testing.T, info *sandbox.Info) uint64 {
+	t.Helper()
+	dir := filepath.Join(cgroups.Root, info.CgroupPath, "jobs")
+	if cgroups.HostMode() != cgroups.ModeUnified {
+		dir = filepath.Join(cgroups.Root, "pids", info.CgroupPath, "jobs")
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "pids.current"))
+	if err != nil {
+		t.Fatalf("the jobs' pids: %v", err)
+	}
+	var n uint64
+	if _, err := fmt.Sscan(string(b), &n); err != nil {
+		t.Fatalf("the jobs' pids.current %q: %v", b, err)
+	}
+	return n
+}
+
 func TestForkBombHeldByPidsLimit(t *testing.T) {
 	env := newTestEngine(t)
 	ctx := context.Background()
-	info := env.create(t, CreateSandboxRequest{Pids: ptr[int64](32)})
-	pidsNow := func() uint64 {
+	const limit = 32
+	info := env.create(t, CreateSandboxRequest{Pids: ptr[int64](limit)})
+	// The commands' tasks: at most the limit, and the spare job helper
+	// (one task), which joins its job's cgroup as it is forked, full or not.
+	checkPids := func(what string, atLeast uint64) {
+		t.Helper()
+		if p := jobsPids(t, info); p > limit+1 || p < atLeast {
+			t.Fatalf("%s: the commands' pids = %d, want the limit of %d reached, not exceeded", what, p, limit)
+		}
 		u, err := env.GetSandbox(ctx, info.ID)
 		if err != nil || u.Usage == nil {
 			t.Fatalf("usage: %v", err)
 		}
-		return u.Usage.Pids
+		if u.Usage.Pids > limit+agent.PidsReserve {
+			t.Fatalf("%s: the sandbox's pids = %d, over %d+%d", what, u.Usage.Pids, limit, agent.PidsReserve)
+		}
 	}
 	// 200 background sleeps: the pids limit refuses most of them and the
 	// shell gives up ("Cannot fork").
@@ -314,9 +348,7 @@ func TestForkBombHeldByPidsLimit(t *testing.T) {
 	if strings.Contains(res.Stdout, "all started") || !strings.Contains(res.Stderr, "fork") {
 		t.Fatalf("200 forks under pids=32: %+v", res)
 	}
-	if p := pidsNow(); p > 32 || p < 16 {
-		t.Fatalf("pids in use = %d, want the limit of 32 reached, not exceeded", p)
-	}
+	checkPids("200 sleeps", 16)
 	// Once the sleeps end the sandbox is usable again.
 	time.Sleep(3500 * time.Millisecond)
 	if res := env.sh(t, info.ID, "echo alive"); res.Stdout != "alive\n" {
@@ -325,15 +357,59 @@ func TestForkBombHeldByPidsLimit(t *testing.T) {
 	// A classic fork bomb is held at the limit until the sandbox is terminated.
 	env.sh(t, info.ID, `b(){ b|b& }; b`, 3)
 	for i := 0; i < 10; i++ {
-		if p := pidsNow(); p > 32 {
-			t.Fatalf("pids %d over the limit during a fork bomb", p)
-		}
+		checkPids("a fork bomb", 0)
 		time.Sleep(100 * time.Millisecond)
 	}
 	if _, err := env.TerminateSandbox(ctx, info.ID); err != nil {
 		t.Fatalf("terminate a fork-bombed sandbox: %v", err)
 	}
 	env.assertNoLeftovers(t)
+}
+
+// TestPidsLimitSparesTheAgent: the commands' pids limit is theirs alone.
+// While their processes hold all of it, the agent still serves files and
+// starts commands (which run, though they cannot fork), and it starts the
+// threads that takes from agent.PidsReserve. When the agent shared the
+// limit, a thread it could not start killed it, and the sandbox with it.
+func TestPidsLimitSparesTheAgent(t *testing.T) {
+	env := newTestEngine(t)
+	ctx := context.Background()
+	const limit = 16
+	info := env.create(t, CreateSandboxRequest{Pids: ptr[int64](limit)})
+	// Sleeps until the shell cannot fork another: they hold the limit.
+	res := env.sh(t, info.ID, `for i in $(seq 100); do sleep 60 & done; echo all started`, 20)
+	if strings.Contains(res.Stdout, "all started") || !strings.Contains(res.Stderr, "fork") {
+		t.Fatalf("100 sleeps under pids=%d: %+v", limit, res)
+	}
+	// All of it but the shell's own, which has exited.
+	if p := jobsPids(t, info); p < limit-1 {
+		t.Fatalf("the sleeps hold %d pids, want the limit of %d but one", p, limit)
+	}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			p := fmt.Sprintf("/workspace/f%d", i)
+			if _, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: info.ID, Path: p, Content: p}); err != nil {
+				t.Errorf("write %s with the pids limit reached: %v", p, err)
+				return
+			}
+			if r, err := env.ReadFile(ctx, FileReadRequest{SandboxID: info.ID, Path: p}); err != nil || r.Content != p {
+				t.Errorf("read %s with the pids limit reached: %+v, %v", p, r, err)
+			}
+			res, err := env.Exec(ctx, ExecRequest{SandboxID: info.ID, Command: fmt.Sprintf("echo ok-%d", i)}, nil)
+			if err != nil || res.Stdout != fmt.Sprintf("ok-%d\n", i) || res.ExitCode != 0 {
+				t.Errorf("a command with the pids limit reached: %+v, %v", res, err)
+			}
+		})
+	}
+	wg.Wait()
+	// The shell cannot fork cat, but it can become it.
+	if res := env.sh(t, info.ID, "exec cat /workspace/f7"); res.Stdout != "/workspace/f7" {
+		t.Fatalf("a command reading a file written with the pids limit reached: %+v", res)
+	}
+	if p := jobsPids(t, info); p > limit+1 {
+		t.Errorf("the commands' pids = %d, over the limit of %d", p, limit)
+	}
 }
 
 func TestDiskLimitENOSPC(t *testing.T) {

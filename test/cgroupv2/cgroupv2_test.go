@@ -33,6 +33,7 @@ var guestTests = "^(" + strings.Join([]string{
 	"TestIsolation",
 	"TestMemoryBombOOM",
 	"TestForkBombHeldByPidsLimit",
+	"TestPidsLimitSparesTheAgent",
 	"TestTimeoutKillsProcessGroup",
 	"TestTimeoutKillsEscapedProcesses",
 	"TestCPUQuota",
@@ -205,12 +206,14 @@ func TestSandboxCoreOnCgroupV2(t *testing.T) {
 		}
 	}
 	// The limits as the v2 files hold them, read in the guest by
-	// TestCgroupLimitFiles: 96 MiB, half a CPU, 48 pids.
+	// TestCgroupLimitFiles: 96 MiB, half a CPU, 48 pids for the commands
+	// and agent.PidsReserve more for the sandbox.
 	for _, want := range []string{
 		"cgroup mode v2",
 		"cgroup file memory.max = 100663296",
 		"cgroup file cpu.max = 50000 100000",
-		"cgroup file pids.max = 48",
+		"cgroup file pids.max = 80",
+		"cgroup file jobs/pids.max = 48",
 		"cgroup file cgroup.freeze = 1",
 		"cgroup file cgroup.freeze = 0",
 	} {

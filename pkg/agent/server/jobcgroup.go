@@ -36,6 +36,21 @@ import (
 // cgroup, including ones forking at that moment) or, with v1 only, freezes
 // the cgroup, SIGKILLs every task and thaws it.
 //
+// Security boundary: a fork bomb cannot starve the agent. The sandbox's
+// pids.max (set by the host, out of the agent's reach) is the commands'
+// limit plus agent.PidsReserve; every job's processes are in one cgroup,
+// jobsCgroup, whose pids.max is the commands' limit (--jobs-pids). The
+// agent's own threads and helpers count against the reserve only: a Go
+// program that cannot start a thread when it needs one dies, and the
+// sandbox with it. On v2 the jobs' own cgroups are children of jobsCgroup;
+// on v1 it is a cgroup of the pids hierarchy that each job joins beside
+// its own freezer and cpuacct ones (a move into an existing v1 pids cgroup
+// costs no RCU grace period). A process moved into jobsCgroup is charged
+// even when it is full (the kernel never refuses a migration): a command
+// started in a sandbox full of a fork bomb's processes still runs, though
+// it cannot fork. Root of a root-mode sandbox can raise jobsCgroup's limit
+// into the reserve, and so starve only its own agent.
+//
 // Where a unified hierarchy exists (v2, or hybrid's controller-less
 // /sys/fs/cgroup/unified) the job's cgroup there is all it gets: its core
 // files alone give cgroup.kill, cgroup.events and cpu.stat's usage_usec.
@@ -46,8 +61,11 @@ import (
 // then comes from wait4's rusage; its OOM kills show in the sandbox's
 // memory cgroup, where the task died.
 type jobCgroups struct {
-	unified string            // the sandbox's cgroup in the v2 hierarchy; "" without
+	unified string            // the parent of the jobs' cgroups in the v2 hierarchy; "" without
 	v1      map[string]string // hierarchy name → the sandbox's cgroup there
+	// pidsJobs is the cgroup of the v1 pids hierarchy that every job's
+	// processes share (see jobsCgroup); "" without.
+	pidsJobs string
 }
 
 // v1Hierarchies are the v1 controllers a job gets a cgroup in when the
@@ -55,38 +73,66 @@ type jobCgroups struct {
 // measure it.
 var v1Hierarchies = []string{"cpuacct", "freezer"}
 
+// jobsCgroup is the cgroup, a child of the sandbox's, that holds every
+// job's processes and limits how many tasks they may have together.
+const jobsCgroup = "jobs"
+
 // newJobCgroups finds the delegated hierarchies below root: root itself
-// when it is a v2 cgroup, else root/unified and root/<controller>. An empty
-// root disables per-job cgroups (the agent on a host, in tests).
-func newJobCgroups(root string) (*jobCgroups, error) {
+// when it is a v2 cgroup, else root/unified and root/<controller>, and
+// makes jobsCgroup with pids.max jobsPids (0: no limit of the jobs' own).
+// An empty root disables per-job cgroups (the agent on a host, in tests).
+func newJobCgroups(root string, jobsPids int64) (*jobCgroups, error) {
 	if root == "" {
 		return nil, nil
 	}
 	c := &jobCgroups{v1: map[string]string{}}
-	isCgroup := func(dir string) bool {
-		_, err := os.Stat(filepath.Join(dir, "cgroup.procs"))
-		return err == nil
-	}
 	if isCgroup(root) {
 		c.unified = root
-		if err := c.enableJobControllers(); err != nil {
+		if err := c.enableJobControllers(jobsPids); err != nil {
 			return nil, err
 		}
 		return c, nil
 	}
 	if d := filepath.Join(root, "unified"); isCgroup(d) {
 		c.unified = d
-		return c, nil
-	}
-	for _, h := range v1Hierarchies {
-		if d := filepath.Join(root, h); isCgroup(d) {
-			c.v1[h] = d
+	} else {
+		for _, h := range v1Hierarchies {
+			if d := filepath.Join(root, h); isCgroup(d) {
+				c.v1[h] = d
+			}
+		}
+		if c.v1["freezer"] == "" {
+			return nil, fmt.Errorf("--cgroups %s: neither a unified hierarchy nor a v1 freezer to kill jobs with", root)
 		}
 	}
-	if c.v1["freezer"] == "" {
-		return nil, fmt.Errorf("--cgroups %s: neither a unified hierarchy nor a v1 freezer to kill jobs with", root)
+	if d := filepath.Join(root, "pids"); isCgroup(d) {
+		jobs, err := makeJobsCgroup(d, jobsPids)
+		if err != nil {
+			return nil, err
+		}
+		c.pidsJobs = jobs
 	}
 	return c, nil
+}
+
+func isCgroup(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "cgroup.procs"))
+	return err == nil
+}
+
+// makeJobsCgroup creates parent's jobsCgroup (or finds it, for an agent
+// started again in the same cgroup) with pids.max limit (0: max).
+func makeJobsCgroup(parent string, limit int64) (string, error) {
+	d := filepath.Join(parent, jobsCgroup)
+	if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("job cgroups: create %s: %w", d, err)
+	}
+	if limit > 0 {
+		if err := os.WriteFile(filepath.Join(d, "pids.max"), []byte(strconv.FormatInt(limit, 10)), 0); err != nil {
+			return "", fmt.Errorf("job cgroups: limit the jobs to %d tasks: %w", limit, err)
+		}
+	}
+	return d, nil
 }
 
 // jobControllers are the v2 controllers a job's cgroup gets: memory, so
@@ -97,26 +143,34 @@ var jobControllers = []string{"memory"}
 // agentLeaf is the child cgroup the agent moves itself into on v2.
 const agentLeaf = "agent"
 
-// enableJobControllers enables jobControllers for the children of the
-// sandbox's v2 cgroup. cgroup v2 lets a cgroup that holds processes enable
+// enableJobControllers makes jobsCgroup in the sandbox's v2 cgroup, with
+// pids.max jobsPids, and enables jobControllers for its children, the
+// jobs' own cgroups. cgroup v2 lets a cgroup that holds processes enable
 // no domain controller for its children ("no internal processes"), and the
 // agent starts in the sandbox's cgroup; so it first moves itself (at start
 // the only process there) into a leaf child, agentLeaf, as systemd and
 // container inits do. Without this a job's cgroup on v2 has no memory
-// files and its memory peak is unknown. Hybrid hosts have no controller in
-// the unified tree (a job's memory peak comes from wait4's rusage there):
-// nothing to do.
-func (c *jobCgroups) enableJobControllers() error {
+// files and its memory peak is unknown, and the agent's threads share the
+// commands' pids limit. Hybrid hosts have no controller in the unified
+// tree (a job's memory peak comes from wait4's rusage there, its pids
+// limit from the v1 pids hierarchy): nothing to do.
+func (c *jobCgroups) enableJobControllers(jobsPids int64) error {
 	b, err := os.ReadFile(filepath.Join(c.unified, "cgroup.controllers"))
 	if err != nil {
 		return fmt.Errorf("job cgroups: %w", err)
 	}
 	available := strings.Fields(string(b))
-	var enable []string
+	var perJob []string
 	for _, ctl := range jobControllers {
 		if slices.Contains(available, ctl) {
-			enable = append(enable, "+"+ctl)
+			perJob = append(perJob, "+"+ctl)
 		}
+	}
+	enable := perJob
+	if !slices.Contains(available, "pids") {
+		jobsPids = 0
+	} else if jobsPids > 0 {
+		enable = append(slices.Clip(enable), "+pids")
 	}
 	if len(enable) == 0 {
 		return nil
@@ -133,18 +187,29 @@ func (c *jobCgroups) enableJobControllers() error {
 	if err := os.WriteFile(filepath.Join(c.unified, "cgroup.subtree_control"), []byte(strings.Join(enable, " ")), 0); err != nil {
 		return fmt.Errorf("job cgroups: enable %s: %w", strings.Join(enable, " "), err)
 	}
+	jobs, err := makeJobsCgroup(c.unified, jobsPids)
+	if err != nil {
+		return err
+	}
+	if len(perJob) > 0 {
+		if err := os.WriteFile(filepath.Join(jobs, "cgroup.subtree_control"), []byte(strings.Join(perJob, " ")), 0); err != nil {
+			return fmt.Errorf("job cgroups: enable %s for the jobs: %w", strings.Join(perJob, " "), err)
+		}
+	}
+	c.unified = jobs
 	return nil
 }
 
 // jobCgroup is one job's cgroup in every delegated hierarchy.
 type jobCgroup struct {
-	unified string
-	v1      map[string]string
+	unified  string
+	v1       map[string]string
+	pidsJobs string // shared by every job: never removed with one
 }
 
 // create makes the cgroups of job id.
 func (c *jobCgroups) create(id string) (*jobCgroup, error) {
-	g := &jobCgroup{v1: map[string]string{}}
+	g := &jobCgroup{v1: map[string]string{}, pidsJobs: c.pidsJobs}
 	mk := func(parent string) (string, error) {
 		d := filepath.Join(parent, id)
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -180,6 +245,9 @@ func (g *jobCgroup) procsFiles() []string {
 		if d := g.v1[h]; d != "" {
 			out = append(out, filepath.Join(d, "cgroup.procs"))
 		}
+	}
+	if g.pidsJobs != "" {
+		out = append(out, filepath.Join(g.pidsJobs, "cgroup.procs"))
 	}
 	return out
 }

@@ -108,6 +108,10 @@ type Options struct {
 	// jobcgroup.go); each job then runs in its own child cgroup. Empty: jobs
 	// share the agent's cgroup and kills sweep their session only.
 	Cgroups string
+	// JobsPids is the most tasks the jobs may have together (see
+	// jobcgroup.go), below the sandbox's pids.max by agent.PidsReserve;
+	// 0: no limit of the jobs' own. Used only with Cgroups.
+	JobsPids int64
 }
 
 // New returns a Server and starts its reaper. Call it before any child
@@ -129,7 +133,7 @@ func New(log *slog.Logger, o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	cgs, err := newJobCgroups(o.Cgroups)
+	cgs, err := newJobCgroups(o.Cgroups, o.JobsPids)
 	if err != nil {
 		return nil, err
 	}

@@ -501,6 +501,15 @@ func jobCgroupBinds(ctx context.Context, cg string, si *sandboxIdentity) ([]runt
 // memory goes").
 var agentInitEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GODEBUG=memprofilerate=0"}
 
+// sandboxPids is the pids.max of a sandbox's cgroup whose commands may have
+// limit tasks: the agent's own reserve above it (see agent.PidsReserve).
+func sandboxPids(limit int64) int64 {
+	if limit <= 0 {
+		return limit
+	}
+	return limit + agent.PidsReserve
+}
+
 // agentInitArgs is the command line of the sandbox's PID 1, our agent.
 func agentInitArgs(spec sandbox.Spec, userns, rootMode bool) []string {
 	uid := strconv.Itoa(spec.UID)
@@ -509,6 +518,9 @@ func agentInitArgs(spec sandbox.Spec, userns, rootMode bool) []string {
 	// sandbox's memory: bound how many.
 	args := []string{agentBinaryInside, "--socket", agentRunInside + "/" + agentSocketName, "--listen-fd", "3", "--uid", uid, "--gid", uid,
 		"--retain-bytes", "1048576", "--max-finished", "32", "--cgroups", cgroupsInside}
+	if spec.Limits.Pids > 0 {
+		args = append(args, "--jobs-pids", strconv.FormatInt(spec.Limits.Pids, 10))
+	}
 	if userns {
 		args = append(args, "--nofile", strconv.Itoa(runtime.NofileLimit)) // see runtime.Start
 	}
@@ -609,7 +621,7 @@ func (b *Backend) startContainer(ctx context.Context, req sandbox.StartRequest, 
 		WritableRoot: rootMode,
 		Capabilities: runtime.Capabilities(rootMode),
 		Limits: runtime.Limits{
-			MemoryBytes: spec.Limits.MemoryBytes, CPUs: spec.Limits.CPUs, Pids: spec.Limits.Pids,
+			MemoryBytes: spec.Limits.MemoryBytes, CPUs: spec.Limits.CPUs, Pids: sandboxPids(spec.Limits.Pids),
 			IODevice: b.opt.IO.Device, IOReadBPS: b.opt.IO.ReadBPS, IOWriteBPS: b.opt.IO.WriteBPS,
 		},
 		Seccomp:   sc.profile,
