@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	rtrace "runtime/trace"
 	"strconv"
 	"strings"
 	"time"
@@ -110,7 +111,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	// handler at all.
 	// Tracing wraps them all, so that a request's span covers its
 	// authentication and audit record; Caller names the principal on it.
-	return s.logRequests(telemetry.HTTP(s.frontEnd(), s.traceRoute, s.auditCalls(s.authenticate(s.auditWho(telemetry.Caller(mux))))))
+	return s.logRequests(telemetry.HTTP(s.frontEnd(), s.traceRoute, s.auditCalls(s.authenticate(s.auditWho(telemetry.Caller(traceHandler(mux)))))))
 }
 
 // routeDaemon registers the daemon's own routes: health, metrics, status,
@@ -266,11 +267,26 @@ func (s *server) requireUpgrade(w http.ResponseWriter, r *http.Request) bool {
 
 func (s *server) logRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A region of Go's execution tracer (free when no trace runs) per
+		// request, and one for its handler below authentication and the
+		// audit record (traceHandler): the front end's own share of a call
+		// is the difference (docs/ARCHITECTURE.md, "Where run_code's and
+		// the front ends' time goes").
+		defer rtrace.StartRegion(r.Context(), "api.request").End()
 		start := time.Now()
 		rec := &telemetry.StatusWriter{ResponseWriter: w}
 		next.ServeHTTP(rec, r)
 		s.log.Debug("api request", "method", r.Method, "path", r.URL.Path, "status", rec.Status(),
 			"duration", time.Since(start))
+	})
+}
+
+// traceHandler is next in an execution-tracer region, api.handler: the
+// route's own work (decode, the engine's call, encode).
+func traceHandler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer rtrace.StartRegion(r.Context(), "api.handler").End()
+		next.ServeHTTP(w, r)
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/url"
+	rtrace "runtime/trace"
 	"strings"
 	"sync"
 	"time"
@@ -313,7 +314,9 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		}
 		scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 		if strings.EqualFold(scheme, "Bearer") && tok != "" {
+			reg := rtrace.StartRegion(r.Context(), "api.authenticate")
 			p, err := auth.Authenticate(tok, r.RemoteAddr)
+			reg.End()
 			if err == nil {
 				if !p.Admin && adminOnly(r) {
 					s.writeError(w, r, errdefs.PermissionDeniedf("%s %s: needs an admin key (key %s is of scope user)", r.Method, r.URL.Path, p.KeyName))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	rtrace "runtime/trace"
 	"sync"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
@@ -161,6 +162,7 @@ func (w *writer) record(status int) {
 	}
 	// An append that fails is logged and counted (Failures): the call has
 	// happened, and refusing its answer would not undo it.
+	defer rtrace.StartRegion(w.r.Context(), "audit.append").End()
 	_ = w.l.Append(rec)
 }
 
