@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -152,11 +153,13 @@ func decodeError(resp *http.Response) error {
 // line ends the stream (with its result or the error it carries). The
 // stream ending before such a line is an error naming what was read.
 func postStream[L, R any](ctx context.Context, c *Client, path string, q url.Values, body any, what string, each func(*L) (done bool, res *R, err error)) (*R, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	resp, err := c.send(ctx, http.MethodPost, path, q, body)
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
+	defer finish(resp.Body, cancel)
 	dec := json.NewDecoder(resp.Body)
 	for {
 		var line L
@@ -179,11 +182,13 @@ func codeOfStatus(status int) errdefs.Code { return errhttp.CodeOf(status) }
 // doJSON sends in (if not nil) as JSON and decodes the response into out (if
 // not nil).
 func (c *Client) doJSON(ctx context.Context, method, path string, q url.Values, in, out any, okStatus ...int) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	resp, err := c.send(ctx, method, path, q, in, okStatus...)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer finish(resp.Body, cancel)
 	if out == nil {
 		return nil
 	}
@@ -191,6 +196,27 @@ func (c *Client) doJSON(ctx context.Context, method, path string, q url.Values, 
 		return fmt.Errorf("decode %s %s response: %w", method, path, err)
 	}
 	return nil
+}
+
+// Bounds of finish's read of what is left of an answer.
+const (
+	maxDrainBytes = 64 << 10
+	drainWait     = 50 * time.Millisecond
+)
+
+// finish reads what is left of an answer's body after its last line or
+// object, then closes it. A body closed before its end (a chunked
+// answer's last chunk, the newline after the JSON) takes its connection
+// with it, and the next request dials a new one: after an exec stream,
+// every other call did (BenchmarkRESTLifecycle's terminate, traced). The
+// read is bounded in bytes and in time — cancel, the request's, aborts it
+// after drainWait — so a server that holds the answer open costs a new
+// connection, never a hang.
+func finish(body io.ReadCloser, cancel context.CancelFunc) {
+	t := time.AfterFunc(drainWait, cancel)
+	_, _ = io.CopyN(io.Discard, body, maxDrainBytes)
+	t.Stop()
+	_ = body.Close()
 }
 
 // send sends in (if not nil) as JSON and returns the response of an
