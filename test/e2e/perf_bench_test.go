@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 )
 
 // The figures of issue 24 that need a real daemon (make bench prints them
@@ -68,53 +69,157 @@ func medianMS(ds []time.Duration) float64 {
 
 // BenchmarkRESTLifecycle measures over REST (HTTP with a bearer token, as a
 // remote client would) create→ready of a shell sandbox, exec of `true` in
-// it and its terminate, reporting the medians in milliseconds.
+// it and its terminate, reporting the medians in milliseconds — and, in the
+// same run, the same three calls through an engine in this process
+// (engine-*-ms, as pkg/engine's BenchmarkSandboxLifecycle makes them),
+// alternating each iteration which of the two goes first. What REST adds is
+// then the median of the per-iteration differences (rest-over-engine-*-ms):
+// two benchmarks run minutes apart on a shared host differ by more than
+// that from load alone (docs/ARCHITECTURE.md, "Where run_code's and the
+// front ends' time goes").
 func BenchmarkRESTLifecycle(b *testing.B) {
 	_, c := startPerfDaemon(b, 0)
+	e := startPerfEngine(b)
 	ctx := context.Background()
-	// The first create pays for cold caches (image pages, the disk pool's
-	// first fill): not part of the figures.
-	if sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Language: "shell"}); err != nil {
-		b.Fatal(err)
-	} else if _, err := c.TerminateSandbox(ctx, sb.ID); err != nil {
-		b.Fatal(err)
+	type lifecycle struct {
+		create func() (string, error)
+		exec   func(id string) error
+		term   func(id string) error
 	}
-	var create, execTrue, terminate []time.Duration
-	b.ResetTimer()
-	for range b.N {
-		// Each call is a region of Go's execution tracer (-test.trace),
-		// to be laid beside the daemon's api.request regions: the client's
-		// and the wire's share of a call is the difference.
+	rest := lifecycle{
+		create: func() (string, error) {
+			sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Language: "shell"})
+			if err != nil {
+				return "", err
+			}
+			return sb.ID, nil
+		},
+		exec: func(id string) error {
+			res, err := c.Exec(ctx, id, client.ExecRequest{Argv: []string{"true"}}, nil)
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("exit code %d", res.ExitCode)
+			}
+			return err
+		},
+		term: func(id string) error {
+			_, err := c.TerminateSandbox(ctx, id)
+			return err
+		},
+	}
+	eng := lifecycle{
+		create: func() (string, error) {
+			sb, err := e.CreateSandbox(ctx, engine.CreateSandboxRequest{Language: "shell"})
+			if err != nil {
+				return "", err
+			}
+			return sb.ID, nil
+		},
+		exec: func(id string) error {
+			res, err := e.Exec(ctx, engine.ExecRequest{SandboxID: id, Argv: []string{"true"}}, nil)
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("exit code %d", res.ExitCode)
+			}
+			return err
+		},
+		term: func(id string) error {
+			_, err := e.TerminateSandbox(ctx, id)
+			return err
+		},
+	}
+	// phases runs one lifecycle, each call a region of Go's execution
+	// tracer (-test.trace) to lay beside the daemon's api.request regions:
+	// the client's and the wire's share of a call is the difference.
+	phases := func(name string, l lifecycle) [3]time.Duration { // create, exec, terminate
 		t0 := time.Now()
-		reg := rtrace.StartRegion(ctx, "bench.create")
-		sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Language: "shell"})
+		reg := rtrace.StartRegion(ctx, name+".create")
+		id, err := l.create()
 		reg.End()
 		if err != nil {
-			b.Fatal(err)
+			b.Fatalf("%s create: %v", name, err)
 		}
 		t1 := time.Now()
-		reg = rtrace.StartRegion(ctx, "bench.exec")
-		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"true"}}, nil)
-		reg.End()
-		if err != nil || res.ExitCode != 0 {
-			b.Fatalf("exec true: %v %+v", err, res)
-		}
-		t2 := time.Now()
-		reg = rtrace.StartRegion(ctx, "bench.terminate")
-		_, err = c.TerminateSandbox(ctx, sb.ID)
+		reg = rtrace.StartRegion(ctx, name+".exec")
+		err = l.exec(id)
 		reg.End()
 		if err != nil {
-			b.Fatal(err)
+			b.Fatalf("%s exec true: %v", name, err)
 		}
-		t3 := time.Now()
-		create, execTrue, terminate = append(create, t1.Sub(t0)), append(execTrue, t2.Sub(t1)), append(terminate, t3.Sub(t2))
+		t2 := time.Now()
+		reg = rtrace.StartRegion(ctx, name+".terminate")
+		err = l.term(id)
+		reg.End()
+		if err != nil {
+			b.Fatalf("%s terminate: %v", name, err)
+		}
+		return [3]time.Duration{t1.Sub(t0), t2.Sub(t1), time.Since(t2)}
+	}
+	// The first create of each pays for cold caches (image pages, the disk
+	// pool's first fill): not part of the figures.
+	phases("warm-rest", rest)
+	phases("warm-inproc", eng)
+	var r, en [3][]time.Duration // create, exec, terminate
+	add := func(to *[3][]time.Duration, p [3]time.Duration) {
+		for k := range p {
+			to[k] = append(to[k], p[k])
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		if i%2 == 0 {
+			add(&r, phases("rest", rest))
+			add(&en, phases("inproc", eng))
+		} else {
+			add(&en, phases("inproc", eng))
+			add(&r, phases("rest", rest))
+		}
 	}
 	b.StopTimer()
-	b.ReportMetric(medianMS(create), "rest-create-ms")
-	b.ReportMetric(medianMS(execTrue), "rest-exec-ms")
-	b.ReportMetric(medianMS(terminate), "rest-terminate-ms")
-	b.ReportMetric(medianMS(create)+medianMS(execTrue)+medianMS(terminate), "rest-lifecycle-ms")
+	over := func(k int) float64 {
+		d := make([]time.Duration, len(r[k]))
+		for i := range d {
+			d[i] = r[k][i] - en[k][i]
+		}
+		return medianMS(d)
+	}
+	b.ReportMetric(medianMS(r[0]), "rest-create-ms")
+	b.ReportMetric(medianMS(r[1]), "rest-exec-ms")
+	b.ReportMetric(medianMS(r[2]), "rest-terminate-ms")
+	b.ReportMetric(medianMS(r[0])+medianMS(r[1])+medianMS(r[2]), "rest-lifecycle-ms")
+	b.ReportMetric(medianMS(en[0]), "engine-create-ms")
+	b.ReportMetric(medianMS(en[1]), "engine-exec-ms")
+	b.ReportMetric(medianMS(en[2]), "engine-terminate-ms")
+	b.ReportMetric(over(0), "rest-over-engine-create-ms")
+	b.ReportMetric(over(1), "rest-over-engine-exec-ms")
+	b.ReportMetric(over(2), "rest-over-engine-terminate-ms")
 	b.ReportMetric(0, "ns/op") // the medians above are the result
+}
+
+// startPerfEngine starts an engine in this process, configured as a perf
+// daemon's (testenv's defaults, favordynmods only when asked), for the
+// same-run engine side of BenchmarkRESTLifecycle; its cleanup terminates
+// what is left, closes it and checks that nothing was left behind.
+func startPerfEngine(b *testing.B) *engine.Engine {
+	cfg := testenv.Config(b, "restb")
+	cfg.Sandbox.CgroupFavorDynMods = os.Getenv("SANDBOXD_BENCH_FAVORDYNMODS") == "1"
+	e, err := engine.New(context.Background(), cfg, testenv.Logger(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx := context.Background()
+		live, err := e.ListSandboxes(ctx, "")
+		if err != nil {
+			b.Errorf("cleanup: list: %v", err)
+		}
+		for _, sb := range live {
+			if _, err := e.TerminateSandbox(ctx, sb.ID); err != nil {
+				b.Errorf("cleanup: terminate %s: %v", sb.ID, err)
+			}
+		}
+		_ = e.Close()
+		testenv.AssertNoLeftovers(b, cfg)
+	})
+	return e
 }
 
 // BenchmarkDensity creates SANDBOXD_BENCH_N (default 50) idle shell
