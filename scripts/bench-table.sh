@@ -63,6 +63,12 @@ END {
 	row("what tracing adds to an exec (ms)", g("ExecTracing tracing-ms"), "", "", "≤ 0.2")
 	row("terminate, engine", g("SandboxLifecycle terminate-ms"), "", "", "≤ 4")
 	row("terminate, REST", g("RESTLifecycle rest-terminate-ms"), "", "", "≤ 4")
+	# What REST adds, against an engine in the process of the REST benchmark,
+	# calls alternated (the engine rows above come from another run, minutes
+	# earlier: the load of the host between the two moves them more than REST).
+	row("create → ready, REST, vs the engine in its run", g("RESTLifecycle rest-create-ms"), g("RESTLifecycle engine-create-ms"), "engine, same run", "—")
+	row("exec true, REST, vs the engine in its run", g("RESTLifecycle rest-exec-ms"), g("RESTLifecycle engine-exec-ms"), "engine, same run", "—")
+	row("terminate, REST, vs the engine in its run", g("RESTLifecycle rest-terminate-ms"), g("RESTLifecycle engine-terminate-ms"), "engine, same run", "—")
 	row("run_code Python print(1), fresh sandbox", g("RunCodePython run_code-ms"), g("RunCodePython chroot-ms"), "chroot", "≤ 2.0× chroot")
 	row("run_code Python print(1), warm pool", g("RunCodePythonWarmPool run_code-ms"), g("RunCodePythonWarmPool chroot-ms"), "chroot", "≤ 1.2× chroot")
 	row("run_code through MCP over HTTP", g("RunCode/mcp_http ns/op") / 1e6, g("RunCode/engine ns/op") / 1e6, "engine", "≤ 1.1× engine")
