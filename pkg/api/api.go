@@ -127,6 +127,7 @@ func (s *server) routeDaemon(mux *http.ServeMux) {
 	mux.HandleFunc("PUT /v1/node/drain", s.nodeDrain)
 	mux.HandleFunc("POST /v1/gc", s.gc)
 	mux.HandleFunc("GET /v1/events", s.events)
+	mux.HandleFunc("GET /v1/debug/pprof/{profile}", s.debugProfile)
 }
 
 // routeImages registers the image store's routes and the languages.

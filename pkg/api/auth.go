@@ -530,6 +530,8 @@ func adminOnly(r *http.Request) bool {
 	switch {
 	case p == "/metrics", p == "/v1/gc", p == "/v1/node", p == "/v1/node/drain", p == "/v1/runs/export", p == "/v1/keys", strings.HasPrefix(p, "/v1/keys/") && !strings.HasSuffix(p, "/usage"):
 		return true
+	case strings.HasPrefix(p, "/v1/debug/"):
+		return true
 	case strings.HasPrefix(p, "/v1/images") && r.Method != http.MethodGet:
 		return true
 	}
