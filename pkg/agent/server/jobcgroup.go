@@ -44,12 +44,13 @@ import (
 // program that cannot start a thread when it needs one dies, and the
 // sandbox with it. On v2 the jobs' own cgroups are children of jobsCgroup;
 // on v1 it is a cgroup of the pids hierarchy that each job joins beside
-// its own freezer and cpuacct ones (a move into an existing v1 pids cgroup
-// costs no RCU grace period). A process moved into jobsCgroup is charged
-// even when it is full (the kernel never refuses a migration): a command
-// started in a sandbox full of a fork bomb's processes still runs, though
-// it cannot fork. Root of a root-mode sandbox can raise jobsCgroup's limit
-// into the reserve, and so starve only its own agent.
+// its own freezer and cpuacct ones (one more cgroup.procs write per job,
+// right after its first: no exec cost beyond the noise in bench-compare).
+// A process moved into jobsCgroup is charged even when it is full (the
+// kernel never refuses a migration): a command started in a sandbox full
+// of a fork bomb's processes still runs, though it cannot fork. Root of a
+// root-mode sandbox can raise jobsCgroup's limit into the reserve, and so
+// starve only its own agent.
 //
 // Where a unified hierarchy exists (v2, or hybrid's controller-less
 // /sys/fs/cgroup/unified) the job's cgroup there is all it gets: its core
