@@ -39,21 +39,7 @@ func TestDebugProfiles(t *testing.T) {
 	t.Cleanup(hs.Close)
 	get := func(t *testing.T, key, path string) (*http.Response, []byte) {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, hs.URL+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := hs.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp, b
+		return doAs(t, hs, key, http.MethodGet, path, "")
 	}
 	wantError := func(t *testing.T, path string, status int, code errdefs.Code, names string) {
 		t.Helper()

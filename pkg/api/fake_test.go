@@ -230,9 +230,20 @@ func newFakeServer(t *testing.T, f *fakeEngine) *httptest.Server {
 // do sends a request and returns the status and the body.
 func do(t *testing.T, hs *httptest.Server, method, path, body string) (int, []byte) {
 	t.Helper()
+	resp, b := doAs(t, hs, "", method, path, body)
+	return resp.StatusCode, b
+}
+
+// doAs sends a request with bearer key (none if empty) and returns the
+// response, its body read and closed, and the body.
+func doAs(t *testing.T, hs *httptest.Server, key, method, path, body string) (*http.Response, []byte) {
+	t.Helper()
 	req, err := http.NewRequest(method, hs.URL+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	resp, err := hs.Client().Do(req)
 	if err != nil {
@@ -243,7 +254,7 @@ func do(t *testing.T, hs *httptest.Server, method, path, body string) (int, []by
 	if err != nil {
 		t.Fatal(err)
 	}
-	return resp.StatusCode, b
+	return resp, b
 }
 
 // TestFakeContract is the REST half of the contract check: every route
