@@ -101,7 +101,12 @@ type job struct {
 	// up to twice RetainBytes of output per stream, reachable for the
 	// whole HoldGrace after a forgotten job (3.1 MiB of heap per sandbox
 	// after 20 quick commands of 100 KiB output, docs/ARCHITECTURE.md).
+	// Stopping is not enough: a stopped timer stays in its P's timer heap,
+	// function and all, until that P next cleans the heap (Go's
+	// runtime/time.go), which an idle agent may not do for long. So the
+	// function reaches the job only through holdOf, cleared on release.
 	holdTimer *time.Timer
+	holdOf    *atomic.Pointer[job]
 	// awaited mirrors held != nil for the job table, which must not take
 	// j.mu: a finished job the daemon has not attached to yet is not
 	// dropped to make room (its exit status is what the daemon waits for).
@@ -305,6 +310,7 @@ func (j *job) follow(offs [2]int64) *follower {
 func (j *job) releaseHeld() {
 	if j.held != nil {
 		j.holdTimer.Stop()
+		j.holdOf.Store(nil)
 		j.advance(j.held, j.held.offs, true)
 		j.held = nil
 		j.awaited.Store(false)

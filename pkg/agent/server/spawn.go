@@ -142,11 +142,16 @@ func (t *jobTable) run(j *job, req *agent.ExecRequest, pid int, stdin []byte) {
 		j.held = j.follow([2]int64{0, 0})
 		j.unheld = make(chan struct{})
 		j.awaited.Store(true)
-		j.mu.Lock() // the timer's function takes it too
+		j.holdOf = new(atomic.Pointer[job])
+		j.holdOf.Store(j)
+		holdOf := j.holdOf // not j: see job.holdOf
+		j.mu.Lock()        // the timer's function takes it too
 		j.holdTimer = time.AfterFunc(agent.HoldGrace, func() {
-			j.mu.Lock()
-			j.releaseHeld()
-			j.mu.Unlock()
+			if j := holdOf.Load(); j != nil {
+				j.mu.Lock()
+				j.releaseHeld()
+				j.mu.Unlock()
+			}
 		})
 		j.mu.Unlock()
 	}
