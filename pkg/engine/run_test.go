@@ -529,6 +529,46 @@ func TestRunTask(t *testing.T) {
 	})
 }
 
+// TestPythonSeesASameSecondEdit is the edit-run loop every agent and the
+// autofix loop go through: run the tests, fix the code, run them again. A
+// Python bytecode cache keys its staleness on the source's mtime in whole
+// seconds and its size, so a same-size fix written within the second of the
+// first run ("a - b" to "a + b") would run the old code. The test pins the
+// mtime to make that case certain rather than a matter of timing; the images
+// that run Python write no bytecode (PYTHONDONTWRITEBYTECODE).
+func TestPythonSeesASameSecondEdit(t *testing.T) {
+	env := newRunEngine(t, []string{"python", AgentImage})
+	ctx := context.Background()
+	for _, img := range []string{"python", AgentImage} {
+		t.Run(img, func(t *testing.T) {
+			info := env.create(t, CreateSandboxRequest{Language: img})
+			write := func(p, c string) {
+				if _, err := env.WriteFile(ctx, FileWriteRequest{SandboxID: info.ID, Path: "/workspace/" + p, Content: c}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sh := func(script string) {
+				res, err := env.Exec(ctx, ExecRequest{SandboxID: info.ID, Argv: []string{"sh", "-euc", script}}, nil)
+				if err != nil || res.ExitCode != 0 {
+					t.Fatalf("%s: %v %+v", script, err, res)
+				}
+			}
+			write("calc.py", "def add(a, b):\n    return a - b\n")
+			write("test_calc.py", "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+			sh("touch -r /workspace/calc.py /tmp/calc.mtime")
+			if res, err := env.RunTask(ctx, RunTaskRequest{SandboxID: info.ID, Task: "test"}); err != nil || res.ExitCode == 0 {
+				t.Fatalf("the broken code's tests: %v %+v", err, res)
+			}
+			write("calc.py", "def add(a, b):\n    return a + b\n")
+			sh("touch -r /tmp/calc.mtime /workspace/calc.py")
+			res, err := env.RunTask(ctx, RunTaskRequest{SandboxID: info.ID, Task: "test"})
+			if err != nil || res.ExitCode != 0 || !strings.Contains(res.Stdout, "1 passed") {
+				t.Fatalf("the fixed code's tests ran the old code: %v\n%s\n%s", err, res.Stdout, res.Stderr)
+			}
+		})
+	}
+}
+
 func TestLanguages(t *testing.T) {
 	env := newRunEngine(t, allLanguages)
 	langs, err := env.Languages(context.Background())

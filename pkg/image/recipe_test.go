@@ -3,6 +3,7 @@ package image
 import (
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -98,6 +99,31 @@ func TestLoadRecipes(t *testing.T) {
 	_, err = LoadRecipes(dir)
 	if err == nil || !strings.Contains(err.Error(), "b.yaml") || !strings.Contains(err.Error(), "c.yaml") {
 		t.Fatalf("LoadRecipes with two bad recipes: %v", err)
+	}
+}
+
+// TestPythonRecipesWriteNoBytecode: CPython decides a cached .pyc is fresh
+// by the source's mtime in whole seconds and its size, so an edit of the same
+// size within the second of the last run (an agent's "a - b" to "a + b") runs
+// the old code. Every image that installs Python turns the cache off; the
+// engine's TestPythonSeesASameSecondEdit shows it in a sandbox.
+func TestPythonRecipesWriteNoBytecode(t *testing.T) {
+	recipes, err := LoadRecipes(filepath.Join("..", "..", "rootfs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for name, r := range recipes {
+		if !slices.ContainsFunc(r.Packages, func(p string) bool { return strings.HasPrefix(p, "python3") }) {
+			continue
+		}
+		checked++
+		if r.Env["PYTHONDONTWRITEBYTECODE"] != "1" {
+			t.Errorf("rootfs/%s.yaml installs Python but does not set PYTHONDONTWRITEBYTECODE=1", name)
+		}
+	}
+	if checked < 3 {
+		t.Fatalf("only %d recipes install Python; python, agent and base do", checked)
 	}
 }
 
