@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv/engineenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
@@ -45,24 +46,7 @@ func newTestServer(t *testing.T) *testServer {
 	cfg := testenv.Config(t, "apitest")
 	testenv.EnsureImages(t, "shell")
 	log := testenv.Logger(t)
-	e, err := engine.New(context.Background(), cfg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		live, err := e.ListSandboxes(ctx, "")
-		if err != nil {
-			t.Errorf("cleanup: list sandboxes: %v", err)
-		}
-		for _, s := range live {
-			if _, err := e.TerminateSandbox(ctx, s.ID); err != nil {
-				t.Errorf("cleanup: terminate %s: %v", s.ID, err)
-			}
-		}
-		_ = e.Close()
-		testenv.AssertNoLeftovers(t, cfg)
-	})
+	e := engineenv.New(t, cfg)
 	// Registered after the engine's cleanup, so run before it: the
 	// listeners close first.
 	ts := serveTestServer(t, e, filepath.Join(cfg.Paths.RunDir, "api.sock"), log)

@@ -15,6 +15,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv/engineenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
@@ -37,25 +38,7 @@ func newEngine(t *testing.T, tweak ...func(*config.Config)) *engine.Engine {
 	for _, f := range tweak {
 		f(cfg)
 	}
-	e, err := engine.New(context.Background(), cfg, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		list, err := e.ListSandboxes(ctx, "")
-		if err != nil {
-			t.Error(err)
-		}
-		for _, sb := range list {
-			if _, err := e.TerminateSandbox(ctx, sb.ID); err != nil {
-				t.Errorf("cleanup: terminate %s: %v", sb.ID, err)
-			}
-		}
-		_ = e.Close()
-		testenv.AssertNoLeftovers(t, cfg)
-	})
-	return e
+	return engineenv.New(t, cfg)
 }
 
 // mcpClient is an initialized streamable-HTTP client that records the

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv/engineenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/api/client"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
@@ -201,25 +202,7 @@ func BenchmarkRESTLifecycle(b *testing.B) {
 func startPerfEngine(b *testing.B) *engine.Engine {
 	cfg := testenv.Config(b, "restb")
 	cfg.Sandbox.CgroupFavorDynMods = os.Getenv("SANDBOXD_BENCH_FAVORDYNMODS") == "1"
-	e, err := engine.New(context.Background(), cfg, testenv.Logger(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		ctx := context.Background()
-		live, err := e.ListSandboxes(ctx, "")
-		if err != nil {
-			b.Errorf("cleanup: list: %v", err)
-		}
-		for _, sb := range live {
-			if _, err := e.TerminateSandbox(ctx, sb.ID); err != nil {
-				b.Errorf("cleanup: terminate %s: %v", sb.ID, err)
-			}
-		}
-		_ = e.Close()
-		testenv.AssertNoLeftovers(b, cfg)
-	})
-	return e
+	return engineenv.New(b, cfg)
 }
 
 // BenchmarkDensity creates SANDBOXD_BENCH_N (default 50) idle shell

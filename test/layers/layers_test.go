@@ -62,7 +62,7 @@ var layer = map[string]int{
 	"deploy/image": 7,
 
 	// Test harnesses and black-box tests sit above everything.
-	"internal/testenv": 8, "internal/testenv/vmenv": 8, "internal/otlptest": 8, "internal/fakemessages": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
+	"internal/testenv": 8, "internal/testenv/vmenv": 8, "internal/testenv/engineenv": 8, "internal/otlptest": 8, "internal/fakemessages": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
 	"test/claude": 8, "test/conformance": 8, "test/web": 8, "test/adversarial": 8, "test/cgroupv2": 8, "test/chaos": 8, "test/e2b": 8, "test/clients": 8,
 	// The Helm chart's tests (deploy/helm) and the Kubernetes discovery harness.
 	"deploy/helm": 8, "internal/testenv/kubeenv": 8, "test/kubernetes/pause": 8, "test/kubernetes": 8,
