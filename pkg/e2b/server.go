@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
 
@@ -201,29 +202,10 @@ func writeError(w http.ResponseWriter, status int, format string, args ...any) {
 	writeJSON(w, status, errorBody{Code: status, Message: fmt.Sprintf(format, args...)})
 }
 
-// httpStatus maps the taxonomy to HTTP statuses, as pkg/api does.
-func httpStatus(err error) int {
-	switch errdefs.CodeOf(err) {
-	case errdefs.InvalidArgument:
-		return http.StatusBadRequest
-	case errdefs.NotFound:
-		return http.StatusNotFound
-	case errdefs.Conflict:
-		return http.StatusConflict
-	case errdefs.LimitExceeded:
-		return http.StatusTooManyRequests
-	case errdefs.Unavailable:
-		return http.StatusServiceUnavailable
-	case errdefs.Unauthenticated:
-		return http.StatusUnauthorized
-	case errdefs.PermissionDenied:
-		return http.StatusForbidden
-	}
-	return http.StatusInternalServerError
-}
-
 func writeErr(w http.ResponseWriter, err error) {
-	st := httpStatus(err)
+	// The daemon's one taxonomy → status table (pkg/errdefs/errhttp), shared
+	// with REST and the Go client, so the two front ends cannot drift.
+	st := errhttp.ToHTTP(err)
 	writeJSON(w, st, errorBody{Code: st, Message: errdefs.MessageOf(err)})
 }
 
