@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
@@ -118,11 +119,7 @@ func NewUIAuth(opt UIAuthOptions) *UIAuth {
 }
 
 // LoginURL is a minted login token and the URL that redeems it.
-type LoginURL struct {
-	URL       string    `json:"url"`
-	Token     string    `json:"token"`
-	ExpiresAt time.Time `json:"expires_at"`
-}
+type LoginURL = apitypes.LoginURL
 
 // MintLogin creates a one-time login token whose session acts as p.
 func (a *UIAuth) MintLogin(p principal.Principal) (*LoginURL, error) {

@@ -6,7 +6,6 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/engine"
-	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 )
 
 // VMs are sandboxes (POST /v1/sandboxes {backend: vm}) and every
@@ -25,20 +24,12 @@ func (s *server) vmRoutes(mux *http.ServeMux) {
 // status.
 func (s *server) createSandboxStream(w http.ResponseWriter, r *http.Request, req engine.CreateSandboxRequest) {
 	st := newNDJSONStream(w)
-	info, err := s.e.CreateSandboxProgress(r.Context(), req, func(line string) { st.send(createLine{Log: line}) })
+	info, err := s.e.CreateSandboxProgress(r.Context(), req, func(line string) { st.send(apitypes.CreateLine{Log: line}) })
 	if err != nil {
-		st.fail(s, r, err, func(b errorBody) any { return createLine{Error: &b} })
+		st.fail(s, r, err, func(b errorBody) any { return apitypes.CreateLine{Error: &b} })
 		return
 	}
-	st.send(createLine{Sandbox: info})
-}
-
-// createLine is one line of the create stream (client.CreateLine on the
-// other side).
-type createLine struct {
-	Log     string        `json:"log,omitempty"`
-	Sandbox *sandbox.Info `json:"sandbox,omitempty"`
-	Error   *errorBody    `json:"error,omitempty"`
+	st.send(apitypes.CreateLine{Sandbox: info})
 }
 
 func (s *server) screenshot(w http.ResponseWriter, r *http.Request) {

@@ -1,6 +1,10 @@
 package apitypes
 
-import "github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+import (
+	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+)
 
 // The envelope: the error object, the list and state answers, and every
 // stream event (NDJSON lines, WebSocket messages) that the front ends serve.
@@ -213,6 +217,24 @@ type ExecExit struct {
 
 // NewExecExit is res as an exit line.
 func NewExecExit(res *ExecResult) *ExecExit { return &ExecExit{ExecResult: res} }
+
+// CreateLine is one line of the create stream (POST
+// /v1/sandboxes?stream=true): a progress line of a slow start (a VM's guest
+// image built on its first use, a disk guest booting), then the sandbox, or
+// the error that ended the create.
+type CreateLine struct {
+	Log     string     `json:"log,omitempty"`
+	Sandbox *Sandbox   `json:"sandbox,omitempty"`
+	Error   *ErrorBody `json:"error,omitempty"`
+}
+
+// LoginURL is a one-time web editor login (POST /v1/ui/login-tokens): the
+// URL that redeems it, its token and when it expires.
+type LoginURL struct {
+	URL       string    `json:"url"`
+	Token     string    `json:"token"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
 
 // BuildLine is one line of the image build stream (POST
 // /v1/images/{name}/build): a line of the build log, then the built image,

@@ -3,15 +3,12 @@ package client
 import (
 	"context"
 	"net/http"
-	"time"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 )
 
 // LoginURL is a one-time login URL of the web editor.
-type LoginURL struct {
-	URL       string    `json:"url"`
-	Token     string    `json:"token"`
-	ExpiresAt time.Time `json:"expires_at"`
-}
+type LoginURL = apitypes.LoginURL
 
 // MintLoginURL asks for a one-time web editor login URL
 // (POST /v1/ui/login-tokens; the socket or the bearer token).

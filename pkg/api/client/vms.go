@@ -18,14 +18,8 @@ type (
 	VMTestResult  = apitypes.VMTestResult
 )
 
-// CreateLine is one line of the create stream (POST
-// /v1/sandboxes?stream=true): a progress line, the sandbox, or the error
-// that ended the create.
-type CreateLine struct {
-	Log     string     `json:"log,omitempty"`
-	Sandbox *Sandbox   `json:"sandbox,omitempty"`
-	Error   *ErrorBody `json:"error,omitempty"`
-}
+// CreateLine is one line of the create stream (POST /v1/sandboxes?stream=true).
+type CreateLine = apitypes.CreateLine
 
 // CreateSandboxProgress is CreateSandbox whose onLog sees the progress
 // lines of a slow start (a VM's guest image built on its first use, a disk
