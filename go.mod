@@ -68,6 +68,7 @@ require (
 )
 
 require (
+	code.dny.dev/ssrf v0.3.0
 	cyphar.com/go-pathrs v0.2.6 // indirect
 	dario.cat/mergo v1.0.1 // indirect
 	github.com/BurntSushi/toml v1.6.0 // indirect

@@ -218,8 +218,13 @@ func (r *Registry) Transport() http.RoundTripper {
 	return &http.Transport{TLSClientConfig: &tls.Config{RootCAs: r.CAPool}}
 }
 
-// testCertificates makes a CA and a certificate it signs for 127.0.0.1
-// and localhost.
+// RegistryName is a DNS name the registries' certificates also cover:
+// tests that reach a registry by name point it at 127.0.0.1 with their own
+// resolver (no hosts file or DNS server of the machine's is touched).
+const RegistryName = "registry.sandboxd.test"
+
+// testCertificates makes a CA and a certificate it signs for 127.0.0.1,
+// localhost and RegistryName.
 func testCertificates(t testing.TB) (caPEM, certPEM, keyPEM []byte) {
 	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -244,7 +249,7 @@ func testCertificates(t testing.TB) (caPEM, certPEM, keyPEM []byte) {
 	leaf := &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost", RegistryName},
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)

@@ -343,6 +343,12 @@ type Images struct {
 	// not listed (its "auths").
 	Registries   []Registry `yaml:"registries"`
 	DockerConfig string     `yaml:"docker_config"`
+	// PrivateRegistries lists the registries (host or host:port) a
+	// non-admin key may pull from although they resolve to a non-public
+	// address (private, loopback, link-local, CGNAT, ...); those of
+	// Registries may be too. Every other pull of a non-admin key connects
+	// only to public addresses.
+	PrivateRegistries []string `yaml:"private_registries"`
 }
 
 // Registry is one registry's credentials and CA.

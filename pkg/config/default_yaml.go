@@ -284,6 +284,13 @@ images:
   registries: []
   # A Docker config.json whose "auths" serve registries not listed above.
   docker_config: ""
+  # Registries (host or host:port) a non-admin key may pull from although
+  # they resolve to a non-public address (private, loopback, link-local,
+  # CGNAT, ULA, ...). Those of registries: above may be too. Every other
+  # pull of a non-admin key (image_pull, sandbox_create or template_create
+  # with a reference, a Dockerfile's FROM) connects only to public
+  # addresses, redirects included; admin keys are not restricted.
+  private_registries: []
 
 # Run records: one directory per run_code (and autofix) call, with the code,
 # the full logs, the sandbox's description, metadata and output files.

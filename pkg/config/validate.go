@@ -596,6 +596,11 @@ func (im *Images) validate(p *problems) {
 			p.add(fmt.Sprintf("images.allow_pull[%d]", i), "", "%q is neither a registry host[:port] nor *", h)
 		}
 	}
+	for i, h := range im.PrivateRegistries {
+		if !registryHost.MatchString(h) {
+			p.add(fmt.Sprintf("images.private_registries[%d]", i), "", "%q is not a registry host[:port]", h)
+		}
+	}
 	for i, r := range im.Registries {
 		key := fmt.Sprintf("images.registries[%d]", i)
 		if !registryHost.MatchString(r.Host) {

@@ -341,7 +341,9 @@ func (e *Engine) createSandbox(ctx context.Context, req CreateSandboxRequest, pr
 
 // resolveContainerImage checks a container create's backend and OS, and
 // turns a registry reference into the image it was pulled as, pulling it
-// now if images.allow_pull lets it.
+// now if images.allow_pull lets it, under the caller's pull rules. It is
+// the one resolution of a create's image: sandbox_create's and
+// template_create's.
 func (e *Engine) resolveContainerImage(ctx context.Context, req *CreateSandboxRequest, progress func(string)) error {
 	switch req.Backend {
 	case "", BackendContainer:
@@ -357,6 +359,10 @@ func (e *Engine) resolveContainerImage(ctx context.Context, req *CreateSandboxRe
 	name, err := e.imgs.Resolve(ctx, "image", req.Image, progressLines(progress))
 	if err != nil {
 		return err
+	}
+	if req.Language == req.Image {
+		// A template's request names its image as its language too.
+		req.Language = name
 	}
 	req.Image = name
 	return nil

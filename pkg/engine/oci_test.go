@@ -9,10 +9,13 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 )
 
 // TestSandboxFromPulledImage is the acceptance test of OCI pulls: a
@@ -156,4 +159,79 @@ func BenchmarkCreatePulledVsLanguage(b *testing.B) {
 	b.ReportMetric(ms(median(fromOCI)), "ms/create-oci")
 	b.ReportMetric(ms(median(fromLang)), "ms/create-lang")
 	b.ReportMetric(float64(median(fromOCI))/float64(median(fromLang)), "oci/lang")
+}
+
+// TestTemplateFromReference: template_create takes a registry reference
+// as sandbox_create does, through the same resolution: a tenant's key is
+// held to the pull rules (a loopback registry refused, naming image), an
+// image pulled already is taken without pulling, an unpulled one is
+// pulled when images.allow_pull lets it; a create of the template runs
+// the pulled image.
+func TestTemplateFromReference(t *testing.T) {
+	requireRoot(t)
+	reg := testenv.NewRegistry(t, false)
+	base := testenv.EnsureImages(t, "shell")["shell"].Rootfs
+	img := testenv.MakeOCIImage(t, v1.Config{Env: []string{"FROM_TEMPLATE=yes"}}, []testenv.OCILayer{{Tar: testenv.TreeTar(t, base), Comp: "gzip"}}, testenv.OCIImageOpts{})
+	ref := reg.Push(t, reg.Ref("tmpl/shell:1"), img).String()
+	other := reg.Push(t, reg.Ref("tmpl/shell:2"), img).String()
+	env := newTestEngine(t, func(c *config.Config) {
+		c.Paths.ImagesDir = t.TempDir()
+		c.Images.AllowPull = []string{reg.Host}
+		c.Images.Registries = []config.Registry{{Host: "registry.example", CAFile: reg.CAFile}} // the CA only
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	key, err := env.Tenants().Create(ctx, apitypes.KeyCreateRequest{Name: "team"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := env.Tenants().Authenticate(key.Secret, "127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant := principal.With(ctx, p)
+
+	// Not pulled: the tenant's template_create would pull from loopback.
+	_, err = env.CreateTemplate(tenant, apitypes.TemplateCreateRequest{Name: "pulled", Image: ref})
+	if errdefs.CodeOf(err) != errdefs.PermissionDenied || !strings.HasPrefix(errdefs.MessageOf(err), "image: registry "+reg.Host) || !strings.Contains(err.Error(), "127.0.0.1") {
+		t.Fatalf("tenant's template_create of an unpulled loopback reference: %v, want permission_denied naming image and the address", err)
+	}
+	// So would its sandbox_create: the same rule, the same words.
+	_, cerr := env.CreateSandbox(tenant, CreateSandboxRequest{Image: ref})
+	if errdefs.CodeOf(cerr) != errdefs.PermissionDenied || errdefs.MessageOf(cerr) != errdefs.MessageOf(err) {
+		t.Fatalf("tenant's sandbox_create: %v; template_create said %v", cerr, err)
+	}
+
+	// Pulled by the administrator: the tenant's template takes it.
+	pulled, err := env.PullImage(ctx, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := env.CreateTemplate(tenant, apitypes.TemplateCreateRequest{Name: "pulled", Image: ref})
+	if err != nil {
+		t.Fatalf("template_create of a pulled reference: %v", err)
+	}
+	if tmpl.Image != ref {
+		t.Errorf("template image %q, want the reference %q as given", tmpl.Image, ref)
+	}
+	info, err := env.CreateSandbox(tenant, CreateSandboxRequest{Template: "pulled"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Image != pulled.Name {
+		t.Errorf("sandbox of the template runs %q, want the pulled %s", info.Image, pulled.Name)
+	}
+	res, err := env.Exec(tenant, ExecRequest{SandboxID: info.ID, Command: "echo $FROM_TEMPLATE"}, nil)
+	if err != nil || strings.TrimSpace(res.Stdout) != "yes" {
+		t.Errorf("exec in the template's sandbox: %+v, %v", res, err)
+	}
+
+	// Unpulled, by an admin: pulled by template_create (allow_pull lists
+	// the registry), as a create would.
+	if _, err := env.CreateTemplate(ctx, apitypes.TemplateCreateRequest{Name: "pulled-now", Image: other}); err != nil {
+		t.Fatalf("admin's template_create of an unpulled reference: %v", err)
+	}
+	if name, err := env.imgs.Pulled("image", other); err != nil || name != pulled.Name {
+		t.Errorf("after template_create, %s is pulled as %q (%v), want %s", other, name, err, pulled.Name)
+	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/oci"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/volumes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
@@ -67,8 +68,15 @@ func (e *Engine) CreateTemplate(ctx context.Context, req apitypes.TemplateCreate
 	if req.Pool < 0 || req.Pool > e.cfg.Sandbox.MaxSandboxes {
 		return nil, errdefs.Invalidf("pool: must be 0 to %d (sandbox.max_sandboxes), got %d", e.cfg.Sandbox.MaxSandboxes, req.Pool)
 	}
-	// The defaults must make a valid sandbox: validated as a create is.
-	if _, err := e.sandboxSpec(templateCreate(&req)); err != nil {
+	// The defaults must make a valid sandbox: validated as a create is,
+	// its image resolved as a create's (a reference pulled now, under the
+	// caller's rules, when images.allow_pull lets it). The template keeps
+	// the image as given: its creates resolve it again.
+	probe := templateCreate(&req)
+	if err := e.resolveContainerImage(ctx, &probe, nil); err != nil {
+		return nil, err
+	}
+	if _, err := e.sandboxSpec(probe); err != nil {
 		return nil, err
 	}
 	b, err := json.Marshal(req)
@@ -222,6 +230,15 @@ func (e *Engine) templatePoolSpec(name string) (sandbox.Spec, error) {
 	req := CreateSandboxRequest{Template: name}
 	if _, err := e.applyTemplate(context.Background(), &req); err != nil {
 		return sandbox.Spec{}, err
+	}
+	if oci.IsReference(req.Image) {
+		// A refill runs for no caller: it takes the image as pulled, and
+		// never pulls (that is a create's, under its caller's rules).
+		local, err := e.imgs.Pulled("image", req.Image)
+		if err != nil {
+			return sandbox.Spec{}, err
+		}
+		req.Image, req.Language = local, local
 	}
 	spec, err := e.sandboxSpec(req)
 	if err != nil {

@@ -21,6 +21,7 @@
 //	by-name/<name>         symlink to the current <digest>
 //	failed/<name>-<time>.log  logs of failed builds
 //	.lock-<name>           flock serialising builds and removals of <name>
+//	                       (present only while held, or left by a crash)
 //	.build-<name>.*        builds in progress (removed if found stale)
 package image
 
@@ -321,27 +322,112 @@ func (s *Store) discard(name, dir string) error {
 // lock takes the store's lock for name (an flock, so it also serialises
 // builds in other processes) and returns its release function. Waiting
 // polls so that ctx can end it.
+//
+// The lock file lives only while the lock is held: release unlinks it
+// before closing, so a refused or finished install leaves no file behind.
+// A waiter may meanwhile hold the unlinked file open; once it gets the
+// flock it checks that the path still names the file it locked, and
+// starts over with a new one when not, so two holders never exist at
+// once. A lock file left on disk is a crashed holder's (the flock died
+// with it): RemoveDebris removes it.
 func (s *Store) lock(ctx context.Context, name string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(s.dir, lockPrefix+name), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock image %q: %w", name, err)
-	}
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil // closing releases the flock
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
+		f, err := s.tryLock(name)
+		if err != nil {
 			return nil, fmt.Errorf("lock image %q: %w", name, err)
+		}
+		if f != nil {
+			path := f.Name()
+			return func() {
+				os.Remove(path)
+				f.Close() // closing releases the flock
+			}, nil
 		}
 		select {
 		case <-ctx.Done():
-			f.Close()
 			return nil, fmt.Errorf("lock image %q: %w", name, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// tryLock takes name's lock without waiting: the locked file, or nil when
+// another holder has it.
+func (s *Store) tryLock(name string) (*os.File, error) {
+	path := filepath.Join(s.dir, lockPrefix+name)
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if errors.Is(err, unix.EWOULDBLOCK) || errors.Is(err, unix.EINTR) {
+			f.Close()
+			return nil, nil
+		}
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		var held, named unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(path, &named) == nil && held.Ino == named.Ino && held.Dev == named.Dev {
+			return f, nil
+		}
+		// The holder before us unlinked it: lock the path's new file.
+		f.Close()
+	}
+}
+
+// RemoveDebris removes what crashed builds, installs and removals left in
+// the store: lock files no process holds, trees being built (.build-) and
+// being removed (.trash-). A name whose lock is held is skipped: its
+// holder is alive, and what it has in progress is its own. It returns the
+// entries removed.
+func (s *Store) RemoveDebris() ([]string, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	names := map[string]bool{}
+	for _, e := range entries {
+		n := e.Name()
+		for _, prefix := range []string{lockPrefix, buildPrefix, trashPrefix} {
+			if rest, ok := strings.CutPrefix(n, prefix); ok {
+				if prefix != lockPrefix {
+					rest, _, _ = strings.Cut(rest, ".")
+				}
+				if nameRE.MatchString(rest) {
+					names[rest] = true
+				}
+			}
+		}
+	}
+	var errs []error
+	for name := range names {
+		f, err := s.tryLock(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if f == nil {
+			continue // held: a live build or install
+		}
+		if err := s.removeStale(name); err != nil {
+			errs = append(errs, err)
+		}
+		// Unlinked before it is released, as lock's release does.
+		os.Remove(f.Name())
+		f.Close()
+	}
+	// What was there and is gone.
+	var removed []string
+	for _, e := range entries {
+		if _, err := os.Lstat(filepath.Join(s.dir, e.Name())); errors.Is(err, os.ErrNotExist) {
+			removed = append(removed, e.Name())
+		}
+	}
+	slices.Sort(removed)
+	return removed, errors.Join(errs...)
 }
 
 // removeStale deletes what crashed builds of name left behind. The caller

@@ -1,11 +1,16 @@
 package image
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -140,5 +145,95 @@ func TestStale(t *testing.T) {
 	}
 	if stale, _ := s.Stale(); len(stale) != 0 {
 		t.Fatalf("Stale after prune = %+v", stale)
+	}
+}
+
+// TestLockLeavesNoFile: a lock's file exists only while it is held, and
+// the lock still excludes: waiters that opened the file a release
+// unlinked start over on a new one instead of sharing the lock.
+func TestLockLeavesNoFile(t *testing.T) {
+	s, err := OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	path := filepath.Join(s.dir, lockPrefix+"py")
+	var holders atomic.Int32
+	var overlap atomic.Bool
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				unlock, err := s.lock(ctx, "py")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if holders.Add(1) > 1 {
+					overlap.Store(true)
+				}
+				time.Sleep(time.Millisecond)
+				holders.Add(-1)
+				unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if overlap.Load() {
+		t.Fatal("two holders of one lock at once")
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("lock file left after every holder released it: %v", err)
+	}
+}
+
+// TestRemoveDebris: what a crash left (a lock file no process holds, a
+// half-built and a half-removed tree) goes; a name whose lock is held
+// keeps its build in progress.
+func TestRemoveDebris(t *testing.T) {
+	s, err := OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	debris := []string{lockPrefix + "oci-0123456789ab", buildPrefix + "oci-0123456789ab.42", trashPrefix + "py.7", lockPrefix + "ruby"}
+	live := buildPrefix + "go.9"
+	for _, n := range append([]string{live}, debris...) {
+		p := filepath.Join(s.dir, n)
+		if strings.HasPrefix(n, lockPrefix) {
+			err = os.WriteFile(p, nil, 0o600)
+		} else {
+			err = os.MkdirAll(filepath.Join(p, "rootfs/etc"), 0o755)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	unlock, err := s.lock(context.Background(), "go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed, err := s.RemoveDebris()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(debris)
+	if !slices.Equal(removed, debris) {
+		t.Errorf("removed %q, want %q", removed, debris)
+	}
+	for _, n := range debris {
+		if _, err := os.Lstat(filepath.Join(s.dir, n)); !os.IsNotExist(err) {
+			t.Errorf("%s left: %v", n, err)
+		}
+	}
+	for _, n := range []string{live, lockPrefix + "go"} {
+		if _, err := os.Lstat(filepath.Join(s.dir, n)); err != nil {
+			t.Errorf("%s of a held lock removed: %v", n, err)
+		}
+	}
+	unlock()
+	if removed, err := s.RemoveDebris(); err != nil || !slices.Equal(removed, []string{live}) {
+		t.Errorf("once released: removed %q, %v; want %s", removed, err, live)
 	}
 }

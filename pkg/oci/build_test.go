@@ -276,7 +276,7 @@ func TestPullFetchesLayersInParallel(t *testing.T) {
 		t.Fatal(err)
 	}
 	im, _ := newImporter(t, oci.Options{CAFiles: []string{caFile}})
-	got, err := im.Pull(ctx(t), ref.String(), nil)
+	got, err := im.Pull(ctx(t), "reference", ref.String(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,3 +63,10 @@ func (im *Importer) CollectLayers() (removed []string, freed int64, err error) {
 	}
 	return removed, freed, nil
 }
+
+// RemoveDebris removes what crashed or interrupted pulls, imports and
+// builds left, whatever its age: spool files, records half-written,
+// intermediate images (removeSpools). The caller keeps pulls, imports and
+// builds from running meanwhile, as for CollectLayers; without that
+// guarantee New removes only what is older than any of them runs.
+func (im *Importer) RemoveDebris() ([]string, error) { return im.removeSpools(0) }

@@ -31,6 +31,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -72,6 +73,9 @@ type Options struct {
 	// CAFiles are PEM files of extra CAs registries' certificates may
 	// chain to, on top of the system's.
 	CAFiles []string
+	// Egress restricts the addresses a pull connects to (egress.go); nil:
+	// none (an administrator's pull).
+	Egress *Egress
 }
 
 // Importer pulls and imports images into the store.
@@ -110,27 +114,58 @@ const abandonedAfter = 24 * time.Hour
 
 // removeAbandoned deletes spool files crashed daemons left beside the
 // layer store, and the intermediate images of builds they were running.
-func (im *Importer) removeAbandoned() {
+func (im *Importer) removeAbandoned() { _, _ = im.removeSpools(abandonedAfter) }
+
+// spoolPrefixes start the names of the files and directories a pull,
+// import or build keeps while it runs: in the layer store, layers being
+// pulled (.partial-, .partial-blob-), uploads (.upload-), unpacked layouts
+// (.import-) and build contexts (.context-); in refs/ and the build cache,
+// records being written (.new suffix, .tmp- prefix).
+var spoolPrefixes = []string{".partial-", ".upload-", ".import-", ".context-"}
+
+// removeSpools deletes the spool files and the builds' intermediate
+// images older than minAge, and returns what it removed (paths relative
+// to the image store).
+func (im *Importer) removeSpools(minAge time.Duration) ([]string, error) {
+	var removed []string
+	var errs []error
+	old := func(fi os.FileInfo, err error) bool { return err == nil && time.Since(fi.ModTime()) >= minAge }
 	if imgs, err := im.o.Store.List(); err == nil {
 		for _, img := range imgs {
-			if strings.HasPrefix(img.Name, IntermediatePrefix) && time.Since(img.BuiltAt) > abandonedAfter {
-				_ = im.o.Store.Remove(img.Name)
+			if strings.HasPrefix(img.Name, IntermediatePrefix) && time.Since(img.BuiltAt) >= minAge {
+				if err := im.o.Store.Remove(img.Name); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				removed = append(removed, "by-name/"+img.Name)
 			}
 		}
 	}
-	entries, err := os.ReadDir(im.layers)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		n := e.Name()
-		if !strings.HasPrefix(n, ".partial-") && !strings.HasPrefix(n, ".upload-") && !strings.HasPrefix(n, ".import-") && !strings.HasPrefix(n, ".context-") {
-			continue
+	for _, d := range []struct {
+		dir   string
+		spool func(string) bool
+	}{
+		{im.layers, func(n string) bool {
+			return slices.ContainsFunc(spoolPrefixes, func(p string) bool { return strings.HasPrefix(n, p) })
+		}},
+		{im.refs, func(n string) bool { return strings.HasSuffix(n, ".new") }},
+		{im.cacheDir(), func(n string) bool { return strings.HasPrefix(n, ".tmp-") }},
+	} {
+		entries, _ := os.ReadDir(d.dir)
+		for _, e := range entries {
+			if !d.spool(e.Name()) || !old(e.Info()) {
+				continue
+			}
+			p := filepath.Join(d.dir, e.Name())
+			if err := os.RemoveAll(p); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			rel, _ := filepath.Rel(im.o.Store.Dir(), p)
+			removed = append(removed, rel)
 		}
-		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > abandonedAfter {
-			_ = os.RemoveAll(filepath.Join(im.layers, n))
-		}
 	}
+	return removed, errors.Join(errs...)
 }
 
 // Progress receives the phases of a pull or import.

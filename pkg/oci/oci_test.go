@@ -71,7 +71,7 @@ func TestPullImportPython(t *testing.T) {
 
 	// Anonymous: the private image is refused, and nothing is kept.
 	anon, anonStore := newImporter(t, oci.Options{CAFiles: []string{reg.CAFile}})
-	if _, err := anon.Pull(ctx(t), ref.String(), nil); err == nil || errdefs.CodeOf(err) != errdefs.PermissionDenied {
+	if _, err := anon.Pull(ctx(t), "reference", ref.String(), nil); err == nil || errdefs.CodeOf(err) != errdefs.PermissionDenied {
 		t.Fatalf("anonymous pull of a private image: %v (%s), want permission_denied", err, errdefs.CodeOf(err))
 	}
 	assertEmptyStore(t, anonStore)
@@ -81,7 +81,7 @@ func TestPullImportPython(t *testing.T) {
 	}})
 	var events []apitypes.ImageProgress
 	start := time.Now()
-	got, err := im.Pull(ctx(t), ref.String(), func(p apitypes.ImageProgress) { events = append(events, p) })
+	got, err := im.Pull(ctx(t), "reference", ref.String(), func(p apitypes.ImageProgress) { events = append(events, p) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestPullImportPython(t *testing.T) {
 		t.Fatal(err)
 	}
 	byDigest := ref.Context().Digest(manifestDigest.String()).String()
-	got2, err := im2.Pull(ctx(t), byDigest, nil)
+	got2, err := im2.Pull(ctx(t), "reference", byDigest, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestPullIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	im, _ := newImporter(t, oci.Options{CAFiles: []string{reg.CAFile}})
-	got, err := im.Pull(ctx(t), r.String(), nil)
+	got, err := im.Pull(ctx(t), "reference", r.String(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,8 +228,7 @@ func TestPullIndex(t *testing.T) {
 }
 
 // assertEmptyStore checks that a refused image left nothing: no tree, no
-// layer, no reference, no half-done install (only the lock files every
-// image name gets, empty).
+// layer, no reference, no spool file, no half-done install, no lock file.
 func assertEmptyStore(t *testing.T, st *image.Store) {
 	t.Helper()
 	err := filepath.Walk(st.Dir(), func(p string, fi os.FileInfo, err error) error {
@@ -238,8 +237,7 @@ func assertEmptyStore(t *testing.T, st *image.Store) {
 		}
 		rel, _ := filepath.Rel(st.Dir(), p)
 		switch {
-		case rel == "." || rel == "by-name" || rel == "failed" || rel == "layers" || rel == "refs":
-		case strings.HasPrefix(rel, ".lock-") && fi.Size() == 0:
+		case rel == "." || rel == "by-name" || rel == "failed" || rel == "layers" || rel == "refs" || rel == "buildcache":
 		default:
 			t.Errorf("left on disk: %s", rel)
 		}
@@ -275,7 +273,7 @@ func TestHostileImages(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			ref := reg.Push(t, reg.Ref("hostile/"+c.name+":1"), testenv.MakeOCIImage(t, v1.Config{}, c.layers, c.opts))
-			_, err := im.Pull(ctx(t), ref.String(), nil)
+			_, err := im.Pull(ctx(t), "reference", ref.String(), nil)
 			if err == nil {
 				t.Fatal("hostile image pulled")
 			}
@@ -346,7 +344,7 @@ func BenchmarkPull(b *testing.B) {
 		}
 		var unpacked int64
 		start := time.Now()
-		if _, err := im.Pull(context.Background(), ref.String(), func(p apitypes.ImageProgress) {
+		if _, err := im.Pull(context.Background(), "reference", ref.String(), func(p apitypes.ImageProgress) {
 			if p.Phase == "layer" {
 				unpacked += p.Bytes
 			}
@@ -374,14 +372,14 @@ func TestPullTokenAuth(t *testing.T) {
 	bad, badStore := newImporter(t, oci.Options{CAFiles: []string{reg.CAFile}, Auth: &oci.Keychain{
 		Registries: map[string]oci.Credential{reg.Host: {Username: reg.Username, Password: "wrong"}},
 	}})
-	if _, err := bad.Pull(ctx(t), ref.String(), nil); errdefs.CodeOf(err) != errdefs.PermissionDenied {
+	if _, err := bad.Pull(ctx(t), "reference", ref.String(), nil); errdefs.CodeOf(err) != errdefs.PermissionDenied {
 		t.Errorf("pull with a wrong password: %v (%s), want permission_denied", err, errdefs.CodeOf(err))
 	}
 	assertEmptyStore(t, badStore)
 	im, _ := newImporter(t, oci.Options{CAFiles: []string{reg.CAFile}, Auth: &oci.Keychain{
 		Registries: map[string]oci.Credential{reg.Host: {Username: reg.Username, Password: reg.Password}},
 	}})
-	got, err := im.Pull(ctx(t), ref.String(), nil)
+	got, err := im.Pull(ctx(t), "reference", ref.String(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,4 +415,35 @@ func TestAbandonedSpoolRemoved(t *testing.T) {
 	if _, err := os.Stat(young); err != nil {
 		t.Errorf("young spool file removed: %v", err)
 	}
+}
+
+// TestRemoveDebris: spool files however young, half-written records and
+// build cache entries go when the caller says nothing is in flight
+// (images prune), unlike at New, which keeps young ones.
+func TestRemoveDebris(t *testing.T) {
+	im, st := newImporter(t, oci.Options{})
+	debris := []string{"layers/.partial-1", "layers/.partial-blob-2", "layers/.upload-3", "layers/.import-4/blobs/x", "layers/.context-5/f", "refs/0123.new", "buildcache/.tmp-ab"}
+	for _, d := range debris {
+		p := filepath.Join(st.Dir(), d)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := oci.New(oci.Options{Store: st}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(st.Dir(), debris[0])); err != nil {
+		t.Fatalf("a young spool file (maybe a pull's in progress) removed at New: %v", err)
+	}
+	removed, err := im.RemoveDebris()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != len(debris) {
+		t.Errorf("removed %q, want the %d entries of %q", removed, len(debris), debris)
+	}
+	assertEmptyStore(t, st)
 }

@@ -133,9 +133,12 @@ func (b *capBody) Read(p []byte) (int, error) {
 }
 
 // transport is the HTTP client's: the system's CAs and the configured
-// ones, TLS only (a registry without TLS is not pulled from), bounded
-// waits.
-func (im *Importer) transport() (http.RoundTripper, error) {
+// ones (TLS, but go-containerregistry falls back to plain HTTP for a
+// registry named by a loopback, localhost, .local or RFC 1918 host),
+// bounded waits, and for a restricted pull (Options.Egress) the
+// dialer that holds every connection to the egress rule (egress.go),
+// returned so that the pull can report its refusal.
+func (im *Importer) transport() (http.RoundTripper, *egressDialer, error) {
 	pool, err := x509.SystemCertPool()
 	if err != nil || pool == nil {
 		pool = x509.NewCertPool()
@@ -143,33 +146,52 @@ func (im *Importer) transport() (http.RoundTripper, error) {
 	for _, f := range im.o.CAFiles {
 		pem, err := os.ReadFile(f)
 		if err != nil {
-			return nil, errdefs.Invalidf("images.registries: ca_file: %v", err)
+			return nil, nil, errdefs.Invalidf("images.registries: ca_file: %v", err)
 		}
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, errdefs.Invalidf("images.registries: ca_file %s: no PEM certificate", f)
+			return nil, nil, errdefs.Invalidf("images.registries: ca_file %s: no PEM certificate", f)
 		}
 	}
 	base := http.DefaultTransport.(*http.Transport).Clone()
 	base.Proxy = nil // registries are reached directly, never through the host's proxy settings
 	base.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	base.ResponseHeaderTimeout = time.Minute
-	return &capTransport{next: base, max: im.o.MaxManifest}, nil
+	var dialer *egressDialer
+	if im.o.Egress != nil {
+		dialer = newEgressDialer(im.o.Egress)
+		base.DialContext = dialer.DialContext
+	}
+	return &capTransport{next: base, max: im.o.MaxManifest}, dialer, nil
 }
 
 // amd64 is the only platform sandboxes run.
 var amd64 = v1.Platform{OS: "linux", Architecture: "amd64"}
 
 // Pull fetches ref from its registry (an index resolves to linux/amd64)
-// and installs it; progress sees its phases.
-func (im *Importer) Pull(ctx context.Context, ref string, progress Progress) (*image.Image, error) {
-	r, err := ParseReference("reference", ref)
+// and installs it; progress sees its phases. field names ref in errors
+// ("reference", "image", "FROM").
+func (im *Importer) Pull(ctx context.Context, field, ref string, progress Progress) (*image.Image, error) {
+	r, err := ParseReference(field, ref)
 	if err != nil {
 		return nil, err
 	}
-	tr, err := im.transport()
+	tr, dialer, err := im.transport()
 	if err != nil {
 		return nil, err
 	}
+	img, err := im.pull(ctx, r, tr, progress)
+	if err != nil {
+		// A refused connection is the cause, however the HTTP client
+		// and go-containerregistry wrapped it.
+		if rerr := dialer.refusal(field, r.Context().RegistryStr()); rerr != nil {
+			return nil, rerr
+		}
+		return nil, err
+	}
+	return img, nil
+}
+
+func (im *Importer) pull(ctx context.Context, r name.Reference, tr http.RoundTripper, progress Progress) (*image.Image, error) {
 	var kc authn.Keychain = authn.NewMultiKeychain()
 	if im.o.Auth != nil {
 		kc = im.o.Auth

@@ -61,7 +61,7 @@ func (s *Service) Build(ctx context.Context, req apitypes.DockerfileBuildRequest
 		return nil, errdefs.Invalidf("files: give the context as files or as an upload, not both")
 	}
 	defer s.useLayers()()
-	im, err := s.importer()
+	im, err := s.importer(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,10 @@
 package images
 
-import "sync"
+import (
+	"context"
+	"errors"
+	"sync"
+)
 
 // layerUse counts the pulls, imports and builds in flight: they read
 // layers they found in the layer store and add layers before an image
@@ -34,9 +38,31 @@ func (s *Service) CollectLayers() (removed []string, freed int64, err error) {
 	if s.layerUse.active > 0 {
 		return nil, 0, nil
 	}
-	im, err := s.importer()
+	im, err := s.importer(context.Background())
 	if err != nil {
 		return nil, 0, err
 	}
 	return im.CollectLayers()
+}
+
+// RemoveDebris removes what crashed or interrupted pulls, imports, builds
+// and removals left in the image store: lock files no process holds,
+// half-built and half-removed trees (image.Store.RemoveDebris), and, when
+// no pull, import or build of this daemon is in flight, every spool file,
+// half-written record and build intermediate (oci Importer.RemoveDebris);
+// while one is, those wait for the next prune. It returns what it removed,
+// relative to the image store.
+func (s *Service) RemoveDebris() ([]string, error) {
+	removed, err := s.images.RemoveDebris()
+	s.layerUse.mu.Lock()
+	defer s.layerUse.mu.Unlock()
+	if s.layerUse.active > 0 {
+		return removed, err
+	}
+	im, ierr := s.importer(context.Background())
+	if ierr != nil {
+		return removed, errors.Join(err, ierr)
+	}
+	spools, serr := im.RemoveDebris()
+	return append(removed, spools...), errors.Join(err, serr)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/oci"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm"
 )
@@ -45,6 +46,10 @@ type Options struct {
 	// MaxID is the size of a sandbox's id range (sandbox.userns_pool.size):
 	// OCI image files owned beyond it are refused.
 	MaxID int
+	// Resolver looks registry hosts up for the pulls of non-admin keys
+	// (oci.Egress); nil: the system's resolver. Tests point names at
+	// loopback registries with it.
+	Resolver oci.Resolver
 }
 
 // Service builds, describes, lists, prunes and removes images.
@@ -60,6 +65,7 @@ type Service struct {
 	pulls     pulls       // OCI images being pulled (oci.go)
 	layerUse  layerUse    // pulls, imports and builds in flight (gc.go)
 	maxID     int
+	resolver  oci.Resolver
 }
 
 // New returns the image service.
@@ -68,7 +74,7 @@ func New(o Options) *Service {
 	if on == nil {
 		on = func(string, string) {}
 	}
-	return &Service{images: o.Store, catalog: o.Catalog, cfg: o.Config, recipes: o.RecipesDir, sandboxes: o.Sandboxes, log: o.Log, onBuild: on, maxID: o.MaxID}
+	return &Service{images: o.Store, catalog: o.Catalog, cfg: o.Config, recipes: o.RecipesDir, sandboxes: o.Sandboxes, log: o.Log, onBuild: on, maxID: o.MaxID, resolver: o.Resolver}
 }
 
 // VMGuestPrefix starts the name of a VM guest image (vm.GuestImageName).
@@ -263,7 +269,8 @@ func Public(im *image.Image) apitypes.Image {
 
 // Prune removes the stale images — trees of an older digest of a
 // recipe, no longer current — that no live sandbox of this daemon runs on,
-// and returns them.
+// and returns them; then what crashed pulls and builds left
+// (RemoveDebris) and the layers no image uses (CollectLayers).
 func (s *Service) Prune(ctx context.Context) ([]apitypes.Image, error) {
 	stale, err := s.images.Stale()
 	if err != nil {
@@ -291,6 +298,12 @@ func (s *Service) Prune(ctx context.Context) ([]apitypes.Image, error) {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return out, errdefs.Wrap(errdefs.Internal, err, "prune images")
+	}
+	// What crashes left: it is no image, so prune is where it goes.
+	if debris, err := s.RemoveDebris(); err != nil {
+		return out, errdefs.Wrap(errdefs.Internal, err, "remove what interrupted pulls and builds left")
+	} else if len(debris) > 0 {
+		s.log.Info("removed what interrupted pulls and builds left", "entries", debris)
 	}
 	// The layers only the removed images (or images deleted before) used.
 	if layers, freed, err := s.CollectLayers(); err != nil {
