@@ -88,7 +88,10 @@ func (s *Service) ReplayRun(ctx context.Context, req apitypes.RunReplayRequest) 
 	}
 	if l := ci.Limits; l.MemoryBytes > 0 {
 		mem, disk, cpus := l.MemoryBytes>>20, l.DiskBytes>>20, l.CPUs
-		creq.MemoryMB, creq.DiskMB = &mem, &disk
+		creq.MemoryMB = &mem
+		if disk > 0 {
+			creq.DiskMB = &disk
+		}
 		if cpus > 0 {
 			creq.CPUs = &cpus
 		}
