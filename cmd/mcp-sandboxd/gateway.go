@@ -68,7 +68,8 @@ func runGateway(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		// /mcp: the real MCP server over the nodes' REST API (tools,
 		// sessions and tasks live in this gateway; the work on the nodes).
 		MCP: func(gw *gateway.Gateway) http.Handler {
-			return mcpserver.NewHandler(remote.New(gw, cfg), mcpserver.Options{Log: log})
+			re := remote.New(gw, cfg)
+			return mcpserver.NewHandler(re, mcpserver.Options{Log: log, Replays: re})
 		},
 	})
 	go h.Reconcile(ctx)

@@ -171,7 +171,7 @@ func runsCmd(g *globals) *cobra.Command {
 	}
 	cmd := &cobra.Command{Use: "runs", Short: "Run records", Args: cobra.NoArgs, RunE: ls.RunE}
 	cmd.Flags().AddFlagSet(ls.Flags())
-	cmd.AddCommand(ls, show, runsExportCmd(g))
+	cmd.AddCommand(ls, show, runsExportCmd(g), runsReplayCmd(g))
 	return cmd
 }
 

@@ -33,6 +33,7 @@ var Roots = []reflect.Type{
 	reflect.TypeFor[apitypes.RunCodeRequest](),
 	reflect.TypeFor[apitypes.RunList](),
 	reflect.TypeFor[apitypes.RunRecord](),
+	reflect.TypeFor[apitypes.RunReplay](),
 	reflect.TypeFor[apitypes.Artifact](),
 	reflect.TypeFor[apitypes.BuildLine](),
 	reflect.TypeFor[apitypes.TerminalMessage](),

@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
@@ -67,6 +68,9 @@ type Options struct {
 	// GatewaySecret (node.gateway_secret_file), when set, lets a gateway
 	// that presents it name the principal it authenticated (gateway.go).
 	GatewaySecret string
+	// Replays, if not nil, serves POST /v1/runs/{id}/replay
+	// (pkg/services/pipeline).
+	Replays pipeline.Replays
 }
 
 type server struct {
@@ -150,6 +154,9 @@ func (s *server) routeRuns(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/runs", s.listRuns)
 	mux.HandleFunc("GET /v1/runs/export", s.exportRuns)
 	mux.HandleFunc("GET /v1/runs/{id}", s.getRun)
+	if s.opt.Replays != nil {
+		mux.HandleFunc("POST /v1/runs/{id}/replay", s.replayRun)
+	}
 	mux.HandleFunc("POST /v1/autofix", s.autofix)
 	mux.HandleFunc("GET /v1/autofix/{id}", s.autofixStatus)
 	mux.HandleFunc("POST /v1/autofix/{id}/submit", s.autofixSubmit)

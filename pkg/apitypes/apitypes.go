@@ -112,6 +112,9 @@ type CreateSandboxRequest struct {
 	// when ttl_seconds pass instead of terminating it; the configured max
 	// lifetime still terminates it.
 	PauseOnExpiry bool `json:"-"`
+	// ImageDigest (run replay) pins the sandbox to that stored build of
+	// its image, current or not; a client cannot set it.
+	ImageDigest string `json:"-"`
 	// Template names a template (template_create): its image, limits,
 	// network and environment are the defaults, and the sandbox comes back
 	// with the template's start command already ready.

@@ -152,6 +152,8 @@ type RunMetadata struct {
 	StderrLogged int64  `json:"stderrLogged"`
 	OutputFiles  int    `json:"outputFiles"`
 	Error        string `json:"error,omitempty"`
+	// ReplayOf is the run this one replayed (run_replay).
+	ReplayOf string `json:"replayOf,omitempty"`
 }
 
 // FixedAttempt is one entry of fixed_attempts.json.

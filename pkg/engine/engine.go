@@ -324,9 +324,13 @@ func (e *Engine) createSandbox(ctx context.Context, req CreateSandboxRequest, pr
 		e.metrics.created.WithLabelValues("rejected").Inc()
 		return nil, errdefs.Unavailablef("seccomp cannot be enforced (%s); refusing to start sandboxes unless sandbox.seccomp_profile is \"unconfined\"", e.seccomp.Reason)
 	}
-	if err := e.ensureImageOnDemand(ctx, spec.Image); err != nil {
-		e.metrics.created.WithLabelValues("failed").Inc()
-		return nil, err
+	// A pinned digest is that build or nothing: building the recipe anew
+	// would not bring it back (the manager says it is gone).
+	if spec.ImageDigest == "" {
+		if err := e.ensureImageOnDemand(ctx, spec.Image); err != nil {
+			e.metrics.created.WithLabelValues("failed").Inc()
+			return nil, err
+		}
 	}
 	if seed != nil {
 		// A fork: its archive must stay until the sandbox has started.
@@ -437,9 +441,13 @@ func (e *Engine) specImage(req CreateSandboxRequest) (*sandbox.Spec, error) {
 		Limits: sandbox.Limits{
 			MemoryBytes: int64(sc.Memory), CPUs: sc.CPUs, Pids: sc.Pids, DiskBytes: int64(sc.Disk),
 		},
-		Env: req.Env, Labels: req.Labels,
+		Env: req.Env, Labels: req.Labels, ImageDigest: req.ImageDigest,
 	}
-	if img, err := e.images.Get(imageName); err == nil && img.OCI != nil {
+	img, err := e.images.Get(imageName)
+	if req.ImageDigest != "" {
+		img, err = e.images.GetDigest(imageName, req.ImageDigest)
+	}
+	if err == nil && img.OCI != nil {
 		// An OCI image's config says who commands run as and where. Its
 		// root user stays the unprivileged sandbox user: root inside
 		// is what root mode asks for, not what an image may.

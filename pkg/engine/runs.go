@@ -50,6 +50,9 @@ const (
 	StepRun          = pipeline.StepRun
 )
 
+// Replays is run replay, for the front ends to take as it is.
+func (e *Engine) Replays() pipeline.Replays { return e.pipeline }
+
 // RunCode runs source code (pipeline.Service.RunCode).
 func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandbox.OutputFunc) (*RunResult, error) {
 	ctx, span := telemetry.StartOp(ctx, "run_code", telemetry.KeyLanguage.String(req.Language), telemetry.Sandbox(req.SandboxID))

@@ -131,6 +131,7 @@ func untaggedRoute(method, path string) (probe string, ok bool) {
 		switch {
 		case prefix == "/v1/snapshots/" && sub == "" && (read || method == http.MethodDelete),
 			prefix == "/v1/runs/" && sub == "" && read && id != "export",
+			prefix == "/v1/runs/" && sub == "replay" && method == http.MethodPost,
 			prefix == "/v1/autofix/" && (sub == "" && read || sub == "submit" && method == http.MethodPost):
 			return prefix + url.PathEscape(id), true
 		}

@@ -126,6 +126,23 @@ func (s *Store) Get(name string) (*Image, error) {
 	return img, nil
 }
 
+// GetDigest returns the image of name stored under digest, current or
+// stale (an older build kept while sandboxes use it), or an error
+// wrapping ErrNotFound once it is gone.
+func (s *Store) GetDigest(name, digest string) (*Image, error) {
+	if !nameRE.MatchString(name) {
+		return nil, fmt.Errorf("image %q: %w", name, ErrNotFound)
+	}
+	img, err := s.lookup(digest)
+	if err != nil {
+		return nil, fmt.Errorf("image %q: %w", name, err)
+	}
+	if img.Name != name {
+		return nil, fmt.Errorf("image %q digest %s: %w", name, digest, ErrNotFound)
+	}
+	return img, nil
+}
+
 // List returns the current image of every name, sorted by name.
 func (s *Store) List() ([]*Image, error) {
 	entries, err := os.ReadDir(filepath.Join(s.dir, byNameDir))

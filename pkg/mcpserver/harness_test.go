@@ -56,6 +56,10 @@ func newClient(t *testing.T, e Engine, opt Options) *mcpClient {
 	if opt.Log == nil {
 		opt.Log = testenv.Logger(t)
 	}
+	// The daemon wires run replay from the engine's pipeline (serve.go).
+	if re, ok := e.(*engine.Engine); ok && opt.Replays == nil {
+		opt.Replays = re.Replays()
+	}
 	// Over streamable HTTP, as clients meet it: progress travels on the
 	// request's own stream (requestStream), which the in-process transport
 	// does not have.

@@ -28,6 +28,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -73,6 +74,8 @@ type Options struct {
 	// ApprovalTimeout bounds the wait for a client's answer to a network
 	// approval (elicit.go); 0 means two minutes.
 	ApprovalTimeout time.Duration
+	// Replays, if not nil, serves run_replay (group run).
+	Replays pipeline.Replays
 }
 
 func (o Options) withDefaults(cfg *config.Config) Options {
@@ -202,6 +205,7 @@ func newSrv(e Engine, opt Options) *srv {
 	}
 	if enabled("run") {
 		s.addRunTools()
+		s.addReplayTool()
 		s.addRunResources()
 		s.addAgentTools()
 	}

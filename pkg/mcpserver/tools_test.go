@@ -21,7 +21,7 @@ import (
 var allTools = []string{
 	"agent_run", "autofix", "autofix_status", "autofix_submit", "exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export",
 	"image_build", "image_build_dockerfile", "image_delete", "image_list", "image_pull", "job_kill", "job_status",
-	"languages_list", "packages_install", "quota_usage", "run_code", "run_get", "run_list", "run_task",
+	"languages_list", "packages_install", "quota_usage", "run_code", "run_get", "run_list", "run_replay", "run_task",
 	"sandbox_create", "sandbox_expose_port", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_restore", "sandbox_resume", "sandbox_screenshot", "sandbox_snapshot", "sandbox_terminate",
 	"snapshot_delete", "snapshot_list",
 	"template_create", "template_delete", "template_get", "template_list",
@@ -92,7 +92,7 @@ func TestCatalogue(t *testing.T) {
 	// Groups turned off in the configuration are not offered.
 	only := newClient(t, e, Options{Tools: []string{"run"}})
 	got := keys(toolNames(t, only))
-	want := []string{"agent_run", "languages_list", "packages_install", "run_code", "run_get", "run_list", "run_task"}
+	want := []string{"agent_run", "languages_list", "packages_install", "run_code", "run_get", "run_list", "run_replay", "run_task"}
 	if !slices.Equal(got, want) {
 		t.Errorf("tools with only the run group = %v, want %v", got, want)
 	}

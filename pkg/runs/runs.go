@@ -52,6 +52,9 @@ const (
 	// stderr.log the CLI's stderr.
 	TranscriptJSONL = "transcript.jsonl"
 	AgentResultJSON = "agent_result.json"
+	// InputsJSON is what run_code was given besides its files (stdin,
+	// env, timeout, ...): what run_replay needs to run it again.
+	InputsJSON = "inputs.json"
 )
 
 // idRE is the shape of a run id, also its directory name.
@@ -399,6 +402,101 @@ func readSnapshot(dir string, max int64) (map[string]string, bool) {
 		return nil
 	})
 	return files, truncated
+}
+
+// Inputs is inputs.json: a run_code request's inputs besides its files
+// (code_snapshot/), its limits and network (container_info.json). It holds
+// the request's env, which may carry secrets: the record's 0600 mode
+// guards it like the code, and run_get never returns it.
+type Inputs struct {
+	Stdin     string            `json:"stdin,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Install   bool              `json:"install"`
+	TimeoutMS int64             `json:"timeoutMs"`
+	Backend   string            `json:"backend,omitempty"`
+	Root      bool              `json:"root,omitempty"`
+}
+
+// ContainerInfo is the part of container_info.json a replay reads back.
+type ContainerInfo struct {
+	Image       string          `json:"image"`
+	ImageDigest string          `json:"imageDigest"`
+	Limits      apitypes.Limits `json:"limits"`
+	Network     string          `json:"network"`
+}
+
+// ReadJSON decodes the file name of record id into v; a missing file is
+// an error wrapping fs.ErrNotExist.
+func (s *Store) ReadJSON(id, name string, v any) error {
+	if !ValidID(id) {
+		return fmt.Errorf("runs: malformed record id %q", id)
+	}
+	if err := safeRel(name); err != nil {
+		return err
+	}
+	b, err := os.ReadFile(filepath.Join(s.dir, id, name))
+	if err != nil {
+		return fmt.Errorf("runs: %s of %s: %w", name, id, err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("runs: decode %s of %s: %w", name, id, err)
+	}
+	return nil
+}
+
+// ReadTree returns every regular file under sub (code_snapshot, output)
+// of record id, by slash path relative to sub, up to max bytes in all.
+// Symbolic links are not followed: the daemon wrote these trees itself.
+func (s *Store) ReadTree(id, sub string, max int64) (map[string][]byte, error) {
+	if !ValidID(id) {
+		return nil, fmt.Errorf("runs: malformed record id %q", id)
+	}
+	if err := safeRel(sub); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(s.dir, id, sub)
+	files := map[string][]byte{}
+	var total int64
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) && p == dir {
+			return fs.SkipAll // a record without the directory: none
+		}
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if total += int64(len(b)); total > max {
+			return fmt.Errorf("runs: %s of %s holds more than %d bytes", sub, id, max)
+		}
+		files[filepath.ToSlash(rel)] = b
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("runs: read %s of %s: %w", sub, id, err)
+	}
+	return files, nil
+}
+
+// Logs returns record id's stdout.log and stderr.log whole (each at most
+// the log cap it was written under).
+func (s *Store) Logs(id string) (stdout, stderr []byte, err error) {
+	if !ValidID(id) {
+		return nil, nil, fmt.Errorf("runs: malformed record id %q", id)
+	}
+	if stdout, err = os.ReadFile(filepath.Join(s.dir, id, StdoutLog)); err != nil {
+		return nil, nil, fmt.Errorf("runs: %w", err)
+	}
+	if stderr, err = os.ReadFile(filepath.Join(s.dir, id, StderrLog)); err != nil {
+		return nil, nil, fmt.Errorf("runs: %w", err)
+	}
+	return stdout, stderr, nil
 }
 
 // List returns the metadata of the runs f selects, newest first.

@@ -43,7 +43,10 @@ type Limits = apitypes.Limits
 type Spec struct {
 	Language string `json:"language"`
 	Image    string `json:"image"`
-	Limits   Limits `json:"limits"`
+	// ImageDigest pins the sandbox to that stored build of Image (a run
+	// replayed on the image it first ran on) instead of the current one.
+	ImageDigest string `json:"image_digest,omitempty"`
+	Limits      Limits `json:"limits"`
 	// DiskBacking is storage.BackingDisk or storage.BackingMemory; empty
 	// in specs persisted before it existed (their file systems are
 	// released through the ledger like any other).
@@ -359,7 +362,14 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 	img := &image.Image{} // a boot disk is no image of the store
 	if spec.BootDisk == "" {
 		var err error
-		img, err = m.opt.Images.Get(spec.Image)
+		if spec.ImageDigest != "" {
+			img, err = m.opt.Images.GetDigest(spec.Image, spec.ImageDigest)
+			if errors.Is(err, image.ErrNotFound) {
+				return nil, errdefs.FailedPreconditionf("image %q digest %s is no longer stored (rebuilt and pruned since)", spec.Image, spec.ImageDigest)
+			}
+		} else {
+			img, err = m.opt.Images.Get(spec.Image)
+		}
 		if errors.Is(err, image.ErrNotFound) {
 			return nil, errdefs.Unavailablef("image %q is not built (sandboxctl images build %s)", spec.Image, spec.Image)
 		}

@@ -100,7 +100,8 @@ func (m *Manager) WarmIDs(key string) []string {
 func (m *Manager) poolable(spec Spec) (Spec, bool) {
 	// A fork carries its snapshot's files: a warm sandbox has none.
 	// Nor does it mount volumes (mounts are made at start).
-	if m.poolSize(poolKey(spec)) <= 0 || m.opt.PoolSpec == nil || spec.Seed != "" || len(spec.Volumes) > 0 {
+	// A pinned image digest may be an older build than the warm ones run.
+	if m.poolSize(poolKey(spec)) <= 0 || m.opt.PoolSpec == nil || spec.Seed != "" || len(spec.Volumes) > 0 || spec.ImageDigest != "" {
 		return Spec{}, false
 	}
 	tmpl, err := m.opt.PoolSpec(poolKey(spec))

@@ -7,7 +7,7 @@
 // editor reads exactly what the daemon writes.
 import type {
   Artifact, FileEntry, FileList, FixedAttempt, LanguageInfo, LanguageList, Readiness, RunList,
-  RunMetadata, RunRecord, RunResult, SandboxDetail, SandboxList, SystemInfo,
+  RunMetadata, RunRecord, RunReplay, RunResult, SandboxDetail, SandboxList, SystemInfo,
 } from './apitypes.gen';
 
 export type * from './apitypes.gen';
@@ -16,7 +16,7 @@ export type Sandbox = SandboxDetail;
 export type Language = LanguageInfo;
 export type RunMeta = RunMetadata;
 export type Attempt = FixedAttempt;
-export type { Artifact, FileEntry, RunRecord, RunResult, SystemInfo };
+export type { Artifact, FileEntry, RunRecord, RunReplay, RunResult, SystemInfo };
 
 export class APIError extends Error {
   constructor(public status: number, public code: string, message: string) { super(message); }
@@ -102,6 +102,7 @@ export const api = {
   runStream: (req: object) => request('POST', '/v1/run?stream=true', req),
   runs: async () => (await json<RunList>('GET', '/v1/runs?limit=100')).runs,
   run: (id: string) => json<RunRecord>('GET', `/v1/runs/${enc(id)}`),
+  replay: (id: string) => json<RunReplay>('POST', `/v1/runs/${enc(id)}/replay`),
   exportWorkspace: (id: string) => json<Artifact>('POST', `/v1/sandboxes/${enc(id)}/export`),
   buildImage: (name: string) => request('POST', `/v1/images/${enc(name)}/build`),
   logout: () => json('POST', '/v1/ui/logout'),

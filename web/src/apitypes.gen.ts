@@ -154,6 +154,13 @@ export interface RunRecord {
   note?: string;
 }
 
+export interface RunReplay {
+  original: string;
+  replay: RunResult;
+  diff: RunDiff;
+  note?: string;
+}
+
 export interface Artifact {
   artifact_id: string;
   sandbox_id: string;
@@ -376,6 +383,7 @@ export interface RunMetadata {
   stderrLogged: number;
   outputFiles: number;
   error?: string;
+  replayOf?: string;
 }
 
 export interface FixedAttempt {
@@ -388,6 +396,14 @@ export interface FixedAttempt {
   provider?: string;
   tokens?: TokenUsage;
   refused?: string;
+}
+
+export interface RunDiff {
+  same: boolean;
+  exit_code?: ExitCodeDiff;
+  stdout?: string;
+  stderr?: string;
+  files?: FileDiff[];
 }
 
 export interface Image {
@@ -515,6 +531,22 @@ export interface RunStepRecord {
 export interface TokenUsage {
   input_tokens: number;
   output_tokens: number;
+}
+
+export interface ExitCodeDiff {
+  original: number;
+  replay: number;
+}
+
+export interface FileDiff {
+  path: string;
+  change: string;
+  binary?: boolean;
+  diff?: string;
+  original_size?: number;
+  replay_size?: number;
+  original_sha256?: string;
+  replay_sha256?: string;
 }
 
 export interface ImageOCI {

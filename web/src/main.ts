@@ -24,7 +24,7 @@ import 'monaco-editor/languages/definitions/dockerfile/register.js';
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
 import { api, APIError, initSession, lineData, ndjson, request, socket, type AutofixLine, type AutofixResult, type BuildLine, type Event as SandboxEvent, type ExecExit, type ExecLine,
-  type FileEntry, type RunResult, type Sandbox, type TerminalMessage } from './api';
+  type FileEntry, type RunMeta, type RunReplay, type RunResult, type Sandbox, type TerminalMessage } from './api';
 
 // Monaco's one worker (diffs, links), bundled beside app.js.
 (self as any).MonacoEnvironment = { getWorkerUrl: () => '/assets/editor.worker.js' };
@@ -574,7 +574,8 @@ async function openRun(id: string) {
     const files = Object.keys(rec.code).sort();
     const plain = files.filter((f) => !/^attempt_\d+\//.test(f));
     box.replaceChildren(
-      el('h3', {}, `Run ${m.runId} — ${m.success ? 'success' : 'failure'}`),
+      el('h3', {}, `Run ${m.runId} — ${m.success ? 'success' : 'failure'}`, ...replayControls(m)),
+      el('div', { id: 'replay-diff' }),
       el('p', { class: 'meta' }, `${m.kind} · ${m.language} · exit ${m.exitCode} · ${m.termination.cause} · ${m.durationMs} ms · sandbox ${m.sandboxId}${m.entrypoint ? ' · ' + m.entrypoint : ''}${m.error ? ' · ' + m.error : ''}`),
       el('h4', {}, 'Code snapshot'),
       ...plain.map((f) => el('div', { class: 'snapshot', 'data-file': f }, el('div', { class: 'fname' }, f), el('div', { class: 'code' }))),
@@ -613,6 +614,70 @@ async function openRun(id: string) {
     }
     showPane('record-pane');
   } catch (e) { report(e); }
+}
+
+// ---- replay ----
+
+/** The record header's replay parts: a Replay button for a run_code
+ * record, and the run a replay replayed, as a link. */
+function replayControls(m: RunMeta): HTMLElement[] {
+  const out: HTMLElement[] = [];
+  if (m.replayOf) {
+    const a = el('a', { href: '#', class: 'replay-of' }, ` replay of ${m.replayOf}`);
+    a.addEventListener('click', (ev) => { ev.preventDefault(); void openRun(m.replayOf!); });
+    out.push(a);
+  }
+  if (m.kind === 'run') {
+    const b = el('button', { id: 'replay-run', title: 'Run it again in a fresh sandbox (same image digest, inputs and limits) and show what changed' }, '↻ Replay');
+    b.addEventListener('click', () => void replayRun(m.runId, b as HTMLButtonElement));
+    out.push(b);
+  }
+  return out;
+}
+
+/** POST /v1/runs/{id}/replay and show the diff above the record. */
+async function replayRun(id: string, button: HTMLButtonElement) {
+  button.disabled = true;
+  status(`replaying run ${id}…`);
+  try {
+    const rep = await api.replay(id);
+    showReplayDiff(rep);
+    status(`run ${id} replayed as ${rep.replay.run_id}: ${rep.diff.same ? 'same' : 'differs'}`, !rep.diff.same);
+    await refreshRuns();
+  } catch (e) { report(e); } finally { button.disabled = false; }
+}
+
+/** A unified diff, its lines classed by their first character. */
+function udiff(text: string): HTMLElement {
+  const pre = el('pre', { class: 'udiff' });
+  for (const line of text.replace(/\n$/, '').split('\n')) {
+    const cls = line.startsWith('+++') || line.startsWith('---') ? 'hdr' : line.startsWith('@@') ? 'hunk'
+      : line.startsWith('+') ? 'add' : line.startsWith('-') ? 'del' : 'ctx';
+    pre.append(el('span', { class: cls }, line + '\n'));
+  }
+  return pre;
+}
+
+function showReplayDiff(rep: RunReplay) {
+  const d = rep.diff;
+  const box = $('replay-diff');
+  const link = el('a', { href: '#' }, rep.replay.run_id);
+  link.addEventListener('click', (ev) => { ev.preventDefault(); void openRun(rep.replay.run_id); });
+  const parts: HTMLElement[] = [el('h4', {}, 'Replay ', link, d.same ? ' — same exit code, output and output files' : ' — differs')];
+  if (rep.note) parts.push(el('p', { class: 'meta' }, rep.note));
+  if (d.exit_code) parts.push(el('p', { class: 'exit-change' }, `exit code ${d.exit_code.original} → ${d.exit_code.replay}`));
+  if (d.stdout) parts.push(udiff(d.stdout));
+  if (d.stderr) parts.push(udiff(d.stderr));
+  for (const f of d.files ?? []) {
+    if (f.binary) {
+      const side = (size?: number, sum?: string) => size === undefined ? 'none' : `${size} bytes, sha256 ${sum!.slice(0, 16)}…`;
+      parts.push(el('p', { class: 'file-change' }, `output/${f.path} ${f.change} (binary): ${side(f.original_size, f.original_sha256)} → ${side(f.replay_size, f.replay_sha256)}`));
+    } else if (f.diff) {
+      parts.push(udiff(f.diff));
+    }
+  }
+  box.className = d.same ? 'replay same' : 'replay differs';
+  box.replaceChildren(...parts);
 }
 
 // ---- terminal ----

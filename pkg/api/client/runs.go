@@ -90,6 +90,16 @@ func (c *Client) Run(ctx context.Context, id string, maxLog int64) (*RunRecord, 
 	return &r, nil
 }
 
+// ReplayRun re-runs run id in a fresh sandbox and compares the new run
+// with it (run_replay).
+func (c *Client) ReplayRun(ctx context.Context, req apitypes.RunReplayRequest) (*apitypes.RunReplay, error) {
+	var r apitypes.RunReplay
+	if err := c.doJSON(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(req.RunID)+"/replay", nil, nil, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
 // Languages lists the enabled languages and whether their images are built.
 func (c *Client) Languages(ctx context.Context) ([]LanguageInfo, error) {
 	var l struct {

@@ -37,6 +37,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/mcpserver"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/principal"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
 )
 
 // Engine is mcpserver.Engine over a gateway's nodes.
@@ -725,6 +726,23 @@ func (e *Engine) ListRuns(ctx context.Context, f apitypes.RunFilter) ([]apitypes
 func (e *Engine) GetRun(ctx context.Context, id string, maxLog int64) (*apitypes.RunRecord, error) {
 	return found(e, ctx, "run "+id, func(c *client.Client) (*apitypes.RunRecord, error) { return c.Run(ctx, id, maxLog) })
 }
+
+// ReplayRun goes to the node that has the run: its image and record are
+// there.
+func (e *Engine) ReplayRun(ctx context.Context, req apitypes.RunReplayRequest) (*apitypes.RunReplay, error) {
+	at, err := locate(e, ctx, "run "+req.RunID, func(c *client.Client) (*apitypes.RunRecord, error) { return c.Run(ctx, req.RunID, 1) })
+	if err != nil {
+		return nil, err
+	}
+	c, err := e.client(at.node)
+	if err != nil {
+		return nil, err
+	}
+	res, err := c.ReplayRun(ctx, req)
+	return res, nodeErr(at.node, "run "+req.RunID, err)
+}
+
+var _ pipeline.Replays = (*Engine)(nil)
 
 // Autofix places the loop's sandbox as a create is placed. The node fixes
 // with its own provider or the client one; the sampling provider (the MCP

@@ -52,6 +52,8 @@ type RunSpec struct {
 	Args       []string
 	// Deadline bounds every step of every attempt.
 	Deadline time.Time
+	// ReplayOf names the run this one replays (run_replay).
+	ReplayOf string
 }
 
 // CodeRun is a run record being written and the sandbox it runs in.
@@ -122,7 +124,7 @@ func (s *Service) startRun(ctx context.Context, spec RunSpec) (*CodeRun, error) 
 	}
 	r := &CodeRun{s: s, h: h, Record: rec, deadline: spec.Deadline, ephemeral: given == nil}
 	r.Meta = runs.Metadata{Kind: spec.Kind, Language: h.Name, StartTime: rec.StartedAt.UTC(), Image: h.Name,
-		Entrypoint: spec.Entrypoint, Args: spec.Args, Ephemeral: given == nil, Steps: []runs.Step{}}
+		Entrypoint: spec.Entrypoint, Args: spec.Args, Ephemeral: given == nil, Steps: []runs.Step{}, ReplayOf: spec.ReplayOf}
 	r.Sandbox = given
 	if given == nil {
 		req := spec.Sandbox

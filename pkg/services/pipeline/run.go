@@ -215,6 +215,17 @@ func (s *Service) RunBudget(field string, secs *float64) (time.Duration, error) 
 // compiles and runs, keeps a run record, and returns the steps' outcomes.
 // onOutput, if not nil, receives every step's output as it arrives.
 func (s *Service) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandbox.OutputFunc) (*RunResult, error) {
+	return s.runCode(ctx, req, onOutput, nil)
+}
+
+// replayPin is what a replay adds to a run_code request (replay.go).
+type replayPin struct {
+	of     string // the replayed run
+	digest string // its image digest
+	pids   int64  // its sandbox's process limit
+}
+
+func (s *Service) runCode(ctx context.Context, req RunCodeRequest, onOutput sandbox.OutputFunc, pin *replayPin) (*RunResult, error) {
 	h, files, main, err := s.Program(req.Language, req.Code, req.Files, req.Entrypoint, req.Args, req.Stdin)
 	if err != nil {
 		return nil, err
@@ -236,11 +247,26 @@ func (s *Service) RunCode(ctx context.Context, req RunCodeRequest, onOutput sand
 		return nil, errdefs.Invalidf("backend: must be container or vm, got %q", req.Backend)
 	}
 	// An image built on first use streams its phases like the run's output.
-	run, err := s.StartRun(images.WithBuildOutput(ctx, onOutput), RunSpec{
+	spec := RunSpec{
 		Handler: h, SandboxID: req.SandboxID, Backend: req.Backend, Entrypoint: main, Args: req.Args, Deadline: time.Now().Add(budget),
 		Sandbox: apitypes.CreateSandboxRequest{Network: network, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, CPUs: req.CPUs, Root: req.Root},
-	})
+	}
+	if pin != nil {
+		spec.ReplayOf, spec.Sandbox.ImageDigest = pin.of, pin.digest
+		if pin.pids > 0 {
+			spec.Sandbox.Pids = &pin.pids
+		}
+	}
+	run, err := s.StartRun(images.WithBuildOutput(ctx, onOutput), spec)
 	if err != nil {
+		return nil, err
+	}
+	install := req.Install == nil || *req.Install
+	// What run_replay needs besides the files and the sandbox's limits.
+	if err := run.Record.WriteJSON(runs.InputsJSON, runs.Inputs{Stdin: req.Stdin, Env: req.Env, Install: install,
+		TimeoutMS: budget.Milliseconds(), Backend: req.Backend, Root: req.Root}); err != nil {
+		err = errdefs.Wrap(errdefs.Internal, err, "write run inputs")
+		_ = run.FinishAndRelease(context.WithoutCancel(ctx), nil, err)
 		return nil, err
 	}
 	var stdin []byte
@@ -248,7 +274,7 @@ func (s *Service) RunCode(ctx context.Context, req RunCodeRequest, onOutput sand
 		stdin = []byte(req.Stdin)
 	}
 	res, runErr := run.Run(ctx, Attempt{Files: files, Main: main, Args: req.Args, Stdin: stdin, Env: req.Env,
-		Install: req.Install == nil || *req.Install, MaxOutputBytes: req.MaxOutputBytes, OnOutput: onOutput})
+		Install: install, MaxOutputBytes: req.MaxOutputBytes, OnOutput: onOutput})
 	if err := run.FinishAndRelease(context.WithoutCancel(ctx), res, runErr); err != nil && runErr == nil {
 		s.log.Error("write run record", "run", run.Record.ID, "err", err)
 	}
