@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm"
 )
 
 // TestVMs drives VMs through the engine's sandbox operations on one engine
@@ -172,7 +173,9 @@ func TestVMs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	// Bounded by the boot budget (derived from the host's contention), not
+	// a fixed 30 s: the guest's scheduler starves with the host's.
+	for deadline := time.Now().Add(vm.BootBudget("")); ; time.Sleep(50 * time.Millisecond) {
 		st, err := env.JobStatus(ctx, JobStatusRequest{SandboxID: v.ID, JobID: job})
 		if err != nil || st.State == "finished" || time.Now().After(deadline) {
 			if err != nil || st.State != "finished" || st.Stdout != "job\n" || st.ExitCode == nil || *st.ExitCode != 0 {
@@ -333,7 +336,7 @@ func TestVMs(t *testing.T) {
 	if err := syscall.Kill(rec.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(vm.BootBudget("")); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if g, err := env.GetSandbox(ctx, v.ID); err == nil && !g.State.Live() {
 			break
 		}

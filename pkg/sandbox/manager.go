@@ -534,17 +534,23 @@ const (
 	CrashAfterReady  = "sandbox.ready"    // ready: a restart adopts it
 )
 
+// waitAgent pings the agent until it answers, within limit. Each ping may
+// take longer than the last (1 s doubling up to 16 s): on a saturated host
+// an agent that is up can take seconds to answer (a VM's goes through the
+// guest's virtio-serial port), and a ping cut short every time would
+// never see it.
 func waitAgent(ctx context.Context, c *agent.Client, h Handle, limit time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	delay := 2 * time.Millisecond
+	delay, attempt := 2*time.Millisecond, time.Second
 	for {
-		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+		pctx, pcancel := context.WithTimeout(ctx, attempt)
 		_, err := c.Ping(pctx)
 		pcancel()
 		if err == nil {
 			return nil
 		}
+		attempt = min(2*attempt, 16*time.Second)
 		select {
 		case <-h.Done():
 			return fmt.Errorf("sandbox init exited during start (%s)", h.ExitDescription())

@@ -21,9 +21,14 @@ type conn struct {
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
-	ended    string // why the connection's sessions were ended, once they were
-	handles  int    // files open through SFTP (sftp.go)
-	wg       sync.WaitGroup
+	// opening counts sessions between their open and add: a slot is
+	// reserved before the channel is accepted, so that two opens racing
+	// cannot both pass the maxSessions check and the client hears the
+	// refusal at the open, whatever the scheduler does.
+	opening int
+	ended   string // why the connection's sessions were ended, once they were
+	handles int    // files open through SFTP (sftp.go)
+	wg      sync.WaitGroup
 }
 
 // globalRequests answers the connection-level requests: remote forwarding
@@ -98,10 +103,26 @@ func (c *conn) keepalive(interval time.Duration) {
 	}
 }
 
+// reserve takes a session slot for a channel about to be accepted; false
+// when all maxSessions are taken (open or being opened).
+func (c *conn) reserve() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.sessions)+c.opening >= maxSessions {
+		return false
+	}
+	c.opening++
+	return true
+}
+
+// add turns a slot taken by reserve into the open session s; false when
+// the connection's sessions were ended meanwhile. The slot is given back
+// either way.
 func (c *conn) add(s *session) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ended != "" || len(c.sessions) >= maxSessions {
+	c.opening--
+	if c.ended != "" {
 		return false
 	}
 	if c.sessions == nil {
@@ -110,6 +131,13 @@ func (c *conn) add(s *session) bool {
 	c.sessions[s] = struct{}{}
 	c.wg.Add(1)
 	return true
+}
+
+// unreserve gives back a slot whose channel was never accepted.
+func (c *conn) unreserve() {
+	c.mu.Lock()
+	c.opening--
+	c.mu.Unlock()
 }
 
 func (c *conn) remove(s *session) {

@@ -63,25 +63,20 @@ var signals = map[string]bool{"ABRT": true, "ALRM": true, "FPE": true, "HUP": tr
 	"KILL": true, "PIPE": true, "QUIT": true, "SEGV": true, "TERM": true, "USR1": true, "USR2": true}
 
 func (c *conn) session(nc ssh.NewChannel) {
-	c.mu.Lock()
-	full := len(c.sessions) >= maxSessions
-	c.mu.Unlock()
-	if full {
+	if !c.reserve() {
 		// Refused at the open, so the client says why ("open failed").
 		_ = nc.Reject(ssh.ResourceShortage, fmt.Sprintf("mcp-sandboxd: at most %d sessions per connection", maxSessions))
 		return
 	}
 	ch, reqs, err := nc.Accept()
 	if err != nil {
+		c.unreserve()
 		return
 	}
 	s := &session{c: c, ch: ch, env: map[string]string{}}
 	if !c.add(s) {
 		c.mu.Lock()
 		why := c.ended
-		if why == "" {
-			why = fmt.Sprintf("at most %d sessions per connection", maxSessions)
-		}
 		c.mu.Unlock()
 		s.fin.Do(func() { s.end(exitLost, why) })
 		return

@@ -40,9 +40,13 @@ root=/dev/vda
 for a in $(cat /proc/cmdline); do
 	case "$a" in root=/dev/*) root="${a#root=}" ;; esac
 done
+# virtio_blk creates the disk while insmod runs; a partition may follow
+# a little later. Wait up to 60 s of guest time: a disk that is really
+# missing is an image error, and the host's boot budget bounds the boot
+# anyway, so this only needs to outlast a starved guest.
 i=0
 while [ ! -b "$root" ]; do
-	i=$((i+1)); [ $i -gt 1000 ] && fail "no $root"
+	i=$((i+1)); [ $i -gt 6000 ] && fail "no $root"
 	sleep 0.01
 done
 mount -t ext4 -o rw,noatime "$root" /newroot || fail "mount $root"

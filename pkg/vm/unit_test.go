@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
@@ -150,5 +151,52 @@ func TestModuleOrder(t *testing.T) {
 	}
 	if _, err := moduleOrder(dir, []string{"virtio_console"}); err == nil || !strings.Contains(err.Error(), "virtio_console") {
 		t.Fatalf("missing module: %v", err)
+	}
+}
+
+func TestContentionOf(t *testing.T) {
+	for _, c := range []struct {
+		loadavg string
+		cpus    int
+		want    float64
+	}{
+		{"0.50 0.40 0.30 1/300 1234", 2, 1},      // idle: at least 1
+		{"120.00 80.00 40.00 3/900 1234", 2, 60}, // saturated, by the average
+		{"1.00 1.00 1.00 41/900 1234", 2, 20},    // a burst the average has not seen yet
+		{"garbage", 2, 1},
+	} {
+		if got := contentionOf(c.loadavg, c.cpus); got != c.want {
+			t.Errorf("contentionOf(%q, %d) = %v, want %v", c.loadavg, c.cpus, got, c.want)
+		}
+	}
+}
+
+func TestBootBudget(t *testing.T) {
+	boots.mu.Lock()
+	saved := boots.last
+	boots.last = nil
+	boots.mu.Unlock()
+	t.Cleanup(func() { boots.mu.Lock(); boots.last = saved; boots.mu.Unlock() })
+
+	// Nothing measured: the nominal boot, slack, scaled by the contention,
+	// within the bounds.
+	if got := bootBudget(AccelTCG, 1); got != minBootBudget {
+		t.Errorf("idle, unmeasured: %v, want the floor %v", got, minBootBudget)
+	}
+	if got := bootBudget(AccelTCG, 5); got != 5*bootSlack*nominalBoot[AccelTCG] {
+		t.Errorf("contention 5, unmeasured: %v", got)
+	}
+	if got := bootBudget("", 1000); got != maxBootBudget {
+		t.Errorf("contention 1000: %v, want the cap %v", got, maxBootBudget)
+	}
+	// A measured boot of 30 s at contention 2: at contention 4 the budget is
+	// slack x 30 s x 2.
+	observeBoot(AccelTCG, 30*time.Second, 2)
+	if got := bootBudget(AccelTCG, 4); got != bootSlack*60*time.Second {
+		t.Errorf("measured 30 s at 2, now 4: %v, want %v", got, bootSlack*60*time.Second)
+	}
+	// KVM has its own reference.
+	if got := bootBudget(AccelKVM, 1); got != minBootBudget {
+		t.Errorf("kvm: %v", got)
 	}
 }

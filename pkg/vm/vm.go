@@ -68,9 +68,6 @@ const (
 	DefaultQEMU      = "qemu-system-x86_64"
 	DefaultMemoryMiB = 512
 	DefaultCPUs      = 1
-	// qmpTimeout bounds every QMP call; savevm/loadvm of a few hundred MiB
-	// take well under a second, screendump milliseconds.
-	qmpTimeout = 30 * time.Second
 	// tcgCacheMiB caps TCG's translation cache (QEMU's default is 1 GiB
 	// of address space, which would count against the cgroup).
 	tcgCacheMiB = 64
@@ -157,6 +154,13 @@ type VM struct {
 
 	exitErr error // set before done is closed (started VMs only)
 	started bool  // started by us (not adopted)
+
+	// A cold boot of our guests (kernel and initramfs, not restored from
+	// a template) is measured once, at its first ready guest agent, to
+	// derive later boots' budgets (boottime.go).
+	coldBoot        bool
+	startContention float64
+	bootMeasured    bool
 }
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
@@ -181,7 +185,8 @@ func Start(ctx context.Context, s Spec) (_ *VM, err error) {
 	if err := os.Chmod(s.Dir, 0o700); err != nil { // whatever the umask
 		return nil, err
 	}
-	v := &VM{dir: s.Dir, done: make(chan struct{}), started: true}
+	v := &VM{dir: s.Dir, done: make(chan struct{}), started: true,
+		coldBoot: s.Guest.Kernel != "" && s.FromTemplate == "", startContention: HostContention()}
 	v.rec = record{ID: s.ID, Accel: s.Accel, Cgroup: s.Cgroup, Started: time.Now().UTC()}
 	defer func() {
 		if err != nil {
@@ -237,7 +242,7 @@ func Start(ctx context.Context, s Spec) (_ *VM, err error) {
 			return nil, err
 		}
 	}
-	v.mon = newMonitor(filepath.Join(s.Dir, qmpSocket), qmpTimeout, v.onEvent)
+	v.mon = newMonitor(filepath.Join(s.Dir, qmpSocket), scaled(qmpCallBase), v.onEvent)
 	if err := v.waitQMP(ctx); err != nil {
 		return nil, err
 	}
@@ -355,7 +360,7 @@ func (s *Spec) args() []string {
 	}
 	if s.Guest.Kernel != "" {
 		a = append(a, "-kernel", s.Guest.Kernel, "-initrd", s.Guest.Initrd,
-			"-append", strings.TrimSpace("console=ttyS0 console=tty0 panic=-1 quiet "+s.KernelArgs))
+			"-append", strings.TrimSpace("console=ttyS0 console=tty0 panic=-1 quiet "+SlowHostKernelArgs(s.Accel)+" "+s.KernelArgs))
 	}
 	if s.Firmware != nil {
 		if s.Firmware.SecureBoot {
@@ -377,6 +382,48 @@ func (s *Spec) args() []string {
 		a = append(a, "-runas", s.RunAs)
 	}
 	return a
+}
+
+// SlowHostKernelArgs are the guest kernel parameters that let a Linux
+// guest boot however late its vCPU and QEMU's timers run: on a host whose
+// CPUs are saturated a TCG guest's kernel otherwise dies in its timer
+// check ("..MP-BIOS bug: 8254 timer not connected to IO-APIC", then
+// "IO-APIC + timer doesn't work!"). Each is chosen for a reason:
+//
+//   - no_timer_check: the kernel's check_timer() busy-waits a fixed number
+//     of TSC cycles (about 70 ms on this host) and requires four jiffies
+//     to have passed. Under TCG the TSC is the host's and runs on while
+//     QEMU's main loop, which fires the emulated PIT, waits for a CPU; the
+//     ticks it misses are dropped, not queued, so on a busy host the check
+//     fails and the kernel panics although the timer works. KVM guests
+//     skip the check by themselves (kvm_guest_init); ours skip it always.
+//   - tsc=reliable (TCG only): TCG's TSC is the host's counter
+//     (cpu_get_host_ticks, kept monotonic by QEMU), at the host's
+//     invariant rate; the clocksource watchdog that compares it with the
+//     HPET would see only scheduling delays on a busy host, mark the TSC
+//     unstable and move the guest to the HPET, every read of which is an
+//     emulated MMIO access — slower still. Under KVM the guest picks
+//     kvm-clock or a stable TSC itself and the watchdog stays.
+//   - noapictimer (TCG only): TCG offers no TSC-deadline timer, so the
+//     guest would calibrate its local APIC timer against PIT ticks for
+//     100 ms and verify it for another 100 ms: on a busy host the
+//     calibration is skewed by late ticks and the verification fails (the
+//     kernel then falls back to the broadcast it uses here from the
+//     start). Without it the HPET, which QEMU drives from its real-time
+//     clock, is the tick device. Under KVM the TSC-deadline timer needs
+//     no calibration and stays.
+//
+// Not chosen: lpj= (the delay loop is not calibrated anyway: with a TSC the
+// kernel derives loops_per_jiffy from the TSC's frequency, measured against
+// the PIT/HPET/PM timer, all real-time clocks in QEMU), tsc_early_khz= (the
+// host's TSC frequency is not published to user space), clocksource= (TSC
+// is the highest-rated one left once it is reliable), -no-hpet (the HPET
+// is the tick device here).
+func SlowHostKernelArgs(accel string) string {
+	if accel == AccelKVM {
+		return "no_timer_check"
+	}
+	return "no_timer_check tsc=reliable noapictimer"
 }
 
 // sandboxOpt is QEMU's own seccomp filter: no spawning, no obsolete or
@@ -425,9 +472,13 @@ func (v *VM) startTPM(ctx context.Context, s Spec) error {
 	}
 }
 
-// waitQMP waits for QEMU's monitor socket and checks that QMP answers.
+// waitQMP waits for QEMU's monitor socket and checks that QMP answers,
+// retrying within a bound scaled by the host's contention (QEMU sets up
+// its devices, and reads a template's RAM for -loadvm, before its main
+// loop answers; on a saturated host that takes many times longer).
 func (v *VM) waitQMP(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	limit := scaled(qmpStartBase)
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for {
 		_, err := v.mon.run(ctx, "query-status", nil)
@@ -438,7 +489,7 @@ func (v *VM) waitQMP(ctx context.Context) error {
 		case <-v.done:
 			return errdefs.Unavailablef("qemu exited at start: %v: %s", v.exitErr, v.tail(qemuLog, 2000))
 		case <-ctx.Done():
-			return errdefs.Wrap(errdefs.Unavailable, err, "qemu monitor")
+			return errdefs.Wrap(errdefs.Unavailable, err, "qemu monitor did not answer within %s", limit)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -551,21 +602,29 @@ func (v *VM) resetQGA() {
 	}
 }
 
-// WaitReady waits until the guest agent answers guest-sync-delimited.
+// WaitReady waits until the guest agent answers guest-sync-delimited,
+// as long as ctx allows (callers bound it with BootBudget). Each attempt
+// gets longer than the last (1 s doubling up to 16 s): on a saturated
+// host a guest agent that is up may take seconds to answer, and an
+// attempt cut short every time would never see it. The first ready agent
+// of a cold boot is the boot measurement later budgets derive from.
 func (v *VM) WaitReady(ctx context.Context) error {
+	attempt := time.Second
 	for {
 		err := func() error {
 			c, err := v.QGA(ctx)
 			if err != nil {
 				return err
 			}
-			sctx, cancel := context.WithTimeout(ctx, time.Second)
+			sctx, cancel := context.WithTimeout(ctx, attempt)
 			defer cancel()
 			return c.Sync(sctx)
 		}()
 		if err == nil {
+			v.measureBoot()
 			return nil
 		}
+		attempt = min(2*attempt, 16*time.Second)
 		select {
 		case <-v.done:
 			return errdefs.Unavailablef("vm %s: qemu exited before the guest was ready; console: %s", v.rec.ID, v.Console(2000))
@@ -574,6 +633,19 @@ func (v *VM) WaitReady(ctx context.Context) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// measureBoot records the VM's cold boot (Start to the first ready guest
+// agent) for BootBudget, once; restored and adopted VMs are not boots.
+// The contention recorded is the mean of the start's and the end's.
+func (v *VM) measureBoot() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.coldBoot || v.bootMeasured {
+		return
+	}
+	v.bootMeasured = true
+	observeBoot(v.rec.Accel, time.Since(v.rec.Started), (v.startContention+HostContention())/2)
 }
 
 // Status returns QEMU's run state ("running", "paused", ...).
@@ -690,12 +762,29 @@ func Adopt(ctx context.Context, dir string) (*VM, error) {
 		}
 		close(v.done)
 	}()
-	v.mon = newMonitor(filepath.Join(dir, qmpSocket), qmpTimeout, v.onEvent)
-	if _, err := v.mon.run(ctx, "query-status", nil); err != nil {
-		v.mon.close()
-		return nil, err
+	// QMP is retried while QEMU lives, within a bound scaled by the
+	// host's contention: a busy QEMU (or one still noticing that the dead
+	// daemon's connection closed: it serves one client at a time) may
+	// answer late, and a VM given up here would be released as dead.
+	v.mon = newMonitor(filepath.Join(dir, qmpSocket), scaled(qmpCallBase), v.onEvent)
+	limit := scaled(qmpStartBase)
+	actx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		_, err := v.mon.run(actx, "query-status", nil)
+		if err == nil {
+			return v, nil
+		}
+		select {
+		case <-v.done:
+			v.mon.close()
+			return nil, errdefs.NotFoundf("vm %s: qemu pid %d exited", v.rec.ID, v.rec.PID)
+		case <-actx.Done():
+			v.mon.close()
+			return nil, errdefs.Wrap(errdefs.Unavailable, err, "vm %s: qemu monitor did not answer within %s", v.rec.ID, limit)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	return v, nil
 }
 
 // Remove kills the VM whose state directory is dir, if its QEMU (and

@@ -50,9 +50,12 @@ func newSpec(t *testing.T, g *vm.Guest) vm.Spec {
 	}
 }
 
+// start boots s to a ready guest agent within the boot budget derived for
+// this host now (vm.BootBudget), not a fixed deadline: a busy host boots
+// many times slower.
 func start(t *testing.T, s vm.Spec) (*vm.VM, time.Duration) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), vm.BootBudget(s.Accel))
 	defer cancel()
 	t0 := time.Now()
 	v, err := vm.Start(ctx, s)

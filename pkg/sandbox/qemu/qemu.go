@@ -282,7 +282,9 @@ func (b *Backend) template(ctx context.Context, g *vm.Guest, spec vm.Spec) (stri
 	if err != nil {
 		return "", err
 	}
-	if err := v.WaitReady(ctx); err != nil {
+	wctx, cancel := context.WithTimeout(ctx, vm.BootBudget(v.Accel()))
+	defer cancel()
+	if err := v.WaitReady(wctx); err != nil {
 		_ = v.Destroy(context.WithoutCancel(ctx))
 		return "", err
 	}
@@ -556,7 +558,20 @@ func consoleText(raw string, max int) string {
 	return s
 }
 
-// AgentStartup implements sandbox.AgentStarter: a cold boot under TCG on
-// a busy host takes tens of seconds (the first start of a guest also boots
-// its fast-start template inside Start, before this wait).
-func (b *Backend) AgentStartup() time.Duration { return 2 * time.Minute }
+// AgentStartup implements sandbox.AgentStarter: how long a cold boot may
+// take on this host now, derived from a measured boot and the host's CPU
+// contention (vm.BootBudget): a TCG boot on a saturated host takes minutes.
+// The first start of a guest also boots its fast-start template inside
+// Start, under the same budget, before this wait.
+func (b *Backend) AgentStartup() time.Duration { return vm.BootBudget(b.accel()) }
+
+// accel is the accelerator VMs run with: the configured one, else the
+// probe's outcome ("" before the probe ran: BootBudget then assumes TCG,
+// the slower).
+func (b *Backend) accel() string {
+	if b.opt.Accel != "" {
+		return b.opt.Accel
+	}
+	a, _, _ := vm.ProbedAccel()
+	return a
+}

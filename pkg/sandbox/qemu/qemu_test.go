@@ -21,19 +21,24 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm"
 )
 
+// waitAgent waits for the agent of a started VM as the manager does: within
+// the boot budget derived for this host now, each ping allowed longer than
+// the last (a busy host answers late, not never).
 func waitAgent(t *testing.T, h sandbox.Handle) time.Duration {
 	t.Helper()
 	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), vm.BootBudget(VM(h).Accel()))
 	defer cancel()
 	c := agent.NewClient(h.Dial)
+	attempt := time.Second
 	for {
-		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+		pctx, pcancel := context.WithTimeout(ctx, attempt)
 		_, err := c.Ping(pctx)
 		pcancel()
 		if err == nil {
 			return time.Since(t0)
 		}
+		attempt = min(2*attempt, 16*time.Second)
 		select {
 		case <-ctx.Done():
 			t.Fatalf("agent not ready: %v", err)
