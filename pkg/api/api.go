@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/webhooks"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
@@ -67,6 +68,9 @@ type Options struct {
 	// GatewaySecret (node.gateway_secret_file), when set, lets a gateway
 	// that presents it name the principal it authenticated (gateway.go).
 	GatewaySecret string
+	// Webhooks, if not nil, is the lifecycle webhook service, served at
+	// /v1/webhooks (webhooks.go).
+	Webhooks webhooks.Webhooks
 }
 
 type server struct {
@@ -99,6 +103,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	s.routeAudit(mux)
 	s.registerVolumes(mux)
 	s.registerTemplates(mux)
+	s.routeWebhooks(mux)
 	if opt.MCP != nil {
 		mux.Handle("/mcp", s.capBody(opt.MCP))
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/webhooks"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -73,6 +74,9 @@ type Options struct {
 	// ApprovalTimeout bounds the wait for a client's answer to a network
 	// approval (elicit.go); 0 means two minutes.
 	ApprovalTimeout time.Duration
+	// Webhooks, if not nil, is the lifecycle webhook service: the
+	// webhook_* tools (tools_webhooks.go), in group sandbox.
+	Webhooks webhooks.Webhooks
 }
 
 func (o Options) withDefaults(cfg *config.Config) Options {
@@ -193,6 +197,9 @@ func newSrv(e Engine, opt Options) *srv {
 	}
 	if enabled("sandbox") {
 		s.addQuotaTool()
+		if opt.Webhooks != nil {
+			s.addWebhookTools()
+		}
 	}
 	if enabled("exec") {
 		s.addExecTools()
