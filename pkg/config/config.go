@@ -42,7 +42,7 @@ type Config struct {
 	// Webhooks: lifecycle webhooks (pkg/services/webhooks, docs/webhooks.md).
 	Webhooks Webhooks `yaml:"webhooks"`
 	Autofix  Autofix  `yaml:"autofix"`
-	VM      VM      `yaml:"vm"`
+	VM       VM       `yaml:"vm"`
 	// E2B: the E2B-compatible API (pkg/e2b, docs/e2b.md).
 	E2B E2B `yaml:"e2b"`
 	// Audit: the tamper-evident audit log (pkg/audit).
