@@ -336,8 +336,9 @@ webhooks:
   # registered by an admin key.
   allow_private: []
   # The first retry's delay; each further one doubles, up to retry_max,
-  # with jitter (durations).
+  # with jitter (duration, at least 100ms).
   retry_base: 5s
+  # The longest delay between two attempts (duration).
   retry_max: 1h
   # Attempts of one delivery before it is given up (it can be redelivered).
   max_attempts: 8
