@@ -92,7 +92,7 @@ type Webhook struct {
 // WebhookCreateRequest registers a webhook (webhook_create,
 // POST /v1/webhooks).
 type WebhookCreateRequest struct {
-	Name string `json:"name"`
+	Name string `json:"name,omitempty"`
 	URL  string `json:"url"`
 	// Events to deliver; empty: every type.
 	Events []string `json:"events,omitempty"`
