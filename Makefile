@@ -133,7 +133,8 @@ FUZZ_TARGETS := \
 	./pkg/agent:FuzzReadFrame \
 	./pkg/agent:FuzzValidatePath \
 	./pkg/apitypes:FuzzDecodeRequests \
-	./pkg/api:FuzzDecodeJSON
+	./pkg/api:FuzzDecodeJSON \
+	./pkg/services/webhooks:FuzzCreateWebhook
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \

@@ -99,6 +99,13 @@ if [[ ! -e test/e2b/node_modules/e2b/package.json || test/e2b/package-lock.json 
 	(cd test/e2b && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
+# standardwebhooks, a real Standard Webhooks verifier, checks the daemon's
+# webhook signatures in test/e2e/webhooks_test.go (pinned by
+# test/webhooks/package-lock.json).
+if [[ ! -e test/webhooks/node_modules/standardwebhooks/package.json || test/webhooks/package-lock.json -nt test/webhooks/node_modules/.package-lock.json ]]; then
+	(cd test/webhooks && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 # The web editor's build tools and libraries (pinned by web/package-lock.json).
 if [[ ! -e web/node_modules/.package-lock.json || web/package-lock.json -nt web/node_modules/.package-lock.json ]]; then
 	(cd web && npm ci --no-audit --no-fund --loglevel=error)

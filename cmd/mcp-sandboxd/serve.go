@@ -396,14 +396,14 @@ func (s *listenerSet) open(cfg *config.Config, eng *engine.Engine, log *slog.Log
 	s.closers = append(s.closers, func() { os.Remove(cfg.Server.Socket) })
 	// MCP is served on both listeners: behind the token on TCP, and on the
 	// socket for `mcp-sandboxd stdio`, which bridges to it.
-	mcpH := mcpserver.NewHandler(eng, mcpserver.Options{Log: log, Audit: eng.Audit(), Replays: eng.Replays()}) // the rest from cfg.Server
+	mcpH := mcpserver.NewHandler(eng, mcpserver.Options{Log: log, Audit: eng.Audit(), Webhooks: eng.Webhooks(), Replays: eng.Replays()}) // the rest from cfg.Server
 	// The web editor's logins and sessions, shared by both listeners:
 	// `sandboxctl ui` mints a login URL on the socket, the browser uses it
 	// over HTTP.
 	ui := api.NewUIAuth(api.UIAuthOptions{BaseURL: uiBaseURL(cfg.Server.HTTPAddr)})
-	s.ls = append(s.ls, listener{ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Replays: eng.Replays()}), "unix"})
+	s.ls = append(s.ls, listener{ul, api.NewHandler(eng, api.Options{Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, Webhooks: eng.Webhooks(), Replays: eng.Replays(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)}), "unix"})
 
-	token, err := s.openHTTP(cfg, eng, log, api.Options{Auth: eng.Tenants(), Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, MaxBodyBytes: int64(cfg.Server.MaxRequestBytes), Replays: eng.Replays()})
+	token, err := s.openHTTP(cfg, eng, log, api.Options{Auth: eng.Tenants(), Log: log, MCP: mcpH, UI: ui, Audit: eng.Audit(), SSHConn: sshConn, Webhooks: eng.Webhooks(), Replays: eng.Replays(), MaxBodyBytes: int64(cfg.Server.MaxRequestBytes)})
 	if err != nil {
 		return err
 	}

@@ -99,7 +99,7 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 		execCmd(g), cpCmd(g), exportCmd(g), jobsCmd(g), logsCmd(g), killCmd(g),
 		runCmd(g), runsCmd(g), languagesCmd(g), autofixCmd(g), agentCmd(g),
 		imagesCmd(g), gcCmd(g), uiCmd(g), networkCmd(g), portCmd(g), screenshotCmd(g), vmTestCmd(g),
-		snapshotCmd(g), snapshotsCmd(g), restoreCmd(g), keysCmd(g), auditCmd(g),
+		snapshotCmd(g), snapshotsCmd(g), restoreCmd(g), keysCmd(g), auditCmd(g), webhooksCmd(g),
 		sshCmd(g), sshKeysCmd(g), sshConfigCmd(g), sshProxyCmd(g), volumesCmd(g), templatesCmd(g), nodesCmd(g),
 	)
 	return root, g

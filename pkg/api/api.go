@@ -30,6 +30,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs/errhttp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/webhooks"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/telemetry"
 )
 
@@ -71,6 +72,9 @@ type Options struct {
 	// Replays, if not nil, serves POST /v1/runs/{id}/replay
 	// (pkg/services/pipeline).
 	Replays pipeline.Replays
+	// Webhooks, if not nil, is the lifecycle webhook service, served at
+	// /v1/webhooks (webhooks.go).
+	Webhooks webhooks.Webhooks
 }
 
 type server struct {
@@ -103,6 +107,7 @@ func NewHandler(e Engine, opt Options) http.Handler {
 	s.routeAudit(mux)
 	s.registerVolumes(mux)
 	s.registerTemplates(mux)
+	s.routeWebhooks(mux)
 	if opt.MCP != nil {
 		mux.Handle("/mcp", s.capBody(opt.MCP))
 	}

@@ -39,8 +39,10 @@ type Config struct {
 	Snapshots Snapshots `yaml:"snapshots"`
 	// Volumes: named volumes, disk that outlives sandboxes (docs/storage.md).
 	Volumes Volumes `yaml:"volumes"`
-	Autofix Autofix `yaml:"autofix"`
-	VM      VM      `yaml:"vm"`
+	// Webhooks: lifecycle webhooks (pkg/services/webhooks, docs/webhooks.md).
+	Webhooks Webhooks `yaml:"webhooks"`
+	Autofix  Autofix  `yaml:"autofix"`
+	VM       VM       `yaml:"vm"`
 	// E2B: the E2B-compatible API (pkg/e2b, docs/e2b.md).
 	E2B E2B `yaml:"e2b"`
 	// Audit: the tamper-evident audit log (pkg/audit).
@@ -399,6 +401,30 @@ func (v Volumes) DirOrDefault(stateDir string) string {
 	return filepath.Join(stateDir, "volumes")
 }
 
+// Webhooks is the `webhooks` section: lifecycle webhooks
+// (docs/webhooks.md).
+type Webhooks struct {
+	// AllowPrivate lists the networks (CIDRs) of private, loopback and
+	// link-local addresses any caller's webhook may be delivered to. An
+	// address of those kinds outside them needs the administrator: a hook
+	// an admin key registers may reach one.
+	AllowPrivate []string `yaml:"allow_private"`
+	// RetryBase is the first retry's delay; each further one doubles it,
+	// up to RetryMax, with jitter.
+	RetryBase Duration `yaml:"retry_base"`
+	RetryMax  Duration `yaml:"retry_max"`
+	// MaxAttempts is how many times one delivery is tried before it is
+	// given up (state failed; it can be redelivered).
+	MaxAttempts int `yaml:"max_attempts"`
+	// DisableAfter is how many attempts in a row may fail before the
+	// webhook is disabled.
+	DisableAfter int `yaml:"disable_after"`
+	// MaxAge: deliveries older than this leave the delivery log.
+	MaxAge Duration `yaml:"max_age"`
+	// MaxWebhooks caps the webhooks of one tenant.
+	MaxWebhooks int `yaml:"max_webhooks"`
+}
+
 // Autofix is the `autofix` section.
 type Autofix struct {
 	Provider       string   `yaml:"provider"`        // client | sampling | anthropic | command
@@ -536,7 +562,9 @@ func Default() *Config {
 		},
 		Snapshots: Snapshots{MaxAge: Duration(168 * time.Hour), MaxSize: 2 << 30},
 		Volumes:   Volumes{DefaultSize: 1 << 30, MaxSize: 64 << 30, MaxVolumes: 256, MaxPerSandbox: 8},
-		Autofix:   defaultAutofix(),
+		Webhooks: Webhooks{RetryBase: Duration(5 * time.Second), RetryMax: Duration(time.Hour), MaxAttempts: 8,
+			DisableAfter: 20, MaxAge: Duration(168 * time.Hour), MaxWebhooks: 32},
+		Autofix: defaultAutofix(),
 		VM: VM{
 			QEMU:        "qemu-system-x86_64",
 			Accel:       "auto",

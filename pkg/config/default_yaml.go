@@ -334,6 +334,28 @@ volumes:
   # Volumes one sandbox may mount.
   max_per_sandbox: 8
 
+# Lifecycle webhooks (docs/webhooks.md): signed POSTs of sandbox, run,
+# autofix, quota and node events to URLs each tenant registers, retried
+# with backoff from a queue in the state database.
+webhooks:
+  # Networks (CIDRs) of private, loopback or link-local addresses any
+  # caller's webhook may reach. Outside them such an address needs a hook
+  # registered by an admin key.
+  allow_private: []
+  # The first retry's delay; each further one doubles, up to retry_max,
+  # with jitter (duration, at least 100ms).
+  retry_base: 5s
+  # The longest delay between two attempts (duration).
+  retry_max: 1h
+  # Attempts of one delivery before it is given up (it can be redelivered).
+  max_attempts: 8
+  # Failed attempts in a row after which the webhook is disabled.
+  disable_after: 20
+  # Deliveries older than this leave the delivery log (duration).
+  max_age: 168h
+  # Webhooks per tenant.
+  max_webhooks: 32
+
 # The run, fix, run again loop.
 autofix:
   # Who writes the fixes by default: client (the calling MCP client,

@@ -49,6 +49,7 @@ func (c *Config) Validate() error {
 	c.Images.validate(&p)
 	c.Runs.validate(&p)
 	c.Snapshots.validate(&p)
+	c.Webhooks.validate(&p)
 	c.Volumes.validate(&p)
 	c.Autofix.validate(&p)
 	c.VM.validate(&p)
@@ -643,6 +644,30 @@ func (s *Snapshots) validate(p *problems) {
 	}
 	if s.MaxSize < 0 {
 		p.add("snapshots.max_size", "", "must not be negative (0 means no cap)")
+	}
+}
+
+func (w *Webhooks) validate(p *problems) {
+	for _, c := range w.AllowPrivate {
+		p.cidr("webhooks.allow_private", c)
+	}
+	if w.RetryBase < Duration(100*time.Millisecond) {
+		p.add("webhooks.retry_base", "", "%v is below the minimum of 100ms", w.RetryBase)
+	}
+	if w.RetryMax < w.RetryBase {
+		p.add("webhooks.retry_max", "", "must not be below webhooks.retry_base")
+	}
+	if w.MaxAttempts < 1 || w.MaxAttempts > 100 {
+		p.add("webhooks.max_attempts", "", "must be 1 to 100")
+	}
+	if w.DisableAfter < 1 {
+		p.add("webhooks.disable_after", "", "must be at least 1")
+	}
+	if w.MaxAge <= 0 {
+		p.add("webhooks.max_age", "", "must be positive")
+	}
+	if w.MaxWebhooks < 1 {
+		p.add("webhooks.max_webhooks", "", "must be at least 1")
 	}
 }
 

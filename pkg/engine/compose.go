@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
@@ -113,6 +114,7 @@ func (e *Engine) Core() services.Core {
 		OnImageBuild: func(name, outcome string) { e.metrics.imageBuilds.WithLabelValues(name, outcome).Inc() },
 		Credentials:  credentials{e},
 		MaxImageID:   usernsIDs(e.cfg.Sandbox.UsernsPool),
+		Audit:        e.audit,
 	}
 }
 
@@ -123,6 +125,10 @@ func (e *Engine) Start(ctx context.Context, set *services.Set) error {
 	// A preview exposure lives only as long as the key that made it.
 	e.ports.SetKeyCheck(e.tenants.Valid)
 	e.sshKeys = set.SSHKeys
+	// Lifecycle webhooks take every lifecycle event at the manager's one
+	// seam; deliveries a previous run left pending resume.
+	e.webhooks = set.Webhooks
+	e.sandboxes.OnLifecycle(e.webhooks.Announce)
 	if err := e.pipeline.Open(); err != nil {
 		e.closeCore()
 		return err
@@ -135,6 +141,7 @@ func (e *Engine) Start(ctx context.Context, set *services.Set) error {
 	e.pruneStaleImages(ctx)
 	e.sandboxes.Start()
 	e.snapshots.Start()
+	e.webhooks.Start()
 	return nil
 }
 
@@ -292,7 +299,11 @@ func (e *Engine) newSandboxService(backend sandbox.Backend) error {
 			return *spec, nil
 		},
 		Admit: func(ctx context.Context, l sandbox.Limits) (func(), error) {
-			return e.tenants.Admit(ctx, l, e.sandboxes.HeldBy)
+			release, err := e.tenants.Admit(ctx, l, e.sandboxes.HeldBy)
+			if errdefs.Is(err, errdefs.LimitExceeded) {
+				e.announceQuota(ctx, err)
+			}
+			return release, err
 		},
 		PoolReady: func(ctx context.Context, id, key string) error {
 			name, ok := strings.CutPrefix(key, sandbox.TemplatePoolKey(""))

@@ -46,6 +46,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/volumes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/webhooks"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/storage"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store/pgstore"
@@ -88,6 +89,7 @@ type Engine struct {
 	sshState                           // SSH identities and host key (ssh.go, pkg/services/sshkeys)
 	volumes         *volumes.Service   // named volumes (pkg/services/volumes)
 	volumeDisks     *storage.Store     // image files of named volumes
+	webhooks        *webhooks.Service  // lifecycle webhooks (webhooks.go, pkg/services/webhooks)
 
 	// e2bPort and previewPort are the listeners' ports NodeStatus
 	// reports (node.go).
@@ -201,6 +203,9 @@ func (e *Engine) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		e.pipeline.WaitReleases(ctx)
 		cancel()
+	}
+	if e.webhooks != nil { // nil when Start was not reached
+		e.webhooks.Stop()
 	}
 	e.sandboxes.Close()
 	if e.runtime != nil {

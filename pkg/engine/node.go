@@ -56,8 +56,11 @@ func (e *Engine) SetDraining(ctx context.Context, draining bool) (*apitypes.Node
 	if err := writeDrain(e.cfg.Paths.StateDir, draining); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "draining: persist the flag")
 	}
-	e.draining.Store(draining)
+	was := e.draining.Swap(draining)
 	e.log.Info("node drain", "draining", draining)
+	if draining && !was {
+		e.announceDrain(ctx)
+	}
 	return e.NodeStatus(ctx)
 }
 

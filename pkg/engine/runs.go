@@ -59,6 +59,7 @@ func (e *Engine) RunCode(ctx context.Context, req RunCodeRequest, onOutput sandb
 	res, err := e.pipeline.RunCode(ctx, req, onOutput)
 	if res != nil {
 		span.SetAttributes(telemetry.Sandbox(res.SandboxID))
+		e.announceRun(ctx, res)
 	}
 	return res, telemetry.End(span, err)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/pipeline"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/webhooks"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 )
 
@@ -76,6 +77,9 @@ type Options struct {
 	ApprovalTimeout time.Duration
 	// Replays, if not nil, serves run_replay (group run).
 	Replays pipeline.Replays
+	// Webhooks, if not nil, is the lifecycle webhook service: the
+	// webhook_* tools (tools_webhooks.go), in group sandbox.
+	Webhooks webhooks.Webhooks
 }
 
 func (o Options) withDefaults(cfg *config.Config) Options {
@@ -196,6 +200,9 @@ func newSrv(e Engine, opt Options) *srv {
 	}
 	if enabled("sandbox") {
 		s.addQuotaTool()
+		if opt.Webhooks != nil {
+			s.addWebhookTools()
+		}
 	}
 	if enabled("exec") {
 		s.addExecTools()

@@ -193,6 +193,8 @@ type Manager struct {
 	forgotten chan struct{}
 
 	events bus
+	// lifecycle receives the lifecycle events (lifecycle.go).
+	lifecycle atomic.Pointer[lifecycleSink]
 
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}
@@ -416,6 +418,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (*Info, error) {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "record sandbox")
 	}
 	crashpoint.Hit(CrashAfterRecord)
+	m.announceSandbox(sb, apitypes.EventSandboxCreated, "")
 	m.mu.Lock()
 	m.sandboxes[sb.ID] = sb
 	m.creating-- // the sandbox itself now counts against max_sandboxes
@@ -614,6 +617,7 @@ func (m *Manager) transitioned(sb *Sandbox, from, to State, reason string, err e
 	sb.state = to
 	m.log.Debug("sandbox transition", "sandbox", sb.ID, "from", from, "to", to, "reason", reason)
 	m.events.publish(Event{Type: "state", SandboxID: sb.ID, Tenant: sb.owner(), From: string(from), To: string(to), Reason: reason})
+	m.announceTransition(sb, from, to, reason)
 	if m.opt.OnTransition != nil {
 		m.opt.OnTransition(sb.ID, from, to, reason)
 	}

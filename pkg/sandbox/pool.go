@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
@@ -175,6 +176,12 @@ func (m *Manager) claim(ctx context.Context, spec Spec) (*Info, error) {
 		return nil, err
 	}
 	m.log.Debug("claimed a warm sandbox", "sandbox", sb.ID, "image", spec.Image)
+	// The warm sandbox announced nothing while it was nobody's: for its
+	// caller it is created, and ready, now.
+	sb.mu.Lock()
+	m.announceSandbox(sb, apitypes.EventSandboxCreated, "")
+	m.announceSandbox(sb, apitypes.EventSandboxReady, "")
+	sb.mu.Unlock()
 	return m.Get(ctx, sb.ID)
 }
 

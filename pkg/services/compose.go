@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/audit"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
@@ -25,6 +26,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/ports"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/snapshots"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/sshkeys"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/services/webhooks"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
@@ -63,6 +65,9 @@ type Core struct {
 	// Credentials says whether agent sessions have their credential, and
 	// what a sandbox spent of it (the network's credential proxy).
 	Credentials agents.Credentials
+	// Audit is the audit log, where the webhooks service records a
+	// webhook its failures disabled.
+	Audit *audit.Log
 	// MaxImageID is the highest uid and gid an imported image's files may
 	// have: the size of a sandbox's user-namespace range.
 	MaxImageID int
@@ -77,6 +82,7 @@ type Set struct {
 	Fixes     *fixloop.Service
 	Snapshots *snapshots.Service
 	SSHKeys   *sshkeys.Service
+	Webhooks  *webhooks.Service
 }
 
 // Compose makes every service over the core, each given only the narrow
@@ -100,6 +106,7 @@ func Compose(c Core) *Set {
 		RecordsMaxAge: cfg.Runs.MaxAge.D(), Registerer: c.Registerer, Log: log})
 	s.Snapshots = snapshots.New(c.Sandboxes, c.Store, cfg.Snapshots, cfg.Paths.StateDir, log)
 	s.SSHKeys = sshkeys.New(c.Store)
+	s.Webhooks = webhooks.New(webhooks.Options{Store: c.Store, Config: cfg.Webhooks, Audit: c.Audit, Log: log})
 	return s
 }
 

@@ -324,6 +324,55 @@ DROP TABLE volumes;
 ALTER TABLE volumes_v14 RENAME TO volumes;
 `,
 	},
+	{
+		version:     15,
+		description: "lifecycle webhooks and their delivery queue",
+		sql: `
+-- Lifecycle webhooks (pkg/services/webhooks), one row per registration.
+-- secret is the signing key as issued (whsec_...): the state directory is
+-- root's, like the preview tokens'; the API shows it only at creation.
+-- events is the subscribed types joined by commas ('' for all).
+-- allow_private: an admin registered it, so it may reach a private,
+-- loopback or link-local address outside webhooks.allow_private.
+-- failures counts failed attempts in a row; disabled_reason is '' while
+-- enabled.
+CREATE TABLE webhooks (
+	id              TEXT PRIMARY KEY,
+	tenant          TEXT NOT NULL DEFAULT '',
+	name            TEXT NOT NULL,
+	url             TEXT NOT NULL,
+	secret          TEXT NOT NULL,
+	events          TEXT NOT NULL DEFAULT '',
+	timeout_ms      INTEGER NOT NULL,
+	enabled         INTEGER NOT NULL,
+	disabled_reason TEXT NOT NULL DEFAULT '',
+	failures        INTEGER NOT NULL DEFAULT 0,
+	allow_private   INTEGER NOT NULL DEFAULT 0,
+	created_by      TEXT NOT NULL DEFAULT '',
+	created_at      INTEGER NOT NULL,
+	updated_at      INTEGER NOT NULL
+) STRICT;
+-- The delivery queue and log: a row is written before the first attempt,
+-- so a delivery outlives a restart; id is the message id every attempt
+-- sends (webhook-id). No foreign key: deleting a hook deletes its rows
+-- in the same transaction.
+CREATE TABLE webhook_deliveries (
+	id              TEXT PRIMARY KEY,
+	webhook_id      TEXT NOT NULL,
+	event_type      TEXT NOT NULL,
+	payload         BLOB NOT NULL,
+	state           TEXT NOT NULL,
+	attempts        INTEGER NOT NULL DEFAULT 0,
+	next_attempt_at INTEGER NOT NULL DEFAULT 0,
+	last_status     INTEGER NOT NULL DEFAULT 0,
+	last_error      TEXT NOT NULL DEFAULT '',
+	created_at      INTEGER NOT NULL,
+	delivered_at    INTEGER NOT NULL DEFAULT 0
+) STRICT;
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (state, next_attempt_at);
+CREATE INDEX webhook_deliveries_hook ON webhook_deliveries (webhook_id, created_at);
+`,
+	},
 }
 
 // migrate brings the schema to the latest version in migrations.
