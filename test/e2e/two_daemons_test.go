@@ -208,10 +208,10 @@ func cyclesNow(mu *sync.Mutex, n *int) int {
 	return *n
 }
 
-// TestSecondDaemonRefused: a daemon whose configuration names a bridge,
+// TestCollidingDaemonRefused: a daemon whose configuration names a bridge,
 // address range, run dir or cgroup parent a live daemon holds does not
 // start, and says which setting collides and who holds it.
-func TestSecondDaemonRefused(t *testing.T) {
+func TestCollidingDaemonRefused(t *testing.T) {
 	h := newSimulatedHost(t)
 	a := testenv.NewDaemon(t)
 	a.Wrapper = []string{"nsenter", "--net=/run/netns/" + h.name}
@@ -245,6 +245,11 @@ func TestSecondDaemonRefused(t *testing.T) {
 			want := c.setting + ": "
 			if !strings.Contains(out, want) || !strings.Contains(out, owner) || !strings.Contains(out, "give this daemon its own "+c.setting) {
 				t.Fatalf("second daemon (%s as A's): %v; want its error to name %q and %q:\n%s", c.setting, err, want, owner, out)
+			}
+			for _, l := range strings.Split(out, "\n") {
+				if strings.Contains(l, owner) {
+					t.Logf("refused: %s", l)
+				}
 			}
 		})
 	}
