@@ -288,6 +288,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer lock.Close()
+	releaseNames, err := claimHostNames(cfg)
+	if err != nil {
+		return err
+	}
+	defer releaseNames()
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

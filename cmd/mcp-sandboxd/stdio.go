@@ -101,6 +101,11 @@ func serveStdio(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 			cfg.Paths.StateDir, err))
 	}
 	defer lock.Close()
+	releaseNames, err := claimHostNames(cfg)
+	if err != nil {
+		return refuse(err.Error())
+	}
+	defer releaseNames()
 	stopTraces, err := startTelemetry(ctx, cfg.Telemetry, log)
 	if err != nil {
 		return refuse(fmt.Sprintf("mcp-sandboxd stdio: telemetry: %v", err))

@@ -279,7 +279,10 @@ func (e *Engine) newSandboxService(backend sandbox.Backend) error {
 		more = append(more, vb)
 	}
 	var netHook sandbox.Network
-	if e.initNetwork(); e.net != nil {
+	if err := e.initNetwork(); err != nil {
+		return err
+	}
+	if e.net != nil {
 		netHook = networkHook{e}
 	}
 	var err error

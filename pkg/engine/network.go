@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/hostclaim"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
@@ -20,8 +22,11 @@ import (
 // network namespace of the calling thread: the daemon's own (tests call
 // New from a thread inside a namespace they made). A failure leaves e.net
 // nil: sandboxes with network are refused naming the reason, readiness
-// reports it, everything else works.
-func (e *Engine) initNetwork() {
+// reports it, everything else works — except when the configuration names
+// another daemon's bridge, range or table (hostclaim): that error is
+// returned and the daemon does not start, since its gc and reconcile
+// would take the other's sandboxes for its own leftovers.
+func (e *Engine) initNetwork() error {
 	mirror := e.cfg.Images.Mirror
 	if mirror == "" {
 		mirror, _ = image.HostMirror() // only for the @debian preset
@@ -29,21 +34,27 @@ func (e *Engine) initNetwork() {
 	cfg, err := network.FromConfig(e.cfg.Network, e.cfg.Paths.RunDir, mirror)
 	if err != nil {
 		e.netErr = err
-		return
+		return nil
 	}
 	cfg.Log = e.log
+	cfg.Owner = e.cfg.Paths.StateDir
 	hostNS, err := netns.Get()
 	if err != nil {
 		e.netErr = fmt.Errorf("network namespace of the daemon: %w", err)
-		return
+		return nil
 	}
 	// The manager keeps the handle for the daemon's life.
 	m, err := network.New(cfg, hostNS, e.store)
 	if err != nil {
 		hostNS.Close()
+		var inUse *hostclaim.InUseError
+		var marked *hostclaim.MarkedError
+		if errors.As(err, &inUse) || errors.As(err, &marked) {
+			return err
+		}
 		e.netErr = err
 		e.log.Error("network subsystem unavailable; only network mode none works", "err", err)
-		return
+		return nil
 	}
 	e.net, e.netCfg = m, cfg
 	e.ledger.Register(network.KindNetNS, func(_ context.Context, r ledger.Resource) error { return m.ReleaseNetNS(r.Key) })
@@ -51,6 +62,7 @@ func (e *Engine) initNetwork() {
 	e.ledger.Register(network.KindNft, func(_ context.Context, r ledger.Resource) error { return m.ReleaseRules(r.Key) })
 	e.ledger.Register(network.KindLease, func(ctx context.Context, r ledger.Resource) error { return m.ReleaseLease(ctx, r.Key) })
 	e.ledger.Register(network.KindCredential, func(_ context.Context, r ledger.Resource) error { return m.ReleaseCredential(r.Key) })
+	return nil
 }
 
 // networkRequest is a sandbox's network request.
@@ -166,7 +178,7 @@ func (e *Engine) networkGC(ctx context.Context, rep *sandbox.GCReport, live func
 		rep.Removed = append(rep.Removed, "network namespace "+x)
 	}
 	if nrep.HostSide {
-		rep.Removed = append(rep.Removed, "network host side (table "+network.TableName+", bridge, ip_forward)")
+		rep.Removed = append(rep.Removed, "network host side (table "+e.net.Table()+", bridge, ip_forward)")
 	}
 	if err != nil {
 		rep.Errors = append(rep.Errors, fmt.Sprintf("network gc: %v", err))

@@ -284,7 +284,7 @@ func TestNetworkWithContainers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == network.TableName }) {
+	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return strings.HasPrefix(tb.Name, network.DefaultTable) }) {
 		t.Error("nftables table left after the last sandbox with network")
 	}
 	if fwd, err := readSysctlIn(tp.HostNS, "net/ipv4/ip_forward"); err != nil || fwd != tp.Forward {
@@ -384,7 +384,7 @@ func TestNetworkAdoptedAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == network.TableName }) {
+	if tables, _ := c.ListTables(); slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return strings.HasPrefix(tb.Name, network.DefaultTable) }) {
 		t.Error("nftables table left after the adopted sandbox was terminated")
 	}
 }

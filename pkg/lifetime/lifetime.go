@@ -129,6 +129,23 @@ func Marked(pid int, stateDir string) bool {
 	return false
 }
 
+// StateDirOf returns the state directory named by process pid's marker,
+// "" if it carries none (or is gone). It names the owner of a host-wide
+// name in an error (pkg/hostclaim); it proves nothing, as the marker is
+// an environment variable any process may set.
+func StateDirOf(pid int) string {
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return ""
+	}
+	for _, kv := range bytes.Split(env, []byte{0}) {
+		if v, ok := bytes.CutPrefix(kv, []byte(MarkerVar+"=")); ok {
+			return string(v)
+		}
+	}
+	return ""
+}
+
 // Daemon reports whether pid is a live daemon of stateDir: marked, and
 // root's (the marker alone is an environment variable any user may set on
 // a process of theirs; that must not keep the daemon from starting).

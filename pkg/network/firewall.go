@@ -12,14 +12,33 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/hostclaim"
 )
 
-// TableName is the daemon's nftables table (family inet). Nothing else in
-// the namespace is touched: the base chains hook in with policy accept and
-// match only traffic of the bridge, so the host's own rules keep working.
-const TableName = "mcp_sandboxd"
+// DefaultTable is the nftables table (family inet) of the daemon on the
+// default bridge. Nothing else in the namespace is touched: the base
+// chains hook in with policy accept and match only traffic of the bridge,
+// so the host's own rules, and other daemons' tables, keep working.
+const DefaultTable = "mcp_sandboxd"
+
+// DefaultBridge is network.bridge's default (pkg/config).
+const DefaultBridge = "sbx0"
+
+// TableName is the nftables table of the daemon whose bridge is bridge:
+// DefaultTable on the default bridge (the one table of every daemon
+// before several could share a host, so an upgraded daemon adopts it),
+// DefaultTable_<bridge> otherwise. A bridge is one daemon's (see
+// hostclaim), so its table is too.
+func TableName(bridge string) string {
+	if bridge == DefaultBridge {
+		return DefaultTable
+	}
+	return DefaultTable + "_" + bridge
+}
 
 // Fixed chain and set names of the table; per-sandbox objects carry the
 // sandbox's key (sandboxKey) after a prefix.
@@ -32,7 +51,11 @@ const (
 	chainToSandbox   = "to_sandbox"
 	chainToHost      = "sandbox_to_host"
 	setDeny          = "deny"
-	chainDispatch    = "dispatch" // per sandbox: source address → jump to its chain
+	// chainOwner holds one rule (return, never jumped to) whose comment
+	// is the owner mark (hostclaim.Mark): nftables tables carry no
+	// comment our library reads, rules do. `nft list table` shows it.
+	chainOwner    = "owner"
+	chainDispatch = "dispatch" // per sandbox: source address → jump to its chain
 
 	prefixSandboxChain = "sb_"
 	prefixAllowDNS     = "allowdns_" // addresses allowed names resolved to, with timeouts
@@ -57,16 +80,17 @@ const (
 	maxDNSTimeout = time.Hour
 )
 
-// firewall is the nftables table in one network namespace.
+// firewall is the daemon's nftables table in one network namespace.
 type firewall struct {
 	ns     netns.NsHandle
 	table  *nftables.Table
 	bridge string
+	mark   string // hostclaim.Mark of the daemon
 }
 
-func newFirewall(ns netns.NsHandle, bridge string) *firewall {
-	return &firewall{ns: ns, bridge: bridge,
-		table: &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}}
+func newFirewall(ns netns.NsHandle, bridge, mark string) *firewall {
+	return &firewall{ns: ns, bridge: bridge, mark: mark,
+		table: &nftables.Table{Name: TableName(bridge), Family: nftables.TableFamilyINet}}
 }
 
 func (f *firewall) conn() (*nftables.Conn, error) {
@@ -83,7 +107,7 @@ func (f *firewall) exists() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	_, err = c.ListTableOfFamily(TableName, nftables.TableFamilyINet)
+	_, err = c.ListTableOfFamily(f.table.Name, nftables.TableFamilyINet)
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil
 	}
@@ -102,17 +126,80 @@ func (f *firewall) remove() error {
 	}
 	c.DelTable(f.table)
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables: delete table %s: %w", TableName, err)
+		return fmt.Errorf("nftables: delete table %s: %w", f.table.Name, err)
 	}
 	return nil
 }
 
-// install creates the table with its base chains, or leaves it as it is if
-// it exists (a restarted daemon keeps its sandboxes' rules). gw is the
-// bridge's address, subnet the sandboxes', uplink the interface of the
-// default route (masquerade), deny the destinations no sandbox reaches.
+// owner returns the owner mark of the table: "" if it has none (made by a
+// daemon older than the marks), and exists false if there is no table.
+func (f *firewall) owner() (mark string, exists bool, err error) {
+	if ok, err := f.exists(); err != nil || !ok {
+		return "", false, err
+	}
+	c, err := f.conn()
+	if err != nil {
+		return "", false, err
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return "", true, fmt.Errorf("nftables: chains of %s: %w", f.table.Name, err)
+	}
+	if !slices.ContainsFunc(chains, func(ch *nftables.Chain) bool { return ch.Table.Name == f.table.Name && ch.Name == chainOwner }) {
+		return "", true, nil
+	}
+	rules, err := c.GetRules(f.table, &nftables.Chain{Name: chainOwner, Table: f.table})
+	if err != nil {
+		return "", true, fmt.Errorf("nftables: %s of %s: %w", chainOwner, f.table.Name, err)
+	}
+	for _, r := range rules {
+		if m, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok && m != "" {
+			return m, true, nil
+		}
+	}
+	return "", true, nil
+}
+
+// claim makes sure an existing table is ours: marked with our mark, or
+// unmarked (a table of a daemon older than the marks, which is adopted
+// and marked). A table another daemon marked is refused: its sandboxes
+// may still run.
+func (f *firewall) claim() error {
+	mark, exists, err := f.owner()
+	switch {
+	case err != nil || !exists || mark == f.mark:
+		return err
+	case mark != "":
+		return &hostclaim.MarkedError{Setting: "network.bridge", Object: "nftables table inet " + f.table.Name, Mark: mark}
+	}
+	c, err := f.conn()
+	if err != nil {
+		return err
+	}
+	f.addOwner(c)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables: mark %s as ours: %w", f.table.Name, err)
+	}
+	return nil
+}
+
+// addOwner adds the owner chain and its marked rule.
+func (f *firewall) addOwner(c *nftables.Conn) {
+	ch := c.AddChain(&nftables.Chain{Name: chainOwner, Table: f.table})
+	c.AddRule(&nftables.Rule{Table: f.table, Chain: ch, Exprs: verdict(expr.VerdictReturn),
+		UserData: userdata.AppendString(nil, userdata.TypeComment, f.mark)})
+}
+
+// install creates the table with its base chains and owner mark, or
+// leaves it as it is if it exists and is ours (a restarted daemon keeps
+// its sandboxes' rules). gw is the bridge's address, subnet the
+// sandboxes', uplink the interface of the default route (masquerade),
+// deny the destinations no sandbox reaches.
 func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, deny []netip.Prefix, credPort int) error {
 	if ok, err := f.exists(); err != nil || ok {
+		if err == nil {
+			err = f.claim()
+		}
 		return err
 	}
 	c, err := f.conn()
@@ -120,6 +207,7 @@ func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, de
 		return err
 	}
 	t := c.AddTable(f.table)
+	f.addOwner(c)
 
 	denySet := &nftables.Set{Table: t, Name: setDeny, KeyType: nftables.TypeIPAddr, Interval: true}
 	if err := c.AddSet(denySet, intervalElements(deny)); err != nil {
@@ -132,7 +220,7 @@ func (f *firewall) install(gw netip.Addr, subnet netip.Prefix, uplink string, de
 	f.sandboxRules(rule, ch)
 	f.hostRules(rule, ch, gw, subnet, uplink, credPort)
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables: create table %s: %w", TableName, err)
+		return fmt.Errorf("nftables: create table %s: %w", f.table.Name, err)
 	}
 	return nil
 }
@@ -389,7 +477,7 @@ func (f *firewall) sandboxKeys() ([]string, error) {
 	}
 	var keys []string
 	for _, ch := range chains {
-		if ch.Table.Name == TableName && strings.HasPrefix(ch.Name, prefixSandboxChain) {
+		if ch.Table.Name == f.table.Name && strings.HasPrefix(ch.Name, prefixSandboxChain) {
 			keys = append(keys, strings.TrimPrefix(ch.Name, prefixSandboxChain))
 		}
 	}

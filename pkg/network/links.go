@@ -30,9 +30,10 @@ func shortHash(s string) string {
 // hex digits of the id's hash, 15 characters, the most IFNAMSIZ allows.
 func hostVethName(sandboxID string) string { return VethPrefix + shortHash(sandboxID) }
 
-// ensureBridge creates the bridge in the host namespace if missing, gives it
-// gw/prefix and brings it up.
-func ensureBridge(h *netlink.Handle, name string, gw netip.Prefix, mtu int) (netlink.Link, error) {
+// ensureBridge creates the bridge in the host namespace if missing, marked
+// with mark, gives it gw/prefix and brings it up. An existing bridge must
+// be ours (ownLink).
+func ensureBridge(h *netlink.Handle, name string, gw netip.Prefix, mtu int, mark string) (netlink.Link, error) {
 	br, err := h.LinkByName(name)
 	if err != nil {
 		var nf netlink.LinkNotFoundError
@@ -53,6 +54,9 @@ func ensureBridge(h *netlink.Handle, name string, gw netip.Prefix, mtu int) (net
 	}
 	if _, ok := br.(*netlink.Bridge); !ok {
 		return nil, fmt.Errorf("%s exists and is a %s, not a bridge", name, br.Type())
+	}
+	if err := ownLink(h, br, mark); err != nil {
+		return nil, err
 	}
 	addr := &netlink.Addr{IPNet: prefixToIPNet(gw)}
 	if err := h.AddrReplace(br, addr); err != nil {
@@ -89,6 +93,7 @@ type vethSpec struct {
 	gateway  netip.Addr
 	mtu      int
 	limits   Limits
+	mark     string // hostclaim.Mark of the daemon, the host end's alias
 }
 
 // connectVeth creates the pair with its host end on the bridge and its
@@ -115,6 +120,11 @@ func connectVeth(host *netlink.Handle, v vethSpec) error {
 	hl, err := host.LinkByName(v.hostName)
 	if err != nil {
 		return err
+	}
+	// Whose it is, for gc (a crash before this leaves it on our bridge,
+	// which says so too).
+	if err := host.LinkSetAlias(hl, v.mark); err != nil {
+		return fmt.Errorf("mark %s: %w", v.hostName, err)
 	}
 	// Isolated bridge ports forward only to non-isolated ones (the bridge
 	// itself): sandboxes cannot reach each other at layer 2, whatever

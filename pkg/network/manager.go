@@ -18,6 +18,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/hostclaim"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
@@ -52,6 +53,9 @@ type Config struct {
 	// RunDir holds the sandboxes' namespace files (RunDir/netns/ID) and
 	// the saved ip_forward value.
 	RunDir string
+	// Owner names the daemon in the marks on its host objects
+	// (ownership.go): its state directory; empty: RunDir.
+	Owner string
 	// Caps on per-sandbox limits; 0: uncapped.
 	MaxBandwidthBytes uint64
 	MaxConnPerSecond  uint32
@@ -124,6 +128,8 @@ type Manager struct {
 	fw     *firewall
 	gw     netip.Prefix
 	log    *slog.Logger
+	mark   string             // hostclaim.Mark of the daemon
+	claims []*hostclaim.Claim // of the bridge and range, while the manager lives
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandboxNet
@@ -161,10 +167,20 @@ func New(cfg Config, hostNS netns.NsHandle, leases *store.Store) (*Manager, erro
 	if err != nil {
 		return nil, fmt.Errorf("network: netlink in the host namespace: %w", err)
 	}
-	m := &Manager{cfg: cfg, hostNS: hostNS, host: h, leases: leases, fw: newFirewall(hostNS, cfg.Bridge),
-		log: cfg.Log, sandboxes: map[string]*sandboxNet{}, byIP: map[netip.Addr]*sandboxNet{}}
+	if cfg.Owner == "" {
+		cfg.Owner = cfg.RunDir
+	}
+	mark := hostclaim.Mark(cfg.Owner)
+	m := &Manager{cfg: cfg, hostNS: hostNS, host: h, leases: leases, fw: newFirewall(hostNS, cfg.Bridge, mark),
+		log: cfg.Log, mark: mark, sandboxes: map[string]*sandboxNet{}, byIP: map[netip.Addr]*sandboxNet{}}
 	m.gw = netip.PrefixFrom(cfg.Subnet.Addr().Next(), cfg.Subnet.Bits())
+	if err := m.claimNames(); err != nil {
+		m.releaseClaims()
+		h.Close()
+		return nil, err
+	}
 	if err := m.checkSubnet(); err != nil {
+		m.releaseClaims()
 		h.Close()
 		return nil, err
 	}
@@ -181,10 +197,12 @@ func New(cfg Config, hostNS netns.NsHandle, leases *store.Store) (*Manager, erro
 	}
 	if len(cfg.Credentials) > 0 {
 		if cfg.CredentialPort <= 0 || cfg.CredentialPort > 65535 || cfg.CredentialPort == 53 {
+			m.releaseClaims()
 			h.Close()
 			return nil, errdefs.Invalidf("network.credential_port: want a TCP port other than 53, got %d", cfg.CredentialPort)
 		}
 		if m.credKey, err = credentialKey(cfg.RunDir); err != nil {
+			m.releaseClaims()
 			h.Close()
 			return nil, fmt.Errorf("network: credential proxy key: %w", err)
 		}
@@ -198,8 +216,12 @@ func (m *Manager) Close() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.stopServersLocked()
+	m.releaseClaims()
 	m.host.Close()
 }
+
+// Table is the name of the daemon's nftables table (TableName).
+func (m *Manager) Table() string { return m.fw.table.Name }
 
 // checkSubnet refuses a subnet that overlaps a route of the host namespace
 // other than the bridge's own: sandboxes would shadow, or be shadowed by,
@@ -221,16 +243,21 @@ func (m *Manager) checkSubnet() error {
 		if p.Bits() == 0 {
 			continue // the default route overlaps everything
 		}
-		dev := ""
+		dev, alias := "", ""
 		if l, err := m.host.LinkByIndex(r.LinkIndex); err == nil {
-			dev = l.Attrs().Name
+			dev, alias = l.Attrs().Name, l.Attrs().Alias
 		}
 		if dev == m.cfg.Bridge {
 			continue
 		}
-		if p.Overlaps(m.cfg.Subnet) {
-			return errdefs.Invalidf("network.subnet: %s overlaps the host's route to %s (dev %s)", m.cfg.Subnet, p, dev)
+		if !p.Overlaps(m.cfg.Subnet) {
+			continue
 		}
+		if strings.HasPrefix(alias, hostclaim.MarkPrefix) {
+			// Another daemon's range: refused at start, like its names.
+			return &hostclaim.MarkedError{Setting: "network.subnet", Object: fmt.Sprintf("the range %s (bridge %s), which %s overlaps,", p, dev, m.cfg.Subnet), Mark: alias}
+		}
+		return errdefs.Invalidf("network.subnet: %s overlaps the host's route to %s (dev %s)", m.cfg.Subnet, p, dev)
 	}
 	return nil
 }
@@ -385,7 +412,8 @@ func (m *Manager) connectLocked(ctx context.Context, sb *sandboxNet, ns netns.Ns
 	}
 	if _, err := m.host.LinkByName(veth); err != nil {
 		if err := connectVeth(m.host, vethSpec{hostName: veth, bridge: br, sandbox: ns,
-			addr: netip.PrefixFrom(ip, m.cfg.Subnet.Bits()), gateway: m.gw.Addr(), mtu: m.cfg.MTU, limits: sb.req.Limits}); err != nil {
+			addr: netip.PrefixFrom(ip, m.cfg.Subnet.Bits()), gateway: m.gw.Addr(), mtu: m.cfg.MTU, limits: sb.req.Limits,
+			mark: m.mark}); err != nil {
 			return errors.Join(err, deleteLink(m.host, veth))
 		}
 	}
@@ -413,7 +441,14 @@ func (m *Manager) pickAddress(used map[string]bool) (string, error) {
 // hostUpLocked brings up the shared host side: the bridge with the
 // gateway address, ip_forward, the table, the DNS forwarder.
 func (m *Manager) hostUpLocked() (netlink.Link, error) {
-	br, err := ensureBridge(m.host, m.cfg.Bridge, m.gw, m.cfg.MTU)
+	if m.dns == nil {
+		// Another daemon's range may have appeared since New (its bridge
+		// is made with its first sandbox): never shadow it.
+		if err := m.checkSubnet(); err != nil {
+			return nil, err
+		}
+	}
+	br, err := ensureBridge(m.host, m.cfg.Bridge, m.gw, m.cfg.MTU, m.mark)
 	if err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}
@@ -498,6 +533,12 @@ func (m *Manager) forwardOn() error {
 }
 
 func (m *Manager) forwardRestore() error {
+	// Another daemon's sandboxes still need forwarding (it found it on
+	// and saved nothing): keep the saved value for our next time down.
+	if other := m.otherDaemonBridge(); other != "" {
+		m.log.Info("network: ip_forward stays on for another daemon's bridge", "bridge", other)
+		return nil
+	}
 	b, err := os.ReadFile(m.forwardFile())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -524,12 +565,20 @@ func (m *Manager) hostDownLocked(ctx context.Context) error {
 	return errors.Join(m.fw.remove(), m.deleteBridge(), m.forwardRestore())
 }
 
-// deleteBridge deletes the bridge if it is ours: it carries the gateway
-// address. A bridge of the same name without it is someone else's.
+// deleteBridge deletes the bridge if it is ours: it carries our mark, or
+// no mark and the gateway address (made by a daemon older than the marks).
+// A bridge of the same name without either is someone else's.
 func (m *Manager) deleteBridge() error {
 	br, err := m.host.LinkByName(m.cfg.Bridge)
 	if err != nil {
 		return nil // gone already
+	}
+	switch br.Attrs().Alias {
+	case m.mark:
+		return deleteLink(m.host, m.cfg.Bridge)
+	case "":
+	default:
+		return nil
 	}
 	addrs, err := m.host.AddrList(br, netlink.FAMILY_V4)
 	if err != nil {
@@ -750,8 +799,9 @@ type GCReport struct {
 }
 
 // GC removes network pieces of sandboxes that are not live: leases, host
-// veths with our prefix, per-sandbox rules, namespace files; and the host
-// side when no sandbox with network is left.
+// veths of ours (ownedVeth: never another daemon's), per-sandbox rules of
+// our table, namespace files of our run directory; and the host side when
+// no sandbox with network is left.
 func (m *Manager) GC(ctx context.Context, live func(id string) bool) (GCReport, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -790,11 +840,7 @@ func (m *Manager) GC(ctx context.Context, live func(id string) bool) (GCReport, 
 	}
 	for _, l := range links {
 		n := l.Attrs().Name
-		// Ours: the prefix, and on our bridge or on none (the bridge went
-		// first); a veth on another bridge belongs to someone else.
-		ours := strings.HasPrefix(n, VethPrefix) && l.Type() == "veth" &&
-			(l.Attrs().MasterIndex == 0 || l.Attrs().MasterIndex == brIndex)
-		if ours && !keep[n] {
+		if ownedVeth(l, m.mark, brIndex) && !keep[n] {
 			errs = append(errs, deleteLink(m.host, n))
 			rep.Veths = append(rep.Veths, n)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/sandboxrunner/mcp-sandboxd/internal/testenv"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/hostclaim"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/store"
 )
 
@@ -369,7 +370,7 @@ func (tp *topology) assertHostClean(t testing.TB, cfg Config) {
 	if len(leases) != 0 {
 		t.Errorf("leases left: %v", leases)
 	}
-	if ok, err := newFirewall(tp.hostNS, cfg.Bridge).exists(); err != nil || ok {
+	if ok, err := newFirewall(tp.hostNS, cfg.Bridge, hostclaim.Mark(cfg.RunDir)).exists(); err != nil || ok {
 		t.Errorf("nftables table left (exists=%v, err=%v)", ok, err)
 	}
 	if v, err := readSysctl(tp.hostNS, "net/ipv4/ip_forward"); err != nil || v != tp.forward {

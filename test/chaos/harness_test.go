@@ -245,7 +245,7 @@ func (r *rig) nftElements() (bool, int) {
 		r.t.Fatal(err)
 	}
 	for _, tb := range tables {
-		if tb.Name != network.TableName {
+		if !strings.HasPrefix(tb.Name, network.DefaultTable) {
 			continue
 		}
 		sets, err := c.GetSets(tb)
@@ -304,7 +304,7 @@ func (r *rig) finalLeftovers() []string {
 		add("veths left in the simulated host: %v (bridge left: %v)", vs, br)
 	}
 	if ok, n := r.nftElements(); ok {
-		add("nftables table %s left with %d set elements", network.TableName, n)
+		add("nftables table %s* left with %d set elements", network.DefaultTable, n)
 	}
 	st := r.openStore()
 	defer st.Close()

@@ -73,7 +73,7 @@ func (h *simulatedHost) table(t *testing.T) (bool, int) {
 		t.Fatal(err)
 	}
 	for _, tb := range tables {
-		if tb.Name != network.TableName {
+		if !strings.HasPrefix(tb.Name, network.DefaultTable) {
 			continue
 		}
 		sets, err := c.GetSets(tb)
