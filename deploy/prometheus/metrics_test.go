@@ -2,7 +2,9 @@ package prometheus
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"regexp"
@@ -65,7 +67,7 @@ func TestMetricNamesExported(t *testing.T) {
 		}
 		return out
 	}
-	d.MustCtl("nodes", "drain", d.Config.Node.Name)
+	drain(t, d, true)
 	// The warm pool refills and the audit log verifies in the background.
 	var exported map[string]model.MetricType
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a warm sandbox's start on a loaded host
@@ -79,7 +81,7 @@ func TestMetricNamesExported(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	d.MustCtl("nodes", "undrain", d.Config.Node.Name)
+	drain(t, d, false)
 
 	referenced := map[string][]string{} // name → where
 	for _, r := range rules(t) {
@@ -200,4 +202,31 @@ func writeFile(t *testing.T, name, content string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// drain starts or ends the daemon's drain (PUT /v1/node/drain on its unix
+// socket).
+func drain(t *testing.T, d *testenv.Daemon, draining bool) {
+	t.Helper()
+	c := &http.Client{Timeout: time.Minute, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var dl net.Dialer
+			return dl.DialContext(ctx, "unix", d.Socket)
+		},
+	}}
+	defer c.CloseIdleConnections()
+	req, err := http.NewRequest(http.MethodPut, "http://daemon/v1/node/drain", strings.NewReader(fmt.Sprintf(`{"draining":%v}`, draining)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("PUT /v1/node/drain %v: %s %s", draining, res.Status, body)
+	}
 }
