@@ -35,11 +35,14 @@ set -euo pipefail
 #                              cluster with its initdb and pg_ctl as an unprivileged user on a unix
 #                              socket in a temp dir (testenv.Postgres); the package's own cluster
 #                              and service are never used
+#   prometheus                 its promtool checks and unit-tests the alert rules of
+#                              deploy/prometheus (deploy/prometheus/rules_test.go); the server and
+#                              its service are never used
 # (The Linux guest's kernel, qemu-guest-agent and busybox come from Debian packages
 # installed into the guest image by rootfs/vm/vm-linux.yaml, not on the host.)
 packages=(libseccomp-dev libc6-dev pkg-config mmdebstrap runc iproute2 tmux ca-certificates systemd chromium
 	qemu-system-x86 qemu-utils ovmf swtpm e2fsprogs git apt-utils gnupg
-	grub-efi-amd64-bin grub-common mtools dosfstools fdisk openssh-client rsync postgresql)
+	grub-efi-amd64-bin grub-common mtools dosfstools fdisk openssh-client rsync postgresql prometheus)
 # The MCP black-box tests drive the server with the official TypeScript SDK,
 # and the web editor is bundled with esbuild: Node.js from Debian unless a
 # node is already on PATH.

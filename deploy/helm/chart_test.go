@@ -6,6 +6,7 @@ import (
 	"path"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -24,6 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/e2b"
 )
@@ -31,6 +34,13 @@ import (
 // The Kubernetes release the chart is tested against (make test-kubernetes
 // and the envtest binaries of scripts/kube-assets.sh).
 const testedKubeVersion = "v1.34.2"
+
+// The Prometheus Operator's kinds decode as strictly as Kubernetes' own.
+func init() {
+	if err := monitoringv1.AddToScheme(scheme.Scheme); err != nil {
+		panic(err)
+	}
+}
 
 // rendered is one render of the chart: every object decoded strictly, by
 // kind and name.
@@ -528,6 +538,9 @@ func TestChartSchemaRefuses(t *testing.T) {
 		{"adminKey: {existingSecret: Bad_Name}", "existingSecret"},
 		{"gateway: {replicas: -1}", "replicas"},
 		{"gateway: {service: {type: ExternalName, port: 80}}", "type"},
+		{"monitoring: {serviceMonitor: {interval: soon}}", "interval"},
+		{"monitoring: {prometheusRule: {labels: {release: 1}}}", "release"},
+		{"monitoring: {alertmanager: {}}", "alertmanager"},
 		{"image: {repository: ''}", "repository"},
 		{"image: {pullPolicy: Sometimes}", "pullPolicy"},
 		{"image: {tag: 'a b'}", "tag"},
@@ -798,4 +811,90 @@ func nodeConfig(t *testing.T, r rendered) *config.Config {
 		t.Errorf("daemon listens on %q, want the pod's address and port %d", cfg.Server.HTTPAddr, port)
 	}
 	return cfg
+}
+
+// TestChartMonitoring: the ServiceMonitor and the PrometheusRule are off by
+// default; on, the ServiceMonitor scrapes the node Service's http port with
+// the admin key (the daemons' /metrics is admin only) as job mcp-sandboxd,
+// the job the rules' SandboxdDown selects, and the PrometheusRule holds
+// exactly deploy/prometheus/rules.yaml, the rules promtool tests.
+func TestChartMonitoring(t *testing.T) {
+	def := mustRender(t, "")
+	if got := append(def.ofKind("ServiceMonitor"), def.ofKind("PrometheusRule")...); len(got) != 0 {
+		t.Fatalf("monitoring objects rendered by default: %v", def.names())
+	}
+
+	source, err := os.ReadFile("../prometheus/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied, err := os.ReadFile("mcp-sandboxd/files/sandboxd.rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(copied) != string(source) {
+		t.Fatal("mcp-sandboxd/files/sandboxd.rules.yaml differs from deploy/prometheus/rules.yaml: cp ../prometheus/rules.yaml mcp-sandboxd/files/sandboxd.rules.yaml")
+	}
+
+	r := mustRender(t, `
+monitoring:
+  serviceMonitor: {enabled: true, interval: 15s, labels: {release: kps}}
+  prometheusRule: {enabled: true, labels: {release: kps, role: alert-rules}}
+`)
+	svc := r.get(t, "Service", "rel-mcp-sandboxd-node").(*corev1.Service)
+	sm := r.get(t, "ServiceMonitor", "rel-mcp-sandboxd-node").(*monitoringv1.ServiceMonitor)
+	if sm.Labels["release"] != "kps" {
+		t.Errorf("ServiceMonitor labels %v lack the values' release: kps", sm.Labels)
+	}
+	if !selects(sm.Spec.Selector.MatchLabels, svc.Labels) || len(sm.Spec.Selector.MatchExpressions) != 0 {
+		t.Errorf("ServiceMonitor selector %v does not select the node Service (labels %v)", sm.Spec.Selector, svc.Labels)
+	}
+	for _, other := range r.ofKind("Service") {
+		if o := other.(*corev1.Service); o.Name != svc.Name && selects(sm.Spec.Selector.MatchLabels, o.Labels) {
+			t.Errorf("ServiceMonitor also selects Service %s", o.Name)
+		}
+	}
+	if job := svc.Labels[sm.Spec.JobLabel]; job != "mcp-sandboxd" || !strings.Contains(string(source), `up{job="`+job+`"}`) {
+		t.Errorf("job label %q gives job %q; the rules select up{job=\"mcp-sandboxd\"}", sm.Spec.JobLabel, job)
+	}
+	if len(sm.Spec.Endpoints) != 1 {
+		t.Fatalf("ServiceMonitor endpoints: %+v", sm.Spec.Endpoints)
+	}
+	ep := sm.Spec.Endpoints[0]
+	var portNames []string
+	for _, p := range svc.Spec.Ports {
+		portNames = append(portNames, p.Name)
+	}
+	if ep.Port != "http" || !slices.Contains(portNames, "http") || ep.Path != "/metrics" || string(ep.Interval) != "15s" {
+		t.Errorf("endpoint %+v: want port http of %v, /metrics, every 15s", ep, portNames)
+	}
+	if a := ep.Authorization; a == nil || a.Type != "Bearer" || a.Credentials == nil || a.Credentials.Name != "rel-mcp-sandboxd-admin" || a.Credentials.Key != "token" {
+		t.Errorf("endpoint authorization %+v: want the admin Secret's token as a bearer token", ep.Authorization)
+	}
+	if _, ok := r.objects["Secret/rel-mcp-sandboxd-admin"]; !ok {
+		t.Error("the ServiceMonitor's Secret is not rendered")
+	}
+
+	pr := r.get(t, "PrometheusRule", "rel-mcp-sandboxd").(*monitoringv1.PrometheusRule)
+	if pr.Labels["role"] != "alert-rules" {
+		t.Errorf("PrometheusRule labels %v lack the values' role", pr.Labels)
+	}
+	var want monitoringv1.PrometheusRuleSpec
+	if err := yaml.UnmarshalStrict(source, &want); err != nil {
+		t.Fatalf("deploy/prometheus/rules.yaml as a PrometheusRule's spec: %v", err)
+	}
+	if !reflect.DeepEqual(pr.Spec, want) {
+		t.Errorf("PrometheusRule spec differs from deploy/prometheus/rules.yaml:\n%+v\nwant\n%+v", pr.Spec, want)
+	}
+	var alerts []string
+	for _, g := range pr.Spec.Groups {
+		for _, rule := range g.Rules {
+			alerts = append(alerts, rule.Alert)
+		}
+	}
+	for _, a := range []string{"SandboxdDown", "SandboxdCreateFailures", "SandboxdWarmPoolExhausted", "SandboxdDiskNearlyFull", "SandboxdAuditChainBroken", "SandboxdNodeDrainingTooLong"} {
+		if !slices.Contains(alerts, a) {
+			t.Errorf("PrometheusRule lacks alert %s; has %v", a, alerts)
+		}
+	}
 }

@@ -156,9 +156,13 @@ type Options struct {
 	CheckpointEvery uint64
 	// CheckpointInterval stores one at least this often while records come.
 	CheckpointInterval time.Duration
-	Checkpoints        Checkpoints // nil: none
-	Log                *slog.Logger
-	Now                func() time.Time // tests; nil: time.Now
+	// VerifyInterval verifies the whole log this long after Open and then
+	// at this interval (LastVerification, the sandboxd_audit_chain_ok
+	// gauge); 0: only when Verify is called.
+	VerifyInterval time.Duration
+	Checkpoints    Checkpoints // nil: none
+	Log            *slog.Logger
+	Now            func() time.Time // tests; nil: time.Now
 }
 
 // Defaults of Options.
@@ -235,6 +239,20 @@ type Log struct {
 	cpWG   sync.WaitGroup
 
 	failures atomic.Uint64
+
+	// verified is the outcome of the last Verify; stopVerify and verifyWG
+	// end the periodic verification (Options.VerifyInterval) at Close.
+	verified   atomic.Pointer[Verification]
+	stopVerify chan struct{}
+	verifyWG   sync.WaitGroup
+}
+
+// Verification is the outcome of a Verify of the live log.
+type Verification struct {
+	// OK is the report's: every record verified.
+	OK bool
+	// At is when the verification ended.
+	At time.Time
 }
 
 type pending struct {
@@ -309,7 +327,53 @@ func Open(opt Options) (*Log, error) {
 		break
 	}
 	l.cpSeq, l.cpTime = l.seq, opt.Now()
+	l.stopVerify = make(chan struct{})
+	if opt.VerifyInterval > 0 {
+		l.verifyWG.Add(1)
+		go l.verifyEvery(opt.VerifyInterval)
+	}
 	return l, nil
+}
+
+// verifyEvery verifies the log at once and then every interval until Close, so that a chain
+// edited on disk is noticed (and alerted on, through the metric) without
+// anyone running "sandboxctl audit verify".
+func (l *Log) verifyEvery(interval time.Duration) {
+	defer l.verifyWG.Done()
+	t := time.NewTimer(0) // at start, then every interval
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stopVerify:
+			return
+		case <-t.C:
+		}
+		// The context bounds the checkpoints' read; the files' scan is
+		// not cancellable, and Close waits for it.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		rep, err := l.Verify(ctx)
+		cancel()
+		switch {
+		case err != nil:
+			l.opt.Log.Warn("audit: periodic verification", "err", err)
+		case !rep.OK:
+			l.opt.Log.Error("audit: the chain does not verify", "problem", rep.Problem)
+		}
+		t.Reset(interval)
+	}
+}
+
+// LastVerification is the outcome of the last Verify that produced a
+// report; false when none has.
+func (l *Log) LastVerification() (Verification, bool) {
+	if l == nil {
+		return Verification{}, false
+	}
+	v := l.verified.Load()
+	if v == nil {
+		return Verification{}, false
+	}
+	return *v, true
 }
 
 // firstTime is the time of a file's first record (for rotation by age);
@@ -694,6 +758,8 @@ func (l *Log) Close() error {
 		l.idle.Wait()
 	}
 	l.qmu.Unlock()
+	close(l.stopVerify)
+	l.verifyWG.Wait()
 	l.cpWG.Wait()
 	l.maybeCheckpoint(true)
 	l.cpWG.Wait()

@@ -487,3 +487,55 @@ func TestWebSocketRecorded(t *testing.T) {
 		t.Fatalf("records %q", ls)
 	}
 }
+
+// TestPeriodicVerification: with VerifyInterval the log verifies itself at
+// once and then on its own, so a record edited on disk turns
+// LastVerification (the sandboxd_audit_chain_ok gauge) false without anyone
+// calling Verify; Close stops it.
+func TestPeriodicVerification(t *testing.T) {
+	l := open(t, Options{VerifyInterval: 20 * time.Millisecond})
+	fill(t, l, 10)
+	waitVerification := func(ok bool, after time.Time) Verification {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute) // a loaded host; each round takes milliseconds
+		for time.Now().Before(deadline) {
+			if v, done := l.LastVerification(); done && v.OK == ok && v.At.After(after) {
+				return v
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		v, done := l.LastVerification()
+		t.Fatalf("no verification with ok=%v after %v: last %+v (any: %v)", ok, after, v, done)
+		return v
+	}
+	start := time.Now()
+	waitVerification(true, start)
+
+	path := filepath.Join(l.Dir(), fileNameOf(1))
+	ls := lines(t, path)
+	i := bytes.Index(ls[3], []byte(`"sb-`)) + 4 // a digit of record 4's target
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{ls[3][i] ^ 1}, int64(len(bytes.Join(ls[:3], nil))+i)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	edited := time.Now()
+	waitVerification(false, edited)
+
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := l.LastVerification()
+	time.Sleep(100 * time.Millisecond) // five intervals: none runs after Close
+	if w, _ := l.LastVerification(); w != v {
+		t.Fatalf("a verification ran after Close: %+v then %+v", v, w)
+	}
+
+	var nilLog *Log
+	if _, done := nilLog.LastVerification(); done {
+		t.Fatal("a nil log reports a verification")
+	}
+}

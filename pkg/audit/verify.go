@@ -70,7 +70,11 @@ func (l *Log) Verify(ctx context.Context) (*apitypes.AuditReport, error) {
 			return nil, fmt.Errorf("audit: read checkpoints: %w", err)
 		}
 	}
-	return verify(l.opt.Dir, names, durable, cps)
+	rep, err := verify(l.opt.Dir, names, durable, cps)
+	if err == nil {
+		l.verified.Store(&Verification{OK: rep.OK, At: l.opt.Now()})
+	}
+	return rep, err
 }
 
 // VerifyDir checks the log files in dir (a copy, or the log of a daemon

@@ -490,6 +490,9 @@ type Audit struct {
 	// CheckpointEvery stores the newest record's hash in the state
 	// database after this many records (and every 10 seconds of activity).
 	CheckpointEvery int `yaml:"checkpoint_every"`
+	// VerifyInterval verifies the whole chain at start and then this
+	// often, for the sandboxd_audit_chain_ok gauge (0: only on request).
+	VerifyInterval Duration `yaml:"verify_interval"`
 }
 
 // Telemetry is the `telemetry` section: distributed traces exported over
@@ -679,6 +682,7 @@ func defaultAudit() Audit {
 		MaxTotalBytes:   1 << 30,
 		RetentionAge:    Duration(90 * 24 * time.Hour),
 		CheckpointEvery: 256,
+		VerifyInterval:  Duration(time.Hour),
 	}
 }
 

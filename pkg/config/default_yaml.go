@@ -466,6 +466,10 @@ audit:
   # records (and every 10 seconds of activity): a rewritten or cut chain
   # disagrees with it.
   checkpoint_every: 256
+  # Verify the whole chain at start and then this often; the result is the
+  # sandboxd_audit_chain_ok gauge that deploy/prometheus alerts on
+  # (0: only when asked, by "sandboxctl audit verify").
+  verify_interval: 1h
 
 # The SSH endpoint: ssh, scp, sftp, rsync and editors' remote-SSH reach a
 # sandbox as user <sandbox id> (<sandbox id>+root for root mode), with a key

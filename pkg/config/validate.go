@@ -83,6 +83,9 @@ func (a *Audit) validate(p *problems) {
 	if a.CheckpointEvery < 1 || a.CheckpointEvery > 1<<20 {
 		p.add("audit.checkpoint_every", "", "must be from 1 to 1048576, got %d", a.CheckpointEvery)
 	}
+	if a.VerifyInterval != 0 && a.VerifyInterval < Duration(time.Minute) {
+		p.add("audit.verify_interval", "", "must be 0 (only on request) or at least 1m, got %s", a.VerifyInterval)
+	}
 }
 
 func (s *Store) validate(p *problems) {

@@ -73,7 +73,7 @@ func TestValidate(t *testing.T) {
 		{
 			name: "audit bad",
 			modify: func(c *Config) {
-				c.Audit = Audit{Dir: "audit", MaxFileBytes: 100, MaxFileAge: Duration(time.Second), MaxTotalBytes: 1000, RetentionAge: -1, CheckpointEvery: 0}
+				c.Audit = Audit{Dir: "audit", MaxFileBytes: 100, MaxFileAge: Duration(time.Second), MaxTotalBytes: 1000, RetentionAge: -1, CheckpointEvery: 0, VerifyInterval: Duration(time.Second)}
 			},
 			want: []FieldError{
 				{Key: "audit.dir", Message: `must be an absolute path, got "audit"`},
@@ -81,6 +81,7 @@ func TestValidate(t *testing.T) {
 				{Key: "audit.max_file_age", Message: "must be at least 1m, got 1s"},
 				{Key: "audit.retention_age", Message: "must be 0 (no limit) or positive, got -1ns"},
 				{Key: "audit.checkpoint_every", Message: "must be from 1 to 1048576, got 0"},
+				{Key: "audit.verify_interval", Message: "must be 0 (only on request) or at least 1m, got 1s"},
 			},
 		},
 		{

@@ -31,7 +31,8 @@ func (e *Engine) openAudit() error {
 	l, err := audit.Open(audit.Options{
 		Dir: dir, MaxFileBytes: int64(ac.MaxFileBytes), MaxFileAge: time.Duration(ac.MaxFileAge),
 		MaxTotalBytes: total, RetentionAge: retention, CheckpointEvery: uint64(ac.CheckpointEvery),
-		Checkpoints: auditCheckpoints{e.store}, Log: e.log,
+		VerifyInterval: time.Duration(ac.VerifyInterval),
+		Checkpoints:    auditCheckpoints{e.store}, Log: e.log,
 	})
 	if err != nil {
 		return err

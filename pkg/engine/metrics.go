@@ -2,7 +2,11 @@ package engine
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -58,6 +62,12 @@ func newMetrics(e *Engine) *metrics {
 			Help: "Image builds the daemon started on first use of an image, by image and outcome (built, failed).",
 		}, []string{"image", "outcome"}),
 	}
+	// Every outcome exists from the start, at 0: a rate over a series
+	// that appears at its first failure misses that failure, and alerts
+	// (deploy/prometheus) are written over these.
+	for _, outcome := range []string{"ready", "failed", "rejected"} {
+		m.created.WithLabelValues(outcome)
+	}
 	m.registry.MustRegister(
 		m.createTime, m.execTime, m.created, m.terminations, m.causes, m.runs, m.imageBuilds,
 		&stateCollector{e: e, desc: prometheus.NewDesc("sandboxd_sandboxes", "Sandboxes by state.", []string{"state"}, nil)},
@@ -65,6 +75,7 @@ func newMetrics(e *Engine) *metrics {
 			"Connection attempts of each sandbox with network, by verdict of its network policy (allowed, denied).",
 			[]string{"sandbox_id", "verdict"}, nil)},
 		newTenantCollector(e),
+		newNodeCollector(e),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -117,4 +128,80 @@ func (c *networkCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(st.Counters.Allowed), id, "allowed")
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(st.Counters.Denied), id, "denied")
 	}
+}
+
+// nodeCollector exports, read at scrape time, what an operator alerts on
+// beside the sandboxes: the warm pools, the free space of the daemon's
+// directories, the audit chain's last verification and the node's drain.
+type nodeCollector struct {
+	e                                   *Engine
+	poolSize, poolWarm                  *prometheus.Desc
+	fsAvail, fsSize                     *prometheus.Desc
+	auditOK, auditVerified, auditFailed *prometheus.Desc
+	draining, drainingSince             *prometheus.Desc
+}
+
+func newNodeCollector(e *Engine) *nodeCollector {
+	return &nodeCollector{e: e,
+		poolSize: prometheus.NewDesc("sandboxd_pool_size", "Warm sandboxes each warm pool keeps (sandbox.pool, templates' pools).", []string{"pool"}, nil),
+		poolWarm: prometheus.NewDesc("sandboxd_pool_warm", "Warm sandboxes of each pool ready and unclaimed now.", []string{"pool"}, nil),
+		fsAvail: prometheus.NewDesc("sandboxd_filesystem_avail_bytes",
+			"Bytes free to the daemon on the filesystem of each of its directories (state: paths.state_dir, images, sandboxes: disk-backed sandboxes' files).", []string{"dir"}, nil),
+		fsSize: prometheus.NewDesc("sandboxd_filesystem_size_bytes", "Size of the filesystem of each of the daemon's directories.", []string{"dir"}, nil),
+		auditOK: prometheus.NewDesc("sandboxd_audit_chain_ok",
+			"1 if the audit log's last verification (at start, every audit.verify_interval, on request) found every record intact, 0 if not; absent before the first or with audit off.", nil, nil),
+		auditVerified: prometheus.NewDesc("sandboxd_audit_last_verification_timestamp_seconds", "When the audit log was last verified.", nil, nil),
+		auditFailed:   prometheus.NewDesc("sandboxd_audit_append_failures_total", "Audit records that could not be written (the calls they recorded failed).", nil, nil),
+		draining:      prometheus.NewDesc("sandboxd_node_draining", "1 while the node is draining (it takes no creates), else 0.", nil, nil),
+		drainingSince: prometheus.NewDesc("sandboxd_node_draining_since_timestamp_seconds", "When the current drain began (kept across restarts); absent when not draining.", nil, nil),
+	}
+}
+
+func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.poolSize, c.poolWarm, c.fsAvail, c.fsSize, c.auditOK, c.auditVerified, c.auditFailed, c.draining, c.drainingSince} {
+		ch <- d
+	}
+}
+
+func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	e := c.e
+	if e.sandboxes != nil {
+		for key, p := range e.sandboxes.WarmPools() {
+			ch <- prometheus.MustNewConstMetric(c.poolSize, prometheus.GaugeValue, float64(p.Size), key)
+			ch <- prometheus.MustNewConstMetric(c.poolWarm, prometheus.GaugeValue, float64(p.Warm), key)
+		}
+	}
+	for _, d := range []struct{ name, path string }{
+		{"state", e.cfg.Paths.StateDir}, {"images", e.imagesDir()}, {"sandboxes", e.cfg.Paths.SandboxesDirOrDefault()},
+	} {
+		var st unix.Statfs_t
+		if err := unix.Statfs(d.path, &st); err != nil {
+			ch <- prometheus.NewInvalidMetric(c.fsAvail, err)
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.fsAvail, prometheus.GaugeValue, float64(st.Bavail)*float64(st.Bsize), d.name)
+		ch <- prometheus.MustNewConstMetric(c.fsSize, prometheus.GaugeValue, float64(st.Blocks)*float64(st.Bsize), d.name)
+	}
+	if e.audit != nil {
+		ch <- prometheus.MustNewConstMetric(c.auditFailed, prometheus.CounterValue, float64(e.audit.Failures()))
+		if v, ok := e.audit.LastVerification(); ok {
+			chainOK := 0.0
+			if v.OK {
+				chainOK = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.auditOK, prometheus.GaugeValue, chainOK)
+			ch <- prometheus.MustNewConstMetric(c.auditVerified, prometheus.GaugeValue, float64(v.At.UnixNano())/1e9)
+		}
+	}
+	draining := 0.0
+	if e.draining.Load() {
+		draining = 1
+		// The flag's file was written when the drain began (writeDrain
+		// leaves it alone while it lasts): its time survives restarts,
+		// so an alert on a long drain does not start over with each.
+		if fi, err := os.Stat(filepath.Join(e.cfg.Paths.StateDir, drainFile)); err == nil {
+			ch <- prometheus.MustNewConstMetric(c.drainingSince, prometheus.GaugeValue, float64(fi.ModTime().UnixNano())/1e9)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.draining, prometheus.GaugeValue, draining)
 }

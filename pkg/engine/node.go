@@ -76,7 +76,8 @@ func (e *Engine) SetListenerPorts(e2b, preview int) {
 const drainFile = "node-draining"
 
 // writeDrain persists the flag: the file is created (and synced with its
-// directory) or removed.
+// directory) or removed. A file already there is left as it is: its time is
+// when the drain began (sandboxd_node_draining_since_timestamp_seconds).
 func writeDrain(dir string, draining bool) error {
 	path := filepath.Join(dir, drainFile)
 	if !draining {
@@ -84,20 +85,26 @@ func writeDrain(dir string, draining bool) error {
 			return err
 		}
 	} else {
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o600)
-		if err != nil {
+		// Presence is the flag: a file already there (the drain began
+		// earlier, perhaps before a crash) is synced with its directory
+		// below like a new one.
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		switch {
+		case os.IsExist(err):
+		case err != nil:
 			return err
-		}
-		if _, err := f.WriteString("draining\n"); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
-			return err
+		default:
+			if _, err := f.WriteString("draining\n"); err != nil {
+				f.Close()
+				return err
+			}
+			if err := f.Sync(); err != nil {
+				f.Close()
+				return err
+			}
+			if err := f.Close(); err != nil {
+				return err
+			}
 		}
 	}
 	d, err := os.Open(dir)

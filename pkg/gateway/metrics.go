@@ -18,6 +18,10 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
 
+// NodeUpMetric is the gauge the gateway adds to its /metrics: 1 for each
+// node that answered its scrape, 0 for the others.
+const NodeUpMetric = "sandboxd_gateway_node_up"
+
 // maxMetricsBytes caps one node's /metrics answer.
 const maxMetricsBytes = 32 << 20
 
@@ -42,7 +46,7 @@ func (g *Gateway) metrics(w http.ResponseWriter, r *http.Request) {
 	}
 	wg.Wait()
 	merged := map[string]*dto.MetricFamily{}
-	up := &dto.MetricFamily{Name: proto.String("sandboxd_gateway_node_up"), Help: proto.String("Whether the node answered the gateway's scrape."), Type: dto.MetricType_GAUGE.Enum()}
+	up := &dto.MetricFamily{Name: proto.String(NodeUpMetric), Help: proto.String("Whether the node answered the gateway's scrape."), Type: dto.MetricType_GAUGE.Enum()}
 	merged[up.GetName()] = up
 	for i, n := range nodes {
 		v := 1.0

@@ -70,6 +70,24 @@ func (m *Manager) poolSize(key string) int {
 	return m.opt.Pool[key]
 }
 
+// WarmPool is one warm pool as metrics show it.
+type WarmPool struct {
+	// Size is how many warm sandboxes the pool keeps.
+	Size int
+	// Warm is how many are ready and unclaimed now.
+	Warm int
+}
+
+// WarmPools reports every pool with a size, by key (an image, or
+// TemplatePoolKey of a template).
+func (m *Manager) WarmPools() map[string]WarmPool {
+	out := map[string]WarmPool{}
+	for key, size := range m.poolKeys() {
+		out[key] = WarmPool{Size: size, Warm: m.warm(key)}
+	}
+	return out
+}
+
 // poolKeys lists every pool with a size.
 func (m *Manager) poolKeys() map[string]int {
 	m.mu.Lock()
