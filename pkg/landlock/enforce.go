@@ -107,15 +107,22 @@ func withResolved(paths []Path) []Path {
 }
 
 // undeclared lists the mount points of mounts that no declared path
-// names, sorted.
+// names and that are not beneath a declared tree, sorted.
 func undeclared(paths []Path, mounts []*mountinfo.Info) []string {
 	declared := make(map[string]bool, len(paths))
+	var trees []string
 	for _, p := range paths {
 		declared[p.Path] = true
+		if p.Tree {
+			trees = append(trees, p.Path)
+		}
+	}
+	beneathTree := func(mp string) bool {
+		return slices.ContainsFunc(trees, func(t string) bool { return len(holesBeneath(t, []string{mp})) > 0 })
 	}
 	var out []string
 	for _, m := range mounts {
-		if !declared[m.Mountpoint] && !slices.Contains(out, m.Mountpoint) {
+		if !declared[m.Mountpoint] && !beneathTree(m.Mountpoint) && !slices.Contains(out, m.Mountpoint) {
 			out = append(out, m.Mountpoint)
 		}
 	}

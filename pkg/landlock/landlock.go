@@ -117,10 +117,13 @@ type Path struct {
 	Exec     bool // execute files
 	// Dev allows ioctl on device files (terminals: /dev and /dev/pts).
 	Dev bool
+	// Tree declares the mounts the runtime makes beneath the path too
+	// (a cgroup v1 mount becomes a tmpfs and one mount per controller).
+	Tree bool
 }
 
 // String is the agent's --landlock-path form: "<flags>:<path>", flags
-// "rw" or "ro" followed by ",exec" and ",dev" when set.
+// "rw" or "ro" followed by ",exec", ",dev" and ",tree" when set.
 func (p Path) String() string {
 	f := "ro"
 	if p.Writable {
@@ -132,6 +135,9 @@ func (p Path) String() string {
 	if p.Dev {
 		f += ",dev"
 	}
+	if p.Tree {
+		f += ",tree"
+	}
 	return f + ":" + p.Path
 }
 
@@ -139,7 +145,7 @@ func (p Path) String() string {
 func ParsePath(s string) (Path, error) {
 	flags, p, ok := strings.Cut(s, ":")
 	if !ok || !path.IsAbs(p) || path.Clean(p) != p {
-		return Path{}, fmt.Errorf("landlock path %q: want <ro|rw>[,exec][,dev]:<absolute clean path>", s)
+		return Path{}, fmt.Errorf("landlock path %q: want <ro|rw>[,exec][,dev][,tree]:<absolute clean path>", s)
 	}
 	out := Path{Path: p}
 	for i, f := range strings.Split(flags, ",") {
@@ -150,6 +156,8 @@ func ParsePath(s string) (Path, error) {
 			out.Exec = true
 		case i > 0 && f == "dev":
 			out.Dev = true
+		case i > 0 && f == "tree":
+			out.Tree = true
 		default:
 			return Path{}, fmt.Errorf("landlock path %q: unknown flag %q", s, f)
 		}

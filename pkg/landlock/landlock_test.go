@@ -16,6 +16,7 @@ func TestPathFlagForm(t *testing.T) {
 		{Path: "/workspace", Writable: true, Exec: true},
 		{Path: "/dev/pts", Writable: true, Dev: true},
 		{Path: "/a b:c", Exec: true},
+		{Path: "/sys/fs/cgroup", Tree: true},
 	} {
 		got, err := ParsePath(p.String())
 		if err != nil || got != p {
@@ -84,8 +85,9 @@ func TestPlanSplitsAroundHoles(t *testing.T) {
 
 func TestUndeclared(t *testing.T) {
 	mounts := []*mountinfo.Info{{Mountpoint: "/"}, {Mountpoint: "/proc"}, {Mountpoint: "/mnt/x"}, {Mountpoint: "/dev"}, {Mountpoint: "/mnt/x"}}
-	got := undeclared([]Path{{Path: "/"}, {Path: "/proc"}, {Path: "/dev"}}, mounts)
-	if !slices.Equal(got, []string{"/mnt/x"}) {
+	mounts = append(mounts, &mountinfo.Info{Mountpoint: "/sys/fs/cgroup/memory"}, &mountinfo.Info{Mountpoint: "/sys/fs/cgroupx"})
+	got := undeclared([]Path{{Path: "/"}, {Path: "/proc"}, {Path: "/dev"}, {Path: "/sys/fs/cgroup", Tree: true}}, mounts)
+	if !slices.Equal(got, []string{"/mnt/x", "/sys/fs/cgroupx"}) {
 		t.Errorf("undeclared = %v", got)
 	}
 }

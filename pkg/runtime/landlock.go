@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/landlock"
@@ -12,7 +13,8 @@ import (
 
 // LandlockPaths is what the sandbox of s is meant to reach, for its agent's
 // Landlock domain (pkg/landlock): its root and every mount point of the
-// spec BuildSpec makes of s, masked and read-only paths included, each with
+// spec BuildSpec makes of s, device nodes, masked and read-only paths
+// included, each with
 // the rights its mount options leave (ro, noexec, nodev). It is read from
 // the spec itself, so the domain follows every mount the spec declares and
 // nothing else: a mount that reaches the sandbox by another way (a runtime
@@ -30,7 +32,21 @@ func LandlockPaths(s *Spec) []landlock.Path {
 		// ioctl on device files only in the sandbox's /dev (terminals),
 		// where the mount lets devices work at all.
 		p.Dev = (p.Path == "/dev" || strings.HasPrefix(p.Path, "/dev/")) && !slices.Contains(m.Options, "nodev")
+		// runc turns a cgroup v1 mount into a tmpfs with a mount per
+		// controller beneath it.
+		p.Tree = m.Type == "cgroup"
 		paths = append(paths, p)
+	}
+	// The device nodes runc creates, or binds from the host when it may
+	// not create them (a user namespace): libcontainer's default set and
+	// the spec's own.
+	for _, d := range specconv.AllowedDevices {
+		if d.Path != "" {
+			paths = append(paths, landlock.Path{Path: d.Path, Writable: true, Dev: true})
+		}
+	}
+	for _, d := range spec.Linux.Devices {
+		paths = append(paths, landlock.Path{Path: path.Clean(d.Path), Writable: true, Dev: true})
 	}
 	// Masked paths are /dev/null or an empty read-only tmpfs over the
 	// real file; read-only paths are read-only binds of themselves.
