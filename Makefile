@@ -7,6 +7,8 @@ COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/sandboxrunner/mcp-sandboxd/pkg/version.Version=$(VERSION) \
            -X github.com/sandboxrunner/mcp-sandboxd/pkg/version.Commit=$(COMMIT)
 # libcontainer needs cgo (nsenter) and -tags seccomp for seccomp support.
+# Tests add testhooks: test-only hooks of the daemon's packages (e.g.
+# pkg/runtime/testhook_mounts.go), never in a built binary.
 TAGS := seccomp
 # The agent (PID 1 of every sandbox) is built without Go 1.26's Green Tea
 # collector: it touches ~0.1 MiB more of every idle agent (its mark bits
@@ -75,7 +77,7 @@ test: build
 	@mkdir -p test-output
 	KUBEBUILDER_ASSETS=$$(scripts/kube-assets.sh) && export KUBEBUILDER_ASSETS && \
 	SANDBOXD_INTEGRATION=1 SANDBOXD_AGENT=$(CURDIR)/bin/sandbox-agent SANDBOXD_BIN_DIR=$(CURDIR)/bin \
-		CGO_ENABLED=1 $(GO) test -tags $(TAGS) -count=1 -p 1 -timeout $(TEST_TIMEOUT) \
+		CGO_ENABLED=1 $(GO) test -tags $(TAGS),testhooks -count=1 -p 1 -timeout $(TEST_TIMEOUT) \
 		-artifacts -outputdir=$(CURDIR)/test-output ./...
 
 # The sandbox core's cgroup tests on cgroup v2: boots the Linux test guest

@@ -8,7 +8,9 @@
 // daemon talks to the agent; sandboxed code (uid 1000) cannot. The rest of
 // the boundary — commands in their own session without capabilities, file
 // paths resolved with openat2(RESOLVE_IN_ROOT) — is enforced in
-// pkg/agent/server.
+// pkg/agent/server; with --landlock the agent first confines itself and
+// every process it will start to the paths the daemon declared
+// (pkg/landlock).
 package main
 
 import (
@@ -24,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/agent/server"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/landlock"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/vm/vport"
 )
@@ -74,6 +77,11 @@ type options struct {
 	listenFD   int
 	virtioPort string
 	nofile     uint64
+	// landlock confines the agent and its commands to landlockPaths
+	// before anything is served (pkg/landlock); failing that, the agent
+	// exits and the sandbox does not start.
+	landlock      bool
+	landlockPaths []landlock.Path
 	server.Options
 }
 
@@ -92,6 +100,12 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.RootMode, "root-mode", false, "a root-mode sandbox (its own user namespace): commands asked to run as uid 0 keep root's capabilities even when --uid is not 0")
 	fs.StringVar(&o.Cgroups, "cgroups", "", "where the sandbox's delegated cgroups are mounted; every job then gets its own cgroup")
 	fs.Int64Var(&o.JobsPids, "jobs-pids", 0, "with --cgroups: the most tasks the jobs may have together, below the sandbox's pids limit by the agent's reserve (0: no limit of their own)")
+	fs.BoolVar(&o.landlock, "landlock", false, "confine the agent and every command with Landlock to the --landlock-path paths before serving; exit if the kernel cannot")
+	fs.Func("landlock-path", "with --landlock: a path the sandbox is meant to reach, as <ro|rw>[,exec][,dev]:<path> (repeated; the root and each declared mount point)", func(s string) error {
+		p, err := landlock.ParsePath(s)
+		o.landlockPaths = append(o.landlockPaths, p)
+		return err
+	})
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -102,6 +116,10 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--socket %q is not absolute", o.socket)
 	case o.JobsPids < 0:
 		return nil, fmt.Errorf("--jobs-pids %d: want 0 or more", o.JobsPids)
+	case o.landlock && len(o.landlockPaths) == 0:
+		return nil, errors.New("--landlock without a --landlock-path would refuse every file")
+	case !o.landlock && len(o.landlockPaths) > 0:
+		return nil, errors.New("--landlock-path without --landlock")
 	case o.listenFD != 0 && o.listenFD < 3:
 		return nil, fmt.Errorf("--listen-fd %d: want an inherited descriptor, 3 or above", o.listenFD)
 	}
@@ -118,6 +136,18 @@ func run(log *slog.Logger, args []string) error {
 		if err := lowerRlimits(o.nofile); err != nil {
 			return err
 		}
+	}
+	if o.landlock {
+		// Before the server starts its first child (a spare): every
+		// process of the sandbox is in the domain from the start.
+		rep, err := landlock.Enforce(o.landlockPaths)
+		if err != nil {
+			return err
+		}
+		if len(rep.Undeclared) > 0 {
+			log.Warn("undeclared mounts in the sandbox: refused by Landlock", "mounts", rep.Undeclared)
+		}
+		log.Info("landlock enforced", "abi", rep.ABI, "rules", rep.Rules)
 	}
 	if os.Getpid() != 1 {
 		// Orphans of our commands are then reparented to us, so the reaper

@@ -41,6 +41,7 @@ func printStatus(w io.Writer, st *client.Status) error {
 	fmt.Fprintf(tw, "Ready:\t%s\n", yesNo(st.Ready))
 	fmt.Fprintf(tw, "Cgroups:\t%s\n", st.Cgroups)
 	fmt.Fprintf(tw, "Seccomp:\t%s\n", yesNo(st.Seccomp))
+	fmt.Fprintf(tw, "Landlock:\t%s (kernel ABI %d)\n", yesNo(st.Landlock), st.LandlockABI)
 	var counts []string
 	for _, s := range []string{"creating", "ready", "running", "paused", "terminated", "failed"} {
 		counts = append(counts, fmt.Sprintf("%s=%d", s, st.Sandboxes[s]))

@@ -307,11 +307,15 @@ const (
 
 // Status is the daemon's summary (sandboxctl status, /v1/status).
 type Status struct {
-	Version      string         `json:"version"`
-	Commit       string         `json:"commit"`
-	UptimeS      float64        `json:"uptime_s"`
-	Cgroups      string         `json:"cgroups"`
-	Seccomp      bool           `json:"seccomp"`
+	Version string  `json:"version"`
+	Commit  string  `json:"commit"`
+	UptimeS float64 `json:"uptime_s"`
+	Cgroups string  `json:"cgroups"`
+	Seccomp bool    `json:"seccomp"`
+	// Landlock is whether container sandboxes started now are confined
+	// by Landlock; LandlockABI the kernel's ABI version (0: none).
+	Landlock     bool           `json:"landlock"`
+	LandlockABI  int            `json:"landlock_abi"`
 	Ready        bool           `json:"ready"`
 	Sandboxes    map[string]int `json:"sandboxes"`
 	MaxSandboxes int            `json:"max_sandboxes"`

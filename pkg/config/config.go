@@ -237,11 +237,15 @@ type Sandbox struct {
 	// the syscalls it names.
 	SeccompRules map[string][]SeccompRule `yaml:"seccomp_rules"`
 	// SeccompDiagnostics reports each command's refused syscalls by name.
-	SeccompDiagnostics bool           `yaml:"seccomp_diagnostics"`
-	Pool               map[string]int `yaml:"pool"`          // warm sandboxes per language
-	CgroupParent       string         `yaml:"cgroup_parent"` // absolute cgroup path of the daemon's parent
-	IOReadBPS          ByteSize       `yaml:"io_read_bps"`   // block I/O read throttle per sandbox, bytes/s (0: none)
-	IOWriteBPS         ByteSize       `yaml:"io_write_bps"`  // block I/O write throttle per sandbox, bytes/s (0: none)
+	SeccompDiagnostics bool `yaml:"seccomp_diagnostics"`
+	// Landlock confines each container sandbox's agent and commands to
+	// the paths its spec declares (pkg/landlock): auto (where the kernel
+	// can), require (the daemon refuses to start without it) or off.
+	Landlock     string         `yaml:"landlock"`
+	Pool         map[string]int `yaml:"pool"`          // warm sandboxes per language
+	CgroupParent string         `yaml:"cgroup_parent"` // absolute cgroup path of the daemon's parent
+	IOReadBPS    ByteSize       `yaml:"io_read_bps"`   // block I/O read throttle per sandbox, bytes/s (0: none)
+	IOWriteBPS   ByteSize       `yaml:"io_write_bps"`  // block I/O write throttle per sandbox, bytes/s (0: none)
 	// CgroupFavorDynMods lets the daemon set favordynmods on the host's
 	// cgroup2 hierarchy at start (see cgroups.FavorDynMods): every command
 	// enters a cgroup of its own, and without it each such move can wait
@@ -632,6 +636,7 @@ func defaultSandbox() Sandbox {
 		User:               1000,
 		SeccompProfile:     "default",
 		SeccompDiagnostics: true,
+		Landlock:           "auto",
 		CgroupParent:       "/mcp-sandboxd",
 		CgroupFavorDynMods: true,
 		UsernsPool:         UsernsPool{Base: 0x70000000, Size: 65536, Count: 2048},

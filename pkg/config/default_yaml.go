@@ -145,6 +145,12 @@ sandbox:
   # sandbox. Allowed syscalls cost nothing; a refused one costs a round trip
   # to the daemon.
   seccomp_diagnostics: true
+  # Landlock behind the namespaces and seccomp: each sandbox's agent
+  # confines itself and every command to the paths the sandbox's spec
+  # declares (its root and mounts); a mount it does not declare is refused.
+  # auto: where the kernel has Landlock ABI 2 or later; require: the daemon
+  # refuses to start without it; off.
+  landlock: auto
   # Warm sandboxes kept ready per language (count), e.g. {python: 2, node: 1}.
   # They count towards max_sandboxes.
   pool: {}

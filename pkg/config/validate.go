@@ -350,6 +350,9 @@ func (s *Sandbox) validate(p *problems, languages []string) {
 		p.add("sandbox.user", "", "must be a uid from 1 to 65535, got %d", s.User)
 	}
 	s.validateSeccomp(p)
+	if s.Landlock != "auto" && s.Landlock != "require" && s.Landlock != "off" {
+		p.add("sandbox.landlock", "", "invalid mode %q (auto, require or off)", s.Landlock)
+	}
 	s.validatePool(p, languages)
 	s.validateCgroupParent(p)
 	s.validateUsernsPool(p)

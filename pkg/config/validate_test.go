@@ -228,6 +228,11 @@ func TestValidate(t *testing.T) {
 			modify: func(c *Config) { c.Sandbox.SeccompProfile = "unconfined" },
 		},
 		{
+			name:   "landlock mode",
+			modify: func(c *Config) { c.Sandbox.Landlock = "on" },
+			want:   []FieldError{{Key: "sandbox.landlock", Message: `invalid mode "on" (auto, require or off)`}},
+		},
+		{
 			name: "pool",
 			modify: func(c *Config) {
 				c.Images.Languages = []string{"python", "node"}

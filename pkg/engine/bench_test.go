@@ -44,6 +44,11 @@ func BenchmarkSandboxLifecycle(b *testing.B) {
 		// As test/e2e's benchmarks: the default's favordynmods only when
 		// asked (host-wide, never cleared).
 		c.Sandbox.CgroupFavorDynMods = os.Getenv("SANDBOXD_BENCH_FAVORDYNMODS") == "1"
+		// SANDBOXD_BENCH_LANDLOCK=off measures the same build without
+		// the Landlock layer (its cost on create and exec).
+		if m := os.Getenv("SANDBOXD_BENCH_LANDLOCK"); m != "" {
+			c.Sandbox.Landlock = m
+		}
 	})
 	ctx := context.Background()
 

@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/landlock"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
@@ -221,6 +222,14 @@ func (e *Engine) newContainerBackend() (sandbox.Backend, error) {
 	} else if !e.seccomp.OK() {
 		e.log.Error("seccomp cannot be enforced; sandboxes will not start", "reason", e.seccomp.Reason)
 	}
+	// Decided once: the kernel's Landlock does not change while the
+	// daemon runs. require without it is a start error naming the setting.
+	if e.landlock, err = landlock.Detect(landlock.Mode(cfg.Sandbox.Landlock)); err != nil {
+		return nil, err
+	}
+	if !e.landlock.Enforce && e.landlock.Mode != landlock.ModeOff {
+		e.log.Warn("sandboxes run without Landlock", "reason", e.landlock.Reason)
+	}
 	if e.seccompProfiles, err = e.loadSeccompProfiles(runtime.AgentCapabilities); err != nil {
 		return nil, err
 	}
@@ -258,6 +267,7 @@ func (e *Engine) newContainerBackend() (sandbox.Backend, error) {
 		Runtime: e.runtime, Seccomp: prof, SeccompProfiles: e.seccompProfiles,
 		RootSeccomp: rootProf, RootSeccompProfiles: rootProfiles,
 		SeccompDiagnostics: cfg.Sandbox.SeccompDiagnostics && seccomp.MonitorSupported,
+		Landlock:           e.landlock.Enforce,
 		AgentPath:          cfg.Paths.AgentPath, RunDir: cfg.Paths.RunDir, Storage: disks, Pool: e.disks,
 		CgroupParent: cfg.Sandbox.CgroupParent, IO: e.ioLimits(), Log: log,
 		Userns: usernsPool(cfg.Sandbox.UsernsPool, e.store),

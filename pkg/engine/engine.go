@@ -31,6 +31,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/config"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/landlock"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/lang"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
@@ -74,7 +75,8 @@ type Engine struct {
 	net       *network.Manager // nil if the network subsystem could not start (netErr says why)
 	netErr    error
 	seccomp   seccomp.Support
-	requestMu sync.Mutex // serialises creates that carry a request_id
+	landlock  landlock.Support // what container sandboxes' agents enforce
+	requestMu sync.Mutex       // serialises creates that carry a request_id
 	// seccompProfiles are the profiles creates may choose (seccomp_profile).
 	seccompProfiles map[string]*specs.LinuxSeccomp
 	metrics         *metrics

@@ -19,6 +19,11 @@ func BenchmarkExecSequence(b *testing.B) {
 	requireRoot(b)
 	env := newTestEngine(b, func(c *config.Config) {
 		c.Sandbox.CgroupFavorDynMods = os.Getenv("SANDBOXD_BENCH_FAVORDYNMODS") == "1"
+		// SANDBOXD_BENCH_LANDLOCK=off measures the same build without
+		// the Landlock layer (its cost on create and exec).
+		if m := os.Getenv("SANDBOXD_BENCH_LANDLOCK"); m != "" {
+			c.Sandbox.Landlock = m
+		}
 	})
 	ctx := context.Background()
 	exec := func(id string) time.Duration {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/apitypes"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/landlock"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/sandbox"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/seccomp"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/version"
@@ -46,6 +47,7 @@ func (e *Engine) Readiness(ctx context.Context) []Check {
 	default:
 		checks = append(checks, Check{Name: "seccomp", Status: CheckOK, Required: true})
 	}
+	checks = append(checks, e.landlockCheck())
 	imgs, err := e.images.List()
 	if err == nil && len(imgs) == 0 {
 		err = fmt.Errorf("no image is built (sandboxctl images build shell)")
@@ -60,6 +62,23 @@ func (e *Engine) Readiness(ctx context.Context) []Check {
 	}
 	checks = append(checks, e.vmReadiness())
 	return checks
+}
+
+// landlockCheck reports the Landlock layer: required only when
+// sandbox.landlock is require (the daemon then did not start without it).
+func (e *Engine) landlockCheck() Check {
+	l := e.landlock
+	c := Check{Name: "landlock", Required: l.Mode == landlock.ModeRequire}
+	switch {
+	case l.Enforce:
+		c.Status = CheckOK
+		c.Reason = fmt.Sprintf("ABI %d: files confined to the declared root and mounts; network not restricted (port-only rules, left to nftables)", l.ABI)
+	case l.Mode == landlock.ModeRequire:
+		c.Status, c.Reason = CheckFailed, l.Reason
+	default:
+		c.Status, c.Reason = CheckDegraded, l.Reason
+	}
+	return c
 }
 
 // Ready reports whether every required check passes.
@@ -88,6 +107,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 	st := &Status{
 		Version: version.Version, Commit: version.Commit, UptimeS: e.Uptime().Seconds(),
 		Cgroups: string(cgroups.HostMode()), Seccomp: e.seccomp.OK() && e.cfg.Sandbox.SeccompProfile != seccomp.Unconfined,
+		Landlock: e.landlock.Enforce, LandlockABI: e.landlock.ABI,
 		Ready: Ready(checks), Sandboxes: map[string]int{}, MaxSandboxes: e.cfg.Sandbox.MaxSandboxes, Checks: checks,
 	}
 	for _, s := range []sandbox.State{sandbox.StateCreating, sandbox.StateReady, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateTerminated, sandbox.StateFailed} {

@@ -375,6 +375,16 @@ func (i *Instance) ExitDescription() string {
 // BuildSpec converts s into the OCI runtime spec libcontainer will run. It is
 // exported so the benchmark can hand the same spec to the runc CLI.
 func BuildSpec(s *Spec) *specs.Spec {
+	spec := buildSpec(s)
+	if specMountsFor != nil {
+		spec.Mounts = append(spec.Mounts, specMountsFor(s)...)
+	}
+	return spec
+}
+
+// buildSpec is BuildSpec without a testing build's extra mounts: the spec
+// LandlockPaths declares.
+func buildSpec(s *Spec) *specs.Spec {
 	spec := specconv.Example()
 	spec.Root = &specs.Root{Path: s.Rootfs, Readonly: !s.WritableRoot}
 	spec.Hostname = s.ID

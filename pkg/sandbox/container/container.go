@@ -47,6 +47,7 @@ import (
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/cgroups"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/image"
+	"github.com/sandboxrunner/mcp-sandboxd/pkg/landlock"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/ledger"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/network"
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/runtime"
@@ -102,12 +103,16 @@ type Options struct {
 	// SeccompDiagnostics counts each job's refused syscalls (see
 	// pkg/seccomp/diagnose.go) through a notification listener per sandbox.
 	SeccompDiagnostics bool
-	AgentPath          string         // host path of the static sandbox-agent binary
-	RunDir             string         // per-sandbox mounts and sockets live in RunDir/sandboxes
-	Storage            *storage.Store // image files of disk-backed sandboxes
-	Pool               *storage.Pool  // ready disks of the default geometry; nil: none
-	CgroupParent       string
-	IO                 IOLimits // block I/O throttles of every sandbox
+	// Landlock has every sandbox's agent confine itself and its commands
+	// to the paths its spec declares (pkg/landlock); the engine sets it
+	// when the kernel can (landlock.Detect).
+	Landlock     bool
+	AgentPath    string         // host path of the static sandbox-agent binary
+	RunDir       string         // per-sandbox mounts and sockets live in RunDir/sandboxes
+	Storage      *storage.Store // image files of disk-backed sandboxes
+	Pool         *storage.Pool  // ready disks of the default geometry; nil: none
+	CgroupParent string
+	IO           IOLimits // block I/O throttles of every sandbox
 	// Userns gives every sandbox its own user namespace and range of host
 	// ids; nil runs sandboxes in the host's (as host root and uid UID).
 	Userns *UsernsPool
@@ -533,6 +538,18 @@ func agentInitArgs(spec sandbox.Spec, userns, rootMode bool) []string {
 	return args
 }
 
+// agentLandlockArgs asks the agent to confine itself and every command to
+// paths with Landlock (pkg/landlock) before it serves, and to exit if it
+// cannot: the daemon asks only when the host's kernel can.
+func agentLandlockArgs(paths []landlock.Path) []string {
+	args := make([]string, 0, 1+2*len(paths))
+	args = append(args, "--landlock")
+	for _, p := range paths {
+		args = append(args, "--landlock-path", p.String())
+	}
+	return args
+}
+
 // sandboxBinds is what the sandbox sees of the host: its workspace and
 // tmp, our agent and its socket directory, its named volumes and its
 // delegated cgroups; and, in its own network namespace, the sysfs of
@@ -608,8 +625,7 @@ func (b *Backend) startContainer(ctx context.Context, req sandbox.StartRequest, 
 		return nil, err
 	}
 	defer lnFile.Close() // PID 1 holds its own copy once started
-	reg := rtrace.StartRegion(ctx, "container.runtime-start")
-	inst, err := b.opt.Runtime.Start(&runtime.Spec{
+	rs := &runtime.Spec{
 		ID:           req.ID,
 		Rootfs:       layers.Rootfs,
 		Binds:        binds,
@@ -630,7 +646,12 @@ func (b *Backend) startContainer(ctx context.Context, req sandbox.StartRequest, 
 		InitLog:   filepath.Join(si.dir, "agent.log"),
 		InitFiles: []*os.File{lnFile},
 		Labels:    map[string]string{"sandboxd.id": req.ID},
-	})
+	}
+	if b.opt.Landlock {
+		rs.InitArgs = append(rs.InitArgs, agentLandlockArgs(runtime.LandlockPaths(rs))...)
+	}
+	reg := rtrace.StartRegion(ctx, "container.runtime-start")
+	inst, err := b.opt.Runtime.Start(rs)
 	reg.End()
 	if err != nil {
 		return nil, err
