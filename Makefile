@@ -135,7 +135,13 @@ FUZZ_TARGETS := \
 	./pkg/agent:FuzzReadFrame \
 	./pkg/agent:FuzzValidatePath \
 	./pkg/apitypes:FuzzDecodeRequests \
+	./pkg/apitypes:FuzzTemplateCreate \
 	./pkg/api:FuzzDecodeJSON \
+	./pkg/e2b:FuzzControlPlane \
+	./pkg/e2b:FuzzMetadataQuery \
+	./pkg/e2b:FuzzEnvdRPC \
+	./pkg/sshd:FuzzSessionRequests \
+	./pkg/services/images:FuzzDockerfileBuild \
 	./pkg/services/webhooks:FuzzCreateWebhook
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

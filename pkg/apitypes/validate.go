@@ -2,6 +2,7 @@ package apitypes
 
 import (
 	"strings"
+	"time"
 
 	"github.com/sandboxrunner/mcp-sandboxd/pkg/errdefs"
 )
@@ -41,6 +42,45 @@ func CheckEnv(field string, env map[string]string) error {
 		if strings.ContainsRune(v, 0) || len(v) > 32<<10 {
 			return errdefs.Invalidf("%s.%s: value contains NUL or exceeds 32 KiB", field, k)
 		}
+	}
+	return nil
+}
+
+// MaxReadyTimeout bounds a template's readiness wait (ready.timeout_seconds).
+const MaxReadyTimeout = 600 * time.Second
+
+// CheckTemplate validates a template's start command, readiness check and
+// pool (at most maxPool, sandbox.max_sandboxes); its name and its defaults
+// as a create are the engine's to check.
+func CheckTemplate(t *TemplateCreateRequest, maxPool int) error {
+	if t.StartCommand != "" {
+		if len(t.StartCommand) > 8192 || strings.ContainsRune(t.StartCommand, 0) {
+			return errdefs.Invalidf("start_command: longer than 8192 bytes or holds NUL")
+		}
+		if t.Ready == nil {
+			return errdefs.Invalidf("ready: required with start_command (a port or a command)")
+		}
+	}
+	if r := t.Ready; r != nil {
+		if t.StartCommand == "" && r.Port != 0 {
+			return errdefs.Invalidf("ready.port: needs a start_command that listens on it")
+		}
+		switch {
+		case (r.Port != 0) == (r.Command != ""):
+			return errdefs.Invalidf("ready: exactly one of port and command")
+		case r.Port < 0 || r.Port > 65535:
+			return errdefs.Invalidf("ready.port: must be 1 to 65535, got %d", r.Port)
+		case len(r.Command) > 8192 || strings.ContainsRune(r.Command, 0):
+			return errdefs.Invalidf("ready.command: longer than 8192 bytes or holds NUL")
+		// Compared in seconds: converted first, a huge value overflowed
+		// time.Duration to a negative one that passed (found by
+		// FuzzTemplateCreate).
+		case r.TimeoutSeconds < 0 || r.TimeoutSeconds > int64(MaxReadyTimeout/time.Second):
+			return errdefs.Invalidf("ready.timeout_seconds: must be 0 to %d, got %d", int(MaxReadyTimeout.Seconds()), r.TimeoutSeconds)
+		}
+	}
+	if t.Pool < 0 || t.Pool > maxPool {
+		return errdefs.Invalidf("pool: must be 0 to %d (sandbox.max_sandboxes), got %d", maxPool, t.Pool)
 	}
 	return nil
 }

@@ -165,6 +165,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if req.Timeout != nil {
 		timeout = *req.Timeout
 	}
+	if timeout <= 0 {
+		// Said here, naming E2B's field: the engine refuses it too, as
+		// ttl_seconds, a name this API's clients never wrote.
+		writeError(w, http.StatusBadRequest, "timeout: must be a positive number of seconds, got %d", timeout)
+		return
+	}
 	labels := map[string]string{labelTemplate: req.TemplateID}
 	for k, v := range req.Metadata {
 		labels[metaPrefix+k] = v

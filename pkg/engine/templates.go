@@ -28,7 +28,6 @@ import (
 // Readiness bounds.
 const (
 	defaultReadyTimeout = 60 * time.Second
-	maxReadyTimeout     = 600 * time.Second
 	// readyPoll is the pause between two readiness probes: a port that
 	// does not answer yet, a command that failed.
 	readyPoll = 20 * time.Millisecond
@@ -42,31 +41,8 @@ func (e *Engine) CreateTemplate(ctx context.Context, req apitypes.TemplateCreate
 	if req.Image == "" {
 		return nil, errdefs.Invalidf("image: required (one of %s)", strings.Join(e.knownImages(), ", "))
 	}
-	if req.StartCommand != "" {
-		if len(req.StartCommand) > 8192 || strings.ContainsRune(req.StartCommand, 0) {
-			return nil, errdefs.Invalidf("start_command: longer than 8192 bytes or holds NUL")
-		}
-		if req.Ready == nil {
-			return nil, errdefs.Invalidf("ready: required with start_command (a port or a command)")
-		}
-	}
-	if r := req.Ready; r != nil {
-		if req.StartCommand == "" && r.Port != 0 {
-			return nil, errdefs.Invalidf("ready.port: needs a start_command that listens on it")
-		}
-		switch {
-		case (r.Port != 0) == (r.Command != ""):
-			return nil, errdefs.Invalidf("ready: exactly one of port and command")
-		case r.Port < 0 || r.Port > 65535:
-			return nil, errdefs.Invalidf("ready.port: must be 1 to 65535, got %d", r.Port)
-		case len(r.Command) > 8192 || strings.ContainsRune(r.Command, 0):
-			return nil, errdefs.Invalidf("ready.command: longer than 8192 bytes or holds NUL")
-		case r.TimeoutSeconds < 0 || time.Duration(r.TimeoutSeconds)*time.Second > maxReadyTimeout:
-			return nil, errdefs.Invalidf("ready.timeout_seconds: must be 0 to %d, got %d", int(maxReadyTimeout.Seconds()), r.TimeoutSeconds)
-		}
-	}
-	if req.Pool < 0 || req.Pool > e.cfg.Sandbox.MaxSandboxes {
-		return nil, errdefs.Invalidf("pool: must be 0 to %d (sandbox.max_sandboxes), got %d", e.cfg.Sandbox.MaxSandboxes, req.Pool)
+	if err := apitypes.CheckTemplate(&req, e.cfg.Sandbox.MaxSandboxes); err != nil {
+		return nil, err
 	}
 	// The defaults must make a valid sandbox: validated as a create is,
 	// its image resolved as a create's (a reference pulled now, under the

@@ -289,3 +289,39 @@ func TestPullFetchesLayersInParallel(t *testing.T) {
 		t.Errorf("at most %d blob downloads at once, want 3 (the bound)", maxSeen)
 	}
 }
+
+// TestCopyIntoWorkdir: a COPY whose destination is "." or ends in "/." is
+// the WORKDIR as a directory (BuildKit's reading), so the file lands in
+// it under its own name; a WORKDIR where a copied file is is
+// invalid_argument, not an internal error.
+func TestCopyIntoWorkdir(t *testing.T) {
+	st, err := image.OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := oci.New(oci.Options{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bctx, "main.py"), []byte("print(1)"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := &image.Image{Name: "base", Digest: strings.Repeat("ab", 32), Rootfs: t.TempDir()}
+	b := oci.Builders{Base: func(context.Context, string) (*image.Image, error) { return base, nil }}
+	out, err := im.Build(context.Background(), oci.BuildRequest{Context: bctx, Tag: "app",
+		Dockerfile: []byte("FROM base\nWORKDIR /app\nCOPY main.py .\nCOPY main.py sub/.\nCOPY main.py /app/named\n")}, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"app/main.py", "app/sub/main.py", "app/named"} {
+		if fi, err := os.Stat(filepath.Join(out.Rootfs, p)); err != nil || !fi.Mode().IsRegular() {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+	_, err = im.Build(context.Background(), oci.BuildRequest{Context: bctx, Tag: "clash",
+		Dockerfile: []byte("FROM base\nCOPY main.py /x\nWORKDIR /x\n")}, b, nil)
+	if errdefs.CodeOf(err) != errdefs.InvalidArgument || !strings.Contains(err.Error(), "WORKDIR /x") {
+		t.Errorf("WORKDIR over a copied file: %v, want invalid_argument naming it", err)
+	}
+}

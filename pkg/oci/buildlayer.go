@@ -314,17 +314,20 @@ func (im *Importer) stepCopy(req BuildRequest, s *buildState, loc []parser.Range
 
 // copyDest is a COPY's destination, relative to the image's root (a
 // relative one is below the WORKDIR), and whether it is a directory (a
-// trailing "/" or several sources).
+// trailing "/", a last element "." or "..", as BuildKit reads it, or
+// several sources). "COPY main.py ." is main.py in the WORKDIR, not a file
+// named as the WORKDIR (found by FuzzDockerfileBuild).
 func copyDest(s *buildState, sd instructions.SourcesAndDest) (string, bool) {
 	dest := sd.DestPath
+	last := path.Base(dest)
+	destIsDir := strings.HasSuffix(dest, "/") || last == "." || last == ".." || len(sd.SourcePaths) > 1
 	if !path.IsAbs(dest) {
 		wd := s.cfg.WorkingDir
 		if wd == "" {
 			wd = "/"
 		}
-		dest = path.Join(wd, dest) + map[bool]string{true: "/"}[strings.HasSuffix(sd.DestPath, "/")]
+		dest = path.Join(wd, dest)
 	}
-	destIsDir := strings.HasSuffix(dest, "/") || len(sd.SourcePaths) > 1
 	return strings.TrimPrefix(path.Clean(dest), "/"), destIsDir
 }
 

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -24,6 +25,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -678,6 +680,11 @@ func (im *Importer) installState(ctx context.Context, s *buildState, name, diges
 		if wd := s.cfg.WorkingDir; wd != "" && wd != "/" {
 			// WORKDIR makes its directory when it is missing, as Docker's does.
 			if err := root.MkdirAll(strings.TrimPrefix(wd, "/"), 0o755); err != nil {
+				if errors.Is(err, fs.ErrExist) || errors.Is(err, syscall.ENOTDIR) {
+					// A COPY put a file where the WORKDIR goes: the
+					// Dockerfile's doing, not the daemon's.
+					return errdefs.Invalidf("WORKDIR %s: a file of the image is in the way: %v", wd, err)
+				}
 				return fmt.Errorf("WORKDIR %s: %w", wd, err)
 			}
 		}

@@ -23,7 +23,7 @@ func (noSandboxes) List(context.Context, ...sandbox.State) ([]*sandbox.Info, err
 
 // newService is the image service over the repository's recipes and an
 // empty image store: what it answers without building runs as any user.
-func newService(t *testing.T) *Service {
+func newService(t testing.TB) *Service {
 	t.Helper()
 	recipesDir, err := filepath.Abs("../../../rootfs")
 	if err != nil {
