@@ -22,7 +22,8 @@ var layer = map[string]int{
 	"internal/crashpoint": 1, "pkg/lifetime": 1, "internal/tsgen": 1,
 	// One goroutine waiting for many descriptors (inits' pidfds, seccomp
 	// notifications), for pkg/runtime and pkg/seccomp.
-	"pkg/fdwatch": 1,
+	"pkg/fdwatch":   1,
+	"pkg/hostclaim": 1, "pkg/landlock": 1,
 	// OpenTelemetry traces (over pkg/errdefs and pkg/principal), used from the agent client up.
 	"pkg/telemetry": 1,
 
@@ -43,7 +44,7 @@ var layer = map[string]int{
 	// composes them; they never import it (forbidden below).
 	"pkg/engine": 5, "pkg/services/ports": 5, "pkg/services/snapshots": 5, "pkg/services/images": 5, "pkg/services/agents": 5,
 	"pkg/services/pipeline": 5, "pkg/services/fixloop": 5, "pkg/services": 5,
-	"pkg/services/sshkeys": 5, "pkg/services/volumes": 5,
+	"pkg/services/sshkeys": 5, "pkg/services/volumes": 5, "pkg/services/webhooks": 5,
 
 	"pkg/api": 6, "pkg/api/client": 6, "pkg/mcpserver": 6, "pkg/preview": 6, "pkg/sshd": 6,
 	// The E2B front end and its generated envd protocol code (leaves).
@@ -65,7 +66,7 @@ var layer = map[string]int{
 	"internal/testenv": 8, "internal/testenv/vmenv": 8, "internal/testenv/engineenv": 8, "internal/otlptest": 8, "internal/fakemessages": 8, "test/e2e": 8, "test/mcp": 8, "test/layers": 8,
 	"test/claude": 8, "test/conformance": 8, "test/web": 8, "test/adversarial": 8, "test/cgroupv2": 8, "test/chaos": 8, "test/e2b": 8, "test/clients": 8,
 	// The Helm chart's tests (deploy/helm) and the Kubernetes discovery harness.
-	"deploy/helm": 8, "internal/testenv/kubeenv": 8, "test/kubernetes/pause": 8, "test/kubernetes": 8,
+	"deploy/helm": 8, "deploy/prometheus": 8, "internal/testenv/kubeenv": 8, "test/kubernetes/pause": 8, "test/kubernetes": 8,
 }
 
 // Front ends never import each other's internals: only pkg/apitypes, the
@@ -87,7 +88,7 @@ var forbidden = map[string][]string{
 	"pkg/services/images": {"pkg/engine"}, "pkg/services/agents": {"pkg/engine"},
 	"pkg/services/pipeline": {"pkg/engine"}, "pkg/services/fixloop": {"pkg/engine"},
 	"pkg/services":         {"pkg/engine"},
-	"pkg/services/sshkeys": {"pkg/engine"},
+	"pkg/services/sshkeys": {"pkg/engine"}, "pkg/services/webhooks": {"pkg/engine"},
 	// The gateway is stateless: it reaches sandboxes only through nodes.
 	"pkg/gateway": {"pkg/engine", "pkg/store", "pkg/runtime", "pkg/mcpserver", "pkg/e2b"},
 	// Nor does its MCP engine, which imports pkg/engine only for the types
