@@ -62,7 +62,9 @@ func TestMetricNamesExported(t *testing.T) {
 		out := map[string]model.MetricType{}
 		for name, f := range fams {
 			if len(f.GetMetric()) > 0 {
-				out[name] = model.MetricType(f.GetType().String())
+				// dto's type names are upper case (HISTOGRAM); model's are
+				// the exposition format's (histogram).
+				out[name] = model.MetricType(strings.ToLower(f.GetType().String()))
 			}
 		}
 		return out
