@@ -5,8 +5,10 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
 	"path"
+	"strconv"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -138,11 +140,11 @@ func (s *Server) dataPlane() http.Handler {
 		// /files then checks it or a signature itself.
 		if r.URL.Path != "/health" && r.URL.Path != "/files" {
 			if tok := sb.Labels[labelToken]; tok != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(tok)) != 1 {
-				rpcUnauthenticated(w, "X-Access-Token: missing or wrong access token of a secure sandbox")
+				rpcUnauthenticated(w, r, "X-Access-Token: missing or wrong access token of a secure sandbox")
 				return
 			}
 			if c.user, err = userOf(r); err != nil {
-				rpcUnauthenticated(w, errdefs.MessageOf(err))
+				rpcUnauthenticated(w, r, errdefs.MessageOf(err))
 				return
 			}
 		}
@@ -150,10 +152,34 @@ func (s *Server) dataPlane() http.Handler {
 	})
 }
 
-// rpcUnauthenticated refuses an RPC with Connect's error body, which the
-// SDKs show with its message (E2B's {code: 401} body they show as "HTTP 401").
-func rpcUnauthenticated(w http.ResponseWriter, msg string) {
+// rpcUnauthenticated refuses an RPC before its handler, in the protocol it
+// came in: Connect's error body for Connect, which the SDKs show with its
+// message (E2B's {code: 401} body they show as "HTTP 401"); a trailers-only
+// answer (status in the headers) for gRPC and gRPC-web, whose clients read
+// no JSON body (found by FuzzEnvdRPC).
+func rpcUnauthenticated(w http.ResponseWriter, r *http.Request, msg string) {
+	if ct := r.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/grpc") {
+		w.Header().Set("Content-Type", ct)
+		w.Header().Set("Grpc-Status", strconv.Itoa(int(connect.CodeUnauthenticated)))
+		w.Header().Set("Grpc-Message", grpcPercentEncode(msg))
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	writeJSON(w, http.StatusUnauthorized, map[string]string{"code": connect.CodeUnauthenticated.String(), "message": msg})
+}
+
+// grpcPercentEncode encodes a grpc-message value as the gRPC HTTP/2
+// protocol says: bytes outside printable ASCII, and '%', as %XX.
+func grpcPercentEncode(msg string) string {
+	var b strings.Builder
+	for i := 0; i < len(msg); i++ {
+		if c := msg[i]; c < 0x20 || c > 0x7e || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // connectErr is err as a Connect error, its code from the taxonomy.

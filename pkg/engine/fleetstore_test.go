@@ -19,7 +19,9 @@ func TestFleetKeys(t *testing.T) {
 	url := testenv.Postgres(t)
 	withPG := func(c *config.Config) { c.Store.PostgresURL = url }
 	a := newTestEngine(t, withPG)
-	b := newTestEngine(t, withPG)
+	// Two daemons on one host each need their own subnet: a live daemon's
+	// subnet is claimed (pkg/hostclaim), and the second would be refused.
+	b := newTestEngine(t, withPG, func(c *config.Config) { c.Network.Subnet = "10.89.0.0/16" })
 	if a.cfg.Paths.StateDir == b.cfg.Paths.StateDir {
 		t.Fatal("the two engines share a state dir")
 	}
