@@ -289,6 +289,14 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	if cfg == nil || cfg.GetCmd() == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd: required"))
 	}
+	// A name execve cannot carry (empty, with '=' or NUL) or a value with
+	// NUL is refused here, naming it, rather than reaching the sandbox
+	// (found by FuzzEnvdRPC).
+	for k, v := range cfg.GetEnvs() {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("process.envs: %q is not a valid environment variable", k))
+		}
+	}
 	cwd := home(c.user)
 	if cfg.Cwd != nil && cfg.GetCwd() != "" {
 		var err error
