@@ -126,7 +126,7 @@ func serveStdio(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		defer ph.Close()
 		defer srv.Close()
 	}
-	return mcpserver.ServeStdio(ctx, eng, mcpserver.Options{Log: log, Audit: eng.Audit(), Webhooks: eng.Webhooks()}, os.Stdin, os.Stdout)
+	return mcpserver.ServeStdio(ctx, eng, mcpserver.Options{Log: log, Audit: eng.Audit(), Webhooks: eng.Webhooks(), Replays: eng.Replays()}, os.Stdin, os.Stdout)
 }
 
 // bridgeRemote carries the stdio session to base's /mcp (a daemon's TCP

@@ -24,6 +24,10 @@ func startStdio(t *testing.T, opt Options) (*lineClient, func()) {
 	if opt.Log == nil {
 		opt.Log = testenv.Logger(t)
 	}
+	// As cmd/mcp-sandboxd/stdio.go wires it.
+	if opt.Replays == nil {
+		opt.Replays = e.Replays()
+	}
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	done := make(chan error, 1)

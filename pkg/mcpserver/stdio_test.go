@@ -101,7 +101,7 @@ func TestBridge(t *testing.T) {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", NewHandler(e, Options{Log: testenv.Logger(t), OnSessionEnd: config.SessionEndTerminate}))
+	mux.Handle("/mcp", NewHandler(e, Options{Log: testenv.Logger(t), OnSessionEnd: config.SessionEndTerminate, Replays: e.Replays()}))
 	hs := &http.Server{Handler: mux}
 	go hs.Serve(l)
 	t.Cleanup(func() { hs.Close() })

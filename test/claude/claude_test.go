@@ -237,6 +237,8 @@ func TestClaudeCode(t *testing.T) {
 	// Without a daemon: a second configuration on its own state, as root.
 	solo := testenv.NewDaemon(t)
 	solo.Config.Server.MCPOnSessionEnd = config.SessionEndTerminate
+	// It runs beside d, and a live daemon's subnet is its own (pkg/hostclaim).
+	solo.Config.Network.Subnet = "10.89.0.0/16"
 	writeConfig(t, solo.CfgPath, solo.Config)
 
 	bin := filepath.Join(d.Bin, "mcp-sandboxd")
