@@ -39,12 +39,13 @@ func TestMain(m *testing.M) {
 var wantTools = []string{
 	"agent_run", "autofix", "autofix_status", "autofix_submit", "exec_command", "file_delete", "file_list", "file_read", "file_write", "files_export",
 	"image_build", "image_build_dockerfile", "image_delete", "image_list", "image_pull", "job_kill", "job_status",
-	"languages_list", "packages_install", "quota_usage", "run_code", "run_get", "run_list", "run_task",
+	"languages_list", "packages_install", "quota_usage", "run_code", "run_get", "run_list", "run_replay", "run_task",
 	"sandbox_create", "sandbox_expose_port", "sandbox_get", "sandbox_list", "sandbox_network", "sandbox_pause", "sandbox_restore", "sandbox_resume", "sandbox_screenshot", "sandbox_snapshot", "sandbox_terminate",
 	"snapshot_delete", "snapshot_list",
 	"template_create", "template_delete", "template_get", "template_list",
 	"vm_test",
 	"volume_create", "volume_delete", "volume_get", "volume_list",
+	"webhook_create", "webhook_delete", "webhook_deliveries", "webhook_get", "webhook_list", "webhook_redeliver", "webhook_update",
 }
 
 // node returns the node binary and checks that the SDK is installed.
